@@ -1,0 +1,1 @@
+"""The public API, with onnxruntime's names."""

@@ -1,0 +1,90 @@
+"""IOBinding: bind inputs and (pre-allocated) outputs once, run many times."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .ortvalue import OrtValue, _check_cpu, array_from_pointer
+
+if TYPE_CHECKING:
+    from .session import InferenceSession
+
+
+class IOBinding:
+    def __init__(self, session: InferenceSession) -> None:
+        self._session = session
+        self._inputs: dict[str, Any] = {}
+        # name -> preallocated array (results are written into it) or None (engine allocates)
+        self._outputs: dict[str, np.ndarray | None] = {}
+        self._results: list[OrtValue] = []
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def bind_cpu_input(self, name: str, arr_on_cpu: Any) -> None:
+        self._inputs[name] = np.asarray(arr_on_cpu)
+
+    def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
+                   shape: Any, buffer_ptr: int) -> None:
+        _check_cpu(device_type)
+        self._inputs[name] = array_from_pointer(buffer_ptr, shape, element_type)
+
+    def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
+        self._inputs[name] = ortvalue.numpy()
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs.clear()
+
+    # -- outputs ---------------------------------------------------------------------------------
+    def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0,
+                    element_type: Any = None, shape: Any = None, buffer_ptr: int | None = None
+                    ) -> None:
+        _check_cpu(device_type)
+        if buffer_ptr is not None:
+            if element_type is None or shape is None:
+                raise ValueError("bind_output with buffer_ptr needs element_type and shape")
+            self._outputs[name] = array_from_pointer(buffer_ptr, shape, element_type)
+        else:
+            self._outputs[name] = None
+
+    def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
+        value = ortvalue.numpy()
+        if not isinstance(value, np.ndarray):
+            raise ValueError("bind_ortvalue_output needs a tensor OrtValue")
+        self._outputs[name] = value
+
+    def clear_binding_outputs(self) -> None:
+        self._outputs.clear()
+
+    # -- results ---------------------------------------------------------------------------------
+    def synchronize_inputs(self) -> None:
+        """CPU values need no synchronization."""
+
+    def synchronize_outputs(self) -> None:
+        """CPU values need no synchronization."""
+
+    def get_outputs(self) -> list[OrtValue]:
+        return list(self._results)
+
+    def copy_outputs_to_cpu(self) -> list[Any]:
+        return [
+            v.numpy().copy() if isinstance(v.numpy(), np.ndarray) else v.numpy()
+            for v in self._results
+        ]
+
+    def _run(self, run_options: Any) -> None:
+        names = list(self._outputs) or [o.name for o in self._session.get_outputs()]
+        values = self._session.run(names, self._inputs, run_options)
+        results = []
+        for name, value in zip(names, values, strict=True):
+            target = self._outputs.get(name)
+            if target is not None:
+                if target.shape != np.shape(value) or target.dtype != value.dtype:
+                    raise ValueError(
+                        f"output '{name}' is bound to a {target.dtype}{list(target.shape)} buffer "
+                        f"but the model produced {value.dtype}{list(np.shape(value))}"
+                    )
+                np.copyto(target, value)
+                value = target
+            results.append(OrtValue(value))
+        self._results = results

@@ -1,0 +1,114 @@
+"""OrtValue: a value held by the runtime (a tensor, a sequence, a map, or an empty optional)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import elem_type, np_dtype, value_type_string
+
+
+def _check_cpu(device_type: str) -> None:
+    if str(device_type).lower() != "cpu":
+        raise ValueError(
+            f"device '{device_type}' is not available: onnxrun's providers run on the CPU"
+        )
+
+
+class OrtValue:
+    """Holds a numpy array (sharing its memory, as onnxruntime does for CPU arrays) or a
+    non-tensor value."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    # -- construction ----------------------------------------------------------------------------
+    @staticmethod
+    def ortvalue_from_numpy(numpy_obj: Any, device_type: str = "cpu", device_id: int = 0
+                            ) -> OrtValue:
+        _check_cpu(device_type)
+        arr = np.asarray(numpy_obj)
+        if arr.dtype.kind == "U":
+            arr = arr.astype(object)
+        return OrtValue(arr)
+
+    @staticmethod
+    def ortvalue_from_numpy_with_onnx_type(numpy_obj: Any, onnx_element_type: int) -> OrtValue:
+        arr = np.asarray(numpy_obj)
+        target = np_dtype(onnx_element_type)
+        if arr.dtype != target:
+            arr = arr.view(target) if arr.dtype.itemsize == target.itemsize else arr.astype(target)
+        return OrtValue(arr)
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(shape: Any, element_type: Any, device_type: str = "cpu",
+                                     device_id: int = 0) -> OrtValue:
+        _check_cpu(device_type)
+        dtype = np_dtype(element_type) if isinstance(element_type, int) else np.dtype(element_type)
+        return OrtValue(np.empty(tuple(int(d) for d in shape), dtype=dtype))
+
+    # -- inspection ------------------------------------------------------------------------------
+    def numpy(self) -> Any:
+        if not self.is_tensor() and not self.is_tensor_sequence():
+            return self._value
+        return self._value
+
+    def shape(self) -> list[int]:
+        if not isinstance(self._value, np.ndarray):
+            raise RuntimeError("OrtValue.shape() is only defined for tensors")
+        return list(self._value.shape)
+
+    def data_type(self) -> str:
+        return value_type_string(self._value)
+
+    def element_type(self) -> int:
+        if not isinstance(self._value, np.ndarray):
+            raise RuntimeError("OrtValue.element_type() is only defined for tensors")
+        return elem_type(self._value.dtype)
+
+    def device_name(self) -> str:
+        return "cpu"
+
+    def is_tensor(self) -> bool:
+        return isinstance(self._value, np.ndarray)
+
+    def is_tensor_sequence(self) -> bool:
+        return isinstance(self._value, list)
+
+    def is_sparse_tensor(self) -> bool:
+        return False
+
+    def has_value(self) -> bool:
+        return self._value is not None
+
+    def tensor_size_in_bytes(self) -> int:
+        return int(self._value.nbytes)
+
+    def data_ptr(self) -> int:
+        return int(self._value.ctypes.data)
+
+    def update_inplace(self, np_arr: Any) -> None:
+        """Copy ``np_arr`` into this value's memory (same shape and dtype)."""
+        src = np.asarray(np_arr)
+        if src.shape != self._value.shape or src.dtype != self._value.dtype:
+            raise ValueError(
+                f"update_inplace expects {self._value.dtype}{list(self._value.shape)}, "
+                f"got {src.dtype}{list(src.shape)}"
+            )
+        np.copyto(self._value, src)
+
+    def __repr__(self) -> str:
+        return f"OrtValue({self.data_type()}, shape={getattr(self._value, 'shape', None)})"
+
+
+def array_from_pointer(buffer_ptr: int, shape: Any, element_type: Any) -> np.ndarray:
+    """A numpy view over memory at ``buffer_ptr`` (IOBinding's raw-pointer API, CPU only)."""
+    dtype = np_dtype(element_type) if isinstance(element_type, int) else np.dtype(element_type)
+    shape = tuple(int(d) for d in shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = (ctypes.c_char * nbytes).from_address(int(buffer_ptr))
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)

@@ -1,0 +1,347 @@
+"""InferenceSession: load -> validate -> optimize -> partition -> plan, then run many times."""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from .. import dtypes
+from ..errors import InvalidArgument, InvalidGraph
+from ..ir import Model, Value, model_to_proto
+from ..load import load_model
+from ..optimize import optimize
+from ..partition import partition
+from ..plan import Program
+from ..providers import CPU, ExecutionProvider, available_providers, create_provider
+from ..validate import validate
+from .iobinding import IOBinding
+from .options import RunOptions, SessionOptions
+from .ortvalue import OrtValue
+
+logger = logging.getLogger("onnxrun")
+
+# Providers onnxruntime knows: asking for one that onnxrun lacks warns and falls back to CPU, as
+# onnxruntime does for a provider its build lacks; any other name is an error.
+_KNOWN_PROVIDERS = {
+    "CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",
+    "MIGraphXExecutionProvider", "OpenVINOExecutionProvider", "DnnlExecutionProvider",
+    "CoreMLExecutionProvider", "DmlExecutionProvider", "QNNExecutionProvider",
+    "XnnpackExecutionProvider", "WebGpuExecutionProvider", "NnapiExecutionProvider",
+    "AzureExecutionProvider", "ACLExecutionProvider", "ArmNNExecutionProvider",
+}
+
+
+class NodeArg:
+    """An input or output of the model as onnxruntime describes it."""
+
+    __slots__ = ("name", "type", "shape")
+
+    def __init__(self, name: str, type: str, shape: list[int | str | None] | None) -> None:  # noqa: A002
+        self.name = name
+        self.type = type
+        self.shape = shape
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name='{self.name}', type='{self.type}', shape={self.shape})"
+
+
+class ModelMetadata:
+    def __init__(self, model: Model) -> None:
+        self.producer_name = model.producer_name
+        self.graph_name = model.graph.name
+        self.domain = model.domain
+        self.description = model.doc_string
+        self.graph_description = model.graph.doc_string
+        self.version = model.model_version
+        self.custom_metadata_map = dict(model.metadata_props)
+
+
+class _InputSpec:
+    """What run() checks a fed value against."""
+
+    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default")
+
+    def __init__(self, value: Value, slot: int, has_default: bool) -> None:
+        self.name = value.name
+        self.slot = slot
+        self.has_default = has_default
+        tp = value.type
+        self.kind = tp.WhichOneof("value") if tp is not None else None
+        self.dtype: np.dtype | None = None
+        self.shape: list[int | str | None] | None = None
+        if self.kind == "tensor_type":
+            try:
+                self.dtype = dtypes.np_dtype(tp.tensor_type.elem_type)
+            except TypeError:
+                self.dtype = None
+            self.shape = dtypes.type_shape(tp)
+
+
+class InferenceSession:
+    """Runs an ONNX model. Same constructor and methods as ``onnxruntime.InferenceSession``."""
+
+    def __init__(
+        self,
+        path_or_bytes: str | os.PathLike | bytes | onnx.ModelProto,
+        sess_options: SessionOptions | None = None,
+        providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
+        provider_options: Sequence[dict[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._sess_options = sess_options if sess_options is not None else SessionOptions()
+        self._model_path = path_or_bytes if isinstance(path_or_bytes, str | os.PathLike) else None
+        self._providers = self._create_providers(providers, provider_options)
+        opts = self._sess_options
+
+        # 1. load
+        ext_dir = opts._config.get("session.model_external_initializers_file_folder_path")
+        proto, model = load_model(path_or_bytes, ext_dir)
+        self._apply_option_overrides(model)
+        # 2. validate
+        validate(proto, model)
+        del proto
+        # 3. optimize
+        model = optimize(model, int(opts.graph_optimization_level), opts)
+        if opts.optimized_model_filepath:
+            onnx.save(model_to_proto(model), opts.optimized_model_filepath)
+        # 4. partition, 5. plan
+        assignment = partition(model, self._providers)
+        self._program = Program(model.graph, model, assignment, opts)
+        self._model = model
+
+        g = model.graph
+        initializer_ids = {id(v) for v in g.initializers.values()}
+        self._input_specs = [
+            _InputSpec(v, s, id(v) in initializer_ids)
+            for v, s in zip(g.inputs, self._program.input_slots, strict=True)
+        ]
+        self._inputs_by_name = {spec.name: spec for spec in self._input_specs}
+        self._output_slot = {
+            v.name: s for v, s in zip(g.outputs, self._program.output_slots, strict=True)
+        }
+        self._output_names = [v.name for v in g.outputs]
+        self._all_fetches = tuple(self._program.output_slots)
+
+    # -- construction helpers ---------------------------------------------------------------------
+    def _create_providers(self, providers: Any, provider_options: Any) -> list[ExecutionProvider]:
+        if not providers:
+            return [create_provider(CPU)]
+        if provider_options is not None and len(provider_options) != len(providers):
+            raise ValueError("'providers' and 'provider_options' should be the same length")
+        chosen: list[ExecutionProvider] = []
+        for i, entry in enumerate(providers):
+            name, options = (entry if isinstance(entry, tuple) else (entry, None))
+            if provider_options is not None:
+                options = provider_options[i]
+            if name in available_providers():
+                if all(p.name != name for p in chosen):
+                    chosen.append(create_provider(name, options))
+            elif name in _KNOWN_PROVIDERS:
+                warnings.warn(
+                    f"Specified provider '{name}' is not in available provider names. "
+                    f"Available providers: '{', '.join(available_providers())}'",
+                    stacklevel=3,
+                )
+            else:
+                raise ValueError(f"Unknown Provider Type: {name}")
+        if all(p.name != CPU for p in chosen):
+            chosen.append(create_provider(CPU))  # CPU is always the fallback
+        return chosen
+
+    def _apply_option_overrides(self, model: Model) -> None:
+        opts = self._sess_options
+        g = model.graph
+        for name, arr in opts._initializers.items():
+            v = g.initializers.get(name)
+            if v is None:
+                v = next((x for x in g.inputs if x.name == name), None)
+                if v is None:
+                    raise InvalidArgument(
+                        f"add_initializer: '{name}' is neither an initializer nor an input"
+                    )
+                g.inputs.remove(v)
+                g.initializers[name] = v
+            v.const_value = arr
+        overrides = opts._free_dim_by_name
+        if overrides:
+            for v in g.inputs:
+                if v.type is not None and v.type.HasField("tensor_type"):
+                    for d in v.type.tensor_type.shape.dim:
+                        if d.WhichOneof("value") == "dim_param" and d.dim_param in overrides:
+                            d.dim_value = overrides[d.dim_param]
+
+    # -- introspection ----------------------------------------------------------------------------
+    def get_inputs(self) -> list[NodeArg]:
+        return [self._node_arg(v) for v, spec in zip(self._model.graph.inputs, self._input_specs,
+                                                      strict=True) if not spec.has_default]
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        return [self._node_arg(v) for v, spec in zip(self._model.graph.inputs, self._input_specs,
+                                                      strict=True) if spec.has_default]
+
+    def get_outputs(self) -> list[NodeArg]:
+        return [self._node_arg(v) for v in self._model.graph.outputs]
+
+    @staticmethod
+    def _node_arg(v: Value) -> NodeArg:
+        return NodeArg(v.name, dtypes.type_string(v.type), dtypes.type_shape(v.type))
+
+    def get_modelmeta(self) -> ModelMetadata:
+        return ModelMetadata(self._model)
+
+    def get_providers(self) -> list[str]:
+        return [p.name for p in self._providers]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return {p.name: {k: str(v) for k, v in p.options.items()} for p in self._providers}
+
+    def get_session_options(self) -> SessionOptions:
+        return self._sess_options
+
+    def set_providers(self, providers: Any = None, provider_options: Any = None) -> None:
+        self._providers = self._create_providers(providers, provider_options)
+
+    def disable_fallback(self) -> None:
+        """onnxrun always has the CPU provider behind the others; nothing to disable."""
+
+    def enable_fallback(self) -> None:
+        """See disable_fallback."""
+
+    def end_profiling(self) -> str:
+        return ""
+
+    def get_profiling_start_time_ns(self) -> int:
+        return 0
+
+    # -- running ----------------------------------------------------------------------------------
+    def run(
+        self,
+        output_names: Sequence[str] | None,
+        input_feed: Mapping[str, Any],
+        run_options: RunOptions | None = None,
+    ) -> list[Any]:
+        """Compute ``output_names`` (all outputs when None) from ``input_feed``."""
+        if not isinstance(input_feed, Mapping):
+            raise InvalidArgument(
+                f"input_feed must be a dict of input name -> value, got {type(input_feed).__name__}"
+            )
+        feeds = self._check_feeds(input_feed)
+        fetches = self._fetch_slots(output_names)
+        plan = self._program.plan(fetches)
+        results = self._program.run(plan, feeds, (), run_options)
+        return [_as_output(r) for r in results]
+
+    def run_with_ort_values(
+        self,
+        output_names: Sequence[str] | None,
+        input_dict_ort_values: Mapping[str, OrtValue],
+        run_options: RunOptions | None = None,
+    ) -> list[OrtValue]:
+        feed = {k: (v.numpy() if isinstance(v, OrtValue) else v)
+                for k, v in input_dict_ort_values.items()}
+        return [OrtValue(r) for r in self.run(output_names, feed, run_options)]
+
+    def io_binding(self) -> IOBinding:
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: RunOptions | None = None
+                           ) -> None:
+        iobinding._run(run_options)
+
+    def _fetch_slots(self, output_names: Sequence[str] | None) -> tuple[int, ...]:
+        if not output_names:
+            return self._all_fetches
+        if isinstance(output_names, str):
+            raise InvalidArgument("output_names must be a list of names, not a single string")
+        slots = []
+        for name in output_names:
+            s = self._output_slot.get(name)
+            if s is None:
+                raise InvalidArgument(
+                    f"Invalid output name: '{name}'. Model outputs are: {self._output_names}"
+                )
+            slots.append(s)
+        return tuple(slots)
+
+    def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[tuple[int, Any]]:
+        feeds: list[tuple[int, Any]] = []
+        for name, value in input_feed.items():
+            spec = self._inputs_by_name.get(name)
+            if spec is None:
+                expected = [s.name for s in self._input_specs if not s.has_default]
+                raise InvalidArgument(
+                    f"Invalid input name: '{name}'. The model's inputs are: {expected}"
+                )
+            feeds.append((spec.slot, _check_value(spec, value)))
+        if len(feeds) < len(self._input_specs):
+            missing = [s.name for s in self._input_specs
+                       if not s.has_default and s.name not in input_feed]
+            if missing:
+                raise InvalidArgument(
+                    f"Required inputs ({missing}) are missing from input feed "
+                    f"({list(input_feed)})."
+                )
+        return feeds
+
+
+def _check_value(spec: _InputSpec, value: Any) -> Any:
+    if isinstance(value, OrtValue):
+        value = value.numpy()
+    if spec.kind != "tensor_type":
+        return value  # sequences, maps, optionals: checked by the kernels that read them
+    if not isinstance(value, np.ndarray):
+        try:
+            value = np.asarray(value, dtype=spec.dtype)  # lists and scalars take the model's type
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(
+                f"input '{spec.name}': cannot convert {type(value).__name__} to "
+                f"{dtypes.tensor_type_string(dtypes.elem_type(spec.dtype))}: {e}"
+            ) from None
+    expected = spec.dtype
+    if expected is not None and value.dtype != expected:
+        if expected == object and value.dtype.kind in "US":
+            value = value.astype(object)
+        else:
+            raise InvalidArgument(
+                f"Unexpected input data type for '{spec.name}'. Actual: "
+                f"({dtypes.value_type_string(value)}) , expected: "
+                f"({dtypes.tensor_type_string(dtypes.elem_type(expected))})"
+            )
+    shape = spec.shape
+    if shape is not None:
+        if value.ndim != len(shape):
+            raise InvalidArgument(
+                f"Invalid rank for input: {spec.name} Got: {value.ndim} Expected: {len(shape)} "
+                f"(expected shape {shape}, got {list(value.shape)})"
+            )
+        bad = [
+            f"index: {i} Got: {got} Expected: {want}"
+            for i, (got, want) in enumerate(zip(value.shape, shape, strict=True))
+            if isinstance(want, int) and got != want
+        ]
+        if bad:
+            raise InvalidArgument(
+                f"Got invalid dimensions for input: {spec.name} for the following indices: "
+                f"{'; '.join(bad)} (expected shape {shape}, got {list(value.shape)})"
+            )
+    return value
+
+
+def _as_output(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        # Constants are read-only and may be shared by the plan: hand the caller its own copy.
+        return value if value.flags.writeable else value.copy()
+    if isinstance(value, np.generic):
+        return np.asarray(value)
+    if isinstance(value, list):
+        return [_as_output(v) for v in value]
+    return value
+
+
+__all__ = ["InferenceSession", "InvalidGraph", "ModelMetadata", "NodeArg"]

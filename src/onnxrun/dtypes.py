@@ -1,0 +1,149 @@
+"""ONNX element types <-> numpy dtypes, and onnxruntime's type strings ("tensor(float)")."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+# onnxruntime's spelling of each element type inside "tensor(...)".
+_ORT_NAMES = {
+    TensorProto.FLOAT: "float",
+    TensorProto.UINT8: "uint8",
+    TensorProto.INT8: "int8",
+    TensorProto.UINT16: "uint16",
+    TensorProto.INT16: "int16",
+    TensorProto.INT32: "int32",
+    TensorProto.INT64: "int64",
+    TensorProto.STRING: "string",
+    TensorProto.BOOL: "bool",
+    TensorProto.FLOAT16: "float16",
+    TensorProto.DOUBLE: "double",
+    TensorProto.UINT32: "uint32",
+    TensorProto.UINT64: "uint64",
+    TensorProto.COMPLEX64: "complex64",
+    TensorProto.COMPLEX128: "complex128",
+    TensorProto.BFLOAT16: "bfloat16",
+    TensorProto.FLOAT8E4M3FN: "float8e4m3fn",
+    TensorProto.FLOAT8E4M3FNUZ: "float8e4m3fnuz",
+    TensorProto.FLOAT8E5M2: "float8e5m2",
+    TensorProto.FLOAT8E5M2FNUZ: "float8e5m2fnuz",
+    TensorProto.UINT4: "uint4",
+    TensorProto.INT4: "int4",
+    TensorProto.FLOAT4E2M1: "float4e2m1",
+}
+for _name in ("FLOAT8E8M0", "UINT2", "INT2", "FLOAT6E2M3", "FLOAT6E3M2"):
+    if hasattr(TensorProto, _name):
+        _ORT_NAMES[getattr(TensorProto, _name)] = _name.lower()
+
+_NP_BY_ELEM: dict[int, np.dtype] = {}
+for _elem in _ORT_NAMES:
+    try:
+        _NP_BY_ELEM[_elem] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_elem))
+    except (KeyError, TypeError, ValueError):  # element type unknown to this onnx / ml_dtypes
+        pass
+_ELEM_BY_NP: dict[np.dtype, int] = {dt: elem for elem, dt in _NP_BY_ELEM.items()}
+_ELEM_BY_NP[np.dtype(np.str_)] = TensorProto.STRING
+_ELEM_BY_NP[np.dtype(np.bytes_)] = TensorProto.STRING
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def np_dtype(elem_type: int) -> np.dtype:
+    """numpy dtype that holds ONNX element type ``elem_type``."""
+    try:
+        return _NP_BY_ELEM[elem_type]
+    except KeyError:
+        raise TypeError(f"unsupported ONNX element type {elem_type}") from None
+
+
+def elem_type(dtype: np.dtype | type) -> int:
+    """ONNX element type of a numpy dtype (unicode and bytes arrays are strings)."""
+    dt = np.dtype(dtype)
+    elem = _ELEM_BY_NP.get(dt)
+    if elem is None:
+        if dt.kind in "US":
+            return TensorProto.STRING
+        raise TypeError(f"numpy dtype {dt} has no ONNX element type")
+    return elem
+
+
+def elem_name(elem: int) -> str:
+    """onnxruntime's name of an element type: ``float``, ``int64``, ``bfloat16``..."""
+    return _ORT_NAMES.get(elem, f"unknown{elem}")
+
+
+def tensor_type_string(elem: int) -> str:
+    return f"tensor({elem_name(elem)})"
+
+
+def type_string(tp: onnx.TypeProto | None) -> str:
+    """onnxruntime's type string of a TypeProto: tensor(float), seq(tensor(int64)), map(...)."""
+    if tp is None:
+        return "unknown"
+    kind = tp.WhichOneof("value")
+    if kind == "tensor_type":
+        return tensor_type_string(tp.tensor_type.elem_type)
+    if kind == "sparse_tensor_type":
+        return f"sparse_tensor({elem_name(tp.sparse_tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"seq({type_string(tp.sequence_type.elem_type)})"
+    if kind == "optional_type":
+        return f"optional({type_string(tp.optional_type.elem_type)})"
+    if kind == "map_type":
+        key = elem_name(tp.map_type.key_type)
+        return f"map({key},{type_string(tp.map_type.value_type)})"
+    return "unknown"
+
+
+def type_shape(tp: onnx.TypeProto | None) -> list[int | str | None] | None:
+    """Shape as onnxruntime reports it: int for fixed dims, the symbol for named ones, else None.
+
+    Returns None when the type carries no shape at all (unknown rank) or is not a tensor.
+    """
+    if tp is None:
+        return None
+    kind = tp.WhichOneof("value")
+    if kind not in ("tensor_type", "sparse_tensor_type"):
+        return [] if kind else None
+    ttype = getattr(tp, kind)
+    if not ttype.HasField("shape"):
+        return None
+    dims: list[int | str | None] = []
+    for d in ttype.shape.dim:
+        which = d.WhichOneof("value")
+        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which else None)
+    return dims
+
+
+def value_type_string(value: object) -> str:
+    """Type string of a runtime value (for error messages and OrtValue.data_type())."""
+    if isinstance(value, np.ndarray):
+        try:
+            return tensor_type_string(elem_type(value.dtype))
+        except TypeError:
+            return f"tensor({value.dtype})"
+    if isinstance(value, list):
+        inner = value_type_string(value[0]) if value else "tensor(float)"
+        return f"seq({inner})"
+    if isinstance(value, dict):
+        return "map"
+    if value is None:
+        return "optional"
+    return type(value).__name__
+
+
+def describe(value: object) -> str:
+    """Short ``float[1,3,224,224]`` description of a runtime value for error messages."""
+    if isinstance(value, np.ndarray):
+        try:
+            name = elem_name(elem_type(value.dtype))
+        except TypeError:
+            name = str(value.dtype)
+        return f"{name}[{','.join(str(d) for d in value.shape)}]"
+    if isinstance(value, list):
+        return f"seq[{len(value)}]"
+    if value is None:
+        return "None"
+    return type(value).__name__

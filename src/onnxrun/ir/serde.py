@@ -1,0 +1,329 @@
+"""Conversion between onnx protobuf messages and onnxrun's IR (both directions)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, TensorProto, numpy_helper
+
+from ..errors import InvalidGraph
+from .core import Attribute, Graph, Model, Node, Value
+
+# Reads the bytes of a tensor stored outside the model file; supplied by the loader, which
+# owns the policy of which files may be read.
+ExternalReader = Callable[[TensorProto], bytes]
+
+
+def _no_external(tensor: TensorProto) -> bytes:
+    raise InvalidGraph(
+        f"tensor '{tensor.name}' keeps its data in an external file, but the model was given as "
+        "bytes with no folder to read it from: load it from its path instead"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# tensors
+
+
+def _bits(elem: int) -> int:
+    if elem in _SUB_BYTE:
+        return _SUB_BYTE[elem]
+    if elem == TensorProto.STRING:
+        return 0
+    return onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize * 8
+
+
+_SUB_BYTE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
+for _n in ("INT2", "UINT2"):
+    if hasattr(TensorProto, _n):
+        _SUB_BYTE[getattr(TensorProto, _n)] = 2
+
+
+def tensor_to_array(tensor: TensorProto, read_external: ExternalReader = _no_external) -> np.ndarray:
+    """Turn a TensorProto into a numpy array, refusing tensors whose data does not match dims."""
+    dims = tuple(int(d) for d in tensor.dims)
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"tensor '{tensor.name}' has a negative dimension: {list(dims)}")
+    count = int(np.prod(dims, dtype=np.float64)) if dims else 1
+    if tensor.data_type == TensorProto.UNDEFINED:
+        raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
+    if tensor.data_location == TensorProto.EXTERNAL:
+        raw = read_external(tensor)
+        local = TensorProto()
+        local.CopyFrom(tensor)
+        del local.external_data[:]
+        local.data_location = TensorProto.DEFAULT
+        local.raw_data = raw
+        tensor = local
+    if tensor.HasField("raw_data") and tensor.data_type != TensorProto.STRING:
+        bits = _bits(tensor.data_type)
+        expected = (count * bits + 7) // 8
+        if len(tensor.raw_data) != expected:
+            raise InvalidGraph(
+                f"tensor '{tensor.name}' declares shape {list(dims)} ({expected} bytes) but holds "
+                f"{len(tensor.raw_data)} bytes of data"
+            )
+    try:
+        arr = numpy_helper.to_array(tensor)
+    except Exception as e:  # malformed typed fields: a size mismatch or an unsupported type
+        raise InvalidGraph(
+            f"tensor '{tensor.name}' with shape {list(dims)} cannot be read: {e}"
+        ) from None
+    if arr.size != count:
+        raise InvalidGraph(
+            f"tensor '{tensor.name}' declares shape {list(dims)} ({count} elements) but holds "
+            f"{arr.size}"
+        )
+    arr.flags.writeable = False  # weights are shared by every run: kernels must not write them
+    return arr
+
+
+def sparse_to_dense(sp: onnx.SparseTensorProto, read_external: ExternalReader) -> np.ndarray:
+    values = tensor_to_array(sp.values, read_external)
+    indices = tensor_to_array(sp.indices, read_external).astype(np.int64)
+    dims = tuple(sp.dims)
+    dense = np.zeros(dims, dtype=values.dtype)
+    flat = dense.reshape(-1)
+    if indices.ndim == 2:  # [NNZ, rank] coordinates
+        indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices[:, 0]
+    if indices.size and (indices.min() < 0 or indices.max() >= flat.size):
+        raise InvalidGraph(f"sparse tensor '{sp.values.name}' has an index outside {list(dims)}")
+    flat[indices] = values.reshape(-1)
+    return dense
+
+
+def tensor_type(arr: np.ndarray) -> onnx.TypeProto:
+    from ..dtypes import elem_type
+
+    return onnx.helper.make_tensor_type_proto(elem_type(arr.dtype), list(arr.shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# proto -> IR
+
+
+class _Scope:
+    """Names visible in a graph: its own, then its enclosing graphs' (for subgraphs)."""
+
+    def __init__(self, parent: _Scope | None) -> None:
+        self.parent = parent
+        self.names: dict[str, Value] = {}
+
+    def lookup(self, name: str) -> Value | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            v = scope.names.get(name)
+            if v is not None:
+                return v
+            scope = scope.parent
+        return None
+
+
+class _Reader:
+    def __init__(self, read_external: ExternalReader) -> None:
+        self.read_external = read_external
+
+    def graph(self, gp: onnx.GraphProto, parent: Graph | None, parent_scope: _Scope | None) -> Graph:
+        g = Graph(gp.name, parent)
+        g.doc_string = gp.doc_string
+        scope = _Scope(parent_scope)
+
+        def define(v: Value) -> None:
+            if v.name in scope.names:
+                raise InvalidGraph(f"graph '{gp.name}': value '{v.name}' is defined more than once")
+            scope.names[v.name] = v
+
+        for t in gp.initializer:
+            v = Value(t.name, const_value=tensor_to_array(t, self.read_external), graph=g)
+            v.type = tensor_type(v.const_value)
+            g.initializers[t.name] = v
+            define(v)
+        for sp in gp.sparse_initializer:
+            name = sp.values.name
+            v = Value(name, const_value=sparse_to_dense(sp, self.read_external), graph=g)
+            v.type = tensor_type(v.const_value)
+            g.initializers[name] = v
+            g.sparse_initializer_names.add(name)
+            define(v)
+        for vi in gp.input:
+            existing = g.initializers.get(vi.name)
+            if existing is not None:  # an initializer a caller may override
+                existing.type = vi.type
+                g.inputs.append(existing)
+                continue
+            v = Value(vi.name, type=vi.type, graph=g)
+            define(v)
+            g.inputs.append(v)
+        for vi in gp.value_info:
+            g.value_info[vi.name] = vi.type
+
+        # Outputs first, so nodes listed out of topological order still connect.
+        outputs_of: list[list[Value]] = []
+        for np_ in gp.node:
+            outs = []
+            for name in np_.output:
+                v = Value(name, type=g.value_info.get(name), graph=g)
+                if name:
+                    define(v)
+                outs.append(v)
+            outputs_of.append(outs)
+        for np_, outs in zip(gp.node, outputs_of, strict=True):
+            inputs: list[Value | None] = []
+            for name in np_.input:
+                if not name:
+                    inputs.append(None)
+                    continue
+                v = scope.lookup(name)
+                if v is None:
+                    raise InvalidGraph(
+                        f"node '{np_.name or np_.op_type}' ({np_.op_type}) reads '{name}', which is "
+                        "neither a graph input, an initializer, nor the output of any node"
+                    )
+                inputs.append(v)
+            attrs = {a.name: self.attribute(a, g, scope) for a in np_.attribute}
+            node = Node(np_.op_type, inputs, outs, attrs, domain=np_.domain, name=np_.name,
+                        overload=getattr(np_, "overload", ""), doc_string=np_.doc_string)
+            g.append(node)
+        for vi in gp.output:
+            v = scope.lookup(vi.name)
+            if v is None:
+                raise InvalidGraph(f"graph output '{vi.name}' is not produced by the graph")
+            if vi.type.WhichOneof("value") is not None:
+                v.type = vi.type
+            g.outputs.append(v)
+        return g
+
+    def attribute(self, a: AttributeProto, g: Graph, scope: _Scope) -> Attribute:
+        t = a.type
+        if a.ref_attr_name:
+            return Attribute(a.name, t, None, a.ref_attr_name)
+        A = AttributeProto
+        if t == A.FLOAT:
+            value = float(a.f)
+        elif t == A.INT:
+            value = int(a.i)
+        elif t == A.STRING:
+            value = _decode(a.s)
+        elif t == A.TENSOR:
+            value = tensor_to_array(a.t, self.read_external)
+        elif t == A.SPARSE_TENSOR:
+            value = sparse_to_dense(a.sparse_tensor, self.read_external)
+        elif t == A.GRAPH:
+            value = self.graph(a.g, g, scope)
+        elif t == A.TYPE_PROTO:
+            value = a.tp
+        elif t == A.FLOATS:
+            value = [float(x) for x in a.floats]
+        elif t == A.INTS:
+            value = [int(x) for x in a.ints]
+        elif t == A.STRINGS:
+            value = [_decode(s) for s in a.strings]
+        elif t == A.TENSORS:
+            value = [tensor_to_array(x, self.read_external) for x in a.tensors]
+        elif t == A.SPARSE_TENSORS:
+            value = [sparse_to_dense(x, self.read_external) for x in a.sparse_tensors]
+        elif t == A.GRAPHS:
+            value = [self.graph(x, g, scope) for x in a.graphs]
+        elif t == A.TYPE_PROTOS:
+            value = list(a.type_protos)
+        else:
+            raise InvalidGraph(f"attribute '{a.name}' has an undefined type ({t})")
+        return Attribute(a.name, t, value)
+
+
+def _decode(s: bytes) -> str | bytes:
+    try:
+        return s.decode("utf-8")
+    except UnicodeDecodeError:
+        return s
+
+
+def model_from_proto(mp: onnx.ModelProto, read_external: ExternalReader = _no_external) -> Model:
+    opsets: dict[str, int] = {}
+    for op in mp.opset_import:
+        opsets["" if op.domain == "ai.onnx" else op.domain] = int(op.version)
+    graph = _Reader(read_external).graph(mp.graph, None, None)
+    return Model(
+        graph=graph,
+        ir_version=int(mp.ir_version),
+        opset_imports=opsets,
+        producer_name=mp.producer_name,
+        producer_version=mp.producer_version,
+        domain=mp.domain,
+        model_version=int(mp.model_version),
+        doc_string=mp.doc_string,
+        metadata_props={p.key: p.value for p in mp.metadata_props},
+        functions={(f.domain, f.name): f for f in mp.functions},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# IR -> proto
+
+
+def array_to_tensor(arr: np.ndarray, name: str) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(arr), name)
+
+
+def _attribute_to_proto(a: Attribute) -> AttributeProto:
+    if a.ref_attr_name:
+        p = AttributeProto(name=a.name, type=a.type, ref_attr_name=a.ref_attr_name)
+        return p
+    v = a.value
+    A = AttributeProto
+    if a.type == A.GRAPH:
+        v = graph_to_proto(v)
+    elif a.type == A.GRAPHS:
+        v = [graph_to_proto(x) for x in v]
+    elif a.type in (A.TENSOR, A.SPARSE_TENSOR):
+        v = array_to_tensor(v, "")
+        return onnx.helper.make_attribute(a.name, v, attr_type=A.TENSOR)
+    elif a.type in (A.TENSORS, A.SPARSE_TENSORS):
+        v = [array_to_tensor(x, "") for x in v]
+        return onnx.helper.make_attribute(a.name, v, attr_type=A.TENSORS)
+    return onnx.helper.make_attribute(a.name, v, attr_type=a.type)
+
+
+def _value_info(v: Value) -> onnx.ValueInfoProto:
+    vi = onnx.ValueInfoProto(name=v.name)
+    if v.type is not None:
+        vi.type.CopyFrom(v.type)
+    return vi
+
+
+def graph_to_proto(g: Graph) -> onnx.GraphProto:
+    gp = onnx.GraphProto(name=g.name, doc_string=g.doc_string)
+    gp.input.extend(_value_info(v) for v in g.inputs)
+    gp.output.extend(_value_info(v) for v in g.outputs)
+    gp.initializer.extend(array_to_tensor(v.const_value, name) for name, v in g.initializers.items())
+    for n in g.nodes:
+        np_ = onnx.NodeProto(
+            op_type=n.op_type, domain=n.domain, name=n.name, doc_string=n.doc_string,
+            input=[v.name if v is not None else "" for v in n.inputs],
+            output=[v.name for v in n.outputs],
+        )
+        if n.overload:
+            np_.overload = n.overload
+        np_.attribute.extend(_attribute_to_proto(a) for a in n.attributes.values())
+        gp.node.append(np_)
+        for v in n.outputs:
+            if v.type is not None and v.name and v not in g.outputs:
+                gp.value_info.append(_value_info(v))
+    return gp
+
+
+def model_to_proto(m: Model) -> onnx.ModelProto:
+    mp = onnx.ModelProto(
+        ir_version=m.ir_version, producer_name=m.producer_name,
+        producer_version=m.producer_version, domain=m.domain, model_version=m.model_version,
+        doc_string=m.doc_string,
+    )
+    mp.graph.CopyFrom(graph_to_proto(m.graph))
+    for domain, version in m.opset_imports.items():
+        mp.opset_import.append(onnx.helper.make_opsetid(domain, version))
+    for k, v in m.metadata_props.items():
+        mp.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    mp.functions.extend(m.functions.values())
+    return mp

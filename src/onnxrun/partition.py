@@ -1,0 +1,44 @@
+"""Step 4 of a session: assign every node (subgraphs included) to an execution provider.
+
+Providers are asked in the session's priority order; the first that has a kernel for the node's
+(domain, op_type) at the model's opset runs it. Nodes no provider claims are reported together,
+naming domain, operator, opset and node.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidGraph, NotImplemented
+from .ir import Model, Node
+from .providers import ExecutionProvider
+
+Assignment = dict[int, ExecutionProvider]  # id(node) -> provider
+
+
+def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
+    assignment: Assignment = {}
+    missing: list[str] = []
+    for node in model.graph.all_nodes():
+        opset = model.opset(node.domain)
+        if opset is None:
+            raise InvalidGraph(
+                f"node '{node.label}' ({node.op_type}) uses domain '{node.domain}', which the "
+                f"model does not import (opset_import has: {sorted(model.opset_imports) or 'none'})"
+            )
+        for provider in providers:
+            if provider.can_run(node, opset):
+                assignment[id(node)] = provider
+                break
+        else:
+            domain = node.domain or "ai.onnx"
+            missing.append(
+                f"{node.op_type}({opset}) node with name '{node.name}' (domain '{domain}', "
+                f"opset {opset})"
+            )
+    if missing:
+        names = ", ".join(p.name for p in providers)
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise NotImplemented(
+            f"Could not find an implementation for {'; '.join(missing[:5])}{more} "
+            f"in providers [{names}]"
+        )
+    return assignment

@@ -1,0 +1,250 @@
+"""Step 5 of a session: bind every node to a prepared kernel and lay out the run.
+
+A ``Program`` is a graph compiled once: values live in numbered slots, each node becomes a step
+``(kernel, input slots, output slots, slots to free)``. A ``Plan`` is the list of steps needed
+for one set of requested outputs, with every intermediate freed right after its last use; plans
+are cached per output set. Running copies the slot template into a local list, so concurrent
+runs of one program share nothing mutable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import AttributeProto
+
+from .errors import InvalidGraph
+from .execute import Step, run_steps
+from .ir import Graph, Model, Node, Value
+from .partition import Assignment
+from .providers import KernelContext
+
+NONE_SLOT = 0  # always None: a missing optional input reads it
+DISCARD_SLOT = 1  # unnamed optional outputs are written here and never read
+
+
+class Plan(NamedTuple):
+    steps: list[Step]
+    fetch_slots: list[int]
+
+
+class Subgraph:
+    """A compiled subgraph (If/Loop/Scan body) as its kernel sees it.
+
+    ``sub(inputs, captured)`` runs the body with its formal inputs and the values it reads from
+    enclosing scopes (in the order of the owning node's implicit inputs) and returns its outputs.
+    """
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.graph = program.graph
+        self.input_names = [v.name for v in program.graph.inputs]
+        self.output_names = [v.name for v in program.graph.outputs]
+
+    def __call__(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
+        return self.program.run_full(inputs, captured)
+
+
+class Program:
+    def __init__(
+        self,
+        graph: Graph,
+        model: Model,
+        assignment: Assignment,
+        session_options: Any = None,
+        outer: Sequence[Value] = (),
+    ) -> None:
+        self.graph = graph
+        self.model = model
+        self._slot: dict[int, int] = {}
+        template: list[Any] = [None, None]
+        self.names: list[str] = ["<none>", "<discard>"]
+
+        def slot(v: Value) -> int:
+            s = self._slot.get(id(v))
+            if s is None:
+                s = self._slot[id(v)] = len(template)
+                template.append(None)
+                self.names.append(v.name)
+            return s
+
+        self.input_slots = [slot(v) for v in graph.inputs]
+        self.outer_slots = [slot(v) for v in outer]
+        overridable = {id(v) for v in graph.inputs}
+        for v in graph.initializers.values():
+            template[slot(v)] = v.const_value
+        self._constant_ids = {
+            id(v) for v in graph.initializers.values() if id(v) not in overridable
+        } | _outer_constant_ids(outer)
+
+        order = _topological_order(graph, set(self._slot))
+        self.steps: list[Step] = []
+        for node in order:
+            provider = assignment[id(node)]
+            implicit = _implicit_inputs(node)
+            attrs = self._attributes(node, model, assignment, session_options, implicit)
+            ctx = KernelContext(
+                node=node,
+                opset=model.opset(node.domain) or 0,
+                constants=[
+                    v.const_value if v is not None and id(v) in self._constant_ids else None
+                    for v in node.inputs
+                ],
+                outputs_used=[bool(v.name) and (bool(v.uses) or v in graph.outputs)
+                              for v in node.outputs],
+                num_implicit_inputs=len(implicit),
+                provider=provider,
+                session_options=session_options,
+            )
+            try:
+                kernel = provider.create_kernel(node, ctx.opset, ctx, attrs)
+            except InvalidGraph:
+                raise
+            except Exception as e:
+                raise InvalidGraph(
+                    f"node '{node.label}' ({node.op_type}) could not be prepared: {e}"
+                ) from e
+            ins = tuple(NONE_SLOT if v is None else slot(v) for v in node.inputs) + tuple(
+                slot(v) for v in implicit
+            )
+            outs = tuple(slot(v) if v.name else DISCARD_SLOT for v in node.outputs)
+            self.steps.append(Step(kernel, ins, outs, (), node))
+        self.output_slots = [slot(v) for v in graph.outputs]
+        self.template = template
+        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._lock = threading.Lock()
+        self.full_plan = self.plan(tuple(self.output_slots))
+
+    # -- preparation ---------------------------------------------------------------------------
+
+    def _attributes(
+        self, node: Node, model: Model, assignment: Assignment, options: Any, implicit: list[Value]
+    ) -> dict[str, Any]:
+        attrs: dict[str, Any] = {}
+        for name, a in node.attributes.items():
+            if a.type == AttributeProto.GRAPH:
+                attrs[name] = Subgraph(Program(a.value, model, assignment, options, implicit))
+            elif a.type == AttributeProto.GRAPHS:
+                attrs[name] = [
+                    Subgraph(Program(g, model, assignment, options, implicit)) for g in a.value
+                ]
+            else:
+                attrs[name] = a.value
+        return attrs
+
+    def plan(self, fetch_slots: tuple[int, ...]) -> Plan:
+        """Steps that compute ``fetch_slots``, with frees after each value's last use."""
+        cached = self._plans.get(fetch_slots)
+        if cached is not None:
+            return cached
+        producer_step: dict[int, int] = {}
+        for i, step in enumerate(self.steps):
+            for s in step.outputs:
+                if s != DISCARD_SLOT:
+                    producer_step[s] = i
+        needed = [False] * len(self.steps)
+        stack = [s for s in fetch_slots]
+        while stack:
+            s = stack.pop()
+            i = producer_step.get(s)
+            if i is None or needed[i]:
+                continue
+            needed[i] = True
+            stack.extend(self.steps[i].inputs)
+        selected = [step for i, step in enumerate(self.steps) if needed[i]]
+        keep = set(fetch_slots) | {NONE_SLOT, DISCARD_SLOT}
+        last_use: dict[int, int] = {}
+        for i, step in enumerate(selected):
+            for s in step.inputs:
+                last_use[s] = i
+            for s in step.outputs:
+                last_use.setdefault(s, i)  # produced but never read: free at once
+        frees: list[list[int]] = [[] for _ in selected]
+        for s, i in last_use.items():
+            if s not in keep:
+                frees[i].append(s)
+        steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
+        plan = Plan(steps, list(fetch_slots))
+        with self._lock:
+            if len(self._plans) < 64:
+                self._plans[fetch_slots] = plan
+        return plan
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self, plan: Plan, feeds: Sequence[tuple[int, Any]], captured: Sequence[Any] = (),
+            run_options: Any = None) -> list[Any]:
+        slots = self.template.copy()
+        for s, value in feeds:
+            slots[s] = value
+        for s, value in zip(self.outer_slots, captured, strict=False):
+            slots[s] = value
+        run_steps(plan.steps, slots, self.names, run_options)
+        return [slots[s] for s in plan.fetch_slots]
+
+    def run_full(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
+        feeds = list(zip(self.input_slots, inputs, strict=False))
+        return self.run(self.full_plan, feeds, captured)
+
+
+def _outer_constant_ids(outer: Sequence[Value]) -> set[int]:
+    ids = set()
+    for v in outer:
+        g = v.graph
+        if v.is_initializer and g is not None and all(v is not i for i in g.inputs):
+            ids.add(id(v))
+    return ids
+
+
+def _implicit_inputs(node: Node) -> list[Value]:
+    """Outer-scope values read by the node's subgraphs (the node's implicit inputs)."""
+    seen: dict[int, Value] = {}
+    for sub in node.subgraphs():
+        for v in sub.outer_references():
+            seen.setdefault(id(v), v)
+    return list(seen.values())
+
+
+def _topological_order(graph: Graph, available: set[int]) -> list[Node]:
+    """Kahn's algorithm, stable with respect to the file's node order."""
+    produced_here = {id(v): n for n in graph.nodes for v in n.outputs}
+    deps: dict[int, set[int]] = {}
+    users: dict[int, list[Node]] = {id(n): [] for n in graph.nodes}
+    for n in graph.nodes:
+        d = set()
+        for v in [*n.inputs, *_implicit_inputs(n)]:
+            if v is None:
+                continue
+            p = produced_here.get(id(v))
+            if p is not None and p is not n:
+                d.add(id(p))
+            elif p is n:
+                raise InvalidGraph(f"node '{n.label}' ({n.op_type}) reads its own output")
+        deps[id(n)] = d
+        for p in d:
+            users[p].append(n)
+    ready = [n for n in graph.nodes if not deps[id(n)]]
+    order: list[Node] = []
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    import heapq
+
+    heap = [(index[id(n)], id(n), n) for n in ready]
+    heapq.heapify(heap)
+    while heap:
+        _, _, n = heapq.heappop(heap)
+        order.append(n)
+        for u in users[id(n)]:
+            d = deps[id(u)]
+            d.discard(id(n))
+            if not d:
+                heapq.heappush(heap, (index[id(u)], id(u), u))
+    if len(order) != len(graph.nodes):
+        stuck = [n.label for n in graph.nodes if deps[id(n)]][:5]
+        raise InvalidGraph(f"graph '{graph.name}' has a cycle (nodes involved: {stuck})")
+    return order
+
+
+__all__ = ["DISCARD_SLOT", "NONE_SLOT", "Plan", "Program", "Subgraph", "np"]

@@ -1,0 +1,155 @@
+"""Kernel registries: operators keyed by (domain, op_type, since_version).
+
+An operator is a plain function whose signature is its schema::
+
+    @op("Gemm", 7, 9, 11, 13)
+    def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0): ...
+
+Inputs are positional (optional ones default to None); attributes are keyword-only parameters
+with the specification's defaults (no default = required). For operators that need work at
+session creation (weights re-arranged, constant inputs read once), the kernel is a class::
+
+    @op("Conv", 1, 11)
+    class Conv:
+        def __init__(self, ctx: KernelContext, *, group=1, ...): ...   # once per session
+        def __call__(self, X, W, B=None): ...                          # every run: arithmetic only
+
+A kernel returns one value for one output, or a tuple for several. Class kernels must not
+mutate ``self`` in ``__call__``: one session may run on several threads at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ..ir import Node
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass
+class KernelContext:
+    """What a kernel may know about its node when it is prepared (never per run)."""
+
+    node: Node
+    opset: int  # the model's opset version for the node's domain
+    constants: list[np.ndarray | None]  # per input: its value when constant, else None
+    outputs_used: list[bool]  # per output: whether anything reads it
+    num_implicit_inputs: int = 0  # outer-scope values appended after the node's own inputs
+    provider: Any = None
+    session_options: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.node.label
+
+    @property
+    def num_inputs(self) -> int:
+        """Number of the node's own inputs (implicit outer-scope values not counted)."""
+        return len(self.node.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.node.outputs)
+
+    def constant(self, index: int) -> np.ndarray | None:
+        return self.constants[index] if index < len(self.constants) else None
+
+    def input_type(self, index: int) -> onnx.TypeProto | None:
+        if index >= len(self.node.inputs) or self.node.inputs[index] is None:
+            return None
+        return self.node.inputs[index].type
+
+    def input_shape(self, index: int) -> list[int | str | None] | None:
+        from ..dtypes import type_shape
+
+        return type_shape(self.input_type(index))
+
+    def output_used(self, index: int) -> bool:
+        return index < len(self.outputs_used) and self.outputs_used[index]
+
+
+@dataclass(frozen=True)
+class KernelDef:
+    domain: str
+    op_type: str
+    since_version: int
+    impl: Callable[..., Any]
+    attributes: dict[str, Any]  # attribute name -> default (REQUIRED when none)
+    is_class: bool
+
+    def instantiate(self, ctx: KernelContext, attrs: dict[str, Any]) -> Callable[..., Any]:
+        """Bind parsed attributes (and prepare a class kernel): the result takes inputs only."""
+        bound = {k: v for k, v in attrs.items() if k in self.attributes}
+        missing = [k for k, d in self.attributes.items() if d is REQUIRED and k not in bound]
+        if missing:
+            raise ValueError(f"missing required attribute(s) {', '.join(missing)}")
+        if self.is_class:
+            return self.impl(ctx, **bound)
+        return functools.partial(self.impl, **bound) if bound else self.impl
+
+
+def _attribute_params(impl: Callable[..., Any], is_class: bool) -> dict[str, Any]:
+    sig = inspect.signature(impl.__init__ if is_class else impl)
+    return {
+        p.name: p.default
+        for p in sig.parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+class KernelRegistry:
+    """The kernels of one execution provider."""
+
+    def __init__(self, provider_name: str) -> None:
+        self.provider_name = provider_name
+        # (domain, op_type) -> since_versions (sorted) and the parallel list of KernelDefs
+        self._versions: dict[tuple[str, str], list[int]] = {}
+        self._defs: dict[tuple[str, str], list[KernelDef]] = {}
+
+    def register(self, op_type: str, *since_versions: int, domain: str = ""
+                 ) -> Callable[[Any], Any]:
+        """Decorator: register ``impl`` for each listed since-version (default: 1)."""
+        domain = "" if domain == "ai.onnx" else domain
+        versions = since_versions or (1,)
+
+        def decorate(impl: Any) -> Any:
+            is_class = inspect.isclass(impl)
+            attrs = _attribute_params(impl, is_class)
+            for v in versions:
+                self.add(KernelDef(domain, op_type, v, impl, attrs, is_class))
+            return impl
+
+        return decorate
+
+    def add(self, kdef: KernelDef) -> None:
+        key = (kdef.domain, kdef.op_type)
+        versions = self._versions.setdefault(key, [])
+        defs = self._defs.setdefault(key, [])
+        i = bisect.bisect_left(versions, kdef.since_version)
+        if i < len(versions) and versions[i] == kdef.since_version:
+            defs[i] = kdef  # re-registration replaces (custom kernels may override built-ins)
+        else:
+            versions.insert(i, kdef.since_version)
+            defs.insert(i, kdef)
+
+    def lookup(self, domain: str, op_type: str, opset: int) -> KernelDef | None:
+        """The kernel with the highest since_version not above ``opset``."""
+        key = ("" if domain == "ai.onnx" else domain, op_type)
+        versions = self._versions.get(key)
+        if not versions:
+            return None
+        i = bisect.bisect_right(versions, opset) - 1
+        return self._defs[key][i] if i >= 0 else None
+
+    def operators(self) -> list[tuple[str, str, int]]:
+        return sorted((d, o, v) for (d, o), vs in self._versions.items() for v in vs)
