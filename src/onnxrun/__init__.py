@@ -23,6 +23,7 @@ from .api.options import (
 )
 from .api.ortvalue import OrtValue
 from .api.session import InferenceSession, ModelMetadata, NodeArg
+from .custom_ops import register_custom_op
 from .errors import (
     EPFail,
     Fail,
@@ -98,6 +99,6 @@ __all__ = [
     "NoSuchFile", "NodeArg", "NotImplemented", "OnnxRunError", "OrtValue", "RunOptions",
     "RuntimeException", "SessionOptions", "__version__", "disable_telemetry_events",
     "enable_telemetry_events", "get_all_providers", "get_available_providers", "get_build_info",
-    "get_device", "get_version_string", "set_default_logger_severity",
+    "get_device", "get_version_string", "register_custom_op", "set_default_logger_severity",
     "set_default_logger_verbosity", "set_seed", "version",
 ]

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .dtypes import describe
-from .errors import OnnxRunError, RuntimeException
+from .errors import Fail, RuntimeException
 from .ir import Node
 
 
@@ -18,8 +18,8 @@ class Step(NamedTuple):
     node: Node
 
 
-class RunTerminated(OnnxRunError):
-    """RunOptions.terminate was set while the run was in progress."""
+class RunTerminated(Fail):
+    """RunOptions.terminate was set while the run was in progress (onnxruntime raises Fail)."""
 
 
 def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None

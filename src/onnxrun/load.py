@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import onnx
+import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
@@ -106,5 +107,11 @@ def load_model(
 ) -> tuple[onnx.ModelProto, Model]:
     """Parse and convert a model. Returns the proto (for validation) and the IR."""
     mp, folder = parse_model(source)
+    if len(mp.functions):
+        # Model-local functions run by expansion: inline them once, at load.
+        try:
+            mp = onnx.inliner.inline_local_functions(mp)
+        except Exception as e:
+            raise InvalidGraph(f"model-local functions could not be inlined: {e}") from None
     reader = ExternalDataReader(external_data_dir if external_data_dir is not None else folder)
     return mp, model_from_proto(mp, reader)

@@ -31,7 +31,7 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
         else:
             domain = node.domain or "ai.onnx"
             missing.append(
-                f"{node.op_type}({opset}) node with name '{node.name}' (domain '{domain}', "
+                f"{node.op_type}({opset}) node with name '{node.label}' (domain '{domain}', "
                 f"opset {opset})"
             )
     if missing:

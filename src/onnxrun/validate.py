@@ -8,7 +8,10 @@ consistency is checked when the loader reads them.
 
 from __future__ import annotations
 
+import heapq
 import logging
+import re
+from collections.abc import Sequence
 
 import onnx
 from onnx import helper
@@ -20,6 +23,7 @@ logger = logging.getLogger("onnxrun")
 
 # onnx's checker refuses IR versions newer than it knows; shape inference works regardless.
 _MAX_IR = onnx.IR_VERSION
+_GENERATED = re.compile(r"unk__\d+")
 
 
 def skeleton(mp: onnx.ModelProto) -> onnx.ModelProto:
@@ -34,7 +38,7 @@ def skeleton(mp: onnx.ModelProto) -> onnx.ModelProto:
                 setattr(skel, fd.name, value)
     src, dst = mp.graph, skel.graph
     dst.name, dst.doc_string = src.name, src.doc_string
-    dst.node.extend(src.node)
+    dst.node.extend(_sorted_nodes(src.node))
     dst.input.extend(src.input)
     dst.output.extend(src.output)
     dst.value_info.extend(src.value_info)
@@ -55,11 +59,50 @@ def skeleton(mp: onnx.ModelProto) -> onnx.ModelProto:
     return skel
 
 
+def _sorted_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes in a topological order, stable (a sorted list comes back unchanged).
+
+    onnxruntime runs graphs whose nodes are listed out of order, onnx's checker refuses them: it
+    checks this order instead. A node depends on what it and its subgraphs read.
+    """
+    producer = {name: i for i, n in enumerate(nodes) for name in n.output if name}
+    users: list[list[int]] = [[] for _ in nodes]
+    pending = [0] * len(nodes)
+    for i, n in enumerate(nodes):
+        deps = {producer[name] for name in _reads(n) if name in producer} - {i}
+        pending[i] = len(deps)
+        for d in deps:
+            users[d].append(i)
+    ready = [i for i, count in enumerate(pending) if count == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name or nodes[i].output[0] for i, c in enumerate(pending) if c][:5]
+        raise InvalidGraph(f"the graph has a cycle (nodes involved: {stuck})")
+    return [nodes[i] for i in order]
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    names = {name for name in node.input if name}
+    for a in node.attribute:
+        for g in [a.g] if a.HasField("g") else a.graphs:
+            for sub in g.node:
+                names |= _reads(sub)
+    return names
+
+
 def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True) -> None:
     """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR."""
     skel = skeleton(mp)
     try:
-        onnx.checker.check_model(skel, full_check=False)
+        onnx.checker.check_model(_with_ranks(skel), full_check=False)
     except onnx.checker.ValidationError as e:
         raise InvalidGraph(f"model failed validation: {_first_line(e)}") from None
     if not infer_shapes:
@@ -74,6 +117,25 @@ def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True) ->
     _apply_value_info(model, inferred)
 
 
+def _with_ranks(skel: onnx.ModelProto) -> onnx.ModelProto:
+    """onnx's checker requires a shape on the main graph's tensor inputs and outputs, onnxruntime
+    accepts tensors of unknown rank there: check a copy where such types carry an empty shape
+    (shape inference still runs on the original, so no rank is assumed)."""
+
+    def unranked(vi: onnx.ValueInfoProto) -> bool:
+        return vi.type.HasField("tensor_type") and not vi.type.tensor_type.HasField("shape")
+
+    g = skel.graph
+    if not any(unranked(vi) for vi in [*g.input, *g.output]):
+        return skel
+    copy = onnx.ModelProto()
+    copy.CopyFrom(skel)
+    for vi in [*copy.graph.input, *copy.graph.output]:
+        if unranked(vi):
+            vi.type.tensor_type.shape.SetInParent()
+    return copy
+
+
 def _apply_value_info(model: Model, inferred: onnx.ModelProto) -> None:
     types = {vi.name: vi.type for vi in inferred.graph.value_info}
     types.update({vi.name: vi.type for vi in inferred.graph.output})
@@ -81,8 +143,30 @@ def _apply_value_info(model: Model, inferred: onnx.ModelProto) -> None:
     for node in g.nodes:
         for v in node.outputs:
             t = types.get(v.name)
-            if t is not None and (v.type is None or v.type.WhichOneof("value") is None):
+            if t is None:
+                continue
+            if v.type is None or v.type.WhichOneof("value") is None:
                 v.type = t
+            elif _gains_shape(v.type, t):
+                v.type = _without_generated_symbols(t)
+
+
+def _gains_shape(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
+    """A tensor declared without a shape (e.g. a graph output) takes the inferred one, as
+    onnxruntime reports it."""
+    return (declared.HasField("tensor_type") and not declared.tensor_type.HasField("shape")
+            and inferred.HasField("tensor_type") and inferred.tensor_type.HasField("shape")
+            and inferred.tensor_type.elem_type == declared.tensor_type.elem_type)
+
+
+def _without_generated_symbols(tp: onnx.TypeProto) -> onnx.TypeProto:
+    """Shape inference names unknown dimensions ``unk__N``; onnxruntime reports them as None."""
+    copy = onnx.TypeProto()
+    copy.CopyFrom(tp)
+    for d in copy.tensor_type.shape.dim:
+        if d.WhichOneof("value") == "dim_param" and _GENERATED.fullmatch(d.dim_param):
+            d.ClearField("dim_param")
+    return copy
 
 
 def _first_line(e: Exception) -> str:

@@ -170,7 +170,8 @@ class InferenceSession:
             v.const_value = arr
         overrides = opts._free_dim_by_name
         if overrides:
-            for v in g.inputs:
+            # A named dimension is one value everywhere: outputs report it fixed too, as in ORT.
+            for v in [*g.inputs, *g.outputs]:
                 if v.type is not None and v.type.HasField("tensor_type"):
                     for d in v.type.tensor_type.shape.dim:
                         if d.WhichOneof("value") == "dim_param" and d.dim_param in overrides:
@@ -190,7 +191,9 @@ class InferenceSession:
 
     @staticmethod
     def _node_arg(v: Value) -> NodeArg:
-        return NodeArg(v.name, dtypes.type_string(v.type), dtypes.type_shape(v.type))
+        shape = dtypes.type_shape(v.type)
+        # onnxruntime reports an unknown rank as [] (and an unknown dimension as None).
+        return NodeArg(v.name, dtypes.type_string(v.type), [] if shape is None else shape)
 
     def get_modelmeta(self) -> ModelMetadata:
         return ModelMetadata(self._model)

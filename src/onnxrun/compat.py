@@ -1,0 +1,192 @@
+"""Run code written for onnxruntime on onnxrun, unchanged.
+
+In-process::
+
+    import onnxrun.compat
+    onnxrun.compat.install()        # from here on, ``import onnxruntime`` gives onnxrun
+    import onnxruntime as ort
+    sess = ort.InferenceSession("model.onnx", providers=["CPUExecutionProvider"])
+    from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
+    ...
+    onnxrun.compat.uninstall()      # restore whatever ``onnxruntime`` was before
+
+From the command line, for a script or module that imports onnxruntime::
+
+    python -m onnxrun.compat script.py [args...]
+    python -m onnxrun.compat -m package.module [args...]
+
+``install()`` puts modules in ``sys.modules`` under onnxruntime's names: ``onnxruntime``,
+``onnxruntime.capi``, ``onnxruntime.capi._pybind_state``,
+``onnxruntime.capi.onnxruntime_pybind11_state`` (the exception classes: Fail, InvalidArgument,
+NoSuchFile, InvalidProtobuf, InvalidGraph, NotImplemented, RuntimeException, EPFail...) and
+``onnxruntime.capi.onnxruntime_inference_collection`` (InferenceSession, IOBinding, OrtValue).
+It works whether or not the real onnxruntime is installed or already imported: after
+``install()`` onnxrun wins, and ``uninstall()`` puts the previous modules back. Modules that
+bound the old ``onnxruntime`` before ``install()`` keep their reference to it.
+Only the inference API is provided: ``onnxruntime.quantization``, ``onnxruntime.transformers``
+and the training packages are not.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import runpy
+import sys
+import types
+from typing import Any
+
+import onnxrun
+
+from . import errors
+
+_NAMES = (
+    "onnxruntime",
+    "onnxruntime.capi",
+    "onnxruntime.capi._pybind_state",
+    "onnxruntime.capi.onnxruntime_pybind11_state",
+    "onnxruntime.capi.onnxruntime_inference_collection",
+)
+_MISSING = object()
+# What sys.modules held under each name before install(); None while not installed.
+_saved: dict[str, Any] | None = None
+_modules: dict[str, types.ModuleType] | None = None
+
+
+def _exception(name: str) -> type[Exception]:
+    # onnxruntime status codes that onnxrun never raises: defined so ``except`` clauses naming
+    # them still work.
+    return type(name, (errors.Fail,), {"__module__": _NAMES[3], "__doc__": f"onnxruntime's {name}"})
+
+
+def _module(name: str, doc: str, attrs: dict[str, Any], package: bool = False
+            ) -> types.ModuleType:
+    mod = types.ModuleType(name, doc)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
+    if package:
+        mod.__path__ = []  # a package with no files: only the submodules installed here exist
+    mod.__file__ = onnxrun.__file__ if name == "onnxruntime" else __file__
+    mod.__dict__.update(attrs)
+    return mod
+
+
+def _build() -> dict[str, types.ModuleType]:
+    from .api.ortvalue import OrtValue
+
+    public = {n: v for n, v in vars(onnxrun).items()
+              if not n.startswith("_") and not isinstance(v, types.ModuleType)}
+    public["__version__"] = onnxrun.__version__
+    public["preload_dlls"] = _preload_dlls
+
+    exceptions: dict[str, Any] = {
+        n: getattr(errors, n)
+        for n in ("Fail", "InvalidArgument", "NoSuchFile", "InvalidProtobuf", "InvalidGraph",
+                  "NotImplemented", "RuntimeException", "EPFail")
+    }
+    for n in ("EngineError", "ModelLoaded", "NoModel", "NotFound", "DeviceReset",
+              "ModelLoadCanceled", "ModelRequiresCompilation"):
+        exceptions[n] = _exception(n)
+    # _pybind_state re-exports the native module: the exceptions and the C++-level classes.
+    native = dict(exceptions)
+    for n in ("SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode",
+              "ExecutionOrder", "ModelMetadata", "NodeArg", "get_available_providers",
+              "get_all_providers", "get_device", "get_version_string", "get_build_info",
+              "set_default_logger_severity", "set_default_logger_verbosity", "set_seed",
+              "enable_telemetry_events", "disable_telemetry_events"):
+        native[n] = public[n]
+    native["OrtValue"] = OrtValue
+
+    pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
+    pybind = _module(_NAMES[2], "Re-exports onnxruntime_pybind11_state.", native)
+    collection = _module(
+        _NAMES[4], "onnxruntime's Python classes, from onnxrun.",
+        {"InferenceSession": onnxrun.InferenceSession, "Session": onnxrun.InferenceSession,
+         "IOBinding": onnxrun.IOBinding, "OrtValue": OrtValue, "C": pybind},
+    )
+    capi = _module(
+        _NAMES[1], "onnxruntime.capi, from onnxrun.",
+        {"_pybind_state": pybind, "onnxruntime_pybind11_state": pybind11,
+         "onnxruntime_inference_collection": collection},
+        package=True,
+    )
+    top = _module(_NAMES[0], onnxrun.__doc__, {**public, "capi": capi}, package=True)
+    # Names onnxrun adds later are still found: ``ort.X`` falls back to ``onnxrun.X``.
+    top.__getattr__ = lambda name: getattr(onnxrun, name)  # type: ignore[attr-defined]
+    return dict(zip(_NAMES, (top, capi, pybind, pybind11, collection), strict=True))
+
+
+def _preload_dlls(*args: Any, **kwargs: Any) -> None:
+    """onnxruntime loads CUDA libraries here; onnxrun needs none."""
+
+
+def install() -> types.ModuleType:
+    """Make ``import onnxruntime`` (and its ``capi`` submodules) resolve to onnxrun.
+
+    Idempotent. Returns the ``onnxruntime`` module installed.
+    """
+    global _saved, _modules
+    if _modules is None:
+        _modules = _build()
+    if _saved is None:
+        _saved = {n: sys.modules.get(n, _MISSING) for n in _NAMES}
+    sys.modules.update(_modules)
+    return _modules["onnxruntime"]
+
+
+def uninstall() -> None:
+    """Undo ``install()``: restore the previous ``onnxruntime`` modules (or their absence)."""
+    global _saved
+    if _saved is None:
+        return
+    for name, previous in _saved.items():
+        if previous is _MISSING:
+            if sys.modules.get(name) is (_modules or {}).get(name):
+                sys.modules.pop(name, None)
+        else:
+            sys.modules[name] = previous
+    _saved = None
+
+
+def is_installed() -> bool:
+    return _saved is not None and sys.modules.get("onnxruntime") is (_modules or {}).get(
+        "onnxruntime")
+
+
+_USAGE = """usage: python -m onnxrun.compat SCRIPT.py [ARGS...]
+       python -m onnxrun.compat -m MODULE [ARGS...]
+
+Runs SCRIPT (or MODULE) as __main__ with `import onnxruntime` resolving to onnxrun."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE, file=sys.stderr if not argv else sys.stdout)
+        return 0 if argv else 2
+    install()
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            print(_USAGE, file=sys.stderr)
+            return 2
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return 0
+    script = argv[0]
+    if not os.path.exists(script):
+        print(f"python -m onnxrun.compat: can't open file '{script}': no such file",
+              file=sys.stderr)
+        return 2
+    sys.argv = list(argv)
+    # As `python script.py` does: the script's folder comes first on the path, instead of the
+    # current directory that `python -m` put there.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run as `python -m onnxrun.compat`: use the importable module, not this __main__ copy, so
+    # the script sees one install state.
+    from onnxrun import compat as _compat
+
+    raise SystemExit(_compat.main())

@@ -1,0 +1,257 @@
+"""Activations and the softmax family.
+
+Attributes arrive as Python floats, which numpy 2 (NEP 50) keeps in the array's precision, so
+float16/float32 inputs keep their dtype. Temporaries are reused in place where that is safe
+(only arrays created here are ever written).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+from .elementwise import erf
+from .reduction import max_last, sum_trailing
+
+
+def _narrow_via_f32(fn):
+    """ml_dtypes floats (bfloat16, float8) promote to float32 against Python floats (unlike
+    float16), so such inputs are computed in float32 and rounded back."""
+
+    @functools.wraps(fn)
+    def kernel(X, *args, **kwargs):
+        if X.dtype.kind == "V":
+            return fn(X.astype(np.float32), *args, **kwargs).astype(X.dtype)
+        return fn(X, *args, **kwargs)
+
+    return kernel
+
+
+@op("Relu", 1, 6, 13, 14)
+def Relu(X):
+    if X.dtype.kind == "f":  # clip with two bounds is SIMD; maximum with a scalar is not
+        t = X.dtype.type
+        return np.clip(X, t(0), t(np.inf))
+    return np.maximum(X, X.dtype.type(0))
+
+
+@op("Sigmoid", 1, 6, 13)
+def Sigmoid(X):
+    return sigmoid(X)
+
+
+def sigmoid(X):
+    t = np.negative(X)
+    with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: 1/(1+inf) = 0
+        np.exp(t, out=t)
+    t += 1
+    np.reciprocal(t, out=t)
+    return t
+
+
+@op("Tanh", 1, 6, 13)
+def Tanh(input):  # noqa: A002 - the schema's name
+    return np.tanh(input)
+
+
+@op("LeakyRelu", 1, 6, 16)
+@_narrow_via_f32
+def LeakyRelu(X, *, alpha=0.01):
+    if 0.0 <= alpha <= 1.0:  # max(x, a*x): two fast passes instead of a branchy np.where
+        return np.maximum(X, X * alpha)
+    return np.where(X < 0, X * alpha, X)
+
+
+@op("PRelu", 1, 6, 7, 9, 16)
+def PRelu(X, slope):
+    return np.where(X < 0, X * slope, X).astype(X.dtype, copy=False)
+
+
+@op("Elu", 1, 6, 22)
+@_narrow_via_f32
+def Elu(X, *, alpha=1.0):
+    neg = np.minimum(X, 0)
+    np.expm1(neg, out=neg)
+    neg *= alpha
+    return np.where(X > 0, X, neg)
+
+
+@op("Selu", 1, 6, 22)
+@_narrow_via_f32
+def Selu(X, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    neg = np.minimum(X, 0)
+    np.exp(neg, out=neg)
+    neg -= 1
+    neg *= alpha
+    out = np.where(X > 0, X, neg)
+    out *= gamma
+    return out
+
+
+@op("Celu", 12, 28)
+@_narrow_via_f32
+def Celu(X, *, alpha=1.0):
+    neg = np.minimum(X, 0) / alpha
+    np.expm1(neg, out=neg)
+    neg *= alpha
+    return np.where(X > 0, X, neg)
+
+
+@op("Softplus", 1, 22)
+@_narrow_via_f32
+def Softplus(X):
+    return np.logaddexp(X.dtype.type(0), X)
+
+
+@op("Softsign", 1, 22)
+@_narrow_via_f32
+def Softsign(input):  # noqa: A002 - the schema's name
+    d = np.abs(input)
+    d += 1
+    return np.divide(input, d, out=d)
+
+
+@op("ThresholdedRelu", 10, 22)
+def ThresholdedRelu(X, *, alpha=1.0):
+    return np.where(X > alpha, X, X.dtype.type(0))
+
+
+@op("Shrink", 9)
+@_narrow_via_f32
+def Shrink(input, *, bias=0.0, lambd=0.5):  # noqa: A002 - the schema's name
+    zero = input.dtype.type(0)
+    bias = np.asarray(bias).astype(input.dtype)
+    return np.where(input < -lambd, input + bias, np.where(input > lambd, input - bias, zero))
+
+
+@op("Mish", 18, 22)
+@_narrow_via_f32
+def Mish(X):
+    t = np.logaddexp(X.dtype.type(0), X)
+    np.tanh(t, out=t)
+    t *= X
+    return t
+
+
+@op("HardSigmoid", 1, 6, 22)
+@_narrow_via_f32
+def HardSigmoid(X, *, alpha=0.2, beta=0.5):
+    t = X * alpha
+    t += beta
+    np.clip(t, 0, 1, out=t)
+    return t
+
+
+@op("HardSwish", 14, 22)
+@_narrow_via_f32
+def HardSwish(X):
+    t = X * (1.0 / 6.0)
+    t += 0.5
+    np.clip(t, 0, 1, out=t)
+    t *= X
+    return t
+
+
+@op("Gelu", 20)
+@_narrow_via_f32
+def Gelu(X, *, approximate="none"):
+    if approximate == "tanh":
+        t = X * X
+        t *= 0.044715
+        t += 1
+        t *= X
+        t *= math.sqrt(2.0 / math.pi)
+        np.tanh(t, out=t)
+    else:
+        t = erf(X * (1.0 / math.sqrt(2.0)))
+    t += 1
+    t *= X
+    t *= 0.5
+    return t
+
+
+# -- softmax family ---------------------------------------------------------------------------
+
+
+def _fast_last(x, axis):
+    """float32/64 along the contiguous last axis: use the argmax/gemv reductions."""
+    return (x.dtype.kind == "f" and x.dtype.itemsize >= 4 and x.size and x.ndim
+            and (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous)
+
+
+def _softmax(x, axis):
+    if _fast_last(x, axis):
+        e = x - max_last(x)
+        np.exp(e, out=e)
+        s = sum_trailing(e, x.shape[-1]).reshape(x.shape[:-1] + (1,))
+        np.reciprocal(s, out=s)
+        e *= s
+        return e
+    e = x - x.max(axis=axis, keepdims=True)
+    np.exp(e, out=e)
+    e /= e.sum(axis=axis, keepdims=True)
+    return e
+
+
+def _log_softmax(x, axis):
+    if _fast_last(x, axis):
+        e = x - max_last(x)
+        s = sum_trailing(np.exp(e), x.shape[-1]).reshape(x.shape[:-1] + (1,))
+    else:
+        e = x - x.max(axis=axis, keepdims=True)
+        s = np.exp(e).sum(axis=axis, keepdims=True)
+    np.log(s, out=s)
+    e -= s
+    return e
+
+
+def _hardmax(x, axis):
+    idx = np.expand_dims(np.argmax(x, axis=axis), axis)
+    out = np.zeros_like(x)
+    np.put_along_axis(out, idx, 1, axis=axis)
+    return out
+
+
+def _coerced(fn):
+    """Versions 1 and 11: the input is seen as 2-D [prod(shape[:axis]), prod(shape[axis:])]."""
+
+    def kernel(input, *, axis=1):  # noqa: A002 - the schema's name
+        if input.ndim == 0:
+            return fn(input.reshape(1, 1), 1).reshape(())
+        axis = axis if axis >= 0 else axis + input.ndim
+        outer = math.prod(input.shape[:axis])
+        inner = math.prod(input.shape[axis:])
+        if input.ndim == 2 and axis == 1 or axis == input.ndim - 1:
+            return fn(input, -1)
+        return fn(input.reshape(outer, inner), 1).reshape(input.shape)
+
+    return kernel
+
+
+def _per_axis(fn):
+    def kernel(input, *, axis=-1):  # noqa: A002 - the schema's name
+        return fn(input, axis)
+
+    return kernel
+
+
+for _name, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
+    op(_name, 1, 11)(_coerced(_fn))
+    op(_name, 13)(_per_axis(_fn))
+
+
+@op("LpNormalization", 1, 22)
+@_narrow_via_f32
+def LpNormalization(input, *, axis=-1, p=2):  # noqa: A002 - the schema's name
+    if p == 1:
+        norm = np.abs(input).sum(axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.square(input).sum(axis=axis, keepdims=True))
+    # a zero vector stays zero (onnxruntime does not divide by a zero norm)
+    return np.divide(input, norm, out=np.zeros_like(input), where=norm != 0)
+
+
+__all__ = ["KernelContext", "sigmoid"]

@@ -1,0 +1,319 @@
+"""Convolutions: Conv (im2col + one GEMM per group) and ConvTranspose (GEMM + col2im).
+
+Also holds the window geometry (pads, output sizes, strided window offsets) shared with the
+pooling kernels in ``pool.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ....dtypes import BFLOAT16
+from ..kernels import KernelContext, op
+
+_LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float16/bfloat16 have no BLAS: compute those in float32 and cast the result back."""
+    return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
+
+
+def _ints(values, n: int, default: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in values) if values is not None and len(values) else (default,) * n
+
+
+@functools.lru_cache(maxsize=1024)
+def window_geometry(
+    in_shape: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    pads: tuple[int, ...],
+    auto_pad: str,
+    ceil_mode: int = 0,
+    dilated_same: bool = True,
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(pads at the start, pads at the end, output sizes) of a sliding-window operator.
+
+    SAME_* pads make the output ceil(in / stride) long (the odd pad goes to the end for
+    SAME_UPPER, to the start for SAME_LOWER); with ceil_mode the last window must still start
+    inside the input or the start padding. ``dilated_same=False`` sizes SAME padding with the
+    undilated kernel, as onnxruntime's pooling kernels do.
+    """
+    nd = len(in_shape)
+    heads, tails, outs = [], [], []
+    for i in range(nd):
+        n, k, s, d = in_shape[i], kernel[i], strides[i], dilations[i]
+        span = (k - 1) * d + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            target = -(-n // s)
+            total = max(0, (target - 1) * s + (span if dilated_same else k) - n)
+            head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+            tail = total - head
+        elif auto_pad == "VALID":
+            head = tail = 0
+        else:
+            head, tail = (pads[i], pads[i + nd]) if pads else (0, 0)
+        room = n + head + tail - span
+        if ceil_mode:
+            out = -(-room // s) + 1
+            if (out - 1) * s >= n + head:
+                out -= 1
+        else:
+            out = room // s + 1
+        if out <= 0:
+            raise ValueError(
+                f"window of size {span} does not fit in input dimension {n} with pads "
+                f"({head}, {tail})"
+            )
+        heads.append(head)
+        tails.append(tail)
+        outs.append(out)
+    return tuple(heads), tuple(tails), tuple(outs)
+
+
+def pad_spatial(
+    X: np.ndarray,
+    heads: tuple[int, ...],
+    outs: tuple[int, ...],
+    kernel: tuple[int, ...],
+    strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+    fill,
+) -> np.ndarray:
+    """X with ``fill`` around its spatial dims: exactly the extent the windows read."""
+    nd = len(outs)
+    spatial = X.shape[2:]
+    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(outs, strides, kernel, dilations)]
+    if not any(heads) and all(need <= n for need, n in zip(needed, spatial)):
+        return X
+    Xp = np.full(X.shape[:2] + tuple(needed), fill, dtype=X.dtype)
+    dst = [slice(None), slice(None)]
+    src = [slice(None), slice(None)]
+    for i in range(nd):
+        lo, hi = heads[i], min(heads[i] + spatial[i], needed[i])
+        dst.append(slice(lo, hi))
+        src.append(slice(0, hi - lo))
+    Xp[tuple(dst)] = X[tuple(src)]
+    return Xp
+
+
+def window_slices(
+    outs: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
+    dilations: tuple[int, ...],
+):
+    """For each kernel offset (row-major): the index that selects that tap of every window."""
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        yield offset, (Ellipsis,) + tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s)
+            for t, o, s, d in zip(offset, outs, strides, dilations)
+        )
+
+
+def _im2col(Xp: np.ndarray, kernel, outs, strides, dilations) -> np.ndarray:
+    """Strided view (N, C, *kernel, *outs) of the padded input: no copy yet."""
+    nd = len(outs)
+    st = Xp.strides
+    shape = Xp.shape[:2] + tuple(kernel) + tuple(outs)
+    strides_ = st[:2] + tuple(st[2 + i] * dilations[i] for i in range(nd)) + tuple(
+        st[2 + i] * strides[i] for i in range(nd)
+    )
+    return as_strided(Xp, shape=shape, strides=strides_, writeable=False)
+
+
+class _ConvBase:
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        self.dilations = None if dilations is None else tuple(int(v) for v in dilations)
+        self.group = int(group)
+        self.kernel_shape = None if kernel_shape is None else tuple(int(v) for v in kernel_shape)
+        self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
+        self.strides = None if strides is None else tuple(int(v) for v in strides)
+        B = ctx.constant(2)
+        self.bias = None
+        if B is not None:
+            self.bias = B
+
+    def _attrs(self, nd: int, W_shape: tuple[int, ...]):
+        kernel = tuple(W_shape[2:])
+        strides = self.strides if self.strides else (1,) * nd
+        dilations = self.dilations if self.dilations else (1,) * nd
+        return kernel, strides, dilations
+
+
+@op("Conv", 1, 11, 22)
+class Conv(_ConvBase):
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        W = ctx.constant(1)
+        self.W_shape = None
+        self.w_gemm = self.w_depthwise = None
+        if W is not None:
+            self.W_shape = W.shape
+            cdt = compute_dtype(W.dtype)
+            self.w_gemm = self._gemm_weights(W, cdt)
+            if self._is_depthwise(W.shape):
+                self.w_depthwise = self._depthwise_weights(W, cdt)
+        if self.bias is not None:
+            self.bias = self.bias.astype(compute_dtype(self.bias.dtype), copy=False)
+
+    def _is_depthwise(self, W_shape) -> bool:
+        return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
+
+    def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
+        g = self.group
+        return np.ascontiguousarray(W.reshape(g, W.shape[0] // g, -1), dtype=cdt)
+
+    def _depthwise_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
+        # (K, C, 1, ..., 1): one per-channel multiplier per kernel offset
+        nd = W.ndim - 2
+        K = int(np.prod(W.shape[2:]))
+        w = W.reshape(W.shape[0], K).T.astype(cdt)
+        return np.ascontiguousarray(w.reshape((K, W.shape[0]) + (1,) * nd))
+
+    def __call__(self, X, W, B=None):
+        nd = X.ndim - 2
+        kernel, strides, dilations = self._attrs(nd, W.shape)
+        if X.shape[1] != W.shape[1] * self.group:
+            raise ValueError(
+                f"input channels {X.shape[1]} != weight channels {W.shape[1]} * group "
+                f"{self.group}"
+            )
+        heads, tails, outs = window_geometry(
+            X.shape[2:], kernel, strides, dilations, self.pads, self.auto_pad
+        )
+        out_dtype = X.dtype
+        cdt = compute_dtype(X.dtype)
+        if X.dtype != cdt:
+            X = X.astype(cdt)
+        const_w = self.W_shape is not None
+        N, M = X.shape[0], W.shape[0]
+        if self._is_depthwise(W.shape) and X.shape[1] == M:
+            w = self.w_depthwise if const_w else self._depthwise_weights(W, cdt)
+            Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
+            Y = None
+            tmp = None
+            for i, (_, idx) in enumerate(window_slices(outs, kernel, strides, dilations)):
+                if Y is None:
+                    Y = np.multiply(Xp[idx], w[i])
+                    tmp = np.empty_like(Y)
+                else:
+                    np.multiply(Xp[idx], w[i], out=tmp)
+                    Y += tmp
+        else:
+            g = self.group
+            Wm = self.w_gemm if const_w else self._gemm_weights(W, cdt)
+            O = int(np.prod(outs))
+            if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
+                    and outs == X.shape[2:]:
+                cols = X.reshape(N, g, X.shape[1] // g, O)  # 1x1: the input is the matrix
+            else:
+                Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
+                cols = _im2col(Xp, kernel, outs, strides, dilations).reshape(N, g, -1, O)
+            Y = np.matmul(Wm, cols)
+        Y = Y.reshape((N, M) + outs)
+        if B is not None:
+            b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
+            Y += b.reshape((M,) + (1,) * nd)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+@op("ConvTranspose", 1, 11, 22)
+class ConvTranspose(_ConvBase):
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, output_padding=None, output_shape=None, pads=None,
+                 strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.output_padding = (
+            tuple(int(v) for v in output_padding) if output_padding is not None else ()
+        )
+        self.output_shape = tuple(int(v) for v in output_shape) if output_shape is not None \
+            else ()
+        W = ctx.constant(1)
+        self.w_gemm = None if W is None else self._gemm_weights(W, compute_dtype(W.dtype))
+        if self.bias is not None:
+            self.bias = self.bias.astype(compute_dtype(self.bias.dtype), copy=False)
+
+    def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
+        # (C, M/g, *k) -> (g, M/g * K, C/g): cols = W^T @ X for each group
+        g = self.group
+        Cg = W.shape[0] // g
+        w = W.reshape(g, Cg, -1).transpose(0, 2, 1)
+        return np.ascontiguousarray(w, dtype=cdt)
+
+    def _geometry(self, in_shape, kernel, strides, dilations):
+        nd = len(in_shape)
+        adj = self.output_padding or (0,) * nd
+        pads = self.pads or (0,) * (2 * nd)
+        heads, outs = [], []
+        for i in range(nd):
+            full = (in_shape[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + adj[i]
+            if self.output_shape or self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+                if self.output_shape:
+                    shape = self.output_shape
+                    out = shape[i] if len(shape) == nd else shape[i + 2]
+                else:
+                    out = in_shape[i] * strides[i]
+                total = full - out
+                if total <= -strides[i]:
+                    raise ValueError(
+                        f"output size {out} is inconsistent with input size {in_shape[i]}, "
+                        f"kernel {kernel[i]} and stride {strides[i]} (dimension {i})"
+                    )
+                # the odd unit of padding goes to the end for SAME_UPPER, else to the start;
+                # a slightly larger output (less than one stride) is zeros at the end
+                head = total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2
+                head = max(head, 0)
+            elif self.auto_pad == "VALID":
+                head, out = 0, full
+            else:
+                head, out = pads[i], full - pads[i] - pads[i + nd]
+            if out <= 0:
+                raise ValueError(f"ConvTranspose output dimension {i} would be {out}")
+            heads.append(head)
+            outs.append(out)
+        return tuple(heads), tuple(outs)
+
+    def __call__(self, X, W, B=None):
+        nd = X.ndim - 2
+        kernel, strides, dilations = self._attrs(nd, W.shape)
+        g = self.group
+        N, C = X.shape[:2]
+        if C != W.shape[0]:
+            raise ValueError(f"input channels {C} != weight input channels {W.shape[0]}")
+        M = W.shape[1] * g
+        in_shape = X.shape[2:]
+        heads, outs = self._geometry(in_shape, kernel, strides, dilations)
+        out_dtype = X.dtype
+        cdt = compute_dtype(X.dtype)
+        Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
+        cols = np.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
+        cols = cols.reshape((N, M) + tuple(kernel) + tuple(in_shape))
+        # col2im: each kernel tap adds a strided block of the (uncropped) output
+        full = tuple(
+            max((n - 1) * s + (k - 1) * d + 1, h + o)
+            for n, s, k, d, h, o in zip(in_shape, strides, kernel, dilations, heads, outs)
+        )
+        Yf = np.zeros((N, M) + full, dtype=cdt)
+        for offset, idx in window_slices(in_shape, kernel, strides, dilations):
+            Yf[idx] += cols[(slice(None), slice(None)) + offset]
+        Y = Yf[(Ellipsis,) + tuple(slice(h, h + o) for h, o in zip(heads, outs))]
+        if B is not None:
+            b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
+            b = b.reshape((M,) + (1,) * nd)
+            if Y.shape == Yf.shape:
+                Y += b
+            else:
+                Y = Y + b
+        elif Y.shape != Yf.shape:
+            Y = np.ascontiguousarray(Y)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)

@@ -1,0 +1,101 @@
+"""Matrix products: MatMul, Gemm, Einsum."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+from .conv import compute_dtype
+
+
+def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """numpy matmul, with a stack of rows times one matrix done as a single GEMM."""
+    if B.ndim == 2 and A.ndim > 2 and A.flags.c_contiguous:
+        Y = np.dot(A.reshape(-1, A.shape[-1]), B)
+        return Y.reshape(A.shape[:-1] + (B.shape[1],))
+    return np.matmul(A, B)
+
+
+def _floating(x: np.ndarray) -> bool:
+    return x.dtype.kind == "f" or compute_dtype(x.dtype) != x.dtype
+
+
+@op("MatMul", 1, 9, 13)
+def MatMul(A, B):
+    cdt = compute_dtype(A.dtype)
+    if cdt != A.dtype:  # no BLAS for 16-bit floats: float32 product, cast back
+        return matmul(A.astype(cdt), B.astype(cdt)).astype(A.dtype)
+    return matmul(A, B)
+
+
+@op("Gemm", 1, 6, 7, 9, 11, 13)
+class Gemm:
+    """Y = alpha * A' @ B' + beta * C. A constant B (with alpha folded in) and a constant
+    beta * C are prepared once."""
+
+    def __init__(self, ctx: KernelContext, *, alpha=1.0, beta=1.0, transA=0, transB=0,
+                 broadcast=0) -> None:
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.transA = bool(transA)
+        self.transB = bool(transB)
+        B = ctx.constant(1)
+        self.B = None
+        if B is not None and _floating(B):
+            Bm = B.T if self.transB else B
+            cdt = compute_dtype(B.dtype)
+            Bm = Bm.astype(cdt)
+            if self.alpha != 1.0:
+                Bm *= cdt.type(self.alpha)
+            self.B = np.ascontiguousarray(Bm)
+        C = ctx.constant(2)
+        self.C = None
+        if C is not None and _floating(C):
+            cdt = compute_dtype(C.dtype)
+            self.C = (C.astype(cdt) * cdt.type(self.beta)) if self.beta != 1.0 else C.astype(cdt)
+
+    def __call__(self, A, B, C=None):
+        out_dtype = A.dtype
+        cdt = compute_dtype(A.dtype)
+        Am = A.T if self.transA else A
+        if cdt != A.dtype:
+            Am = Am.astype(cdt)
+        if self.B is not None:
+            Y = np.dot(Am, self.B)
+            scaled = True
+        else:
+            Bm = B.T if self.transB else B
+            Y = np.dot(Am, Bm.astype(cdt, copy=False))
+            scaled = self.alpha == 1.0
+        integral = Y.dtype.kind in "iu"
+        if not scaled:
+            if integral:
+                Y = (Y * self.alpha).astype(Y.dtype)
+            else:
+                Y *= cdt.type(self.alpha)
+        if C is not None and self.beta != 0.0:
+            if self.C is not None:
+                Cm = self.C
+            elif integral:
+                Cm = (C * self.beta).astype(Y.dtype) if self.beta != 1.0 else C
+            else:
+                Cm = C.astype(cdt, copy=False)
+                if self.beta != 1.0:
+                    Cm = Cm * cdt.type(self.beta)
+            if np.broadcast_shapes(Cm.shape, Y.shape) == Y.shape:
+                Y += Cm
+            else:
+                Y = Y + Cm
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+@op("Einsum", 12)
+def Einsum(*Inputs, equation):
+    eq = (equation.decode() if isinstance(equation, bytes) else str(equation)).replace(" ", "")
+    dtype = Inputs[0].dtype if Inputs else None
+    cdt = compute_dtype(dtype)
+    if cdt != dtype:
+        Inputs = tuple(x.astype(cdt) for x in Inputs)
+    Y = np.einsum(eq, *Inputs, optimize=True)
+    Y = np.asarray(Y)
+    return Y if Y.dtype == dtype else Y.astype(dtype)

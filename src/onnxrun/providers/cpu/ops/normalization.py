@@ -1,0 +1,224 @@
+"""Normalizations (batch, instance, layer, group, LRN, mean-variance) and Dropout."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ....dtypes import np_dtype
+from ..kernels import KernelContext, op
+from ..random_state import generator
+from .conv import compute_dtype
+
+
+def _stat_dtype(dtype: np.dtype) -> np.dtype:
+    """Statistics are kept in float32 at least (float64 for float64 data)."""
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _per_channel(p: np.ndarray, X: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A (C,) parameter shaped to broadcast over (N, C, ...); (C, D1, ...) ones as they are."""
+    p = p.astype(dtype, copy=False)
+    C = X.shape[1]
+    if p.size == C:
+        return p.reshape((C,) + (1,) * (X.ndim - 2))
+    return p.reshape(X.shape[1:])  # BatchNormalization spatial=0: one value per element
+
+
+@op("BatchNormalization", 1, 6, 7, 9, 14, 15)
+class BatchNormalization:
+    """Inference uses the given statistics. Training (``training_mode=1`` from opset 14,
+    extra outputs before it) normalizes with the batch statistics and also returns the updated
+    running ones (and, before opset 14, the batch mean and inverse standard deviation)."""
+
+    def __init__(self, ctx: KernelContext, *, epsilon=1e-5, momentum=0.9, training_mode=0,
+                 spatial=1, is_test=0, consumed_inputs=None) -> None:
+        self.epsilon = float(epsilon)
+        self.momentum = float(momentum)
+        if ctx.opset >= 14:
+            self.training = bool(training_mode)
+        else:
+            self.training = any(o.name for o in ctx.node.outputs[1:])
+        self.legacy_outputs = ctx.opset < 14
+        # folded y = x * a + b when every parameter is a constant
+        self.folded = None
+        params = [ctx.constant(i) for i in range(1, 5)]
+        if not self.training and all(p is not None for p in params):
+            self.folded = self._fold(*params)
+
+    def _fold(self, scale, B, mean, var):
+        sd = _stat_dtype(scale.dtype)
+        a = scale.astype(sd) / np.sqrt(var.astype(sd) + sd.type(self.epsilon))
+        return a, B.astype(sd) - mean.astype(sd) * a
+
+    def __call__(self, X, scale, B, input_mean, input_var):
+        cdt = compute_dtype(X.dtype)
+        if self.training:
+            return self._train(X, scale, B, input_mean, input_var)
+        a, b = self.folded if self.folded is not None else self._fold(
+            scale, B, input_mean, input_var
+        )
+        Y = X.astype(cdt, copy=False) * _per_channel(a, X, cdt)
+        Y += _per_channel(b, X, cdt)
+        return Y.astype(X.dtype, copy=False)
+
+    def _train(self, X, scale, B, input_mean, input_var):
+        sd = _stat_dtype(X.dtype)
+        axes = (0,) + tuple(range(2, X.ndim))
+        Xs = X.astype(sd, copy=False)
+        mean = Xs.mean(axis=axes)
+        centered = Xs - mean.reshape((-1,) + (1,) * (X.ndim - 2))
+        var = np.mean(centered * centered, axis=axes)
+        a = scale.astype(sd) / np.sqrt(var + sd.type(self.epsilon))
+        Y = centered * _per_channel(a, X, sd)
+        Y += _per_channel(B, X, sd)
+        m = sd.type(self.momentum)
+        running_mean = input_mean.astype(sd) * m + mean * (1 - m)
+        running_var = input_var.astype(sd) * m + var * (1 - m)
+        stat_dtype = input_mean.dtype
+        outs = (Y.astype(X.dtype, copy=False), running_mean.astype(stat_dtype),
+                running_var.astype(stat_dtype))
+        if self.legacy_outputs:  # saved_mean and, as onnxruntime returns it, 1 / saved_std
+            inv_std = 1 / np.sqrt(var + sd.type(self.epsilon))
+            outs += (mean.astype(stat_dtype), inv_std.astype(stat_dtype))
+        return outs
+
+
+@op("InstanceNormalization", 1, 6, 22)
+def InstanceNormalization(input, scale, B, *, epsilon=1e-5):  # noqa: A002 - the schema's name
+    X = input
+    sd = _stat_dtype(X.dtype)
+    axes = tuple(range(2, X.ndim))
+    Xs = X.astype(sd, copy=False)
+    centered = Xs - Xs.mean(axis=axes, keepdims=True)
+    var = np.mean(centered * centered, axis=axes, keepdims=True)
+    a = _per_channel(scale, X, sd) / np.sqrt(var + sd.type(epsilon))
+    centered *= a
+    centered += _per_channel(B, X, sd)
+    return centered.astype(X.dtype, copy=False)
+
+
+@op("LayerNormalization", 17)
+class LayerNormalization:
+    def __init__(self, ctx: KernelContext, *, axis=-1, epsilon=1e-5, stash_type=1) -> None:
+        self.axis = int(axis)
+        self.epsilon = float(epsilon)
+        self.stat_type = np_dtype(int(stash_type))  # Mean and InvStdDev are stash_type
+        self.want_stats = ctx.output_used(1) or ctx.output_used(2)
+
+    def __call__(self, X, Scale, B=None):
+        axis = self.axis + X.ndim if self.axis < 0 else self.axis
+        axes = tuple(range(axis, X.ndim))
+        sd = _stat_dtype(X.dtype)
+        Xs = X.astype(sd, copy=False)
+        mean = Xs.mean(axis=axes, keepdims=True)
+        centered = Xs - mean
+        var = np.mean(centered * centered, axis=axes, keepdims=True)
+        inv_std = 1 / np.sqrt(var + sd.type(self.epsilon))
+        centered *= inv_std
+        centered *= Scale.astype(sd, copy=False)
+        if B is not None:
+            centered += B.astype(sd, copy=False)
+        Y = centered.astype(X.dtype, copy=False)
+        if not self.want_stats:
+            return Y, None, None
+        return Y, mean.astype(self.stat_type), inv_std.astype(self.stat_type)
+
+
+def _group_norm(X, scale, bias, num_groups, epsilon, sd, per_group: bool):
+    N, C = X.shape[:2]
+    G = int(num_groups)
+    if C % G:
+        raise ValueError(f"channels {C} are not divisible by num_groups {G}")
+    Xs = X.astype(sd, copy=False).reshape(N, G, -1)
+    centered = Xs - Xs.mean(axis=2, keepdims=True)
+    var = np.mean(centered * centered, axis=2, keepdims=True)
+    centered *= 1 / np.sqrt(var + sd.type(epsilon))
+    Y = centered.reshape(X.shape)
+    if per_group:  # opset 18: one scale/bias per group, shared by the group's channels
+        scale = np.repeat(scale.astype(sd), C // G)
+        bias = np.repeat(bias.astype(sd), C // G)
+    Y *= _per_channel(scale, X, sd)
+    Y += _per_channel(bias, X, sd)
+    return Y.astype(X.dtype, copy=False)
+
+
+@op("GroupNormalization", 18)
+def GroupNormalization18(X, scale, bias, *, epsilon=1e-5, num_groups):
+    return _group_norm(X, scale, bias, num_groups, epsilon, _stat_dtype(X.dtype), True)
+
+
+@op("GroupNormalization", 21)
+def GroupNormalization(X, scale, bias, *, epsilon=1e-5, num_groups, stash_type=1):
+    sd = _stat_dtype(X.dtype) if int(stash_type) == 1 else compute_dtype(X.dtype)
+    return _group_norm(X, scale, bias, num_groups, epsilon, sd, False)
+
+
+@op("LRN", 1, 13)
+def LRN(X, *, alpha=1e-4, beta=0.75, bias=1.0, size):
+    size = int(size)
+    cdt = compute_dtype(X.dtype)
+    Xc = X.astype(cdt, copy=False)
+    sq = Xc * Xc
+    before = (size - 1) // 2  # the window is [c - before, c + size - 1 - before]
+    C = X.shape[1]
+    padded = np.zeros((X.shape[0], C + size - 1) + X.shape[2:], dtype=cdt)
+    padded[:, before:before + C] = sq
+    # sum of squares over the channel window: one shifted slice per window position
+    acc = padded[:, 0:C].copy()
+    for i in range(1, size):
+        acc += padded[:, i:i + C]
+    acc *= cdt.type(alpha / size)
+    acc += cdt.type(bias)
+    Y = Xc / (acc ** cdt.type(beta))
+    return Y.astype(X.dtype, copy=False)
+
+
+@op("MeanVarianceNormalization", 1, 9, 13)
+def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
+    axes = tuple(int(a) for a in axes)
+    sd = _stat_dtype(X.dtype)
+    Xs = X.astype(sd, copy=False)
+    centered = Xs - Xs.mean(axis=axes, keepdims=True)
+    std = np.sqrt(np.mean(centered * centered, axis=axes, keepdims=True))
+    centered /= std + sd.type(1e-9)
+    return centered.astype(X.dtype, copy=False)
+
+
+def _ones_mask(ctx_wants: bool, X: np.ndarray, legacy: bool):
+    if not ctx_wants:
+        return None
+    return np.ones(X.shape, dtype=X.dtype if legacy else bool)
+
+
+@op("Dropout", 1, 6, 7, 10)
+class DropoutLegacy:
+    """Before opset 12 Dropout has no training input: an inference engine passes data through.
+    The mask has the data's type before opset 10 and is bool from then on."""
+
+    def __init__(self, ctx: KernelContext, *, ratio=0.5, is_test=0, consumed_inputs=None) -> None:
+        self.want_mask = ctx.output_used(1)
+        self.legacy_mask = ctx.opset < 10
+
+    def __call__(self, data):
+        return data, _ones_mask(self.want_mask, data, self.legacy_mask)
+
+
+@op("Dropout", 12, 13, 22)
+class Dropout:
+    def __init__(self, ctx: KernelContext, *, seed=None) -> None:
+        self.seed = seed
+        self.want_mask = ctx.output_used(1)
+
+    def __call__(self, data, ratio=None, training_mode=None):
+        r = 0.5 if ratio is None else float(np.asarray(ratio))
+        if training_mode is None or not bool(np.asarray(training_mode)) or r == 0:
+            return data, _ones_mask(self.want_mask, data, False)
+        if not 0 <= r < 1:
+            if r == 1:
+                return np.zeros_like(data), np.zeros(data.shape, dtype=bool)
+            raise ValueError(f"ratio must be in [0, 1), got {r}")
+        mask = generator(self.seed).random(data.shape) >= r
+        cdt = compute_dtype(data.dtype)
+        out = data.astype(cdt, copy=False) * mask
+        out *= cdt.type(1.0 / (1.0 - r))
+        return out.astype(data.dtype, copy=False), mask

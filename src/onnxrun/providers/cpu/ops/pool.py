@@ -1,0 +1,200 @@
+"""Pooling: MaxPool (with Indices), AveragePool, LpPool and their global forms.
+
+Windows are strided slices of the padded input, one per kernel offset: the loops run over the
+kernel taps (a handful), never over pixels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+from .conv import compute_dtype, pad_spatial, window_geometry, window_slices
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _Pool:
+    """Attributes and geometry common to the windowed pooling operators."""
+
+    def __init__(self, ctx: KernelContext | None, *, auto_pad="NOTSET", ceil_mode=0,
+                 dilations=None, kernel_shape=None, pads=None, strides=None) -> None:
+        if kernel_shape is None:
+            raise ValueError("attribute kernel_shape is required")
+        self.kernel = tuple(int(v) for v in kernel_shape)
+        nd = len(self.kernel)
+        self.auto_pad = _text(auto_pad)
+        self.ceil_mode = int(ceil_mode)
+        self.dilations = tuple(int(v) for v in dilations) if dilations else (1,) * nd
+        self.strides = tuple(int(v) for v in strides) if strides else (1,) * nd
+        self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
+
+    def geometry(self, X: np.ndarray):
+        if X.ndim != len(self.kernel) + 2:
+            raise ValueError(f"kernel_shape {list(self.kernel)} does not fit input rank {X.ndim}")
+        return window_geometry(
+            X.shape[2:], self.kernel, self.strides, self.dilations, self.pads, self.auto_pad,
+            self.ceil_mode, dilated_same=False,
+        )
+
+    def taps(self, outs):
+        return window_slices(outs, self.kernel, self.strides, self.dilations)
+
+    def window_sum(self, X: np.ndarray, heads, outs, power=None) -> np.ndarray:
+        """Sum over each window (zero padding), of |X|**power when power is given."""
+        if power is not None:
+            X = X * X if power == 2 else np.abs(X) ** power
+        Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, 0)
+        Y = None
+        for _, idx in self.taps(outs):
+            if Y is None:
+                Y = Xp[idx].copy()
+            else:
+                Y += Xp[idx]
+        return Y
+
+    def counts(self, in_shape, heads, tails, outs, include_pad: bool) -> np.ndarray | None:
+        """Per output position, how many window taps fall in the counted range (None: all)."""
+        per_axis = []
+        uniform = True
+        for i, o in enumerate(outs):
+            k, s, d = self.kernel[i], self.strides[i], self.dilations[i]
+            lo, hi = (-heads[i], in_shape[i] + tails[i]) if include_pad else (0, in_shape[i])
+            pos = np.arange(o)[:, None] * s - heads[i] + np.arange(k)[None, :] * d
+            c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+            uniform = uniform and bool((c == k).all())
+            per_axis.append(c)
+        if uniform:
+            return None
+        total = per_axis[0]
+        for c in per_axis[1:]:
+            total = np.multiply.outer(total, c)
+        return total
+
+
+def _lowest(dtype: np.dtype):
+    """The padding value of max pooling: never larger than a real element."""
+    return np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
+@op("MaxPool", 1, 8, 10, 11, 12, 22)
+class MaxPool(_Pool):
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                 kernel_shape=None, pads=None, storage_order=0, strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.storage_order = int(storage_order)
+        self.want_indices = ctx.output_used(1)
+
+    def __call__(self, X):
+        heads, _, outs = self.geometry(X)
+        fill = _lowest(X.dtype)
+        Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
+        if not self.want_indices:
+            Y = None
+            for _, idx in self.taps(outs):
+                if Y is None:
+                    Y = Xp[idx].copy()
+                else:
+                    np.maximum(Y, Xp[idx], out=Y)
+            return Y
+        return self._with_indices(X, Xp, heads, outs)
+
+    def _with_indices(self, X, Xp, heads, outs):
+        spatial = X.shape[2:]
+        nd = len(spatial)
+        # element strides of the (unpadded) spatial dims: row- or column-major
+        order = range(nd - 1, -1, -1) if self.storage_order == 0 else range(nd)
+        elem_strides = [0] * nd
+        step = 1
+        for i in order:
+            elem_strides[i] = step
+            step *= spatial[i]
+        grids = [np.arange(o) * s - h for o, s, h in zip(outs, self.strides, heads)]
+        Y = I = None
+        for offset, idx in self.taps(outs):
+            flat = np.zeros(outs, dtype=np.int64)
+            for i in range(nd):
+                coord = grids[i] + offset[i] * self.dilations[i]
+                shape = [1] * nd
+                shape[i] = outs[i]
+                flat = flat + (coord * elem_strides[i]).reshape(shape)
+            window = Xp[idx]
+            if Y is None:
+                Y = window.copy()
+                I = np.broadcast_to(flat, Y.shape).copy()
+            else:
+                better = window > Y
+                np.copyto(Y, window, where=better)
+                np.copyto(I, np.broadcast_to(flat, Y.shape), where=better)
+        n, c = X.shape[:2]
+        plane = int(np.prod(spatial))
+        I += (np.arange(n * c, dtype=np.int64) * plane).reshape((n, c) + (1,) * nd)
+        return Y, I
+
+
+@op("AveragePool", 1, 7, 10, 11, 19, 22)
+class AveragePool(_Pool):
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0,
+                 count_include_pad=0, dilations=None, kernel_shape=None, pads=None,
+                 strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.include_pad = bool(count_include_pad)
+
+    def __call__(self, X):
+        heads, tails, outs = self.geometry(X)
+        out_dtype = X.dtype
+        cdt = compute_dtype(X.dtype)
+        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs)
+        counts = self.counts(X.shape[2:], heads, tails, outs, self.include_pad)
+        if counts is None:
+            Y *= cdt.type(1.0 / int(np.prod(self.kernel)))
+        else:
+            Y /= counts.astype(cdt)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+@op("LpPool", 1, 2, 11, 18, 22)
+class LpPool(_Pool):
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                 kernel_shape=None, p=2, pads=None, strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.p = float(p)
+
+    def __call__(self, X):
+        heads, _, outs = self.geometry(X)
+        out_dtype = X.dtype
+        cdt = compute_dtype(X.dtype)
+        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, power=self.p)
+        Y = np.sqrt(Y, out=Y) if self.p == 2 else np.power(Y, cdt.type(1.0 / self.p), out=Y)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+def _spatial_axes(X: np.ndarray) -> tuple[int, ...]:
+    return tuple(range(2, X.ndim))
+
+
+@op("GlobalAveragePool", 1, 22)
+def GlobalAveragePool(X):
+    return np.mean(X, axis=_spatial_axes(X), keepdims=True, dtype=compute_dtype(X.dtype)
+                   ).astype(X.dtype, copy=False)
+
+
+@op("GlobalMaxPool", 1, 22)
+def GlobalMaxPool(X):
+    return np.max(X, axis=_spatial_axes(X), keepdims=True)
+
+
+@op("GlobalLpPool", 1, 2, 22)
+def GlobalLpPool(X, *, p=2):
+    p = float(p)
+    cdt = compute_dtype(X.dtype)
+    Xc = X.astype(cdt, copy=False)
+    powered = Xc * Xc if p == 2 else np.abs(Xc) ** cdt.type(p)
+    Y = np.sum(powered, axis=_spatial_axes(X), keepdims=True)
+    Y = np.sqrt(Y) if p == 2 else Y ** cdt.type(1.0 / p)
+    return Y.astype(X.dtype, copy=False)

@@ -1,0 +1,494 @@
+"""Recurrent layers: LSTM, GRU and RNN (every opset, layout 0 and 1, all three directions).
+
+All directions advance together: state arrays are ``[num_directions, batch, hidden]``, the input
+projection ``X·W^T + biases`` for every time step (and both directions) is one GEMM done up
+front, and each step only does the recurrent ``H·R^T`` (a stacked matmul over directions) and the
+gate arithmetic. The reverse direction reads a time-reversed copy of that projection, reversed per
+batch row when ``sequence_lens`` is given, and its outputs are un-reversed at the end. Rows whose
+sequence has ended keep their state and emit zeros, as onnxruntime does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+
+# -- activations -----------------------------------------------------------------------------------
+
+# name -> (takes alpha, takes beta, default alpha, default beta). Unlisted defaults are 0, and
+# alpha/beta are consumed only by the functions that take them: both as onnxruntime does.
+_ACT_ARGS: dict[str, tuple[bool, bool, float, float]] = {
+    "relu": (False, False, 0.0, 0.0),
+    "tanh": (False, False, 0.0, 0.0),
+    "sigmoid": (False, False, 0.0, 0.0),
+    "affine": (True, True, 0.0, 0.0),
+    "leakyrelu": (True, False, 0.01, 0.0),
+    "thresholdedrelu": (True, False, 0.0, 0.0),
+    "scaledtanh": (True, True, 0.0, 0.0),
+    "hardsigmoid": (True, True, 0.2, 0.5),
+    "elu": (True, False, 1.0, 0.0),
+    "softsign": (False, False, 0.0, 0.0),
+    "softplus": (False, False, 0.0, 0.0),
+}
+
+
+class _Act:
+    """One activation function. Works in place on C-contiguous temporaries; a strided view is
+    read once into a new contiguous array (ufuncs writing back to strided memory are slow)."""
+
+    __slots__ = ("name", "alpha", "beta", "key")
+
+    def __init__(self, name: str, alpha: float, beta: float) -> None:
+        self.name, self.alpha, self.beta = name, alpha, beta
+        self.key = (name, alpha, beta)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        name, a, b = self.name, self.alpha, self.beta
+        out = x if x.flags.c_contiguous else None
+        if name == "sigmoid":  # 0.5·(1 + tanh(x/2)): no overflow for large |x|
+            y = np.multiply(x, 0.5, out=out)
+            np.tanh(y, out=y)
+            y += 1
+            y *= 0.5
+            return y
+        if name == "tanh":
+            return np.tanh(x, out=out)
+        if name == "relu":
+            return np.maximum(x, 0, out=out)
+        if name in ("affine", "hardsigmoid"):
+            y = np.multiply(x, a, out=out)
+            y += b
+            return np.clip(y, 0, 1, out=y) if name == "hardsigmoid" else y
+        if name == "leakyrelu":
+            return np.where(x < 0, x * a, x)
+        if name == "thresholdedrelu":
+            return np.where(x < a, 0, x)
+        if name == "scaledtanh":
+            y = np.multiply(x, b, out=out)
+            np.tanh(y, out=y)
+            y *= a
+            return y
+        if name == "elu":
+            return np.where(x < 0, np.expm1(x) * a, x)
+        if name == "softsign":
+            return np.divide(x, np.abs(x) + 1, out=out)
+        if name == "softplus":
+            return np.logaddexp(x, 0, out=out)
+        raise AssertionError(name)  # pragma: no cover - rejected in _activations
+
+
+def _activations(
+    names: list[str] | None, defaults: list[str], alphas: list[float] | None,
+    betas: list[float] | None, num_directions: int,
+) -> list[list[_Act]]:
+    """Per direction, the op's activation functions (f, g, h for LSTM)."""
+    per_dir = len(defaults)
+    names = list(names) if names else defaults * num_directions
+    if len(names) == per_dir and num_directions == 2:
+        names = names * 2  # one set given for a bidirectional layer: both directions use it
+    if len(names) != per_dir * num_directions:
+        raise ValueError(
+            f"expected {per_dir * num_directions} activations for {num_directions} direction(s), "
+            f"got {len(names)}"
+        )
+    alpha_it = iter(alphas or ())
+    beta_it = iter(betas or ())
+    acts: list[_Act] = []
+    for name in names:
+        key = name.lower()
+        spec = _ACT_ARGS.get(key)
+        if spec is None:
+            raise ValueError(f"unsupported activation function '{name}'")
+        takes_a, takes_b, da, db = spec
+        alpha = float(next(alpha_it, da)) if takes_a else 0.0
+        beta = float(next(beta_it, db)) if takes_b else 0.0
+        acts.append(_Act(key, alpha, beta))
+    return [acts[d * per_dir:(d + 1) * per_dir] for d in range(num_directions)]
+
+
+def _apply(acts: list[_Act], x: np.ndarray) -> np.ndarray:
+    """Each direction's activation of ``x[d]`` (one call when all directions agree)."""
+    if all(a.key == acts[0].key for a in acts):
+        return acts[0](x)
+    out = np.empty(x.shape, x.dtype)
+    for d, a in enumerate(acts):
+        out[d] = a(x[d])
+    return out
+
+
+def _clip(x: np.ndarray, clip: float | None) -> None:
+    if clip is not None:
+        np.clip(x, -clip, clip, out=x)
+
+
+# -- shared set-up --------------------------------------------------------------------------------
+
+
+def _directions(direction: str) -> list[bool]:
+    """Per direction, whether it runs backwards in time."""
+    d = direction.lower() if isinstance(direction, str) else direction
+    if d in ("forward", "foward"):  # the opset-1 schemas spell the default "foward"
+        return [False]
+    if d == "reverse":
+        return [True]
+    if d == "bidirectional":
+        return [False, True]
+    raise ValueError(f"invalid direction '{direction}'")
+
+
+def _given(ctx: KernelContext, i: int) -> bool:
+    return i < ctx.num_inputs and ctx.node.inputs[i] is not None
+
+
+def _static_inputs(ctx: KernelContext, indices: tuple[int, ...]) -> list[Any] | None:
+    """The values of inputs ``indices`` (None where absent) if all are constant, else None."""
+    values = []
+    for i in indices:
+        if not _given(ctx, i):
+            values.append(None)
+            continue
+        v = ctx.constant(i)
+        if v is None:
+            return None
+        values.append(v)
+    return values
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+def _split_bias(B: np.ndarray | None, D: int, n: int, H: int, dt: np.dtype
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """W and R biases, each ``[D, n*H]`` (zeros when B is absent)."""
+    if B is None:
+        z = np.zeros((D, n * H), dt)
+        return z, z
+    B = np.asarray(B, dt).reshape(D, 2 * n * H)
+    return B[:, : n * H], B[:, n * H:]
+
+
+def _wt(W: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``[D, G, I]`` -> ``[I, D*G]``: the right operand of the all-steps input GEMM."""
+    D, G, I = W.shape
+    return np.ascontiguousarray(np.asarray(W, dt).reshape(D * G, I).T)
+
+
+def _rt(R: np.ndarray, dt: np.dtype) -> np.ndarray:
+    """``[D, G, H]`` -> ``[D, H, G]`` for the stacked per-step ``H·R^T``."""
+    return np.ascontiguousarray(np.asarray(R, dt).transpose(0, 2, 1))
+
+
+class _Recurrent:
+    """What LSTM, GRU and RNN share: attributes, layout, the input GEMM, the step loop."""
+
+    n_gates = 1
+    default_acts: list[str] = []
+    weight_inputs: tuple[int, ...] = (1, 2, 3)  # inputs that _prepare() reads
+
+    def _setup(self, ctx: KernelContext, activation_alpha, activation_beta, activations, clip,
+               direction, hidden_size, layout) -> None:
+        self.reverse = _directions(direction)
+        self.D = len(self.reverse)
+        self.acts = _activations(activations, self.default_acts, activation_alpha,
+                                 activation_beta, self.D)
+        self.clip = None if clip is None else float(clip)
+        self.hidden_size = hidden_size
+        self.layout = int(layout)
+        self.want_y = ctx.output_used(0) or ctx.num_outputs == 0
+        static = _static_inputs(ctx, self.weight_inputs)
+        self.prepared = None
+        if static is not None and static[0] is not None:
+            dt = _compute_dtype(np.asarray(static[0]).dtype)
+            self.prepared = self._prepare(dt, *static)
+
+    def _prepare(self, dt: np.dtype, *weights: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _weights(self, dt: np.dtype, *weights: Any) -> dict[str, Any]:
+        p = self.prepared
+        if p is None or p["dtype"] != dt:
+            p = self._prepare(dt, *weights)
+        return p
+
+    def _check(self, W: np.ndarray, R: np.ndarray) -> int:
+        D, G = self.D, self.n_gates
+        H = R.shape[-1]
+        if self.hidden_size is not None and H != self.hidden_size:
+            raise ValueError(f"R has hidden size {H}, attribute hidden_size is {self.hidden_size}")
+        if W.ndim != 3 or W.shape[:2] != (D, G * H):
+            raise ValueError(f"W must have shape [{D}, {G * H}, input_size], got {list(W.shape)}")
+        if R.shape != (D, G * H, H):
+            raise ValueError(f"R must have shape [{D}, {G * H}, {H}], got {list(R.shape)}")
+        return H
+
+    def _states_in(self, state: np.ndarray | None, B: int, H: int, dt: np.dtype) -> np.ndarray:
+        if state is None:
+            return np.zeros((self.D, B, H), dt)
+        s = np.asarray(state, dt)
+        if self.layout:
+            s = s.transpose(1, 0, 2)
+        if s.shape != (self.D, B, H):
+            raise ValueError(f"initial state has shape {list(state.shape)}, "
+                             f"expected {[self.D, B, H] if not self.layout else [B, self.D, H]}")
+        return s
+
+    def _run(self, X: np.ndarray, WT: np.ndarray, bias: np.ndarray, sequence_lens: Any,
+             states: list[np.ndarray], cell: Callable[..., list[np.ndarray]]
+             ) -> tuple[np.ndarray | None, list[np.ndarray]]:
+        """Project the inputs, run ``cell(x_step, *states)`` over time, un-reverse outputs.
+
+        Returns Y as ``[T, D, B, H]`` (None when unused) and the final states ``[D, B, H]``.
+        """
+        D = self.D
+        Xt = X.transpose(1, 0, 2) if self.layout else X  # [T, B, I]
+        T, B, I = Xt.shape
+        G = WT.shape[1] // D
+        H = states[0].shape[-1]
+        lens = None
+        if sequence_lens is not None:
+            lens = np.asarray(sequence_lens).astype(np.int64).reshape(-1)
+            if lens.shape[0] != B or (lens < 0).any() or (lens > T).any():
+                raise ValueError(f"invalid sequence_lens {lens.tolist()} for sequence length {T} "
+                                 f"and batch size {B}")
+            if (lens == T).all():
+                lens = None
+        steps = T if lens is None else int(lens.max(initial=0))
+
+        # All steps' input projections (plus biases) as one GEMM: [T, B, D, G].
+        xw = np.matmul(Xt[:steps].reshape(steps * B, I), WT)
+        xw += bias
+        xw = xw.reshape(steps, B, D, G)
+        # Time index read at each step by a reversed direction, per batch row.
+        rev_index = None
+        if lens is not None and any(self.reverse):
+            s = np.arange(steps)[:, None]
+            rev_index = np.where(s < lens, lens - 1 - s, s)  # an involution on [0, steps)
+        if D == 1 and not self.reverse[0]:
+            xs = xw.transpose(0, 2, 1, 3)  # [T, 1, B, G], a view
+        else:
+            xs = np.empty((steps, D, B, G), xw.dtype)
+            for d, rev in enumerate(self.reverse):
+                if not rev:
+                    xs[:, d] = xw[:, :, d]
+                elif rev_index is None:
+                    xs[:, d] = xw[::-1, :, d]
+                else:
+                    xs[:, d] = xw[rev_index, np.arange(B), d]
+        del xw
+
+        ys = np.zeros((T, D, B, H), states[0].dtype) if self.want_y else None
+        min_len = steps if lens is None else int(lens.min())
+        for s in range(steps):
+            new = cell(xs[s], *states)
+            if s >= min_len:  # some rows have finished: they keep their state, emit zeros
+                active = (s < lens)[:, None]
+                new = [np.where(active, n, o) for n, o in zip(new, states, strict=True)]
+                if ys is not None:
+                    np.copyto(ys[s], new[0], where=active)
+            elif ys is not None:
+                ys[s] = new[0]
+            states = new
+        if lens is not None and (lens == 0).any():
+            states = [np.where((lens == 0)[:, None], 0, st).astype(st.dtype) for st in states]
+
+        if ys is not None:
+            for d, rev in enumerate(self.reverse):
+                if not rev:
+                    continue
+                if rev_index is None:
+                    ys[:, d] = ys[::-1, d].copy()
+                else:
+                    ys[:steps, d] = ys[rev_index, d, np.arange(B)]
+        return ys, states
+
+    def _outputs(self, dtype: np.dtype, ys: np.ndarray | None, states: list[np.ndarray]
+                 ) -> tuple[np.ndarray | None, ...]:
+        if ys is not None and self.layout:
+            ys = np.ascontiguousarray(ys.transpose(2, 0, 1, 3))  # [B, T, D, H]
+        if self.layout:
+            states = [np.ascontiguousarray(st.transpose(1, 0, 2)) for st in states]
+        out = [ys, *states]
+        return tuple(None if a is None else a.astype(dtype, copy=False) for a in out)
+
+
+# -- LSTM ---------------------------------------------------------------------------------------
+
+
+@op("LSTM", 1, 7, 14, 22)
+class LSTM(_Recurrent):
+    n_gates = 4
+    default_acts = ["Sigmoid", "Tanh", "Tanh"]
+    weight_inputs = (1, 2, 3, 7)
+
+    def __init__(self, ctx: KernelContext, *, activation_alpha=None, activation_beta=None,
+                 activations=None, clip=None, direction="forward", hidden_size=None,
+                 input_forget=0, layout=0, output_sequence=0) -> None:
+        self.input_forget = bool(input_forget)
+        self._setup(ctx, activation_alpha, activation_beta, activations, clip, direction,
+                    hidden_size, layout)
+
+    def _prepare(self, dt, W, R, B, P) -> dict[str, Any]:
+        H = self._check(W, R)
+        D = self.D
+        wb, rb = _split_bias(B, D, 4, H, dt)
+        peep = None
+        if P is not None:
+            P = np.asarray(P, dt).reshape(D, 3, 1, H)
+            peep = (P[:, 0], P[:, 1], P[:, 2])  # i, o, f: each [D, 1, H]
+        return {"dtype": dt, "WT": _wt(W, dt), "bias": (wb + rb).reshape(-1), "RT": _rt(R, dt),
+                "P": peep, "H": H}
+
+    def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
+                 P=None):
+        dt = _compute_dtype(X.dtype)
+        w = self._weights(dt, W, R, B, P)
+        H, RT, peep, clip = w["H"], w["RT"], w["P"], self.clip
+        f_act, g_act, h_act = ([a[k] for a in self.acts] for k in range(3))
+        input_forget = self.input_forget
+        Xc = np.asarray(X, dt)
+        batch = Xc.shape[0 if self.layout else 1]
+        h0 = self._states_in(initial_h, batch, H, dt)
+        c0 = self._states_in(initial_c, batch, H, dt)
+
+        def cell(x, h, c):
+            g = np.matmul(h, RT)  # [D, B, 4H]; gate order i, o, f, c
+            g += x
+            if peep is None:
+                _clip(g, clip)
+                iof = _apply(f_act, g[..., :3 * H])  # i, o, f in one pass
+                i, o, f = iof[..., :H], iof[..., H:2 * H], iof[..., 2 * H:]
+            else:
+                i, f = g[..., :H], g[..., 2 * H:3 * H]
+                i += peep[0] * c
+                f += peep[2] * c
+                _clip(i, clip)
+                _clip(g[..., 2 * H:], clip)  # f and c; o waits for its peephole on C_t
+                i, f = _apply(f_act, i), _apply(f_act, f)
+            if input_forget:
+                f = 1 - i
+            c_new = _apply(g_act, g[..., 3 * H:])
+            c_new *= i
+            c_new += f * c
+            if peep is not None:
+                o = g[..., H:2 * H]
+                o += peep[1] * c_new
+                _clip(o, clip)
+                o = _apply(f_act, o)
+            h_new = _apply(h_act, c_new.copy())
+            h_new *= o
+            return [h_new, c_new]
+
+        ys, (hT, cT) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0, c0], cell)
+        return self._outputs(X.dtype, ys, [hT, cT])
+
+
+# -- GRU ----------------------------------------------------------------------------------------
+
+
+@op("GRU", 1, 3, 7, 14, 22)
+class GRU(_Recurrent):
+    n_gates = 3
+    default_acts = ["Sigmoid", "Tanh"]
+
+    def __init__(self, ctx: KernelContext, *, activation_alpha=None, activation_beta=None,
+                 activations=None, clip=None, direction="forward", hidden_size=None, layout=0,
+                 linear_before_reset=0, output_sequence=0) -> None:
+        self.linear_before_reset = bool(linear_before_reset)
+        self._setup(ctx, activation_alpha, activation_beta, activations, clip, direction,
+                    hidden_size, layout)
+
+    def _prepare(self, dt, W, R, B) -> dict[str, Any]:
+        H = self._check(W, R)
+        D = self.D
+        wb, rb = _split_bias(B, D, 3, H, dt)
+        bias = wb.copy()
+        if self.linear_before_reset:
+            bias[:, :2 * H] += rb[:, :2 * H]  # Rbh stays inside r·(H·Rh^T + Rbh)
+        else:
+            bias += rb
+        RT = _rt(R, dt)  # [D, H, 3H]; gate order z, r, h
+        return {"dtype": dt, "WT": _wt(W, dt), "bias": bias.reshape(-1), "H": H,
+                "RT_zr": np.ascontiguousarray(RT[..., :2 * H]),
+                "RT_h": np.ascontiguousarray(RT[..., 2 * H:]),
+                "Rbh": np.ascontiguousarray(rb[:, 2 * H:]).reshape(D, 1, H)}
+
+    def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None):
+        dt = _compute_dtype(X.dtype)
+        w = self._weights(dt, W, R, B)
+        H, clip = w["H"], self.clip
+        f_act, g_act = ([a[k] for a in self.acts] for k in range(2))
+        Xc = np.asarray(X, dt)
+        h0 = self._states_in(initial_h, Xc.shape[0 if self.layout else 1], H, dt)
+
+        RT_zr, RT_h, Rbh = w["RT_zr"], w["RT_h"], w["Rbh"]
+        lbr = self.linear_before_reset
+
+        # Two matmuls (z|r, then h) keep every temporary contiguous.
+        def cell(x, h):
+            zr = np.matmul(h, RT_zr)  # [D, B, 2H]; gate order z, r
+            zr += x[..., :2 * H]
+            _clip(zr, clip)
+            zr = _apply(f_act, zr)
+            if lbr:
+                hh = np.matmul(h, RT_h)
+                hh += Rbh
+                hh *= zr[..., H:]
+            else:
+                hh = np.matmul(zr[..., H:] * h, RT_h)
+            hh += x[..., 2 * H:]
+            _clip(hh, clip)
+            hh = _apply(g_act, hh)
+            return [_blend(zr[..., :H], hh, h)]
+
+        ys, (hT,) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0], cell)
+        return self._outputs(X.dtype, ys, [hT])
+
+
+def _blend(z: np.ndarray, hh: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """(1 - z)·hh + z·h, computed as hh + z·(h - hh)."""
+    out = np.subtract(h, hh)
+    out *= z
+    out += hh
+    return out
+
+
+# -- RNN ----------------------------------------------------------------------------------------
+
+
+@op("RNN", 1, 7, 14, 22)
+class RNN(_Recurrent):
+    n_gates = 1
+    default_acts = ["Tanh"]
+
+    def __init__(self, ctx: KernelContext, *, activation_alpha=None, activation_beta=None,
+                 activations=None, clip=None, direction="forward", hidden_size=None, layout=0,
+                 output_sequence=0) -> None:
+        self._setup(ctx, activation_alpha, activation_beta, activations, clip, direction,
+                    hidden_size, layout)
+
+    def _prepare(self, dt, W, R, B) -> dict[str, Any]:
+        H = self._check(W, R)
+        wb, rb = _split_bias(B, self.D, 1, H, dt)
+        return {"dtype": dt, "WT": _wt(W, dt), "bias": (wb + rb).reshape(-1), "RT": _rt(R, dt),
+                "H": H}
+
+    def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None):
+        dt = _compute_dtype(X.dtype)
+        w = self._weights(dt, W, R, B)
+        RT, clip, f_act = w["RT"], self.clip, [a[0] for a in self.acts]
+        Xc = np.asarray(X, dt)
+        h0 = self._states_in(initial_h, Xc.shape[0 if self.layout else 1], w["H"], dt)
+
+        def cell(x, h):
+            a = np.matmul(h, RT)
+            a += x
+            _clip(a, clip)
+            return [_apply(f_act, a)]
+
+        ys, (hT,) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0], cell)
+        return self._outputs(X.dtype, ys, [hT])

@@ -1,0 +1,1 @@
+"""Command-line tools: ``onnxrun info`` and ``onnxrun run`` (see ``onnxrun.tools.cli``)."""
