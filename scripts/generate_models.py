@@ -14,6 +14,7 @@ random generator. The npz holds one or more cases; key ``"<case>/<input name>"``
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import random
 import warnings
@@ -416,6 +417,15 @@ MODELS = {
 }
 
 
+def all_nodes(graph: onnx.GraphProto):
+    """Nodes of ``graph`` and of its subgraphs, recursively."""
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(a.g)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help=f"models (default: all of {', '.join(MODELS)})")
@@ -432,8 +442,10 @@ def main() -> None:
         rng = np.random.default_rng(seed)
         gen = torch.Generator().manual_seed(seed)
         MODELS[name](rng, gen)
-        size = (OUT_DIR / f"{name}.onnx").stat().st_size
-        print(f"{name}: {size / 1024:.1f} KiB")
+        path = OUT_DIR / f"{name}.onnx"
+        ops = collections.Counter(n.op_type for n in all_nodes(onnx.load(str(path)).graph))
+        print(f"{name}: {path.stat().st_size / 1024:.1f} KiB; "
+              + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())))
 
 
 if __name__ == "__main__":

@@ -503,3 +503,115 @@ def test_iobinding_refuses_a_preallocated_buffer_of_the_wrong_shape(sess):
     io.bind_ortvalue_output("Z", OrtValue.ortvalue_from_shape_and_type([5, 3], np.float32))
     with pytest.raises(ValueError, match="bound to"):
         sess.run_with_iobinding(io)
+
+
+# -- what runs, and stopping a run from another thread ------------------------------------------
+
+CALLS: list[str] = []
+PAUSE = {"started": threading.Event(), "resume": threading.Event()}
+
+
+@onnxrun.register_custom_op("Record", "test.onnxrun.api")
+def _record(X, *, tag=""):
+    CALLS.append(tag)
+    return X
+
+
+@onnxrun.register_custom_op("Pause", "test.onnxrun.api")
+def _pause(X):
+    PAUSE["started"].set()
+    assert PAUSE["resume"].wait(30)
+    return X
+
+
+def test_only_needed_nodes_run_counted():
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "test.onnxrun.api" : 1]>
+        main (float[2] X) => (float[2] A, float[2] B)
+        { T = test.onnxrun.api.Record <tag = "shared"> (X)
+          A = test.onnxrun.api.Record <tag = "a"> (T)
+          B = test.onnxrun.api.Record <tag = "b"> (T) }
+    """)
+    s = InferenceSession(m.SerializeToString())
+    x = np.ones(2, np.float32)
+    CALLS.clear()
+    s.run(["B"], {"X": x})
+    assert CALLS == ["shared", "b"]
+    CALLS.clear()
+    s.run(None, {"X": x})
+    assert sorted(CALLS) == ["a", "b", "shared"]
+
+
+def test_terminate_set_from_another_thread_stops_the_run():
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "test.onnxrun.api" : 1]>
+        main (float[2] X) => (float[2] Y)
+        { P = test.onnxrun.api.Pause(X)
+          Y = test.onnxrun.api.Record <tag = "after"> (P) }
+    """)
+    s = InferenceSession(m.SerializeToString())
+    ro = RunOptions()
+    PAUSE["started"].clear()
+    PAUSE["resume"].clear()
+    CALLS.clear()
+    caught: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            s.run(None, {"X": np.ones(2, np.float32)}, ro)
+        except BaseException as e:  # checked below
+            caught.append(e)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert PAUSE["started"].wait(30)  # the run is inside its first node
+    ro.terminate = True
+    PAUSE["resume"].set()
+    worker.join(30)
+    assert len(caught) == 1 and isinstance(caught[0], onnxrun.Fail)
+    assert "terminate" in str(caught[0])
+    assert CALLS == []  # the node after the flag never ran
+
+
+def test_threads_on_a_convolutional_model_match_serial_and_onnxruntime():
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(0)
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        main (float[N, 3, 16, 16] X) => (float[N, 10] P)
+        { C = Conv <pads = [1, 1, 1, 1]> (X, W, Bc)
+          R = Relu(C)
+          F = Flatten(R)
+          L = MatMul(F, M)
+          P = Softmax <axis = 1> (L) }
+    """)
+    m.graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "Bc"),
+        numpy_helper.from_array((rng.standard_normal((2048, 10)) * 0.05).astype(np.float32), "M"),
+    ])
+    data = m.SerializeToString()
+    try:
+        s = InferenceSession(data)
+    except onnxrun.NotImplemented as e:
+        pytest.skip(f"kernels not there yet: {e}")
+    o = ort.InferenceSession(data, providers=CPU)
+    inputs = [{"X": rng.standard_normal((1 + i % 3, 3, 16, 16)).astype(np.float32)}
+              for i in range(16)]
+    serial = [s.run(None, f)[0] for f in inputs]
+    for f, got in zip(inputs, serial, strict=True):
+        np.testing.assert_allclose(got, o.run(None, f)[0], rtol=1e-4, atol=1e-6)
+    results: dict[int, np.ndarray] = {}
+
+    def worker(k: int) -> None:
+        for i in range(k, len(inputs), 4):
+            results[i] = s.run(None, inputs[i])[0]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, want in enumerate(serial):
+        np.testing.assert_array_equal(results[i], want)

@@ -152,11 +152,11 @@ def test_loop_without_cond_input(body_cond):
             body = body (int64 i, bool c_in, float[2] a_in) => (bool c_out, float[2] a_out) {
                 one = Constant <value = float {1.0}> ()
                 a_out = Add(a_in, one)
-                c_out = Constant <value = bool {%d}> ()
+                c_out = Constant <value = bool {BODY_COND}> ()
             }
         >
     }
-    """ % body_cond)
+    """.replace("BODY_COND", str(body_cond)))
     _check(model, {"M": np.array(4, np.int64), "a": np.array([1.0, 3.0], np.float32)})
 
 
@@ -249,10 +249,10 @@ SCAN_MODEL = """
 agraph (float[2] init, float[3, 4, 2] xs) => (float[2] final, float[3, 4, 2] ys,
                                              float[4, 3, 2] ys_t) {
     final, ys, ys_t = Scan (init, xs) <
-        num_scan_inputs = 1, scan_input_axes = [1], scan_input_directions = [%s],
+        num_scan_inputs = 1, scan_input_axes = [1], scan_input_directions = [DIRECTION],
         scan_output_axes = [1, 0], scan_output_directions = [0, 1],
         body = body (float[2] s, float[3, 2] x) => (float[2] s2, float[3, 2] y, float[3, 2] y2) {
-            %s
+            REDUCE
             s2 = Add(s, r)
             y = Mul(x, s2)
             y2 = Identity(x)
@@ -267,7 +267,8 @@ agraph (float[2] init, float[3, 4, 2] xs) => (float[2] final, float[3, 4, 2] ys,
 def test_scan(direction, opset):
     reduce = ("r = ReduceSum <axes = [0], keepdims = 0> (x)" if opset < 13 else
               "ax = Constant <value = int64[1] {0}> ()\n r = ReduceSum <keepdims = 0> (x, ax)")
-    model = _parse(SCAN_MODEL % (direction, reduce), opset=opset)
+    model = _parse(SCAN_MODEL.replace("DIRECTION", str(direction)).replace("REDUCE", reduce),
+                   opset=opset)
     rng = np.random.default_rng(0)
     _check(model, {"init": np.array([0.5, -0.5], np.float32),
                    "xs": rng.standard_normal((3, 4, 2)).astype(np.float32)})
@@ -275,10 +276,11 @@ def test_scan(direction, opset):
 
 def test_scan_two_inputs_reads_outer():
     model = _parse("""
-    agraph (float[2] w, float[5, 2] a, float[5, 2] b) => (float[2] acc, float[5, 2] out) {
+    agraph (float[2] w, float[5, 2] a, float[2, 5] b) => (float[2] acc, float[2, 5] out) {
         zero = Constant <value = float[2] {0.0, 0.0}> ()
         acc, out = Scan (zero, a, b) <
-            num_scan_inputs = 2, scan_input_directions = [0, 1],
+            num_scan_inputs = 2, scan_input_directions = [0, 1], scan_input_axes = [-2, -1],
+            scan_output_axes = [-1],
             body = body (float[2] s, float[2] x, float[2] y) => (float[2] s2, float[2] o) {
                 p = Mul(x, y)
                 q = Mul(p, w)
@@ -291,7 +293,7 @@ def test_scan_two_inputs_reads_outer():
     rng = np.random.default_rng(1)
     _check(model, {"w": np.array([2.0, 0.5], np.float32),
                    "a": rng.standard_normal((5, 2)).astype(np.float32),
-                   "b": rng.standard_normal((5, 2)).astype(np.float32)})
+                   "b": rng.standard_normal((2, 5)).astype(np.float32)})
 
 
 @pytest.mark.parametrize("with_lens", [False, True])
@@ -300,15 +302,16 @@ def test_scan_8(with_lens, direction):
     model = _parse("""
     agraph (int64[2] lens, float[2, 3] init, float[2, 4, 3] xs) => (float[2, 3] final,
                                                                     float[2, 4, 3] ys) {
-        final, ys = Scan (%s, init, xs) <
-            num_scan_inputs = 1, directions = [%d],
+        final, ys = Scan (LENS, init, xs) <
+            num_scan_inputs = 1, directions = [DIRECTION],
             body = body (float[3] s, float[3] x) => (float[3] s2, float[3] y) {
                 s2 = Add(s, x)
                 y = Mul(s2, x)
             }
         >
     }
-    """ % ("lens" if with_lens else '""', direction), opset=8)
+    """.replace("LENS", "lens" if with_lens else '""').replace("DIRECTION", str(direction)),
+                   opset=8)
     if not with_lens:
         model.graph.input.pop(0)
     rng = np.random.default_rng(2)
@@ -319,7 +322,7 @@ def test_scan_8(with_lens, direction):
     _check(model, feeds)
 
 
-# -- sequences and optionals ------------------------------------------------------------------------
+# -- sequences and optionals ----------------------------------------------------------------------
 
 
 def test_sequence_ops():
@@ -428,3 +431,48 @@ def test_errors_name_the_node():
     """)
     with pytest.raises(onnxrun.RuntimeException, match="SequenceAt"):
         onnxrun.InferenceSession(model.SerializeToString()).run(None, {"x": F3})
+
+
+def test_subgraph_kernels_see_outer_and_inner_initializers():
+    """An LSTM inside a Loop body takes its weights from the main graph's initializers and its
+    bias from the body's own initializer: both are constants at preparation time."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    t, b, i, h = 3, 2, 4, 5
+    W = (rng.standard_normal((1, 4 * h, i)) * 0.5).astype(np.float32)
+    R = (rng.standard_normal((1, 4 * h, h)) * 0.5).astype(np.float32)
+    Bias = rng.standard_normal((1, 8 * h)).astype(np.float32)
+    body = helper.make_graph(
+        [
+            helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+            helper.make_node("LSTM", ["x_in", "W", "R", "Bias"], ["y", "y_h"], hidden_size=h),
+            helper.make_node("Squeeze", ["y", "axis1"], ["y_sq"]),
+            helper.make_node("Slice", ["y_sq", "zero", "four", "two"], ["x_out"]),
+        ],
+        "body",
+        [helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_in", TensorProto.FLOAT, [t, b, i])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x_out", TensorProto.FLOAT, [t, b, i]),
+         helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [1, b, h])],
+        [numpy_helper.from_array(Bias, "Bias"),
+         numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+         numpy_helper.from_array(np.array([0], np.int64), "zero"),
+         numpy_helper.from_array(np.array([i], np.int64), "four"),
+         numpy_helper.from_array(np.array([2], np.int64), "two")],
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Loop", ["M", "", "x"], ["x_final", "hs"], body=body)],
+        "main",
+        [helper.make_tensor_value_info("M", TensorProto.INT64, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [t, b, i])],
+        [helper.make_tensor_value_info("x_final", TensorProto.FLOAT, [t, b, i]),
+         helper.make_tensor_value_info("hs", TensorProto.FLOAT, [None, 1, b, h])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(R, "R")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    _check(model, {"M": np.array(3, np.int64),
+                   "x": rng.standard_normal((t, b, i)).astype(np.float32)})

@@ -8,6 +8,7 @@ several shapes along its dynamic axes. Needs neither torch nor a random generato
 from __future__ import annotations
 
 import functools
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -119,6 +120,48 @@ def test_fetch_subset_of_outputs(name: str) -> None:
     wanted = [o.name for o in sess.get_outputs()][::-1][:2]
     expected = ort_session(name).run(wanted, feeds)
     assert_outputs_match(name, sess.run(wanted, feeds), expected, wanted)
+
+
+@pytest.mark.parametrize("level", ["ORT_DISABLE_ALL", "ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED"])
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_optimization_levels_agree(name: str, level: str) -> None:
+    """Graph rewrites must not change results: each level against onnxruntime."""
+    feeds = cases_of(name)[-1]
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = getattr(onnxrun.GraphOptimizationLevel, level)
+    sess = onnxrun.InferenceSession(str(model_path(name)), opts)
+    output_names = [o.name for o in sess.get_outputs()]
+    expected = ort_session(name).run(None, feeds)
+    assert_outputs_match(name, sess.run(None, feeds), expected, output_names)
+
+
+@pytest.mark.parametrize("name", ["bert_tiny", "lstm_model", "if_model"])
+def test_concurrent_runs_on_one_session(name: str) -> None:
+    """One session, several threads, different shapes at once: runs share nothing mutable."""
+    cases = cases_of(name)
+    sess = onnxrun.InferenceSession(str(model_path(name)))
+    expected = [ort_session(name).run(None, feeds) for feeds in cases]
+    results: dict[tuple[int, int], list] = {}
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for r in range(4):
+                i = (t + r) % len(cases)
+                results[t, r] = [i, sess.run(None, cases[i])]
+        except BaseException as e:  # reported below, on the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    output_names = [o.name for o in sess.get_outputs()]
+    for i, got in results.values():
+        assert_outputs_match(name, got, expected[i], output_names)
 
 
 def test_model_bytes_and_path_agree() -> None:

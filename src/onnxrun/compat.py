@@ -24,7 +24,9 @@ It works whether or not the real onnxruntime is installed or already imported: a
 ``install()`` onnxrun wins, and ``uninstall()`` puts the previous modules back. Modules that
 bound the old ``onnxruntime`` before ``install()`` keep their reference to it.
 Only the inference API is provided: ``onnxruntime.quantization``, ``onnxruntime.transformers``
-and the training packages are not.
+and the training packages are not. ``onnxruntime.__version__`` is onnxrun's version. Child
+processes started with the ``spawn`` method re-import the script without the alias: call
+``install()`` at the top of the script instead if it uses them.
 """
 
 from __future__ import annotations
@@ -110,9 +112,18 @@ def _build() -> dict[str, types.ModuleType]:
         package=True,
     )
     top = _module(_NAMES[0], onnxrun.__doc__, {**public, "capi": capi}, package=True)
-    # Names onnxrun adds later are still found: ``ort.X`` falls back to ``onnxrun.X``.
-    top.__getattr__ = lambda name: getattr(onnxrun, name)  # type: ignore[attr-defined]
+    top.__getattr__ = _fallback  # type: ignore[attr-defined]
     return dict(zip(_NAMES, (top, capi, pybind, pybind11, collection), strict=True))
+
+
+def _fallback(name: str) -> Any:
+    """``onnxruntime.X`` for a name added to onnxrun after install(): ``onnxrun.X``."""
+    try:
+        return getattr(onnxrun, name)
+    except AttributeError:
+        raise AttributeError(
+            f"module 'onnxruntime' (provided by onnxrun) has no attribute '{name}'"
+        ) from None
 
 
 def _preload_dlls(*args: Any, **kwargs: Any) -> None:

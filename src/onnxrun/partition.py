@@ -18,7 +18,7 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
     assignment: Assignment = {}
     missing: list[str] = []
     for node in model.graph.all_nodes():
-        opset = model.opset(node.domain)
+        opset = model.node_opset(node)
         if opset is None:
             raise InvalidGraph(
                 f"node '{node.label}' ({node.op_type}) uses domain '{node.domain}', which the "

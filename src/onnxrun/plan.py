@@ -9,6 +9,7 @@ runs of one program share nothing mutable.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -21,6 +22,10 @@ from .execute import Step, run_steps
 from .ir import Graph, Model, Node, Value
 from .partition import Assignment
 from .providers import KernelContext
+
+# The RunOptions of the run in progress on this thread, so that subgraph bodies (Loop, Scan, If)
+# check RunOptions.terminate between their nodes too.
+_run_options: contextvars.ContextVar[Any] = contextvars.ContextVar("run_options", default=None)
 
 NONE_SLOT = 0  # always None: a missing optional input reads it
 DISCARD_SLOT = 1  # unnamed optional outputs are written here and never read
@@ -45,7 +50,9 @@ class Subgraph:
         self.output_names = [v.name for v in program.graph.outputs]
 
     def __call__(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
-        return self.program.run_full(inputs, captured)
+        program = self.program
+        feeds = list(zip(program.input_slots, inputs, strict=False))
+        return program.run(program.full_plan, feeds, captured, _run_options.get())
 
 
 class Program:
@@ -88,7 +95,7 @@ class Program:
             attrs = self._attributes(node, model, assignment, session_options, implicit)
             ctx = KernelContext(
                 node=node,
-                opset=model.opset(node.domain) or 0,
+                opset=model.node_opset(node) or 0,
                 constants=[
                     v.const_value if v is not None and id(v) in self._constant_ids else None
                     for v in node.inputs
@@ -182,7 +189,14 @@ class Program:
             slots[s] = value
         for s, value in zip(self.outer_slots, captured, strict=False):
             slots[s] = value
-        run_steps(plan.steps, slots, self.names, run_options)
+        if run_options is None:
+            run_steps(plan.steps, slots, self.names, None)
+        else:
+            token = _run_options.set(run_options)
+            try:
+                run_steps(plan.steps, slots, self.names, run_options)
+            finally:
+                _run_options.reset(token)
         return [slots[s] for s in plan.fetch_slots]
 
     def run_full(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:

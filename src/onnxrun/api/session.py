@@ -13,6 +13,7 @@ import onnx
 
 from .. import dtypes
 from ..errors import InvalidArgument, InvalidGraph
+from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
 from ..load import load_model
 from ..optimize import optimize
@@ -110,7 +111,8 @@ class InferenceSession:
         model = optimize(model, int(opts.graph_optimization_level), opts)
         if opts.optimized_model_filepath:
             onnx.save(model_to_proto(model), opts.optimized_model_filepath)
-        # 4. partition, 5. plan
+        # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
+        expand_functions(model, self._providers)
         assignment = partition(model, self._providers)
         self._program = Program(model.graph, model, assignment, opts)
         self._model = model
@@ -237,8 +239,19 @@ class InferenceSession:
         feeds = self._check_feeds(input_feed)
         fetches = self._fetch_slots(output_names)
         plan = self._program.plan(fetches)
-        results = self._program.run(plan, feeds, (), run_options)
-        return [_as_output(r) for r in results]
+        # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
+        # onnxruntime does: numpy's floating-point warnings would only be noise here.
+        with np.errstate(all="ignore"):
+            results = self._program.run(plan, feeds, (), run_options)
+        outputs = [_as_output(r) for r in results]
+        # An output may be a view of a fed array (Identity, Reshape of an input): hand back a
+        # buffer of its own, as onnxruntime does, so writing to one never changes the other.
+        fed = [v for _, v in feeds if isinstance(v, np.ndarray)]
+        if fed:
+            for i, out in enumerate(outputs):
+                if isinstance(out, np.ndarray) and any(np.may_share_memory(out, f) for f in fed):
+                    outputs[i] = out.copy()
+        return outputs
 
     def run_with_ort_values(
         self,
@@ -308,7 +321,7 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
             ) from None
     expected = spec.dtype
     if expected is not None and value.dtype != expected:
-        if expected == object and value.dtype.kind in "US":
+        if expected.kind == "O" and value.dtype.kind in "US":
             value = value.astype(object)
         else:
             raise InvalidArgument(

@@ -71,7 +71,7 @@ class Attribute:
 
 class Node:
     __slots__ = ("name", "op_type", "domain", "overload", "inputs", "outputs", "attributes",
-                 "graph", "doc_string")
+                 "graph", "doc_string", "opset_version")
 
     def __init__(
         self,
@@ -91,6 +91,9 @@ class Node:
         self.overload = overload
         self.doc_string = doc_string
         self.attributes = attributes or {}
+        # Set on nodes expanded from a function body whose opset_import differs from the model's;
+        # None means "the model's opset for this domain".
+        self.opset_version: int | None = None
         self.graph: Graph | None = None
         self.inputs: list[Value | None] = []
         for i, v in enumerate(inputs):
@@ -204,3 +207,9 @@ class Model:
 
     def opset(self, domain: str) -> int | None:
         return self.opset_imports.get("" if domain == "ai.onnx" else domain)
+
+    def node_opset(self, node: Node) -> int | None:
+        """The opset version a node's operator is resolved at."""
+        if node.opset_version is not None:
+            return node.opset_version
+        return self.opset(node.domain)

@@ -43,9 +43,12 @@ class CliError(Exception):
 # helpers shared by the commands
 
 
+def _flatten(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def _one_line(error: BaseException) -> str:
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    return text or type(error).__name__
+    return _flatten(str(error)) or type(error).__name__
 
 
 def _parse_assignments(items: Sequence[str] | None, option: str) -> dict[str, str]:
@@ -92,7 +95,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ..load import load_model
 
     # The session's loader, so external data is found (and policed) exactly as a session does.
-    proto, model = load_model(args.model)
+    _, model = load_model(args.model)
     g = model.graph
     out = [f"model:         {args.model} ({_format_bytes(os.path.getsize(args.model))})"]
     producer = " ".join(x for x in (model.producer_name, model.producer_version) if x)
@@ -106,22 +109,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     if g.name:
         out.append(f"graph:         {g.name}")
     if model.doc_string:
-        out.append(f"doc:           {_one_line(Exception(model.doc_string))[:200]}")
+        out.append(f"doc:           {_flatten(model.doc_string)[:200]}")
     for key, value in sorted(model.metadata_props.items()):
-        out.append(f"metadata:      {key} = {_one_line(Exception(value))[:200]}")
+        out.append(f"metadata:      {key} = {_flatten(value)[:200]}")
 
     initializer_ids = {id(v) for v in g.initializers.values()}
     inputs = [v for v in g.inputs if id(v) not in initializer_ids]
     overridable = len(g.inputs) - len(inputs)
 
-    def describe(values: list[Any]) -> list[str]:
+    def value_rows(values: list[Any]) -> list[str]:
         return _table([(v.name, dtypes.type_string(v.type), _value_shape(v)) for v in values])
 
     suffix = f" (+{overridable} initializers listed as inputs)" if overridable else ""
     out.append(f"inputs ({len(inputs)}){suffix}:")
-    out.extend(describe(inputs))
+    out.extend(value_rows(inputs))
     out.append(f"outputs ({len(g.outputs)}):")
-    out.extend(describe(g.outputs))
+    out.extend(value_rows(g.outputs))
     total = sum(int(v.const_value.nbytes) for v in g.initializers.values())
     out.append(f"initializers:  {len(g.initializers)}, {_format_bytes(total)} ({total} bytes)")
     if model.functions:
@@ -166,20 +169,14 @@ def _element_name(type_string: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _resolve_shape(name: str, shape: list[int | str | None] | None, dims: dict[str, int],
-                   notes: list[str]) -> tuple[int, ...]:
-    if shape is None:
-        notes.append(f"input '{name}' declares no shape: using [1] (give it with --input)")
-        return (1,)
-    resolved = []
-    for d in shape:
-        if isinstance(d, int):
-            resolved.append(d)
-        elif isinstance(d, str) and d in dims:
-            resolved.append(dims[d])
-        else:
-            resolved.append(1)
-    return tuple(resolved)
+def _resolve_shape(shape: list[int | str | None], dims: dict[str, int]) -> tuple[int, ...]:
+    """Fixed dimensions as declared, named ones from --dim, every other one 1."""
+    return tuple(d if isinstance(d, int) else dims.get(d, 1) if isinstance(d, str) else 1
+                 for d in shape)
+
+
+# Sub-byte integers hold fewer values than 0..9.
+_INT_HIGH = {"int4": 8, "uint4": 16, "int2": 2, "uint2": 4}
 
 
 def generate_input(element: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -191,11 +188,7 @@ def generate_input(element: str, shape: tuple[int, ...], rng: np.random.Generato
     if element == "bool":
         return rng.random(shape) < 0.5
     if element.startswith(("int", "uint")):
-        # Sub-byte integers (int4, uint2...) hold fewer values than 0..9.
-        high = 10 if dtype.itemsize > 1 or element in ("int8", "uint8") else 2
-        if element in ("int4", "uint4"):
-            high = 8
-        return rng.integers(0, high, size=shape).astype(dtype)
+        return rng.integers(0, _INT_HIGH.get(element, 10), size=shape).astype(dtype)
     if element.startswith("complex"):
         return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
     return rng.standard_normal(shape).astype(np.float32).astype(dtype)
@@ -219,18 +212,26 @@ def load_input(path: str) -> Any:
         raise CliError(f"cannot read '{path}' as a .npy array: {_one_line(e)}") from None
 
 
+def describe(value: Any) -> str:
+    """``float32 [1, 1000]``: a value's dtype and shape."""
+    if isinstance(value, list):
+        return f"sequence of {len(value)}"
+    arr = np.asarray(value)
+    return f"{arr.dtype} {_format_shape(list(arr.shape))}"
+
+
 def summarize(value: Any, first: int = 5) -> str:
     """``float32 [1, 1000]  min=... max=... mean=...  first: [...]`` for one output value."""
     if value is None:
         return "empty optional"
     if isinstance(value, list):
-        inner = ", ".join(summarize(v).split("  ")[0] for v in value[:first])
+        inner = ", ".join(describe(v) for v in value[:first])
         more = ", ..." if len(value) > first else ""
         return f"sequence of {len(value)}: [{inner}{more}]"
     if isinstance(value, dict):
         return f"map of {len(value)} entries"
     arr = np.asarray(value)
-    head = f"{arr.dtype} {_format_shape(list(arr.shape))}"
+    head = describe(arr)
     if arr.size == 0:
         return f"{head}  (empty)"
     flat = arr.reshape(-1)[:first]
@@ -308,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     lines = []
     for name, path in files.items():
         feeds[name] = load_input(path)
-        lines.append(f"  {name}: {summarize(feeds[name]).split('  ')[0]}  (from {path})")
+        lines.append(f"  {name}: {describe(feeds[name])}  (from {path})")
     for a in inputs:
         if a.name in feeds:
             continue
@@ -318,9 +319,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"input '{a.name}' has type {a.type}, which cannot be generated: "
                 f"give it with --input {a.name}=FILE.npy"
             )
-        shape = _resolve_shape(a.name, a.shape, dims, notes)
+        shape = _resolve_shape(a.shape, dims)
         feeds[a.name] = generate_input(element, shape, rng)
-        lines.append(f"  {a.name}: {summarize(feeds[a.name]).split('  ')[0]}  (random)")
+        lines.append(f"  {a.name}: {describe(feeds[a.name])}  (random)")
     for note in notes:
         print(f"{PROG}: note: {note}", file=sys.stderr)
 

@@ -13,14 +13,15 @@ _loaded = False
 
 
 def _load_kernels() -> None:
-    """Import every module of ``ops/`` once; each registers its kernels on import."""
+    """Import every module under ``ops/`` (sub-packages such as ``ops/ml`` and ``ops/contrib``
+    included) once; each registers its kernels on import."""
     global _loaded
     if _loaded:
         return
     from . import ops
 
-    for info in pkgutil.iter_modules(ops.__path__):
-        importlib.import_module(f"{ops.__name__}.{info.name}")
+    for info in pkgutil.walk_packages(ops.__path__, prefix=f"{ops.__name__}."):
+        importlib.import_module(info.name)
     _loaded = True
 
 

@@ -65,9 +65,17 @@ def LeakyRelu(X, *, alpha=0.01):
     return np.where(X < 0, X * alpha, X)
 
 
-@op("PRelu", 1, 6, 7, 9, 16)
+@op("PRelu", 7, 9, 16)
 def PRelu(X, slope):
     return np.where(X < 0, X * slope, X).astype(X.dtype, copy=False)
+
+
+@op("PRelu", 1, 6)
+def PRelu_legacy(X, slope):
+    """Before opset 7 a 1-D slope is per channel (axis 1), not numpy-broadcast from the right."""
+    if slope.ndim == 1 and X.ndim > 2 and slope.size == X.shape[1] and slope.size > 1:
+        slope = slope.reshape((-1,) + (1,) * (X.ndim - 2))
+    return PRelu(X, slope)
 
 
 @op("Elu", 1, 6, 22)
@@ -178,7 +186,7 @@ def Gelu(X, *, approximate="none"):
 
 def _fast_last(x, axis):
     """float32/64 along the contiguous last axis: use the argmax/gemv reductions."""
-    return (x.dtype.kind == "f" and x.dtype.itemsize >= 4 and x.size and x.ndim
+    return (x.dtype.kind == "f" and x.dtype.itemsize >= 4 and x.size >= 4096
             and (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous)
 
 

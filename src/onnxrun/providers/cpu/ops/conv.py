@@ -126,6 +126,37 @@ def _im2col(Xp: np.ndarray, kernel, outs, strides, dilations) -> np.ndarray:
     return as_strided(Xp, shape=shape, strides=strides_, writeable=False)
 
 
+_TILE = 1 << 20  # elements of im2col matrix built at a time: a few MB, cache-friendly
+
+
+def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
+    """(N, g, M/g, *outs) = Wm @ im2col, the column matrix built a band of output rows at a time.
+
+    ``view`` is the strided (N, C, *kernel, *outs) window view. Copying it band by band keeps
+    the copy in cache and never materializes the whole (C*K, O) matrix of a large image; each
+    band is one 2-D GEMM written straight into the output.
+    """
+    N, C = view.shape[:2]
+    nd = (view.ndim - 2) // 2
+    outs = view.shape[2 + nd:]
+    K = int(np.prod(view.shape[2:2 + nd]))
+    Cg = C // g
+    rest = int(np.prod(outs[1:]))
+    Mg = Wm.shape[1]
+    Y = np.empty((N, g, Mg) + tuple(outs), dtype=Wm.dtype)
+    rows = max(1, min(outs[0], _TILE // max(1, Cg * K * rest)))
+    for n in range(N):
+        for gi in range(g):
+            src = view[n, gi * Cg:(gi + 1) * Cg]
+            dst = Y[n, gi]
+            for r in range(0, outs[0], rows):
+                h = min(rows, outs[0] - r)
+                band = (Ellipsis, slice(r, r + h)) + (slice(None),) * (nd - 1)
+                cols = src[band].reshape(Cg * K, h * rest)
+                np.matmul(Wm[gi], cols, out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+    return Y
+
+
 class _ConvBase:
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
@@ -215,10 +246,10 @@ class Conv(_ConvBase):
             if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                     and outs == X.shape[2:]:
                 cols = X.reshape(N, g, X.shape[1] // g, O)  # 1x1: the input is the matrix
+                Y = np.matmul(Wm, cols)
             else:
                 Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
-                cols = _im2col(Xp, kernel, outs, strides, dilations).reshape(N, g, -1, O)
-            Y = np.matmul(Wm, cols)
+                Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
         Y = Y.reshape((N, M) + outs)
         if B is not None:
             b = self.bias if self.bias is not None else B.astype(cdt, copy=False)

@@ -112,9 +112,8 @@ def Pow_legacy(X, Y, *, broadcast=0, axis=None):
 
 @op("Mod", 10, 13, 28)
 def Mod(A, B, *, fmod=0):
-    if fmod or A.dtype.kind == "f":
-        return np.fmod(A, B) if fmod else np.mod(A, B)
-    return np.mod(A, B)
+    # fmod=1: C's fmod (sign of the dividend); fmod=0: Python's % (sign of the divisor)
+    return np.fmod(A, B) if fmod else np.mod(A, B)
 
 
 def _variadic(ufunc):
@@ -202,7 +201,7 @@ def _erf_float64():
         return np.frompyfunc(math.erf, 1, 1)
 
 
-# Rational approximation used by Eigen (and so by the C++ runtimes) for float32: odd numerator,
+# Eigen's rational approximation of erf for float32 (its fast erf): odd numerator,
 # even denominator in x^2 on [-4, 4], absolute error below 5e-7, 10x faster than scipy's erf.
 _ERF_ALPHA = np.array([-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
                        -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
@@ -423,8 +422,13 @@ class Cast:
         self.to = _cast_target(to)
         self.saturate = saturate
         self.round_mode = round_mode
+        # plain numpy targets take a one-call path from other plain numeric types
+        self.plain = self.to.kind in "biuf" and self.to.type.__module__ == "numpy"
 
     def __call__(self, input):  # noqa: A002 - the schema's name
+        kind = input.dtype.kind
+        if self.plain and kind in "biu" or self.plain and kind == "f" and self.to.kind == "f":
+            return input.astype(self.to, copy=False)
         return cast(input, self.to, self.saturate, self.round_mode)
 
 

@@ -27,7 +27,7 @@ _BLAS = (np.dtype(np.float32), np.dtype(np.float64))
 def _trailing(x, axes) -> int:
     """Number of trailing elements reduced when ``axes`` are the last axes of a C-contiguous
     array (0 otherwise)."""
-    if axes is None or not x.flags.c_contiguous or x.dtype not in _BLAS or not x.size:
+    if not axes or x.size < 4096 or not x.flags.c_contiguous or x.dtype not in _BLAS:
         return 0
     k = len(axes)
     if tuple(axes) != tuple(range(x.ndim - k, x.ndim)):
@@ -78,21 +78,33 @@ def _mean(x, axes, keep):
     return np.mean(x, axis=axes, dtype=acc, keepdims=keep).astype(x.dtype, copy=False)
 
 
-def _extreme(fn, empty_value):
+def _extreme(fn, nan_ufunc, arg_fn, empty_value):
     def reduce(x, axes, keep):
-        if fn is np.max and axes == (x.ndim - 1,) and x.dtype.kind == "f" and x.size:
-            out = max_last(x)
-            return out if keep else out.reshape(x.shape[:-1])
         if x.size == 0:
-            init = empty_value(x.dtype)
-            return fn(x, axis=axes, keepdims=keep, initial=init)
-        return fn(x, axis=axes, keepdims=keep)
+            return fn(x, axis=axes, keepdims=keep, initial=empty_value(x.dtype))
+        if x.dtype.kind != "f":
+            return fn(x, axis=axes, keepdims=keep)
+        if axes == (x.ndim - 1,) and x.size >= 4096:
+            # argmax/argmin are SIMD along a contiguous axis; max/min are not
+            out = np.take_along_axis(x, arg_fn(x, axis=-1)[..., None], axis=-1)
+        else:
+            out = fn(x, axis=axes, keepdims=True)
+        if np.isnan(out).any():
+            # onnxruntime keeps a running max that skips NaN unless the first element is NaN
+            out = nan_ufunc.reduce(x, axis=axes, keepdims=True)
+            first = x[tuple(slice(0, 1) if axes is None or i in axes else slice(None)
+                            for i in range(x.ndim))]
+            out = np.where(np.isnan(first), first, out)
+        if keep:
+            return out
+        return out.reshape(_reduced_shape(x.shape, tuple(range(x.ndim)) if axes is None
+                                          else axes, False))
 
     return reduce
 
 
 def _lowest(dt):
-    if dt.kind == "f":
+    if dt.kind in "fV":
         return -np.inf
     if dt.kind == "b":
         return False
@@ -100,7 +112,7 @@ def _lowest(dt):
 
 
 def _highest(dt):
-    if dt.kind == "f":
+    if dt.kind in "fV":
         return np.inf
     if dt.kind == "b":
         return True
@@ -132,17 +144,19 @@ def _l2(x, axes, keep):
 
 def _log_sum(x, axes, keep):
     s = _sum(x, axes, keep)
-    return np.log(s)
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the answer, not an accident
+        return np.log(s)
 
 
 def _log_sum_exp(x, axes, keep):
     if x.size == 0:
-        return np.log(_sum(x, axes, keep))
+        return _log_sum(x, axes, keep)
     m = np.max(x, axis=axes, keepdims=True)
     m = np.where(np.isfinite(m), m, x.dtype.type(0))  # all -inf (or inf) rows: no shift
     acc = _acc(x.dtype)
     s = np.sum(np.exp((x - m).astype(acc, copy=False)), axis=axes, keepdims=True)
-    out = (np.log(s) + m).astype(x.dtype, copy=False)
+    with np.errstate(divide="ignore"):
+        out = (np.log(s) + m).astype(x.dtype, copy=False)
     if not keep:
         out = out.squeeze(axis=axes) if axes is not None else out.reshape(())
     return out
@@ -151,8 +165,8 @@ def _log_sum_exp(x, axes, keep):
 _REDUCERS = {
     "ReduceSum": (_sum, (1, 11), (13,)),
     "ReduceMean": (_mean, (1, 11, 13), (18,)),
-    "ReduceMax": (_extreme(np.max, _lowest), (1, 11, 12, 13), (18, 20)),
-    "ReduceMin": (_extreme(np.min, _highest), (1, 11, 12, 13), (18, 20)),
+    "ReduceMax": (_extreme(np.max, np.fmax, np.argmax, _lowest), (1, 11, 12, 13), (18, 20)),
+    "ReduceMin": (_extreme(np.min, np.fmin, np.argmin, _highest), (1, 11, 12, 13), (18, 20)),
     "ReduceProd": (_prod, (1, 11, 13), (18,)),
     "ReduceL1": (_l1, (1, 11, 13), (18,)),
     "ReduceL2": (_l2, (1, 11, 13), (18,)),
@@ -187,9 +201,8 @@ def _input_kernel(fn):
         def __call__(self, data, axes=None):
             ax = self.axes if self.const else ([] if axes is None else axes.tolist())
             if not ax:
-                if self.noop:
-                    return data
-                return fn(data, None, self.keep)
+                # noop: nothing is reduced, but the elementwise part (square, log...) still runs
+                return fn(data, () if self.noop else None, self.keep)
             return fn(data, _axes_tuple(ax, data.ndim), self.keep)
 
     return Reduce

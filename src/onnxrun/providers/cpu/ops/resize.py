@@ -56,11 +56,14 @@ def _original_coordinates(ctm: str, out_len: int, in_len: int, scale: np.float32
 def _nearest_indices(xo: np.ndarray, in_len: int, scale: np.float32, nearest_mode: str
                      ) -> np.ndarray:
     x = xo.astype(np.float64)  # exact: rounding decisions are made on the float32 values
-    if nearest_mode == "round_prefer_floor":
+    if nearest_mode in ("round_prefer_floor", "round_prefer_ceil"):
+        # like onnxruntime, a coordinate within 1e-6 of a half is a tie (a float32 scale
+        # would otherwise turn exact ties such as 3.5 into 3.4999998)
+        below = np.floor(x)
+        tie = np.abs(x - (below + 0.5)) < 1e-6
         away = np.sign(x) * np.floor(np.abs(x) + 0.5)
-        idx = np.where(x == np.trunc(x) + 0.5, np.floor(x), away)
-    elif nearest_mode == "round_prefer_ceil":
-        idx = np.sign(x) * np.floor(np.abs(x) + 0.5)
+        prefer = below if nearest_mode == "round_prefer_floor" else below + 1
+        idx = np.where(tie, prefer, away)
     elif nearest_mode == "floor":
         idx = np.floor(x)
     elif nearest_mode == "ceil":
@@ -122,8 +125,8 @@ def _antialias_taps(xo: np.ndarray, in_len: int, scale: np.float32, mode: str, a
     width = int(np.ceil(support)) * 2 + 1
     factor = f32(1) / inv if inv >= 1 else f32(1)
     center = (xo + f32(0.5)).astype(f32)
-    lo = np.trunc((center - support).astype(np.float64) + 0.5).astype(np.int64)
-    hi = np.trunc((center + support).astype(np.float64) + 0.5).astype(np.int64)
+    lo = np.floor((center - support).astype(np.float64) + 0.5).astype(np.int64)
+    hi = np.floor((center + support).astype(np.float64) + 0.5).astype(np.int64)
     if exclude_outside:
         lo, hi = np.maximum(lo, 0), np.minimum(hi, in_len)
     pos = lo[:, None] + np.arange(width)
@@ -269,8 +272,10 @@ class _Resampler:
                 cdt = np.dtype(np.float32)
             Y = X.astype(cdt, copy=False)
         extrapolated = []
-        # shrinking axes first keeps the intermediate arrays small
-        order = sorted((i for i in range(rank) if sc[i] != 1), key=lambda i: out[i] / X.shape[i])
+        # shrinking axes first keeps the intermediate arrays small; on ties the innermost axis
+        # goes first, as in onnxruntime (it matters where integer results are rounded per pass)
+        order = sorted((i for i in reversed(range(rank)) if sc[i] != 1),
+                       key=lambda i: out[i] / X.shape[i])
         for i in order:
             idx, w, outside = _axis_plan(
                 self.mode, ctm, nearest_mode, X.shape[i], out[i], float(sc[i]),

@@ -131,18 +131,24 @@ class Unsqueeze:
     def __init__(self, ctx: KernelContext):
         c = ctx.constant(1)
         self.axes = None if c is None else _ints(c)
-        self.shape = None
-        in_shape = ctx.input_shape(0)
-        if (self.axes is not None and in_shape is not None
-                and all(isinstance(d, int) for d in in_shape)):
-            self.shape = tuple(_unsqueeze_shape(in_shape, self.axes))
+        # output positions of the new dims, for input rank self.rank (None: any rank)
+        self.positions = None
+        self.rank = None
+        if self.axes is not None:
+            r = _rank(ctx)
+            if r is not None:
+                self.positions = sorted(a + r + len(self.axes) if a < 0 else a
+                                        for a in self.axes)
+                self.rank = r
+            elif all(a >= 0 for a in self.axes):
+                self.positions = sorted(self.axes)
 
     def __call__(self, data, axes):
-        if self.shape is not None and data.ndim + len(self.axes) == len(self.shape):
-            try:
-                return data.reshape(self.shape)
-            except ValueError:
-                pass
+        if self.positions is not None and (self.rank is None or self.rank == data.ndim):
+            shape = list(data.shape)
+            for p in self.positions:
+                shape.insert(p, 1)
+            return data.reshape(shape)
         a = self.axes if self.axes is not None else _ints(axes)
         return data.reshape(_unsqueeze_shape(data.shape, a))
 

@@ -1,0 +1,1 @@
+"""com.microsoft kernels: the contrib operators onnxruntime's optimizer and tools write."""

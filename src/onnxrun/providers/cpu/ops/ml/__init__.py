@@ -1,0 +1,1 @@
+"""ai.onnx.ml kernels (classic machine-learning operators)."""
