@@ -16,7 +16,7 @@ from ..errors import InvalidArgument, InvalidGraph
 from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
 from ..load import load_model
-from ..optimize import optimize
+from ..optimize import OptimizationReport, optimize
 from ..partition import partition
 from ..plan import Program
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
@@ -108,7 +108,9 @@ class InferenceSession:
         validate(proto, model)
         del proto
         # 3. optimize
-        model = optimize(model, int(opts.graph_optimization_level), opts)
+        model, self._optimization_report = optimize(
+            model, int(opts.graph_optimization_level), opts, kwargs.get("disabled_optimizers")
+        )
         if opts.optimized_model_filepath:
             onnx.save(model_to_proto(model), opts.optimized_model_filepath)
         # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
@@ -196,6 +198,10 @@ class InferenceSession:
         shape = dtypes.type_shape(v.type)
         # onnxruntime reports an unknown rank as [] (and an unknown dimension as None).
         return NodeArg(v.name, dtypes.type_string(v.type), [] if shape is None else shape)
+
+    def get_optimization_report(self) -> OptimizationReport:
+        """What the graph optimizer did to this session's model (onnxrun extension)."""
+        return self._optimization_report
 
     def get_modelmeta(self) -> ModelMetadata:
         return ModelMetadata(self._model)

@@ -122,8 +122,11 @@ class _Scope:
 
 
 class _Reader:
-    def __init__(self, read_external: ExternalReader) -> None:
+    def __init__(self, read_external: ExternalReader, ir_version: int = 99) -> None:
         self.read_external = read_external
+        # Before IR 4 every initializer had to be listed as a graph input; onnxruntime treats
+        # those as constants, not as inputs a caller may override. So do we.
+        self.initializers_are_inputs = ir_version < 4
 
     def graph(self, gp: onnx.GraphProto, parent: Graph | None, parent_scope: _Scope | None) -> Graph:
         g = Graph(gp.name, parent)
@@ -149,6 +152,8 @@ class _Reader:
             define(v)
         for vi in gp.input:
             existing = g.initializers.get(vi.name)
+            if existing is not None and self.initializers_are_inputs:
+                continue
             if existing is not None:  # an initializer a caller may override
                 existing.type = vi.type
                 g.inputs.append(existing)
@@ -244,7 +249,7 @@ def model_from_proto(mp: onnx.ModelProto, read_external: ExternalReader = _no_ex
     opsets: dict[str, int] = {}
     for op in mp.opset_import:
         opsets["" if op.domain == "ai.onnx" else op.domain] = int(op.version)
-    graph = _Reader(read_external).graph(mp.graph, None, None)
+    graph = _Reader(read_external, int(mp.ir_version)).graph(mp.graph, None, None)
     return Model(
         graph=graph,
         ir_version=int(mp.ir_version),
@@ -293,9 +298,12 @@ def _value_info(v: Value) -> onnx.ValueInfoProto:
     return vi
 
 
-def graph_to_proto(g: Graph) -> onnx.GraphProto:
+def graph_to_proto(g: Graph, initializers_as_inputs: bool = False) -> onnx.GraphProto:
     gp = onnx.GraphProto(name=g.name, doc_string=g.doc_string)
     gp.input.extend(_value_info(v) for v in g.inputs)
+    if initializers_as_inputs:  # IR < 4 requires it
+        listed = {v.name for v in g.inputs}
+        gp.input.extend(_value_info(v) for n, v in g.initializers.items() if n not in listed)
     gp.output.extend(_value_info(v) for v in g.outputs)
     gp.initializer.extend(array_to_tensor(v.const_value, name) for name, v in g.initializers.items())
     for n in g.nodes:
@@ -320,7 +328,7 @@ def model_to_proto(m: Model) -> onnx.ModelProto:
         producer_version=m.producer_version, domain=m.domain, model_version=m.model_version,
         doc_string=m.doc_string,
     )
-    mp.graph.CopyFrom(graph_to_proto(m.graph))
+    mp.graph.CopyFrom(graph_to_proto(m.graph, initializers_as_inputs=m.ir_version < 4))
     for domain, version in m.opset_imports.items():
         mp.opset_import.append(onnx.helper.make_opsetid(domain, version))
     for k, v in m.metadata_props.items():

@@ -1,8 +1,13 @@
 """Step 3 of a session: graph optimizations at onnxruntime's levels.
 
-The session calls ``optimize(model, level, options)`` between validation and partitioning. The
-passes themselves (constant folding, eliminations, fusions, layout) are issue #4's work; until
-then every level returns the model unchanged, which is always correct.
+``optimize(model, level, options)`` runs every registered pass whose level is at most ``level``
+(0 disable all, 1 basic, 2 extended, 3 layout, 99 all) to a fixed point and returns the model and
+a report of what each pass changed. One pass per module, under ``basic/`` and ``extended/``;
+rewrite rules read as the subgraph they match (``pattern.py``).
+
+Passes are turned off by name with the session config entry
+``optimization.disable_specified_optimizers`` (comma-separated), or the session's
+``disabled_optimizers`` argument, as in onnxruntime.
 """
 
 from __future__ import annotations
@@ -10,10 +15,28 @@ from __future__ import annotations
 from typing import Any
 
 from ..ir import Model
+from .base import BASIC, EXTENDED, LAYOUT, GraphPass, PassResult, RulePass, register_pass
+from .manager import OptimizationReport, run_passes
+from .pattern import RewriteRule
+
+DISABLE_KEY = "optimization.disable_specified_optimizers"
 
 
-def optimize(model: Model, level: int, session_options: Any = None) -> Model:
-    return model
+def disabled_passes(session_options: Any, extra: Any = None) -> set[str]:
+    names: set[str] = set()
+    config = getattr(session_options, "_config", {}) or {}
+    if config.get(DISABLE_KEY):
+        names.update(n.strip() for n in config[DISABLE_KEY].split(",") if n.strip())
+    if extra:
+        names.update(extra)
+    return names
 
 
-__all__ = ["optimize"]
+def optimize(model: Model, level: int, session_options: Any = None, disabled: Any = None
+             ) -> tuple[Model, OptimizationReport]:
+    report = run_passes(model, int(level), disabled_passes(session_options, disabled))
+    return model, report
+
+
+__all__ = ["BASIC", "EXTENDED", "LAYOUT", "GraphPass", "OptimizationReport", "PassResult",
+           "RewriteRule", "RulePass", "optimize", "register_pass"]

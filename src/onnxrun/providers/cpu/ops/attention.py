@@ -24,6 +24,13 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
+def _native_dtype(dtype: np.dtype) -> np.dtype:
+    """Attention's compute dtype: bfloat16 is kept (with 8 significant bits, only computing
+    step by step in bfloat16 like the ONNX reference reproduces its results); float16 and
+    float32 compute in float32."""
+    return dtype if dtype.kind == "V" else compute_dtype(dtype)
+
+
 def to_heads(x: np.ndarray, num_heads: int) -> np.ndarray:
     """(B, S, H*D) -> (B, H, S, D) (a view)."""
     B, S, hidden = x.shape
@@ -49,7 +56,7 @@ def softmax_(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     m[np.isneginf(m)] = 0  # a fully masked row: exp(-inf - 0) = 0 instead of NaN
     x -= m
     np.exp(x, out=x)
-    if x.flags.c_contiguous and n:
+    if x.flags.c_contiguous and n and x.dtype.kind == "f":
         s = sum_trailing(x, n).reshape(x.shape[:-1] + (1,))
     else:
         s = x.sum(axis=-1, keepdims=True)
@@ -79,10 +86,14 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None 
     Hkv, T = k.shape[1], k.shape[2]
     G = Hq // Hkv
     dt = q.dtype
-    qs = q * dt.type(scale)
+    if dt.kind == "V":  # bfloat16: scale both sides by sqrt(scale), as the reference does
+        root = dt.type(math.sqrt(scale))
+        q, k = q * root, k * root
+    else:
+        q = q * dt.type(scale)
     # query heads sharing one kv head are stacked along the row axis: one matmul per kv head
-    scores = np.matmul(qs.reshape(B, Hkv, G * S, D), np.swapaxes(k, -1, -2))
-    scores = scores.reshape(B, Hq, S, T)
+    scores = np.matmul(q.reshape(B, Hkv, G * S, D), np.swapaxes(k, -1, -2))
+    scores = scores.reshape(B, Hq, S, T).astype(dt, copy=False)  # bfloat16 matmuls give float32
     kept = None
     if capture == RAW:
         kept = scores.copy()
@@ -107,7 +118,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None 
     if capture == PROBS:
         kept = probs.copy()
     out = np.matmul(probs.reshape(B, Hkv, G * S, T), v).reshape(B, Hq, S, v.shape[-1])
-    return out, kept
+    return out.astype(dt, copy=False), kept
 
 
 def neg_inf_where_not(allowed: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -173,12 +184,12 @@ class Attention:
         present_k, present_v = K, V
         B, S = Q.shape[0], Q.shape[2]
         T = K.shape[2]
-        cdt = compute_dtype(Q.dtype)
+        cdt = _native_dtype(Q.dtype)
         bias = self._bias(attn_mask, past_key, nonpad_kv_seqlen, B, S, T, cdt)
         scale = self.scale if self.scale is not None else 1.0 / math.sqrt(Q.shape[3])
         softmax_dtype = self.softmax_dtype
         if softmax_dtype is not None:
-            softmax_dtype = max(compute_dtype(softmax_dtype), cdt, key=lambda d: d.itemsize)
+            softmax_dtype = max(_native_dtype(softmax_dtype), cdt, key=lambda d: d.itemsize)
         out, qk = attend(Q.astype(cdt, copy=False), K.astype(cdt, copy=False),
                          V.astype(cdt, copy=False), bias, scale=scale, softcap=self.softcap,
                          softmax_dtype=softmax_dtype,

@@ -23,10 +23,6 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
 
 
-def _ints(values, n: int, default: int) -> tuple[int, ...]:
-    return tuple(int(v) for v in values) if values is not None and len(values) else (default,) * n
-
-
 @functools.lru_cache(maxsize=1024)
 def window_geometry(
     in_shape: tuple[int, ...],
@@ -89,8 +85,9 @@ def pad_spatial(
     """X with ``fill`` around its spatial dims: exactly the extent the windows read."""
     nd = len(outs)
     spatial = X.shape[2:]
-    needed = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in zip(outs, strides, kernel, dilations)]
-    if not any(heads) and all(need <= n for need, n in zip(needed, spatial)):
+    needed = [(o - 1) * s + (k - 1) * d + 1
+              for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)]
+    if not any(heads) and all(need <= n for need, n in zip(needed, spatial, strict=True)):
         return X
     Xp = np.full(X.shape[:2] + tuple(needed), fill, dtype=X.dtype)
     dst = [slice(None), slice(None)]
@@ -111,7 +108,7 @@ def window_slices(
     for offset in itertools.product(*(range(k) for k in kernel)):
         yield offset, (Ellipsis,) + tuple(
             slice(t * d, t * d + (o - 1) * s + 1, s)
-            for t, o, s, d in zip(offset, outs, strides, dilations)
+            for t, o, s, d in zip(offset, outs, strides, dilations, strict=True)
         )
 
 
@@ -158,18 +155,17 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
 
 
 class _ConvBase:
+    """Attributes common to Conv and ConvTranspose (the kernel shape is read from W)."""
+
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
         self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
         self.dilations = None if dilations is None else tuple(int(v) for v in dilations)
         self.group = int(group)
-        self.kernel_shape = None if kernel_shape is None else tuple(int(v) for v in kernel_shape)
         self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
         self.strides = None if strides is None else tuple(int(v) for v in strides)
         B = ctx.constant(2)
-        self.bias = None
-        if B is not None:
-            self.bias = B
+        self.bias = None if B is None else B.astype(compute_dtype(B.dtype), copy=False)
 
     def _attrs(self, nd: int, W_shape: tuple[int, ...]):
         kernel = tuple(W_shape[2:])
@@ -180,6 +176,10 @@ class _ConvBase:
 
 @op("Conv", 1, 11, 22)
 class Conv(_ConvBase):
+    """Depthwise convolutions sum one shifted slice per kernel tap; 1x1 stride-1 ones are a
+    single GEMM on the input itself; the rest are im2col + one GEMM per group. A constant W
+    is re-arranged into its GEMM (or per-tap) layout once, here."""
+
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
@@ -193,8 +193,6 @@ class Conv(_ConvBase):
             self.w_gemm = self._gemm_weights(W, cdt)
             if self._is_depthwise(W.shape):
                 self.w_depthwise = self._depthwise_weights(W, cdt)
-        if self.bias is not None:
-            self.bias = self.bias.astype(compute_dtype(self.bias.dtype), copy=False)
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
@@ -259,6 +257,9 @@ class Conv(_ConvBase):
 
 @op("ConvTranspose", 1, 11, 22)
 class ConvTranspose(_ConvBase):
+    """One GEMM per group gives every (output channel, kernel tap) contribution of every input
+    position; col2im then adds them into the output, one strided block per kernel tap."""
+
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, output_padding=None, output_shape=None, pads=None,
                  strides=None) -> None:
@@ -271,8 +272,6 @@ class ConvTranspose(_ConvBase):
             else ()
         W = ctx.constant(1)
         self.w_gemm = None if W is None else self._gemm_weights(W, compute_dtype(W.dtype))
-        if self.bias is not None:
-            self.bias = self.bias.astype(compute_dtype(self.bias.dtype), copy=False)
 
     def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (C, M/g, *k) -> (g, M/g * K, C/g): cols = W^T @ X for each group
@@ -332,12 +331,13 @@ class ConvTranspose(_ConvBase):
         # col2im: each kernel tap adds a strided block of the (uncropped) output
         full = tuple(
             max((n - 1) * s + (k - 1) * d + 1, h + o)
-            for n, s, k, d, h, o in zip(in_shape, strides, kernel, dilations, heads, outs)
+            for n, s, k, d, h, o in zip(in_shape, strides, kernel, dilations, heads, outs,
+                                        strict=True)
         )
         Yf = np.zeros((N, M) + full, dtype=cdt)
         for offset, idx in window_slices(in_shape, kernel, strides, dilations):
             Yf[idx] += cols[(slice(None), slice(None)) + offset]
-        Y = Yf[(Ellipsis,) + tuple(slice(h, h + o) for h, o in zip(heads, outs))]
+        Y = Yf[(Ellipsis,) + tuple(slice(h, h + o) for h, o in zip(heads, outs, strict=True))]
         if B is not None:
             b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
             b = b.reshape((M,) + (1,) * nd)

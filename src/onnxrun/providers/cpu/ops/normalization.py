@@ -83,18 +83,31 @@ class BatchNormalization:
         return outs
 
 
+def _standardize_rows(X: np.ndarray, rows: int, eps: float, sd: np.dtype):
+    """X seen as (rows, n), each row made zero-mean and unit-variance in ``sd``.
+
+    Returns (standardized rows, mean, 1 / std); the variance is one fused sum of squares.
+    """
+    x = X.astype(sd, copy=False).reshape(rows, -1)
+    n = x.shape[1]
+    mean = x.mean(axis=1)
+    centered = x - mean[:, None]
+    var = np.einsum("ij,ij->i", centered, centered)
+    var /= sd.type(n)
+    inv_std = 1 / np.sqrt(var + sd.type(eps))
+    centered *= inv_std[:, None]
+    return centered, mean, inv_std
+
+
 @op("InstanceNormalization", 1, 6, 22)
 def InstanceNormalization(input, scale, B, *, epsilon=1e-5):  # noqa: A002 - the schema's name
     X = input
     sd = _stat_dtype(X.dtype)
-    axes = tuple(range(2, X.ndim))
-    Xs = X.astype(sd, copy=False)
-    centered = Xs - Xs.mean(axis=axes, keepdims=True)
-    var = np.mean(centered * centered, axis=axes, keepdims=True)
-    a = _per_channel(scale, X, sd) / np.sqrt(var + sd.type(epsilon))
-    centered *= a
-    centered += _per_channel(B, X, sd)
-    return centered.astype(X.dtype, copy=False)
+    Y, _, _ = _standardize_rows(X, X.shape[0] * X.shape[1], epsilon, sd)
+    Y = Y.reshape(X.shape)
+    Y *= _per_channel(scale, X, sd)
+    Y += _per_channel(B, X, sd)
+    return Y.astype(X.dtype, copy=False)
 
 
 @op("LayerNormalization", 17)
@@ -107,21 +120,19 @@ class LayerNormalization:
 
     def __call__(self, X, Scale, B=None):
         axis = self.axis + X.ndim if self.axis < 0 else self.axis
-        axes = tuple(range(axis, X.ndim))
         sd = _stat_dtype(X.dtype)
-        Xs = X.astype(sd, copy=False)
-        mean = Xs.mean(axis=axes, keepdims=True)
-        centered = Xs - mean
-        var = np.mean(centered * centered, axis=axes, keepdims=True)
-        inv_std = 1 / np.sqrt(var + sd.type(self.epsilon))
-        centered *= inv_std
-        centered *= Scale.astype(sd, copy=False)
+        outer = X.shape[:axis]
+        Y, mean, inv_std = _standardize_rows(X, int(np.prod(outer)), self.epsilon, sd)
+        Y = Y.reshape(X.shape)
+        Y *= Scale.astype(sd, copy=False)
         if B is not None:
-            centered += B.astype(sd, copy=False)
-        Y = centered.astype(X.dtype, copy=False)
+            Y += B.astype(sd, copy=False)
+        Y = Y.astype(X.dtype, copy=False)
         if not self.want_stats:
             return Y, None, None
-        return Y, mean.astype(self.stat_type), inv_std.astype(self.stat_type)
+        stat_shape = outer + (1,) * (X.ndim - axis)
+        return (Y, mean.reshape(stat_shape).astype(self.stat_type),
+                inv_std.reshape(stat_shape).astype(self.stat_type))
 
 
 def _group_norm(X, scale, bias, num_groups, epsilon, sd, per_group: bool):
@@ -129,11 +140,8 @@ def _group_norm(X, scale, bias, num_groups, epsilon, sd, per_group: bool):
     G = int(num_groups)
     if C % G:
         raise ValueError(f"channels {C} are not divisible by num_groups {G}")
-    Xs = X.astype(sd, copy=False).reshape(N, G, -1)
-    centered = Xs - Xs.mean(axis=2, keepdims=True)
-    var = np.mean(centered * centered, axis=2, keepdims=True)
-    centered *= 1 / np.sqrt(var + sd.type(epsilon))
-    Y = centered.reshape(X.shape)
+    Y, _, _ = _standardize_rows(X, N * G, epsilon, sd)
+    Y = Y.reshape(X.shape)
     if per_group:  # opset 18: one scale/bias per group, shared by the group's channels
         scale = np.repeat(scale.astype(sd), C // G)
         bias = np.repeat(bias.astype(sd), C // G)

@@ -1,7 +1,7 @@
 """Pooling: MaxPool (with Indices), AveragePool, LpPool and their global forms.
 
-Windows are strided slices of the padded input, one per kernel offset: the loops run over the
-kernel taps (a handful), never over pixels.
+Windows are strided slices of the padded input: the loops run over the kernel taps (a
+handful), never over pixels.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ def _text(value) -> str:
 class _Pool:
     """Attributes and geometry common to the windowed pooling operators."""
 
-    def __init__(self, ctx: KernelContext | None, *, auto_pad="NOTSET", ceil_mode=0,
-                 dilations=None, kernel_shape=None, pads=None, strides=None) -> None:
-        if kernel_shape is None:
-            raise ValueError("attribute kernel_shape is required")
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                 kernel_shape, pads=None, strides=None) -> None:
         self.kernel = tuple(int(v) for v in kernel_shape)
         nd = len(self.kernel)
         self.auto_pad = _text(auto_pad)
@@ -42,18 +40,31 @@ class _Pool:
     def taps(self, outs):
         return window_slices(outs, self.kernel, self.strides, self.dilations)
 
+    def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc) -> np.ndarray:
+        """``ufunc`` (np.maximum, np.add) over each window, padding with ``fill``.
+
+        Windows are boxes, so the reduction is separable: one spatial axis at a time, k
+        strided passes each, instead of k1 * k2 * ... passes over the output.
+        """
+        Y = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
+        for i, o in enumerate(outs):
+            k, s, d = self.kernel[i], self.strides[i], self.dilations[i]
+            lead = (slice(None),) * (2 + i)
+            acc = None
+            for t in range(k):
+                tap = Y[lead + (slice(t * d, t * d + (o - 1) * s + 1, s),)]
+                if acc is None:
+                    acc = tap.copy()
+                else:
+                    ufunc(acc, tap, out=acc)
+            Y = acc
+        return Y
+
     def window_sum(self, X: np.ndarray, heads, outs, power=None) -> np.ndarray:
         """Sum over each window (zero padding), of |X|**power when power is given."""
         if power is not None:
             X = X * X if power == 2 else np.abs(X) ** power
-        Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, 0)
-        Y = None
-        for _, idx in self.taps(outs):
-            if Y is None:
-                Y = Xp[idx].copy()
-            else:
-                Y += Xp[idx]
-        return Y
+        return self.reduce_windows(X, heads, outs, 0, np.add)
 
     def counts(self, in_shape, heads, tails, outs, include_pad: bool) -> np.ndarray | None:
         """Per output position, how many window taps fall in the counted range (None: all)."""
@@ -82,7 +93,7 @@ def _lowest(dtype: np.dtype):
 @op("MaxPool", 1, 8, 10, 11, 12, 22)
 class MaxPool(_Pool):
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
-                 kernel_shape=None, pads=None, storage_order=0, strides=None) -> None:
+                 kernel_shape, pads=None, storage_order=0, strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         self.storage_order = int(storage_order)
@@ -91,15 +102,9 @@ class MaxPool(_Pool):
     def __call__(self, X):
         heads, _, outs = self.geometry(X)
         fill = _lowest(X.dtype)
-        Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         if not self.want_indices:
-            Y = None
-            for _, idx in self.taps(outs):
-                if Y is None:
-                    Y = Xp[idx].copy()
-                else:
-                    np.maximum(Y, Xp[idx], out=Y)
-            return Y
+            return self.reduce_windows(X, heads, outs, fill, np.maximum)
+        Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         return self._with_indices(X, Xp, heads, outs)
 
     def _with_indices(self, X, Xp, heads, outs):
@@ -112,7 +117,7 @@ class MaxPool(_Pool):
         for i in order:
             elem_strides[i] = step
             step *= spatial[i]
-        grids = [np.arange(o) * s - h for o, s, h in zip(outs, self.strides, heads)]
+        grids = [np.arange(o) * s - h for o, s, h in zip(outs, self.strides, heads, strict=True)]
         Y = I = None
         for offset, idx in self.taps(outs):
             flat = np.zeros(outs, dtype=np.int64)
@@ -138,7 +143,7 @@ class MaxPool(_Pool):
 @op("AveragePool", 1, 7, 10, 11, 19, 22)
 class AveragePool(_Pool):
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0,
-                 count_include_pad=0, dilations=None, kernel_shape=None, pads=None,
+                 count_include_pad=0, dilations=None, kernel_shape, pads=None,
                  strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
@@ -160,7 +165,7 @@ class AveragePool(_Pool):
 @op("LpPool", 1, 2, 11, 18, 22)
 class LpPool(_Pool):
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
-                 kernel_shape=None, p=2, pads=None, strides=None) -> None:
+                 kernel_shape, p=2, pads=None, strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         self.p = float(p)

@@ -229,14 +229,14 @@ class _Resampler:
             sc[axes] = np.asarray(scales, dtype=f32).ravel()
             if (sc <= 0).any():
                 raise ValueError("scales must be positive")
-            out = [int(s * f32(n)) for s, n in zip(sc, in_shape)]
+            out = [int(s * f32(n)) for s, n in zip(sc, in_shape, strict=True)]
             return out, sc
         if sizes is None or not sizes.size:
             raise ValueError("one of scales and sizes must be given")
         if sizes.size != len(axes):
             raise ValueError(f"sizes has {sizes.size} values for {len(axes)} axes")
         out = list(in_shape)
-        for a, s in zip(axes, np.asarray(sizes).ravel()):
+        for a, s in zip(axes, np.asarray(sizes).ravel(), strict=True):
             out[a] = int(s)
         for i in range(rank):
             sc[i] = f32(out[i]) / f32(in_shape[i]) if in_shape[i] else f32(1)

@@ -1,0 +1,1 @@
+"""Basic-level passes (ORT_ENABLE_BASIC): constant folding and redundant-node eliminations."""

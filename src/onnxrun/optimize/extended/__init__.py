@@ -1,0 +1,1 @@
+"""Extended-level passes (ORT_ENABLE_EXTENDED): operator fusions."""

@@ -1,0 +1,73 @@
+"""The pass manager: runs the passes of the requested level to a fixed point, and reports."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..ir import Model
+from .base import GraphPass, registered_passes
+from .graph_utils import all_graphs
+
+logger = logging.getLogger("onnxrun")
+
+MAX_ROUNDS = 8  # fixed point in practice comes after 2-3 rounds
+
+
+@dataclass
+class PassReport:
+    name: str
+    changes: Counter = field(default_factory=Counter)
+    runs: int = 0
+
+
+@dataclass
+class OptimizationReport:
+    level: int
+    nodes_before: int = 0
+    nodes_after: int = 0
+    rounds: int = 0
+    passes: dict[str, PassReport] = field(default_factory=dict)
+
+    def format(self) -> str:
+        lines = [f"optimization level {self.level}: {self.nodes_before} nodes -> "
+                 f"{self.nodes_after} nodes in {self.rounds} round(s)"]
+        for rep in self.passes.values():
+            if rep.changes:
+                detail = ", ".join(f"{k}: {v}" for k, v in rep.changes.most_common())
+                lines.append(f"  {rep.name:<32} {detail}")
+        if len(lines) == 1:
+            lines.append("  (no pass changed the graph)")
+        return "\n".join(lines)
+
+
+def count_nodes(model: Model) -> int:
+    return sum(len(g.nodes) for g in all_graphs(model.graph))
+
+
+def select_passes(level: int, disabled: set[str]) -> list[GraphPass]:
+    return [p for p in registered_passes() if p.level <= level and p.name not in disabled]
+
+
+def run_passes(model: Model, level: int, disabled: set[str] | None = None) -> OptimizationReport:
+    report = OptimizationReport(level=level, nodes_before=count_nodes(model))
+    passes = select_passes(level, disabled or set())
+    for p in passes:
+        report.passes[p.name] = PassReport(p.name)
+    for round_ in range(1, MAX_ROUNDS + 1):
+        report.rounds = round_
+        modified = False
+        for p in passes:
+            result = p.run(model)
+            rep = report.passes[p.name]
+            rep.runs += 1
+            if result.modified:
+                modified = True
+                rep.changes.update(result.changes)
+        if not modified:
+            break
+    report.nodes_after = count_nodes(model)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s", report.format())
+    return report

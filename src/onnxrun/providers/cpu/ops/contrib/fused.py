@@ -1,0 +1,306 @@
+"""com.microsoft fused elementwise / linear-algebra operators that onnxruntime's graph
+optimizer writes: FusedConv, FusedGemm, FusedMatMul, the Gelu family (Gelu, FastGelu,
+BiasGelu, QuickGelu, BiasSplitGelu), BiasSoftmax, BiasAdd and NhwcMaxPool.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...kernels import KernelContext, op
+from ..activation import sigmoid
+from ..conv import Conv, compute_dtype
+from ..elementwise import erf
+from ..pool import MaxPool
+
+MS = "com.microsoft"
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- fused activations ---------------------------------------------------------------------------
+
+
+def make_activation(name: str, alpha: float | None = None, beta: float | None = None,
+               gamma: float | None = None):
+    """The in-place activation named by FusedConv / FusedGemm (None: identity). The
+    parameters default as in the standalone ONNX operators."""
+    name = _text(name) if name else ""
+    if name in ("", "Identity"):
+        return None
+    if name == "Relu":
+        return lambda y: np.maximum(y, 0, out=y)
+    if name == "Tanh":
+        return lambda y: np.tanh(y, out=y)
+    if name in ("Sigmoid", "Logistic"):
+        return lambda y: np.copyto(y, sigmoid(y))
+    if name == "LeakyRelu":
+        a = 0.01 if alpha is None else alpha
+
+        def leaky(y):
+            np.multiply(y, y.dtype.type(a), out=y, where=y < 0)
+
+        return leaky
+    if name == "Clip":
+        lo = -np.inf if alpha is None else alpha
+        hi = np.inf if beta is None else beta
+        return lambda y: np.clip(y, lo, hi, out=y)
+    if name == "HardSigmoid":
+        a = 0.2 if alpha is None else alpha
+        b = 0.5 if beta is None else beta
+
+        def hard_sigmoid(y):
+            y *= y.dtype.type(a)
+            y += y.dtype.type(b)
+            np.clip(y, 0, 1, out=y)
+
+        return hard_sigmoid
+    if name == "Elu":
+        a = 1.0 if alpha is None else alpha
+
+        def elu(y):
+            neg = y < 0
+            np.copyto(y, np.expm1(np.minimum(y, 0)) * y.dtype.type(a), where=neg)
+
+        return elu
+    if name == "Selu":
+        a = 1.67326319217681884765625 if alpha is None else alpha
+        g = 1.05070102214813232421875 if gamma is None else gamma
+
+        def selu(y):
+            np.copyto(y, np.expm1(np.minimum(y, 0)) * y.dtype.type(a), where=y < 0)
+            y *= y.dtype.type(g)
+
+        return selu
+    if name == "Softplus":
+        return lambda y: np.logaddexp(y, 0, out=y)
+    if name == "Softsign":
+        return lambda y: np.divide(y, 1 + np.abs(y), out=y)
+    if name == "ThresholdedRelu":
+        a = 1.0 if alpha is None else alpha
+        return lambda y: np.copyto(y, 0, where=y <= a)
+    raise ValueError(f"unsupported fused activation {name!r}")
+
+
+@op("FusedConv", 1, domain=MS)
+class FusedConv(Conv):
+    """Conv, plus the optional Z input summed in, then the activation."""
+
+    def __init__(self, ctx: KernelContext, *, activation="", activation_params=None,
+                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                 strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        params = [float(p) for p in activation_params] if activation_params is not None else []
+        params += [None] * (3 - len(params))
+        self.act = make_activation(activation, *params[:3])
+
+    def __call__(self, X, W, B=None, Z=None):
+        Y = super().__call__(X, W, B)  # a fresh array: updated in place below
+        if Z is not None:
+            Y += Z
+        if self.act is not None:
+            cdt = compute_dtype(Y.dtype)
+            if cdt != Y.dtype:
+                return _apply(self.act, Y.astype(cdt)).astype(Y.dtype)
+            self.act(Y)
+        return Y
+
+
+def _apply(act, y):
+    act(y)
+    return y
+
+
+@op("FusedGemm", 1, domain=MS)
+class FusedGemm:
+    def __init__(self, ctx: KernelContext, *, activation="", activation_alpha=None,
+                 activation_beta=None, activation_gamma=None, alpha=1.0, beta=1.0,
+                 transA=0, transB=0) -> None:
+        self.alpha, self.beta = float(alpha), float(beta)
+        self.transA, self.transB = bool(transA), bool(transB)
+        self.act = make_activation(
+            activation, *(None if v is None else float(v)
+                          for v in (activation_alpha, activation_beta, activation_gamma)))
+        B = ctx.constant(1)
+        self.B = None
+        if B is not None:  # alpha folded into a constant B
+            cdt = compute_dtype(B.dtype)
+            Bm = (B.T if self.transB else B).astype(cdt)
+            if self.alpha != 1.0:
+                Bm *= cdt.type(self.alpha)
+            self.B = np.ascontiguousarray(Bm)
+
+    def __call__(self, A, B, C=None):
+        cdt = compute_dtype(A.dtype)
+        Am = (A.T if self.transA else A).astype(cdt, copy=False)
+        if self.B is not None:
+            Y = np.dot(Am, self.B)
+        else:
+            Y = np.dot(Am, (B.T if self.transB else B).astype(cdt, copy=False))
+            if self.alpha != 1.0:
+                Y *= cdt.type(self.alpha)
+        if C is not None and self.beta != 0.0:
+            c = C.astype(cdt, copy=False)
+            Y += c * cdt.type(self.beta) if self.beta != 1.0 else c
+        if self.act is not None:
+            self.act(Y)
+        return Y.astype(A.dtype, copy=False)
+
+
+def _batch_first_last(x: np.ndarray) -> np.ndarray:
+    """transBatch: [d0, b..., dn] is read as [b..., d0, dn]."""
+    return np.moveaxis(x, 0, -2)
+
+
+@op("FusedMatMul", 1, domain=MS)
+class FusedMatMul:
+    def __init__(self, ctx: KernelContext, *, alpha=1.0, transA=0, transB=0, transBatchA=0,
+                 transBatchB=0) -> None:
+        self.alpha = float(alpha)
+        self.transA, self.transB = bool(transA), bool(transB)
+        self.batchA, self.batchB = bool(transBatchA), bool(transBatchB)
+
+    def __call__(self, A, B):
+        if (self.batchA or self.batchB) and not (A.ndim == B.ndim and A.ndim > 2):
+            raise ValueError("transBatchA/transBatchB need inputs of one rank >= 3")
+        if self.batchA:
+            A = _batch_first_last(A)
+        if self.batchB:
+            B = _batch_first_last(B)
+        if self.transA and A.ndim >= 2:
+            A = np.swapaxes(A, -1, -2)
+        if self.transB and B.ndim >= 2:
+            B = np.swapaxes(B, -1, -2)
+        cdt = compute_dtype(A.dtype)
+        a, b = A.astype(cdt, copy=False), B.astype(cdt, copy=False)
+        if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:  # one GEMM over all rows
+            Y = np.dot(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
+        else:
+            Y = np.matmul(a, b)
+        Y = np.asarray(Y)
+        if self.alpha != 1.0:
+            Y = Y * cdt.type(self.alpha)
+        return Y.astype(A.dtype, copy=False)
+
+
+# -- Gelu family -----------------------------------------------------------------------------
+
+
+def gelu_(x: np.ndarray) -> np.ndarray:
+    """0.5 * x * (1 + erf(x / sqrt(2))), overwriting ``x`` (which must be owned)."""
+    t = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
+    t += 1
+    x *= t
+    x *= x.dtype.type(0.5)
+    return x
+
+
+def fast_gelu_(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))."""
+    t = x * x
+    t *= x.dtype.type(0.044715 * math.sqrt(2.0 / math.pi))
+    t += x.dtype.type(math.sqrt(2.0 / math.pi))
+    t *= x
+    np.tanh(t, out=t)
+    t += 1
+    x *= t
+    x *= x.dtype.type(0.5)
+    return x
+
+
+def _owned(X: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, np.dtype]:
+    """X (+ bias) as a fresh array in the compute dtype."""
+    cdt = compute_dtype(X.dtype)
+    if bias is not None:
+        return np.add(X.astype(cdt, copy=False), bias.astype(cdt, copy=False)), cdt
+    return X.astype(cdt, copy=True), cdt
+
+
+@op("Gelu", 1, domain=MS)
+def Gelu(X):
+    x, _ = _owned(X)
+    return gelu_(x).astype(X.dtype, copy=False)
+
+
+@op("BiasGelu", 1, domain=MS)
+def BiasGelu(A, B):
+    x, _ = _owned(A, B)
+    return gelu_(x).astype(A.dtype, copy=False)
+
+
+@op("FastGelu", 1, domain=MS)
+def FastGelu(X, bias=None):
+    x, _ = _owned(X, bias)
+    return fast_gelu_(x).astype(X.dtype, copy=False)
+
+
+@op("QuickGelu", 1, domain=MS)
+def QuickGelu(X, *, alpha=1.702):
+    x, cdt = _owned(X)
+    s = sigmoid(x * cdt.type(alpha))
+    s *= x
+    return s.astype(X.dtype, copy=False)
+
+
+@op("BiasSplitGelu", 1, domain=MS)
+def BiasSplitGelu(X, bias):
+    x, _ = _owned(X, bias)
+    half = x.shape[-1] // 2
+    right = gelu_(x[..., half:].copy())
+    right *= x[..., :half]
+    return right.astype(X.dtype, copy=False)
+
+
+@op("BiasAdd", 1, domain=MS)
+def BiasAdd(X, bias, skip):
+    Y = np.add(X, bias)
+    Y += skip
+    return Y.astype(X.dtype, copy=False)
+
+
+# -- BiasSoftmax -----------------------------------------------------------------------------
+
+
+@op("BiasSoftmax", 1, domain=MS)
+def BiasSoftmax(data, bias, *, axis=1, is_inner_broadcast):
+    """softmax(data + bias) over the dimensions from ``axis`` on. The bias holds whole rows:
+    with ``is_inner_broadcast`` they repeat over the inner batch dimensions (bias row
+    i // repeat), otherwise over the outer ones (bias row i % rows)."""
+    axis = axis + data.ndim if axis < 0 else axis
+    rows, width = math.prod(data.shape[:axis]), math.prod(data.shape[axis:])
+    cdt = compute_dtype(data.dtype)
+    nb = max(bias.size // max(width, 1), 1)
+    b = bias.astype(cdt, copy=False).reshape(nb, width)
+    x = data.astype(cdt, copy=False)
+    if is_inner_broadcast:
+        s = x.reshape(nb, rows // nb, width) + b[:, None, :]
+    else:
+        s = x.reshape(rows // nb, nb, width) + b[None]
+    s = s.reshape(rows, width)
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    return s.reshape(data.shape).astype(data.dtype, copy=False)
+
+
+# -- NhwcMaxPool -----------------------------------------------------------------------------
+
+
+@op("NhwcMaxPool", 1, domain=MS)
+class NhwcMaxPool(MaxPool):
+    """MaxPool over a channels-last (N, spatial..., C) tensor."""
+
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                 kernel_shape, pads=None, strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.want_indices = False
+
+    def __call__(self, x):
+        Y = super().__call__(np.moveaxis(x, -1, 1))
+        return np.ascontiguousarray(np.moveaxis(Y, 1, -1))

@@ -1,0 +1,680 @@
+"""com.microsoft quantization operators, computed as onnxruntime's CPU kernels compute them.
+
+QuantizeLinear / DequantizeLinear (contrib versions), the QLinear* element-wise, pooling,
+softmax and concat operators, QGemm, DynamicQuantizeMatMul, MatMulIntegerToFloat, MatMulNBits
+(2/4/8-bit block-quantized weights) and DynamicQuantizeLSTM.
+
+Where onnxruntime rounds in a particular order (MLAS kernels: float32 products, fused
+multiply-adds, a sequential float sum, lookup tables of 256 entries for the unary operators) the
+same order is followed, so results match it exactly or, rarely, by one quantization step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .....dtypes import np_dtype
+from ...kernels import KernelContext, op
+from ..conv import pad_spatial, window_geometry, window_slices
+from ..quantization import (
+    F32,
+    DequantizeLinear,
+    IntMatrix,
+    QuantizeLinear,
+    centered,
+    centered_absmax,
+    int_matmul,
+    int_range,
+    mm,
+    output_multiplier,
+    requantize,
+    scalar,
+)
+
+MS = "com.microsoft"
+F64 = np.dtype(np.float64)
+
+op("QuantizeLinear", 1, domain=MS)(QuantizeLinear)
+op("DequantizeLinear", 1, domain=MS)(DequantizeLinear)
+
+
+def _f32(value) -> np.float32:
+    return np.float32(scalar(value, 0.0))
+
+
+def _zp(value) -> int:
+    return int(scalar(value, 0))
+
+
+def _given(ctx: KernelContext, i: int) -> bool:
+    return i < ctx.num_inputs and ctx.node.inputs[i] is not None
+
+
+def _constants(ctx: KernelContext, indices) -> list[Any] | None:
+    """Values of inputs ``indices`` (None where absent) if every given one is constant."""
+    values = []
+    for i in indices:
+        if not _given(ctx, i):
+            values.append(None)
+            continue
+        v = ctx.constant(i)
+        if v is None:
+            return None
+        values.append(v)
+    return values
+
+
+def mlas_quantize(v: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype
+                  ) -> np.ndarray:
+    """MlasQuantizeLinear: round(v / scale) clamped to [min - zp, max - zp], plus zp."""
+    lo, hi = int_range(dtype)
+    q = np.true_divide(v, scale, dtype=F32)
+    np.rint(q, out=q)
+    np.clip(q, lo - zero_point, hi - zero_point, out=q)
+    if zero_point:
+        q += np.float32(zero_point)
+    return q.astype(dtype)
+
+
+def _fma32(x: np.ndarray, r: np.float32, c) -> np.ndarray:
+    """float32 fused multiply-add x * r + c (one rounding), through float64."""
+    return (x.astype(F64) * float(r) + np.asarray(c, F64)).astype(F32)
+
+
+def _trailing_broadcast(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Whether an input is constant along the output's last axis (a scalar per inner span)."""
+    return bool(out_shape) and out_shape[-1] > 1 and (not shape or shape[-1] == 1)
+
+
+# -- element-wise -------------------------------------------------------------------------------
+
+
+@op("QLinearAdd", 1, domain=MS)
+def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None):
+    """MLAS QLinearAdd (AVX2): c = fma(a, sa/sc, fma(b, sb/sc, zc - (za*sa/sc + zb*sb/sc)))."""
+    dtype = A.dtype
+    out_shape = np.broadcast_shapes(A.shape, B.shape)
+    sc = _f32(C_scale)
+    zc = _zp(C_zero_point)
+    p, sp, zp_, q, sq, zq = A, _f32(A_scale), _zp(A_zero_point), B, _f32(B_scale), _zp(B_zero_point)
+    a_bcast = _trailing_broadcast(A.shape, out_shape)
+    b_bcast = _trailing_broadcast(B.shape, out_shape)
+    if a_bcast and not b_bcast:  # onnxruntime passes the span input first, the scalar second
+        p, sp, zp_, q, sq, zq = q, sq, zq, p, sp, zp_
+    rp, rq = np.float32(sp / sc), np.float32(sq / sc)
+    fixed = np.float32(np.float32(zc) - (np.float32(rp * np.float32(zp_))
+                                         + np.float32(rq * np.float32(zq))))
+    if a_bcast != b_bcast:  # scalar per span: added to the constant part first, unfused
+        base = fixed + (q.astype(F32) * rq)
+        v = _fma32(p, rp, base)
+    else:
+        v = _fma32(p, rp, _fma32(q, rq, fixed))
+    v = np.rint(np.broadcast_to(v, out_shape))
+    lo, hi = int_range(dtype)
+    np.clip(v, lo, hi, out=v)
+    return v.astype(dtype)
+
+
+@op("QLinearMul", 1, domain=MS)
+def QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_zero_point=None):
+    """MLAS QLinearMul: round(float32((a - za) * (b - zb)) * (sa * sb / sc) + zc)."""
+    dtype = A.dtype
+    ratio = np.float32(np.float32(_f32(A_scale) * _f32(B_scale)) / _f32(C_scale))
+    v = np.multiply(centered(A, _zp(A_zero_point)), centered(B, _zp(B_zero_point)))
+    v *= ratio
+    v += np.float32(_zp(C_zero_point))
+    np.rint(v, out=v)
+    lo, hi = int_range(dtype)
+    np.clip(v, lo, hi, out=v)
+    return v.astype(dtype)
+
+
+def lookup_table(dtype: np.dtype, x_scale, x_zero_point, y_scale, y_zero_point, fn
+                 ) -> np.ndarray:
+    """The 256 outputs of quantize(fn(dequantize(x))), indexed by the byte of x."""
+    codes = np.arange(256, dtype=np.uint8).view(dtype).astype(np.int32)
+    deq = _f32(x_scale) * (codes - _zp(x_zero_point)).astype(F32)
+    return mlas_quantize(fn(deq).astype(F32), _f32(y_scale), _zp(y_zero_point), dtype)
+
+
+def _sigmoid(v: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-v.astype(F64)))
+
+
+class _QLinearLookup:
+    """x -> table[x]: a unary function of 8-bit values is a lookup in a 256-entry table, built
+    at session creation when the scales and zero points are constant."""
+
+    def fn(self, v: np.ndarray) -> np.ndarray:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _setup(self, ctx: KernelContext) -> None:
+        self.table = None
+        params = _constants(ctx, (1, 2, 3, 4))
+        x_type = ctx.input_type(0)
+        if params is not None and x_type is not None:
+            dtype = np_dtype(x_type.tensor_type.elem_type)
+            self.table = lookup_table(dtype, *params, self.fn)
+
+    def __call__(self, X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None):
+        table = self.table
+        if table is None or table.dtype != X.dtype:
+            table = lookup_table(X.dtype, X_scale, X_zero_point, Y_scale, Y_zero_point, self.fn)
+        return table[X.view(np.uint8)]
+
+
+@op("QLinearSigmoid", 1, domain=MS)
+class QLinearSigmoid(_QLinearLookup):
+    def __init__(self, ctx: KernelContext) -> None:
+        self._setup(ctx)
+
+    def fn(self, v):
+        return _sigmoid(v)
+
+
+@op("QLinearLeakyRelu", 1, domain=MS)
+class QLinearLeakyRelu(_QLinearLookup):
+    def __init__(self, ctx: KernelContext, *, alpha=0.01) -> None:
+        self.alpha = np.float32(alpha)
+        self._setup(ctx)
+
+    def fn(self, v):
+        return np.where(v >= 0, v, self.alpha * v)
+
+
+def _identity(v):
+    return v
+
+
+@op("QLinearConcat", 1, domain=MS)
+class QLinearConcat:
+    """Each input is copied when it shares the output's scale and zero point, else requantized
+    through a lookup table (built once for constant parameters)."""
+
+    def __init__(self, ctx: KernelContext, *, axis) -> None:
+        self.axis = int(axis)
+        n = ctx.num_inputs
+        if n < 5 or (n - 2) % 3:
+            raise ValueError("QLinearConcat takes Y_scale, Y_zero_point and (tensor, scale, "
+                             "zero point) triples")
+        self.tables: list[Any] = [None] * ((n - 2) // 3)
+        y = _constants(ctx, (0, 1))
+        if y is None:
+            return
+        for k in range(len(self.tables)):
+            p = _constants(ctx, (3 + 3 * k, 4 + 3 * k))
+            if p is not None and y[1] is not None:
+                self.tables[k] = self._table(y[1].dtype, p[0], p[1], y[0], y[1])
+
+    @staticmethod
+    def _table(dtype, x_scale, x_zp, y_scale, y_zp):
+        if _f32(x_scale) == _f32(y_scale) and _zp(x_zp) == _zp(y_zp):
+            return "copy"
+        return lookup_table(np.dtype(dtype), x_scale, x_zp, y_scale, y_zp, _identity)
+
+    def __call__(self, Y_scale, Y_zero_point, *inputs):
+        parts = []
+        for k in range(len(inputs) // 3):
+            x, s, z = inputs[3 * k:3 * k + 3]
+            table = self.tables[k] if k < len(self.tables) else None
+            if table is None:
+                table = self._table(Y_zero_point.dtype, s, z, Y_scale, Y_zero_point)
+            parts.append(x if isinstance(table, str) else table[x.view(np.uint8)])
+        return np.concatenate(parts, axis=self.axis)
+
+
+# -- pooling ------------------------------------------------------------------------------------
+
+
+def _global_avg(X: np.ndarray, x_scale, x_zp, y_scale, y_zp, axes) -> np.ndarray:
+    """MLAS QLinearGlobalAveragePool: the exact integer sum minus zp * count, requantized with
+    x_scale / (y_scale * count)."""
+    count = int(np.prod([X.shape[a] for a in axes]))
+    scale = np.float32(_f32(x_scale) / np.float32(_f32(y_scale) * np.float32(count)))
+    acc = X.sum(axis=axes, keepdims=True, dtype=np.int64) - _zp(x_zp) * count
+    return requantize(acc.astype(F64), scale, y_zp, X.dtype)
+
+
+@op("QLinearGlobalAveragePool", 1, domain=MS)
+def QLinearGlobalAveragePool(X, x_scale, x_zero_point, y_scale, y_zero_point, *,
+                             channels_last=0):
+    if X.ndim < 3:
+        raise ValueError("QLinearGlobalAveragePool: input rank must be at least 3")
+    axes = tuple(range(1, X.ndim - 1)) if channels_last else tuple(range(2, X.ndim))
+    return _global_avg(X, x_scale, x_zero_point, y_scale, y_zero_point, axes)
+
+
+@op("QLinearAveragePool", 1, domain=MS)
+class QLinearAveragePool:
+    """Dequantize, average each window in float32 (taps summed in row-major order, the pads
+    skipped), divide by the count, quantize: onnxruntime's order of operations."""
+
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, channels_last=0,
+                 count_include_pad=0, kernel_shape, pads=None, strides=None) -> None:
+        self.kernel = tuple(int(k) for k in kernel_shape)
+        nd = len(self.kernel)
+        self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        self.ceil_mode = int(ceil_mode)
+        self.channels_last = bool(channels_last)
+        self.include_pad = bool(count_include_pad)
+        self.pads = tuple(int(p) for p in pads) if pads is not None and len(pads) else ()
+        self.strides = tuple(int(s) for s in strides) if strides else (1,) * nd
+
+    def __call__(self, X, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if self.channels_last:
+            X = np.moveaxis(X, -1, 1)
+        nd = len(self.kernel)
+        if X.ndim != nd + 2:
+            raise ValueError(f"kernel_shape {list(self.kernel)} does not fit input rank {X.ndim}")
+        spatial = X.shape[2:]
+        ones = (1,) * nd
+        heads, _, outs = window_geometry(spatial, self.kernel, self.strides, ones, self.pads,
+                                         self.auto_pad, self.ceil_mode, dilated_same=False)
+        if spatial == self.kernel and not any(self.pads) and not any(heads):
+            Y = _global_avg(X, x_scale, x_zero_point, y_scale, y_zero_point,
+                            tuple(range(2, X.ndim)))
+        else:
+            Xf = _f32(x_scale) * centered(X, _zp(x_zero_point))
+            Xp = pad_spatial(Xf, heads, outs, self.kernel, self.strides, ones, 0)
+            taps = (Xp[idx] for _, idx in window_slices(outs, self.kernel, self.strides, ones))
+            Y = next(taps).copy()
+            for tap in taps:  # row-major order, as onnxruntime sums a window
+                Y += tap
+            Y /= self._counts(spatial, heads, outs)
+            Y /= _f32(y_scale)
+            Y += np.float32(_zp(y_zero_point))
+            np.rint(Y, out=Y)
+            lo, hi = int_range(X.dtype)
+            np.clip(Y, lo, hi, out=Y)
+            Y = Y.astype(X.dtype)
+        return np.ascontiguousarray(np.moveaxis(Y, 1, -1)) if self.channels_last else Y
+
+    def _counts(self, spatial, heads, outs) -> np.ndarray:
+        if self.include_pad:
+            return np.float32(int(np.prod(self.kernel)))
+        total = None
+        for i, o in enumerate(outs):
+            start = np.arange(o) * self.strides[i] - heads[i]
+            c = np.minimum(start + self.kernel[i], spatial[i]) - np.maximum(start, 0)
+            total = c if total is None else np.multiply.outer(total, c)
+        return total.astype(F32)
+
+
+# -- softmax ------------------------------------------------------------------------------------
+
+
+def _softmax_table(x_scale: np.float32, reduce_len: int) -> np.ndarray:
+    """exp((i - 255 + shift) * x_scale) for i in 0..255, shifted so a row sum stays finite."""
+    fmax = np.finfo(F32).max
+    shift = math.log(float(np.float32(fmax / np.float32(reduce_len))))
+    shift = max(0.0, shift - 5.0) / float(x_scale)
+    i = np.arange(256, dtype=F64)
+    return np.exp((i - 255.0 + shift) * float(x_scale)).astype(F32)
+
+
+@op("QLinearSoftmax", 1, domain=MS)
+class QLinearSoftmax:
+    """onnxruntime's QLinearSoftmax: exponentials from a table relative to the row maximum, a
+    sequential float32 sum, and y = round(e * floor(1 / y_scale) / sum) + y_zp."""
+
+    def __init__(self, ctx: KernelContext, *, axis=-1, opset) -> None:
+        self.opset = int(opset)
+        self.axis = int(axis)
+
+    def __call__(self, X, X_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
+        if X.size == 0:
+            return X.copy()
+        axis = self.axis + X.ndim if self.axis < 0 else self.axis
+        if self.opset < 13:
+            rows = X.reshape(int(np.prod(X.shape[:axis])), -1)
+        else:
+            rows = np.moveaxis(X, axis, -1)
+        D = rows.shape[-1]
+        table = _softmax_table(_f32(X_scale), D)
+        xi = rows.astype(np.int32)
+        xi -= xi.max(axis=-1, keepdims=True)
+        xi += 255
+        e = table[xi]
+        total = np.cumsum(e, axis=-1, dtype=F32)[..., -1:]
+        ys = np.float32(math.floor(float(np.float32(1.0) / _f32(y_scale))))
+        v = e * ys
+        v /= total
+        np.rint(v, out=v)
+        q = v.astype(np.int64) + _zp(y_zero_point)
+        if X.dtype == np.uint8:
+            q = np.minimum(q, 255)
+        else:
+            q = np.where(q > 255, 255, q)
+        Y = q.astype(np.uint32).astype(np.uint8).view(X.dtype)
+        if self.opset < 13:
+            return Y.reshape(X.shape)
+        return np.ascontiguousarray(np.moveaxis(Y, -1, axis))
+
+
+# -- matrix products ----------------------------------------------------------------------------
+
+
+def _b_matrix(B: np.ndarray, zero_point, trans: bool = False) -> IntMatrix:
+    Bm = B.T if trans else B
+    zp = None if zero_point is None else np.asarray(zero_point)
+    if zp is not None and zp.size > 1:
+        zp = zp.reshape(-1)
+    return IntMatrix(Bm, zp)
+
+
+def _column_param(p: np.ndarray) -> np.ndarray:
+    """A per-tensor or per-column parameter as a scalar or an (N,) row."""
+    return p.reshape(()) if p.size == 1 else p.reshape(-1)
+
+
+@op("QGemm", 1, domain=MS)
+class QGemm:
+    """(A - a_zp) @ (B - b_zp) + C in int32, then float32 (alpha * a_scale * b_scale) or
+    requantized to y_scale / y_zero_point."""
+
+    def __init__(self, ctx: KernelContext, *, alpha=1.0, transA=0, transB=0) -> None:
+        self.alpha = float(alpha)
+        self.transA = bool(transA)
+        self.transB = bool(transB)
+        self.B = None
+        c = _constants(ctx, (3, 5))
+        if c is not None and c[0] is not None:
+            self.B = _b_matrix(c[0], c[1], self.transB)
+
+    def __call__(self, A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None,
+                 y_scale=None, y_zero_point=None):
+        Am = A.T if self.transA else A
+        Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point, self.transB)
+        zp = _zp(a_zero_point)
+        amax = centered_absmax(Am, zp)
+        acc = int_matmul(centered(Am, zp), amax, Bm)
+        if C is not None and C.size:
+            if acc.dtype == F32 and amax * Bm.colsum + float(np.abs(C).max()) >= 2.0 ** 24:
+                acc = acc.astype(F64)
+            acc = acc + C.astype(acc.dtype)
+        mult = output_multiplier(a_scale, _column_param(b_scale), y_scale, self.alpha)
+        if y_scale is None:
+            Y = acc.astype(F32)
+            Y *= mult
+            return Y
+        out = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
+        return requantize(acc, mult, y_zero_point, out)
+
+
+def dynamic_quantize(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
+    """onnxruntime's dynamic uint8 quantization of a float tensor, returned as ``q - zp``."""
+    A = A.astype(F32, copy=False)
+    lo = np.float32(min(float(A.min()), 0.0)) if A.size else np.float32(0)
+    hi = np.float32(max(float(A.max()), 0.0)) if A.size else np.float32(0)
+    scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
+    zp = int(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    q = np.true_divide(A, scale, dtype=F32)
+    np.rint(q, out=q)
+    np.clip(q, -zp, 255 - zp, out=q)
+    return q, scale, zp
+
+
+def _scaled_output(acc: np.ndarray, mult, bias, out_dtype) -> np.ndarray:
+    Y = acc.astype(F32)
+    Y *= mult
+    if bias is not None:
+        Y += bias.astype(F32)
+    return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+class _MatMulToFloat:
+    def _setup(self, ctx: KernelContext, b_index: int, zp_index: int) -> None:
+        self.B = None
+        c = _constants(ctx, (b_index, zp_index))
+        if c is not None and c[0] is not None:
+            self.B = _b_matrix(c[0], c[1])
+
+
+@op("DynamicQuantizeMatMul", 1, domain=MS)
+class DynamicQuantizeMatMul(_MatMulToFloat):
+    """A quantized to uint8 on the fly (per tensor), times the quantized B, scaled back."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        self._setup(ctx, 1, 3)
+
+    def __call__(self, A, B, b_scale, b_zero_point=None, bias=None):
+        Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point)
+        Aq, a_scale, zp = dynamic_quantize(A)
+        acc = int_matmul(Aq, float(max(zp, 255 - zp)), Bm)
+        mult = (a_scale * _column_param(b_scale).astype(F32)).astype(F32)
+        return _scaled_output(acc, mult, bias, A.dtype)
+
+
+@op("MatMulIntegerToFloat", 1, domain=MS)
+class MatMulIntegerToFloat(_MatMulToFloat):
+    def __init__(self, ctx: KernelContext) -> None:
+        self._setup(ctx, 1, 5)
+
+    def __call__(self, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
+        Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point)
+        zp = _zp(a_zero_point)
+        acc = int_matmul(centered(A, zp), centered_absmax(A, zp), Bm)
+        mult = (_f32(a_scale) * _column_param(b_scale).astype(F32)).astype(F32)
+        return _scaled_output(acc, mult, bias, a_scale.dtype)
+
+
+# -- MatMulNBits --------------------------------------------------------------------------------
+
+
+def _unpack_bits(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Little-endian bit fields of each byte along a new last axis (low bits first)."""
+    if bits == 8:
+        return packed[..., None]
+    per = 8 // bits
+    shifts = np.arange(per, dtype=np.uint8) * bits
+    return (packed[..., None] >> shifts) & np.uint8((1 << bits) - 1)
+
+
+def nbits_weight(B: np.ndarray, scales: np.ndarray, zero_points, g_idx, K: int, N: int,
+                 block_size: int, bits: int) -> np.ndarray:
+    """The dequantized (K, N) float32 weight of MatMulNBits: (q - zp) * scale per block of K
+    (or per group g_idx[k]); the zero point defaults to 2**(bits - 1)."""
+    if bits not in (2, 4, 8):
+        raise ValueError(f"MatMulNBits: bits={bits} is not supported (2, 4 or 8)")
+    kb = -(-K // block_size)
+    q = _unpack_bits(B.reshape(N, kb, -1), bits).reshape(N, kb, block_size).astype(F32)
+    s = scales.reshape(N, kb).astype(F32)
+    if zero_points is None:
+        z = np.full((N, kb), float(1 << (bits - 1)), F32)
+    elif zero_points.dtype == np.uint8:
+        z = _unpack_bits(zero_points.reshape(N, -1), bits).reshape(N, -1)[:, :kb].astype(F32)
+    else:
+        z = zero_points.reshape(N, kb).astype(F32)
+    if g_idx is not None and g_idx.size:  # act-order: k's parameters are those of group g_idx[k]
+        groups = g_idx.reshape(-1)[:K].astype(np.intp)
+        W = (q.reshape(N, -1)[:, :K] - z[:, groups]) * s[:, groups]
+    else:
+        W = ((q - z[..., None]) * s[..., None]).reshape(N, -1)[:, :K]
+    return np.ascontiguousarray(W.T)
+
+
+@op("MatMulNBits", 1, domain=MS)
+class MatMulNBits:
+    """Y = A @ dequantize(B) (+ bias); constant weights are dequantized once, at session
+    creation, and every run is one float32 GEMM."""
+
+    def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
+                 weight_prepacked=0) -> None:
+        self.K, self.N = int(K), int(N)
+        self.block_size, self.bits = int(block_size), int(bits)
+        if int(weight_prepacked):
+            raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
+        self.W = None
+        c = _constants(ctx, (1, 2, 3, 4))
+        if c is not None and c[0] is not None and c[1] is not None and c[0].size:
+            self.W = nbits_weight(c[0], c[1], c[2], c[3], self.K, self.N, self.block_size,
+                                  self.bits)
+
+    def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
+        if A.shape[-1] != self.K:
+            raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
+        out_dtype = A.dtype
+        Af = A if A.dtype == F32 else A.astype(F32)
+        if B.size == 0:  # an omitted projection: zeros, or the bias
+            Y = np.zeros(A.shape[:-1] + (self.N,), F32)
+        else:
+            W = self.W if self.W is not None else nbits_weight(
+                B, scales, zero_points, g_idx, self.K, self.N, self.block_size, self.bits)
+            Y = mm(Af, W)
+        if bias is not None and bias.size:
+            Y += bias.astype(F32)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+# -- DynamicQuantizeLSTM ------------------------------------------------------------------------
+
+
+class _QuantWeights:
+    """One direction's quantized W or R: ``(q - zp)`` as float32 [K, 4H] and its scales."""
+
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> None:
+        self.mat = IntMatrix(q, zero_point.reshape(-1) if zero_point.size > 1 else zero_point)
+        self.scale = scale.astype(F32).reshape(-1) if scale.size > 1 else _f32(scale)
+
+
+def _lstm_weights(W, W_scale, W_zp, R, R_scale, R_zp, D):
+    def per_dir(p, d):
+        p = np.asarray(p)
+        return p.reshape(D, -1)[d]
+
+    return [(_QuantWeights(W[d], per_dir(W_scale, d), per_dir(W_zp, d)),
+             _QuantWeights(R[d], per_dir(R_scale, d), per_dir(R_zp, d))) for d in range(D)]
+
+
+def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights) -> np.ndarray:
+    """onnxruntime's quantized LSTM GEMM: A quantized to uint8 per call (per tensor)."""
+    Aq, a_scale, zp = dynamic_quantize(A2)
+    acc = int_matmul(Aq, float(max(zp, 255 - zp)), w.mat)
+    out = acc.astype(F32)
+    out *= (a_scale * w.scale) if np.ndim(w.scale) else np.float32(a_scale * w.scale)
+    return out
+
+
+@op("DynamicQuantizeLSTM", 1, domain=MS)
+class DynamicQuantizeLSTM:
+    """An LSTM whose W and R are 8-bit quantized: the inputs of both GEMMs (all time steps of X
+    at once, then H at every step) are quantized to uint8 on the fly, as onnxruntime does."""
+
+    def __init__(self, ctx: KernelContext, *, activation_alpha=None, activation_beta=None,
+                 activations=None, clip=None, direction="forward", hidden_size=None,
+                 input_forget=0) -> None:
+        from ..rnn import _activations, _directions
+
+        direction = direction.decode() if isinstance(direction, bytes) else direction
+        self.reverse = _directions(direction)
+        self.D = len(self.reverse)
+        self.hidden_size = None if hidden_size is None else int(hidden_size)
+        self.clip = None if clip is None else float(clip)
+        self.input_forget = bool(input_forget)
+        names = None
+        if activations:
+            names = [a.decode() if isinstance(a, bytes) else a for a in activations]
+        self.acts = _activations(names, ["Sigmoid", "Tanh", "Tanh"], activation_alpha,
+                                 activation_beta, self.D)
+        self.want_y = ctx.output_used(0)
+        self.weights = None
+        c = _constants(ctx, (1, 2, 8, 9, 10, 11))
+        if c is not None:
+            W, R, ws, wz, rs, rz = c
+            self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D)
+
+    def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
+                 P=None, W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
+        from ..rnn import _apply
+
+        T, batch, _ = X.shape
+        H = R.shape[1]
+        D = self.D
+        weights = self.weights or _lstm_weights(W, W_scale, W_zero_point, R, R_scale,
+                                                R_zero_point, D)
+        Xf = X.astype(F32, copy=False)
+        lens = None if sequence_lens is None else sequence_lens.astype(np.int64).reshape(-1)
+        steps = T if lens is None else int(lens.max(initial=0))
+        Y = np.zeros((T, D, batch, H), F32)
+        Yh = np.zeros((D, batch, H), F32)
+        Yc = np.zeros((D, batch, H), F32)
+        bias = np.zeros((D, 4 * H), F32) if B is None else (
+            B.reshape(D, 8 * H)[:, :4 * H] + B.reshape(D, 8 * H)[:, 4 * H:]).astype(F32)
+        peep = None if P is None else P.reshape(D, 3, H).astype(F32)
+        for d in range(D):
+            wq, rq = weights[d]
+            f_act, g_act, h_act = ([a] for a in self.acts[d])
+            xs = self._inputs(Xf, lens, steps, self.reverse[d])
+            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq).reshape(steps, batch, 4 * H) \
+                if steps else np.zeros((0, batch, 4 * H), F32)
+            h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
+            c = np.zeros((batch, H), F32) if initial_c is None else initial_c[d].astype(F32)
+            h_in = h
+            ys = np.zeros((T, batch, H), F32)
+            for t in range(steps):
+                g = xw[t] + _qgemm_dynamic(h_in, rq)
+                h_new, c_new = self._cell(g, c, bias[d], None if peep is None else peep[d],
+                                          f_act, g_act, h_act, _apply, H)
+                if lens is not None:
+                    active = (t < lens)[:, None]
+                    h = np.where(active, h_new, h)
+                    c = np.where(active, c_new, c)
+                    out = np.where(active, h_new, 0).astype(F32)
+                else:
+                    h, c, out = h_new, c_new, h_new
+                ys[t] = out
+                h_in = out if self.want_y else h
+            if lens is not None:
+                done = (lens == 0)[:, None]
+                h = np.where(done, 0, h).astype(F32)
+                c = np.where(done, 0, c).astype(F32)
+            if self.reverse[d]:
+                ys = self._reverse(ys, lens, steps)
+            Y[:, d] = ys
+            Yh[d], Yc[d] = h, c
+        return (Y if self.want_y else None), Yh, Yc
+
+    @staticmethod
+    def _inputs(X: np.ndarray, lens, steps: int, reverse: bool) -> np.ndarray:
+        if not reverse:
+            return X[:steps]
+        if lens is None:
+            return X[::-1][:steps]
+        s = np.arange(steps)[:, None]
+        idx = np.where(s < lens, lens - 1 - s, s)
+        return X[idx, np.arange(X.shape[1])]
+
+    @staticmethod
+    def _reverse(ys: np.ndarray, lens, steps: int) -> np.ndarray:
+        if lens is None:
+            return ys[::-1].copy()
+        out = ys.copy()
+        s = np.arange(steps)[:, None]
+        idx = np.where(s < lens, lens - 1 - s, s)
+        out[:steps] = ys[idx, np.arange(ys.shape[1])]
+        return out
+
+    def _cell(self, g, c, bias, peep, f_act, g_act, h_act, apply, H):
+        gi, go, gf, gc = (g[:, k * H:(k + 1) * H] for k in range(4))
+        clip = self.clip
+
+        def pre(x, b, p=None):
+            if p is not None:
+                x = x + p
+            x = x + b
+            return x if clip is None else np.clip(x, -clip, clip)
+
+        i = apply(f_act, pre(gi, bias[:H], None if peep is None else peep[0] * c))
+        if self.input_forget:
+            f = 1 - i
+        else:
+            f = apply(f_act, pre(gf, bias[2 * H:3 * H], None if peep is None else peep[2] * c))
+        cc = apply(g_act, pre(gc, bias[3 * H:]))
+        c_new = c * f + i * cc
+        o = apply(f_act, pre(go, bias[H:2 * H], None if peep is None else peep[1] * c_new))
+        hc = c_new if clip is None else np.clip(c_new, -clip, clip)
+        h_new = apply(h_act, hc.copy()) * o
+        return h_new.astype(F32), c_new.astype(F32)

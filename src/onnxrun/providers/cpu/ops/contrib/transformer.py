@@ -1,0 +1,464 @@
+"""com.microsoft transformer operators written by onnxruntime's optimizer and by its
+transformers tooling: the (Skip)(Simplified)LayerNormalization family, Attention (packed QKV
+weights), MultiHeadAttention, GroupQueryAttention, RotaryEmbedding and
+EmbedLayerNormalization.
+
+All attention variants reduce to ``attention.attend`` (batched over heads, grouped-query
+aware) with an additive bias built from their mask formats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...kernels import KernelContext, op
+from ..attention import (
+    BIASED,
+    PROBS,
+    add_bias,
+    attend,
+    compute_dtype,
+    from_heads,
+    neg_inf_where_not,
+    rms_normalize,
+    rotate,
+    to_heads,
+)
+from ..normalization import LayerNormalization
+
+MS = "com.microsoft"
+
+# onnxruntime's own LayerNormalization schema (ai.onnx version 1, before ONNX adopted the
+# operator at version 17) has the semantics of the standard one
+op("LayerNormalization", 1)(LayerNormalization)
+op("LayerNormalization", 1, domain=MS)(LayerNormalization)
+
+
+def _stat_dtype(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
+
+
+def _layer_norm(x: np.ndarray, gamma, beta, epsilon: float):
+    """Layer normalization over the last axis of the owned float array ``x`` (overwritten).
+    Returns (normalized, mean, inv_std) with the statistics kept as (..., 1)."""
+    sd = x.dtype
+    mean = x.mean(axis=-1, keepdims=True)
+    x -= mean
+    var = np.mean(np.square(x), axis=-1, keepdims=True)
+    var += sd.type(epsilon)
+    inv = np.sqrt(var, out=var)
+    np.reciprocal(inv, out=inv)
+    x *= inv
+    x *= gamma.astype(sd, copy=False)
+    if beta is not None:
+        x += beta.astype(sd, copy=False)
+    return x, mean, inv
+
+
+@op("SimplifiedLayerNormalization", 1)
+@op("SimplifiedLayerNormalization", 1, domain=MS)
+class SimplifiedLayerNormalization:
+    """RMS normalization: X / sqrt(mean(X^2) + epsilon) * scale over axis..rank."""
+
+    def __init__(self, ctx: KernelContext, *, axis=-1, epsilon=1e-5, stash_type=1) -> None:
+        self.axis = int(axis)
+        self.epsilon = float(epsilon)
+
+    def __call__(self, X, scale):
+        Y, inv = rms_normalize(X, scale, self.axis, self.epsilon, _stat_dtype(X.dtype))
+        return Y.astype(scale.dtype, copy=False), inv.astype(np.float32, copy=False)
+
+
+def _skip_sum(input, skip, bias, sd):  # noqa: A002 - the schema's name
+    s = np.add(input.astype(sd, copy=False), skip.astype(sd, copy=False))
+    if bias is not None:
+        s += bias.astype(sd, copy=False)
+    return s
+
+
+@op("SkipLayerNormalization", 1, domain=MS)
+class SkipLayerNormalization:
+    """LayerNorm(input + skip + bias) * gamma + beta, also returning the sum."""
+
+    def __init__(self, ctx: KernelContext, *, epsilon=1e-12) -> None:
+        self.epsilon = float(epsilon)
+        self.want_sum = ctx.output_used(3)
+
+    def __call__(self, input, skip, gamma, beta=None, bias=None):  # noqa: A002 - schema
+        sd = _stat_dtype(input.dtype)
+        s = _skip_sum(input, skip, bias, sd)
+        total = s.astype(input.dtype) if self.want_sum else None
+        Y, mean, inv = _layer_norm(s, gamma, beta, self.epsilon)
+        return (Y.astype(input.dtype, copy=False), mean.astype(np.float32, copy=False),
+                inv.astype(np.float32, copy=False), total)
+
+
+@op("SkipSimplifiedLayerNormalization", 1, domain=MS)
+class SkipSimplifiedLayerNormalization:
+    """RMS-normalized (input + skip + bias) * gamma, also returning the sum."""
+
+    def __init__(self, ctx: KernelContext, *, epsilon=1e-12) -> None:
+        self.epsilon = float(epsilon)
+        self.want_sum = ctx.output_used(3)
+
+    def __call__(self, input, skip, gamma, bias=None):  # noqa: A002 - the schema's name
+        sd = _stat_dtype(input.dtype)
+        s = _skip_sum(input, skip, bias, sd)
+        total = s.astype(input.dtype) if self.want_sum else None
+        Y, inv = rms_normalize(s, gamma, -1, self.epsilon, sd)
+        mean = np.zeros(inv.shape, np.float32)  # no mean in RMS normalization: onnxruntime's 0
+        return Y.astype(input.dtype, copy=False), mean, inv.astype(np.float32, copy=False), total
+
+
+# -- masks -------------------------------------------------------------------------------------
+
+
+def _filter_bias(allowed: np.ndarray, value: float, dtype: np.dtype) -> np.ndarray:
+    """0 where ``allowed``, the mask filter value elsewhere."""
+    return np.where(allowed, dtype.type(0), dtype.type(value))
+
+
+def _key_mask(mask: np.ndarray, B: int, S: int, T: int, P: int) -> np.ndarray:
+    """The allowed keys (broadcastable to (B, 1, S, T)) of onnxruntime's mask formats: key
+    lengths (B), end and start positions (2B), raw 0/1 masks (B, T) and (B, S, T), and
+    Megatron's (B, 1, max, max) whose rows P..P+S and first T columns apply."""
+    mask = np.asarray(mask)
+    j = np.arange(T)
+    if mask.ndim == 1:
+        if mask.shape[0] == B:
+            return (j < mask.reshape(B, 1)).reshape(B, 1, 1, T)
+        if mask.shape[0] == 2 * B:
+            end, start = mask[:B].reshape(B, 1), mask[B:].reshape(B, 1)
+            return ((j < end) & (j >= start)).reshape(B, 1, 1, T)
+        raise ValueError(f"unsupported 1-D mask of shape {list(mask.shape)} for batch {B}")
+    if mask.ndim == 2:
+        if mask.shape[1] != T:
+            raise ValueError(f"2-D mask width {mask.shape[1]} != total sequence length {T}")
+        return (mask > 0).reshape(B, 1, 1, T)
+    if mask.ndim == 3:
+        return (mask > 0).reshape(B, 1, S, T)
+    if mask.ndim == 4:
+        return mask[:, :, P:P + S, :T] > 0
+    raise ValueError(f"unsupported mask rank {mask.ndim}")
+
+
+def _causal(S: int, T: int, P) -> np.ndarray:
+    """Query s (absolute position P + s) may attend keys j <= P + s."""
+    return np.arange(T)[None, :] <= np.arange(S)[:, None] + P
+
+
+def _mask_bias(mask, B, S, T, P, causal, filter_value, cdt):
+    allowed = None
+    if mask is not None:
+        allowed = _key_mask(mask, B, S, T, P)
+    if causal and S > 1:
+        c = _causal(S, T, P)
+        allowed = c if allowed is None else allowed & c
+    return None if allowed is None else _filter_bias(allowed, filter_value, cdt)
+
+
+def _scale(scale: float, head_size: int) -> float:
+    return scale if scale else 1.0 / math.sqrt(head_size)
+
+
+# -- Attention (packed QKV weights) ------------------------------------------------------------
+
+
+@op("Attention", 1, domain=MS)
+class Attention:
+    def __init__(self, ctx: KernelContext, *, num_heads, qkv_hidden_sizes=None, unidirectional=0,
+                 scale=0.0, mask_filter_value=-10000.0, past_present_share_buffer=0,
+                 do_rotary=0, rotary_embedding_dim=0) -> None:
+        if do_rotary:
+            raise NotImplementedError("Attention with do_rotary=1 is not supported on CPU")
+        self.N = int(num_heads)
+        self.sizes = None if qkv_hidden_sizes is None else [int(v) for v in qkv_hidden_sizes]
+        self.causal = bool(unidirectional)
+        self.scale = float(scale)
+        self.filter = float(mask_filter_value)
+        self.share = bool(past_present_share_buffer)
+        self.want_present = ctx.output_used(1)
+        W, b = ctx.constant(1), ctx.constant(2)
+        self.W = None if W is None else np.ascontiguousarray(W, dtype=compute_dtype(W.dtype))
+        self.b = None if b is None else b.astype(compute_dtype(b.dtype))
+
+    def __call__(self, input, weights, bias=None, mask_index=None, past=None,  # noqa: A002
+                 attention_bias=None, past_sequence_length=None):
+        X = input
+        B, S, _ = X.shape
+        cdt = compute_dtype(X.dtype)
+        W = self.W if self.W is not None else weights.astype(cdt, copy=False)
+        qkv = np.matmul(X.astype(cdt, copy=False), W)
+        if bias is not None:
+            qkv += self.b if self.b is not None else bias.astype(cdt, copy=False)
+        dq, dk, dv = self.sizes or [W.shape[1] // 3] * 3
+        N = self.N
+        q = to_heads(qkv[..., :dq], N)
+        k = to_heads(qkv[..., dq:dq + dk], N)
+        v = to_heads(qkv[..., dq + dk:dq + dk + dv], N)
+        P, present = 0, None
+        if past is not None and self.share:
+            P = int(np.asarray(past_sequence_length).reshape(-1)[0])
+            present = past.copy()  # the buffer keeps its length; the new tokens go at P
+            present[0, :, :, P:P + S] = k
+            present[1, :, :, P:P + S] = v
+            k, v = present[0, :, :, :P + S].astype(cdt), present[1, :, :, :P + S].astype(cdt)
+        elif past is not None:
+            P = past.shape[3]
+            k = np.concatenate((past[0].astype(cdt, copy=False), k), axis=2)
+            v = np.concatenate((past[1].astype(cdt, copy=False), v), axis=2)
+        if present is None and self.want_present:
+            present = np.stack((k, v)).astype(X.dtype, copy=False)
+        T = k.shape[2]
+        bias_ = _mask_bias(mask_index, B, S, T, P, self.causal, self.filter, cdt)
+        if attention_bias is not None:
+            bias_ = add_bias(bias_, attention_bias.astype(cdt, copy=False))
+        out, _ = attend(q, k, v, bias_, scale=_scale(self.scale, q.shape[-1]),
+                        zero_masked_rows=False)
+        return from_heads(out).astype(X.dtype, copy=False), present
+
+
+# -- MultiHeadAttention ------------------------------------------------------------------------
+
+
+@op("MultiHeadAttention", 1, domain=MS)
+class MultiHeadAttention:
+    def __init__(self, ctx: KernelContext, *, num_heads, mask_filter_value=-10000.0, scale=0.0,
+                 unidirectional=0) -> None:
+        self.N = int(num_heads)
+        self.filter = float(mask_filter_value)
+        self.scale = float(scale)
+        self.causal = bool(unidirectional)
+        self.want_qk = ctx.output_used(3)
+
+    def __call__(self, query, key=None, value=None, bias=None, key_padding_mask=None,
+                 attention_bias=None, past_key=None, past_value=None, past_sequence_length=None,
+                 cache_indirection=None):
+        if cache_indirection is not None:
+            raise NotImplementedError("MultiHeadAttention with cache_indirection (beam search)")
+        N = self.N
+        cdt = compute_dtype(query.dtype)
+        Q = query.astype(cdt, copy=False)
+        B, S = Q.shape[:2]
+        if Q.ndim == 5:  # packed (B, S, N, 3, H)
+            q, k, v = (Q[:, :, :, i].transpose(0, 2, 1, 3) for i in range(3))
+            if bias is not None:
+                H = Q.shape[-1]
+                b = bias.astype(cdt, copy=False).reshape(3, N, 1, H)
+                q, k, v = q + b[0], k + b[1], v + b[2]
+        else:
+            D = Q.shape[2]
+            K = key.astype(cdt, copy=False)
+            b = None if bias is None else bias.astype(cdt, copy=False)
+            if b is not None:
+                Q = Q + b[:D]
+            q = to_heads(Q, N)
+            if K.ndim == 5:  # packed (B, L, N, 2, H)
+                k, v = (K[:, :, :, i].transpose(0, 2, 1, 3) for i in range(2))
+                if b is not None:
+                    H = K.shape[-1]
+                    k, v = k + b[D:2 * D].reshape(N, 1, H), v + b[2 * D:].reshape(N, 1, H)
+            elif K.ndim == 4:  # already projected (B, N, L, H): the bias is part of it
+                k, v = K, value.astype(cdt, copy=False)
+            else:
+                V = value.astype(cdt, copy=False)
+                if b is not None:
+                    K, V = K + b[D:2 * D], V + b[2 * D:]
+                k, v = to_heads(K, N), to_heads(V, N)
+        P = 0
+        if past_key is not None:
+            P = past_key.shape[2]
+            k = np.concatenate((past_key.astype(cdt, copy=False), k), axis=2)
+            v = np.concatenate((past_value.astype(cdt, copy=False), v), axis=2)
+        T = k.shape[2]
+        bias_ = _mask_bias(key_padding_mask, B, S, T, P, self.causal, self.filter, cdt)
+        if attention_bias is not None:
+            bias_ = add_bias(bias_, attention_bias.astype(cdt, copy=False))
+        out, qk = attend(q, k, v, bias_, scale=_scale(self.scale, q.shape[-1]),
+                         capture=BIASED if self.want_qk else None, zero_masked_rows=False)
+        dt = query.dtype
+        return (from_heads(out).astype(dt, copy=False), k.astype(dt, copy=False),
+                v.astype(dt, copy=False), None if qk is None else qk.astype(dt, copy=False))
+
+
+# -- GroupQueryAttention -----------------------------------------------------------------------
+
+
+@op("GroupQueryAttention", 1, domain=MS)
+class GroupQueryAttention:
+    def __init__(self, ctx: KernelContext, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0,
+                 local_window_size=-1, do_rotary=0, rotary_interleaved=0, smooth_softmax=0,
+                 qk_output=0, causal=1, sliding_window_cache=0, k_quant_type="NONE",
+                 v_quant_type="NONE", kv_cache_bit_width=0, qk_norm_epsilon=1e-6,
+                 q_norm_epsilon=None, k_norm_epsilon=None) -> None:
+        quant = {str(k_quant_type), str(v_quant_type)} - {"NONE", "b'NONE'"}
+        if quant or int(kv_cache_bit_width):
+            raise NotImplementedError("GroupQueryAttention with a quantized KV cache")
+        if int(sliding_window_cache):
+            raise NotImplementedError("GroupQueryAttention with sliding_window_cache=1")
+        self.N, self.Nkv = int(num_heads), int(kv_num_heads)
+        if self.N % self.Nkv:
+            raise ValueError(f"num_heads {self.N} is not a multiple of kv_num_heads {self.Nkv}")
+        self.scale = float(scale)
+        self.softcap = float(softcap)
+        self.window = int(local_window_size)
+        self.rotary = bool(do_rotary)
+        self.interleaved = bool(rotary_interleaved)
+        self.smooth = int(smooth_softmax) == 1
+        self.qk_output = int(qk_output)
+        self.causal = bool(causal)
+        self.q_eps = float(qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon)
+        self.k_eps = float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon)
+        self.want_qk = ctx.output_used(3) and self.qk_output > 0
+
+    def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
+                 seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
+                 position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
+                 v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None):
+        N, Nkv = self.N, self.Nkv
+        dt = query.dtype
+        cdt = compute_dtype(dt)
+        B, S = query.shape[:2]
+        if key is None:  # packed (B, S, (N + 2 Nkv) H)
+            H = query.shape[2] // (N + 2 * Nkv)
+            qkv = query.astype(cdt, copy=False)
+            q = to_heads(qkv[..., :N * H], N)
+            k = to_heads(qkv[..., N * H:(N + Nkv) * H], Nkv)
+            v = to_heads(qkv[..., (N + Nkv) * H:], Nkv)
+        else:
+            H = query.shape[2] // N
+            q = to_heads(query.astype(cdt, copy=False), N)
+            k = to_heads(key.astype(cdt, copy=False), Nkv)
+            v = to_heads(value.astype(cdt, copy=False), Nkv)
+        total = seqlens_k.reshape(-1).astype(np.int64) + 1  # (B,) keys after this step
+        T_max = int(np.asarray(total_sequence_length).reshape(-1)[0])
+        if query_seqlens is not None:
+            valid = query_seqlens.reshape(-1).astype(np.int64)
+            past_len = total - valid
+        else:
+            valid = np.minimum(S, total)
+            first_prompt = S == T_max  # as onnxruntime decides: a prompt fills the whole cache
+            past_len = np.zeros(B, np.int64) if first_prompt else total - S
+        if q_norm_weight is not None:  # per-head RMS norm of Q and K (Qwen3)
+            q, _ = rms_normalize(q, q_norm_weight, -1, self.q_eps, cdt)
+            k, _ = rms_normalize(k, k_norm_weight, -1, self.k_eps, cdt)
+        if self.rotary:
+            pos = (position_ids.astype(np.int64) if position_ids is not None
+                   else past_len[:, None] + np.arange(S))
+            cos = cos_cache.astype(cdt, copy=False)[pos][:, None]  # (B, 1, S, rot/2)
+            sin = sin_cache.astype(cdt, copy=False)[pos][:, None]
+            rot = cos_cache.shape[1] * 2
+            q = rotate(q, cos, sin, self.interleaved, rot)
+            k = rotate(k, cos, sin, self.interleaved, rot)
+        present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max)
+        T = present_k.shape[2]
+        j = np.arange(T)
+        qpos = past_len[:, None] + np.arange(S)  # (B, S) absolute query positions
+        allowed = (j < total[:, None])[:, None, :]  # (B, 1, T)
+        if self.causal:
+            allowed = allowed & (j[None, None, :] <= qpos[:, :, None])
+        if self.window > 0:
+            allowed = allowed & (j[None, None, :] >= qpos[:, :, None] - self.window)
+        bias = neg_inf_where_not(allowed, cdt)[:, None]  # (B, 1, S or 1, T)
+        if attention_bias is not None:
+            ab = attention_bias.astype(cdt, copy=False)[..., :T]
+            if ab.shape[-1] < T:
+                ab = np.pad(ab, [(0, 0)] * (ab.ndim - 1) + [(0, T - ab.shape[-1])])
+            bias = bias + ab
+        sink = None
+        if head_sink is not None:
+            sink = head_sink.astype(cdt, copy=False).reshape(1, N, 1, 1)
+        elif self.smooth:
+            sink = np.zeros((1, N, 1, 1), dtype=cdt)
+        capture = None
+        if self.want_qk:
+            capture = BIASED if self.qk_output == 1 else PROBS
+        out, qk = attend(q, present_k.astype(cdt, copy=False), present_v.astype(cdt, copy=False),
+                         bias, scale=_scale(self.scale, H), softcap=self.softcap, sink=sink,
+                         capture=capture)
+        if qk is not None:
+            qk = qk.astype(dt, copy=False)
+        return from_heads(out).astype(dt, copy=False), present_k, present_v, qk
+
+    def _present(self, past_key, past_value, k, v, past_len, valid, T_max):
+        """The cache after this step: each batch's first past_len rows of the past, then its
+        valid new rows; the rest zero. Its length is the larger of the past buffer's and the
+        total sequence length."""
+        B, Nkv, S, H = k.shape
+        P_buf = 0 if past_key is None else past_key.shape[2]
+        T = max(P_buf, T_max)
+        dt = past_key.dtype if past_key is not None else k.dtype
+        out = []
+        for past, new in ((past_key, k), (past_value, v)):
+            present = np.zeros((B, Nkv, T, H), dtype=dt)
+            if past is not None and P_buf:
+                keep = (np.arange(P_buf)[None, :] < past_len[:, None])[:, None, :, None]
+                present[:, :, :P_buf] = np.where(keep, past, 0)
+            rows = np.arange(S)
+            dst = np.moveaxis(present, 2, 1)  # (B, T, Nkv, H) view
+            b_idx, s_idx = np.nonzero(rows[None, :] < valid[:, None])
+            dst[b_idx, past_len[b_idx] + s_idx] = np.moveaxis(new, 2, 1)[b_idx, s_idx]
+            out.append(present)
+        return out
+
+
+# -- RotaryEmbedding ---------------------------------------------------------------------------
+
+
+@op("RotaryEmbedding", 1, domain=MS)
+def RotaryEmbedding(input, position_ids, cos_cache, sin_cache, *,  # noqa: A002 - schema
+                    interleaved=0, is_packed_batching=0, num_heads=0, rotary_embedding_dim=0,
+                    scale=1.0):
+    X = input
+    cdt = compute_dtype(X.dtype)
+    pos = np.asarray(position_ids).astype(np.int64)
+    if X.ndim == 4:  # (B, N, S, H)
+        S = X.shape[2]
+        x = X
+    else:  # (B, S, D)
+        B, S, D = X.shape
+        if rotary_embedding_dim and num_heads:
+            H = D // int(num_heads)
+        else:
+            H = cos_cache.shape[1] * 2
+        x = X.reshape(B, S, D // H, H)
+    if pos.size == 1:  # a start offset shared by the batch
+        pos = pos.reshape(1, 1) + np.arange(S)
+    cos = cos_cache.astype(cdt, copy=False)[pos]
+    sin = sin_cache.astype(cdt, copy=False)[pos]
+    cos, sin = (cos[:, None], sin[:, None]) if X.ndim == 4 else (cos[:, :, None], sin[:, :, None])
+    rot = int(rotary_embedding_dim) or x.shape[-1]
+    y = rotate(x.astype(cdt, copy=False), cos, sin, bool(interleaved), rot)
+    return y.reshape(X.shape).astype(X.dtype, copy=False)
+
+
+# -- EmbedLayerNormalization -------------------------------------------------------------------
+
+
+@op("EmbedLayerNormalization", 1, domain=MS)
+class EmbedLayerNormalization:
+    def __init__(self, ctx: KernelContext, *, epsilon=1e-12, mask_index_type=1) -> None:
+        self.epsilon = float(epsilon)
+        self.want_sum = ctx.output_used(2)
+
+    def __call__(self, input_ids, segment_ids, word_embedding, position_embedding,
+                 segment_embedding=None, gamma=None, beta=None, mask=None, position_ids=None):
+        B, S = input_ids.shape
+        sd = _stat_dtype(word_embedding.dtype)
+        s = word_embedding[input_ids].astype(sd)
+        if position_ids is not None:
+            s += position_embedding[np.broadcast_to(position_ids, (B, S))].astype(sd, copy=False)
+        else:
+            s += position_embedding[:S].astype(sd, copy=False)
+        if segment_ids is not None and segment_embedding is not None:
+            s += segment_embedding[segment_ids].astype(sd, copy=False)
+        dt = word_embedding.dtype
+        total = s.astype(dt) if self.want_sum else None
+        Y, _, _ = _layer_norm(s, gamma, beta, self.epsilon)
+        if mask is not None:
+            mask_index = (mask != 0).sum(axis=1).astype(np.int32)
+        else:
+            mask_index = np.zeros(B, dtype=np.int32)
+        return Y.astype(dt, copy=False), mask_index, total

@@ -1,0 +1,559 @@
+"""Image and detection operators: GridSample, AffineGrid, RoiAlign, NonMaxSuppression, Col2Im,
+DeformConv, CenterCropPad, MaxUnpool and ImageDecoder.
+
+Interpolating kernels share one scheme: per spatial dimension, a short list of taps (index,
+weight) is computed for every sample point; the taps of all dimensions are combined into flat
+indices and each tap gathers whole channel vectors from a channels-last copy of the input, so the
+Python loop runs over taps (at most 4 per dimension), never over pixels.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+from . import _image_codecs
+
+# -- shared interpolation helpers --------------------------------------------------------------
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
+
+
+def _reflect(x, lo, hi):
+    """Reflect coordinates outside [lo, hi] back inside, repeatedly (PyTorch's grid sampler)."""
+    rng = hi - lo
+    if rng <= 0:
+        return np.full_like(x, lo)
+    below = x < lo
+    above = x > hi
+    dx = np.where(below, lo - x, x - hi)
+    n = np.floor(dx / rng)
+    r = dx - n * rng
+    even = np.mod(n, 2) == 0
+    from_lo = lo + r
+    from_hi = hi - r
+    out = np.where(below, np.where(even, from_lo, from_hi), x)
+    return np.where(above, np.where(even, from_hi, from_lo), out)
+
+
+def _cubic_coeffs(t):
+    """Keys cubic convolution weights (alpha = -0.75) for the 4 taps around fraction ``t``."""
+    a = -0.75
+    t1 = t + 1
+    t2 = 1 - t
+    t3 = 2 - t
+    return (
+        ((a * t1 - 5 * a) * t1 + 8 * a) * t1 - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * t2 - (a + 3)) * t2 * t2 + 1,
+        ((a * t3 - 5 * a) * t3 + 8 * a) * t3 - 4 * a,
+    )
+
+
+def _gather_taps(xt, taps_per_dim, strides, out_dtype):
+    """Sum over the product of per-dimension taps of ``weight * xt[b, flat_index, :]``.
+
+    ``xt``: (B, S, C) channels-last input; each ``taps_per_dim[d]`` is a list of (index, weight)
+    pairs with arrays of shape (B, P). Returns (B, P, C).
+    """
+    b = np.arange(xt.shape[0])[:, None]
+    acc = None
+    for combo in itertools.product(*taps_per_dim):
+        flat = None
+        w = None
+        for (idx, wt), stride in zip(combo, strides, strict=True):
+            term = idx * stride if stride != 1 else idx
+            flat = term if flat is None else flat + term
+            w = wt if w is None else w * wt
+        val = xt[b, flat] * w[..., None].astype(out_dtype, copy=False)
+        acc = val if acc is None else acc + val
+    return acc
+
+
+# -- GridSample ---------------------------------------------------------------------------------
+
+_GS_MODES = {"bilinear": "linear", "linear": "linear", "nearest": "nearest",
+             "bicubic": "cubic", "cubic": "cubic"}
+
+
+@op("GridSample", 16, 20, 22)
+class GridSample:
+    def __init__(self, ctx: KernelContext, *, align_corners=0, mode="linear",
+                 padding_mode="zeros"):
+        if mode not in _GS_MODES:
+            raise ValueError(f"GridSample: unsupported mode '{mode}'")
+        if padding_mode not in ("zeros", "border", "reflection"):
+            raise ValueError(f"GridSample: unsupported padding_mode '{padding_mode}'")
+        self.mode = _GS_MODES[mode]
+        self.padding = padding_mode
+        self.align = bool(align_corners)
+
+    def _pixel_taps(self, idx, wt, size, lo, hi):
+        """Make integer tap indices valid according to the padding mode."""
+        if self.padding == "zeros":
+            inside = (idx >= 0) & (idx < size)
+            return np.clip(idx, 0, size - 1), np.where(inside, wt, 0)
+        if self.padding == "border":
+            return np.clip(idx, 0, size - 1), wt
+        ref = _reflect(idx.astype(np.float64), lo, hi).astype(np.int64)
+        return np.clip(ref, 0, size - 1), wt
+
+    def __call__(self, X, grid):
+        n, c = X.shape[:2]
+        dims = X.shape[2:]
+        r = len(dims)
+        out_sp = grid.shape[1:-1]
+        if grid.shape[-1] != r or grid.shape[0] != n:
+            raise ValueError(f"GridSample: grid shape {grid.shape} does not match X {X.shape}")
+        if X.size == 0 or grid.size == 0:
+            return np.zeros((n, c, *out_sp), dtype=X.dtype)
+        ct = _compute_dtype(grid.dtype)
+        g = grid.reshape(n, -1, r).astype(ct, copy=False)
+        taps_per_dim = []
+        for d, size in enumerate(dims):
+            v = g[..., r - 1 - d]  # grid's last axis lists x (innermost dim) first
+            if self.align:
+                x = (v + 1) / 2 * (size - 1)
+                lo, hi = 0.0, size - 1.0
+            else:
+                x = ((v + 1) * size - 1) / 2
+                lo, hi = -0.5, size - 0.5
+            if self.mode == "nearest":
+                x = np.rint(x)
+            outside = (x < lo) | (x > hi)
+            if self.padding == "border":
+                x = np.where(outside, np.clip(x, 0, size - 1), x)
+            elif self.padding == "reflection":
+                x = np.where(outside, _reflect(x, lo, hi), x)
+            if self.mode == "nearest":
+                base = x.astype(np.int64)
+                taps = [(base, np.ones_like(x))]
+            else:
+                x0 = np.floor(x)
+                t = x - x0
+                base = x0.astype(np.int64)
+                if self.mode == "linear":
+                    taps = [(base, 1 - t), (base + 1, t)]
+                else:
+                    taps = [(base + k - 1, cw) for k, cw in enumerate(_cubic_coeffs(t))]
+            taps_per_dim.append([self._pixel_taps(i, w, size, lo, hi) for i, w in taps])
+        strides = [int(np.prod(dims[d + 1:], dtype=np.int64)) for d in range(r)]
+        xt = X.reshape(n, c, -1).transpose(0, 2, 1)
+        wt = _compute_dtype(X.dtype)
+        out = _gather_taps(xt.astype(wt, copy=False), taps_per_dim, strides, wt)
+        return out.transpose(0, 2, 1).reshape(n, c, *out_sp).astype(X.dtype, copy=False)
+
+
+# -- AffineGrid -------------------------------------------------------------------------------
+
+
+@op("AffineGrid", 20)
+def AffineGrid(theta, size, *, align_corners=0):
+    shape = [int(s) for s in np.asarray(size).reshape(-1)]
+    n, sp = shape[0], shape[2:]
+    r = len(sp)
+    if theta.shape != (n, r, r + 1):
+        raise ValueError(f"AffineGrid: theta shape {theta.shape} does not fit size {shape}")
+    ct = np.float64
+    axes = []
+    for s in sp:
+        if align_corners:
+            a = np.linspace(-1.0, 1.0, s) if s > 1 else np.full(s, -1.0)
+        else:
+            a = (2.0 * np.arange(s) + 1.0) / s - 1.0
+        axes.append(a.astype(ct))
+    # base grid in (x, y[, z], 1) order: the innermost spatial dim comes first
+    mesh = np.meshgrid(*axes, indexing="ij")
+    base = np.stack([*mesh[::-1], np.ones(sp, dtype=ct)], axis=-1).reshape(-1, r + 1)
+    out = np.einsum("pk,nrk->npr", base, theta.astype(ct, copy=False))
+    return out.reshape(n, *sp, r).astype(theta.dtype, copy=False)
+
+
+# -- RoiAlign ---------------------------------------------------------------------------------
+
+
+def _roi_axis_taps(start, bin_size, grid, pooled, size, max_grid):
+    """Bilinear taps along one axis for every roi, bin and sub-sample: (R, P, G) arrays of the
+    low/high indices, their weights (zero outside [-1, size]) and whether the sub-sample exists
+    for that roi (grids differ per roi when sampling_ratio is 0)."""
+    p = np.arange(pooled)[None, :, None]
+    i = np.arange(max_grid)[None, None, :]
+    g = np.maximum(grid, 1)[:, None, None]  # an empty grid samples nothing (masked below)
+    pos = start[:, None, None] + p * bin_size[:, None, None] + (i + 0.5) * bin_size[
+        :, None, None] / g
+    valid = (pos >= -1.0) & (pos <= size)
+    pos = np.maximum(pos, 0.0)
+    low = pos.astype(np.int64)
+    at_edge = low >= size - 1
+    low = np.where(at_edge, size - 1, low)
+    high = np.where(at_edge, size - 1, low + 1)
+    pos = np.where(at_edge, low.astype(pos.dtype), pos)
+    frac = pos - low
+    w_low = np.where(valid, 1.0 - frac, 0.0)
+    w_high = np.where(valid, frac, 0.0)
+    used = i < grid[:, None, None]  # sub-samples beyond this roi's grid size
+    return low, high, w_low, w_high, used
+
+
+@op("RoiAlign", 10, 16, 22)
+class RoiAlign:
+    def __init__(self, ctx: KernelContext, *, coordinate_transformation_mode=None, mode="avg",
+                 output_height=1, output_width=1, sampling_ratio=0, spatial_scale=1.0):
+        if coordinate_transformation_mode is None:
+            # RoiAlign-10 had no attribute and behaved as output_half_pixel
+            coordinate_transformation_mode = "half_pixel" if ctx.opset >= 16 else \
+                "output_half_pixel"
+        if coordinate_transformation_mode not in ("half_pixel", "output_half_pixel"):
+            raise ValueError(f"RoiAlign: unsupported coordinate_transformation_mode "
+                             f"'{coordinate_transformation_mode}'")
+        if mode not in ("avg", "max"):
+            raise ValueError(f"RoiAlign: unsupported mode '{mode}'")
+        self.half_pixel = coordinate_transformation_mode == "half_pixel"
+        self.mode = mode
+        self.ph, self.pw = int(output_height), int(output_width)
+        self.sampling_ratio = int(sampling_ratio)
+        self.scale = float(spatial_scale)
+
+    def __call__(self, X, rois, batch_indices):
+        n, c, h, w = X.shape
+        r = rois.shape[0]
+        ph, pw = self.ph, self.pw
+        if r == 0:
+            return np.zeros((0, c, ph, pw), dtype=X.dtype)
+        boxes = rois.astype(np.float64) * self.scale - (0.5 if self.half_pixel else 0.0)
+        x0, y0, x1, y1 = boxes.T
+        roi_w = x1 - x0
+        roi_h = y1 - y0
+        if not self.half_pixel:
+            roi_w = np.maximum(roi_w, 1.0)
+            roi_h = np.maximum(roi_h, 1.0)
+        bin_h = roi_h / ph
+        bin_w = roi_w / pw
+        if self.sampling_ratio > 0:
+            gh = np.full(r, self.sampling_ratio, dtype=np.int64)
+            gw = gh
+        else:
+            gh = np.ceil(roi_h / ph).astype(np.int64)
+            gw = np.ceil(roi_w / pw).astype(np.int64)
+        mgh, mgw = max(int(gh.max()), 1), max(int(gw.max()), 1)
+        ylo, yhi, wyl, wyh, uy = _roi_axis_taps(y0, bin_h, gh, ph, h, mgh)
+        xlo, xhi, wxl, wxh, ux = _roi_axis_taps(x0, bin_w, gw, pw, w, mgw)
+        # sample validity is per (y, x) pair: out-of-map samples have all weights zero
+        ct = _compute_dtype(X.dtype)
+        xt = X.transpose(0, 2, 3, 1).astype(ct, copy=False)  # (N, H, W, C)
+        bidx = np.asarray(batch_indices).astype(np.int64).reshape(-1)
+        # rows (R, PH*G*2) and columns (R, PW*G*2) of the bilinear corners
+        yi = np.stack([ylo, yhi], axis=-1).reshape(r, -1)
+        xi = np.stack([xlo, xhi], axis=-1).reshape(r, -1)
+        wy = np.where(uy[..., None], np.stack([wyl, wyh], axis=-1), 0.0)  # (R, PH, G, 2)
+        wx = np.where(ux[..., None], np.stack([wxl, wxh], axis=-1), 0.0)
+        out = np.empty((r, ph, pw, c), dtype=ct)
+        # chunk rois so that the gathered corner block stays around 2**24 elements
+        per_roi = yi.shape[1] * xi.shape[1] * c
+        step = max(1, (1 << 24) // max(per_roi, 1))
+        for s in range(0, r, step):
+            e = min(r, s + step)
+            blk = xt[bidx[s:e, None, None], yi[s:e, :, None], xi[s:e, None, :]]
+            blk = blk.reshape(e - s, ph, mgh, 2, pw, mgw, 2, c)
+            if self.mode == "avg":
+                count = np.maximum(gh[s:e] * gw[s:e], 1).astype(ct)
+                res = np.einsum("rpia,rqjb,rpiaqjbc->rpqc", wy[s:e].astype(ct),
+                                wx[s:e].astype(ct), blk, optimize=True)
+                out[s:e] = res / count[:, None, None, None]
+            else:
+                prod = (blk * wy[s:e, :, :, :, None, None, None, None].astype(ct)
+                        * wx[s:e, None, None, None, :, :, :, None].astype(ct))
+                val = prod.max(axis=(3, 6))  # max over the 4 weighted corners
+                used = (uy[s:e, :, :, None, None, None] & ux[s:e, None, None, :, :, None])
+                val = np.where(used, val, -np.inf).max(axis=(2, 4))
+                out[s:e] = np.where(np.isneginf(val), 0, val)  # a roi with no samples
+        return out.transpose(0, 3, 1, 2).astype(X.dtype, copy=False)
+
+
+# -- MaxRoiPool -------------------------------------------------------------------------------
+
+
+def _bin_edges(start, length, pooled, size):
+    """Integer [lo, hi) of every pooling bin of one roi along one axis (Caffe's RoiPool)."""
+    b = length / pooled
+    p = np.arange(pooled)
+    lo = np.clip(np.floor(p * b).astype(np.int64) + start, 0, size)
+    hi = np.clip(np.ceil((p + 1) * b).astype(np.int64) + start, 0, size)
+    return lo, hi
+
+
+def _range_max(a, lo, hi, axis):
+    """Max of a over [lo[i], hi[i]) along ``axis`` for every bin (empty bins give -inf)."""
+    idx = np.stack([lo, np.maximum(hi, lo + 1)], axis=1).reshape(-1)
+    n = a.shape[axis]
+    safe = np.minimum(idx, n - 1) if n else idx
+    red = np.maximum.reduceat(a, safe, axis=axis) if n else None
+    if red is None:
+        shape = list(a.shape)
+        shape[axis] = len(lo)
+        return np.full(shape, -np.inf, dtype=a.dtype)
+    red = np.take(red, np.arange(0, 2 * len(lo), 2), axis=axis)
+    empty = (hi <= lo)
+    if empty.any():
+        shape = [1] * a.ndim
+        shape[axis] = len(lo)
+        red = np.where(empty.reshape(shape), -np.inf, red)
+    return red
+
+
+@op("MaxRoiPool", 1, 22)
+class MaxRoiPool:
+    def __init__(self, ctx: KernelContext, *, pooled_shape, spatial_scale=1.0):
+        self.ph, self.pw = (int(v) for v in pooled_shape)
+        self.scale = float(spatial_scale)
+
+    def __call__(self, X, rois):
+        n, c, h, w = X.shape
+        out = np.zeros((rois.shape[0], c, self.ph, self.pw), dtype=X.dtype)
+        r64 = rois.astype(np.float64)
+        # C's roundf: halves away from zero
+        coords = np.sign(r64[:, 1:5] * self.scale) * np.floor(np.abs(r64[:, 1:5] * self.scale)
+                                                             + 0.5)
+        coords = coords.astype(np.int64)
+        for i in range(rois.shape[0]):  # per roi: bins are contiguous ranges -> reduceat
+            b = int(r64[i, 0])
+            x0, y0, x1, y1 = coords[i]
+            hlo, hhi = _bin_edges(y0, max(y1 - y0 + 1, 1), self.ph, h)
+            wlo, whi = _bin_edges(x0, max(x1 - x0 + 1, 1), self.pw, w)
+            m = _range_max(X[b], wlo, whi, axis=2)
+            m = _range_max(m, hlo, hhi, axis=1)
+            out[i] = np.where(np.isneginf(m), 0, m)
+        return out
+
+
+# -- NonMaxSuppression ------------------------------------------------------------------------
+
+
+def _scalar(v, default, cast):
+    if v is None or np.asarray(v).size == 0:
+        return default
+    return cast(np.asarray(v).reshape(-1)[0])
+
+
+@op("NonMaxSuppression", 10, 11)
+def NonMaxSuppression(boxes, scores, max_output_boxes_per_class=None, iou_threshold=None,
+                      score_threshold=None, *, center_point_box=0):
+    max_out = max(_scalar(max_output_boxes_per_class, 0, int), 0)
+    iou_thr = _scalar(iou_threshold, 0.0, float)
+    has_score_thr = score_threshold is not None and np.asarray(score_threshold).size
+    score_thr = _scalar(score_threshold, 0.0, float)
+    nb, nc = scores.shape[:2]
+    if max_out == 0 or boxes.shape[1] == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    b = boxes
+    if center_point_box:
+        half_w, half_h = b[..., 2] / 2, b[..., 3] / 2
+        x1, x2 = b[..., 0] - half_w, b[..., 0] + half_w
+        y1, y2 = b[..., 1] - half_h, b[..., 1] + half_h
+    else:
+        y1, y2 = np.minimum(b[..., 0], b[..., 2]), np.maximum(b[..., 0], b[..., 2])
+        x1, x2 = np.minimum(b[..., 1], b[..., 3]), np.maximum(b[..., 1], b[..., 3])
+    areas = (x2 - x1) * (y2 - y1)
+    out = []
+    for bi in range(nb):
+        for ci in range(nc):
+            s = scores[bi, ci]
+            cand = np.nonzero(s > s.dtype.type(score_thr))[0] if has_score_thr else \
+                np.arange(s.shape[0])
+            # highest score first, lower box index first among equal scores
+            order = cand[np.lexsort((cand, -s[cand].astype(np.float64)))]
+            cx1, cy1, cx2, cy2 = x1[bi, order], y1[bi, order], x2[bi, order], y2[bi, order]
+            ca = areas[bi, order]
+            alive = np.ones(order.shape[0], dtype=bool)
+            picked = []
+            pos = 0
+            while len(picked) < max_out:
+                rest = np.flatnonzero(alive[pos:])
+                if rest.size == 0:
+                    break
+                k = pos + int(rest[0])
+                picked.append(order[k])
+                alive[k] = False
+                pos = k + 1
+                tail = slice(pos, None)
+                ix = np.minimum(cx2[tail], cx2[k]) - np.maximum(cx1[tail], cx1[k])
+                iy = np.minimum(cy2[tail], cy2[k]) - np.maximum(cy1[tail], cy1[k])
+                inter = ix * iy
+                union = ca[tail] + ca[k] - inter
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    sup = ((ix > 0) & (iy > 0) & (inter > 0) & (ca[tail] > 0) & (ca[k] > 0)
+                           & (union > 0) & (inter / union > iou_thr))
+                alive[tail] &= ~sup
+            if picked:
+                idx = np.asarray(picked, dtype=np.int64)
+                out.append(np.stack([np.full_like(idx, bi), np.full_like(idx, ci), idx], 1))
+    if not out:
+        return np.zeros((0, 3), dtype=np.int64)
+    return np.concatenate(out, axis=0)
+
+
+# -- Col2Im -----------------------------------------------------------------------------------
+
+
+@op("Col2Im", 18)
+def Col2Im(input, image_shape, block_shape, *, dilations=None, pads=None, strides=None):
+    img = [int(v) for v in np.asarray(image_shape).reshape(-1)]
+    blk = [int(v) for v in np.asarray(block_shape).reshape(-1)]
+    r = len(img)
+    dil = list(dilations) if dilations else [1] * r
+    pad = list(pads) if pads else [0] * (2 * r)
+    std = list(strides) if strides else [1] * r
+    n, ck, length = input.shape
+    kprod = int(np.prod(blk))
+    if ck % kprod:
+        raise ValueError(f"Col2Im: input dim 1 ({ck}) not divisible by prod(block_shape)")
+    c = ck // kprod
+    nblocks = [(img[d] + pad[d] + pad[d + r] - dil[d] * (blk[d] - 1) - 1) // std[d] + 1
+               for d in range(r)]
+    if int(np.prod(nblocks)) != length:
+        raise ValueError(f"Col2Im: input dim 2 ({length}) != number of blocks {nblocks}")
+    cols = input.reshape(n, c, *blk, *nblocks)
+    padded = np.zeros((n, c, *[img[d] + pad[d] + pad[d + r] for d in range(r)]),
+                      dtype=input.dtype)
+    # one strided accumulation per kernel offset
+    for koff in itertools.product(*[range(k) for k in blk]):
+        sl = tuple(slice(koff[d] * dil[d], koff[d] * dil[d] + std[d] * (nblocks[d] - 1) + 1,
+                         std[d]) for d in range(r))
+        padded[(slice(None), slice(None), *sl)] += cols[(slice(None), slice(None), *koff)]
+    crop = tuple(slice(pad[d], pad[d] + img[d]) for d in range(r))
+    return np.ascontiguousarray(padded[(slice(None), slice(None), *crop)])
+
+
+# -- DeformConv -------------------------------------------------------------------------------
+
+
+@op("DeformConv", 19, 22)
+class DeformConv:
+    def __init__(self, ctx: KernelContext, *, dilations=None, group=1, kernel_shape=None,
+                 offset_group=1, pads=None, strides=None):
+        self.dilations = dilations
+        self.group = int(group)
+        self.kernel_shape = kernel_shape
+        self.offset_group = int(offset_group)
+        self.pads = pads
+        self.strides = strides
+
+    def __call__(self, X, W, offset, B=None, mask=None):
+        n, c = X.shape[:2]
+        dims = X.shape[2:]
+        r = len(dims)
+        ks = list(self.kernel_shape) if self.kernel_shape else list(W.shape[2:])
+        dil = list(self.dilations) if self.dilations else [1] * r
+        pad = list(self.pads) if self.pads else [0] * (2 * r)
+        std = list(self.strides) if self.strides else [1] * r
+        og, g = self.offset_group, self.group
+        oc = W.shape[0]
+        out_sp = [(dims[d] + pad[d] + pad[d + r] - dil[d] * (ks[d] - 1) - 1) // std[d] + 1
+                  for d in range(r)]
+        if list(offset.shape[2:]) != out_sp:
+            raise ValueError(f"DeformConv: offset spatial shape {offset.shape[2:]} != {out_sp}")
+        if c % og or c != W.shape[1] * g or oc % g:
+            raise ValueError("DeformConv: channel counts do not match group/offset_group")
+        kp = int(np.prod(ks))
+        p = int(np.prod(out_sp))
+        ct = _compute_dtype(X.dtype)
+        off = offset.reshape(n, og, kp, r, p).astype(ct, copy=False)
+        # undeformed sampling positions: (kp, p) per dimension
+        kgrid = np.stack(np.meshgrid(*[np.arange(k) for k in ks], indexing="ij"), 0)
+        ogrid = np.stack(np.meshgrid(*[np.arange(o) for o in out_sp], indexing="ij"), 0)
+        kgrid = kgrid.reshape(r, kp, 1)
+        ogrid = ogrid.reshape(r, 1, p)
+        taps_per_dim = []
+        for d in range(r):
+            base = ogrid[d] * std[d] - pad[d] + kgrid[d] * dil[d]  # (kp, p)
+            pos = (base[None, None] + off[:, :, :, d]).reshape(n * og, kp * p)
+            p0 = np.floor(pos)
+            t = pos - p0
+            i0 = p0.astype(np.int64)
+            taps = []
+            for idx, wt in ((i0, 1 - t), (i0 + 1, t)):
+                inside = (idx >= 0) & (idx < dims[d])
+                taps.append((np.clip(idx, 0, dims[d] - 1), np.where(inside, wt, 0)))
+            taps_per_dim.append(taps)
+        strides_flat = [int(np.prod(dims[d + 1:], dtype=np.int64)) for d in range(r)]
+        cg = c // og
+        xt = X.astype(ct, copy=False).reshape(n, og, cg, -1).transpose(0, 1, 3, 2)
+        xt = xt.reshape(n * og, -1, cg)
+        cols = _gather_taps(xt, taps_per_dim, strides_flat, ct)  # (n*og, kp*p, cg)
+        cols = cols.reshape(n, og, kp, p, cg)
+        if mask is not None:
+            cols = cols * mask.reshape(n, og, kp, p, 1).astype(ct, copy=False)
+        # (n, c, kp, p) -> per group matmul with W (oc/g, c/g * kp)
+        cols = cols.transpose(0, 1, 4, 2, 3).reshape(n, g, (c // g) * kp, p)
+        wg = W.astype(ct, copy=False).reshape(g, oc // g, (c // g) * kp)
+        out = np.matmul(wg[None], cols).reshape(n, oc, *out_sp)
+        if B is not None:
+            out = out + B.astype(ct, copy=False).reshape(1, oc, *([1] * r))
+        return out.astype(X.dtype, copy=False)
+
+
+# -- CenterCropPad, MaxUnpool -----------------------------------------------------------------
+
+
+@op("CenterCropPad", 18)
+def CenterCropPad(input_data, shape, *, axes=None):
+    rank = input_data.ndim
+    axes = list(range(rank)) if axes is None else [a + rank if a < 0 else a for a in axes]
+    target = [int(v) for v in np.asarray(shape).reshape(-1)]
+    if len(target) != len(axes):
+        raise ValueError("CenterCropPad: shape and axes lengths differ")
+    src = [slice(None)] * rank
+    dst = [slice(None)] * rank
+    out_shape = list(input_data.shape)
+    for a, t in zip(axes, target, strict=True):
+        dim = input_data.shape[a]
+        out_shape[a] = t
+        if t < dim:
+            s = (dim - t) // 2
+            src[a] = slice(s, s + t)
+        elif t > dim:
+            s = (t - dim) // 2
+            dst[a] = slice(s, s + dim)
+    out = np.zeros(out_shape, dtype=input_data.dtype)
+    out[tuple(dst)] = input_data[tuple(src)]
+    return out
+
+
+@op("MaxUnpool", 9, 11, 22)
+def MaxUnpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    r = X.ndim - 2
+    pads = list(pads) if pads else [0] * (2 * r)
+    strides = list(strides) if strides else [1] * r
+    if output_shape is not None:
+        shape = [int(v) for v in np.asarray(output_shape).reshape(-1)]
+    else:
+        shape = list(X.shape[:2]) + [
+            (X.shape[d + 2] - 1) * strides[d] - pads[d] - pads[d + r] + kernel_shape[d]
+            for d in range(r)]
+    # indices are flat positions in the (N, C, *spatial) output, as MaxPool produced them
+    out = np.zeros(int(np.prod(shape)), dtype=X.dtype)
+    out[np.asarray(I).reshape(-1)] = X.reshape(-1)
+    return out.reshape(shape)
+
+
+# -- ImageDecoder -----------------------------------------------------------------------------
+
+
+@op("ImageDecoder", 20)
+class ImageDecoder:
+    def __init__(self, ctx: KernelContext, *, pixel_format="RGB"):
+        if pixel_format not in ("RGB", "BGR", "Grayscale"):
+            raise ValueError(f"ImageDecoder: unsupported pixel_format '{pixel_format}'")
+        self.pixel_format = pixel_format
+
+    def __call__(self, encoded_stream):
+        rgb = _image_codecs.decode(np.asarray(encoded_stream, dtype=np.uint8).tobytes())
+        if self.pixel_format == "RGB":
+            return rgb
+        if self.pixel_format == "BGR":
+            return np.ascontiguousarray(rgb[:, :, ::-1])
+        return _image_codecs.to_grayscale(rgb)

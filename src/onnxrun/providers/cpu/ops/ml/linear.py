@@ -1,0 +1,113 @@
+"""LinearClassifier and LinearRegressor (ai.onnx.ml 1): one GEMM, then onnxruntime's labelling
+and score post-transform rules (``linearclassifier.cc``, ``linearregressor.cc``).
+
+Like onnxruntime, inputs are converted to float32 and the scores are computed in float32.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...kernels import KernelContext, op
+from ._common import (
+    as_float_input,
+    binary_scores,
+    check_post_transform,
+    probit,
+    rows_2d,
+    transform_scores,
+)
+
+
+def _coefficients(coefficients, n_targets: int, n_features: int) -> np.ndarray:
+    coef = np.asarray(coefficients, dtype=np.float32)
+    if coef.size != n_targets * n_features:
+        raise ValueError(
+            f"coefficients has {coef.size} values, expected {n_targets} x {n_features} "
+            f"(targets x features)"
+        )
+    return np.ascontiguousarray(coef.reshape(n_targets, n_features).T)
+
+
+def _gemm(X: np.ndarray, coefficients: np.ndarray, intercepts: np.ndarray | None,
+          n_targets: int) -> np.ndarray:
+    X = rows_2d(as_float_input(X))
+    scores = X @ _coefficients(coefficients, n_targets, X.shape[1])
+    if intercepts is not None:
+        scores += intercepts
+    return scores
+
+
+@op("LinearClassifier", 1, domain="ai.onnx.ml")
+class LinearClassifier:
+    def __init__(self, ctx: KernelContext, *, coefficients, classlabels_ints=None,
+                 classlabels_strings=None, intercepts=None, multi_class=0,
+                 post_transform="NONE"):
+        if classlabels_ints and classlabels_strings:
+            raise ValueError("only one of classlabels_ints and classlabels_strings may be set")
+        self.strings = list(classlabels_strings or [])
+        self.ints = list(classlabels_ints or [])
+        self.labels = (np.array(self.strings, dtype=object) if self.strings
+                       else np.array(self.ints, dtype=np.int64))
+        self.post = check_post_transform(post_transform)
+        self.coefficients = np.asarray(coefficients, dtype=np.float32)
+        self.intercepts = np.asarray(intercepts or [], dtype=np.float32)
+        # onnxruntime takes the number of scores from the intercepts
+        self.n_targets = len(self.intercepts)
+        if self.n_targets == 0:
+            raise ValueError("LinearClassifier needs intercepts (one per class score)")
+        if self.n_targets > 1 and len(self.labels) < self.n_targets:
+            raise ValueError(
+                f"{self.n_targets} class scores but only {len(self.labels)} class labels"
+            )
+        # one score and two labels: onnxruntime adds the second column as 1 - score
+        self.add_second_class = self.n_targets == 1 and len(self.labels) == 2
+
+    def __call__(self, X):
+        scores = _gemm(X, self.coefficients, self.intercepts, self.n_targets)
+        N = scores.shape[0]
+        if self.n_targets == 1:
+            if len(self.labels) == 2:
+                pos, neg = self.labels[1], self.labels[0]
+            else:
+                pos, neg = ("1", "0") if self.strings else (1, 0)
+            label = np.where(scores[:, 0] > 0, pos, neg)
+            label = label.astype(object if self.strings else np.int64)
+        else:
+            label = self.labels[scores.argmax(axis=1)]
+        if self.n_targets > 1:
+            Z = transform_scores(scores, self.post)
+        elif self.post == "PROBIT":
+            # onnxruntime transforms the packed scores in place: rows stay packed at the front
+            Z = np.zeros(N * (2 if self.add_second_class else 1), dtype=np.float32)
+            Z[:N] = probit(scores[:, 0])
+            Z = Z.reshape(N, -1)
+        elif self.add_second_class:
+            Z = binary_scores(scores[:, 0], self.post, 1)
+        else:
+            Z = scores
+        return label, Z.astype(np.float32, copy=False)
+
+
+@op("LinearRegressor", 1, domain="ai.onnx.ml")
+class LinearRegressor:
+    def __init__(self, ctx: KernelContext, *, coefficients=None, intercepts=None,
+                 post_transform="NONE", targets=1):
+        if coefficients is None:
+            raise ValueError("LinearRegressor needs coefficients")
+        self.coefficients = np.asarray(coefficients, dtype=np.float32)
+        self.n_targets = int(targets)
+        inter = np.asarray(intercepts or [], dtype=np.float32)
+        # onnxruntime ignores intercepts whose count is not the number of targets
+        self.intercepts = inter if len(inter) == self.n_targets else None
+        self.post = check_post_transform(post_transform)
+
+    def __call__(self, X):
+        if X.ndim > 2:
+            raise ValueError(f"Input shape had more than 2 dimension. Dims={X.ndim}")
+        Y = _gemm(X, self.coefficients, self.intercepts, self.n_targets)
+        if self.n_targets > 1:
+            Y = transform_scores(Y, self.post)
+        elif self.post == "PROBIT":
+            Y = probit(Y)
+        return Y.astype(np.float32, copy=False)

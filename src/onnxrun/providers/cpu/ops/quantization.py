@@ -1,0 +1,523 @@
+"""Quantization operators of the ai.onnx domain.
+
+QuantizeLinear / DequantizeLinear in every version (per-tensor, per-axis and blocked; 8/16-bit,
+4- and 2-bit integers, float8, float6 and float4 targets), DynamicQuantizeLinear, and the
+integer-arithmetic operators QLinearMatMul, QLinearConv, MatMulInteger and ConvInteger.
+
+Integer products run exactly on float32 BLAS: a dot product of integers is exact in float32 as
+long as every partial sum stays below 2**24, which holds when ``|a|max * max_n sum_k |b[k, n]|``
+does. Longer reductions are split into K blocks whose float32 products are accumulated in float64
+(exact up to 2**53); convolutions past the bound run in float64. Requantization follows
+onnxruntime's MLAS: ``float32(acc) * float32(scale)``, rounded half to even, clamped, plus the
+zero point. The helpers here are shared with the com.microsoft kernels in ``contrib/``.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from ....dtypes import np_dtype
+from ..kernels import KernelContext, op
+from .conv import pad_spatial, window_geometry, window_slices
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+F32_EXACT = float(1 << 24)  # integers below this are exact in float32, and so are their sums
+
+_SUB_BYTE_INTS = {np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
+                                        ml_dtypes.uint2)}
+FLOAT8 = {np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
+                                ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz)}
+# No infinity encodings: ml_dtypes' cast already saturates them.
+_SMALL_FLOATS = {np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn,
+                                       ml_dtypes.float6_e3m2fn)}
+
+
+# -- parameters -------------------------------------------------------------------------------
+
+
+def int_range(dtype: np.dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer element type (4- and 2-bit included), None for floats."""
+    dt = np.dtype(dtype)
+    if dt.kind in "iu" or dt in _SUB_BYTE_INTS:
+        info = ml_dtypes.iinfo(dt)
+        return int(info.min), int(info.max)
+    return None
+
+
+def is_int8(dtype: np.dtype) -> bool:
+    return np.dtype(dtype) in (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def scalar(value: np.ndarray | None, default=0):
+    """The single element of a per-tensor parameter (``default`` when absent)."""
+    if value is None:
+        return default
+    if value.size != 1:
+        raise ValueError(f"expected a scalar or a 1-element tensor, got shape {list(value.shape)}")
+    return value.reshape(-1)[0]
+
+
+def broadcast_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size: int = 0
+                    ) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against x: per-tensor (one element), per-axis
+    (1-D along ``axis``) or blocked (x's rank, ``ceil(D / block_size)`` along ``axis``)."""
+    rank = len(x_shape)
+    if p.size == 1 and (not block_size or p.ndim <= 1):
+        return p.reshape(())
+    if rank == 0:
+        raise ValueError("a scalar input takes per-tensor quantization parameters only")
+    ax = axis + rank if axis < 0 else axis
+    if not 0 <= ax < rank:
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    dim = x_shape[ax]
+    if not block_size:
+        if p.ndim != 1 or p.shape[0] != dim:
+            raise ValueError(f"per-axis parameter of shape {list(p.shape)} does not match "
+                             f"dimension {dim} of axis {ax}")
+        return p.reshape([dim if i == ax else 1 for i in range(rank)])
+    block_size = int(block_size)
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    blocks = -(-dim // block_size)
+    expected = tuple(blocks if i == ax else d for i, d in enumerate(x_shape))
+    if p.shape != expected:
+        raise ValueError(f"blocked parameter of shape {list(p.shape)} does not match input shape "
+                         f"{list(x_shape)} with block_size {block_size} (expected "
+                         f"{list(expected)})")
+    full = np.repeat(p, block_size, axis=ax)
+    if full.shape[ax] != dim:
+        full = full[(slice(None),) * ax + (slice(0, dim),)]
+    return full
+
+
+def _float_param(p: np.ndarray) -> np.ndarray:
+    """Scales as float32 (float8e8m0, float16, bfloat16) or float64 (kept)."""
+    return p if p.dtype in (F32, F64) else p.astype(F32)
+
+
+# -- QuantizeLinear / DequantizeLinear ---------------------------------------------------------
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+             out_dtype: np.dtype, axis: int = 1, block_size: int = 0, saturate: bool = True,
+             precision: int = 0) -> np.ndarray:
+    """saturate(round_half_even(x / scale) + zero_point) in ``out_dtype``.
+
+    The division runs in the type of the scale (numpy promotion with x's type, as the reference
+    does) unless ``precision`` names one.
+    """
+    out_dtype = np.dtype(out_dtype)
+    s = broadcast_param(scale, x.shape, axis, block_size)
+    if precision:
+        pdt = np_dtype(int(precision))
+        v = np.true_divide(x.astype(pdt, copy=False), s.astype(pdt, copy=False))
+    else:
+        v = np.true_divide(x, s)
+    if v.dtype not in (F32, F64):  # half-precision quotient: round in its own type, then widen
+        v = v.astype(F32)
+    zp = None
+    if zero_point is not None and zero_point.size and np.any(zero_point.astype(F32) != 0):
+        zp = broadcast_param(zero_point, x.shape, axis, block_size)
+    bounds = int_range(out_dtype)
+    if bounds is not None:
+        np.rint(v, out=v)
+        if zp is not None:
+            v += zp.astype(v.dtype)
+        np.clip(v, bounds[0], bounds[1], out=v)
+        return v.astype(out_dtype)
+    if out_dtype in FLOAT8 or out_dtype in _SMALL_FLOATS:
+        if zp is not None:
+            v = v + zp.astype(v.dtype)
+        if saturate and out_dtype in FLOAT8:
+            limit = float(ml_dtypes.finfo(out_dtype).max)
+            np.clip(v, -limit, limit, out=v)
+        return v.astype(out_dtype)
+    raise TypeError(f"QuantizeLinear: unsupported output type {out_dtype}")
+
+
+def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+               out_dtype: np.dtype, axis: int = 1, block_size: int = 0) -> np.ndarray:
+    """(x - zero_point) * scale, computed in float32 and returned as ``out_dtype``."""
+    s = broadcast_param(_float_param(scale), x.shape, axis, block_size)
+    cdt = F64 if s.dtype == F64 else F32
+    if zero_point is not None and zero_point.size and np.any(zero_point.astype(F32) != 0):
+        zp = broadcast_param(zero_point, x.shape, axis, block_size).astype(cdt)
+        v = np.subtract(x.astype(cdt) if x.dtype.kind not in "iu" else x, zp, dtype=cdt)
+    else:
+        v = x.astype(cdt)
+    np.multiply(v, s, out=v, casting="unsafe")
+    return v if v.dtype == out_dtype else v.astype(out_dtype)
+
+
+def _output_dtype(output_dtype: int, zero_point: np.ndarray | None) -> np.dtype:
+    if zero_point is not None:
+        if output_dtype and np_dtype(int(output_dtype)) != zero_point.dtype:
+            raise ValueError(f"output_dtype {np_dtype(int(output_dtype))} does not match the "
+                             f"zero point's type {zero_point.dtype}")
+        return zero_point.dtype
+    return np_dtype(int(output_dtype)) if output_dtype else np.dtype(np.uint8)
+
+
+@op("QuantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+def QuantizeLinear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0,
+                   precision=0, saturate=1):
+    out = _output_dtype(output_dtype, y_zero_point)
+    return quantize(x, y_scale, y_zero_point, out, int(axis), int(block_size), bool(saturate),
+                    int(precision))
+
+
+
+@op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
+class DequantizeLinear:
+    """A constant input (a weight in a QDQ model) is dequantized once, at session creation."""
+
+    def __init__(self, ctx: KernelContext, *, axis=1, block_size=0, output_dtype=0) -> None:
+        self.axis = int(axis)
+        self.block_size = int(block_size)
+        self.output_dtype = int(output_dtype)
+        self.cached = None
+        x, s = ctx.constant(0), ctx.constant(1)
+        has_zp = ctx.num_inputs > 2 and ctx.node.inputs[2] is not None
+        zp = ctx.constant(2) if has_zp else None
+        if x is not None and s is not None and (zp is not None or not has_zp):
+            y = self(x, s, zp)
+            y.flags.writeable = False  # shared by every run
+            self.cached = y
+
+    def __call__(self, x, x_scale, x_zero_point=None):
+        if self.cached is not None:
+            return self.cached
+        out = np_dtype(self.output_dtype) if self.output_dtype else x_scale.dtype
+        if out not in (F32, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), F64):
+            raise TypeError(f"DequantizeLinear: output type {out} is not a float type; set "
+                            "output_dtype")
+        return dequantize(x, x_scale, x_zero_point, out, self.axis, self.block_size)
+
+
+@op("DynamicQuantizeLinear", 11)
+def DynamicQuantizeLinear(x):
+    """uint8 quantization with a scale and zero point covering [min(x, 0), max(x, 0)]."""
+    x = x.astype(F32, copy=False)
+    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
+    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
+    scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.true_divide(x, scale)
+    np.rint(y, out=y)
+    y += zp
+    np.clip(y, 0, 255, out=y)
+    return y.astype(np.uint8), np.array(scale, F32), np.array(zp, np.uint8)
+
+
+# -- exact integer products -------------------------------------------------------------------
+
+
+def centered(q: np.ndarray, zero_point, dtype: np.dtype = F32) -> np.ndarray:
+    """``q - zero_point`` as a float array of exact integers."""
+    if zero_point is None or not np.any(zero_point):
+        return q.astype(dtype)
+    zp = np.asarray(zero_point)
+    return np.subtract(q, zp.astype(dtype), dtype=dtype)
+
+
+def centered_absmax(q: np.ndarray, zero_point) -> float:
+    """max |q - zero_point| without building q - zero_point when the zero point is a scalar."""
+    if q.size == 0:
+        return 0.0
+    zp = 0 if zero_point is None else np.asarray(zero_point)
+    if np.ndim(zp) == 0 or np.size(zp) == 1:
+        z = float(np.asarray(zp).reshape(-1)[0]) if np.size(zp) else 0.0
+        return max(abs(float(q.max()) - z), abs(float(q.min()) - z))
+    return float(np.abs(centered(q, zp)).max())
+
+
+class IntMatrix:
+    """The right operand of an integer product, ``B - zero_point`` as float32, with the bounds
+    that decide how the product stays exact. Prepared once for constant weights."""
+
+    __slots__ = ("f32", "absmax", "colsum")
+
+    def __init__(self, B: np.ndarray, zero_point=None) -> None:
+        zp = None if zero_point is None else np.asarray(zero_point)
+        if zp is not None and zp.ndim == 1 and zp.size > 1 and B.ndim >= 2:
+            zp = zp.reshape(-1)  # per column: broadcasts along the last axis
+        self.f32 = np.ascontiguousarray(centered(B, zp))
+        if self.f32.size:
+            a = np.abs(self.f32)
+            self.absmax = float(a.max())
+            self.colsum = float(a.sum(axis=-2).max()) if a.ndim >= 2 else float(a.sum())
+        else:
+            self.absmax = self.colsum = 0.0
+
+
+def mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """matmul, a stack of rows times one matrix done as a single GEMM."""
+    if B.ndim == 2 and A.ndim > 2 and A.flags.c_contiguous:
+        return np.dot(A.reshape(-1, A.shape[-1]), B).reshape(A.shape[:-1] + (B.shape[1],))
+    return np.matmul(A, B)
+
+
+def int_matmul(Af: np.ndarray, amax: float, B: IntMatrix) -> np.ndarray:
+    """Exact A @ B for float arrays of integers (``amax`` bounds |A|): float32 when every
+    partial sum fits 24 bits, else float32 K blocks accumulated in float64."""
+    if amax * B.colsum < F32_EXACT:
+        return mm(Af, B.f32)
+    K = Af.shape[-1]
+    kb = max(1, int((F32_EXACT - 1) // max(amax * B.absmax, 1.0)))
+    acc = None
+    for k0 in range(0, K, kb):
+        part = mm(np.ascontiguousarray(Af[..., k0:k0 + kb]), B.f32[..., k0:k0 + kb, :])
+        if acc is None:
+            acc = part.astype(F64)
+        else:
+            acc += part
+    return acc
+
+
+def requantize(acc: np.ndarray, multiplier, zero_point, out_dtype: np.dtype) -> np.ndarray:
+    """MLAS requantization: float32(acc) * multiplier, round half to even, clamp, + zero point.
+    ``acc`` may be overwritten."""
+    v = acc if acc.dtype == F32 else acc.astype(F32)
+    v *= multiplier
+    np.rint(v, out=v)
+    lo, hi = int_range(out_dtype)
+    zp = float(scalar(zero_point, 0))
+    np.clip(v, lo - zp, hi - zp, out=v)
+    if zp:
+        v += np.float32(zp)
+    return v.astype(out_dtype)
+
+
+def output_multiplier(a_scale: np.ndarray, b_scale: np.ndarray, y_scale: np.ndarray | None,
+                      alpha: float = 1.0) -> np.ndarray:
+    """(a_scale * b_scale) / y_scale in the scales' own precision (float32 as onnxruntime)."""
+    dt = np.result_type(a_scale.dtype, b_scale.dtype,
+                        *(() if y_scale is None else (y_scale.dtype,)))
+    if dt not in (F32, np.dtype(np.float16)):
+        dt = F32
+    m = np.asarray(scalar(a_scale), dt)
+    if alpha != 1.0:
+        m = np.asarray(dt.type(alpha) * m, dt)
+    m = m * b_scale.astype(dt)
+    if y_scale is not None:
+        m = m / np.asarray(scalar(y_scale), dt)
+    return np.asarray(m, dt).astype(F32)
+
+
+def _dequantize_simple(q, scale, zero_point) -> np.ndarray:
+    return dequantize(q, scale, zero_point, F32, axis=-1)
+
+
+@op("QLinearMatMul", 10, 21)
+class QLinearMatMul:
+    """(a - a_zp) @ (b - b_zp), requantized with a_scale * b_scale / y_scale."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        b, b_zp = ctx.constant(3), ctx.constant(5)
+        self.B = None
+        if b is not None and is_int8(b.dtype) and (b_zp is not None or ctx.num_inputs <= 5):
+            self.B = IntMatrix(b, b_zp)
+
+    def __call__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
+                 y_zero_point=None):
+        out_dtype = y_zero_point.dtype if y_zero_point is not None else a.dtype
+        if not (is_int8(a.dtype) and is_int8(b.dtype) and is_int8(out_dtype)):
+            # float8: dequantize, multiply in float32, quantize
+            A = _dequantize_simple(a, a_scale, a_zero_point)
+            Bf = _dequantize_simple(b, b_scale, b_zero_point)
+            return quantize(mm(A, Bf), y_scale, y_zero_point, out_dtype)
+        Bm = self.B if self.B is not None else IntMatrix(b, b_zero_point)
+        Af = centered(a, scalar(a_zero_point, 0))
+        acc = int_matmul(Af, centered_absmax(a, a_zero_point), Bm)
+        mult = output_multiplier(a_scale, b_scale.reshape(-1) if b_scale.ndim == 1 else b_scale,
+                                 y_scale)
+        return requantize(acc, mult, y_zero_point, out_dtype)
+
+
+def _row_zero_point(A: np.ndarray, zp: np.ndarray | None):
+    """MatMulInteger's a_zero_point: a scalar, or one per row ([M] or [..., M, 1])."""
+    if zp is None or zp.size == 1:
+        return None if zp is None else zp.reshape(())
+    if zp.ndim == 1:
+        return zp.reshape(-1, 1)
+    return zp
+
+
+@op("MatMulInteger", 10)
+class MatMulInteger:
+    def __init__(self, ctx: KernelContext) -> None:
+        B, b_zp = ctx.constant(1), ctx.constant(3)
+        has_zp = ctx.num_inputs > 3 and ctx.node.inputs[3] is not None
+        self.B = None
+        if B is not None and (b_zp is not None or not has_zp):
+            self.B = IntMatrix(B, b_zp)
+
+    def __call__(self, A, B, a_zero_point=None, b_zero_point=None):
+        Bm = self.B if self.B is not None else IntMatrix(B, b_zero_point)
+        zp = _row_zero_point(A, a_zero_point)
+        acc = int_matmul(centered(A, zp), centered_absmax(A, zp), Bm)
+        return acc.astype(np.int32)
+
+
+# -- integer convolution ----------------------------------------------------------------------
+
+
+def _ints(values, n: int, default: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in values) if values is not None and len(values) else (default,) * n
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class IntConvWeights:
+    """``W - w_zero_point`` (per output channel) laid out for the GEMM of each group, with the
+    largest per-channel sum of magnitudes (the exactness bound)."""
+
+    def __init__(self, W: np.ndarray, zero_point, group: int) -> None:
+        zp = None if zero_point is None else np.asarray(zero_point)
+        if zp is not None and zp.size > 1:
+            zp = zp.reshape((-1,) + (1,) * (W.ndim - 1))
+        Wc = centered(W, zp)
+        self.shape = W.shape
+        self.group = group
+        M = W.shape[0]
+        self.gemm = np.ascontiguousarray(Wc.reshape(group, M // group, -1))
+        flat = np.abs(Wc.reshape(M, -1))
+        self.rowsum = float(flat.sum(axis=1).max()) if flat.size else 0.0
+        self.depthwise = None
+        if group > 1 and W.shape[1] == 1 and M == group:
+            taps = int(np.prod(W.shape[2:]))
+            w = Wc.reshape(M, taps).T
+            self.depthwise = np.ascontiguousarray(w.reshape((taps, M) + (1,) * (W.ndim - 2)))
+
+
+_TILE = 1 << 21  # elements of the column matrix built at a time
+
+
+class IntConv:
+    """Exact integer convolution on float arrays (the Conv attributes, once)."""
+
+    def __init__(self, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                 pads=None, strides=None) -> None:
+        self.auto_pad = _text(auto_pad)
+        self.dilations = dilations
+        self.group = int(group)
+        self.kernel_shape = kernel_shape
+        self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
+        self.strides = strides
+
+    def __call__(self, Xc: np.ndarray, amax: float, w: IntConvWeights) -> np.ndarray:
+        """(N, M, *outs) accumulators of Xc (zero point removed) convolved with w."""
+        nd = Xc.ndim - 2
+        if nd < 1:
+            raise ValueError(f"convolution input must have rank >= 3, got {Xc.ndim}")
+        kernel = tuple(w.shape[2:])
+        strides = _ints(self.strides, nd, 1)
+        dilations = _ints(self.dilations, nd, 1)
+        g = self.group
+        N, C = Xc.shape[:2]
+        M = w.shape[0]
+        if C != w.shape[1] * g:
+            raise ValueError(f"input channels {C} != weight channels {w.shape[1]} * group {g}")
+        heads, _, outs = window_geometry(Xc.shape[2:], kernel, strides, dilations, self.pads,
+                                         self.auto_pad)
+        cdt = F32 if amax * w.rowsum < F32_EXACT else F64
+        X = Xc.astype(cdt, copy=False)
+        if w.depthwise is not None and C == M:
+            Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
+            taps = w.depthwise.astype(cdt, copy=False)
+            Y = tmp = None
+            for i, (_, idx) in enumerate(window_slices(outs, kernel, strides, dilations)):
+                if Y is None:
+                    Y = np.multiply(Xp[idx], taps[i])
+                    tmp = np.empty_like(Y)
+                else:
+                    np.multiply(Xp[idx], taps[i], out=tmp)
+                    Y += tmp
+            return Y
+        Wm = w.gemm.astype(cdt, copy=False)
+        O = int(np.prod(outs))
+        if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
+                and outs == X.shape[2:]:
+            Y = np.matmul(Wm, X.reshape(N, g, C // g, O))
+            return Y.reshape((N, M) + outs)
+        Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
+        st = Xp.strides
+        view = as_strided(
+            Xp, shape=Xp.shape[:2] + kernel + outs,
+            strides=st[:2] + tuple(st[2 + i] * dilations[i] for i in range(nd))
+            + tuple(st[2 + i] * strides[i] for i in range(nd)),
+            writeable=False,
+        )
+        CK = C // g * int(np.prod(kernel))
+        rest = O // outs[0]
+        Y = np.empty((N, g, M // g) + outs, dtype=cdt)
+        rows = max(1, min(outs[0], _TILE // max(1, N * g * CK * rest)))
+        lead = (slice(None),) * (2 + nd)
+        for r in range(0, outs[0], rows):
+            n = min(rows, outs[0] - r)
+            cols = view[lead + (slice(r, r + n),)].reshape(N, g, CK, n * rest)
+            Y[..., r:r + n, :] = np.matmul(Wm, cols).reshape((N, g, M // g, n) + outs[1:]) \
+                if nd > 1 else np.matmul(Wm, cols)
+        return Y.reshape((N, M) + outs)
+
+
+def _conv_weights(ctx: KernelContext, w_index: int, zp_index: int, group: int):
+    W, zp = ctx.constant(w_index), ctx.constant(zp_index)
+    has_zp = ctx.num_inputs > zp_index and ctx.node.inputs[zp_index] is not None
+    if W is not None and (zp is not None or not has_zp):
+        return IntConvWeights(W, zp, group)
+    return None
+
+
+@op("ConvInteger", 10)
+class ConvInteger:
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
+                            kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.w = _conv_weights(ctx, 1, 3, self.conv.group)
+
+    def __call__(self, x, w, x_zero_point=None, w_zero_point=None):
+        wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
+        zp = scalar(x_zero_point, 0)
+        acc = self.conv(centered(x, zp), centered_absmax(x, zp), wp)
+        return acc.astype(np.int32)
+
+
+@op("QLinearConv", 10)
+class QLinearConv:
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
+                            kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.w = _conv_weights(ctx, 3, 5, self.conv.group)
+
+    def __call__(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
+                 y_zero_point=None, B=None):
+        wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
+        zp = scalar(x_zero_point, 0)
+        amax = centered_absmax(x, zp)
+        acc = self.conv(centered(x, zp), amax, wp)
+        nd = acc.ndim - 2
+        if B is not None and B.size:
+            bias = B.reshape((-1,) + (1,) * nd)
+            if acc.dtype == F32 and amax * wp.rowsum + float(np.abs(B).max()) >= F32_EXACT:
+                acc = acc.astype(F64)
+            acc += bias.astype(acc.dtype)
+        mult = output_multiplier(x_scale, w_scale.reshape(-1), y_scale)
+        if mult.size > 1:
+            mult = mult.reshape((-1,) + (1,) * nd)
+        out_dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
+        return requantize(acc, mult, y_zero_point, out_dtype)
+
+
+__all__ = [
+    "F32", "F32_EXACT", "FLOAT8", "IntConv", "IntConvWeights", "IntMatrix", "broadcast_param",
+    "centered", "centered_absmax", "dequantize", "int_matmul", "int_range", "is_int8", "mm",
+    "output_multiplier", "quantize", "requantize", "scalar",
+]

@@ -1,0 +1,228 @@
+"""String operators: StringNormalizer, StringConcat, StringSplit, RegexFullMatch, and the n-gram
+counter TfIdfVectorizer.
+
+String tensors are numpy object arrays of Python ``str``; per-string work is a Python-level map
+(there is no vectorized string engine), everything numeric is vectorized.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import numpy as np
+
+from ..kernels import KernelContext, op
+
+
+def _as_str_array(x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind not in "OU":
+        raise TypeError(f"expected a string tensor, got {x.dtype}")
+    return x
+
+
+# -- StringNormalizer -------------------------------------------------------------------------
+
+
+@op("StringNormalizer", 10)
+class StringNormalizer:
+    """Drops elements equal to a stop word (whole-element match, like onnxruntime) and changes
+    case. Input [C] or [1, C]; an all-filtered input gives a single empty string."""
+
+    def __init__(self, ctx: KernelContext, *, case_change_action="NONE", is_case_sensitive=0,
+                 locale=None, stopwords=None):
+        if case_change_action not in ("NONE", "LOWER", "UPPER"):
+            raise ValueError(f"StringNormalizer: bad case_change_action '{case_change_action}'")
+        self.action = case_change_action
+        self.case_sensitive = bool(is_case_sensitive)
+        words = [w.decode() if isinstance(w, bytes) else w for w in (stopwords or [])]
+        self.stops = frozenset(words if self.case_sensitive else (w.lower() for w in words))
+
+    def __call__(self, X):
+        _as_str_array(X)
+        if X.ndim == 2 and X.shape[0] != 1 or X.ndim not in (1, 2):
+            raise ValueError(f"StringNormalizer: input must be [C] or [1, C], got {X.shape}")
+        items = [str(s) for s in X.reshape(-1).tolist()]
+        if self.stops:
+            if self.case_sensitive:
+                items = [s for s in items if s not in self.stops]
+            else:
+                items = [s for s in items if s.lower() not in self.stops]
+        if self.action == "LOWER":
+            items = [s.lower() for s in items]
+        elif self.action == "UPPER":
+            items = [s.upper() for s in items]
+        if not items:
+            items = [""]
+        out = np.empty(len(items), dtype=object)
+        out[:] = items
+        return out.reshape(1, -1) if X.ndim == 2 else out
+
+
+# -- StringConcat / StringSplit ---------------------------------------------------------------
+
+_concat = np.frompyfunc(operator.add, 2, 1)
+
+
+@op("StringConcat", 20)
+def StringConcat(X, Y):
+    out = _concat(_as_str_array(X).astype(object), _as_str_array(Y).astype(object))
+    return np.asarray(out, dtype=object)
+
+
+@op("StringSplit", 20)
+def StringSplit(X, *, delimiter=None, maxsplit=None):
+    _as_str_array(X)
+    sep = delimiter or None  # empty or missing: split on runs of whitespace
+    limit = -1 if maxsplit is None else int(maxsplit)
+    parts = [str(s).split(sep, limit) for s in X.reshape(-1).tolist()]
+    counts = np.array([len(p) for p in parts], dtype=np.int64)
+    width = int(counts.max()) if counts.size else 0
+    out = np.full((len(parts), width), "", dtype=object)
+    for i, p in enumerate(parts):
+        out[i, : len(p)] = p
+    return out.reshape(*X.shape, width), counts.reshape(X.shape)
+
+
+# -- RegexFullMatch ---------------------------------------------------------------------------
+
+_POSIX = {"alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blank": "\\t ",
+          "cntrl": "\\x00-\\x1f\\x7f", "digit": "0-9", "graph": "!-~", "lower": "a-z",
+          "print": " -~", "punct": "!-/:-@\\[-`{-~", "space": "\\t\\n\\v\\f\\r ",
+          "upper": "A-Z", "word": "0-9A-Za-z_", "xdigit": "0-9A-Fa-f"}
+_RE2_UNSUPPORTED = re.compile(r"\(\?<?[=!]|\\[1-9]|\(\?P=")
+
+
+def _re2_to_python(pattern: str) -> str:
+    """Translate the RE2 syntax Python lacks (POSIX classes, \\z) and reject what RE2 lacks
+    (lookaround, backreferences), so a pattern means the same as in onnxruntime."""
+    if _RE2_UNSUPPORTED.search(pattern):
+        raise ValueError(f"RegexFullMatch: pattern '{pattern}' uses lookaround or "
+                         "backreferences, which RE2 does not support")
+
+    def posix(m):
+        neg, name = m.group(1), m.group(2)
+        if name not in _POSIX:
+            raise ValueError(f"RegexFullMatch: unknown POSIX class [:{name}:]")
+        if neg:
+            raise ValueError("RegexFullMatch: negated POSIX classes are not supported")
+        return _POSIX[name]
+
+    out = re.sub(r"\[:(\^?)([a-z]+):\]", posix, pattern)
+    return re.sub(r"(?<!\\)((?:\\\\)*)\\z", r"\1\\Z", out)
+
+
+@op("RegexFullMatch", 20)
+class RegexFullMatch:
+    def __init__(self, ctx: KernelContext, *, pattern=None):
+        if pattern is None:
+            raise ValueError("RegexFullMatch: the pattern attribute is required")
+        try:
+            self.regex = re.compile(_re2_to_python(pattern))
+        except re.error as e:
+            raise ValueError(f"RegexFullMatch: invalid pattern '{pattern}': {e}") from e
+
+    def __call__(self, X):
+        _as_str_array(X)
+        match = self.regex.fullmatch
+        flat = [match(str(s)) is not None for s in X.reshape(-1).tolist()]
+        return np.array(flat, dtype=bool).reshape(X.shape)
+
+
+# -- TfIdfVectorizer --------------------------------------------------------------------------
+
+
+@op("TfIdfVectorizer", 9)
+class TfIdfVectorizer:
+    """N-gram counting: input tokens become vocabulary ids, every n-gram window (for each n and
+    skip distance) becomes one integer key, and keys are matched against the pool with a
+    sorted search; counts accumulate with one bincount."""
+
+    def __init__(self, ctx: KernelContext, *, max_gram_length, max_skip_count, min_gram_length,
+                 mode, ngram_counts, ngram_indexes, pool_int64s=None, pool_strings=None,
+                 weights=None):
+        if mode not in ("TF", "IDF", "TFIDF"):
+            raise ValueError(f"TfIdfVectorizer: bad mode '{mode}'")
+        self.mode = mode
+        self.min_n, self.max_n = int(min_gram_length), int(max_gram_length)
+        self.max_skip = int(max_skip_count)
+        self.is_str = pool_strings is not None and len(pool_strings) > 0
+        if self.is_str:
+            pool = np.array([s.decode() if isinstance(s, bytes) else s for s in pool_strings],
+                            dtype=str)
+        else:
+            pool = np.asarray(pool_int64s if pool_int64s is not None else [], dtype=np.int64)
+        self.output_size = int(max(ngram_indexes)) + 1 if len(ngram_indexes) else 0
+        self.weights = None if weights is None or len(weights) == 0 else \
+            np.asarray(weights, dtype=np.float32)
+        self.vocab = np.unique(pool)
+        self.base = len(self.vocab) + 1  # id 0 = token not in the vocabulary
+        pool_ids = np.searchsorted(self.vocab, pool) + 1 if pool.size else pool
+        # per n: sorted keys of the pool n-grams and their output column
+        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        counts = list(ngram_counts) + [len(pool)]
+        gram_index = 0
+        for i in range(len(ngram_counts)):
+            n = i + 1
+            start, stop = counts[i], counts[i + 1]
+            num = (stop - start) // n if stop > start else 0
+            if num and self.min_n <= n <= self.max_n:
+                grams = pool_ids[start:start + num * n].reshape(num, n)
+                keys = self._keys([grams[:, k] for k in range(n)])
+                cols = np.asarray(ngram_indexes[gram_index:gram_index + num], dtype=np.int64)
+                mapping = dict(zip(keys.tolist(), cols.tolist(), strict=True))  # last one wins
+                k_sorted = np.array(sorted(mapping), dtype=keys.dtype)
+                self.tables[n] = (k_sorted, np.array([mapping[k] for k in k_sorted.tolist()],
+                                                     dtype=np.int64))
+            gram_index += num
+
+    def _keys(self, columns: list[np.ndarray]) -> np.ndarray:
+        n = len(columns)
+        if self.base ** n < 2 ** 62:
+            key = np.zeros(columns[0].shape, dtype=np.int64)
+            for c in columns:
+                key = key * self.base + c
+            return key
+        key = np.zeros(columns[0].shape, dtype=object)  # exact big integers
+        for c in columns:
+            key = key * self.base + c.astype(object)
+        return key
+
+    def __call__(self, X):
+        if X.ndim == 0:
+            X = X.reshape(1)
+        if X.ndim not in (1, 2):
+            raise ValueError(f"TfIdfVectorizer: input must be [C] or [B, C], got {X.shape}")
+        rows = X.reshape(1, -1) if X.ndim == 1 else X
+        b, c = rows.shape
+        freq = np.zeros((b, self.output_size), dtype=np.int64)
+        if rows.size and self.tables and self.vocab.size:
+            tokens = rows.astype(str) if self.is_str else rows.astype(np.int64)
+            pos = np.clip(np.searchsorted(self.vocab, tokens), 0, self.vocab.size - 1)
+            ids = np.where(self.vocab[pos] == tokens, pos + 1, 0)
+            row_idx = np.arange(b)[:, None]
+            for skip in range(1, self.max_skip + 2):
+                for n, (keys, cols) in self.tables.items():
+                    if n == 1 and skip > 1:
+                        continue  # unigrams do not depend on the skip distance
+                    span = (n - 1) * skip
+                    if span >= c:
+                        continue
+                    starts = c - span
+                    key = self._keys([ids[:, k * skip:k * skip + starts] for k in range(n)])
+                    at = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
+                    hit = keys[at] == key
+                    # windows containing an unknown token never match (their key has a 0 digit,
+                    # but a pool key can too only if it contains id 0, which it cannot)
+                    flat = (row_idx * self.output_size + cols[at])[hit]
+                    freq += np.bincount(flat, minlength=b * self.output_size).reshape(freq.shape)
+        f = freq.astype(np.float32)
+        if self.mode == "TF":
+            y = f
+        elif self.mode == "IDF":
+            y = (freq > 0).astype(np.float32)
+            if self.weights is not None:
+                y = y * self.weights
+        else:
+            y = f * self.weights if self.weights is not None else f
+        return y.reshape(-1) if X.ndim == 1 else y
