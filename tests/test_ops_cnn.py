@@ -704,3 +704,59 @@ def test_upsample_integers():
     check("Upsample", [X, _scales([1, 1, 2, 3])], opset=9, mode="nearest")
     check("Upsample", [X.astype(np.uint8), _scales([1, 1, 2, 3])], opset=9, mode="linear",
           atol=1)
+
+
+# -- ONNX node conformance cases ------------------------------------------------------------------
+
+FAMILIES = ("conv", "pool", "normalization", "linalg", "resize")
+# onnx's expectations that onnxruntime (and so onnxrun) does not follow
+CONFORMANCE_SKIPS = {
+    # random masks: the stored outputs come from numpy's global RNG
+    "test_training_dropout", "test_training_dropout_mask", "test_training_dropout_default",
+    "test_training_dropout_default_mask",
+    # align_corners with scales: onnx divides by the unrounded output length (in * scale),
+    # onnxruntime by the integer output length
+    "test_resize_downsample_scales_linear_align_corners",
+    "test_resize_downsample_scales_cubic_align_corners",
+}
+
+
+def _conformance_cases():
+    from onnx.backend.test.case.node import collect_testcases
+
+    from onnxrun.providers.cpu import _load_kernels, cpu_kernels
+
+    _load_kernels()
+    mine, known = set(), set()
+    for domain, op_type, version in cpu_kernels.operators():
+        if domain:
+            continue
+        known.add(op_type)
+        if cpu_kernels.lookup(domain, op_type, version).impl.__module__.rsplit(".", 1)[-1] \
+                in FAMILIES:
+            mine.add(op_type)
+    cases = []
+    for case in collect_testcases(None):
+        used = {n.op_type for n in case.model.graph.node}
+        if used & mine and used <= known and case.name not in CONFORMANCE_SKIPS:
+            cases.append(pytest.param(case, id=case.name))
+    return cases
+
+
+def _tensor(v):
+    return numpy_helper.to_array(v) if isinstance(v, onnx.TensorProto) else np.asarray(v)
+
+
+@pytest.mark.parametrize("case", _conformance_cases())
+def test_onnx_node_case(case):
+    rtol = case.rtol if case.rtol is not None else 1e-3
+    atol = max(case.atol if case.atol is not None else 1e-7, 1e-6)
+    sess = onnxrun.InferenceSession(case.model.SerializeToString())
+    names = [i.name for i in sess.get_inputs()]
+    for inputs, outputs in case.data_sets:
+        got = sess.run(None, dict(zip(names, map(_tensor, inputs), strict=False)))
+        assert len(got) == len(outputs)
+        for g, w in zip(got, map(_tensor, outputs), strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype)
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
+                                       atol=atol)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from . import profile
 from .dtypes import describe
 from .errors import Fail, RuntimeException
 from .ir import Node
@@ -16,6 +18,7 @@ class Step(NamedTuple):
     outputs: tuple[int, ...]
     frees: tuple[int, ...]
     node: Node
+    provider: str = "CPUExecutionProvider"
 
 
 class RunTerminated(Fail):
@@ -24,8 +27,12 @@ class RunTerminated(Fail):
 
 def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None
               ) -> None:
+    profiler = profile.active()
+    if profiler is not None:
+        _run_steps_profiled(steps, slots, run_options, profiler)
+        return
     check_terminate = run_options is not None
-    for kernel, ins, outs, frees, node in steps:
+    for kernel, ins, outs, frees, node, _ in steps:
         if check_terminate and run_options.terminate:
             raise RunTerminated("Exiting due to terminate flag being set to true.")
         args = [slots[i] for i in ins]
@@ -40,6 +47,30 @@ def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options
                 slots[s] = r
         else:
             slots[outs[0]] = result
+        for s in frees:
+            slots[s] = None
+
+
+def _run_steps_profiled(steps: list[Step], slots: list[Any], run_options: Any,
+                        profiler: profile.Profiler) -> None:
+    """The same loop, timing each node and recording its input and output shapes."""
+    clock = time.perf_counter_ns
+    for kernel, ins, outs, frees, node, provider in steps:
+        if run_options is not None and run_options.terminate:
+            raise RunTerminated("Exiting due to terminate flag being set to true.")
+        args = [slots[i] for i in ins]
+        start = clock()
+        try:
+            result = kernel(*args)
+        except RunTerminated:
+            raise
+        except Exception as e:
+            raise kernel_error(node, args, e) from e
+        end = clock()
+        results = result if type(result) is tuple else (result,)
+        profiler.node_event(node, provider, args[: len(node.inputs)], list(results), start, end)
+        for s, r in zip(outs, results, strict=False):
+            slots[s] = r
         for s in frees:
             slots[s] = None
 

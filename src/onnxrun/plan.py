@@ -118,7 +118,7 @@ class Program:
                 slot(v) for v in implicit
             )
             outs = tuple(slot(v) if v.name else DISCARD_SLOT for v in node.outputs)
-            self.steps.append(Step(kernel, ins, outs, (), node))
+            self.steps.append(Step(kernel, ins, outs, (), node, provider.name))
         self.output_slots = [slot(v) for v in graph.outputs]
         self.template = template
         self._plans: dict[tuple[int, ...], Plan] = {}

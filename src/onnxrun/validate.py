@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import onnx
 from onnx import helper
@@ -98,9 +98,53 @@ def _reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True) -> None:
-    """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR."""
+# Operators onnxrun runs but onnx's checker does not accept at the model's opset: onnxruntime's
+# own ai.onnx-domain ops (LayerNormalization before opset 17, SimplifiedLayerNormalization, which
+# its optimizer writes) and deprecated versions onnxruntime still runs (GroupNormalization-18).
+# They are checked under a private domain the checker does not know, so it skips them.
+_UNCHECKED_DOMAIN = "onnxrun.unchecked"
+
+
+def _hide_unknown_ai_onnx_ops(skel: onnx.ModelProto, has_kernel: Callable[[str, int], bool]
+                              ) -> None:
+    opset = next((o.version for o in skel.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        return
+    hidden = False
+    for node in _all_node_protos(skel.graph):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            known = not onnx.defs.get_schema(node.op_type, opset, "").deprecated
+        except onnx.defs.SchemaError:
+            known = False
+        if not known and has_kernel(node.op_type, opset):
+            node.domain = _UNCHECKED_DOMAIN
+            hidden = True
+    if hidden:
+        skel.opset_import.append(helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+
+
+def _all_node_protos(g: onnx.GraphProto):
+    for node in g.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _all_node_protos(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    yield from _all_node_protos(sub)
+
+
+def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True,
+             has_kernel: Callable[[str, int], bool] | None = None) -> None:
+    """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR.
+
+    ``has_kernel(op_type, opset)`` says whether a provider runs an ai.onnx operator that onnx
+    itself does not define at that opset (see _UNCHECKED_DOMAIN)."""
     skel = skeleton(mp)
+    if has_kernel is not None:
+        _hide_unknown_ai_onnx_ops(skel, has_kernel)
     try:
         onnx.checker.check_model(_with_ranks(skel), full_check=False)
     except onnx.checker.ValidationError as e:

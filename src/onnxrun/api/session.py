@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
+import threading
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -19,6 +23,7 @@ from ..load import load_model
 from ..optimize import OptimizationReport, optimize
 from ..partition import partition
 from ..plan import Program
+from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..validate import validate
 from .iobinding import IOBinding
@@ -99,13 +104,19 @@ class InferenceSession:
         self._model_path = path_or_bytes if isinstance(path_or_bytes, str | os.PathLike) else None
         self._providers = self._create_providers(providers, provider_options)
         opts = self._sess_options
+        self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
+        t_start = time.perf_counter_ns()
 
         # 1. load
         ext_dir = opts._config.get("session.model_external_initializers_file_folder_path")
         proto, model = load_model(path_or_bytes, ext_dir)
+        t_loaded = time.perf_counter_ns()
         self._apply_option_overrides(model)
+        if opts._free_dim_by_name:
+            proto = _with_overridden_dims(proto, model)
         # 2. validate
-        validate(proto, model)
+        validate(proto, model, has_kernel=lambda op_type, opset: any(
+            p.registry.lookup("", op_type, opset) is not None for p in self._providers))
         del proto
         # 3. optimize
         model, self._optimization_report = optimize(
@@ -118,6 +129,11 @@ class InferenceSession:
         assignment = partition(model, self._providers)
         self._program = Program(model.graph, model, assignment, opts)
         self._model = model
+        if self._profiler is not None:
+            kind = "uri" if self._model_path is not None else "array"
+            self._profiler.session_event(f"model_loading_{kind}", t_start, t_loaded)
+            self._profiler.session_event("session_initialization", t_start,
+                                         time.perf_counter_ns())
 
         g = model.graph
         initializer_ids = {id(v) for v in g.initializers.values()}
@@ -131,6 +147,7 @@ class InferenceSession:
         }
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
+        self._blas_threads = _BlasThreads.for_session(opts.intra_op_num_threads)
 
     # -- construction helpers ---------------------------------------------------------------------
     def _create_providers(self, providers: Any, provider_options: Any) -> list[ExecutionProvider]:
@@ -177,6 +194,10 @@ class InferenceSession:
             # A named dimension is one value everywhere: outputs report it fixed too, as in ORT.
             for v in [*g.inputs, *g.outputs]:
                 if v.type is not None and v.type.HasField("tensor_type"):
+                    # A copy: the IR's types may be messages of the caller's ModelProto.
+                    tp = onnx.TypeProto()
+                    tp.CopyFrom(v.type)
+                    v.type = tp
                     for d in v.type.tensor_type.shape.dim:
                         if d.WhichOneof("value") == "dim_param" and d.dim_param in overrides:
                             d.dim_value = overrides[d.dim_param]
@@ -225,10 +246,13 @@ class InferenceSession:
         """See disable_fallback."""
 
     def end_profiling(self) -> str:
-        return ""
+        """Write the profile recorded so far and return its file name ("" when not profiling)."""
+        if self._profiler is None:
+            return ""
+        return self._profiler.end()
 
     def get_profiling_start_time_ns(self) -> int:
-        return 0
+        return self._profiler.start_wall_ns if self._profiler is not None else 0
 
     # -- running ----------------------------------------------------------------------------------
     def run(
@@ -247,8 +271,11 @@ class InferenceSession:
         plan = self._program.plan(fetches)
         # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
         # onnxruntime does: numpy's floating-point warnings would only be noise here.
-        with np.errstate(all="ignore"):
-            results = self._program.run(plan, feeds, (), run_options)
+        with np.errstate(all="ignore"), self._blas_threads:
+            if self._profiler is None:
+                results = self._program.run(plan, feeds, (), run_options)
+            else:
+                results = self._run_profiled(plan, feeds, run_options)
         outputs = [_as_output(r) for r in results]
         # An output may be a view of a fed array (Identity, Reshape of an input): hand back a
         # buffer of its own, as onnxruntime does, so writing to one never changes the other.
@@ -258,6 +285,16 @@ class InferenceSession:
                 if isinstance(out, np.ndarray) and any(np.may_share_memory(out, f) for f in fed):
                     outputs[i] = out.copy()
         return outputs
+
+    def _run_profiled(self, plan: Any, feeds: Any, run_options: Any) -> list[Any]:
+        profiler = self._profiler
+        token = profiler.activate()
+        start = time.perf_counter_ns()
+        try:
+            return self._program.run(plan, feeds, (), run_options)
+        finally:
+            profiler.session_event("model_run", start, time.perf_counter_ns())
+            profiler.deactivate(token)
 
     def run_with_ort_values(
         self,
@@ -312,6 +349,20 @@ class InferenceSession:
         return feeds
 
 
+def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelProto:
+    """A weightless copy of the model whose inputs and outputs carry the free-dimension
+    overrides, so shape inference (and then constant folding of Shape subgraphs) sees them."""
+    from ..validate import skeleton
+
+    skel = skeleton(proto)
+    types = {v.name: v.type for v in [*model.graph.inputs, *model.graph.outputs]
+             if v.type is not None}
+    for vi in [*skel.graph.input, *skel.graph.output]:
+        if vi.name in types:
+            vi.type.CopyFrom(types[vi.name])
+    return skel
+
+
 def _check_value(spec: _InputSpec, value: Any) -> Any:
     if isinstance(value, OrtValue):
         value = value.numpy()
@@ -364,6 +415,52 @@ def _as_output(value: Any) -> Any:
     if isinstance(value, list):
         return [_as_output(v) for v in value]
     return value
+
+
+
+@functools.cache
+def _blas_libraries() -> list[Any]:
+    try:
+        from threadpoolctl import ThreadpoolController  # optional: not a dependency
+    except ImportError:
+        return []
+    return ThreadpoolController().select(user_api="blas").lib_controllers
+
+
+class _BlasThreads:
+    """``intra_op_num_threads`` (> 0) applied to BLAS, the one multi-threaded part of the CPU
+    kernels, for the duration of each run, through threadpoolctl when it is installed. BLAS's
+    thread count is process-wide: overlapping runs keep the first one's limit until the last one
+    ends, then the previous count comes back."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _saved: list[int] = []
+
+    def __init__(self, libs: list[Any], n: int) -> None:
+        self._libs, self._n = libs, n
+
+    @staticmethod
+    def for_session(n: int) -> contextlib.AbstractContextManager:
+        libs = _blas_libraries() if n > 0 else []
+        return _BlasThreads(libs, n) if libs else contextlib.nullcontext()
+
+    def __enter__(self) -> None:
+        cls = _BlasThreads
+        with cls._lock:
+            if cls._depth == 0:
+                cls._saved = [lib.num_threads for lib in self._libs]
+                for lib in self._libs:
+                    lib.set_num_threads(self._n)
+            cls._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        cls = _BlasThreads
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                for lib, n in zip(self._libs, cls._saved, strict=True):
+                    lib.set_num_threads(n)
 
 
 __all__ = ["InferenceSession", "InvalidGraph", "ModelMetadata", "NodeArg"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -75,14 +76,24 @@ def to_initializer(v: Value, array: np.ndarray) -> None:
     v.graph.initializers[v.name] = v
 
 
+# The names a model uses, per root graph, kept current by unique_name itself: collecting them
+# afresh for every new name made rewriting quadratic in the model's size. New names come from
+# unique_name; names that disappear only leave the set more cautious than needed.
+_NAME_CACHE: weakref.WeakKeyDictionary[Graph, set[str]] = weakref.WeakKeyDictionary()
+
+
 def unique_name(graph: Graph, base: str) -> str:
-    names = _names(graph)
-    if base not in names:
-        return base
-    i = 1
-    while f"{base}_{i}" in names:
-        i += 1
-    return f"{base}_{i}"
+    root = graph
+    while root.parent is not None:
+        root = root.parent
+    names = _NAME_CACHE.get(root)
+    if names is None:
+        names = _NAME_CACHE[root] = _names(root)
+    name, i = base, 1
+    while name in names:
+        name, i = f"{base}_{i}", i + 1
+    names.add(name)
+    return name
 
 
 def _names(graph: Graph) -> set[str]:

@@ -9,6 +9,14 @@
     inputs for the others, print a summary of every output, and time the first run and the median
     of ``N`` more. Symbolic and unknown dimensions are 1 unless ``--dim`` names them.
 
+``onnxrun bench MODEL [--vs onnxruntime] [-r N | -m SECONDS] [-x N] [--profile] ...``
+    Time a model (median, p90, min, runs/s, creation time, peak memory), alternately with
+    onnxruntime when asked; see ``onnxrun.tools.bench``.
+
+``onnxrun optimize MODEL -o OUT [--level basic|extended|all|disable] [--check]``
+    Optimize a model as a session would at that level, save it, and print what each pass
+    changed and the node counts before and after; see ``onnxrun.tools.optimize``.
+
 Errors (a missing file, a malformed model, an input that does not fit) are reported on one line
 and exit with status 1; ``--traceback`` shows the Python traceback instead.
 """
@@ -400,6 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="timed runs after the first (default 5; 0: the first run only)")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     run.set_defaults(func=cmd_run)
+
+    from . import bench  # `onnxrun bench`: latency, optionally against onnxruntime
+
+    bench.add_parser(sub, [common])
+    from . import optimize  # `onnxrun optimize`: the graph optimizer, its report, the result
+
+    optimize.add_parser(sub, [common])
     return parser
 
 

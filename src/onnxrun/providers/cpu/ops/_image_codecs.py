@@ -59,6 +59,10 @@ _ZIGZAG = np.array([
     58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63])
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _huffman_table(counts: bytes, symbols: bytes) -> tuple[list[int], list[int]]:
     """A 16-bit lookahead table: peek 16 bits -> (symbol, code length)."""
     sym = np.zeros(1 << 16, dtype=np.int32)
@@ -339,8 +343,8 @@ def _decode_jpeg(data: bytes) -> np.ndarray:
                 raise ValueError("ImageDecoder: JPEG scan before frame header")
             hmax = max(c["h"] for c in comps)
             vmax = max(c["v"] for c in comps)
-            mcus_x = -(-width // (8 * hmax))
-            mcus_y = -(-height // (8 * vmax))
+            mcus_x = _ceil_div(width, 8 * hmax)
+            mcus_y = _ceil_div(height, 8 * vmax)
             ns = body[0]
             scan = []
             for k in range(ns):
@@ -361,8 +365,8 @@ def _decode_jpeg(data: bytes) -> np.ndarray:
                 bx, by = mcus_x, mcus_y
             else:
                 c = comps[scan[0][0]]
-                bx = -(-(-(-width * c["h"] // hmax)) // 8)
-                by = -(-(-(-height * c["v"] // vmax)) // 8)
+                bx = _ceil_div(_ceil_div(width * c["h"], hmax), 8)
+                by = _ceil_div(_ceil_div(height * c["v"], vmax), 8)
             total = bx * by
             segments, i = _split_scan(data, i)
             per = restart if restart else total
@@ -387,8 +391,8 @@ def _decode_jpeg(data: bytes) -> np.ndarray:
         pix = _idct_islow(filled, qts[c["tq"]])
         plane = pix.reshape(rows, cols, 8, 8).transpose(0, 2, 1, 3).reshape(rows * 8, cols * 8)
         # libjpeg upsamples from the component's true (downsampled) size, edges replicated
-        dh = -(-height * c["v"] // vmax)
-        dw = -(-width * c["h"] // hmax)
+        dh = _ceil_div(height * c["v"], vmax)
+        dw = _ceil_div(width * c["h"], hmax)
         plane = plane[:dh, :dw]
         up = _upsample(plane, hmax // c["h"], vmax // c["v"])
         planes.append(up[:height, :width])

@@ -4,7 +4,9 @@ and the preview FlexAttention.
 
 ``attend`` (scaled dot-product attention batched over heads, grouped-query aware) and
 ``rotate`` (rotary embedding) are shared with the com.microsoft kernels in ``contrib/``.
-Half-precision inputs are computed in float32 and rounded once at the end.
+float16 inputs are computed in float32 and rounded once at the end; bfloat16 attention is
+computed step by step in bfloat16, as the ONNX reference does (its 8-bit significand leaves no
+room for a different rounding).
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None 
     if dt.kind == "V":  # bfloat16: scale both sides by sqrt(scale), as the reference does
         root = dt.type(math.sqrt(scale))
         q, k = q * root, k * root
-    else:
-        q = q * dt.type(scale)
+    else:  # written C-ordered so that the head-group reshape below is free
+        q = np.multiply(q, dt.type(scale), out=np.empty(q.shape, dt))
     # query heads sharing one kv head are stacked along the row axis: one matmul per kv head
     scores = np.matmul(q.reshape(B, Hkv, G * S, D), np.swapaxes(k, -1, -2))
     scores = scores.reshape(B, Hq, S, T).astype(dt, copy=False)  # bfloat16 matmuls give float32

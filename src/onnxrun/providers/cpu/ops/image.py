@@ -60,18 +60,24 @@ def _gather_taps(xt, taps_per_dim, strides, out_dtype):
     ``xt``: (B, S, C) channels-last input; each ``taps_per_dim[d]`` is a list of (index, weight)
     pairs with arrays of shape (B, P). Returns (B, P, C).
     """
-    b = np.arange(xt.shape[0])[:, None]
+    nb, size, c = xt.shape
+    rows = xt.reshape(nb * size, c)
+    base = (np.arange(nb, dtype=np.int64) * size)[:, None]
     acc = None
     for combo in itertools.product(*taps_per_dim):
-        flat = None
+        flat = base
         w = None
         for (idx, wt), stride in zip(combo, strides, strict=True):
-            term = idx * stride if stride != 1 else idx
-            flat = term if flat is None else flat + term
+            flat = flat + (idx * stride if stride != 1 else idx)
             w = wt if w is None else w * wt
-        val = xt[b, flat] * w[..., None].astype(out_dtype, copy=False)
-        acc = val if acc is None else acc + val
-    return acc
+        # a row gather (np.take on axis 0) is much faster than 2-D fancy indexing
+        val = np.take(rows, flat.reshape(-1), axis=0)
+        val *= w.reshape(-1, 1).astype(out_dtype, copy=False)
+        if acc is None:
+            acc = val
+        else:
+            acc += val
+    return acc.reshape(nb, -1, c)
 
 
 # -- GridSample ---------------------------------------------------------------------------------
@@ -124,11 +130,14 @@ class GridSample:
                 lo, hi = -0.5, size - 0.5
             if self.mode == "nearest":
                 x = np.rint(x)
-            outside = (x < lo) | (x > hi)
-            if self.padding == "border":
-                x = np.where(outside, np.clip(x, 0, size - 1), x)
-            elif self.padding == "reflection":
-                x = np.where(outside, _reflect(x, lo, hi), x)
+            # the point itself is padded, except in cubic mode where (as in PyTorch and
+            # onnxruntime) only its 4 taps are
+            if self.mode != "cubic":
+                outside = (x < lo) | (x > hi)
+                if self.padding == "border":
+                    x = np.where(outside, np.clip(x, 0, size - 1), x)
+                elif self.padding == "reflection":
+                    x = np.where(outside, _reflect(x, lo, hi), x)
             if self.mode == "nearest":
                 base = x.astype(np.int64)
                 taps = [(base, np.ones_like(x))]
@@ -176,15 +185,13 @@ def AffineGrid(theta, size, *, align_corners=0):
 # -- RoiAlign ---------------------------------------------------------------------------------
 
 
-def _roi_axis_taps(start, bin_size, grid, pooled, size, max_grid):
-    """Bilinear taps along one axis for every roi, bin and sub-sample: (R, P, G) arrays of the
-    low/high indices, their weights (zero outside [-1, size]) and whether the sub-sample exists
-    for that roi (grids differ per roi when sampling_ratio is 0)."""
+def _roi_axis_taps(start, bin_size, grid, pooled, size):
+    """Bilinear taps along one axis for rois sharing one sub-sample ``grid`` size: (R, P, G)
+    arrays of the low/high indices and their weights (zero outside [-1, size])."""
     p = np.arange(pooled)[None, :, None]
-    i = np.arange(max_grid)[None, None, :]
-    g = np.maximum(grid, 1)[:, None, None]  # an empty grid samples nothing (masked below)
-    pos = start[:, None, None] + p * bin_size[:, None, None] + (i + 0.5) * bin_size[
-        :, None, None] / g
+    i = np.arange(grid)[None, None, :]
+    b = bin_size[:, None, None]
+    pos = start[:, None, None] + p * b + (i + 0.5) * b / grid
     valid = (pos >= -1.0) & (pos <= size)
     pos = np.maximum(pos, 0.0)
     low = pos.astype(np.int64)
@@ -193,10 +200,24 @@ def _roi_axis_taps(start, bin_size, grid, pooled, size, max_grid):
     high = np.where(at_edge, size - 1, low + 1)
     pos = np.where(at_edge, low.astype(pos.dtype), pos)
     frac = pos - low
-    w_low = np.where(valid, 1.0 - frac, 0.0)
-    w_high = np.where(valid, frac, 0.0)
-    used = i < grid[:, None, None]  # sub-samples beyond this roi's grid size
-    return low, high, w_low, w_high, used
+    return low, high, np.where(valid, 1.0 - frac, 0.0), np.where(valid, frac, 0.0)
+
+
+def _interp_matrix(start, bin_size, grid, pooled, size):
+    """(R, P, size) matrices: row p holds the summed bilinear weights of bin p's sub-samples
+    divided by their count, for per-roi grid sizes ``grid`` (rois with a 0 grid get zeros)."""
+    r = len(start)
+    out = np.zeros((r, pooled, size), dtype=np.float64)
+    for g in np.unique(grid).tolist():
+        if g <= 0:
+            continue
+        sel = np.flatnonzero(grid == g)
+        low, high, wl, wh = _roi_axis_taps(start[sel], bin_size[sel], g, pooled, size)
+        row = (sel[:, None, None] * pooled + np.arange(pooled)[None, :, None]) * size
+        flat = np.concatenate([(row + low).reshape(-1), (row + high).reshape(-1)])
+        wts = np.concatenate([wl.reshape(-1), wh.reshape(-1)]) / g
+        out += np.bincount(flat, wts, minlength=out.size).reshape(out.shape)
+    return out
 
 
 @op("RoiAlign", 10, 16, 22)
@@ -239,39 +260,68 @@ class RoiAlign:
         else:
             gh = np.ceil(roi_h / ph).astype(np.int64)
             gw = np.ceil(roi_w / pw).astype(np.int64)
-        mgh, mgw = max(int(gh.max()), 1), max(int(gw.max()), 1)
-        ylo, yhi, wyl, wyh, uy = _roi_axis_taps(y0, bin_h, gh, ph, h, mgh)
-        xlo, xhi, wxl, wxh, ux = _roi_axis_taps(x0, bin_w, gw, pw, w, mgw)
-        # sample validity is per (y, x) pair: out-of-map samples have all weights zero
         ct = _compute_dtype(X.dtype)
-        xt = X.transpose(0, 2, 3, 1).astype(ct, copy=False)  # (N, H, W, C)
         bidx = np.asarray(batch_indices).astype(np.int64).reshape(-1)
-        # rows (R, PH*G*2) and columns (R, PW*G*2) of the bilinear corners
-        yi = np.stack([ylo, yhi], axis=-1).reshape(r, -1)
-        xi = np.stack([xlo, xhi], axis=-1).reshape(r, -1)
-        wy = np.where(uy[..., None], np.stack([wyl, wyh], axis=-1), 0.0)  # (R, PH, G, 2)
-        wx = np.where(ux[..., None], np.stack([wxl, wxh], axis=-1), 0.0)
-        out = np.empty((r, ph, pw, c), dtype=ct)
-        # chunk rois so that the gathered corner block stays around 2**24 elements
-        per_roi = yi.shape[1] * xi.shape[1] * c
-        step = max(1, (1 << 24) // max(per_roi, 1))
-        for s in range(0, r, step):
-            e = min(r, s + step)
-            blk = xt[bidx[s:e, None, None], yi[s:e, :, None], xi[s:e, None, :]]
-            blk = blk.reshape(e - s, ph, mgh, 2, pw, mgw, 2, c)
-            if self.mode == "avg":
-                count = np.maximum(gh[s:e] * gw[s:e], 1).astype(ct)
-                res = np.einsum("rpia,rqjb,rpiaqjbc->rpqc", wy[s:e].astype(ct),
-                                wx[s:e].astype(ct), blk, optimize=True)
-                out[s:e] = res / count[:, None, None, None]
-            else:
-                prod = (blk * wy[s:e, :, :, :, None, None, None, None].astype(ct)
-                        * wx[s:e, None, None, None, :, :, :, None].astype(ct))
-                val = prod.max(axis=(3, 6))  # max over the 4 weighted corners
-                used = (uy[s:e, :, :, None, None, None] & ux[s:e, None, None, :, :, None])
-                val = np.where(used, val, -np.inf).max(axis=(2, 4))
-                out[s:e] = np.where(np.isneginf(val), 0, val)  # a roi with no samples
-        return out.transpose(0, 3, 1, 2).astype(X.dtype, copy=False)
+        if self.mode == "avg":
+            out = self._average(X.astype(ct, copy=False), bidx, x0, y0, bin_h, bin_w, gh, gw)
+        else:
+            out = self._max(X.astype(ct, copy=False), bidx, x0, y0, bin_h, bin_w, gh, gw)
+        return out.astype(X.dtype, copy=False)
+
+    def _average(self, X, bidx, x0, y0, bin_h, bin_w, gh, gw):
+        """Average pooling of bilinear samples is separable: out[r] = Ay[r] @ X[b] @ Ax[r]^T,
+        with Ay (PH, H) and Ax (PW, W) the per-roi sums of sample weights (divided by the grid
+        size). Each roi multiplies only the window of the map its samples touch."""
+        n, c, h, w = X.shape
+        r = len(bidx)
+        ph, pw = self.ph, self.pw
+        ay = _interp_matrix(y0, bin_h, gh, ph, h)  # (R, PH, H)
+        ax = _interp_matrix(x0, bin_w, gw, pw, w)  # (R, PW, W)
+        rows_hit = ay.any(axis=1)
+        cols_hit = ax.any(axis=1)
+        ay = ay.astype(X.dtype)
+        ax = ax.astype(X.dtype)
+        out = np.zeros((r, c, ph, pw), dtype=X.dtype)
+        for i in range(r):  # per roi: two small matmuls on its window of the map
+            ys = np.flatnonzero(rows_hit[i])
+            xs = np.flatnonzero(cols_hit[i])
+            if ys.size == 0 or xs.size == 0:
+                continue
+            y_a, y_b, x_a, x_b = ys[0], ys[-1] + 1, xs[0], xs[-1] + 1
+            win = X[bidx[i], :, y_a:y_b, x_a:x_b]
+            out[i] = np.matmul(np.matmul(ay[i, :, y_a:y_b], win), ax[i, :, x_a:x_b].T)
+        return out
+
+    def _max(self, X, bidx, x0, y0, bin_h, bin_w, gh, gw):
+        """Max pooling: gather the 4 bilinear corners of every sample (rois grouped by grid
+        size so that no padding samples are gathered), weight them, take maxima."""
+        n, c, h, w = X.shape
+        r = len(bidx)
+        ph, pw = self.ph, self.pw
+        xt = X.transpose(0, 2, 3, 1)  # (N, H, W, C)
+        out = np.zeros((r, c, ph, pw), dtype=X.dtype)
+        grids = np.stack([gh, gw], axis=1)
+        for gy, gx in np.unique(grids, axis=0).tolist():
+            sel = np.flatnonzero((gh == gy) & (gw == gx))
+            if gy <= 0 or gx <= 0:
+                continue  # no samples: the output stays 0
+            ylo, yhi, wyl, wyh = _roi_axis_taps(y0[sel], bin_h[sel], gy, ph, h)
+            xlo, xhi, wxl, wxh = _roi_axis_taps(x0[sel], bin_w[sel], gx, pw, w)
+            yi = np.stack([ylo, yhi], axis=-1).reshape(len(sel), -1)
+            xi = np.stack([xlo, xhi], axis=-1).reshape(len(sel), -1)
+            wy = np.stack([wyl, wyh], axis=-1).astype(X.dtype)  # (R, PH, G, 2)
+            wx = np.stack([wxl, wxh], axis=-1).astype(X.dtype)
+            per_roi = yi.shape[1] * xi.shape[1] * c
+            step = max(1, (1 << 23) // max(per_roi, 1))  # bound the gathered block
+            for s in range(0, len(sel), step):
+                e = min(len(sel), s + step)
+                blk = xt[bidx[sel[s:e], None, None], yi[s:e, :, None], xi[s:e, None, :]]
+                blk = blk.reshape(e - s, ph, gy, 2, pw, gx, 2, c)
+                blk *= wy[s:e, :, :, :, None, None, None, None]
+                blk *= wx[s:e, None, None, None, :, :, :, None]
+                val = blk.max(axis=(2, 3, 5, 6))  # corners and sub-samples
+                out[sel[s:e]] = val.transpose(0, 3, 1, 2)
+        return out
 
 
 # -- MaxRoiPool -------------------------------------------------------------------------------
@@ -287,22 +337,17 @@ def _bin_edges(start, length, pooled, size):
 
 
 def _range_max(a, lo, hi, axis):
-    """Max of a over [lo[i], hi[i]) along ``axis`` for every bin (empty bins give -inf)."""
-    idx = np.stack([lo, np.maximum(hi, lo + 1)], axis=1).reshape(-1)
+    """Max of ``a`` over [lo[i], hi[i]) along ``axis`` for every bin; empty bins give -inf."""
+    # one -inf slice at the end makes index n valid for reduceat (and empty bins -inf)
+    pad_shape = list(a.shape)
+    pad_shape[axis] = 1
+    padded = np.concatenate([a, np.full(pad_shape, -np.inf, dtype=a.dtype)], axis=axis)
     n = a.shape[axis]
-    safe = np.minimum(idx, n - 1) if n else idx
-    red = np.maximum.reduceat(a, safe, axis=axis) if n else None
-    if red is None:
-        shape = list(a.shape)
-        shape[axis] = len(lo)
-        return np.full(shape, -np.inf, dtype=a.dtype)
-    red = np.take(red, np.arange(0, 2 * len(lo), 2), axis=axis)
-    empty = (hi <= lo)
-    if empty.any():
-        shape = [1] * a.ndim
-        shape[axis] = len(lo)
-        red = np.where(empty.reshape(shape), -np.inf, red)
-    return red
+    empty = hi <= lo
+    lo_safe = np.where(empty, n, lo)
+    idx = np.stack([lo_safe, np.where(empty, n + 1, hi)], axis=1).reshape(-1)
+    red = np.maximum.reduceat(padded, np.minimum(idx, n), axis=axis)
+    return np.take(red, np.arange(0, 2 * len(lo), 2), axis=axis)
 
 
 @op("MaxRoiPool", 1, 22)
@@ -528,16 +573,23 @@ def MaxUnpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None)
     r = X.ndim - 2
     pads = list(pads) if pads else [0] * (2 * r)
     strides = list(strides) if strides else [1] * r
-    if output_shape is not None:
-        shape = [int(v) for v in np.asarray(output_shape).reshape(-1)]
-    else:
-        shape = list(X.shape[:2]) + [
-            (X.shape[d + 2] - 1) * strides[d] - pads[d] - pads[d + r] + kernel_shape[d]
-            for d in range(r)]
-    # indices are flat positions in the (N, C, *spatial) output, as MaxPool produced them
-    out = np.zeros(int(np.prod(shape)), dtype=X.dtype)
+    inferred = list(X.shape[:2]) + [
+        (X.shape[d + 2] - 1) * strides[d] - pads[d] - pads[d + r] + kernel_shape[d]
+        for d in range(r)]
+    # indices are flat positions in the (N, C, *inferred spatial) tensor
+    out = np.zeros(int(np.prod(inferred)), dtype=X.dtype)
     out[np.asarray(I).reshape(-1)] = X.reshape(-1)
-    return out.reshape(shape)
+    out = out.reshape(inferred)
+    if output_shape is None:
+        return out
+    # An explicit output_shape zero-pads (or crops) the unpooled tensor at the end of each
+    # axis, as the ONNX reference implementation and conformance data do. onnxruntime instead
+    # reads the indices as positions in output_shape; the two agree when the shapes match.
+    shape = [int(v) for v in np.asarray(output_shape).reshape(-1)]
+    res = np.zeros(shape, dtype=X.dtype)
+    common = tuple(slice(0, min(a, b)) for a, b in zip(shape, inferred, strict=True))
+    res[common] = out[common]
+    return res
 
 
 # -- ImageDecoder -----------------------------------------------------------------------------

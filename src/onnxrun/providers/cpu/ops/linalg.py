@@ -30,8 +30,8 @@ def MatMul(A, B):
 
 @op("Gemm", 1, 6, 7, 9, 11, 13)
 class Gemm:
-    """Y = alpha * A' @ B' + beta * C. A constant B (with alpha folded in) and a constant
-    beta * C are prepared once."""
+    """Y = alpha * A' @ B' + beta * C. Transposes are BLAS flags, never copies; a constant B
+    is scaled by alpha (or widened from 16-bit floats) once, and a constant C by beta."""
 
     def __init__(self, ctx: KernelContext, *, alpha=1.0, beta=1.0, transA=0, transB=0,
                  broadcast=0) -> None:
@@ -39,17 +39,16 @@ class Gemm:
         self.beta = float(beta)
         self.transA = bool(transA)
         self.transB = bool(transB)
+        self.B = None  # prepared B (alpha folded in), when B is a constant that needs it
         B = ctx.constant(1)
-        self.B = None
         if B is not None and _floating(B):
-            Bm = B.T if self.transB else B
             cdt = compute_dtype(B.dtype)
-            Bm = Bm.astype(cdt)
             if self.alpha != 1.0:
-                Bm *= cdt.type(self.alpha)
-            self.B = np.ascontiguousarray(Bm)
-        C = ctx.constant(2)
+                self.B = B.astype(cdt) * cdt.type(self.alpha)
+            elif cdt != B.dtype:
+                self.B = B.astype(cdt)
         self.C = None
+        C = ctx.constant(2)
         if C is not None and _floating(C):
             cdt = compute_dtype(C.dtype)
             self.C = (C.astype(cdt) * cdt.type(self.beta)) if self.beta != 1.0 else C.astype(cdt)
@@ -60,13 +59,12 @@ class Gemm:
         Am = A.T if self.transA else A
         if cdt != A.dtype:
             Am = Am.astype(cdt)
+        scaled = self.alpha == 1.0
         if self.B is not None:
-            Y = np.dot(Am, self.B)
-            scaled = True
-        else:
-            Bm = B.T if self.transB else B
-            Y = np.dot(Am, Bm.astype(cdt, copy=False))
-            scaled = self.alpha == 1.0
+            B, scaled = self.B, True
+        elif cdt != B.dtype:
+            B = B.astype(cdt)
+        Y = np.dot(Am, B.T if self.transB else B)
         integral = Y.dtype.kind in "iu"
         if not scaled:
             if integral:

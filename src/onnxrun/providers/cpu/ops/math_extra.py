@@ -60,7 +60,8 @@ class BitCast:
         if bits != _bit_width(self.to):
             raise ValueError(f"BitCast: {input.dtype} ({bits} bits) and {self.to} "
                              f"({_bit_width(self.to)} bits) differ in width")
-        src = np.ascontiguousarray(input)
+        # (ascontiguousarray would turn a 0-d array into 1-d: reshape back)
+        src = np.ascontiguousarray(input).reshape(input.shape)
         if bits < 8:
             # sub-byte types occupy the low bits of one byte each
             raw = src.view(np.uint8) & np.uint8((1 << bits) - 1)

@@ -46,7 +46,8 @@ class BatchNormalization:
             self.folded = self._fold(*params)
 
     def _fold(self, scale, B, mean, var):
-        sd = _stat_dtype(scale.dtype)
+        wide = any(p.dtype == np.float64 for p in (scale, B, mean, var))
+        sd = np.dtype(np.float64) if wide else np.dtype(np.float32)
         a = scale.astype(sd) / np.sqrt(var.astype(sd) + sd.type(self.epsilon))
         return a, B.astype(sd) - mean.astype(sd) * a
 
@@ -181,7 +182,7 @@ def LRN(X, *, alpha=1e-4, beta=0.75, bias=1.0, size):
     return Y.astype(X.dtype, copy=False)
 
 
-@op("MeanVarianceNormalization", 1, 9, 13)
+@op("MeanVarianceNormalization", 9, 13)
 def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
     axes = tuple(int(a) for a in axes)
     sd = _stat_dtype(X.dtype)
@@ -192,8 +193,9 @@ def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
     return centered.astype(X.dtype, copy=False)
 
 
-def _ones_mask(ctx_wants: bool, X: np.ndarray, legacy: bool):
-    if not ctx_wants:
+def _ones_mask(wanted: bool, X: np.ndarray, legacy: bool):
+    """The inference mask (everything kept), only when something reads it."""
+    if not wanted:
         return None
     return np.ones(X.shape, dtype=X.dtype if legacy else bool)
 

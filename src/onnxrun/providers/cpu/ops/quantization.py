@@ -6,8 +6,8 @@ integer-arithmetic operators QLinearMatMul, QLinearConv, MatMulInteger and ConvI
 
 Integer products run exactly on float32 BLAS: a dot product of integers is exact in float32 as
 long as every partial sum stays below 2**24, which holds when ``|a|max * max_n sum_k |b[k, n]|``
-does. Longer reductions are split into K blocks whose float32 products are accumulated in float64
-(exact up to 2**53); convolutions past the bound run in float64. Requantization follows
+does. Longer reductions are split into ranges of K whose float32 products are summed in float64
+(exact up to 2**53). Requantization follows
 onnxruntime's MLAS: ``float32(acc) * float32(scale)``, rounded half to even, clamped, plus the
 zero point. The helpers here are shared with the com.microsoft kernels in ``contrib/``.
 """
@@ -30,6 +30,7 @@ _SUB_BYTE_INTS = {np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtyp
                                         ml_dtypes.uint2)}
 FLOAT8 = {np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
                                 ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz)}
+_HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 # No infinity encodings: ml_dtypes' cast already saturates them.
 _SMALL_FLOATS = {np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn,
                                        ml_dtypes.float6_e3m2fn)}
@@ -106,8 +107,8 @@ def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
              precision: int = 0) -> np.ndarray:
     """saturate(round_half_even(x / scale) + zero_point) in ``out_dtype``.
 
-    The division runs in the type of the scale (numpy promotion with x's type, as the reference
-    does) unless ``precision`` names one.
+    The division runs in ``precision`` when given, else in float32 (or float64 for int32 input):
+    half-precision operands are widened first, as onnxruntime does.
     """
     out_dtype = np.dtype(out_dtype)
     s = broadcast_param(scale, x.shape, axis, block_size)
@@ -115,7 +116,9 @@ def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
         pdt = np_dtype(int(precision))
         v = np.true_divide(x.astype(pdt, copy=False), s.astype(pdt, copy=False))
     else:
-        v = np.true_divide(x, s)
+        v = np.true_divide(x.astype(F32) if x.dtype in _HALF else x,
+                           s.astype(F32) if s.dtype in _HALF else s)
+    v = np.asarray(v)  # a 0-d quotient comes back as a numpy scalar
     if v.dtype not in (F32, F64):  # half-precision quotient: round in its own type, then widen
         v = v.astype(F32)
     zp = None
@@ -145,7 +148,8 @@ def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
     cdt = F64 if s.dtype == F64 else F32
     if zero_point is not None and zero_point.size and np.any(zero_point.astype(F32) != 0):
         zp = broadcast_param(zero_point, x.shape, axis, block_size).astype(cdt)
-        v = np.subtract(x.astype(cdt) if x.dtype.kind not in "iu" else x, zp, dtype=cdt)
+        v = np.asarray(np.subtract(x.astype(cdt) if x.dtype.kind not in "iu" else x, zp,
+                                   dtype=cdt))
     else:
         v = x.astype(cdt)
     np.multiply(v, s, out=v, casting="unsafe")
@@ -167,7 +171,6 @@ def QuantizeLinear(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, outpu
     out = _output_dtype(output_dtype, y_zero_point)
     return quantize(x, y_scale, y_zero_point, out, int(axis), int(block_size), bool(saturate),
                     int(precision))
-
 
 
 @op("DequantizeLinear", 10, 13, 19, 21, 23, 24, 25, 28)
@@ -205,7 +208,7 @@ def DynamicQuantizeLinear(x):
     hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
     zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
-    y = np.true_divide(x, scale)
+    y = np.asarray(np.true_divide(x, scale))
     np.rint(y, out=y)
     y += zp
     np.clip(y, 0, 255, out=y)
@@ -234,23 +237,54 @@ def centered_absmax(q: np.ndarray, zero_point) -> float:
     return float(np.abs(centered(q, zp)).max())
 
 
-class IntMatrix:
-    """The right operand of an integer product, ``B - zero_point`` as float32, with the bounds
-    that decide how the product stays exact. Prepared once for constant weights."""
+_BLOCK = 32  # rows of K per bound block: 32 * 255 * 255 < 2**24, so one block is always exact
 
-    __slots__ = ("f32", "absmax", "colsum")
+
+def _block_cumsum(absw: np.ndarray) -> np.ndarray:
+    """(K, C) magnitudes -> running sums over blocks of _BLOCK rows, (blocks + 1, C)."""
+    K = absw.shape[0]
+    nb = -(-K // _BLOCK)
+    if nb * _BLOCK != K:
+        absw = np.pad(absw, ((0, nb * _BLOCK - K), (0, 0)))
+    sums = absw.reshape(nb, _BLOCK, -1).sum(axis=1, dtype=F64)
+    return np.concatenate([np.zeros((1, sums.shape[1]), F64), np.cumsum(sums, axis=0)])
+
+
+def k_chunks(cum: np.ndarray, K: int, amax: float) -> list[tuple[int, int]]:
+    """Split [0, K) into ranges over which every column's partial sums stay exact in float32
+    (``amax * sum |w| < 2**24``), given the block running sums of |w|."""
+    limit = F32_EXACT / max(amax, 1.0)
+    if cum.shape[0] == 1 or cum[-1].max() < limit:
+        return [(0, K)]
+    chunks = []
+    b0, nb = 0, cum.shape[0] - 1
+    while b0 < nb:
+        span = (cum[b0 + 1:] - cum[b0]).max(axis=1)  # non-decreasing in the block count
+        n = max(1, int(np.searchsorted(span, limit)))
+        chunks.append((b0 * _BLOCK, min(K, (b0 + n) * _BLOCK)))
+        b0 += n
+    return chunks
+
+
+class IntMatrix:
+    """The right operand of an integer product, ``B - zero_point`` as float32, with the running
+    sums of its magnitudes that decide how a product stays exact. Prepared once for constant
+    weights."""
+
+    __slots__ = ("f32", "cum", "colsum")
 
     def __init__(self, B: np.ndarray, zero_point=None) -> None:
         zp = None if zero_point is None else np.asarray(zero_point)
         if zp is not None and zp.ndim == 1 and zp.size > 1 and B.ndim >= 2:
             zp = zp.reshape(-1)  # per column: broadcasts along the last axis
         self.f32 = np.ascontiguousarray(centered(B, zp))
-        if self.f32.size:
-            a = np.abs(self.f32)
-            self.absmax = float(a.max())
-            self.colsum = float(a.sum(axis=-2).max()) if a.ndim >= 2 else float(a.sum())
-        else:
-            self.absmax = self.colsum = 0.0
+        a = np.abs(self.f32)
+        if a.ndim > 2:  # a stack of matrices: bound them all by the largest magnitudes
+            a = a.reshape((-1,) + a.shape[-2:]).max(axis=0)
+        elif a.ndim < 2:
+            a = a.reshape(-1, 1)
+        self.cum = _block_cumsum(a)
+        self.colsum = float(self.cum[-1].max()) if self.cum.size else 0.0
 
 
 def mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -261,15 +295,14 @@ def mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def int_matmul(Af: np.ndarray, amax: float, B: IntMatrix) -> np.ndarray:
-    """Exact A @ B for float arrays of integers (``amax`` bounds |A|): float32 when every
-    partial sum fits 24 bits, else float32 K blocks accumulated in float64."""
-    if amax * B.colsum < F32_EXACT:
+    """Exact A @ B for float arrays of integers (``amax`` bounds |A|): one float32 GEMM when
+    every partial sum fits 24 bits, else float32 GEMMs over K ranges summed in float64."""
+    chunks = k_chunks(B.cum, Af.shape[-1], amax)
+    if len(chunks) == 1:
         return mm(Af, B.f32)
-    K = Af.shape[-1]
-    kb = max(1, int((F32_EXACT - 1) // max(amax * B.absmax, 1.0)))
     acc = None
-    for k0 in range(0, K, kb):
-        part = mm(np.ascontiguousarray(Af[..., k0:k0 + kb]), B.f32[..., k0:k0 + kb, :])
+    for k0, k1 in chunks:
+        part = mm(np.ascontiguousarray(Af[..., k0:k1]), B.f32[..., k0:k1, :])
         if acc is None:
             acc = part.astype(F64)
         else:
@@ -375,7 +408,7 @@ def _text(value) -> str:
 
 class IntConvWeights:
     """``W - w_zero_point`` (per output channel) laid out for the GEMM of each group, with the
-    largest per-channel sum of magnitudes (the exactness bound)."""
+    running sums of magnitudes along the reduction that keep the products exact."""
 
     def __init__(self, W: np.ndarray, zero_point, group: int) -> None:
         zp = None if zero_point is None else np.asarray(zero_point)
@@ -386,16 +419,33 @@ class IntConvWeights:
         self.group = group
         M = W.shape[0]
         self.gemm = np.ascontiguousarray(Wc.reshape(group, M // group, -1))
-        flat = np.abs(Wc.reshape(M, -1))
-        self.rowsum = float(flat.sum(axis=1).max()) if flat.size else 0.0
+        self.cum = _block_cumsum(np.abs(Wc.reshape(M, -1)).T)
         self.depthwise = None
         if group > 1 and W.shape[1] == 1 and M == group:
             taps = int(np.prod(W.shape[2:]))
             w = Wc.reshape(M, taps).T
             self.depthwise = np.ascontiguousarray(w.reshape((taps, M) + (1,) * (W.ndim - 2)))
 
+    @property
+    def rowsum(self) -> float:
+        return float(self.cum[-1].max()) if self.cum.size else 0.0
+
 
 _TILE = 1 << 21  # elements of the column matrix built at a time
+
+
+def _gemm_chunked(Wm: np.ndarray, cols: np.ndarray, chunks) -> np.ndarray:
+    """Wm @ cols over the reduction ranges ``chunks`` (float32 each, summed in float64)."""
+    if len(chunks) == 1:
+        return np.matmul(Wm, cols)
+    acc = None
+    for k0, k1 in chunks:
+        part = np.matmul(Wm[..., k0:k1], cols[..., k0:k1, :])
+        if acc is None:
+            acc = part.astype(F64)
+        else:
+            acc += part
+    return acc
 
 
 class IntConv:
@@ -425,25 +475,27 @@ class IntConv:
             raise ValueError(f"input channels {C} != weight channels {w.shape[1]} * group {g}")
         heads, _, outs = window_geometry(Xc.shape[2:], kernel, strides, dilations, self.pads,
                                          self.auto_pad)
-        cdt = F32 if amax * w.rowsum < F32_EXACT else F64
-        X = Xc.astype(cdt, copy=False)
+        CK = C // g * int(np.prod(kernel))
+        chunks = k_chunks(w.cum, CK, amax)
+        X = Xc.astype(F32, copy=False)
         if w.depthwise is not None and C == M:
             Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
-            taps = w.depthwise.astype(cdt, copy=False)
+            cdt = F32 if len(chunks) == 1 else F64
             Y = tmp = None
             for i, (_, idx) in enumerate(window_slices(outs, kernel, strides, dilations)):
+                tap = w.depthwise[i]
                 if Y is None:
-                    Y = np.multiply(Xp[idx], taps[i])
+                    Y = np.multiply(Xp[idx], tap, dtype=cdt)
                     tmp = np.empty_like(Y)
                 else:
-                    np.multiply(Xp[idx], taps[i], out=tmp)
+                    np.multiply(Xp[idx], tap, out=tmp, dtype=cdt)
                     Y += tmp
             return Y
-        Wm = w.gemm.astype(cdt, copy=False)
+        Wm = w.gemm
         O = int(np.prod(outs))
         if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                 and outs == X.shape[2:]:
-            Y = np.matmul(Wm, X.reshape(N, g, C // g, O))
+            Y = _gemm_chunked(Wm, X.reshape(N, g, C // g, O), chunks)
             return Y.reshape((N, M) + outs)
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         st = Xp.strides
@@ -453,16 +505,15 @@ class IntConv:
             + tuple(st[2 + i] * strides[i] for i in range(nd)),
             writeable=False,
         )
-        CK = C // g * int(np.prod(kernel))
         rest = O // outs[0]
-        Y = np.empty((N, g, M // g) + outs, dtype=cdt)
+        Y = np.empty((N, g, M // g) + outs, dtype=F32 if len(chunks) == 1 else F64)
         rows = max(1, min(outs[0], _TILE // max(1, N * g * CK * rest)))
         lead = (slice(None),) * (2 + nd)
         for r in range(0, outs[0], rows):
             n = min(rows, outs[0] - r)
             cols = view[lead + (slice(r, r + n),)].reshape(N, g, CK, n * rest)
-            Y[..., r:r + n, :] = np.matmul(Wm, cols).reshape((N, g, M // g, n) + outs[1:]) \
-                if nd > 1 else np.matmul(Wm, cols)
+            Y[(slice(None),) * 3 + (slice(r, r + n),)] = _gemm_chunked(Wm, cols, chunks).reshape(
+                (N, g, M // g, n) + outs[1:])
         return Y.reshape((N, M) + outs)
 
 
@@ -517,7 +568,8 @@ class QLinearConv:
 
 
 __all__ = [
-    "F32", "F32_EXACT", "FLOAT8", "IntConv", "IntConvWeights", "IntMatrix", "broadcast_param",
-    "centered", "centered_absmax", "dequantize", "int_matmul", "int_range", "is_int8", "mm",
-    "output_multiplier", "quantize", "requantize", "scalar",
+    "F32", "F32_EXACT", "FLOAT8", "DequantizeLinear", "IntConv", "IntConvWeights", "IntMatrix",
+    "QuantizeLinear", "broadcast_param", "centered", "centered_absmax", "dequantize",
+    "int_matmul", "int_range", "is_int8", "k_chunks", "mm", "output_multiplier", "quantize",
+    "requantize", "scalar",
 ]

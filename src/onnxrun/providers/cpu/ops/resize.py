@@ -246,7 +246,7 @@ class _Resampler:
             for i in range(rank):
                 if i in axes:
                     sc[i] = s
-                    out[i] = int(np.round(np.float64(s * f32(in_shape[i]))))
+                    out[i] = int(np.floor(np.float64(s * f32(in_shape[i])) + 0.5))  # C round
                 else:
                     sc[i], out[i] = 1, in_shape[i]
         return out, sc

@@ -23,6 +23,9 @@ def _as_str_array(x: np.ndarray) -> np.ndarray:
 
 # -- StringNormalizer -------------------------------------------------------------------------
 
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+_ASCII_UPPER = str.maketrans("abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
 
 @op("StringNormalizer", 10)
 class StringNormalizer:
@@ -35,8 +38,13 @@ class StringNormalizer:
             raise ValueError(f"StringNormalizer: bad case_change_action '{case_change_action}'")
         self.action = case_change_action
         self.case_sensitive = bool(is_case_sensitive)
+        # the "C"/"POSIX" locales map ASCII letters only; any other (default en_US.UTF-8)
+        # follows Unicode case rules, as Python's str methods do
+        ascii_only = locale in ("C", "POSIX")
+        self.lower = (lambda s: s.translate(_ASCII_LOWER)) if ascii_only else str.lower
+        self.upper = (lambda s: s.translate(_ASCII_UPPER)) if ascii_only else str.upper
         words = [w.decode() if isinstance(w, bytes) else w for w in (stopwords or [])]
-        self.stops = frozenset(words if self.case_sensitive else (w.lower() for w in words))
+        self.stops = frozenset(words if self.case_sensitive else map(self.lower, words))
 
     def __call__(self, X):
         _as_str_array(X)
@@ -47,11 +55,12 @@ class StringNormalizer:
             if self.case_sensitive:
                 items = [s for s in items if s not in self.stops]
             else:
-                items = [s for s in items if s.lower() not in self.stops]
+                lower = self.lower
+                items = [s for s in items if lower(s) not in self.stops]
         if self.action == "LOWER":
-            items = [s.lower() for s in items]
+            items = list(map(self.lower, items))
         elif self.action == "UPPER":
-            items = [s.upper() for s in items]
+            items = list(map(self.upper, items))
         if not items:
             items = [""]
         out = np.empty(len(items), dtype=object)
@@ -73,9 +82,15 @@ def StringConcat(X, Y):
 @op("StringSplit", 20)
 def StringSplit(X, *, delimiter=None, maxsplit=None):
     _as_str_array(X)
-    sep = delimiter or None  # empty or missing: split on runs of whitespace
     limit = -1 if maxsplit is None else int(maxsplit)
-    parts = [str(s).split(sep, limit) for s in X.reshape(-1).tolist()]
+    strings = [str(s) for s in X.reshape(-1).tolist()]
+    if delimiter:
+        # an empty string has no substrings (onnxruntime), not one empty one (Python)
+        parts = [s.split(delimiter, limit) if s else [] for s in strings]
+    else:
+        # runs of whitespace separate; leading and trailing whitespace (also after the last
+        # allowed split) is removed
+        parts = [s.strip().split(None, limit) for s in strings]
     counts = np.array([len(p) for p in parts], dtype=np.int64)
     width = int(counts.max()) if counts.size else 0
     out = np.full((len(parts), width), "", dtype=object)

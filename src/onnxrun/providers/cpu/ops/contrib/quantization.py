@@ -15,12 +15,14 @@ import math
 from typing import Any
 
 import numpy as np
+from onnx import TensorProto
 
 from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
+    F32_EXACT,
     DequantizeLinear,
     IntMatrix,
     QuantizeLinear,
@@ -71,7 +73,7 @@ def mlas_quantize(v: np.ndarray, scale: np.float32, zero_point: int, dtype: np.d
                   ) -> np.ndarray:
     """MlasQuantizeLinear: round(v / scale) clamped to [min - zp, max - zp], plus zp."""
     lo, hi = int_range(dtype)
-    q = np.true_divide(v, scale, dtype=F32)
+    q = np.asarray(np.true_divide(v, scale, dtype=F32))
     np.rint(q, out=q)
     np.clip(q, lo - zero_point, hi - zero_point, out=q)
     if zero_point:
@@ -112,7 +114,7 @@ def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
         v = _fma32(p, rp, base)
     else:
         v = _fma32(p, rp, _fma32(q, rq, fixed))
-    v = np.rint(np.broadcast_to(v, out_shape))
+    v = np.asarray(np.rint(np.broadcast_to(v, out_shape)))
     lo, hi = int_range(dtype)
     np.clip(v, lo, hi, out=v)
     return v.astype(dtype)
@@ -123,7 +125,7 @@ def QLinearMul(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
     """MLAS QLinearMul: round(float32((a - za) * (b - zb)) * (sa * sb / sc) + zc)."""
     dtype = A.dtype
     ratio = np.float32(np.float32(_f32(A_scale) * _f32(B_scale)) / _f32(C_scale))
-    v = np.multiply(centered(A, _zp(A_zero_point)), centered(B, _zp(B_zero_point)))
+    v = np.asarray(np.multiply(centered(A, _zp(A_zero_point)), centered(B, _zp(B_zero_point))))
     v *= ratio
     v += np.float32(_zp(C_zero_point))
     np.rint(v, out=v)
@@ -155,9 +157,9 @@ class _QLinearLookup:
         self.table = None
         params = _constants(ctx, (1, 2, 3, 4))
         x_type = ctx.input_type(0)
-        if params is not None and x_type is not None:
-            dtype = np_dtype(x_type.tensor_type.elem_type)
-            self.table = lookup_table(dtype, *params, self.fn)
+        elem = x_type.tensor_type.elem_type if x_type is not None else 0
+        if params is not None and elem in (TensorProto.UINT8, TensorProto.INT8):
+            self.table = lookup_table(np_dtype(elem), *params, self.fn)
 
     def __call__(self, X, X_scale, X_zero_point=None, Y_scale=None, Y_zero_point=None):
         table = self.table
@@ -320,9 +322,10 @@ class QLinearSoftmax:
     """onnxruntime's QLinearSoftmax: exponentials from a table relative to the row maximum, a
     sequential float32 sum, and y = round(e * floor(1 / y_scale) / sum) + y_zp."""
 
-    def __init__(self, ctx: KernelContext, *, axis=-1, opset) -> None:
+    def __init__(self, ctx: KernelContext, *, axis=None, opset) -> None:
         self.opset = int(opset)
-        self.axis = int(axis)
+        # without the attribute: Softmax's own default, 1 before opset 13 and -1 from it on
+        self.axis = int(axis) if axis is not None else (1 if self.opset < 13 else -1)
 
     def __call__(self, X, X_scale, x_zero_point=None, y_scale=None, y_zero_point=None):
         if X.size == 0:
@@ -343,12 +346,9 @@ class QLinearSoftmax:
         v = e * ys
         v /= total
         np.rint(v, out=v)
-        q = v.astype(np.int64) + _zp(y_zero_point)
-        if X.dtype == np.uint8:
-            q = np.minimum(q, 255)
-        else:
-            q = np.where(q > 255, 255, q)
-        Y = q.astype(np.uint32).astype(np.uint8).view(X.dtype)
+        v += np.float32(_zp(y_zero_point))
+        lo, hi = int_range(X.dtype)
+        Y = np.clip(v, lo, hi, out=v).astype(X.dtype)
         if self.opset < 13:
             return Y.reshape(X.shape)
         return np.ascontiguousarray(np.moveaxis(Y, -1, axis))
@@ -392,12 +392,12 @@ class QGemm:
         amax = centered_absmax(Am, zp)
         acc = int_matmul(centered(Am, zp), amax, Bm)
         if C is not None and C.size:
-            if acc.dtype == F32 and amax * Bm.colsum + float(np.abs(C).max()) >= 2.0 ** 24:
+            if acc.dtype == F32 and amax * Bm.colsum + float(np.abs(C).max()) >= F32_EXACT:
                 acc = acc.astype(F64)
             acc = acc + C.astype(acc.dtype)
         mult = output_multiplier(a_scale, _column_param(b_scale), y_scale, self.alpha)
         if y_scale is None:
-            Y = acc.astype(F32)
+            Y = acc if acc.dtype == F32 else acc.astype(F32)
             Y *= mult
             return Y
         out = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
@@ -411,14 +411,14 @@ def dynamic_quantize(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
     hi = np.float32(max(float(A.max()), 0.0)) if A.size else np.float32(0)
     scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
     zp = int(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
-    q = np.true_divide(A, scale, dtype=F32)
+    q = np.asarray(np.true_divide(A, scale, dtype=F32))
     np.rint(q, out=q)
     np.clip(q, -zp, 255 - zp, out=q)
     return q, scale, zp
 
 
 def _scaled_output(acc: np.ndarray, mult, bias, out_dtype) -> np.ndarray:
-    Y = acc.astype(F32)
+    Y = acc if acc.dtype == F32 else acc.astype(F32)
     Y *= mult
     if bias is not None:
         Y += bias.astype(F32)
@@ -553,7 +553,7 @@ def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights) -> np.ndarray:
     """onnxruntime's quantized LSTM GEMM: A quantized to uint8 per call (per tensor)."""
     Aq, a_scale, zp = dynamic_quantize(A2)
     acc = int_matmul(Aq, float(max(zp, 255 - zp)), w.mat)
-    out = acc.astype(F32)
+    out = acc if acc.dtype == F32 else acc.astype(F32)
     out *= (a_scale * w.scale) if np.ndim(w.scale) else np.float32(a_scale * w.scale)
     return out
 
@@ -566,8 +566,9 @@ class DynamicQuantizeLSTM:
     def __init__(self, ctx: KernelContext, *, activation_alpha=None, activation_beta=None,
                  activations=None, clip=None, direction="forward", hidden_size=None,
                  input_forget=0) -> None:
-        from ..rnn import _activations, _directions
+        from ..rnn import _activations, _apply, _directions  # LSTM's activation helpers
 
+        self.apply = _apply
         direction = direction.decode() if isinstance(direction, bytes) else direction
         self.reverse = _directions(direction)
         self.D = len(self.reverse)
@@ -588,8 +589,6 @@ class DynamicQuantizeLSTM:
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                  P=None, W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
-        from ..rnn import _apply
-
         T, batch, _ = X.shape
         H = R.shape[1]
         D = self.D
@@ -617,7 +616,7 @@ class DynamicQuantizeLSTM:
             for t in range(steps):
                 g = xw[t] + _qgemm_dynamic(h_in, rq)
                 h_new, c_new = self._cell(g, c, bias[d], None if peep is None else peep[d],
-                                          f_act, g_act, h_act, _apply, H)
+                                          f_act, g_act, h_act, self.apply, H)
                 if lens is not None:
                     active = (t < lens)[:, None]
                     h = np.where(active, h_new, h)
@@ -675,6 +674,5 @@ class DynamicQuantizeLSTM:
         cc = apply(g_act, pre(gc, bias[3 * H:]))
         c_new = c * f + i * cc
         o = apply(f_act, pre(go, bias[H:2 * H], None if peep is None else peep[1] * c_new))
-        hc = c_new if clip is None else np.clip(c_new, -clip, clip)
-        h_new = apply(h_act, hc.copy()) * o
+        h_new = apply(h_act, c_new.copy()) * o  # onnxruntime does not clip C_t here
         return h_new.astype(F32), c_new.astype(F32)

@@ -150,13 +150,15 @@ def _causal(S: int, T: int, P) -> np.ndarray:
 
 
 def _mask_bias(mask, B, S, T, P, causal, filter_value, cdt):
-    allowed = None
+    """Additive bias: the filter value where the mask masks, the lowest float for future keys
+    (so a row whose allowed keys are all masked still attends among those, as in
+    onnxruntime)."""
+    bias = None
     if mask is not None:
-        allowed = _key_mask(mask, B, S, T, P)
+        bias = _filter_bias(_key_mask(mask, B, S, T, P), filter_value, cdt)
     if causal and S > 1:
-        c = _causal(S, T, P)
-        allowed = c if allowed is None else allowed & c
-    return None if allowed is None else _filter_bias(allowed, filter_value, cdt)
+        bias = add_bias(bias, _filter_bias(_causal(S, T, P), np.finfo(cdt).min, cdt))
+    return bias
 
 
 def _scale(scale: float, head_size: int) -> float:
@@ -190,7 +192,8 @@ class Attention:
         B, S, _ = X.shape
         cdt = compute_dtype(X.dtype)
         W = self.W if self.W is not None else weights.astype(cdt, copy=False)
-        qkv = np.matmul(X.astype(cdt, copy=False), W)
+        # one GEMM over every token
+        qkv = np.dot(X.astype(cdt, copy=False).reshape(B * S, -1), W).reshape(B, S, -1)
         if bias is not None:
             qkv += self.b if self.b is not None else bias.astype(cdt, copy=False)
         dq, dk, dv = self.sizes or [W.shape[1] // 3] * 3
@@ -334,33 +337,40 @@ class GroupQueryAttention:
             v = to_heads(value.astype(cdt, copy=False), Nkv)
         total = seqlens_k.reshape(-1).astype(np.int64) + 1  # (B,) keys after this step
         T_max = int(np.asarray(total_sequence_length).reshape(-1)[0])
+        first_prompt = S == T_max  # as onnxruntime decides: a prompt fills the whole cache
         if query_seqlens is not None:
             valid = query_seqlens.reshape(-1).astype(np.int64)
             past_len = total - valid
-        else:
-            valid = np.minimum(S, total)
-            first_prompt = S == T_max  # as onnxruntime decides: a prompt fills the whole cache
+            first_prompt = False
+        else:  # every new row is written, padding rows of a first prompt included
+            valid = np.full(B, S, np.int64)
             past_len = np.zeros(B, np.int64) if first_prompt else total - S
         if q_norm_weight is not None:  # per-head RMS norm of Q and K (Qwen3)
             q, _ = rms_normalize(q, q_norm_weight, -1, self.q_eps, cdt)
             k, _ = rms_normalize(k, k_norm_weight, -1, self.k_eps, cdt)
         if self.rotary:
-            pos = (position_ids.astype(np.int64) if position_ids is not None
-                   else past_len[:, None] + np.arange(S))
+            if position_ids is None:
+                pos = past_len[:, None] + np.arange(S)
+            elif first_prompt:  # onnxruntime reads only the first position of a first prompt
+                pos = np.broadcast_to(int(position_ids.reshape(-1)[0]) + np.arange(S), (B, S))
+            else:
+                pos = position_ids.astype(np.int64)
             cos = cos_cache.astype(cdt, copy=False)[pos][:, None]  # (B, 1, S, rot/2)
             sin = sin_cache.astype(cdt, copy=False)[pos][:, None]
             rot = cos_cache.shape[1] * 2
             q = rotate(q, cos, sin, self.interleaved, rot)
             k = rotate(k, cos, sin, self.interleaved, rot)
-        present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max)
-        T = present_k.shape[2]
+        present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
+                                             dt)
+        # keys past every batch's total length are hidden: a large shared buffer is not read
+        T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
         j = np.arange(T)
         qpos = past_len[:, None] + np.arange(S)  # (B, S) absolute query positions
         allowed = (j < total[:, None])[:, None, :]  # (B, 1, T)
         if self.causal:
             allowed = allowed & (j[None, None, :] <= qpos[:, :, None])
         if self.window > 0:
-            allowed = allowed & (j[None, None, :] >= qpos[:, :, None] - self.window)
+            allowed = allowed & (j[None, None, :] > qpos[:, :, None] - self.window)
         bias = neg_inf_where_not(allowed, cdt)[:, None]  # (B, 1, S or 1, T)
         if attention_bias is not None:
             ab = attention_bias.astype(cdt, copy=False)[..., :T]
@@ -375,21 +385,25 @@ class GroupQueryAttention:
         capture = None
         if self.want_qk:
             capture = BIASED if self.qk_output == 1 else PROBS
-        out, qk = attend(q, present_k.astype(cdt, copy=False), present_v.astype(cdt, copy=False),
-                         bias, scale=_scale(self.scale, H), softcap=self.softcap, sink=sink,
-                         capture=capture)
+        kc = present_k[:, :, :T].astype(cdt, copy=False)
+        vc = present_v[:, :, :T].astype(cdt, copy=False)
+        out, qk = attend(q, kc, vc, bias, scale=_scale(self.scale, H), softcap=self.softcap,
+                         sink=sink, capture=capture)
         if qk is not None:
+            if self.qk_output == 1:  # onnxruntime leaves the scores of hidden keys at 0
+                qk[np.broadcast_to(np.isneginf(bias), qk.shape)] = 0
             qk = qk.astype(dt, copy=False)
         return from_heads(out).astype(dt, copy=False), present_k, present_v, qk
 
-    def _present(self, past_key, past_value, k, v, past_len, valid, T_max):
+    def _present(self, past_key, past_value, k, v, past_len, valid, T_max, dt):
         """The cache after this step: each batch's first past_len rows of the past, then its
         valid new rows; the rest zero. Its length is the larger of the past buffer's and the
         total sequence length."""
         B, Nkv, S, H = k.shape
         P_buf = 0 if past_key is None else past_key.shape[2]
         T = max(P_buf, T_max)
-        dt = past_key.dtype if past_key is not None else k.dtype
+        if past_key is not None:
+            dt = past_key.dtype
         out = []
         for past, new in ((past_key, k), (past_value, v)):
             present = np.zeros((B, Nkv, T, H), dtype=dt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ....dtypes import np_dtype
+from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
 from ._common import Lookup
 
@@ -212,19 +212,19 @@ class _LabelEncoder:
             if d.size != 1:
                 raise ValueError("default_tensor must have exactly one element")
             default = d[0]
-        elif vd == object:
+        elif vd.kind == "O":
             default = attrs["default_string"]
         elif vd.kind == "f":
             default = attrs["default_float"]
         else:
             default = attrs["default_int64"]
-        self.default = default if vd == object else vd.type(default)
-        kd = str if self.key_dtype == object else self.key_dtype
+        self.default = default if vd.kind == "O" else vd.type(default)
+        kd = str if self.key_dtype.kind == "O" else self.key_dtype
         self.lookup = Lookup(keys, values, first_wins=True, nan_keys=nan_keys, key_dtype=kd,
-                             value_dtype=object if vd == object else vd)
+                             value_dtype=object if vd.kind == "O" else vd)
 
     def __call__(self, X):
-        if (self.key_dtype == object) != _is_string(X):
+        if (self.key_dtype.kind == "O") != _is_string(X):
             raise TypeError(
                 f"LabelEncoder keys are {self.key_dtype} but the input is {X.dtype}"
             )
@@ -352,9 +352,9 @@ class DictVectorizer:
         vals = np.empty(len(values), dtype=dt)
         vals[:] = values
         # vocabulary entries missing from the map are 0 (the type's default value)
-        zero = "" if dt == object else dt.type(0)
+        zero = "" if dt.kind == "O" else dt.type(0)
         lookup = Lookup(keys, vals, key_dtype=self.key_dtype,
-                        value_dtype=object if dt == object else dt)
+                        value_dtype=object if dt.kind == "O" else dt)
         return lookup(self.vocabulary, zero).reshape(1, -1)
 
 

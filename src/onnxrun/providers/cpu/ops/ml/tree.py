@@ -39,7 +39,8 @@ TRANSFORMS_V5 = ("NONE", "SOFTMAX", "LOGISTIC", "SOFTMAX_ZERO", "PROBIT")
 
 RAW_ONE, RAW_ZERO = -2, -1  # label indices of onnxruntime's raw binary labels 1 and 0
 
-_CHUNK = 1 << 20  # (row, tree) pairs evaluated at once: bounds the temporary arrays
+_CHUNK = 1 << 17  # (row, tree) pairs evaluated at once: bounds the temporary arrays
+_DENSE_LIMIT = 1 << 24  # larger node x target weight tables aggregate from the weight lists
 
 
 class Forest:
@@ -81,13 +82,25 @@ class Forest:
         self.n_trees = len(self.roots)
         if self.n_trees and ((self.roots < 0) | (self.roots >= n)).any():
             raise ValueError("tree root out of range")
-        self._check_acyclic()
+        self.min_leaf_depth = self._check_acyclic()
+        # The evaluation state of a (row, tree) pair is 2 * node: hot node attributes are stored
+        # twice so the state indexes them directly, and child2[state + condition] is the next
+        # state (child2 holds 2 * false child, 2 * true child).
+        self.roots2 = 2 * self.roots
+        self.child2 = np.empty(2 * n, dtype=np.intp)
+        self.child2[0::2] = 2 * self.false_idx
+        self.child2[1::2] = 2 * self.true_idx
+        self.feature2 = np.repeat(self.feature, 2)
+        self.leaf2 = np.repeat(is_leaf, 2)
+        self.thr64_2 = np.repeat(self.thr64, 2)
+        self.thr32_2 = None if self.thr32 is None else np.repeat(self.thr32, 2)
         # leaf weights
         self.leaf_targets = np.asarray(leaf_targets, dtype=np.intp)
         self.leaf_values = np.asarray(leaf_values, dtype=np.float64)
         self.leaf_start = np.asarray(leaf_start, dtype=np.intp)
         self.leaf_count = np.asarray(leaf_count, dtype=np.intp)
         self.one_weight = bool((self.leaf_count[is_leaf] == 1).all())
+        self.n_targets = 1
         # BRANCH_MEMBER: (node, rank of value) pairs as sorted int64 keys
         self.is_member = mode == MEMBER
         self.has_members = bool(self.is_member.any())
@@ -104,12 +117,17 @@ class Forest:
                 np.int64))
             self.member_width = width
 
-    def _check_acyclic(self) -> None:
+    def _check_acyclic(self) -> int:
+        """Refuse cycles; return the depth of the shallowest leaf (levels every row descends)."""
         frontier = np.unique(self.roots)
-        for _ in range(self.n_nodes + 1):
-            frontier = frontier[~self.is_leaf[frontier]]
+        shallowest = None
+        for depth in range(self.n_nodes + 1):
+            leaf = self.is_leaf[frontier]
+            if shallowest is None and leaf.any():
+                shallowest = depth
+            frontier = frontier[~leaf]
             if frontier.size == 0:
-                return
+                return shallowest or 0
             frontier = np.unique(np.concatenate(
                 (self.true_idx[frontier], self.false_idx[frontier])))
         raise ValueError("the trees contain a cycle")
@@ -126,20 +144,24 @@ class Forest:
         pos = np.minimum(np.searchsorted(self.member_keys, keys), self.member_keys.size - 1)
         return exact & (self.member_keys[pos] == keys)
 
-    def _condition(self, x: np.ndarray, nodes: np.ndarray, thr: np.ndarray) -> np.ndarray:
-        t = thr[nodes]
+    def _condition(self, x: np.ndarray, state: np.ndarray, thr2: np.ndarray) -> np.ndarray:
+        """Whether each (row, tree) pair at ``state`` (2 * node) takes the true branch."""
+        t = thr2[state]
         if self.single_mode is not None:
             cond = _COMPARE[self.single_mode](x, t)
-        else:
-            truth = self.truth[nodes]
-            cond = (x < t) & truth[:, 0]
-            cond |= (x == t) & truth[:, 1]
-            cond |= (x > t) & truth[:, 2]
-            cond |= np.isnan(x) & truth[:, 3]
-            if self.has_members:
-                m = self.is_member[nodes]
-                if m.any():
-                    cond[m] = self._members(x[m], nodes[m])
+            if self.has_missing:
+                cond |= self.missing[state >> 1] & np.isnan(x)
+            return cond
+        nodes = state >> 1
+        truth = self.truth[nodes]
+        cond = (x < t) & truth[:, 0]
+        cond |= (x == t) & truth[:, 1]
+        cond |= (x > t) & truth[:, 2]
+        cond |= np.isnan(x) & truth[:, 3]
+        if self.has_members:
+            m = self.is_member[nodes]
+            if m.any():
+                cond[m] = self._members(x[m], nodes[m])
         if self.has_missing:
             cond |= self.missing[nodes] & np.isnan(x)
         return cond
@@ -155,53 +177,115 @@ class Forest:
                 f"One path in the graph requests feature {self.max_feature} but input tensor has "
                 f"{X.shape[1]} features."
             )
-        if X.dtype == np.float32 and self.thr32 is not None:
-            return np.ascontiguousarray(X), self.thr32
+        if X.dtype == np.float32 and self.thr32_2 is not None:
+            return np.ascontiguousarray(X), self.thr32_2
         if X.dtype.kind in "iub":
             # C++ compares an integer with a float threshold after converting it to that type
             X = X.astype(self.thr_dtype)
-        return np.ascontiguousarray(X, dtype=np.float64), self.thr64
+        return np.ascontiguousarray(X, dtype=np.float64), self.thr64_2
 
     def leaves(self, X: np.ndarray) -> np.ndarray:
         """[N, n_trees] index of the leaf each row reaches in each tree."""
-        X, thr = self._prepare(X)
+        X, thr2 = self._prepare(X)
         N, F = X.shape
         T = self.n_trees
         out = np.empty((N, T), dtype=np.intp)
         if N == 0 or T == 0:
             return out
         flat = X.reshape(-1)
+        feature2, child2, leaf2, cond = self.feature2, self.child2, self.leaf2, self._condition
         step = max(1, _CHUNK // T)
         for r0 in range(0, N, step):
             r1 = min(N, r0 + step)
-            cur = np.tile(self.roots, r1 - r0)
+            s = np.tile(self.roots2, r1 - r0)
             offset = np.repeat(np.arange(r0, r1, dtype=np.intp) * F, T)
-            act = np.flatnonzero(~self.is_leaf[cur])
-            while act.size:
-                nodes = cur[act]
-                x = flat[offset[act] + self.feature[nodes]]
-                nxt = np.where(self._condition(x, nodes, thr),
-                               self.true_idx[nodes], self.false_idx[nodes])
-                cur[act] = nxt
-                act = act[~self.is_leaf[nxt]]
-            out[r0:r1] = cur.reshape(r1 - r0, T)
+            # no pair can reach a leaf before the shallowest one: no checks on these levels
+            for _ in range(self.min_leaf_depth):
+                s = child2[s + cond(flat[offset + feature2[s]], s, thr2)]
+            # then keep a working set of pairs, compacted once a quarter of it sits on leaves
+            # (a leaf is its own child, so pairs on leaves may go on being stepped harmlessly)
+            act = None
+            inside = ~leaf2[s]
+            n_inside = np.count_nonzero(inside)
+            while n_inside:
+                if n_inside < 0.75 * inside.size:
+                    if act is None:
+                        out_s, act = s, np.flatnonzero(inside)
+                    else:
+                        out_s[act] = s
+                        act = act[inside]
+                    s, offset = s[inside], offset[inside]
+                s = child2[s + cond(flat[offset + feature2[s]], s, thr2)]
+                inside = ~leaf2[s]
+                n_inside = np.count_nonzero(inside)
+            if act is not None:
+                out_s[act] = s
+                s = out_s
+            out[r0:r1] = (s >> 1).reshape(r1 - r0, T)
         return out
 
     # -- aggregation -----------------------------------------------------------------------------
 
-    def first_weight(self) -> np.ndarray:
-        """Per node: its first weight (onnxruntime's single-target leaf value), 0 if none."""
-        v = np.zeros(self.n_nodes, dtype=np.float64)
+    def prepare_targets(self, n_targets: int) -> None:
+        """Arrange the leaf weights for aggregating ``n_targets`` scores (once, at load)."""
+        K = self.n_targets = n_targets
+        n = self.n_nodes
         has = self.leaf_count > 0
-        v[has] = self.leaf_values[self.leaf_start[has]]
-        return v
+        # onnxruntime's single-target score: a leaf's first weight
+        self.first = np.zeros(n, dtype=np.float64)
+        self.first[has] = self.leaf_values[self.leaf_start[has]]
+        self.tree_onehot = self.dense = None
+        if K == 1:
+            return
+        node = np.repeat(np.arange(n, dtype=np.intp), self.leaf_count)
+        tree_target = self._tree_targets()
+        if tree_target is not None:
+            # every leaf of a tree holds one weight for the tree's own target (gradient
+            # boosting): the scores are one matrix product
+            self.tree_onehot = np.zeros((self.n_trees, K))
+            self.tree_onehot[np.arange(self.n_trees), tree_target] = 1.0
+            self.tree_has = self.tree_onehot.any(axis=0)
+        elif n * K <= _DENSE_LIMIT:
+            W = np.zeros((n, K))
+            np.add.at(W, (node, self.leaf_targets), self.leaf_values)
+            Hn = np.zeros((n, K), dtype=bool)
+            Hn[node, self.leaf_targets] = True
+            lo = np.full((n, K), np.inf)
+            np.minimum.at(lo, (node, self.leaf_targets), self.leaf_values)
+            hi = np.full((n, K), -np.inf)
+            np.maximum.at(hi, (node, self.leaf_targets), self.leaf_values)
+            leaves = self.is_leaf
+            self.dense = {"SUM": W, "MIN": lo, "MAX": hi, "has": Hn,
+                          "full": bool(Hn[leaves].all())}
 
-    def aggregate(self, L: np.ndarray, n_targets: int, agg: str) -> tuple[np.ndarray, np.ndarray]:
+    def _tree_targets(self) -> np.ndarray | None:
+        """The single target of each tree when every leaf has one weight for it, else None."""
+        if not self.one_weight or self.n_trees == 0:
+            return None
+        node, tree = self.roots, np.arange(self.n_trees)
+        target = np.full(self.n_trees, -1)
+        while node.size:
+            leaf = self.is_leaf[node]
+            t_leaf = self.leaf_targets[self.leaf_start[node[leaf]]]
+            prev = target[tree[leaf]]
+            if ((prev >= 0) & (prev != t_leaf)).any():
+                return None
+            target[tree[leaf]] = t_leaf
+            if (target[tree[leaf]] != t_leaf).any():  # two leaves of a tree on one level
+                return None
+            node, tree = node[~leaf], tree[~leaf]
+            node = np.concatenate((self.true_idx[node], self.false_idx[node]))
+            tree = np.concatenate((tree, tree))
+            pairs = np.unique(np.stack((node, tree)), axis=1)  # shared subtrees: visit once
+            node, tree = pairs[0], pairs[1]
+        return target
+
+    def aggregate(self, L: np.ndarray, agg: str) -> tuple[np.ndarray, np.ndarray]:
         """Scores [N, K] and whether any leaf wrote each score (onnxruntime's has_score)."""
         N, T = L.shape
-        K = n_targets
+        K = self.n_targets
         if K == 1:
-            v = self.first_weight()[L]
+            v = self.first[L]
             if agg in ("SUM", "AVERAGE"):
                 S = v.sum(axis=1)
             elif T == 0:
@@ -209,41 +293,47 @@ class Forest:
             else:
                 S = v.min(axis=1) if agg == "MIN" else v.max(axis=1)
             return S.reshape(N, 1), np.full((N, 1), T > 0)
-        if agg in ("SUM", "AVERAGE"):
-            return self._sum(L, K)
-        return self._extreme(L, K, agg)
+        kind = "SUM" if agg in ("SUM", "AVERAGE") else agg
+        if self.tree_onehot is not None and kind == "SUM":
+            return self.first[L] @ self.tree_onehot, np.broadcast_to(self.tree_has, (N, K))
+        if self.dense is not None:
+            W, Hn = self.dense[kind], self.dense["has"]
+            S = np.empty((N, K))
+            H = np.empty((N, K), dtype=bool)
+            reduce = {"SUM": np.sum, "MIN": np.min, "MAX": np.max}[kind]
+            step = max(1, _CHUNK // max(T * K, 1))
+            for r0 in range(0, N, step):
+                part = L[r0:r0 + step]
+                S[r0:r0 + step] = reduce(W[part], axis=1) if T else 0.0
+                if self.dense["full"]:
+                    H[r0:r0 + step] = T > 0
+                else:
+                    H[r0:r0 + step] = Hn[part].any(axis=1)
+            if kind != "SUM":
+                S = np.where(H, S, 0.0)
+            return S, H
+        return self._sparse(L, kind)
 
-    def _entries(self, L: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(row, weight entry) for every weight of every reached leaf."""
+    def _sparse(self, L: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """Aggregation through the weight lists, for forests too large for dense tables."""
         N, T = L.shape
+        K = self.n_targets
         flat = L.reshape(-1)
-        rows = np.repeat(np.arange(N, dtype=np.intp), T)
-        if self.one_weight:
-            return rows, self.leaf_start[flat]
         counts = self.leaf_count[flat]
         rep = np.repeat(np.arange(flat.size), counts)
         ends = np.cumsum(counts)
         within = np.arange(ends[-1] if ends.size else 0) - np.repeat(ends - counts, counts)
-        return rows[rep], self.leaf_start[flat][rep] + within
-
-    def _sum(self, L: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray]:
-        N = L.shape[0]
-        rows, entries = self._entries(L)
-        key = rows * K + self.leaf_targets[entries]
-        S = np.bincount(key, weights=self.leaf_values[entries], minlength=N * K)
-        H = np.bincount(key, minlength=N * K) > 0
-        return S.reshape(N, K), H.reshape(N, K)
-
-    def _extreme(self, L: np.ndarray, K: int, agg: str) -> tuple[np.ndarray, np.ndarray]:
-        N = L.shape[0]
-        rows, entries = self._entries(L)
-        key = rows * K + self.leaf_targets[entries]
+        entries = self.leaf_start[flat][rep] + within
+        key = (rep // T) * K + self.leaf_targets[entries]
         vals = self.leaf_values[entries]
-        fill = np.inf if agg == "MIN" else -np.inf
-        S = np.full(N * K, fill)
-        (np.minimum if agg == "MIN" else np.maximum).at(S, key, vals)
         H = np.bincount(key, minlength=N * K) > 0
-        return np.where(H, S, 0.0).reshape(N, K), H.reshape(N, K)
+        if kind == "SUM":
+            S = np.bincount(key, weights=vals, minlength=N * K)
+        else:
+            S = np.full(N * K, np.inf if kind == "MIN" else -np.inf)
+            (np.minimum if kind == "MIN" else np.maximum).at(S, key, vals)
+            S = np.where(H, S, 0.0)
+        return S.reshape(N, K), H.reshape(N, K)
 
 
 # -- building forests ---------------------------------------------------------------------------
@@ -514,10 +604,11 @@ class TreeEnsembleRegressor:
             truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
             missing=nodes_missing_value_tracks_true, w_treeids=target_treeids,
             w_nodeids=target_nodeids, w_ids=target_ids, w_values=weights)
+        self.forest.prepare_targets(self.n_targets)
 
     def __call__(self, X):
         f = self.forest
-        S, H = f.aggregate(f.leaves(X), self.n_targets, self.agg)
+        S, H = f.aggregate(f.leaves(X), self.agg)
         return regression_scores(S, H, f.n_trees, self.agg, self.base, self.post).astype(
             np.float32)
 
@@ -551,10 +642,11 @@ class TreeEnsembleClassifier:
             truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
             missing=nodes_missing_value_tracks_true, w_treeids=class_treeids,
             w_nodeids=class_nodeids, w_ids=class_ids, w_values=weights)
+        self.forest.prepare_targets(self.n_classes)
 
     def __call__(self, X):
         f = self.forest
-        S, H = f.aggregate(f.leaves(X), self.n_classes, "SUM")
+        S, H = f.aggregate(f.leaves(X), "SUM")
         Z, label = classifier_scores(S, H, self.base, self.post, self.binary_case,
                                      self.all_positive)
         return _labels_out(label, self.ints, self.strings), Z.astype(np.float32)
@@ -587,9 +679,10 @@ class TreeEnsemble:
             nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
             leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
             membership_values=membership_values if membership_values is not None else [])
+        self.forest.prepare_targets(self.n_targets)
 
     def __call__(self, X):
         f = self.forest
-        S, H = f.aggregate(f.leaves(X), self.n_targets, self.agg)
+        S, H = f.aggregate(f.leaves(X), self.agg)
         Y = regression_scores(S, H, f.n_trees, self.agg, np.zeros(0), self.post)
         return Y.astype(X.dtype)

@@ -1,0 +1,131 @@
+"""Conv / ConvTranspose / Gemm + BatchNormalization -> one Conv / ConvTranspose / Gemm.
+
+An inference BatchNormalization is y = a * x + b per channel, a = scale / sqrt(var + eps) and
+b = bias - mean * a: scaling each output channel's weights by a and its bias by a, plus b, gives
+the same result without a second pass over the activation. Only for constant weights and
+parameters, a BatchNormalization in inference mode whose extra outputs nobody reads, and a
+convolution output read by nothing else.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..base import BASIC, RulePass, register_pass
+from ..graph_utils import constant_value
+from ..pattern import RewriteRule
+from ._helpers import batchnorm_affine, is_float_array
+
+
+def _bias(node, index: int) -> tuple[bool, np.ndarray | None]:
+    """(usable, value) of an optional constant bias input: absent is usable (None)."""
+    if len(node.inputs) <= index or node.inputs[index] is None:
+        return True, None
+    c = constant_value(node.inputs[index])
+    return c is not None, c
+
+
+def _folded_bias(old: np.ndarray | None, a: np.ndarray, b: np.ndarray, dtype: np.dtype
+                 ) -> np.ndarray:
+    base = np.zeros_like(a) if old is None else old.astype(np.float64)
+    return (base * a + b).astype(dtype)
+
+
+class ConvBatchNorm(RewriteRule):
+    name = "Conv+BatchNormalization"
+
+    def pattern(self, op, x, w, scale, bias, mean, var):
+        return op.BatchNormalization(op.Conv(x, w, _name="conv"), scale, bias, mean, var,
+                                     _name="bn")
+
+    def check(self, context, w, conv, bn, **_):
+        weight = constant_value(w)
+        if not is_float_array(weight) or weight.ndim < 3:
+            return False
+        ok, _b = _bias(conv, 2)
+        return ok and batchnorm_affine(context.model, bn, weight.shape[0]) is not None
+
+    def rewrite(self, op, x, w, conv, bn, **_):
+        weight = constant_value(w)
+        a, b = batchnorm_affine(op.model, bn, weight.shape[0])
+        scale = a.reshape((-1,) + (1,) * (weight.ndim - 1))
+        new_w = (weight.astype(np.float64) * scale).astype(weight.dtype)
+        new_b = _folded_bias(_bias(conv, 2)[1], a, b, weight.dtype)
+        return op.Conv(x, op.initializer(new_w, "W"), op.initializer(new_b, "B"),
+                       _name=conv.name or None, **conv.attributes)
+
+
+class ConvTransposeBatchNorm(RewriteRule):
+    name = "ConvTranspose+BatchNormalization"
+
+    def pattern(self, op, x, w, scale, bias, mean, var):
+        return op.BatchNormalization(op.ConvTranspose(x, w, _name="conv"), scale, bias, mean,
+                                     var, _name="bn")
+
+    def check(self, context, w, conv, bn, **_):
+        weight = constant_value(w)
+        if not is_float_array(weight) or weight.ndim < 3:
+            return False
+        group = int(conv.attr("group", 1))
+        if group < 1 or weight.shape[0] % group:
+            return False
+        ok, _b = _bias(conv, 2)
+        channels = weight.shape[1] * group
+        return ok and batchnorm_affine(context.model, bn, channels) is not None
+
+    def rewrite(self, op, x, w, conv, bn, **_):
+        weight = constant_value(w)
+        group = int(conv.attr("group", 1))
+        c_in, m_per_group = weight.shape[0], weight.shape[1]
+        a, b = batchnorm_affine(op.model, bn, m_per_group * group)
+        # W is [C, M/group, k...]; output channel g * M/group + j is W[group g's rows, j].
+        grouped = weight.astype(np.float64).reshape(
+            (group, c_in // group, m_per_group) + weight.shape[2:])
+        scale = a.reshape((group, 1, m_per_group) + (1,) * (weight.ndim - 2))
+        new_w = (grouped * scale).reshape(weight.shape).astype(weight.dtype)
+        new_b = _folded_bias(_bias(conv, 2)[1], a, b, weight.dtype)
+        return op.ConvTranspose(x, op.initializer(new_w, "W"), op.initializer(new_b, "B"),
+                                _name=conv.name or None, **conv.attributes)
+
+
+class GemmBatchNorm(RewriteRule):
+    name = "Gemm+BatchNormalization"
+
+    def pattern(self, op, x, w, scale, bias, mean, var):
+        return op.BatchNormalization(op.Gemm(x, w, _name="gemm"), scale, bias, mean, var,
+                                     _name="bn")
+
+    def check(self, context, w, gemm, bn, **_):
+        weight = constant_value(w)
+        if not is_float_array(weight) or weight.ndim != 2:
+            return False
+        ok, c = _bias(gemm, 2)
+        if not ok or (c is not None and c.ndim > 2):
+            return False
+        n = weight.shape[0] if gemm.attr("transB", 0) else weight.shape[1]
+        return batchnorm_affine(context.model, bn, n) is not None
+
+    def rewrite(self, op, x, w, gemm, bn, **_):
+        weight = constant_value(w)
+        trans_b = bool(gemm.attr("transB", 0))
+        n = weight.shape[0] if trans_b else weight.shape[1]
+        a, b = batchnorm_affine(op.model, bn, n)
+        scale = a[:, None] if trans_b else a[None, :]
+        new_w = (weight.astype(np.float64) * scale).astype(weight.dtype)
+        c = _bias(gemm, 2)[1]
+        beta = float(gemm.attr("beta", 1.0))
+        new_c = b if c is None else c.astype(np.float64) * beta * a + b
+        attrs = {**gemm.attributes, "beta": 1.0}
+        if "broadcast" in gemm.attributes:  # Gemm-1..6: the new C is a row to broadcast
+            attrs["broadcast"] = 1
+        return op.Gemm(x, op.initializer(new_w, "W"),
+                       op.initializer(new_c.astype(weight.dtype), "C"),
+                       _name=gemm.name or None, **attrs)
+
+
+@register_pass
+class ConvBNFusion(RulePass):
+    name = "ConvBNFusion"
+    level = BASIC
+    order = 30
+    rules = (ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm)

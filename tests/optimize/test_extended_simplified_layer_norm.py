@@ -1,0 +1,95 @@
+"""SimplifiedLayerNormFusion: RMSNorm -> SimplifiedLayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx.parser
+import onnxruntime as ort
+import pytest
+
+import onnxrun
+
+EXTENDED = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+rng = np.random.default_rng(0)
+
+
+def build(text: str, **inits: np.ndarray) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    return model
+
+
+def optimized(model: onnx.ModelProto, feeds: dict, tmp_path, level=EXTENDED):
+    """Optimize and run. Outputs must equal the unoptimized run's, and onnxruntime must load
+    the saved optimized model and agree. Returns ({pass: {change: count}}, saved model)."""
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = onnxrun.InferenceSession(model.SerializeToString(), opts).run(None, feeds)
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = level
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = onnxrun.InferenceSession(model.SerializeToString(), opts)
+    ort_opts = ort.SessionOptions()
+    ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort_sess = ort.InferenceSession(opts.optimized_model_filepath, ort_opts,
+                                    providers=["CPUExecutionProvider"])
+    for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
+        for got, want in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    changes = {name: dict(p.changes) for name, p in sess.get_optimization_report().passes.items()
+               if p.changes}
+    return changes, onnx.load(opts.optimized_model_filepath)
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+D = 8
+W = rng.standard_normal(D).astype(np.float32)
+FEEDS = {"x": rng.standard_normal((2, 3, D)).astype(np.float32)}
+
+
+def rms_model(square="pow", divide="reciprocal", axis=-1, keepdims=1, w_shape=(D,)):
+    sq = "two = Constant <value = float {2.0}> ()\n sq = Pow(x, two)" if square == "pow" \
+        else "sq = Mul(x, x)"
+    div = "n = Div(x, r)" if divide == "div" else "inv = Reciprocal(r)\n n = Mul(x, inv)"
+    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 3, {D}] x) => (float[2, 3, {D}] y) {{
+    eps = Constant <value = float {{1e-6}}> ()
+    {sq}
+    ms = ReduceMean <axes = [{axis}], keepdims = {keepdims}> (sq)
+    mse = Add(ms, eps)
+    r = Sqrt(mse)
+    {div}
+    y = Mul(w, n)
+}}"""
+    return build(text, w=rng.standard_normal(w_shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("square", ["pow", "mul"])
+@pytest.mark.parametrize("divide", ["div", "reciprocal"])
+def test_rms_norm_fires(square, divide, tmp_path):
+    changes, model = optimized(rms_model(square, divide), FEEDS, tmp_path)
+    assert changes["SimplifiedLayerNormFusion"] == {"SimplifiedLayerNormalization": 1}
+    assert ops(model) == ["SimplifiedLayerNormalization"]
+    assert list(model.graph.node[0].input) == ["x", "w"]
+
+
+def test_rms_norm_weight_of_rank_3_fires(tmp_path):
+    changes, model = optimized(rms_model(w_shape=(1, 1, D)), FEEDS, tmp_path)
+    assert ops(model) == ["SimplifiedLayerNormalization"]
+
+
+def test_other_axis_does_not_fire(tmp_path):
+    changes, model = optimized(rms_model(axis=1, w_shape=(3, 1)), FEEDS, tmp_path)
+    assert "SimplifiedLayerNormFusion" not in changes
+
+
+def test_weight_that_broadcasts_does_not_fire(tmp_path):
+    # a [2, 3, D] weight is no per-channel scale
+    changes, model = optimized(rms_model(w_shape=(2, 3, D)), FEEDS, tmp_path)
+    assert "SimplifiedLayerNormFusion" not in changes
+    assert "ReduceMean" in ops(model)
