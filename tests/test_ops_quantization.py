@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 import onnxrun
 
@@ -188,6 +189,71 @@ def test_quantize_float8(qtype, saturate):
     expected = np.clip(v, -float(finfo.max), float(finfo.max)) if saturate else v
     np.testing.assert_array_equal(q.view(np.uint8), expected.astype(qtype).view(np.uint8))
     np.testing.assert_array_equal(y, expected.astype(qtype).astype(np.float32) * 0.5)
+
+
+def _reference_check(nodes, inputs, outputs, inits, feeds, opset=25):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 11
+    expected = ReferenceEvaluator(model).run(None, feeds)
+    got = _ours(model.SerializeToString(), feeds)
+    for e, g in zip(expected, got, strict=True):
+        assert g.dtype == e.dtype
+        np.testing.assert_array_equal(g.astype(np.float64), e.astype(np.float64))
+
+
+def test_quantize_attributes_vs_reference():
+    """precision, output_dtype without a zero point, uneven blocks, 2-bit and float8 targets,
+    float8e8m0 scales, int32 input: against onnx's reference implementation."""
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 10)) * 3).astype(np.float32)
+    x_in = [_vi("x", TP.FLOAT, [4, 10])]
+    scale = rng.uniform(0.1, 0.9, (4, 3)).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], axis=1, block_size=4,
+                              output_dtype=TP.INT4, precision=TP.FLOAT16),
+             helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=1, block_size=4)]
+    _reference_check(nodes, x_in, [_vi("y", TP.FLOAT)], [_init("s", scale)], {"x": x})
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s"], ["q"], output_dtype=TP.FLOAT8E4M3FN,
+                              saturate=0)]
+    _reference_check(nodes, x_in, [_vi("q", TP.FLOAT8E4M3FN)], [_init("s", np.float32(0.01))],
+                     {"x": x})
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], axis=0),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], axis=0)]
+    inits = [_init("s", np.array([1, 2, 3, 4], np.float32)),
+             _init("z", np.array([1, 2, 0, 3], ml_dtypes.uint2))]
+    _reference_check(nodes, x_in, [_vi("y", TP.FLOAT)], inits, {"x": x})
+    q = rng.integers(-128, 128, (4, 10)).astype(np.int8)
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s"], ["y"], axis=0,
+                              output_dtype=TP.FLOAT16)]
+    e8m0 = np.array([0.25, 2.0, 4.0, 0.5], ml_dtypes.float8_e8m0fnu)
+    _reference_check(nodes, [_vi("q", TP.INT8, [4, 10])], [_vi("y", TP.FLOAT16)],
+                     [_init("s", e8m0)], {"q": q})
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], precision=TP.FLOAT)]
+    inits = [_init("s", np.array(0.03, ml_dtypes.bfloat16)), _init("z", np.uint8(128))]
+    _reference_check(nodes, [_vi("x", TP.FLOAT16, [4, 10])], [_vi("q", TP.UINT8)], inits,
+                     {"x": x.astype(np.float16)})
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])]
+    inits = [_init("s", np.float32(2.5)), _init("z", np.int16(-7))]
+    _reference_check(nodes, [_vi("x", TP.INT32, [4, 10])], [_vi("q", TP.INT16)], inits,
+                     {"x": (x * 1000).astype(np.int32)})
+
+
+def test_qlinearmatmul_float8():
+    """Float8 operands (opset 21): dequantize, multiply in float32, quantize (saturating)."""
+    rng = np.random.default_rng(13)
+    f8 = ml_dtypes.float8_e4m3fn
+    a = rng.standard_normal((3, 8)).astype(f8)
+    b = rng.standard_normal((8, 5)).astype(f8)
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    inits = [_init("as", np.float32(0.5)), _init("az", np.zeros((), f8)),
+             _init("bs", np.float32(0.25)), _init("bz", np.zeros((), f8)),
+             _init("ys", np.float32(0.125)), _init("yz", np.zeros((), f8))]
+    model = _model([node], [_vi("a", TP.FLOAT8E4M3FN, [3, 8]), _vi("b", TP.FLOAT8E4M3FN, [8, 5])],
+                   [_vi("y", TP.FLOAT8E4M3FN)], inits, ms=False)
+    (y,) = _ours(model, {"a": a, "b": b})
+    product = (a.astype(np.float32) * 0.5) @ (b.astype(np.float32) * 0.25) / np.float32(0.125)
+    expected = np.clip(product, -448, 448).astype(f8)
+    np.testing.assert_array_equal(y.view(np.uint8), expected.view(np.uint8))
 
 
 def test_dequantize_constant_is_prepared_once():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -73,6 +74,111 @@ def _run_steps_profiled(steps: list[Step], slots: list[Any], run_options: Any,
             slots[s] = r
         for s in frees:
             slots[s] = None
+
+
+class ParallelSchedule(NamedTuple):
+    """Dependencies of a plan's steps, for running independent branches concurrently."""
+
+    successors: tuple[tuple[int, ...], ...]  # per step: the steps that read its outputs
+    num_predecessors: tuple[int, ...]  # per step: how many steps it waits for
+    consumers: dict[int, int]  # slot -> number of steps that read it
+    keep: frozenset[int]  # slots never freed (fetches, the None/discard slots)
+
+
+def parallel_schedule(steps: list[Step], keep: set[int]) -> ParallelSchedule:
+    producer: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        for s in step.outputs:
+            producer[s] = i
+    successors: list[set[int]] = [set() for _ in steps]
+    preds: list[set[int]] = [set() for _ in steps]
+    consumers: dict[int, int] = {}
+    for i, step in enumerate(steps):
+        for s in set(step.inputs):
+            consumers[s] = consumers.get(s, 0) + 1
+            p = producer.get(s)
+            if p is not None and p != i:
+                successors[p].add(i)
+                preds[i].add(p)
+    return ParallelSchedule(tuple(tuple(sorted(x)) for x in successors),
+                            tuple(len(x) for x in preds), consumers, frozenset(keep))
+
+
+def run_steps_parallel(steps: list[Step], schedule: ParallelSchedule, slots: list[Any],
+                       run_options: Any, pool: Any) -> None:
+    """ORT_PARALLEL: a step starts as soon as the steps it reads from are done.
+
+    numpy releases the GIL in BLAS calls and large ufuncs, so independent branches (Inception's
+    towers, a transformer's Q/K/V projections) overlap. A value is freed when its last reader
+    finishes (reference counts, since the order is no longer fixed).
+    """
+    n = len(steps)
+    if n == 0:
+        return
+    lock = threading.Lock()
+    done = threading.Event()
+    waiting = list(schedule.num_predecessors)
+    readers = dict(schedule.consumers)
+    keep = schedule.keep
+    state = {"finished": 0, "error": None}
+    profiler = profile.active()
+
+    def run_one(i: int) -> None:
+        while True:
+            if state["error"] is not None:
+                return
+            kernel, ins, outs, _, node, provider = steps[i]
+            try:
+                if run_options is not None and run_options.terminate:
+                    raise RunTerminated("Exiting due to terminate flag being set to true.")
+                args = [slots[s] for s in ins]
+                start = time.perf_counter_ns() if profiler is not None else 0
+                try:
+                    result = kernel(*args)
+                except RunTerminated:
+                    raise
+                except Exception as e:
+                    raise kernel_error(node, args, e) from e
+                results = result if type(result) is tuple else (result,)
+                if profiler is not None:
+                    profiler.node_event(node, provider, args[: len(node.inputs)], list(results),
+                                        start, time.perf_counter_ns())
+            except BaseException as e:  # noqa: BLE001 - handed to the calling thread
+                with lock:
+                    if state["error"] is None:
+                        state["error"] = e
+                done.set()
+                return
+            ready: list[int] = []
+            with lock:
+                for s, r in zip(outs, results, strict=False):
+                    slots[s] = r
+                    if s not in keep and s not in readers:
+                        slots[s] = None  # produced, never read
+                for s in set(ins):
+                    left = readers[s] - 1
+                    readers[s] = left
+                    if left == 0 and s not in keep:
+                        slots[s] = None
+                for j in schedule.successors[i]:
+                    waiting[j] -= 1
+                    if waiting[j] == 0:
+                        ready.append(j)
+                state["finished"] += 1
+                if state["finished"] == n:
+                    done.set()
+            if not ready:
+                return
+            for j in ready[1:]:
+                pool.submit(run_one, j)
+            i = ready[0]  # continue on this thread: no hand-off for a chain
+
+    for i in range(n):
+        if schedule.num_predecessors[i] == 0:
+            pool.submit(run_one, i)
+    done.wait()
+    if state["error"] is not None:
+        raise state["error"]
 
 
 def kernel_error(node: Node, args: list[Any], error: Exception) -> RuntimeException:

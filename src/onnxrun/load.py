@@ -55,9 +55,15 @@ class ExternalDataReader:
             offset = int(info.get("offset", "0") or 0)
             length = int(info["length"]) if info.get("length") else None
         except ValueError:
-            raise InvalidGraph(f"tensor '{tensor.name}': malformed external data offset/length")
+            raise InvalidGraph(
+                f"tensor '{tensor.name}': malformed external data offset/length"
+            ) from None
         size = path.stat().st_size
-        if offset < 0 or offset > size or (length is not None and (length < 0 or offset + length > size)):
+        if (
+            offset < 0
+            or offset > size
+            or (length is not None and (length < 0 or offset + length > size))
+        ):
             raise InvalidGraph(
                 f"tensor '{tensor.name}': external data range offset={offset} length={length} "
                 f"exceeds the {size} bytes of '{path.name}'"
@@ -92,12 +98,15 @@ def _parse_bytes(data: bytes, origin: str) -> onnx.ModelProto:
     try:
         mp.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise InvalidProtobuf(f"Load model from {origin} failed: protobuf parsing failed ({e})") from None
+        raise InvalidProtobuf(
+            f"Load model from {origin} failed: protobuf parsing failed ({e})"
+        ) from None
     # Random bytes can parse as a message that is almost empty; a model has a graph and a version.
     if not mp.HasField("graph") or mp.ir_version <= 0:
         raise InvalidProtobuf(
             f"Load model from {origin} failed: the data is not an ONNX model "
-            f"(ir_version={mp.ir_version}, graph {'present' if mp.HasField('graph') else 'missing'})"
+            f"(ir_version={mp.ir_version}, graph "
+            f"{'present' if mp.HasField('graph') else 'missing'})"
         )
     return mp
 

@@ -18,7 +18,7 @@ import numpy as np
 from onnx import AttributeProto
 
 from .errors import InvalidGraph
-from .execute import Step, run_steps
+from .execute import ParallelSchedule, Step, parallel_schedule, run_steps, run_steps_parallel
 from .ir import Graph, Model, Node, Value
 from .partition import Assignment
 from .providers import KernelContext
@@ -34,6 +34,7 @@ DISCARD_SLOT = 1  # unnamed optional outputs are written here and never read
 class Plan(NamedTuple):
     steps: list[Step]
     fetch_slots: list[int]
+    schedule: ParallelSchedule | None = None  # set when the program runs in parallel mode
 
 
 class Subgraph:
@@ -63,6 +64,7 @@ class Program:
         assignment: Assignment,
         session_options: Any = None,
         outer: Sequence[Value] = (),
+        pool: Any = None,
     ) -> None:
         self.graph = graph
         self.model = model
@@ -123,6 +125,9 @@ class Program:
         self.template = template
         self._plans: dict[tuple[int, ...], Plan] = {}
         self._lock = threading.Lock()
+        # ExecutionMode.ORT_PARALLEL: a thread pool for the top-level graph (subgraphs run
+        # sequentially inside the node that owns them).
+        self.pool = pool
         self.full_plan = self.plan(tuple(self.output_slots))
 
     # -- preparation ---------------------------------------------------------------------------
@@ -174,7 +179,8 @@ class Program:
             if s not in keep:
                 frees[i].append(s)
         steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
-        plan = Plan(steps, list(fetch_slots))
+        schedule = parallel_schedule(steps, keep) if self.pool is not None else None
+        plan = Plan(steps, list(fetch_slots), schedule)
         with self._lock:
             if len(self._plans) < 64:
                 self._plans[fetch_slots] = plan
@@ -189,7 +195,13 @@ class Program:
             slots[s] = value
         for s, value in zip(self.outer_slots, captured, strict=False):
             slots[s] = value
-        if run_options is None:
+        if plan.schedule is not None and len(plan.steps) > 1:
+            token = _run_options.set(run_options)
+            try:
+                run_steps_parallel(plan.steps, plan.schedule, slots, run_options, self.pool)
+            finally:
+                _run_options.reset(token)
+        elif run_options is None:
             run_steps(plan.steps, slots, self.names, None)
         else:
             token = _run_options.set(run_options)

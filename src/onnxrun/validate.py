@@ -105,8 +105,9 @@ def _reads(node: onnx.NodeProto) -> set[str]:
 _UNCHECKED_DOMAIN = "onnxrun.unchecked"
 
 
-def _hide_unknown_ai_onnx_ops(skel: onnx.ModelProto, has_kernel: Callable[[str, int], bool]
-                              ) -> None:
+def _hide_unknown_ai_onnx_ops(
+    skel: onnx.ModelProto, has_kernel: Callable[[str, int], bool]
+) -> None:
     opset = next((o.version for o in skel.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None:
         return
@@ -136,13 +137,19 @@ def _all_node_protos(g: onnx.GraphProto):
                     yield from _all_node_protos(sub)
 
 
-def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True,
-             has_kernel: Callable[[str, int], bool] | None = None) -> None:
+def validate(
+    mp: onnx.ModelProto,
+    model: Model,
+    *,
+    infer_shapes: bool = True,
+    has_kernel: Callable[[str, int], bool] | None = None,
+) -> None:
     """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR.
 
     ``has_kernel(op_type, opset)`` says whether a provider runs an ai.onnx operator that onnx
     itself does not define at that opset (see _UNCHECKED_DOMAIN)."""
     skel = skeleton(mp)
+    _add_shape_constants(skel, model)
     if has_kernel is not None:
         _hide_unknown_ai_onnx_ops(skel, has_kernel)
     try:
@@ -171,6 +178,32 @@ def validate(mp: onnx.ModelProto, model: Model, *, infer_shapes: bool = True,
     _apply_value_info(model, inferred)
 
 
+# Integer constants this small are shapes, axes, indices: shape inference reads their values
+# (Reshape's target, Unsqueeze's axes...), so they stay constants in the skeleton.
+_SHAPE_CONSTANT_MAX = 1024
+
+
+def _add_shape_constants(skel: onnx.ModelProto, model: Model) -> None:
+    """Put the small integer initializers back into the skeleton as initializers, with the
+    values the session will run (overrides applied); ones a caller may feed stay inputs."""
+    g = model.graph
+    fed = {id(v) for v in g.inputs}
+    small = {
+        name: v.const_value for name, v in g.initializers.items()
+        if id(v) not in fed and v.const_value is not None
+        and v.const_value.dtype.kind in "iu" and v.const_value.size <= _SHAPE_CONSTANT_MAX
+    }
+    if not small:
+        return
+    if skel.ir_version >= 4:  # IR < 4 lists every initializer as an input too
+        kept = [vi for vi in skel.graph.input if vi.name not in small]
+        del skel.graph.input[:]
+        skel.graph.input.extend(kept)
+    skel.graph.initializer.extend(
+        onnx.numpy_helper.from_array(arr, name) for name, arr in small.items()
+    )
+
+
 def _with_ranks(skel: onnx.ModelProto) -> onnx.ModelProto:
     """onnx's checker requires a shape on the main graph's tensor inputs and outputs, onnxruntime
     accepts tensors of unknown rank there: check a copy where such types carry an empty shape
@@ -194,7 +227,9 @@ def _with_ranks(skel: onnx.ModelProto) -> onnx.ModelProto:
         # inferred type; an output inference cannot type still fails the check.
         try:
             inferred = onnx.shape_inference.infer_shapes(skel)
-            types = {vi.name: vi.type for vi in [*inferred.graph.output, *inferred.graph.value_info]}
+            types = {
+                vi.name: vi.type for vi in [*inferred.graph.output, *inferred.graph.value_info]
+            }
         except Exception:
             types = {}
         for vi in copy.graph.output:
@@ -224,9 +259,13 @@ def _apply_value_info(model: Model, inferred: onnx.ModelProto) -> None:
 def _gains_shape(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
     """A tensor declared without a shape (e.g. a graph output) takes the inferred one, as
     onnxruntime reports it."""
-    return (declared.HasField("tensor_type") and not declared.tensor_type.HasField("shape")
-            and inferred.HasField("tensor_type") and inferred.tensor_type.HasField("shape")
-            and inferred.tensor_type.elem_type == declared.tensor_type.elem_type)
+    return (
+        declared.HasField("tensor_type")
+        and not declared.tensor_type.HasField("shape")
+        and inferred.HasField("tensor_type")
+        and inferred.tensor_type.HasField("shape")
+        and inferred.tensor_type.elem_type == declared.tensor_type.elem_type
+    )
 
 
 def _without_generated_symbols(tp: onnx.TypeProto) -> onnx.TypeProto:

@@ -52,7 +52,7 @@ W = rng.standard_normal(D).astype(np.float32)
 FEEDS = {"x": rng.standard_normal((2, 3, D)).astype(np.float32)}
 
 
-def rms_model(square="pow", divide="reciprocal", axis=-1, keepdims=1, w_shape=(D,)):
+def rms_model(square="pow", divide="reciprocal", axis=-1, w_shape=(D,)):
     sq = "two = Constant <value = float {2.0}> ()\n sq = Pow(x, two)" if square == "pow" \
         else "sq = Mul(x, x)"
     div = "n = Div(x, r)" if divide == "div" else "inv = Reciprocal(r)\n n = Mul(x, inv)"
@@ -60,7 +60,7 @@ def rms_model(square="pow", divide="reciprocal", axis=-1, keepdims=1, w_shape=(D
 g (float[2, 3, {D}] x) => (float[2, 3, {D}] y) {{
     eps = Constant <value = float {{1e-6}}> ()
     {sq}
-    ms = ReduceMean <axes = [{axis}], keepdims = {keepdims}> (sq)
+    ms = ReduceMean <axes = [{axis}]> (sq)
     mse = Add(ms, eps)
     r = Sqrt(mse)
     {div}

@@ -78,7 +78,9 @@ class SessionOptions:
         try:
             return self._config[key]
         except KeyError:
-            raise RuntimeError(f"SessionOptions does not have configuration with key: {key}") from None
+            raise RuntimeError(
+                f"SessionOptions does not have configuration with key: {key}"
+            ) from None
 
     @property
     def session_config(self) -> dict[str, str]:
@@ -87,7 +89,9 @@ class SessionOptions:
     def add_free_dimension_override_by_name(self, dim_name: str, dim_value: int) -> None:
         self._free_dim_by_name[str(dim_name)] = int(dim_value)
 
-    def add_free_dimension_override_by_denotation(self, dim_denotation: str, dim_value: int) -> None:
+    def add_free_dimension_override_by_denotation(
+        self, dim_denotation: str, dim_value: int
+    ) -> None:
         self._free_dim_by_denotation[str(dim_denotation)] = int(dim_value)
 
     def add_initializer(self, name: str, value: Any) -> None:
@@ -108,9 +112,11 @@ class SessionOptions:
         )
 
     def __repr__(self) -> str:
-        return (f"SessionOptions(graph_optimization_level={self.graph_optimization_level!s}, "
-                f"intra_op_num_threads={self.intra_op_num_threads}, "
-                f"execution_mode={self.execution_mode!s})")
+        return (
+            f"SessionOptions(graph_optimization_level={self.graph_optimization_level!s}, "
+            f"intra_op_num_threads={self.intra_op_num_threads}, "
+            f"execution_mode={self.execution_mode!s})"
+        )
 
 
 class RunOptions:

@@ -10,6 +10,7 @@ import threading
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..validate import validate
 from .iobinding import IOBinding
-from .options import RunOptions, SessionOptions
+from .options import ExecutionMode, RunOptions, SessionOptions
 from .ortvalue import OrtValue
 
 logger = logging.getLogger("onnxrun")
@@ -127,7 +128,12 @@ class InferenceSession:
         # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
         expand_functions(model, self._providers)
         assignment = partition(model, self._providers)
-        self._program = Program(model.graph, model, assignment, opts)
+        self._pool = None
+        if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
+            workers = opts.inter_op_num_threads or os.cpu_count() or 2
+            self._pool = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="onnxrun-inter-op")
+        self._program = Program(model.graph, model, assignment, opts, pool=self._pool)
         self._model = model
         if self._profiler is not None:
             kind = "uri" if self._model_path is not None else "array"
@@ -148,6 +154,11 @@ class InferenceSession:
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
         self._blas_threads = _BlasThreads.for_session(opts.intra_op_num_threads)
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     # -- construction helpers ---------------------------------------------------------------------
     def _create_providers(self, providers: Any, provider_options: Any) -> list[ExecutionProvider]:

@@ -70,8 +70,18 @@ class Attribute:
 
 
 class Node:
-    __slots__ = ("name", "op_type", "domain", "overload", "inputs", "outputs", "attributes",
-                 "graph", "doc_string", "opset_version")
+    __slots__ = (
+        "name",
+        "op_type",
+        "domain",
+        "overload",
+        "inputs",
+        "outputs",
+        "attributes",
+        "graph",
+        "doc_string",
+        "opset_version",
+    )
 
     def __init__(
         self,
@@ -169,7 +179,7 @@ class Graph:
                 yield from sub.all_nodes()
 
     def outer_references(self) -> list[Value]:
-        """Values from enclosing scopes that this graph or its subgraphs read, in first-use order."""
+        """Values from enclosing scopes that this graph or its subgraphs read (first-use order)."""
         own: set[int] = set()
         seen: dict[int, Value] = {}
         self._collect_outer(own, seen)

@@ -41,7 +41,9 @@ for _n in ("INT2", "UINT2"):
         _SUB_BYTE[getattr(TensorProto, _n)] = 2
 
 
-def tensor_to_array(tensor: TensorProto, read_external: ExternalReader = _no_external) -> np.ndarray:
+def tensor_to_array(
+    tensor: TensorProto, read_external: ExternalReader = _no_external
+) -> np.ndarray:
     """Turn a TensorProto into a numpy array, refusing tensors whose data does not match dims."""
     dims = tuple(int(d) for d in tensor.dims)
     if any(d < 0 for d in dims):
@@ -128,7 +130,9 @@ class _Reader:
         # those as constants, not as inputs a caller may override. So do we.
         self.initializers_are_inputs = ir_version < 4
 
-    def graph(self, gp: onnx.GraphProto, parent: Graph | None, parent_scope: _Scope | None) -> Graph:
+    def graph(
+        self, gp: onnx.GraphProto, parent: Graph | None, parent_scope: _Scope | None
+    ) -> Graph:
         g = Graph(gp.name, parent)
         g.doc_string = gp.doc_string
         scope = _Scope(parent_scope)
@@ -183,13 +187,21 @@ class _Reader:
                 v = scope.lookup(name)
                 if v is None:
                     raise InvalidGraph(
-                        f"node '{np_.name or np_.op_type}' ({np_.op_type}) reads '{name}', which is "
-                        "neither a graph input, an initializer, nor the output of any node"
+                        f"node '{np_.name or np_.op_type}' ({np_.op_type}) reads '{name}', which "
+                        "is neither a graph input, an initializer, nor the output of any node"
                     )
                 inputs.append(v)
             attrs = {a.name: self.attribute(a, g, scope) for a in np_.attribute}
-            node = Node(np_.op_type, inputs, outs, attrs, domain=np_.domain, name=np_.name,
-                        overload=getattr(np_, "overload", ""), doc_string=np_.doc_string)
+            node = Node(
+                np_.op_type,
+                inputs,
+                outs,
+                attrs,
+                domain=np_.domain,
+                name=np_.name,
+                overload=getattr(np_, "overload", ""),
+                doc_string=np_.doc_string,
+            )
             g.append(node)
         for vi in gp.output:
             v = scope.lookup(vi.name)
@@ -305,10 +317,15 @@ def graph_to_proto(g: Graph, initializers_as_inputs: bool = False) -> onnx.Graph
         listed = {v.name for v in g.inputs}
         gp.input.extend(_value_info(v) for n, v in g.initializers.items() if n not in listed)
     gp.output.extend(_value_info(v) for v in g.outputs)
-    gp.initializer.extend(array_to_tensor(v.const_value, name) for name, v in g.initializers.items())
+    gp.initializer.extend(
+        array_to_tensor(v.const_value, name) for name, v in g.initializers.items()
+    )
     for n in g.nodes:
         np_ = onnx.NodeProto(
-            op_type=n.op_type, domain=n.domain, name=n.name, doc_string=n.doc_string,
+            op_type=n.op_type,
+            domain=n.domain,
+            name=n.name,
+            doc_string=n.doc_string,
             input=[v.name if v is not None else "" for v in n.inputs],
             output=[v.name for v in n.outputs],
         )
@@ -324,8 +341,11 @@ def graph_to_proto(g: Graph, initializers_as_inputs: bool = False) -> onnx.Graph
 
 def model_to_proto(m: Model) -> onnx.ModelProto:
     mp = onnx.ModelProto(
-        ir_version=m.ir_version, producer_name=m.producer_name,
-        producer_version=m.producer_version, domain=m.domain, model_version=m.model_version,
+        ir_version=m.ir_version,
+        producer_name=m.producer_name,
+        producer_version=m.producer_version,
+        domain=m.domain,
+        model_version=m.model_version,
         doc_string=m.doc_string,
     )
     mp.graph.CopyFrom(graph_to_proto(m.graph, initializers_as_inputs=m.ir_version < 4))

@@ -297,7 +297,10 @@ class AttentionMatcher:
             if c.dtype != np.bool_ or not _is_square(c):
                 return None
             sq = c.reshape(c.shape[-2:])
-            if not np.array_equal(sq, np.tril(np.ones(sq.shape, bool))):
+            tril = np.tril(np.ones(sq.shape, bool))
+            if np.array_equal(sq, ~tril):  # the 'future' positions, folded
+                negated = not negated
+            elif not np.array_equal(sq, tril):
                 return None
             self.square = ("static", sq.shape[0])
             return not negated

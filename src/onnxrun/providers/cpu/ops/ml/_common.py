@@ -95,9 +95,9 @@ def transform_scores(S: np.ndarray, post_transform: str) -> np.ndarray:
 def binary_scores(s: np.ndarray, post_transform: str, mode: np.ndarray | int) -> np.ndarray:
     """Expand one score per row to two columns as onnxruntime does for binary outputs.
 
-    ``mode`` (per row or scalar) is onnxruntime's ``add_second_class``: 0/1 give ``[1-s, s]``
-    (no transform), 2/3 give ``[-s, s]`` or their logistic; -1 writes ``s`` alone (column 1 = 0).
-    PROBIT always writes ``probit(s)`` alone.
+    ``mode`` (per row or scalar) is onnxruntime's ``add_second_class``: with LOGISTIC any mode
+    >= 0 gives ``[logistic(-s), logistic(s)]``; otherwise 0/1 give ``[1-s, s]`` and 2/3 give
+    ``[-s, s]``; -1 writes ``s`` alone (column 1 = 0). PROBIT writes ``probit(s)`` alone.
     """
     n = s.shape[0]
     out = np.zeros((n, 2), dtype=np.float64)
@@ -105,14 +105,14 @@ def binary_scores(s: np.ndarray, post_transform: str, mode: np.ndarray | int) ->
         out[:, 0] = probit(s)
         return out
     mode = np.broadcast_to(np.asarray(mode), (n,))
-    lin = (mode == 0) | (mode == 1)
-    mixed = (mode == 2) | (mode == 3)
+    single = mode < 0
     if post_transform == "LOGISTIC":
         first, second = logistic(-s), logistic(s)
     else:
-        first, second = -s, s
-    out[:, 0] = np.where(lin, 1.0 - s, np.where(mixed, first, s))
-    out[:, 1] = np.where(lin, s, np.where(mixed, second, 0.0))
+        lin = (mode == 0) | (mode == 1)
+        first, second = np.where(lin, 1.0 - s, -s), s
+    out[:, 0] = np.where(single, s, first)
+    out[:, 1] = np.where(single, 0.0, second)
     return out
 
 

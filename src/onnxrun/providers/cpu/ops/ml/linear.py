@@ -56,36 +56,32 @@ class LinearClassifier:
         self.n_targets = len(self.intercepts)
         if self.n_targets == 0:
             raise ValueError("LinearClassifier needs intercepts (one per class score)")
+        if self.n_targets == 1 and len(self.labels) != 2:
+            raise ValueError(
+                "LinearClassifier: one score (binary classification) needs exactly 2 class labels"
+            )
         if self.n_targets > 1 and len(self.labels) < self.n_targets:
             raise ValueError(
                 f"{self.n_targets} class scores but only {len(self.labels)} class labels"
             )
-        # one score and two labels: onnxruntime adds the second column as 1 - score
-        self.add_second_class = self.n_targets == 1 and len(self.labels) == 2
 
     def __call__(self, X):
         scores = _gemm(X, self.coefficients, self.intercepts, self.n_targets)
         N = scores.shape[0]
         if self.n_targets == 1:
-            if len(self.labels) == 2:
-                pos, neg = self.labels[1], self.labels[0]
-            else:
-                pos, neg = ("1", "0") if self.strings else (1, 0)
-            label = np.where(scores[:, 0] > 0, pos, neg)
-            label = label.astype(object if self.strings else np.int64)
+            label = self.labels[(scores[:, 0] > 0).astype(np.intp)]
         else:
             label = self.labels[scores.argmax(axis=1)]
         if self.n_targets > 1:
             Z = transform_scores(scores, self.post)
         elif self.post == "PROBIT":
             # onnxruntime transforms the packed scores in place: rows stay packed at the front
-            Z = np.zeros(N * (2 if self.add_second_class else 1), dtype=np.float32)
+            Z = np.zeros(2 * N, dtype=np.float32)
             Z[:N] = probit(scores[:, 0])
-            Z = Z.reshape(N, -1)
-        elif self.add_second_class:
-            Z = binary_scores(scores[:, 0], self.post, 1)
+            Z = Z.reshape(N, 2)
         else:
-            Z = scores
+            # one score, two labels: a second column is added ([1 - s, s], or logistic)
+            Z = binary_scores(scores[:, 0], self.post, 1)
         return label, Z.astype(np.float32, copy=False)
 
 

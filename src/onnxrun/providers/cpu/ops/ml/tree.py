@@ -532,10 +532,7 @@ def classifier_scores(S: np.ndarray, H: np.ndarray, base: np.ndarray, post_trans
         new1 = np.where(both, base[1] + s0, s1 + base[1])
         s0[:] = np.where(both, -new1, s0 + base[0])
         s1[:] = new1
-    elif B == 1:
-        s0 += base[0]
-        single = ~h1
-    elif B == 0:
+    else:
         wa[:] = 3
         single = ~h1
     pos = np.where(h1, s1, np.where(h0, s0, 0.0))
@@ -574,6 +571,13 @@ def _floats(values, tensor, dtype=np.float32) -> np.ndarray:
     return np.asarray(values if values is not None else [], dtype=dtype)
 
 
+def _base_values(values, tensor, n: int) -> np.ndarray:
+    base = _floats(values, tensor).astype(np.float64)
+    if len(base) not in (0, n):
+        raise ValueError(f"base_values should have 0 or {n} values.")
+    return base
+
+
 # -- kernels ------------------------------------------------------------------------------------
 
 
@@ -594,7 +598,7 @@ class TreeEnsembleRegressor:
         self.agg = aggregate_function
         self.post = check_post_transform(post_transform)
         self.n_targets = int(n_targets)
-        self.base = _floats(base_values, base_values_as_tensor).astype(np.float64)
+        self.base = _base_values(base_values, base_values_as_tensor, self.n_targets)
         weights = _floats(target_weights, target_weights_as_tensor)
         if len(target_ids) and (min(target_ids) < 0 or max(target_ids) >= self.n_targets):
             raise ValueError("target_ids must be in [0, n_targets)")
@@ -630,7 +634,7 @@ class TreeEnsembleClassifier:
         if self.n_classes == 0:
             raise ValueError("classlabels_int64s or classlabels_strings must be set")
         self.post = check_post_transform(post_transform)
-        self.base = _floats(base_values, base_values_as_tensor).astype(np.float64)
+        self.base = _base_values(base_values, base_values_as_tensor, self.n_classes)
         weights = _floats(class_weights, class_weights_as_tensor)
         if len(class_ids) and (min(class_ids) < 0 or max(class_ids) >= self.n_classes):
             raise ValueError("class_ids must be in [0, number of class labels)")

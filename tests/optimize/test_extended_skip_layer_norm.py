@@ -1,0 +1,134 @@
+"""SkipLayerNormFusion: residual Add + (Simplified)LayerNormalization ->
+com.microsoft Skip(Simplified)LayerNormalization."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.numpy_helper
+import onnx.parser
+import onnxruntime as ort
+import pytest
+
+import onnxrun
+
+EXTENDED = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+rng = np.random.default_rng(0)
+
+
+def build(text: str, **inits: np.ndarray) -> onnx.ModelProto:
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    return model
+
+
+def optimized(model: onnx.ModelProto, feeds: dict, tmp_path, level=EXTENDED):
+    """Optimize and run. Outputs must equal the unoptimized run's, and onnxruntime must load
+    the saved optimized model and agree. Returns ({pass: {change: count}}, saved model)."""
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = onnxrun.InferenceSession(model.SerializeToString(), opts).run(None, feeds)
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = level
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    sess = onnxrun.InferenceSession(model.SerializeToString(), opts)
+    ort_opts = ort.SessionOptions()
+    ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort_sess = ort.InferenceSession(opts.optimized_model_filepath, ort_opts,
+                                    providers=["CPUExecutionProvider"])
+    for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
+        for got, want in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    changes = {name: dict(p.changes) for name, p in sess.get_optimization_report().passes.items()
+               if p.changes}
+    return changes, onnx.load(opts.optimized_model_filepath)
+
+
+def ops(model: onnx.ModelProto) -> list[str]:
+    return [n.op_type for n in model.graph.node]
+
+
+D = 8
+HEAD = '<ir_version: 8, opset_import: ["" : 17]>\n'
+PARAMS = {"gamma": rng.standard_normal(D).astype(np.float32),
+          "beta": rng.standard_normal(D).astype(np.float32),
+          "w": rng.standard_normal((D, D)).astype(np.float32),
+          "bias": rng.standard_normal(D).astype(np.float32)}
+FEEDS = {"a": rng.standard_normal((2, 3, D)).astype(np.float32),
+         "b": rng.standard_normal((2, 3, D)).astype(np.float32)}
+
+
+def model_of(body: str, outs: str = f"float[2, 3, {D}] y", b_shape: str = f"2, 3, {D}"):
+    return build(f"""{HEAD}
+g (float[2, 3, {D}] a, float[{b_shape}] b) => ({outs}) {{
+    {body}
+}}""", **PARAMS)
+
+
+def test_add_layer_norm_fires(tmp_path):
+    model = model_of("s = Add(a, b)\n y = LayerNormalization <epsilon = 1e-6> (s, gamma, beta)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert changes["SkipLayerNormFusion"] == {"Add+LayerNormalization": 1}
+    assert ops(opt) == ["SkipLayerNormalization"]
+    node = opt.graph.node[0]
+    assert node.domain == "com.microsoft" and list(node.input) == ["a", "b", "gamma", "beta"]
+    assert node.attribute[0].f == pytest.approx(1e-6)
+
+
+def test_bias_of_linear_layer_is_absorbed(tmp_path):
+    model = model_of("mm = MatMul(a, w)\n lin = Add(bias, mm)\n s = Add(lin, b)\n"
+                     " y = LayerNormalization (s, gamma, beta)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert ops(opt) == ["MatMul", "SkipLayerNormalization"]
+    matmul_out = opt.graph.node[0].output[0]
+    assert list(opt.graph.node[1].input) == [matmul_out, "b", "gamma", "beta", "bias"]
+
+
+def test_sum_read_elsewhere_becomes_fourth_output(tmp_path):
+    # pre-LN transformers: the residual sum also feeds the next residual Add
+    model = model_of("s = Add(a, b)\n n = LayerNormalization (s, gamma, beta)\n"
+                     " y = Add(n, s)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert ops(opt) == ["SkipLayerNormalization", "Add"]
+    assert list(opt.graph.node[0].output) == ["n", "", "", "s"]
+
+
+def test_sum_as_graph_output_keeps_its_name(tmp_path):
+    model = model_of("s = Add(a, b)\n y = LayerNormalization (s, gamma, beta)",
+                     outs=f"float[2, 3, {D}] y, float[2, 3, {D}] s")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert ops(opt) == ["SkipLayerNormalization"]
+    assert [o.name for o in opt.graph.output] == ["y", "s"]
+
+
+def test_add_simplified_layer_norm_fires(tmp_path):
+    model = model_of("s = Add(a, b)\n y = SimplifiedLayerNormalization <epsilon = 1e-6> "
+                     "(s, gamma)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert changes["SkipLayerNormFusion"] == {"Add+SimplifiedLayerNormalization": 1}
+    assert ops(opt) == ["SkipSimplifiedLayerNormalization"]
+
+
+def test_broadcast_residual_does_not_fire(tmp_path):
+    model = model_of("s = Add(a, b)\n y = LayerNormalization (s, gamma, beta)",
+                     b_shape=f"1, 3, {D}")
+    feeds = FEEDS | {"b": FEEDS["b"][:1]}
+    changes, opt = optimized(model, feeds, tmp_path)
+    assert "SkipLayerNormFusion" not in changes
+    assert ops(opt) == ["Add", "LayerNormalization"]
+
+
+def test_normalizing_other_axes_does_not_fire(tmp_path):
+    gamma2 = {"gamma": np.ones((3, D), np.float32), "beta": np.zeros((3, D), np.float32)}
+    model = model_of("s = Add(a, b)\n y = LayerNormalization <axis = 1> (s, gamma, beta)")
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in gamma2.items())
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert "SkipLayerNormFusion" not in changes
+
+
+def test_mean_output_read_does_not_fire(tmp_path):
+    model = model_of("s = Add(a, b)\n y, mu, inv = LayerNormalization (s, gamma, beta)",
+                     outs=f"float[2, 3, {D}] y, float[2, 3, 1] mu")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert "SkipLayerNormFusion" not in changes

@@ -1,0 +1,112 @@
+"""ConvBNFusion: Conv / ConvTranspose / Gemm + inference BatchNormalization folded into W, B."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from basic_helpers import optimize_and_compare, parse, rand
+
+PASS = "ConvBNFusion"
+
+
+def bn_params(c: int, seed: int = 1) -> dict[str, np.ndarray]:
+    return {"scale": rand(c, seed=seed, low=0.5, high=1.5), "bias": rand(c, seed=seed + 1),
+            "mean": rand(c, seed=seed + 2), "var": rand(c, seed=seed + 3, low=0.2, high=2.0)}
+
+
+def conv_bn_model(opset: int = 13, with_bias: bool = True, bn_attrs: str = "",
+                  bn_outputs: str = "Y", extra: str = "", outputs: str = "float[1, 4, 6, 6] Y"):
+    bias = ", B" if with_bias else ""
+    text = f"""
+    <ir_version: 8, opset_import: ["" : {opset}]>
+    g (float[1, 3, 8, 8] X) => ({outputs}) {{
+        C = Conv<kernel_shape = [3, 3]>(X, W{bias})
+        {bn_outputs} = BatchNormalization{bn_attrs}(C, scale, bias, mean, var)
+        {extra}
+    }}"""
+    inits = {"W": rand(4, 3, 3, 3, seed=5), **bn_params(4)}
+    if with_bias:
+        inits["B"] = rand(4, seed=6)
+    return parse(text, **inits)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("opset", [9, 15])
+def test_conv_bn_folds(opset: int, with_bias: bool) -> None:
+    model = conv_bn_model(opset, with_bias)
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8)})
+    assert res.changes(PASS)["Conv+BatchNormalization"] == 1
+    assert res.ops == {"Conv": 1}
+    assert [o.name for o in res.saved.graph.output] == ["Y"]
+
+
+def test_conv_transpose_bn_folds_with_groups() -> None:
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 4, 5, 5] X) => (float[1, 6, 7, 7] Y) {
+        C = ConvTranspose<kernel_shape = [3, 3], group = 2>(X, W)
+        Y = BatchNormalization(C, scale, bias, mean, var)
+    }""", W=rand(4, 3, 3, 3, seed=5), **bn_params(6))
+    res = optimize_and_compare(model, {"X": rand(1, 4, 5, 5)})
+    assert res.changes(PASS)["ConvTranspose+BatchNormalization"] == 1
+    assert res.ops == {"ConvTranspose": 1}
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_gemm_bn_folds(trans_b: int) -> None:
+    w = rand(5, 3, seed=4) if trans_b else rand(3, 5, seed=4)
+    model = parse(f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[2, 3] X) => (float[2, 5] Y) {{
+        G = Gemm<transB = {trans_b}, beta = 0.5>(X, W, C)
+        Y = BatchNormalization(G, scale, bias, mean, var)
+    }}""", W=w, C=rand(5, seed=3), **bn_params(5))
+    res = optimize_and_compare(model, {"X": rand(2, 3)})
+    assert res.changes(PASS)["Gemm+BatchNormalization"] == 1
+    assert res.ops == {"Gemm": 1}
+
+
+def test_training_mode_bn_is_not_folded() -> None:
+    model = conv_bn_model(15, bn_attrs="<training_mode = 1>", bn_outputs="Y, M, V")
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8)})
+    assert not res.changes(PASS)
+    assert res.ops["BatchNormalization"] == 1
+
+
+def test_bn_with_statistics_outputs_is_not_folded() -> None:
+    # Before opset 14, asking for the running statistics means training mode.
+    model = conv_bn_model(9, bn_outputs="Y, M, V, SM, SV",
+                          outputs="float[1, 4, 6, 6] Y, float[4] M")
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8)})
+    assert not res.changes(PASS)
+
+
+def test_conv_output_read_elsewhere_is_not_folded() -> None:
+    model = conv_bn_model(13, extra="Z = Relu(C)",
+                          outputs="float[1, 4, 6, 6] Y, float[1, 4, 6, 6] Z")
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8)})
+    assert not res.changes(PASS)
+    assert res.ops == {"Conv": 1, "BatchNormalization": 1, "Relu": 1}
+
+
+def test_non_constant_parameters_are_not_folded() -> None:
+    # The weight is an input; and the variance is an initializer a caller may override.
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[1, 3, 8, 8] X, float[4, 3, 3, 3] W) => (float[1, 4, 6, 6] Y) {
+        C = Conv<kernel_shape = [3, 3]>(X, W)
+        Y = BatchNormalization(C, scale, bias, mean, var)
+    }""", **bn_params(4))
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8), "W": rand(4, 3, 3, 3)})
+    assert not res.changes(PASS)
+
+    model = conv_bn_model(13)
+    model.graph.input.append(onnx_value_info("var", [4]))
+    res = optimize_and_compare(model, {"X": rand(1, 3, 8, 8)})
+    assert not res.changes(PASS)
+
+
+def onnx_value_info(name: str, shape: list[int]):
+    import onnx
+
+    return onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)

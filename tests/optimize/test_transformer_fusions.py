@@ -1,0 +1,82 @@
+"""The extended-level fusions on real exports: the BERT-style encoder and the GPT-style decoder
+of tests/models end with one attention node per layer and one LayerNorm-type node per sublayer,
+compute what the unoptimized model computes, and the saved optimized model runs in
+onnxruntime."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import onnxrun
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+LEVELS = onnxrun.GraphOptimizationLevel
+LAYER_NORMS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+               "SkipSimplifiedLayerNormalization"}
+# name -> (layers, LayerNorm-type nodes: one per sublayer + the embeddings' / final one)
+EXPECTED = {"bert_tiny": (2, 5), "gpt_tiny": (2, 5)}
+
+
+def cases(name: str) -> list[dict[str, np.ndarray]]:
+    data = np.load(MODELS / f"{name}.inputs.npz")
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for key in data.files:
+        case, input_name = key.split("/", 1)
+        found.setdefault(case, {})[input_name] = data[key]
+    return [found[c] for c in sorted(found)]
+
+
+def session(name: str, level, path: Path | None = None) -> onnxrun.InferenceSession:
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = level
+    if path is not None:
+        opts.optimized_model_filepath = str(path)
+    return onnxrun.InferenceSession(str(MODELS / f"{name}.onnx"), opts)
+
+
+@pytest.fixture(scope="module", params=sorted(EXPECTED))
+def reference(request):
+    name = request.param
+    plain = session(name, LEVELS.ORT_DISABLE_ALL)
+    return name, [(feeds, plain.run(None, feeds)) for feeds in cases(name)]
+
+
+@pytest.mark.parametrize("level", [LEVELS.ORT_ENABLE_EXTENDED, LEVELS.ORT_ENABLE_ALL])
+def test_one_attention_and_one_norm_per_sublayer(reference, level, tmp_path):
+    name, expected = reference
+    path = tmp_path / f"{name}.optimized.onnx"
+    sess = session(name, level, path)
+    saved = onnx.load(str(path))
+    counts = Counter(n.op_type for n in saved.graph.node)
+    layers, norms = EXPECTED[name]
+    assert counts["Attention"] == layers, counts
+    assert sum(counts[op] for op in LAYER_NORMS) == norms, counts
+    assert counts["Softmax"] == 0 and counts["Erf"] == 0 and counts["Tanh"] <= 1, counts
+    assert "AttentionFusion" in sess.get_optimization_report().format()
+
+    ort_opts = ort.SessionOptions()
+    ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort_sess = ort.InferenceSession(str(path), ort_opts, providers=["CPUExecutionProvider"])
+    for feeds, want in expected:
+        for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
+            for got, ref in zip(outputs, want, strict=True):
+                np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_fusion_can_be_turned_off(reference):
+    name, expected = reference
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = LEVELS.ORT_ENABLE_EXTENDED
+    opts.add_session_config_entry("optimization.disable_specified_optimizers",
+                                  "AttentionFusion")
+    sess = onnxrun.InferenceSession(str(MODELS / f"{name}.onnx"), opts)
+    assert "AttentionFusion" not in sess.get_optimization_report().format()
+    feeds, want = expected[0]
+    for got, ref in zip(sess.run(None, feeds), want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
