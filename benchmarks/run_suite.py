@@ -1,5 +1,6 @@
 """Run onnxrun's fixed benchmark suite against onnxruntime and write the table in
-docs/PERFORMANCE.md (between the ``<!-- suite:begin -->`` and ``<!-- suite:end -->`` markers).
+docs/PERFORMANCE.md (between the ``<!-- suite:begin -->`` and ``<!-- suite:end -->`` markers, or
+those of ``--marker NAME``).
 
     python benchmarks/run_suite.py            # the whole suite (about 10 minutes on 2 cores)
     python benchmarks/run_suite.py --quick    # a subset, fewer runs (a few minutes)
@@ -133,7 +134,10 @@ def machine() -> str:
             mem = f", {kib / 2**20:.0f} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    return f"{cpu}, {os.cpu_count()} logical cores{mem}, {platform.system()} {platform.release()}"
+    cores = f"{os.cpu_count()} logical cores"
+    if hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) != os.cpu_count():
+        cores = f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} logical cores usable"
+    return f"{cpu}, {cores}{mem}, {platform.system()} {platform.release()}"
 
 
 def blas() -> str:
@@ -263,17 +267,18 @@ def micro_lines(runs: list[tuple[Case, int, BenchResult]]) -> list[str]:
 
 def section(runs: list[tuple[Case, int, BenchResult]], threads: list[int], args: argparse.Namespace,
             started: str, load_before: str, load_after: str, missing: list[str]) -> str:
-    mode = "quick (subset)" if args.quick else "full"
+    mode = "quick mode (a subset of the cases)" if args.quick else "full suite"
     lines = [
-        f"Suite run: {started} ({mode}; {args.warmup} warm-up + {args.repeat} timed runs per "
-        f"engine and case, engines alternating, threads {', '.join(map(str, threads))}).",
+        f"Suite run: {started}, {mode}; {args.warmup} warm-up + {args.repeat} timed runs per "
+        f"engine and case, engines alternating; intra-op threads "
+        f"{' and '.join(map(str, threads))}.",
         "",
         f"- Machine: {machine()}; BLAS: {blas()}.",
         f"- Load average (1/5/15 min) before: {load_before}, after: {load_after}.",
         f"- Versions: {versions()}.",
     ]
     if args.note:
-        lines.append(f"- Note: {args.note}")
+        lines.append(f"- Note: {args.note.rstrip('.')}.")
     if missing:
         lines.append(f"- Not run (not generated; see scripts/generate_bench_models.py): "
                      f"{', '.join(missing)}.")
@@ -293,12 +298,13 @@ def section(runs: list[tuple[Case, int, BenchResult]], threads: list[int], args:
     return "\n".join(lines)
 
 
-def write_doc(path: Path, text: str) -> None:
-    block = f"{BEGIN}\n{text}\n{END}"
+def write_doc(path: Path, text: str, marker: str = "suite") -> None:
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    block = f"{begin}\n{text}\n{end}"
     old = path.read_text(encoding="utf-8") if path.is_file() else "# Performance\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + block + rest.split(END, 1)[1]
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + block + rest.split(end, 1)[1]
     else:
         new = old.rstrip("\n") + "\n\n## Latest suite results\n\n" + block + "\n"
     path.write_text(new, encoding="utf-8")
@@ -325,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the section, write nothing")
     parser.add_argument("--json", type=Path, help="also write every result as JSON")
     parser.add_argument("--note", default="", help="a line about the conditions, for the doc")
+    parser.add_argument("--marker", default="suite",
+                        help="write between <!-- MARKER:begin --> and <!-- MARKER:end --> "
+                        "(default suite)")
     args = parser.parse_args(argv)
     if args.repeat is None:
         args.repeat = 5 if args.quick else 10
@@ -372,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             [{"case": c.name, "input": c.input, "threads": t, "result": asdict(r)}
              for c, t, r in runs], indent=1, default=str), encoding="utf-8")
     if not args.dry_run:
-        write_doc(args.doc, text)
+        write_doc(args.doc, text, args.marker)
         print(f"\nwritten to {args.doc}", file=sys.stderr)
     return 0
 

@@ -70,7 +70,7 @@ def test_bench_options_no_isolate_duration(model_path: Path,
     assert code == 0, err
     assert "as many runs as fit in 0.05 s" in out
     assert "optimization level 1 (basic)" in out
-    assert "parallel execution" in out and "runs nodes sequentially" in out
+    assert "parallel execution" in out and "inter-op threads 1" in out
     assert "peak RSS" not in out and "create" in out
     assert int(table_row(out, "onnxrun")[2]) >= 1
 
@@ -101,6 +101,13 @@ def test_bench_vs_without_onnxruntime(model_path: Path, monkeypatch: pytest.Monk
     code, _, err = run_cli(capsys, str(model_path), "-r", "3", "--vs", "onnxruntime")
     assert code == 1
     assert "needs the onnxruntime package" in err and "pip install onnxruntime" in err
+
+
+def test_bench_notes_inter_op_threads_without_parallel(model_path: Path,
+                                                      capsys: pytest.CaptureFixture) -> None:
+    code, out, err = run_cli(capsys, str(model_path), "-r", "3", "-y", "2", "--no-isolate")
+    assert code == 0, err
+    assert "matters only with -P" in out
 
 
 def test_bench_errors(model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

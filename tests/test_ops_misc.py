@@ -309,6 +309,39 @@ def test_nms_vs_ort(center, score_thr):
     _check("NonMaxSuppression", inputs, ["y"], 11, center_point_box=center)
 
 
+def test_nms_many_boxes_vs_ort():
+    # several blocks of the blocked greedy pass, and a max_output larger than the candidates
+    xy = rng.uniform(0, 60, (1, 1500, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(2, 9, (1, 1500, 2))], -1).astype(np.float32)
+    scores = rng.uniform(0, 1, (1, 2, 1500)).astype(np.float32)
+    for limit in (40, 5000):
+        inputs = [("b", boxes), ("s", scores), ("m", np.array([limit], np.int64)),
+                  ("i", np.array([0.4], np.float32))]
+        _check("NonMaxSuppression", inputs, ["y"], 11)
+
+
+def test_roi_align_degenerate_vs_ort():
+    x = rng.standard_normal((1, 2, 6, 7)).astype(np.float32)
+    rois = np.array([[3, 3, 3, 3], [5, 4, 2, 1], [-9, -9, -8, -8], [30, 30, 40, 40],
+                     [0, 0, 7, 6]], np.float32)
+    idx = np.zeros(5, np.int64)
+    for ctm in ("half_pixel", "output_half_pixel"):
+        _check("RoiAlign", [("x", x), ("r", rois), ("b", idx)], ["y"], 16, rtol=1e-4,
+               atol=1e-5, coordinate_transformation_mode=ctm, output_height=2, output_width=3)
+    _check("RoiAlign", [("x", x.astype(np.float64)), ("r", rois.astype(np.float64)),
+                        ("b", idx)], ["y"], 16, output_height=2, output_width=3)
+
+
+def test_grid_sample_other_dtypes():
+    x = rng.standard_normal((1, 2, 4, 5))
+    grid = rng.uniform(-1.1, 1.1, (1, 3, 3, 2))
+    _check("GridSample", [("x", x), ("g", grid)], ["y"], 20)
+    got = _run(_make_model("GridSample", [("x", x.astype(np.float16)),
+                                          ("g", grid.astype(np.float16))], ["y"], 20),
+               {"x": x.astype(np.float16), "g": grid.astype(np.float16)})[0]
+    assert got.dtype == np.float16
+
+
 def test_col2im_vs_ort():
     cols = rng.standard_normal((2, 3 * 2 * 3, 4 * 3)).astype(np.float32)
     _check("Col2Im", [("x", cols), ("s", np.array([5, 6], np.int64)),
@@ -416,6 +449,79 @@ def test_bmp_pnm_decoders():
     np.testing.assert_array_equal(_decode(ppm), img)
     gray = _decode(b"P2 3 1 15 0 7 15", "Grayscale")
     np.testing.assert_array_equal(gray[..., 0], [[0, 119, 255]])
+
+
+def _lzw(data: bytes) -> bytes:
+    """TIFF (libtiff) LZW encoder: MSB-first codes, 9-12 bits, clear at 4093 entries."""
+    table = {bytes([i]): i for i in range(256)}
+    next_code, width, bits, w = 258, 9, [], b""
+
+    def emit(code):
+        bits.append(format(code, f"0{width}b"))
+
+    emit(256)
+    for byte in data:
+        wc = w + bytes([byte])
+        if wc in table:
+            w = wc
+            continue
+        emit(table[w])
+        table[wc] = next_code
+        next_code += 1
+        if next_code > (1 << width) - 1 and width < 12:
+            width += 1
+        if next_code >= 4093:
+            emit(256)
+            table = {bytes([i]): i for i in range(256)}
+            next_code, width = 258, 9
+        w = bytes([byte])
+    emit(table[w])
+    emit(257)
+    text = "".join(bits)
+    text += "0" * (-len(text) % 8)
+    return int(text, 2).to_bytes(len(text) // 8, "big")
+
+
+def _packbits(data: bytes) -> bytes:
+    out = bytearray()
+    for i in range(0, len(data), 64):  # literal runs only, plus one repeat run
+        chunk = data[i:i + 64]
+        out += bytes([len(chunk) - 1]) + chunk
+    return bytes(out) + bytes([256 - 3, 7])  # a repeat run (4 x byte 7) past the image end
+
+
+def _tiff(img: np.ndarray, compression: int, predictor: int = 1) -> bytes:
+    h, w, _ = img.shape
+    raw = img.astype(np.int32)
+    if predictor == 2:
+        raw = np.concatenate([raw[:, :1], np.diff(raw, axis=1)], axis=1) & 255
+    body = raw.astype(np.uint8).tobytes()
+    if compression == 5:
+        body = _lzw(body)
+    elif compression == 32773:
+        body = _packbits(body)
+    tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, compression), (262, 3, 2),
+            (273, 4, 8), (277, 3, 3), (278, 4, h), (279, 4, len(body)), (317, 3, predictor)]
+    ifd = struct.pack("<H", len(tags))
+    for tag, typ, val in tags:
+        count = 3 if tag == 258 else 1
+        if tag == 258:  # three shorts do not fit: point to them after the IFD
+            off = 8 + len(body) + 2 + 12 * len(tags) + 4
+            ifd += struct.pack("<HHII", tag, typ, count, off)
+        else:
+            ifd += struct.pack("<HHI", tag, typ, count) + struct.pack(
+                "<I" if typ == 4 else "<HH", *((val,) if typ == 4 else (val, 0)))
+    ifd += struct.pack("<I", 0) + struct.pack("<HHH", 8, 8, 8)
+    return b"II*\x00" + struct.pack("<I", 8 + len(body)) + body + ifd
+
+
+@pytest.mark.parametrize("compression,predictor", [(1, 1), (5, 1), (5, 2), (32773, 1)])
+def test_tiff_decoder(compression, predictor):
+    img = (rng.integers(0, 4, (13, 17, 3)) * 60).astype(np.uint8)
+    data = _tiff(img, compression, predictor)
+    np.testing.assert_array_equal(_decode(data), img)
+    big = np.repeat(np.repeat(img, 9, 0), 9, 1)  # long enough to reach 12-bit codes
+    np.testing.assert_array_equal(_decode(_tiff(big, 5, predictor)), big)
 
 
 # -- text -------------------------------------------------------------------------------------

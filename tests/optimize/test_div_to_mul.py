@@ -24,6 +24,10 @@ def test_float_division_becomes_multiplication(dtype) -> None:
     elem = {np.float32: "float", np.float64: "double", np.float16: "float16"}[dtype]
     c = np.array([[3.0, -7.0, 0.1]], dtype)
     res = optimize_and_compare(div_model(c, elem), {"X": rand(2, 3).astype(dtype)})
+    if dtype == np.float16:  # 1 / 3 is not exact in half precision: one rounding too many
+        assert not res.changes(PASS)
+        c = np.array([[8.0, -0.5, 0.25]], dtype)
+        res = optimize_and_compare(div_model(c, elem), {"X": rand(2, 3).astype(dtype)})
     assert res.changes(PASS) == {"Div": 1}
     assert res.ops == {"Mul": 1, "Neg": 1}
 

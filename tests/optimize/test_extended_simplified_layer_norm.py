@@ -52,12 +52,13 @@ W = rng.standard_normal(D).astype(np.float32)
 FEEDS = {"x": rng.standard_normal((2, 3, D)).astype(np.float32)}
 
 
-def rms_model(square="pow", divide="reciprocal", axis=-1, w_shape=(D,)):
+def rms_model(square="pow", divide="reciprocal", axis=-1, w_shape=(D,),
+              out_shape=f"2, 3, {D}"):
     sq = "two = Constant <value = float {2.0}> ()\n sq = Pow(x, two)" if square == "pow" \
         else "sq = Mul(x, x)"
     div = "n = Div(x, r)" if divide == "div" else "inv = Reciprocal(r)\n n = Mul(x, inv)"
     text = f"""<ir_version: 8, opset_import: ["" : 17]>
-g (float[2, 3, {D}] x) => (float[2, 3, {D}] y) {{
+g (float[2, 3, {D}] x) => (float[{out_shape}] y) {{
     eps = Constant <value = float {{1e-6}}> ()
     {sq}
     ms = ReduceMean <axes = [{axis}]> (sq)
@@ -93,3 +94,10 @@ def test_weight_that_broadcasts_does_not_fire(tmp_path):
     changes, model = optimized(rms_model(w_shape=(2, 3, D)), FEEDS, tmp_path)
     assert "SimplifiedLayerNormFusion" not in changes
     assert "ReduceMean" in ops(model)
+
+
+def test_weight_of_higher_rank_does_not_fire(tmp_path):
+    # a [1, 1, 1, D] weight makes the result rank 4: a normalization would keep rank 3
+    model = rms_model(w_shape=(1, 1, 1, D), out_shape=f"1, 2, 3, {D}")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert "SimplifiedLayerNormFusion" not in changes

@@ -93,6 +93,15 @@ def test_sum_read_elsewhere_becomes_fourth_output(tmp_path):
     assert list(opt.graph.node[0].output) == ["n", "", "", "s"]
 
 
+def test_bias_absorbed_when_sum_read_elsewhere(tmp_path):
+    model = model_of("mm = MatMul(a, w)\n lin = Add(mm, bias)\n s = Add(b, lin)\n"
+                     " n = LayerNormalization (s, gamma, beta)\n y = Add(n, s)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert ops(opt) == ["MatMul", "SkipLayerNormalization", "Add"]
+    assert list(opt.graph.node[1].input)[-1] == "bias"
+    assert list(opt.graph.node[1].output) == ["n", "", "", "s"]
+
+
 def test_sum_as_graph_output_keeps_its_name(tmp_path):
     model = model_of("s = Add(a, b)\n y = LayerNormalization (s, gamma, beta)",
                      outs=f"float[2, 3, {D}] y, float[2, 3, {D}] s")

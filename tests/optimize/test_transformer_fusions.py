@@ -32,6 +32,12 @@ def cases(name: str) -> list[dict[str, np.ndarray]]:
     return [found[c] for c in sorted(found)]
 
 
+def _plain_options() -> onnxrun.SessionOptions:
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = LEVELS.ORT_DISABLE_ALL
+    return opts
+
+
 def session(name: str, level, path: Path | None = None) -> onnxrun.InferenceSession:
     opts = onnxrun.SessionOptions()
     opts.graph_optimization_level = level
@@ -63,8 +69,10 @@ def test_one_attention_and_one_norm_per_sublayer(reference, level, tmp_path):
     ort_opts = ort.SessionOptions()
     ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ort_sess = ort.InferenceSession(str(path), ort_opts, providers=["CPUExecutionProvider"])
+    reloaded = onnxrun.InferenceSession(str(path), _plain_options())
     for feeds, want in expected:
-        for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
+        for s in (sess, ort_sess, reloaded):
+            outputs = s.run(None, feeds)
             for got, ref in zip(outputs, want, strict=True):
                 np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 

@@ -415,16 +415,14 @@ def bench(model: str, opts: BenchOptions, *, feeds: Mapping[str, Any] | None = N
         sess, seconds = create_session(rt, model, opts)
         sessions.append(sess)
         creates.append(seconds)
-    notes = []
+    notes: list[str] = []
     if feeds is None:
         feeds, input_lines = make_feeds(sessions[0], files, dims, seed)
     else:
         feeds = dict(feeds)
         input_lines = [f"{k}: {cli.describe(v)} (given)" for k, v in feeds.items()]
-    if opts.parallel:
-        notes.append("onnxrun accepts -P (ORT_PARALLEL) but runs nodes sequentially")
-    if opts.inter_op_threads:
-        notes.append("onnxrun accepts -y (inter-op threads) but has no inter-op thread pool")
+    if opts.inter_op_threads and not opts.parallel:
+        notes.append("-y (inter-op threads) matters only with -P (ORT_PARALLEL), in both engines")
 
     runners = [(lambda s=s: s.run(None, feeds)) for s in sessions]
     times, first = time_alternating(runners, opts.warmup, opts.repeat, opts.duration)
@@ -613,9 +611,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Arg
     p.add_argument("-x", "--intra-op-threads", type=_non_negative_int, default=0, metavar="N",
                    help="intra-op threads (onnxrun: BLAS threads; default 0: engine default)")
     p.add_argument("-y", "--inter-op-threads", type=_non_negative_int, default=0, metavar="N",
-                   help="inter-op threads (default 0: engine default)")
+                   help="inter-op threads, used with -P (default 0: engine default)")
     p.add_argument("-P", "--parallel", action="store_true",
-                   help="ExecutionMode.ORT_PARALLEL (onnxrun runs nodes sequentially anyway)")
+                   help="ExecutionMode.ORT_PARALLEL: independent nodes run concurrently")
     p.add_argument("-o", "--opt-level", default="99", metavar="LEVEL",
                    help="graph optimization: 0/1/2/99 or disable/basic/extended/all (default 99)")
     p.add_argument("--vs", metavar="ENGINE", choices=[REFERENCE],

@@ -1,8 +1,9 @@
 """Div by a float constant -> Mul by its reciprocal, computed once at load time.
 
 x / c and x * (1 / c) differ by at most one rounding; multiplication is the cheaper operation,
-and a Mul joins Mul chains and Conv*Mul fusion. Floats only (integer division truncates), and
-never when a reciprocal would overflow or lose precision as a subnormal.
+and a Mul joins Mul chains and Conv*Mul fusion. Floats only (integer division truncates),
+never when a reciprocal would overflow or lose precision as a subnormal, and in half precision
+only when the reciprocal is exact.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ def reciprocal(c: np.ndarray) -> np.ndarray | None:
     if not is_float_array(c):
         return None
     wide = c.astype(np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         r = (1.0 / wide).astype(c.dtype)
     regular = np.isfinite(wide) & (wide != 0)
     magnitude = np.abs(r.astype(np.float64))[regular]
     if not np.all(np.isfinite(magnitude)) or np.any(magnitude < smallest_normal(c.dtype)):
+        return None
+    # Half precision: one more rounding is a visible change (1e-3), so exact reciprocals only
+    # (powers of two, as in attention's / 8).
+    if c.dtype.itemsize < 4 and not np.all(r.astype(np.float64)[regular] * wide[regular] == 1):
         return None
     return r
 

@@ -26,6 +26,8 @@ def _term(node: Node) -> Term | None:
     if found is None:
         return None
     ci, c = found
+    if is_float_array(c) and c.dtype.itemsize < 4:
+        return None  # half precision: reassociating changes results by its coarse rounding
     if is_float_array(c):
         wide = c.astype(np.float64)
         if node.op_type == "Mul":

@@ -72,11 +72,6 @@ def same_rank(x: Value | None, out: Value | None) -> bool:
     return rx is not None and rx == ro
 
 
-def only_reader(v: Value, node: Node) -> bool:
-    """``node`` is the one reader of ``v`` and ``v`` is no graph output."""
-    return graph_utils.single_consumer(v) is node
-
-
 def producer(v: Value | None, op_type: str, domain: str = "") -> Node | None:
     if v is None or v.producer is None:
         return None
@@ -132,10 +127,12 @@ def _dim_parent(v: Value, k: int) -> Value | None:
     if x is None:
         return None
     key = (n.domain, n.op_type)
+    # the main output (and Skip*LayerNormalization's sum); statistics outputs are smaller
+    main = v.output_index == 0 or (v.output_index == 3 and n.op_type.startswith("Skip"))
     if key in _SAME_SHAPE:
-        return x
+        return x if main else None
     if key in ((MS, "Attention"), (MS, "MultiHeadAttention")) and k < 2:
-        return x  # [batch, sequence, ...] of the query input
+        return x if v.output_index == 0 else None  # [batch, sequence, ...] of the query
     r = rank(v)
     if r is None or k >= r:
         return None

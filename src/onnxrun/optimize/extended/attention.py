@@ -240,7 +240,6 @@ class AttentionMatcher:
 
     def _unsqueezed_mask(self, v: Value) -> Value | None:
         """v = Casts / Unsqueezes of a 2-D mask [B, T] giving [B, 1, 1, T]."""
-        dims: list[str] | None = None
         chain: list[Node] = []
         while v.producer is not None and v.producer.op_type in ("Cast", "Unsqueeze"):
             chain.append(v.producer)
@@ -269,7 +268,7 @@ class AttentionMatcher:
             return None
         for scores, fill_v, want_allowed in ((y, x, False), (x, y, True)):
             fill = float_scalar(fill_v)
-            if fill is None or not fill <= MIN_FILL:
+            if fill is None or not fill <= MIN_FILL or constant_value(fill_v).ndim > 4:
                 continue
             allowed = self._causal_condition(cond)
             if allowed is None or allowed != want_allowed:
@@ -280,23 +279,23 @@ class AttentionMatcher:
 
     def _causal_condition(self, cond: Value) -> bool | None:
         """True if cond is the lower-triangular 'may attend' matrix, False if its negation."""
-        negated = False
+        negated = as_bool = False
         for _ in range(6):
             n = cond.producer
             if n is not None and n.op_type == "Cast" and n.attr("to") == BOOL:
-                cond = n.inputs[0]
-            elif n is not None and n.op_type == "Not":
+                cond, as_bool = n.inputs[0], True  # nonzero -> True from here down
+            elif n is not None and n.op_type == "Not":  # its input is bool by the spec
                 negated = not negated
                 cond = n.inputs[0]
             else:
                 break
-        if elem_type(cond) != BOOL and constant_value(cond) is None:
+        if elem_type(cond) != BOOL and not as_bool:
             return None
         c = constant_value(cond)
         if c is not None:
-            if c.dtype != np.bool_ or not _is_square(c):
+            if not _is_square(c):
                 return None
-            sq = c.reshape(c.shape[-2:])
+            sq = c.reshape(c.shape[-2:]).astype(bool)
             tril = np.tril(np.ones(sq.shape, bool))
             if np.array_equal(sq, ~tril):  # the 'future' positions, folded
                 negated = not negated
@@ -313,8 +312,8 @@ class AttentionMatcher:
         if ones is None:
             return None
         value = ones.attr("value")
-        if value is None or np.asarray(value).reshape(-1)[0] != 1:
-            return None
+        if value is None or not np.asarray(value).reshape(-1)[0]:
+            return None  # all ones (true), so that Trilu keeps exactly the lower triangle
         items = shape_items(ones.inputs[0])
         if items is None or len(items) != 2:
             return None

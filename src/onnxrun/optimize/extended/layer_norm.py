@@ -15,13 +15,14 @@ import numpy as np
 from ..base import EXTENDED, RulePass, register_pass
 from ..graph_utils import constant_value
 from ..pattern import RewriteRule
-from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim, shape
+from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim, rank, shape
 
 
-def affine_ok(v, d: int) -> bool:
-    """A scale / bias over the last axis of size ``d`` that does not broadcast x further."""
+def affine_ok(v, d: int, r: int) -> bool:
+    """A scale / bias over the last axis (size ``d``) of a rank-``r`` input that does not
+    broadcast it further."""
     s = shape(v)
-    if s is None or not s or s[-1] != d:
+    if s is None or not s or s[-1] != d or len(s) > r:
         return False
     if len(s) == 1:
         return True
@@ -57,7 +58,8 @@ class _LayerNormRule(RewriteRule):
             return False
         if not (is_last_axis_mean(model, rm1, x) and is_last_axis_mean(model, rm2, sub.outputs[0])):
             return False
-        return affine_ok(gamma, d) and (beta is None or affine_ok(beta, d))
+        r = rank(x)
+        return affine_ok(gamma, d, r) and (beta is None or affine_ok(beta, d, r))
 
     def rewrite(self, op, x, eps, gamma, beta=None, **_):
         b = as_vector(op, beta) if beta is not None else None

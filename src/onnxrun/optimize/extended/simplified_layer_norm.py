@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
-from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim
+from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim, rank
 from .layer_norm import affine_ok, as_vector
 
 
@@ -29,7 +29,7 @@ class _RmsNormRule(RewriteRule):
         d, e = last_dim(x), float_scalar(eps)
         if d is None or e is None or e < 0 or not is_float32(x, context.root.outputs[0]):
             return False
-        return is_last_axis_mean(context.model, rm, x) and affine_ok(w, d)
+        return is_last_axis_mean(context.model, rm, x) and affine_ok(w, d, rank(x))
 
     def rewrite(self, op, x, eps, w, **_):
         return op.SimplifiedLayerNormalization(x, as_vector(op, w), axis=-1,

@@ -97,14 +97,13 @@ class SkipLayerNormFusion(GraphPass):
             return False  # the fused node takes the Add's place in the node order
         removed = [norm, add]
         bias = None
-        if single_consumer(s) is norm:  # the bias Add may go only when the sum is not needed
-            for i, side in enumerate((a, b)):
-                found = _bias_add(side, d, add)
-                if found is not None and _same_shape(found[0], b if i == 0 else a, d):
-                    a, b = (found[0], b) if i == 0 else (a, found[0])
-                    bias = found[1]
-                    removed.append(found[2])
-                    break
+        for i, side in enumerate((a, b)):  # the sum output includes the bias: always exact
+            found = _bias_add(side, d, add)
+            if found is not None and _same_shape(found[0], b if i == 0 else a, d):
+                a, b = (found[0], b) if i == 0 else (a, found[0])
+                bias = found[1]
+                removed.append(found[2])
+                break
         inputs = [a, b, gamma] + ([] if simplified else [beta]) + [bias]
         while inputs[-1] is None:
             inputs.pop()

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..kernels import KernelContext, op
+from .conv import compute_dtype
 from .elementwise import erf
 from .reduction import max_last, sum_trailing
 
@@ -54,7 +55,9 @@ def sigmoid(X):
 
 @op("Tanh", 1, 6, 13)
 def Tanh(input):  # noqa: A002 - the schema's name
-    return np.tanh(input)
+    if input.dtype.kind == "V":  # ml_dtypes' bfloat16 tanh is a slow scalar loop
+        return np.tanh(input.astype(np.float32)).astype(input.dtype)
+    return np.tanh(input)  # numpy's float16 tanh is vectorized
 
 
 @op("LeakyRelu", 1, 6, 16)
@@ -163,8 +166,20 @@ def HardSwish(X):
     return t
 
 
+def _half_via_f32(fn):
+    """float16 too: its several elementwise passes are much faster in float32."""
+
+    @functools.wraps(fn)
+    def kernel(X, *args, **kwargs):
+        if compute_dtype(X.dtype) != X.dtype:
+            return fn(X.astype(np.float32), *args, **kwargs).astype(X.dtype)
+        return fn(X, *args, **kwargs)
+
+    return kernel
+
+
 @op("Gelu", 20)
-@_narrow_via_f32
+@_half_via_f32
 def Gelu(X, *, approximate="none"):
     if approximate == "tanh":
         t = X * X
@@ -191,6 +206,8 @@ def _fast_last(x, axis):
 
 
 def _softmax(x, axis):
+    if compute_dtype(x.dtype) != x.dtype:  # 16-bit floats: float32 passes, rounded once
+        return _softmax(x.astype(np.float32), axis).astype(x.dtype)
     if _fast_last(x, axis):
         e = x - max_last(x)
         np.exp(e, out=e)
@@ -205,6 +222,8 @@ def _softmax(x, axis):
 
 
 def _log_softmax(x, axis):
+    if compute_dtype(x.dtype) != x.dtype:
+        return _log_softmax(x.astype(np.float32), axis).astype(x.dtype)
     if _fast_last(x, axis):
         e = x - max_last(x)
         s = sum_trailing(np.exp(e), x.shape[-1]).reshape(x.shape[:-1] + (1,))

@@ -510,7 +510,10 @@ def Col2Im(input, image_shape, block_shape, *, dilations=None, pads=None, stride
     for koff in itertools.product(*[range(k) for k in blk]):
         sl = tuple(slice(koff[d] * dil[d], koff[d] * dil[d] + std[d] * (nblocks[d] - 1) + 1,
                          std[d]) for d in range(r))
-        padded[(slice(None), slice(None), *sl)] += cols[(slice(None), slice(None), *koff)]
+        view = padded[(slice(None), slice(None), *sl)]
+        np.add(view, cols[(slice(None), slice(None), *koff)], out=view)
+    if not any(pad):
+        return padded
     crop = tuple(slice(pad[d], pad[d] + img[d]) for d in range(r))
     return np.ascontiguousarray(padded[(slice(None), slice(None), *crop)])
 
@@ -548,39 +551,55 @@ class DeformConv:
         kp = int(np.prod(ks))
         p = int(np.prod(out_sp))
         ct = _compute_dtype(X.dtype)
-        off = offset.reshape(n, og, kp, r, p).astype(ct, copy=False)
-        # undeformed sampling positions: (kp, p) per dimension
+        # sampling points are ordered (output position, kernel tap) so that the gathered
+        # columns reshape to (n, p, kp * C) for the final matmul without a transpose
+        off = offset.reshape(n, og, kp, r, p).astype(ct, copy=False).transpose(0, 1, 4, 2, 3)
         kgrid = np.stack(np.meshgrid(*[np.arange(k) for k in ks], indexing="ij"), 0)
         ogrid = np.stack(np.meshgrid(*[np.arange(o) for o in out_sp], indexing="ij"), 0)
-        kgrid = kgrid.reshape(r, kp, 1)
-        ogrid = ogrid.reshape(r, 1, p)
+        kgrid = kgrid.reshape(r, 1, kp)
+        ogrid = ogrid.reshape(r, p, 1)
+        m = None
+        if mask is not None:  # folded into the weights of the first dimension's taps
+            m = mask.reshape(n, og, kp, p).astype(ct, copy=False).transpose(0, 1, 3, 2)
+            m = m.reshape(n * og, p * kp)
         taps_per_dim = []
         for d in range(r):
-            base = ogrid[d] * std[d] - pad[d] + kgrid[d] * dil[d]  # (kp, p)
-            pos = (base[None, None] + off[:, :, :, d]).reshape(n * og, kp * p)
+            base = ogrid[d] * std[d] - pad[d] + kgrid[d] * dil[d]  # (p, kp)
+            pos = (base[None, None] + off[..., d]).reshape(n * og, p * kp)
             p0 = np.floor(pos)
             t = pos - p0
             i0 = p0.astype(np.int64)
             taps = []
             for idx, wt in ((i0, 1 - t), (i0 + 1, t)):
                 inside = (idx >= 0) & (idx < dims[d])
-                taps.append((np.clip(idx, 0, dims[d] - 1), np.where(inside, wt, 0)))
+                wt = np.where(inside, wt, 0)
+                if m is not None and d == 0:
+                    wt = wt * m
+                taps.append((np.clip(idx, 0, dims[d] - 1), wt))
             taps_per_dim.append(taps)
         strides_flat = [int(np.prod(dims[d + 1:], dtype=np.int64)) for d in range(r)]
         cg = c // og
         xt = X.astype(ct, copy=False).reshape(n, og, cg, -1).transpose(0, 1, 3, 2)
-        xt = xt.reshape(n * og, -1, cg)
-        cols = _gather_taps(xt, taps_per_dim, strides_flat, ct)  # (n*og, kp*p, cg)
-        cols = cols.reshape(n, og, kp, p, cg)
-        if mask is not None:
-            cols = cols * mask.reshape(n, og, kp, p, 1).astype(ct, copy=False)
-        # (n, c, kp, p) -> per group matmul with W (oc/g, c/g * kp)
-        cols = cols.transpose(0, 1, 4, 2, 3).reshape(n, g, (c // g) * kp, p)
-        wg = W.astype(ct, copy=False).reshape(g, oc // g, (c // g) * kp)
-        out = np.matmul(wg[None], cols).reshape(n, oc, *out_sp)
+        xt = np.ascontiguousarray(xt).reshape(n * og, -1, cg)
+        cols = _gather_taps(xt, taps_per_dim, strides_flat, ct)  # (n*og, p*kp, cg)
+        cols = cols.reshape(n, og, p, kp, cg)
+        if og > 1:
+            cols = cols.transpose(0, 2, 3, 1, 4)
+        cols = cols.reshape(n, p, kp, c)
+        # W (oc, c/g, *k) -> per group (kp * c/g, oc/g) matching the columns' (tap, channel)
+        cgp = c // g
+        wg = W.astype(ct, copy=False).reshape(g, oc // g, cgp, kp).transpose(0, 3, 2, 1)
+        wg = wg.reshape(g, kp * cgp, oc // g)
+        if g == 1:
+            out = np.matmul(cols.reshape(n, p, kp * c), wg[0])  # (n, p, oc)
+        else:
+            out = np.concatenate([
+                np.matmul(cols[..., gi * cgp:(gi + 1) * cgp].reshape(n, p, kp * cgp), wg[gi])
+                for gi in range(g)], axis=2)
+        out = out.transpose(0, 2, 1).reshape(n, oc, *out_sp)
         if B is not None:
             out = out + B.astype(ct, copy=False).reshape(1, oc, *([1] * r))
-        return out.astype(X.dtype, copy=False)
+        return np.ascontiguousarray(out.astype(X.dtype, copy=False))
 
 
 # -- CenterCropPad, MaxUnpool -----------------------------------------------------------------

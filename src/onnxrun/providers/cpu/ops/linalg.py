@@ -21,11 +21,21 @@ def _floating(x: np.ndarray) -> bool:
 
 
 @op("MatMul", 1, 9, 13)
-def MatMul(A, B):
-    cdt = compute_dtype(A.dtype)
-    if cdt != A.dtype:  # no BLAS for 16-bit floats: float32 product, cast back
-        return matmul(A.astype(cdt), B.astype(cdt)).astype(A.dtype)
-    return matmul(A, B)
+class MatMul:
+    """No BLAS for 16-bit floats: float32 product, cast back; a constant B is widened once."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        B = ctx.constant(1)
+        self.B = None
+        if B is not None and compute_dtype(B.dtype) != B.dtype:
+            self.B = B.astype(compute_dtype(B.dtype))
+
+    def __call__(self, A, B):
+        cdt = compute_dtype(A.dtype)
+        if cdt != A.dtype:
+            Bc = self.B if self.B is not None else B.astype(cdt)
+            return matmul(A.astype(cdt), Bc).astype(A.dtype)
+        return matmul(A, B)
 
 
 @op("Gemm", 1, 6, 7, 9, 11, 13)

@@ -147,6 +147,40 @@ class RegexFullMatch:
 # -- TfIdfVectorizer --------------------------------------------------------------------------
 
 
+_DENSE_LIMIT = 1 << 22  # key ranges up to this size use a direct lookup table
+
+
+class _Lookup:
+    """Exact-match map from sorted unique keys to int values: a dense table when the keys are
+    integers within a small range (one gather per query), a binary search otherwise. With
+    ``key_space``, queries are known to lie in [0, key_space) and need no range check."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, key_space: int | None = None):
+        self.keys, self.values = keys, values
+        self.table = None
+        self.checked = key_space is None or key_space > _DENSE_LIMIT
+        if not self.checked:
+            self.lo = 0
+            self.table = np.full(key_space, -1, dtype=np.int64)
+            self.table[keys] = values
+        elif keys.dtype == np.int64 and keys.size and int(keys[-1]) - int(keys[0]) < _DENSE_LIMIT:
+            self.lo = int(keys[0])
+            self.table = np.full(int(keys[-1]) - self.lo + 2, -1, dtype=np.int64)
+            self.table[keys - self.lo] = values
+
+    def find(self, query: np.ndarray) -> np.ndarray:
+        """The value of each query key, -1 where it is absent."""
+        if self.table is not None:
+            if not self.checked:
+                return self.table[query]
+            # out-of-range keys read the last slot, which is always -1
+            q = query - self.lo
+            q = np.where((q < 0) | (q >= len(self.table)), len(self.table) - 1, q)
+            return self.table[q]
+        at = np.clip(np.searchsorted(self.keys, query), 0, len(self.keys) - 1)
+        return np.where(self.keys[at] == query, self.values[at], -1)
+
+
 @op("TfIdfVectorizer", 9)
 class TfIdfVectorizer:
     """N-gram counting: input tokens become vocabulary ids, every n-gram window (for each n and
@@ -173,8 +207,10 @@ class TfIdfVectorizer:
         self.vocab = np.unique(pool)
         self.base = len(self.vocab) + 1  # id 0 = token not in the vocabulary
         pool_ids = np.searchsorted(self.vocab, pool) + 1 if pool.size else pool
-        # per n: sorted keys of the pool n-grams and their output column
-        self.tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.token_ids = None if self.is_str or not self.vocab.size else \
+            _Lookup(self.vocab, np.arange(1, self.base, dtype=np.int64))
+        # per n: the pool n-grams' keys -> output column
+        self.tables: dict[int, _Lookup] = {}
         counts = list(ngram_counts) + [len(pool)]
         gram_index = 0
         for i in range(len(ngram_counts)):
@@ -187,8 +223,8 @@ class TfIdfVectorizer:
                 cols = np.asarray(ngram_indexes[gram_index:gram_index + num], dtype=np.int64)
                 mapping = dict(zip(keys.tolist(), cols.tolist(), strict=True))  # last one wins
                 k_sorted = np.array(sorted(mapping), dtype=keys.dtype)
-                self.tables[n] = (k_sorted, np.array([mapping[k] for k in k_sorted.tolist()],
-                                                     dtype=np.int64))
+                self.tables[n] = _Lookup(k_sorted, np.array(
+                    [mapping[k] for k in k_sorted.tolist()], dtype=np.int64), self.base ** n)
             gram_index += num
 
     def _keys(self, columns: list[np.ndarray]) -> np.ndarray:
@@ -210,14 +246,18 @@ class TfIdfVectorizer:
             raise ValueError(f"TfIdfVectorizer: input must be [C] or [B, C], got {X.shape}")
         rows = X.reshape(1, -1) if X.ndim == 1 else X
         b, c = rows.shape
-        freq = np.zeros((b, self.output_size), dtype=np.int64)
+        freq = None
         if rows.size and self.tables and self.vocab.size:
-            tokens = rows.astype(str) if self.is_str else rows.astype(np.int64)
-            pos = np.clip(np.searchsorted(self.vocab, tokens), 0, self.vocab.size - 1)
-            ids = np.where(self.vocab[pos] == tokens, pos + 1, 0)
+            if self.is_str:
+                tokens = rows.astype(str)
+                pos = np.clip(np.searchsorted(self.vocab, tokens), 0, self.vocab.size - 1)
+                ids = np.where(self.vocab[pos] == tokens, pos + 1, 0)
+            else:
+                ids = np.maximum(self.token_ids.find(rows.astype(np.int64)), 0)
             row_idx = np.arange(b)[:, None]
+            hits = []
             for skip in range(1, self.max_skip + 2):
-                for n, (keys, cols) in self.tables.items():
+                for n, table in self.tables.items():
                     if n == 1 and skip > 1:
                         continue  # unigrams do not depend on the skip distance
                     span = (n - 1) * skip
@@ -225,12 +265,15 @@ class TfIdfVectorizer:
                         continue
                     starts = c - span
                     key = self._keys([ids[:, k * skip:k * skip + starts] for k in range(n)])
-                    at = np.clip(np.searchsorted(keys, key), 0, len(keys) - 1)
-                    hit = keys[at] == key
-                    # windows containing an unknown token never match (their key has a 0 digit,
-                    # but a pool key can too only if it contains id 0, which it cannot)
-                    flat = (row_idx * self.output_size + cols[at])[hit]
-                    freq += np.bincount(flat, minlength=b * self.output_size).reshape(freq.shape)
+                    # windows with an unknown token (a 0 digit) never match a pool key
+                    col = table.find(key)
+                    hit = col >= 0
+                    hits.append((row_idx * self.output_size + col)[hit])
+            if hits:  # one bincount for all n-gram sizes and skips
+                flat = np.concatenate(hits)
+                freq = np.bincount(flat, minlength=b * self.output_size).reshape(b, -1)
+        if freq is None:
+            freq = np.zeros((b, self.output_size), dtype=np.int64)
         f = freq.astype(np.float32)
         if self.mode == "TF":
             y = f

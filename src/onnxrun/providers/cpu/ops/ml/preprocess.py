@@ -58,6 +58,8 @@ class Scaler:
 def Normalizer(X, *, norm="MAX"):
     if norm not in ("MAX", "L1", "L2"):
         raise ValueError(f"Invalid normalize value of {norm}")
+    if X.ndim > 2:
+        raise ValueError(f"Rank of input to Normalizer must be at most 2. Got {X.ndim}")
     axis = 1 if X.ndim > 1 else 0
     Xf = X.astype(np.float32)
     if norm == "MAX":

@@ -532,6 +532,9 @@ def classifier_scores(S: np.ndarray, H: np.ndarray, base: np.ndarray, post_trans
         new1 = np.where(both, base[1] + s0, s1 + base[1])
         s0[:] = np.where(both, -new1, s0 + base[0])
         s1[:] = new1
+    elif B == 1:  # onnxruntime accepts one base value for two classes
+        s0 += base[0]
+        single = ~h1
     else:
         wa[:] = 3
         single = ~h1
@@ -571,9 +574,10 @@ def _floats(values, tensor, dtype=np.float32) -> np.ndarray:
     return np.asarray(values if values is not None else [], dtype=dtype)
 
 
-def _base_values(values, tensor, n: int) -> np.ndarray:
+def _base_values(values, tensor, n: int, binary: bool = False) -> np.ndarray:
     base = _floats(values, tensor).astype(np.float64)
-    if len(base) not in (0, n):
+    # onnxruntime also takes a single base value for a two-class classifier
+    if len(base) not in (0, n) and not (binary and n == 2 and len(base) == 1):
         raise ValueError(f"base_values should have 0 or {n} values.")
     return base
 
@@ -634,7 +638,7 @@ class TreeEnsembleClassifier:
         if self.n_classes == 0:
             raise ValueError("classlabels_int64s or classlabels_strings must be set")
         self.post = check_post_transform(post_transform)
-        self.base = _base_values(base_values, base_values_as_tensor, self.n_classes)
+        self.base = _base_values(base_values, base_values_as_tensor, self.n_classes, True)
         weights = _floats(class_weights, class_weights_as_tensor)
         if len(class_ids) and (min(class_ids) < 0 or max(class_ids) >= self.n_classes):
             raise ValueError("class_ids must be in [0, number of class labels)")

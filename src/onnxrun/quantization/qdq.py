@@ -1,0 +1,292 @@
+"""The QDQ format: float operators between QuantizeLinear / DequantizeLinear pairs.
+
+Every tensor an operator should see quantized gets ``QuantizeLinear -> DequantizeLinear`` after
+its producer; weights are stored quantized with one ``DequantizeLinear``; Conv / Gemm biases are
+stored as int32 with scale ``input_scale * weight_scale``. Data-movement operators (Reshape,
+Transpose, MaxPool...) give their output their input's parameters, and a Relu or Clip after a
+quantized tensor is dropped when activations are asymmetric: the quantization of its output
+range already clamps. A runtime that fuses the patterns (onnxruntime) runs integer kernels; one
+that does not runs the float operators on the dequantized values, with the same rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import ModelProto, NodeProto
+
+from .base import QuantizerBase, QValue, attributes, weight_axis
+
+# Operators whose output keeps their input's quantization parameters.
+DIRECT_8BIT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Resize", "MaxPool",
+               "AveragePool", "Slice", "Pad", "TopK", "Gather", "GatherElements", "Split"}
+REMOVABLE = {"Relu", "Clip"}
+NORMALIZATION = {"InstanceNormalization", "LayerNormalization", "BatchNormalization"}
+QDQ_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "CumSum", "Where", *DIRECT_8BIT,
+           *REMOVABLE, *NORMALIZATION}
+
+
+@dataclass
+class _Mark:
+    kind: str  # "act": own calibrated parameters, "weight", or "shared" with ``provider``
+    axis: int | None = None
+    provider: str | None = None
+    as_activation: bool = False  # an initializer read as an activation: activation type
+
+
+class QDQQuantizer(QuantizerBase):
+    """Marks the tensors each quantized node wants quantized, then inserts the Q/DQ nodes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.marks: dict[str, _Mark] = {}
+        self.biases: list[tuple[NodeProto, str, str, str, float]] = []
+        self.removed: set[int] = set()
+        self.keep_activations = bool(self.extra.get("QDQKeepRemovableActivations", False))
+        self.no_output_types = set(self.extra.get("OpTypesToExcludeOutputQuantization", ()))
+        self.add_qdq_to_weight = bool(self.extra.get("AddQDQPairToWeight", False))
+
+    # -- marking ------------------------------------------------------------------------------
+
+    def _quantizable(self, name: str) -> bool:
+        return bool(name) and (self.is_float_weight(name) or
+                               (not self.is_initializer(name) and self.is_float(name)))
+
+    def mark(self, name: str) -> None:
+        """Quantize ``name`` with its own parameters (an initializer: as a weight)."""
+        if not self._quantizable(name) or name in self.marks:
+            return
+        self.marks[name] = _Mark("weight", as_activation=True) if self.is_initializer(name) \
+            else _Mark("act")
+
+    def mark_weight(self, name: str, axis: int | None) -> None:
+        if not self.is_float_weight(name):
+            self.mark(name)
+            return
+        m = self.marks.get(name)
+        if m is None or m.kind != "weight" or m.as_activation:
+            self.marks[name] = _Mark("weight", axis)
+
+    def mark_shared(self, name: str, provider: str) -> None:
+        if self._quantizable(name) and not self.is_initializer(name):
+            self.marks[name] = _Mark("shared", provider=provider)
+
+    def mark_outputs(self, node: NodeProto) -> None:
+        if node.op_type not in self.no_output_types:
+            for o in node.output:
+                self.mark(o)
+
+    def mark_bias(self, node: NodeProto, index: int, weight_index: int, beta: float = 1.0
+                  ) -> None:
+        if len(node.input) > index and node.input[index]:
+            bias = node.input[index]
+            if self.is_float_weight(bias) and self.is_float_weight(node.input[weight_index]):
+                self.biases.append((node, bias, node.input[0], node.input[weight_index], beta))
+            elif not self.is_initializer(bias):
+                self.mark(bias)
+
+    def _weight(self, node: NodeProto, index: int) -> None:
+        name = node.input[index]
+        if self.is_float_weight(name):
+            axis = weight_axis(node, index, self.array(name).ndim) if self.per_channel else None
+            self.mark_weight(name, axis)
+        else:
+            self.mark(name)
+
+    # -- operators ----------------------------------------------------------------------------
+
+    def quantize_node(self, node: NodeProto) -> None:
+        op = node.op_type
+        if op in ("Conv", "ConvTranspose"):
+            self.mark(node.input[0])
+            self._weight(node, 1)
+            self.mark_bias(node, 2, 1)
+            self.mark_outputs(node)
+        elif op == "Gemm":
+            a = attributes(node)
+            self.mark(node.input[0])
+            self._weight(node, 1)
+            if float(a.get("alpha", 1.0)) == 1.0:
+                self.mark_bias(node, 2, 1, float(a.get("beta", 1.0)))
+            elif len(node.input) > 2:
+                self.mark(node.input[2])
+            self.mark_outputs(node)
+        elif op == "MatMul":
+            if self.matmul_const_b_only and not self.is_initializer(node.input[1]):
+                return
+            self.mark(node.input[0])
+            self._weight(node, 1)
+            self.mark_outputs(node)
+        elif op in REMOVABLE:
+            if node.input[0] not in self.marks:
+                return
+            if not (self.activation_symmetric or self.keep_activations) \
+                    and self._replace_upstream(node.input[0], node.output[0]):
+                self.removed.add(id(node))
+            else:
+                self.mark(node.input[0])
+            self.mark(node.output[0])
+        elif op in DIRECT_8BIT:
+            if op == "MaxPool" and self.opset < 12 or op == "Resize" and self.opset < 11:
+                return
+            src = node.input[0]
+            if self.force_no_input_check or op == "Split" or \
+                    op in ("Gather", "GatherElements") and self.is_float_weight(src):
+                self.mark(src)
+            if src not in self.marks or op in self.no_output_types:
+                return
+            outs = node.output if op == "Split" else node.output[:1]
+            for o in outs:
+                self.mark_shared(o, src)
+        elif op in NORMALIZATION:
+            self.mark(node.input[0])
+            self._weight(node, 1)
+            if op != "BatchNormalization":
+                self.mark_bias(node, 2, 1)
+            self.mark_outputs(node)
+        elif op == "Where":
+            if self.force_no_input_check:
+                self.mark(node.input[1])
+                self.mark(node.input[2])
+            if node.input[1] in self.marks and node.input[2] in self.marks:
+                self.mark_outputs(node)
+        else:  # every float input and output with its own parameters
+            if op == "Softmax":
+                self.set_range(node.output[0], 0.0, 1.0)
+            for i in node.input:
+                self.mark(i)
+            self.mark_outputs(node)
+
+    def _replace_upstream(self, upstream: str, output: str) -> bool:
+        """Drop an activation by having the upstream node write its output directly."""
+        producer = self.producer.get(upstream)
+        if (producer is None or id(producer) in self.removed or self.tensor_range(output) is None
+                or len(self.consumers.get(upstream, ())) != 1 or upstream in self.graph_outputs
+                or upstream in self.graph_inputs or upstream in self.outer_refs):
+            return False
+        for i, o in enumerate(producer.output):
+            if o == upstream:
+                producer.output[i] = output
+        self.producer[output] = producer
+        self.marks.pop(upstream, None)
+        return True
+
+    # -- emission -----------------------------------------------------------------------------
+
+    def _params(self, name: str, seen: frozenset = frozenset()) -> QValue | None:
+        m = self.marks.get(name)
+        if m is None or name in seen:
+            return None
+        if m.kind == "shared":
+            return self._params(m.provider, seen | {name})
+        if m.kind == "act":
+            qv = self.activation_qvalue(name)
+            if qv is None:
+                raise ValueError(f"Quantization parameters are not specified for param {name}. "
+                                 "In static mode quantization params for inputs and outputs of "
+                                 "nodes to be quantized are required.")
+            return qv
+        return None
+
+    def quantize_model(self) -> ModelProto:
+        for node in self.nodes:
+            if self.should_quantize_node(node):
+                self.quantize_node(node)
+
+        front: list[NodeProto] = []
+        after: dict[str, list[NodeProto]] = {}
+        replace: dict[str, str] = {}
+        # weights first wait for the floors the int32 biases put on their scales
+        floors: dict[str, np.ndarray] = {}
+        bias_inputs: dict[int, QValue] = {}
+        for k, (_, bias, inp, w, _) in enumerate(self.biases):
+            iq = self._params(inp)
+            wm = self.marks.get(w)
+            if iq is None or wm is None or wm.kind != "weight" or wm.as_activation:
+                continue
+            bias_inputs[k] = iq
+            floor = self.bias_weight_floor(bias, iq.scale_value, self.marks[w].axis is not None)
+            if floor is not None:
+                floors[w] = np.maximum(floors[w], floor) if w in floors else floor
+
+        for name, m in self.marks.items():
+            if m.kind == "weight":
+                if m.as_activation:
+                    qv = self.quantize_weight(name, self.activation_qtype, reduce_range=False,
+                                              symmetric=self.activation_symmetric)
+                else:
+                    qv = self.quantize_weight(name, axis=m.axis, min_scale=floors.get(name))
+                out = self.unique(f"{name}_DequantizeLinear_Output")
+                src = qv.name
+                if self.add_qdq_to_weight:  # the float weight kept, quantized by the graph
+                    src = self.unique(f"{name}_QuantizeLinear_Output")
+                    front.append(self.make_node("QuantizeLinear", [name, qv.scale, qv.zero_point],
+                                                [src], f"{name}_QuantizeLinear", axis=qv.axis))
+                front.append(self.make_node("DequantizeLinear", [src, qv.scale, qv.zero_point],
+                                            [out], f"{name}_DequantizeLinear", axis=qv.axis))
+                replace[name] = out
+                continue
+            qv = self._params(name)
+            if qv is None:
+                continue
+            q_out = self.unique(f"{name}_QuantizeLinear_Output")
+            producer = self.producer.get(name)
+            if name in self.graph_outputs and producer is not None:
+                q_in = self.unique(f"{name}_QuantizeLinear_Input")
+                for i, o in enumerate(producer.output):
+                    if o == name:
+                        producer.output[i] = q_in
+                dq_out = name
+            else:
+                q_in = name
+                dq_out = self.unique(f"{name}_DequantizeLinear_Output")
+                replace[name] = dq_out
+            pair = [self.make_node("QuantizeLinear", [q_in, qv.scale, qv.zero_point], [q_out],
+                                   f"{name}_QuantizeLinear"),
+                    self.make_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq_out],
+                                   f"{name}_DequantizeLinear")]
+            if producer is None:
+                front.extend(pair)
+            else:
+                after.setdefault(id(producer), []).extend(pair)
+
+        for k, (node, bias, _, w, beta) in enumerate(self.biases):
+            if k not in bias_inputs:
+                self.mark(bias)  # not quantizable as int32: a weight like any other
+                continue
+            wq = self.weights[(w, self.weight_qtype, self.marks[w].axis)]
+            bq = self.quantize_bias(bias, bias_inputs[k].scale_value, wq, beta)
+            if bq is None:
+                self.mark(bias)
+                continue
+            out = self.unique(f"{bias}_DequantizeLinear_Output")
+            front.append(self.make_node("DequantizeLinear", [bq.name, bq.scale, bq.zero_point],
+                                        [out], f"{bias}_DequantizeLinear", axis=bq.axis))
+            for i, x in enumerate(node.input):
+                if x == bias and i == 2:
+                    node.input[i] = out
+            if node.op_type == "Gemm" and beta != 1.0:
+                for a in node.attribute:
+                    if a.name == "beta":
+                        a.f = 1.0
+        for name in [b for _, b, *_ in self.biases if b in self.marks and b not in replace]:
+            qv = self.quantize_weight(name)  # a bias left as a plain weight
+            out = self.unique(f"{name}_DequantizeLinear_Output")
+            front.append(self.make_node("DequantizeLinear", [qv.name, qv.scale, qv.zero_point],
+                                        [out], f"{name}_DequantizeLinear"))
+            replace[name] = out
+
+        nodes = list(front)
+        for node in self.nodes:
+            if id(node) in self.removed:
+                continue
+            for i, x in enumerate(node.input):
+                if x in replace:
+                    node.input[i] = replace[x]
+            nodes.append(node)
+            nodes.extend(after.get(id(node), ()))
+        return self.finish(nodes)
+
+
+__all__ = ["QDQQuantizer", "QDQ_OPS"]

@@ -1,0 +1,211 @@
+"""Quantization types, formats and the arithmetic of scales and zero points.
+
+The enums have onnxruntime's names and values (``onnxruntime.quantization.QuantType`` and
+friends), so code written for onnxruntime's tool runs unchanged. The helpers compute scales and
+zero points exactly as onnxruntime's tool does (same ranges, same rounding, same dtypes), so a
+model quantized by either tool holds the same parameters for the same calibration ranges.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto
+
+
+class QuantizationMode(Enum):
+    IntegerOps = 0  # dynamic: ConvInteger, MatMulInteger, DynamicQuantizeLSTM
+    QLinearOps = 1  # static: QLinearConv, QLinearMatMul...
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def from_string(mode: str) -> QuantizationMode:
+        try:
+            return QuantizationMode[mode]
+        except KeyError:
+            raise ValueError(f"unknown quantization mode {mode!r}") from None
+
+
+class QuantType(Enum):
+    QInt8 = 0
+    QUInt8 = 1
+    QFLOAT8E4M3FN = 2
+    QInt16 = 3
+    QUInt16 = 4
+    QInt4 = 5
+    QUInt4 = 6
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def from_string(t: str) -> QuantType:
+        try:
+            return QuantType[t]
+        except KeyError:
+            raise ValueError(f"unknown quantization type {t!r}") from None
+
+    @property
+    def tensor_type(self) -> int:
+        return _TENSOR_TYPES[self]
+
+
+_TENSOR_TYPES = {
+    QuantType.QInt8: TensorProto.INT8, QuantType.QUInt8: TensorProto.UINT8,
+    QuantType.QInt16: TensorProto.INT16, QuantType.QUInt16: TensorProto.UINT16,
+    QuantType.QInt4: TensorProto.INT4, QuantType.QUInt4: TensorProto.UINT4,
+    QuantType.QFLOAT8E4M3FN: TensorProto.FLOAT8E4M3FN,
+}
+
+
+class QuantFormat(Enum):
+    QOperator = 0  # quantized operators (QLinearConv...)
+    QDQ = 1  # float operators between QuantizeLinear / DequantizeLinear pairs
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def from_string(fmt: str) -> QuantFormat:
+        try:
+            return QuantFormat[fmt]
+        except KeyError:
+            raise ValueError(f"unknown quantization format {fmt!r}") from None
+
+
+class CalibrationMethod(Enum):
+    MinMax = 0
+    Entropy = 1
+    Percentile = 2
+    Distribution = 3
+
+
+# -- element types ------------------------------------------------------------------------------
+
+NP_TYPES = {
+    TensorProto.INT8: np.dtype(np.int8), TensorProto.UINT8: np.dtype(np.uint8),
+    TensorProto.INT16: np.dtype(np.int16), TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.INT4: np.dtype(ml_dtypes.int4), TensorProto.UINT4: np.dtype(ml_dtypes.uint4),
+    TensorProto.INT32: np.dtype(np.int32),
+}
+
+# (qmin, qmax) per type: full, symmetric (signed types drop their lowest value so that the
+# range is centered on 0) and reduced (7 bits of 8, for CPUs whose u8s8 products saturate).
+_FULL = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127),
+         TensorProto.UINT16: (0, 65535), TensorProto.INT16: (-32768, 32767),
+         TensorProto.UINT4: (0, 15), TensorProto.INT4: (-8, 7)}
+_SYMMETRIC = {TensorProto.INT8: (-127, 127), TensorProto.INT16: (-32767, 32767)}
+_REDUCED = {TensorProto.UINT8: (0, 127), TensorProto.INT8: (-64, 64),
+            TensorProto.UINT16: (0, 32767), TensorProto.INT16: (-16384, 16384),
+            TensorProto.UINT4: (0, 7), TensorProto.INT4: (-4, 3)}
+
+
+def qtype_of(t: QuantType | int) -> int:
+    """The TensorProto element type of a QuantType (or of an element type, returned as is)."""
+    return t.tensor_type if isinstance(t, QuantType) else int(t)
+
+
+def is_signed(qtype: int) -> bool:
+    return qtype in (TensorProto.INT8, TensorProto.INT16, TensorProto.INT4)
+
+
+def get_qmin_qmax_for_qType(qtype, reduce_range: bool = False,  # noqa: N802 (onnxruntime's name)
+                            symmetric: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(qmin, qmax) as 0-d arrays of the quantized type, as onnxruntime's helper returns them."""
+    qtype = qtype_of(qtype)
+    if qtype not in _FULL:
+        raise ValueError(f"unsupported quantization type {TensorProto.DataType.Name(qtype)}")
+    if reduce_range:
+        lo, hi = _REDUCED[qtype]
+    elif symmetric and qtype in _SYMMETRIC:
+        lo, hi = _SYMMETRIC[qtype]
+    else:
+        lo, hi = _FULL[qtype]
+    dt = NP_TYPES[qtype]
+    return np.array(lo, dtype=dt), np.array(hi, dtype=dt)
+
+
+def compute_scale_zp(rmin, rmax, qmin, qmax, symmetric: bool = False,
+                     min_real_range: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point mapping [rmin, rmax] (widened to hold 0) onto [qmin, qmax].
+
+    Element-wise over arrays of ranges (per channel). Returns ``(zero_point, scale)`` in
+    onnxruntime's order; the scale has rmax's float dtype, the zero point qmin's dtype.
+    """
+    rmin = np.asarray(rmin)
+    rmax = np.asarray(rmax)
+    fdt = rmax.dtype if rmax.dtype.kind == "f" else np.dtype(np.float32)
+    qdt = np.asarray(qmin).dtype
+    lo = np.minimum(rmin, 0).astype(np.float64)
+    hi = np.maximum(rmax, 0).astype(np.float64)
+    if min_real_range is not None:
+        hi = np.maximum(hi, lo + float(min_real_range))
+    if symmetric:
+        absmax = np.maximum(np.abs(lo), np.abs(hi))
+        lo, hi = -absmax, absmax
+    qlo, qhi = float(qmin), float(qmax)
+    scale = (hi - lo) / (qhi - qlo)
+    tiny = np.finfo(fdt).smallest_subnormal if fdt == np.float16 else np.finfo(fdt).tiny
+    stored = scale.astype(fdt)
+    degenerate = (stored if fdt == np.float16 else scale) < tiny
+    if symmetric:
+        zp = np.full(scale.shape, np.round((qlo + qhi) / 2.0))
+    else:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp = np.round(qlo - lo / np.where(degenerate, 1.0, scale))
+    zp = np.where(degenerate, 0.0, np.clip(zp, qlo, qhi))
+    stored = np.where(degenerate, np.ones_like(stored), stored)
+    return np.asarray(zp.astype(qdt)), np.asarray(stored.astype(fdt))
+
+
+def quantize_nparray(qtype, arr: np.ndarray, scale, zero_point, low=None, high=None
+                     ) -> np.ndarray:
+    """round_half_even(arr / scale) + zero_point, clipped to the type's range (or low/high)."""
+    qtype = qtype_of(qtype)
+    qmin, qmax = get_qmin_qmax_for_qType(qtype)
+    lo = float(qmin) if low is None else max(float(qmin), float(low))
+    hi = float(qmax) if high is None else min(float(qmax), float(high))
+    v = np.asarray(arr.astype(np.float32) / scale)
+    v = np.round(v) + np.asarray(zero_point).astype(np.float32)
+    np.clip(v, lo, hi, out=v)
+    return v.astype(NP_TYPES[qtype])
+
+
+def quantize_data(data: np.ndarray, qtype, symmetric: bool, reduce_range: bool = False,
+                  min_real_range: float | None = None, axis: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantize a weight per tensor (``axis`` None) or per channel along ``axis``.
+
+    Returns ``(zero_point, scale, quantized)``: scalars per tensor, 1-D arrays per channel.
+    """
+    qtype = qtype_of(qtype)
+    qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range, symmetric)
+    if axis is None:
+        rmin = data.min() if data.size else np.zeros((), data.dtype)
+        rmax = data.max() if data.size else np.zeros((), data.dtype)
+        zp, scale = compute_scale_zp(rmin, rmax, qmin, qmax, symmetric, min_real_range)
+        return zp, scale, quantize_nparray(qtype, data, scale, zp)
+    axis = axis % data.ndim
+    others = tuple(i for i in range(data.ndim) if i != axis)
+    rmin = data.min(axis=others) if data.size else np.zeros(data.shape[axis], data.dtype)
+    rmax = data.max(axis=others) if data.size else np.zeros(data.shape[axis], data.dtype)
+    zp, scale = compute_scale_zp(rmin, rmax, qmin, qmax, symmetric, min_real_range)
+    shape = [-1 if i == axis else 1 for i in range(data.ndim)]
+    q = quantize_nparray(qtype, data, scale.reshape(shape), zp.reshape(shape))
+    return zp, scale, q
+
+
+def default_weight_symmetric(qtype) -> bool:
+    """onnxruntime's default: signed weight types are quantized symmetrically."""
+    return qtype_of(qtype) in (TensorProto.INT8, TensorProto.INT16, TensorProto.INT4,
+                               TensorProto.FLOAT8E4M3FN)
+
+
+__all__ = [
+    "CalibrationMethod", "QuantFormat", "QuantType", "QuantizationMode", "compute_scale_zp",
+    "get_qmin_qmax_for_qType", "quantize_data", "quantize_nparray",
+]

@@ -1,0 +1,212 @@
+"""Static quantization: activation ranges calibrated on sample inputs, then QDQ or QOperator.
+
+``quantize_static`` has onnxruntime's signature and defaults. Calibration runs the model on
+onnxrun (``calibrate.py``); the quantized model is written in the QDQ format (``qdq.py``) or the
+QOperator format (``qoperator.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import onnx
+from onnx import ModelProto
+
+from .base import ensure_opset
+from .calibrate import CalibrationDataReader, TensorsData, create_calibrator
+from .qdq import QDQ_OPS, QDQQuantizer
+from .qoperator import QLINEAR_OPS, OperatorQuantizer
+from .quant_types import CalibrationMethod, QuantFormat, QuantType, qtype_of
+
+logger = logging.getLogger("onnxrun.quantization")
+
+# extra_options -> create_calibrator's options, as onnxruntime maps them
+_CALIB_OPTIONS = [("CalibTensorRangeSymmetric", "symmetric"),
+                  ("CalibMovingAverage", "moving_average"),
+                  ("CalibMovingAverageConstant", "averaging_constant"),
+                  ("CalibMaxIntermediateOutputs", "max_intermediate_outputs"),
+                  ("CalibPercentile", "percentile"), ("CalibNumBins", "num_bins"),
+                  ("CalibNumQuantizedBins", "num_quantized_bins"),
+                  ("CalibShowProgress", "show_progress")]
+_SIXTEEN = (QuantType.QInt16, QuantType.QUInt16)
+_FOUR = (QuantType.QInt4, QuantType.QUInt4)
+
+
+def load_model(model_input: str | Path | ModelProto) -> ModelProto:
+    """A copy of the model with onnx's shape inference applied (types of every tensor)."""
+    if isinstance(model_input, ModelProto):
+        model = copy.deepcopy(model_input)
+    else:
+        model = onnx.load(str(model_input))
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception as e:  # noqa: BLE001 - quantize what can be typed
+        logger.warning("shape inference failed (%s); quantizing without it", e)
+        return model
+
+
+def save_model(model: ModelProto, path: str | Path, use_external_data_format: bool = False
+               ) -> None:
+    path = Path(path)
+    if use_external_data_format:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))
+
+
+def check_static_quant_arguments(quant_format: QuantFormat, activation_type: QuantType,
+                                 weight_type: QuantType) -> None:
+    if activation_type == QuantType.QInt8 and weight_type == QuantType.QUInt8:
+        raise ValueError("ONNXRuntime quantization doesn't support data format:"
+                         "activation_type=QuantType.QInt8, weight_type=QuantType.QUInt8")
+    if QuantType.QFLOAT8E4M3FN in (activation_type, weight_type):
+        raise ValueError("float 8 quantization is not supported by onnxrun's quantizer")
+    wide = (*_SIXTEEN, *_FOUR)
+    if (activation_type in wide or weight_type in wide) and quant_format != QuantFormat.QDQ:
+        raise ValueError("Only QuantFormat.QDQ supports 16-bit and 4-bit quantization types.")
+    if activation_type in _FOUR:
+        raise ValueError("4-bit types are for weights only")
+
+
+def _required_opset(quant_format: QuantFormat, per_channel: bool, activation_type: QuantType,
+                    weight_type: QuantType) -> int:
+    if activation_type in _SIXTEEN or weight_type in (*_SIXTEEN, *_FOUR):
+        return 21
+    if per_channel and quant_format == QuantFormat.QDQ:
+        return 13  # DequantizeLinear's axis
+    return 11
+
+
+def calibrate(model: ModelProto, calibration_data_reader: CalibrationDataReader,
+              op_types_to_quantize, calibrate_method: CalibrationMethod,
+              extra_options: dict[str, Any], providers=None) -> TensorsData:
+    options = {key: extra_options[name] for name, key in _CALIB_OPTIONS if name in extra_options}
+    calibrator = create_calibrator(model, op_types_to_quantize, calibrate_method=calibrate_method,
+                                   providers=providers, extra_options=options)
+    stride = extra_options.get("CalibStridedMinMax")
+    if stride:
+        total = len(calibration_data_reader)
+        if total % stride:
+            raise ValueError(f"Total data size ({total}) is not divisible by stride size "
+                             f"({stride}).")
+        for start in range(0, total, stride):
+            calibration_data_reader.set_range(start_index=start, end_index=start + stride)
+            calibrator.collect_data(calibration_data_reader)
+    else:
+        calibrator.collect_data(calibration_data_reader)
+    return calibrator.compute_data()
+
+
+def quantize_static(model_input: str | Path | ModelProto, model_output: str | Path,
+                    calibration_data_reader: CalibrationDataReader,
+                    quant_format: QuantFormat = QuantFormat.QDQ, op_types_to_quantize=None,
+                    per_channel: bool = False, reduce_range: bool = False,
+                    activation_type: QuantType = QuantType.QInt8,
+                    weight_type: QuantType = QuantType.QInt8, nodes_to_quantize=None,
+                    nodes_to_exclude=None, use_external_data_format: bool = False,
+                    calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+                    calibration_providers=None, extra_options=None) -> None:
+    """Quantize weights and activations with ranges calibrated on ``calibration_data_reader``.
+
+    Same arguments as ``onnxruntime.quantization.quantize_static``. The ``extra_options`` read:
+    ``ActivationSymmetric``, ``WeightSymmetric``, ``MatMulConstBOnly``,
+    ``ForceQuantizeNoInputCheck``, ``AddQDQPairToWeight``, ``OpTypesToExcludeOutputQuantization``,
+    ``QDQKeepRemovableActivations``, ``QDQDisableWeightAdjustForInt32Bias``,
+    ``MinimumRealRange``, ``CalibTensorRangeSymmetric``, ``CalibMovingAverage``,
+    ``CalibMovingAverageConstant``, ``CalibMaxIntermediateOutputs``, ``CalibPercentile``,
+    ``CalibNumBins``, ``CalibNumQuantizedBins``, ``CalibStridedMinMax`` and
+    ``CalibShowProgress`` (the progress bar on stderr, default True).
+    """
+    extra = dict(extra_options or {})
+    ops = set(op_types_to_quantize or (QLINEAR_OPS | QDQ_OPS))
+    check_static_quant_arguments(quant_format, activation_type, weight_type)
+    model = load_model(model_input)
+    model = ensure_opset(model, _required_opset(quant_format, per_channel, activation_type,
+                                                weight_type), "the quantization types")
+    ranges = calibrate(model, calibration_data_reader, list(ops), calibrate_method, extra,
+                       calibration_providers)
+    args = (model, per_channel, reduce_range, weight_type, activation_type, ranges,
+            nodes_to_quantize, nodes_to_exclude, ops, extra)
+    if quant_format == QuantFormat.QOperator:
+        quantizer = OperatorQuantizer(*args)
+    else:
+        quantizer = QDQQuantizer(*args)
+    save_model(quantizer.quantize_model(), model_output, use_external_data_format)
+
+
+# -- configuration objects, as onnxruntime's quantize() takes them ------------------------------
+
+
+class QuantConfig:
+    def __init__(self, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                 op_types_to_quantize=None, nodes_to_quantize=None, nodes_to_exclude=None,
+                 per_channel=False, reduce_range=False, use_external_data_format=False) -> None:
+        self.activation_type = activation_type
+        self.weight_type = weight_type
+        self.op_types_to_quantize = op_types_to_quantize or []
+        self.nodes_to_quantize = nodes_to_quantize or []
+        self.nodes_to_exclude = nodes_to_exclude or []
+        self.per_channel = per_channel
+        self.reduce_range = reduce_range
+        self.use_external_data_format = use_external_data_format
+
+
+class StaticQuantConfig(QuantConfig):
+    def __init__(self, calibration_data_reader: CalibrationDataReader,
+                 calibrate_method=CalibrationMethod.MinMax, quant_format=QuantFormat.QDQ,
+                 activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                 op_types_to_quantize=None, nodes_to_quantize=None, nodes_to_exclude=None,
+                 per_channel=False, reduce_range=False, use_external_data_format=False,
+                 calibration_providers=None, extra_options=None) -> None:
+        super().__init__(activation_type, weight_type, op_types_to_quantize, nodes_to_quantize,
+                         nodes_to_exclude, per_channel, reduce_range, use_external_data_format)
+        self.calibration_data_reader = calibration_data_reader
+        self.calibrate_method = calibrate_method
+        self.quant_format = quant_format
+        self.calibration_providers = calibration_providers
+        self.extra_options = extra_options or {}
+
+
+class DynamicQuantConfig(QuantConfig):
+    def __init__(self, weight_type=QuantType.QInt8, op_types_to_quantize=None,
+                 nodes_to_quantize=None, nodes_to_exclude=None, per_channel=False,
+                 reduce_range=False, use_external_data_format=False, extra_options=None) -> None:
+        super().__init__(QuantType.QUInt8, weight_type, op_types_to_quantize, nodes_to_quantize,
+                         nodes_to_exclude, per_channel, reduce_range, use_external_data_format)
+        self.extra_options = extra_options or {}
+
+
+def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
+             quant_config: QuantConfig) -> None:
+    """Quantize with a StaticQuantConfig or a DynamicQuantConfig."""
+    c = quant_config
+    if isinstance(c, StaticQuantConfig):
+        quantize_static(model_input, model_output, c.calibration_data_reader,
+                        quant_format=c.quant_format, op_types_to_quantize=c.op_types_to_quantize,
+                        per_channel=c.per_channel, reduce_range=c.reduce_range,
+                        activation_type=c.activation_type, weight_type=c.weight_type,
+                        nodes_to_quantize=c.nodes_to_quantize,
+                        nodes_to_exclude=c.nodes_to_exclude,
+                        use_external_data_format=c.use_external_data_format,
+                        calibrate_method=c.calibrate_method,
+                        calibration_providers=c.calibration_providers,
+                        extra_options=c.extra_options)
+    elif isinstance(c, DynamicQuantConfig):
+        from .dynamic import quantize_dynamic
+
+        quantize_dynamic(model_input, model_output, op_types_to_quantize=c.op_types_to_quantize,
+                         per_channel=c.per_channel, reduce_range=c.reduce_range,
+                         weight_type=c.weight_type, nodes_to_quantize=c.nodes_to_quantize,
+                         nodes_to_exclude=c.nodes_to_exclude,
+                         use_external_data_format=c.use_external_data_format,
+                         extra_options=c.extra_options)
+    else:
+        raise TypeError("quant_config must be a StaticQuantConfig or a DynamicQuantConfig")
+
+
+__all__ = ["DynamicQuantConfig", "QuantConfig", "StaticQuantConfig", "check_static_quant_arguments",
+           "load_model", "qtype_of", "quantize", "quantize_static", "save_model"]

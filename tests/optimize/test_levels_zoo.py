@@ -1,0 +1,174 @@
+"""Every light model-zoo model at each optimization level gives level 0's outputs.
+
+The light models (onnx/backend/test/data/light) build their weights with ConstantOfShape, so
+every weight tensor holds one repeated value (0.02): all channels of every layer are equal, the
+logits of the 1000 classes are equal (the softmax is a uniform 0.001 whatever happens before it)
+and, for the deep plain nets (VGG, AlexNet, Inception), the logits are huge (up to 1e31). So:
+
+* the logits (the input of the final Softmax) are also compared, element by element with a
+  relative tolerance (rtol 1e-4 on a value of 1e31 is a difference of 1e27, the rounding of the
+  sums that produce it): this is the "shipped" variant, which exercises what the repeated
+  weights allow (constant sharing, then common-subexpression elimination of equal convolutions);
+* a "random" variant replaces every ConstantOfShape weight by random values of sensible scale
+  (He-initialized weights, BatchNormalization statistics near 0 / 1), so channels differ and a
+  per-channel folding mistake (Conv+BatchNormalization, Conv+Mul, Conv+Add) would show.
+
+Both run at levels 1, 2 and 99 against level 0 (rtol 1e-4, atol 1e-5). A level whose report
+equals a lower level's (no extra pass changed anything) produced the same graph and is not run
+again. The saved optimized model (``optimized_model_filepath``) must pass onnx's checker and,
+when it holds only ai.onnx / com.microsoft operators, load and run in onnxruntime with the same
+results (rtol 1e-3 of each output's scale: two engines, two convolution algorithms).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import onnxrun
+
+ort = pytest.importorskip("onnxruntime")
+
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+NAMES = sorted(p.stem[len("light_"):] for p in LIGHT.glob("light_*.onnx"))
+LEVELS = [1, 2, 99]
+RTOL, ATOL = 1e-4, 1e-5
+ORT_DOMAINS = {"", "ai.onnx", "com.microsoft"}
+
+# (model, variant) -> {report signature: level}: a later level with the same signature is the
+# same graph.
+_SEEN: dict[tuple[str, str], dict[tuple, int]] = collections.defaultdict(dict)
+_SAVED_OPS: dict[tuple[str, str, int], collections.Counter] = {}
+
+
+def _expose_logits(model: onnx.ModelProto) -> None:
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
+    if softmax:
+        model.graph.output.append(onnx.ValueInfoProto(name=softmax[-1].input[0]))
+
+
+def _randomize(model: onnx.ModelProto, seed: int = 0) -> None:
+    """ConstantOfShape weights -> random initializers of a scale that keeps activations sane."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name: t for t in model.graph.initializer}
+    reader = {}
+    for n in model.graph.node:
+        for i, name in enumerate(n.input):
+            reader.setdefault(name, (n, i))
+    kept = []
+    for n in model.graph.node:
+        if n.op_type != "ConstantOfShape" or n.input[0] not in inits:
+            kept.append(n)
+            continue
+        shape = [int(d) for d in numpy_helper.to_array(inits[n.input[0]])]
+        user, index = reader.get(n.output[0], (None, 0))
+        op = user.op_type if user is not None else ""
+        if op == "BatchNormalization":
+            w = (rng.uniform(0.5, 1.5, shape) if index in (1, 4)  # scale, variance
+                 else rng.normal(0.0, 0.1, shape))  # bias, mean
+        elif len(shape) >= 2:
+            trans_b = any(a.name == "transB" and a.i for a in user.attribute) if user else False
+            fan_in = shape[1] if op == "Gemm" and trans_b else (
+                shape[0] if op == "Gemm" else int(np.prod(shape[1:])))
+            w = rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), shape)
+        elif op in ("Conv", "Gemm"):
+            w = rng.normal(0.0, 0.1, shape)  # biases
+        else:
+            w = rng.uniform(0.8, 1.2, shape)  # per-channel scales and shifts (DenseNet)
+        model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), n.output[0]))
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+
+
+@functools.cache
+def model_bytes(name: str, variant: str) -> bytes:
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"))
+    _expose_logits(model)
+    if variant == "random":
+        _randomize(model)
+    return model.SerializeToString()
+
+
+@functools.cache
+def feeds(name: str) -> tuple[tuple[str, np.ndarray], ...]:
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(1)
+    result = []
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        shape = [d.dim_value or 1 for d in vi.type.tensor_type.shape.dim]
+        result.append((vi.name, rng.standard_normal(shape).astype(np.float32)))
+    return tuple(result)
+
+
+def run(name: str, variant: str, level: int, saved: str = "") -> onnxrun.InferenceSession:
+    so = onnxrun.SessionOptions()
+    so.graph_optimization_level = level
+    so.optimized_model_filepath = saved
+    return onnxrun.InferenceSession(model_bytes(name, variant), so)
+
+
+@functools.cache
+def reference(name: str, variant: str) -> list[np.ndarray]:
+    return run(name, variant, 0).run(None, dict(feeds(name)))
+
+
+def signature(report) -> tuple:
+    return tuple(sorted((name, tuple(sorted(rep.changes.items())))
+                        for name, rep in report.passes.items() if rep.changes))
+
+
+def assert_close_to_scale(got: list, expected: list, rtol: float) -> None:
+    for g, e in zip(got, expected, strict=True):
+        scale = float(np.abs(e).max())
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * scale)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("variant", ["shipped", "random"])
+@pytest.mark.parametrize("name", NAMES)
+def test_level_gives_level_0_outputs(name: str, variant: str, level: int, tmp_path: Path
+                                     ) -> None:
+    path = tmp_path / "optimized.onnx"
+    sess = run(name, variant, level, str(path))
+    report = sess.get_optimization_report()
+    assert report.nodes_after < report.nodes_before
+    saved = onnx.load(str(path))
+    _SAVED_OPS[name, variant, level] = collections.Counter(n.op_type for n in saved.graph.node)
+    seen = _SEEN[name, variant]
+    same_as = seen.get(signature(report))
+    if same_as is not None:
+        return  # the graph of level `same_as`, already compared
+    seen[signature(report)] = level
+    expected = reference(name, variant)
+    got = sess.run(None, dict(feeds(name)))
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL)
+
+    onnx.checker.check_model(saved, full_check=True)
+    if {o.domain for o in saved.opset_import} <= ORT_DOMAINS:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        ort_sess = ort.InferenceSession(saved.SerializeToString(), opts,
+                                        providers=["CPUExecutionProvider"])
+        assert_close_to_scale(ort_sess.run(None, dict(feeds(name))), expected, 1e-3)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_resnet50_keeps_no_batchnorm(level: int) -> None:
+    ops = _SAVED_OPS.get(("resnet50", "shipped", level))
+    if ops is None:
+        ops = collections.Counter(n.op_type for n in run("resnet50", "shipped", level)
+                                  ._model.graph.nodes)
+    assert ops["BatchNormalization"] == 0
+    assert ops["Conv"] + ops.get("FusedConv", 0) == 53
