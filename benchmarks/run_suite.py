@@ -2,7 +2,7 @@
 docs/PERFORMANCE.md (between the ``<!-- suite:begin -->`` and ``<!-- suite:end -->`` markers, or
 those of ``--marker NAME``).
 
-    python benchmarks/run_suite.py            # the whole suite (about 10 minutes on 2 cores)
+    python benchmarks/run_suite.py            # the whole suite (2 to 10 minutes on 2 cores)
     python benchmarks/run_suite.py --quick    # a subset, fewer runs (a few minutes)
     python benchmarks/run_suite.py --dry-run  # print the table, leave the doc alone
 

@@ -96,7 +96,7 @@ _MY_OPS = {
 }
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                "Bernoulli", "Multinomial"}
-_UNSUPPORTED = {"test_image_decoder_decode_jpeg2k_rgb", "test_image_decoder_decode_webp_rgb"}
+_UNSUPPORTED = {"test_image_decoder_decode_webp_rgb"}  # lossy WebP (VP8) is not implemented
 
 
 def _conformance_cases():
@@ -522,6 +522,39 @@ def test_tiff_decoder(compression, predictor):
     np.testing.assert_array_equal(_decode(data), img)
     big = np.repeat(np.repeat(img, 9, 0), 9, 1)  # long enough to reach 12-bit codes
     np.testing.assert_array_equal(_decode(_tiff(big, 5, predictor)), big)
+
+
+def _fdwt53(x: np.ndarray, i0: int) -> np.ndarray:
+    """Forward reversible 5/3 lifting (T.800 F.4.8.2) of a 1-D signal starting at ``i0``,
+    returned interleaved (even coordinates low-pass)."""
+    n = x.size
+    if n == 1:
+        return x.copy() if i0 % 2 == 0 else x * 2
+    period = 2 * (n - 1)
+
+    def at(a, k):
+        k %= period
+        return a[period - k if k >= n else k]
+
+    y = x.astype(np.int64).copy()
+    for k in range(n):
+        if (i0 + k) % 2:
+            y[k] = x[k] - (at(x, k - 1) + at(x, k + 1)) // 2
+    out = y.copy()
+    for k in range(n):
+        if (i0 + k) % 2 == 0:
+            out[k] = y[k] + (at(y, k - 1) + at(y, k + 1) + 2) // 4
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 13])
+@pytest.mark.parametrize("i0", [0, 1])
+def test_jpeg2000_wavelet_roundtrip(n, i0):
+    from onnxrun.providers.cpu.ops._jpeg2000 import _idwt53_1d
+
+    x = rng.integers(-300, 300, n)
+    y = _fdwt53(x, i0)
+    np.testing.assert_array_equal(_idwt53_1d(y[None], i0)[0], x)
 
 
 # -- text -------------------------------------------------------------------------------------

@@ -50,5 +50,6 @@ def test_shared_transpose_or_biased_result_is_not_folded() -> None:
         G = Gemm(TA, W, C)
         V = Transpose<perm = [1, 0]>(G)
     }""", W=rand(3, 4, seed=2), C=rand(4, seed=3))
-    res = optimize_and_compare(model, {"A": rand(3, 2)}, disabled=("CommonSubexpressionElimination",))
+    res = optimize_and_compare(model, {"A": rand(3, 2)},
+                               disabled=("CommonSubexpressionElimination",))
     assert not res.changes(PASS)

@@ -2,22 +2,25 @@
 
 The light models (onnx/backend/test/data/light) build their weights with ConstantOfShape, so
 every weight tensor holds one repeated value (0.02): all channels of every layer are equal, the
-logits of the 1000 classes are equal (the softmax is a uniform 0.001 whatever happens before it)
-and, for the deep plain nets (VGG, AlexNet, Inception), the logits are huge (up to 1e31). So:
+1000 logits are equal (the softmax is a uniform 0.001 whatever happens before it) and, for the
+deep plain nets (VGG, AlexNet, Inception), they are huge (up to 1e31). So:
 
-* the logits (the input of the final Softmax) are also compared, element by element with a
-  relative tolerance (rtol 1e-4 on a value of 1e31 is a difference of 1e27, the rounding of the
-  sums that produce it): this is the "shipped" variant, which exercises what the repeated
-  weights allow (constant sharing, then common-subexpression elimination of equal convolutions);
-* a "random" variant replaces every ConstantOfShape weight by random values of sensible scale
-  (He-initialized weights, BatchNormalization statistics near 0 / 1), so channels differ and a
-  per-channel folding mistake (Conv+BatchNormalization, Conv+Mul, Conv+Add) would show.
+* the logits (the input of the final Softmax) are compared too;
+* a "random" variant of the models with BatchNormalization (where per-channel folding happens:
+  Conv+BatchNormalization, Conv*Mul, Conv+Add) replaces every ConstantOfShape weight by random
+  values of a sensible scale (He-initialized weights, statistics near 0 / 1), so channels differ
+  and a folding along the wrong axis would show. The shipped variant exercises what the repeated
+  weights allow: constant sharing, then common-subexpression elimination of equal convolutions.
 
-Both run at levels 1, 2 and 99 against level 0 (rtol 1e-4, atol 1e-5). A level whose report
-equals a lower level's (no extra pass changed anything) produced the same graph and is not run
-again. The saved optimized model (``optimized_model_filepath``) must pass onnx's checker and,
-when it holds only ai.onnx / com.microsoft operators, load and run in onnxruntime with the same
-results (rtol 1e-3 of each output's scale: two engines, two convolution algorithms).
+Criterion: rtol 1e-4, atol 1e-5 plus 1e-4 of the output's largest magnitude. Rewrites change
+the order and grouping of floating-point sums, whose rounding is proportional to the magnitude of
+the terms, not of the result: a logit of 95 computed from terms of 7e4 (ResNet-50's random
+variant) or of 1e31 (VGG-19's shipped one) moves by more than 1e-4 of itself.
+
+A level whose report equals a lower level's (no extra pass changed anything) produced the same
+graph and is not run again. The saved optimized model (``optimized_model_filepath``) must pass
+onnx's checker and, when it holds only ai.onnx / com.microsoft operators, run in onnxruntime
+with the same results (the same criterion with 1e-3: two engines, two convolution algorithms).
 """
 
 from __future__ import annotations
@@ -126,42 +129,48 @@ def signature(report) -> tuple:
                         for name, rep in report.passes.items() if rep.changes))
 
 
-def assert_close_to_scale(got: list, expected: list, rtol: float) -> None:
+def assert_close(got: list, expected: list, rtol: float = RTOL) -> None:
+    assert len(got) == len(expected)
     for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and g.shape == e.shape
         scale = float(np.abs(e).max())
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol * scale)
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=ATOL + rtol * scale)
+
+
+def _has_batchnorm(name: str) -> bool:
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"), load_external_data=False)
+    return any(n.op_type == "BatchNormalization" for n in model.graph.node)
+
+
+CASES = [(name, "shipped") for name in NAMES] + [
+    (name, "random") for name in NAMES if _has_batchnorm(name)]
 
 
 @pytest.mark.parametrize("level", LEVELS)
-@pytest.mark.parametrize("variant", ["shipped", "random"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("name", "variant"), CASES)
 def test_level_gives_level_0_outputs(name: str, variant: str, level: int, tmp_path: Path
                                      ) -> None:
     path = tmp_path / "optimized.onnx"
     sess = run(name, variant, level, str(path))
     report = sess.get_optimization_report()
-    assert report.nodes_after < report.nodes_before
-    saved = onnx.load(str(path))
+    saved = onnx.load(str(path), load_external_data=False)
     _SAVED_OPS[name, variant, level] = collections.Counter(n.op_type for n in saved.graph.node)
+    if variant == "shipped":
+        assert report.nodes_after < report.nodes_before  # at least the weights fold
     seen = _SEEN[name, variant]
-    same_as = seen.get(signature(report))
-    if same_as is not None:
-        return  # the graph of level `same_as`, already compared
+    if signature(report) in seen:
+        return  # the graph of an earlier level, already compared
     seen[signature(report)] = level
     expected = reference(name, variant)
-    got = sess.run(None, dict(feeds(name)))
-    assert len(got) == len(expected)
-    for g, e in zip(got, expected, strict=True):
-        assert g.dtype == e.dtype and g.shape == e.shape
-        np.testing.assert_allclose(g, e, rtol=RTOL, atol=ATOL)
+    assert_close(sess.run(None, dict(feeds(name))), expected)
+    del sess
 
-    onnx.checker.check_model(saved, full_check=True)
+    onnx.checker.check_model(str(path))
     if {o.domain for o in saved.opset_import} <= ORT_DOMAINS:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        ort_sess = ort.InferenceSession(saved.SerializeToString(), opts,
-                                        providers=["CPUExecutionProvider"])
-        assert_close_to_scale(ort_sess.run(None, dict(feeds(name))), expected, 1e-3)
+        ort_sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        assert_close(ort_sess.run(None, dict(feeds(name))), expected, 1e-3)
 
 
 @pytest.mark.parametrize("level", LEVELS)

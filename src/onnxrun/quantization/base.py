@@ -113,6 +113,7 @@ class QuantizerBase:
 
         self.initializers = {t.name: t for t in self.graph.initializer}
         self._arrays: dict[str, np.ndarray] = {}
+        self._finite: dict[str, bool] = {}
         self.value_types: dict[str, int] = {}
         for vi in [*self.graph.value_info, *self.graph.input, *self.graph.output]:
             if vi.type.HasField("tensor_type"):
@@ -162,7 +163,12 @@ class QuantizerBase:
         return self.value_types.get(name) in FLOAT_TYPES
 
     def is_float_weight(self, name: str) -> bool:
-        return self.is_initializer(name) and self.initializers[name].data_type in FLOAT_TYPES
+        """A float initializer with finite values (an infinite mask value cannot be scaled)."""
+        if not (self.is_initializer(name) and self.initializers[name].data_type in FLOAT_TYPES):
+            return False
+        if name not in self._finite:
+            self._finite[name] = bool(np.all(np.isfinite(self.array(name))))
+        return self._finite[name]
 
     def array(self, name: str) -> np.ndarray:
         if name not in self._arrays:
@@ -202,7 +208,12 @@ class QuantizerBase:
             return None
         td = self.tensors_range[name]
         lo, hi = td.range_value if hasattr(td, "range_value") else td
-        return np.asarray(lo), np.asarray(hi)
+        lo, hi = np.asarray(lo), np.asarray(hi)
+        if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
+            # e.g. a -inf attention mask: no scale covers it, the tensor stays float
+            logger.warning("tensor %s has an infinite range: not quantized", name)
+            return None
+        return lo, hi
 
     def set_range(self, name: str, lo: float, hi: float) -> None:
         from .calibrate import TensorData

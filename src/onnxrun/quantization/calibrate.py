@@ -179,6 +179,7 @@ class Progress:
         self.count = 0
         self.t0 = time.perf_counter()
         self._last = -1.0
+        self._drawn = -1
         if enabled:
             self._draw(force=True)
 
@@ -192,6 +193,7 @@ class Progress:
         if not force and now - self._last < 0.1 and self.count != self.total:
             return  # redraw at most 10 times a second
         self._last = now
+        self._drawn = self.count
         elapsed = now - self.t0
         if self.total:
             done = min(self.count, self.total)
@@ -205,7 +207,11 @@ class Progress:
 
     def close(self) -> None:
         if self.enabled:
-            self._draw(force=True, end="\n")
+            if self._drawn == self.count:
+                self.stream.write("\n")
+                self.stream.flush()
+            else:
+                self._draw(force=True, end="\n")
             self.enabled = False
 
 
@@ -676,14 +682,16 @@ class HistogramCollector:
         q = np.where(covered & valid, np.take_along_axis(per_bin, j, 1), 0)
 
         def smooth(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            # in float64: candidates whose divergences differ in float32 noise only are
+            # ranked by their true values
             zeros = (d == 0) & valid
             nonzeros = (d != 0) & valid
-            nz = zeros.sum(axis=1).astype(np.float32)
-            nnz = nonzeros.sum(axis=1).astype(np.float32)
-            eps = np.float32(1e-4)
-            eps1 = np.where(nnz > 0, eps * nz / np.maximum(nnz, 1), 0).astype(np.float32)
-            s = d.astype(np.float32) + eps * zeros - eps1[:, None] * nonzeros
-            return np.where(valid, s, 0).astype(np.float32), nnz > 0
+            nz = zeros.sum(axis=1).astype(np.float64)
+            nnz = nonzeros.sum(axis=1).astype(np.float64)
+            eps = 1e-4
+            eps1 = np.where(nnz > 0, eps * nz / np.maximum(nnz, 1), 0)
+            s = d.astype(np.float64) + eps * zeros - eps1[:, None] * nonzeros
+            return np.where(valid, s, 0), nnz > 0
 
         ps, p_ok = smooth(p)
         qs, q_ok = smooth(q)

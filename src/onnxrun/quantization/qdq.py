@@ -180,14 +180,24 @@ class QDQQuantizer(QuantizerBase):
             return None
         if m.kind == "shared":
             return self._params(m.provider, seen | {name})
+        if m.kind == "weight":
+            return self._weight_qvalue(name, m)
         if m.kind == "act":
             qv = self.activation_qvalue(name)
+            if qv is None and self.tensors_range is not None and name in self.tensors_range:
+                return None  # calibrated, but to an infinite range: left float
             if qv is None:
                 raise ValueError(f"Quantization parameters are not specified for param {name}. "
                                  "In static mode quantization params for inputs and outputs of "
                                  "nodes to be quantized are required.")
             return qv
         return None
+
+    def _weight_qvalue(self, name: str, m: _Mark, floor=None) -> QValue:
+        if m.as_activation:
+            return self.quantize_weight(name, self.activation_qtype, reduce_range=False,
+                                        symmetric=self.activation_symmetric)
+        return self.quantize_weight(name, axis=m.axis, min_scale=floor)
 
     def quantize_model(self) -> ModelProto:
         for node in self.nodes:
@@ -212,11 +222,7 @@ class QDQQuantizer(QuantizerBase):
 
         for name, m in self.marks.items():
             if m.kind == "weight":
-                if m.as_activation:
-                    qv = self.quantize_weight(name, self.activation_qtype, reduce_range=False,
-                                              symmetric=self.activation_symmetric)
-                else:
-                    qv = self.quantize_weight(name, axis=m.axis, min_scale=floors.get(name))
+                qv = self._weight_qvalue(name, m, floors.get(name))
                 out = self.unique(f"{name}_DequantizeLinear_Output")
                 src = qv.name
                 if self.add_qdq_to_weight:  # the float weight kept, quantized by the graph

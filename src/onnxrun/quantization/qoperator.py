@@ -301,6 +301,8 @@ def _softmax(self: OperatorQuantizer, node: NodeProto) -> bool:
 
 @register(QLINEAR, "GlobalAveragePool")
 def _global_average_pool(self: OperatorQuantizer, node: NodeProto) -> bool:
+    if node.input[0] not in self.qmap:  # onnxruntime: only after a quantized producer
+        return False
     return self.simple_qlinear(node, "QLinearGlobalAveragePool", [0], MS_DOMAIN, channels_last=0)
 
 

@@ -17,6 +17,10 @@
     Optimize a model as a session would at that level, save it, and print what each pass
     changed and the node counts before and after; see ``onnxrun.tools.optimize``.
 
+``onnxrun quantize MODEL -o OUT [--static --calibration-dir DIR] [--format qdq|qoperator]``
+    Quantize a model to 8 bits (dynamic by default; static with calibration inputs) and print
+    the size and operator changes; see ``onnxrun.quantization.command``.
+
 Errors (a missing file, a malformed model, an input that does not fit) are reported on one line
 and exit with status 1; ``--traceback`` shows the Python traceback instead.
 """
@@ -415,6 +419,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import optimize  # `onnxrun optimize`: the graph optimizer, its report, the result
 
     optimize.add_parser(sub, [common])
+    from ..quantization import command as quantize  # `onnxrun quantize`: int8 models
+
+    quantize.add_parser(sub, [common])
     return parser
 
 

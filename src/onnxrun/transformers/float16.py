@@ -254,10 +254,12 @@ class _Edits:
     """Casts to insert into one graph, by position."""
 
     def __init__(self) -> None:
-        self.start: list[NodeProto] = []  # graph-input casts (keep_io_types), then the rest
-        self.start_casts: list[NodeProto] = []
-        self.after_outputs: dict[int, list[NodeProto]] = {}  # node index -> its output casts
-        self.after: dict[int, list[NodeProto]] = {}  # node index -> casts of its outputs
+        self.start: list[NodeProto] = []  # graph-input casts (keep_io_types)
+        self.start_casts: list[NodeProto] = []  # casts of graph inputs and initializers
+        # node index -> the Casts that restore a blocked node's float16 outputs
+        self.after_outputs: dict[int, list[NodeProto]] = {}
+        # node index -> casts of the values it defines (for blocked or mixed-type readers)
+        self.after: dict[int, list[NodeProto]] = {}
         self.end: list[NodeProto] = []  # graph-output casts (keep_io_types)
 
     def empty(self) -> bool:

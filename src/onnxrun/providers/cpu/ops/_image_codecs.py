@@ -2,10 +2,11 @@
 
 Supported: baseline JPEG (Huffman, 8-bit, any sampling factors, restart markers), PNG (all
 color types and bit depths, non-interlaced), BMP (1/4/8/24/32-bit, uncompressed or bitfields),
-TIFF (8-bit strips, uncompressed/PackBits/LZW/Deflate, horizontal predictor) and PNM (P1-P6).
+TIFF (8-bit strips, uncompressed/PackBits/LZW/Deflate, horizontal predictor), PNM (P1-P6) and
+lossless JPEG 2000 (see ``_jpeg2000``).
 The JPEG path reproduces libjpeg(-turbo)'s integer pipeline (islow IDCT, "fancy" triangular
 chroma upsampling, fixed-point YCbCr->RGB) so results match what Pillow returns bit for bit.
-Progressive/arithmetic JPEG, JPEG 2000 and WebP are not implemented: they raise
+Progressive/arithmetic JPEG, lossy JPEG 2000 and WebP are not implemented: they raise
 NotImplementedError. Entropy decoding (JPEG Huffman, TIFF LZW) is inherently serial and loops
 in Python per symbol; everything after it (IDCT, upsampling, color conversion, PNG filters
 that allow it) is vectorized.
@@ -19,6 +20,8 @@ import struct
 import zlib
 
 import numpy as np
+
+from ._jpeg2000 import decode_jpeg2000
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -36,7 +39,7 @@ def decode(data: bytes) -> np.ndarray:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         raise NotImplementedError("ImageDecoder: WebP decoding is not supported by onnxrun")
     if data[:12] == b"\x00\x00\x00\x0cjP  \r\n\x87\n" or data[:4] == b"\xff\x4f\xff\x51":
-        raise NotImplementedError("ImageDecoder: JPEG 2000 decoding is not supported by onnxrun")
+        return decode_jpeg2000(data)
     raise ValueError("ImageDecoder: unrecognized image format")
 
 

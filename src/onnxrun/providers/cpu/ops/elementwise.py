@@ -321,8 +321,13 @@ def _bounds(dtype: np.dtype):
 
 def _clip(x, lo, hi):
     # np.clip with both bounds runs a SIMD loop; maximum/minimum against scalars do not
+    if x.dtype == BFLOAT16:  # ml_dtypes' maximum/minimum are scalar loops
+        f32 = np.float32
+        lo = None if lo is None else f32(lo)
+        hi = None if hi is None else f32(hi)
+        return _clip(x.astype(f32), lo, hi).astype(x.dtype)
     dlo, dhi = _bounds(x.dtype)
-    if dlo is None:  # bfloat16 and friends
+    if dlo is None:  # other ml_dtypes floats
         out = x if lo is None else np.maximum(x, lo)
         return out if hi is None else np.minimum(out, hi)
     return np.clip(x, dlo if lo is None else lo, dhi if hi is None else hi)
@@ -441,10 +446,13 @@ class Cast:
         self.round_mode = round_mode
         # plain numpy targets take a one-call path from other plain numeric types
         self.plain = self.to.kind in "biuf" and self.to.type.__module__ == "numpy"
+        self.to_bf16 = self.to == BFLOAT16  # one astype from numpy numbers too
 
     def __call__(self, input):  # noqa: A002 - the schema's name
         kind = input.dtype.kind
         if self.plain and kind in "biu" or self.plain and kind == "f" and self.to.kind == "f":
+            return input.astype(self.to, copy=False)
+        if self.to_bf16 and kind in "biuf" or self.to.kind == "f" and input.dtype == BFLOAT16:
             return input.astype(self.to, copy=False)
         return cast(input, self.to, self.saturate, self.round_mode)
 

@@ -16,9 +16,14 @@ from ..kernels import KernelContext, op
 
 
 def _as_str_array(x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind not in "OU":
+    if x.dtype.kind not in "OUS":
         raise TypeError(f"expected a string tensor, got {x.dtype}")
     return x
+
+
+def _str_list(x: np.ndarray) -> list[str]:
+    """The elements of a string tensor as Python str (bytes decoded as UTF-8)."""
+    return [s.decode() if isinstance(s, bytes) else str(s) for s in x.reshape(-1).tolist()]
 
 
 # -- StringNormalizer -------------------------------------------------------------------------
@@ -50,7 +55,7 @@ class StringNormalizer:
         _as_str_array(X)
         if X.ndim == 2 and X.shape[0] != 1 or X.ndim not in (1, 2):
             raise ValueError(f"StringNormalizer: input must be [C] or [1, C], got {X.shape}")
-        items = [str(s) for s in X.reshape(-1).tolist()]
+        items = _str_list(X)
         if self.stops:
             if self.case_sensitive:
                 items = [s for s in items if s not in self.stops]
@@ -75,7 +80,9 @@ _concat = np.frompyfunc(operator.add, 2, 1)
 
 @op("StringConcat", 20)
 def StringConcat(X, Y):
-    out = _concat(_as_str_array(X).astype(object), _as_str_array(Y).astype(object))
+    x = np.array(_str_list(_as_str_array(X)), dtype=object).reshape(X.shape)
+    y = np.array(_str_list(_as_str_array(Y)), dtype=object).reshape(Y.shape)
+    out = _concat(x, y)
     return np.asarray(out, dtype=object)
 
 
@@ -83,7 +90,7 @@ def StringConcat(X, Y):
 def StringSplit(X, *, delimiter=None, maxsplit=None):
     _as_str_array(X)
     limit = -1 if maxsplit is None else int(maxsplit)
-    strings = [str(s) for s in X.reshape(-1).tolist()]
+    strings = _str_list(X)
     if delimiter:
         # an empty string has no substrings (onnxruntime), not one empty one (Python)
         parts = [s.split(delimiter, limit) if s else [] for s in strings]
@@ -140,7 +147,7 @@ class RegexFullMatch:
     def __call__(self, X):
         _as_str_array(X)
         match = self.regex.fullmatch
-        flat = [match(str(s)) is not None for s in X.reshape(-1).tolist()]
+        flat = [match(s) is not None for s in _str_list(X)]
         return np.array(flat, dtype=bool).reshape(X.shape)
 
 

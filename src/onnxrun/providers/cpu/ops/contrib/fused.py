@@ -129,11 +129,16 @@ class FusedGemm:
         B = ctx.constant(1)
         self.B = None
         if B is not None:  # alpha folded into a constant B
+            # B.T stays a view: BLAS takes the transpose as a flag. Copying (and transposing)
+            # a large weight here cost seconds at session creation and doubled its memory.
             cdt = compute_dtype(B.dtype)
-            Bm = (B.T if self.transB else B).astype(cdt)
+            Bm = B.T if self.transB else B
             if self.alpha != 1.0:
+                Bm = Bm.astype(cdt)
                 Bm *= cdt.type(self.alpha)
-            self.B = np.ascontiguousarray(Bm)
+            elif cdt != Bm.dtype:
+                Bm = Bm.astype(cdt)
+            self.B = Bm
 
     def __call__(self, A, B, C=None):
         cdt = compute_dtype(A.dtype)

@@ -19,20 +19,22 @@ from ._common import (
 )
 
 
-def _coefficients(coefficients, n_targets: int, n_features: int) -> np.ndarray:
+def _weights(coefficients, n_targets: int) -> np.ndarray:
+    """[features, targets] float32 weights from the row-per-target coefficients attribute."""
     coef = np.asarray(coefficients, dtype=np.float32)
-    if coef.size != n_targets * n_features:
+    if n_targets <= 0 or coef.size == 0 or coef.size % n_targets:
         raise ValueError(
-            f"coefficients has {coef.size} values, expected {n_targets} x {n_features} "
-            f"(targets x features)"
+            f"coefficients has {coef.size} values: not a whole number of rows for {n_targets} "
+            f"targets"
         )
-    return np.ascontiguousarray(coef.reshape(n_targets, n_features).T)
+    return np.ascontiguousarray(coef.reshape(n_targets, -1).T)
 
 
-def _gemm(X: np.ndarray, coefficients: np.ndarray, intercepts: np.ndarray | None,
-          n_targets: int) -> np.ndarray:
+def _gemm(X: np.ndarray, W: np.ndarray, intercepts: np.ndarray | None) -> np.ndarray:
     X = rows_2d(as_float_input(X))
-    scores = X @ _coefficients(coefficients, n_targets, X.shape[1])
+    if X.shape[1] != W.shape[0]:
+        raise ValueError(f"expected {W.shape[0]} features, got {X.shape[1]}")
+    scores = X @ W
     if intercepts is not None:
         scores += intercepts
     return scores
@@ -50,12 +52,12 @@ class LinearClassifier:
         self.labels = (np.array(self.strings, dtype=object) if self.strings
                        else np.array(self.ints, dtype=np.int64))
         self.post = check_post_transform(post_transform)
-        self.coefficients = np.asarray(coefficients, dtype=np.float32)
         self.intercepts = np.asarray(intercepts or [], dtype=np.float32)
         # onnxruntime takes the number of scores from the intercepts
         self.n_targets = len(self.intercepts)
         if self.n_targets == 0:
             raise ValueError("LinearClassifier needs intercepts (one per class score)")
+        self.weights = _weights(coefficients, self.n_targets)
         if self.n_targets == 1 and len(self.labels) != 2:
             raise ValueError(
                 "LinearClassifier: one score (binary classification) needs exactly 2 class labels"
@@ -66,7 +68,7 @@ class LinearClassifier:
             )
 
     def __call__(self, X):
-        scores = _gemm(X, self.coefficients, self.intercepts, self.n_targets)
+        scores = _gemm(X, self.weights, self.intercepts)
         N = scores.shape[0]
         if self.n_targets == 1:
             label = self.labels[(scores[:, 0] > 0).astype(np.intp)]
@@ -91,8 +93,8 @@ class LinearRegressor:
                  post_transform="NONE", targets=1):
         if coefficients is None:
             raise ValueError("LinearRegressor needs coefficients")
-        self.coefficients = np.asarray(coefficients, dtype=np.float32)
         self.n_targets = int(targets)
+        self.weights = _weights(coefficients, self.n_targets)
         inter = np.asarray(intercepts or [], dtype=np.float32)
         # onnxruntime ignores intercepts whose count is not the number of targets
         self.intercepts = inter if len(inter) == self.n_targets else None
@@ -101,7 +103,7 @@ class LinearRegressor:
     def __call__(self, X):
         if X.ndim > 2:
             raise ValueError(f"Input shape had more than 2 dimension. Dims={X.ndim}")
-        Y = _gemm(X, self.coefficients, self.intercepts, self.n_targets)
+        Y = _gemm(X, self.weights, self.intercepts)
         if self.n_targets > 1:
             Y = transform_scores(Y, self.post)
         elif self.post == "PROBIT":

@@ -20,7 +20,7 @@ from ._common import Lookup
 def _per_feature(X: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Broadcast per-feature attribute values the way onnxruntime indexes them: element i of
     the flattened input uses ``values[i % stride]`` with stride = dims[1] (dims[0] for 1-D)."""
-    if X.ndim <= 2:
+    if X.ndim <= 2 or values.size == 1:
         return values
     stride = X.shape[1]
     return values[np.arange(X.size) % stride].reshape(X.shape)

@@ -19,6 +19,7 @@ from ._common import (
 )
 
 _KERNELS = ("LINEAR", "POLY", "RBF", "SIGMOID")
+_CHUNK = 1 << 22  # kernel values computed at once (rows x support vectors)
 
 
 class _Kernel:
@@ -52,6 +53,16 @@ class _Kernel:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return out ** d
         return np.tanh(out)
+
+    def reduce(self, X: np.ndarray, B: np.ndarray, M: np.ndarray) -> np.ndarray:
+        """kernel(X, B) @ M, a block of rows at a time so the kernel matrix stays small."""
+        step = max(1, _CHUNK // max(len(B), 1))
+        if len(X) <= step:
+            return self(X, B) @ M
+        out = np.empty((len(X),) + M.shape[1:])
+        for r0 in range(0, len(X), step):
+            out[r0:r0 + step] = self(X[r0:r0 + step], B) @ M
+        return out
 
 
 def _logistic32(v: np.ndarray) -> np.ndarray:
@@ -202,7 +213,7 @@ class SVMClassifier:
             maxclass = scores.argmax(axis=1) if C else np.zeros(N, np.intp)
             max_weight = scores.max(axis=1) if C else np.zeros(N)
         else:
-            D = self.kernel(X, self.support) @ self.pair_matrix + self.rho[: self.n_pairs]
+            D = self.kernel.reduce(X, self.support, self.pair_matrix) + self.rho[: self.n_pairs]
             winner = np.where(D > 0, self.pair_i, self.pair_j)
             rows = np.repeat(np.arange(N) * C, self.n_pairs)
             votes = np.bincount(rows + winner.reshape(-1), minlength=N * C).reshape(N, C)
@@ -274,7 +285,7 @@ class SVMRegressor:
         if X.shape[1] != self.n_features:
             raise ValueError(f"expected {self.n_features} features, got {X.shape[1]}")
         if self.svc:
-            Y = self.kernel(X, self.support) @ self.coef + self.rho
+            Y = self.kernel.reduce(X, self.support, self.coef) + self.rho
         else:
             Y = self.kernel(X, self.coef.reshape(1, -1), self.rho)[:, 0]
         if self.one_class:

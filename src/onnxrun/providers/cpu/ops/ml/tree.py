@@ -3,12 +3,17 @@ TreeEnsemble (ai.onnx.ml 5).
 
 Every tree of the ensemble is flattened into one set of node arrays (feature, threshold, mode,
 true child, false child; leaves point to themselves). Evaluation advances all (row, tree) pairs
-one level at a time with array gathers, keeping only the pairs not yet at a leaf, so a run costs
-a handful of numpy calls per tree level. Leaf weights are then aggregated with ``np.bincount``.
+one level at a time with array gathers, compacting away the pairs that reached a leaf, so a run
+costs a handful of numpy calls per tree level whatever the number of rows and trees. Leaf
+weights are then aggregated with one matrix product (one target per tree, gradient boosting),
+dense per-node weight tables, or ``np.bincount`` over the weight lists.
 
 Aggregation, base values, post-transforms and the binary-classifier rules follow onnxruntime's
-``tree_ensemble_aggregator.h`` (including its quirks: scores of classes no leaf wrote are 0, a
-binary classifier with weights for both classes returns the raw labels 0/1, ...).
+``tree_ensemble_aggregator.h``, quirks included: scores of classes no leaf wrote are 0, a binary
+classifier with weights for both classes returns the raw labels 0 / 1, and so on. Two deliberate
+departures, where onnxruntime contradicts the specification: TreeEnsemble-5 reads
+post_transform 1 as SOFTMAX and 2 as LOGISTIC (onnxruntime swaps them), and BRANCH_MEMBER tests
+exact membership (onnxruntime's integer fast path also matches some non-integral inputs).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ class Forest:
     """All trees' nodes in flat arrays, plus each leaf's weights (target, value) in CSR form."""
 
     def __init__(self, feature, threshold, mode, true_idx, false_idx, missing_true, roots,
-                 leaf_targets, leaf_values, leaf_start, leaf_count, member_sets=None) -> None:
+                 leaf_targets, leaf_values, leaf_start, leaf_count, n_targets: int,
+                 member_sets=None) -> None:
         mode = np.asarray(mode, dtype=np.int8)
         n = len(mode)
         self.n_nodes = n
@@ -70,9 +76,6 @@ class Forest:
         self.max_feature = int(feature[inner].max()) if inner.any() else -1
         threshold = np.asarray(threshold)
         self.thr_dtype = threshold.dtype if threshold.dtype.kind == "f" else np.dtype(np.float32)
-        self.thr64 = threshold.astype(np.float64)
-        self.thr32 = threshold if threshold.dtype == np.float32 else None
-        self.mode = mode
         present = set(np.unique(mode[inner]).tolist())
         self.single_mode = present.pop() if len(present) == 1 and MEMBER not in present else None
         self.truth = _TRUTH[mode]  # [n, 4] per node
@@ -92,15 +95,14 @@ class Forest:
         self.child2[1::2] = 2 * self.true_idx
         self.feature2 = np.repeat(self.feature, 2)
         self.leaf2 = np.repeat(is_leaf, 2)
-        self.thr64_2 = np.repeat(self.thr64, 2)
-        self.thr32_2 = None if self.thr32 is None else np.repeat(self.thr32, 2)
+        self.thr64_2 = np.repeat(threshold.astype(np.float64), 2)
+        self.thr32_2 = np.repeat(threshold, 2) if threshold.dtype == np.float32 else None
         # leaf weights
         self.leaf_targets = np.asarray(leaf_targets, dtype=np.intp)
         self.leaf_values = np.asarray(leaf_values, dtype=np.float64)
         self.leaf_start = np.asarray(leaf_start, dtype=np.intp)
         self.leaf_count = np.asarray(leaf_count, dtype=np.intp)
         self.one_weight = bool((self.leaf_count[is_leaf] == 1).all())
-        self.n_targets = 1
         # BRANCH_MEMBER: (node, rank of value) pairs as sorted int64 keys
         self.is_member = mode == MEMBER
         self.has_members = bool(self.is_member.any())
@@ -116,6 +118,7 @@ class Forest:
             self.member_keys = np.unique(np.concatenate(keys + [np.zeros(0, np.int64)]).astype(
                 np.int64))
             self.member_width = width
+        self._prepare_targets(n_targets)
 
     def _check_acyclic(self) -> int:
         """Refuse cycles; return the depth of the shallowest leaf (levels every row descends)."""
@@ -226,8 +229,8 @@ class Forest:
 
     # -- aggregation -----------------------------------------------------------------------------
 
-    def prepare_targets(self, n_targets: int) -> None:
-        """Arrange the leaf weights for aggregating ``n_targets`` scores (once, at load)."""
+    def _prepare_targets(self, n_targets: int) -> None:
+        """Arrange the leaf weights for aggregating ``n_targets`` scores."""
         K = self.n_targets = n_targets
         n = self.n_nodes
         has = self.leaf_count > 0
@@ -350,7 +353,7 @@ def _leaf_csr(n_nodes: int, node_of_weight: np.ndarray, targets, values):
 
 
 def forest_from_v3(*, treeids, nodeids, featureids, thresholds, modes, truenodeids, falsenodeids,
-                   missing, w_treeids, w_nodeids, w_ids, w_values) -> Forest:
+                   missing, w_treeids, w_nodeids, w_ids, w_values, n_targets) -> Forest:
     """Build a Forest from the (tree id, node id) addressed attributes of ai.onnx.ml 1 / 3."""
     treeids = np.asarray(treeids, dtype=np.int64)
     nodeids = np.asarray(nodeids, dtype=np.int64)
@@ -408,13 +411,13 @@ def forest_from_v3(*, treeids, nodeids, featureids, thresholds, modes, truenodei
     targets, values, start, count = _leaf_csr(
         n, w_node[on_leaf], np.asarray(w_ids)[on_leaf], np.asarray(w_values)[on_leaf])
     return Forest(featureids, thresholds, mode, true_idx, false_idx, missing_true, roots,
-                  targets, values, start, count)
+                  targets, values, start, count, n_targets)
 
 
 def forest_from_v5(*, tree_roots, nodes_featureids, nodes_splits, nodes_modes, nodes_truenodeids,
                    nodes_trueleafs, nodes_falsenodeids, nodes_falseleafs,
                    nodes_missing_value_tracks_true, leaf_targetids, leaf_weights,
-                   membership_values) -> Forest:
+                   membership_values, n_targets) -> Forest:
     """Build a Forest from TreeEnsemble-5 attributes: inner nodes first, then the leaves."""
     n = len(nodes_featureids)
     modes = np.asarray(nodes_modes).reshape(-1).astype(np.int64)
@@ -470,7 +473,7 @@ def forest_from_v5(*, tree_roots, nodes_featureids, nodes_splits, nodes_modes, n
         total, leaf_nodes, leaf_targetids, np.asarray(leaf_weights).reshape(-1))
     return Forest(feature, thresholds, mode, np.r_[true_idx, leaf_nodes],
                   np.r_[false_idx, leaf_nodes], missing, roots, targets, values, start, count,
-                  member_sets)
+                  n_targets, member_sets)
 
 
 # -- finalization -------------------------------------------------------------------------------
@@ -611,8 +614,8 @@ class TreeEnsembleRegressor:
             thresholds=_floats(nodes_values, nodes_values_as_tensor), modes=nodes_modes,
             truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
             missing=nodes_missing_value_tracks_true, w_treeids=target_treeids,
-            w_nodeids=target_nodeids, w_ids=target_ids, w_values=weights)
-        self.forest.prepare_targets(self.n_targets)
+            w_nodeids=target_nodeids, w_ids=target_ids, w_values=weights,
+            n_targets=self.n_targets)
 
     def __call__(self, X):
         f = self.forest
@@ -649,8 +652,8 @@ class TreeEnsembleClassifier:
             thresholds=_floats(nodes_values, nodes_values_as_tensor), modes=nodes_modes,
             truenodeids=nodes_truenodeids, falsenodeids=nodes_falsenodeids,
             missing=nodes_missing_value_tracks_true, w_treeids=class_treeids,
-            w_nodeids=class_nodeids, w_ids=class_ids, w_values=weights)
-        self.forest.prepare_targets(self.n_classes)
+            w_nodeids=class_nodeids, w_ids=class_ids, w_values=weights,
+            n_targets=self.n_classes)
 
     def __call__(self, X):
         f = self.forest
@@ -686,8 +689,8 @@ class TreeEnsemble:
             nodes_falseleafs=nodes_falseleafs,
             nodes_missing_value_tracks_true=nodes_missing_value_tracks_true,
             leaf_targetids=leaf_targetids, leaf_weights=leaf_weights,
-            membership_values=membership_values if membership_values is not None else [])
-        self.forest.prepare_targets(self.n_targets)
+            membership_values=membership_values if membership_values is not None else [],
+            n_targets=self.n_targets)
 
     def __call__(self, X):
         f = self.forest
