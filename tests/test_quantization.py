@@ -289,7 +289,8 @@ def test_accuracy_within_one_point(data, mode, tmp_path):
                         **STATIC[mode])
     acc = data.accuracy(out)
     assert abs(acc - data.float_acc) <= 0.01, (mode, acc, data.float_acc)
-    assert os.path.getsize(out) < 0.55 * os.path.getsize(data.path)  # tiny: graph overhead
+    if data.name == "digits_cnn":  # the MLP is too small for its weights to dominate the file
+        assert os.path.getsize(out) < 0.45 * os.path.getsize(data.path)
     # the same model on onnxruntime
     rel = 1e-4 if mode in DYNAMIC else 0.05
     assert_engines_match(data.run(out), data.run(out, "onnxruntime"), rel)
@@ -472,7 +473,7 @@ def test_infinite_ranges_stay_float(tmp_path):
     quantize_static(model, out, FeedsDataReader(feeds), extra_options=QUIET)
     y = onnxrun.InferenceSession(out).run(None, feeds[0])[0]
     ref = onnxrun.InferenceSession(model).run(None, feeds[0])[0]
-    assert np.all(np.isfinite(y)) and np.array_equal(y == 0, feeds[0]["mask"])
+    assert np.all(np.isfinite(y)) and np.all(y[feeds[0]["mask"]] == 0)
     np.testing.assert_allclose(y, ref, atol=0.02)
 
 
@@ -491,3 +492,94 @@ def test_preprocess_config_and_external_data(digits, tmp_path):
     quantize_dynamic(digits.path, out, use_external_data_format=True)
     assert (tmp_path / "q.onnx.data").exists()
     assert abs(digits.accuracy(str(out)) - digits.float_acc) <= 0.01
+
+
+def _many_ops_model() -> onnx.ModelProto:
+    """Conv, LeakyRelu, Split, Sigmoid, Mul, AveragePool, Pad, Resize, MaxPool, Unsqueeze,
+    Squeeze, Concat, Clip, Transpose, Reshape, MatMul, Softmax."""
+    rng = np.random.default_rng(0)
+
+    def w(name, shape, s=0.3):
+        return numpy_helper.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
+
+    def c(name, values, dtype):
+        return numpy_helper.from_array(np.array(values, dtype), name)
+
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        n("LeakyRelu", ["c1"], ["l1"], alpha=0.1),
+        n("Split", ["l1", "split"], ["s1", "s2"], axis=1),
+        n("Sigmoid", ["s1"], ["sg"]),
+        n("Mul", ["sg", "s2"], ["m1"]),
+        n("AveragePool", ["m1"], ["ap"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("Pad", ["ap", "pads"], ["pd"], mode="constant"),
+        n("Resize", ["pd", "", "scales"], ["rs"], mode="nearest"),
+        n("Conv", ["x", "w3"], ["b_conv"], pads=[1, 1, 1, 1]),
+        n("MaxPool", ["b_conv"], ["b_pool"], kernel_shape=[2, 2], strides=[2, 2]),
+        n("Unsqueeze", ["b_pool", "axes"], ["b_u"]),
+        n("Squeeze", ["b_u", "axes"], ["b_s"]),
+        n("Resize", ["b_s", "", "scales"], ["b_r"], mode="nearest"),
+        n("Concat", ["rs", "b_r"], ["cc"], axis=1),
+        n("Clip", ["cc", "zero", "six"], ["cl"]),
+        n("Transpose", ["cl"], ["tp"], perm=[0, 2, 3, 1]),
+        n("Reshape", ["tp", "shape"], ["rh"]),
+        n("MatMul", ["rh", "w2"], ["mm"]),
+        n("Softmax", ["mm"], ["y"], axis=-1),
+    ]
+    inits_ = [w("w1", (8, 3, 3, 3)), w("b1", (8,), 0.1), w("w3", (4, 3, 3, 3)), w("w2", (8, 5)),
+              c("split", [4, 4], np.int64), c("pads", [0] * 8, np.int64),
+              c("scales", [1, 1, 2, 2], np.float32), c("axes", [1], np.int64),
+              c("zero", 0, np.float32), c("six", 6, np.float32),
+              c("shape", [-1, 8], np.int64)]
+    graph = helper.make_graph(nodes, "many", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, ["N", 3, 8, 8])], [helper.make_tensor_value_info(
+            "y", TensorProto.FLOAT, ["M", 5])], inits_)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat.QDQ, QuantFormat.QOperator])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_many_operators_as_onnxruntime_tool(fmt, per_channel, tmp_path):
+    path = str(tmp_path / "model.onnx")
+    onnx.save(_many_ops_model(), path)
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    kwargs = dict(quant_format=fmt, per_channel=per_channel,
+                  activation_type=QuantType.QUInt8 if fmt == QuantFormat.QOperator
+                  else QuantType.QInt8)
+    mine, theirs = str(tmp_path / "mine.onnx"), str(tmp_path / "ort.onnx")
+    quantize_static(path, mine, FeedsDataReader(feeds), extra_options=QUIET, **kwargs)
+    oq.quantize_static(path, theirs, OrtReader(feeds), **_ort_enum(kwargs))
+    onnx.checker.check_model(mine)
+    assert sorted(ops(mine)) == sorted(ops(theirs))
+    if fmt == QuantFormat.QOperator:
+        assert {"QLinearLeakyRelu", "QLinearSigmoid", "QLinearMul", "QLinearAveragePool",
+                "QLinearConcat", "QLinearSoftmax", "QLinearMatMul"} <= {o for _, o in ops(mine)}
+    x = feeds[0]
+    ref = onnxrun.InferenceSession(path).run(None, x)[0]
+    for model in (mine, theirs):
+        a = onnxrun.InferenceSession(model).run(None, x)[0]
+        b = ort.InferenceSession(model).run(None, x)[0]
+        # QOperator: the same integer kernels; QDQ: onnxruntime fuses the pairs into integer
+        # kernels where onnxrun computes in float, a rounding may flip a step or a few
+        assert np.abs(a - b).max() <= (0 if fmt == QuantFormat.QOperator else 5 / 255)
+        assert np.abs(a - ref).max() < 0.05
+
+
+def test_quantize_linear_saturates_like_onnxruntime():
+    """NaN and infinities (an infinite scale, a -inf mask) quantize as onnxruntime does."""
+    x = np.array([-np.inf, -1e38, 1, 0, np.inf, np.nan], np.float32)
+    for zp in (np.array(3, np.int8), np.array(3, np.uint8)):
+        for scale in (np.inf, 1e30, 0.1):
+            graph = helper.make_graph(
+                [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"])], "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                [helper.make_tensor_value_info("q", helper.np_dtype_to_tensor_dtype(zp.dtype),
+                                               [6])],
+                [numpy_helper.from_array(np.array(scale, np.float32), "s"),
+                 numpy_helper.from_array(zp, "z")])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+            got = onnxrun.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+            assert np.array_equal(got, want), (zp.dtype, scale, got, want)

@@ -123,12 +123,17 @@ class Node:
         if value is not None:
             value.uses.append((self, index))
 
-    def subgraphs(self) -> Iterator[Graph]:
+    def subgraphs(self) -> list[Graph]:
+        """The graphs among the attributes (usually none: asked of every node by every graph
+        walk, so a plain loop, no generator)."""
+        found: list[Graph] = []
         for attr in self.attributes.values():
-            if isinstance(attr.value, Graph):
-                yield attr.value
-            elif isinstance(attr.value, list):
-                yield from (g for g in attr.value if isinstance(g, Graph))
+            value = attr.value
+            if isinstance(value, Graph):
+                found.append(value)
+            elif type(value) is list and value and isinstance(value[0], Graph):
+                found.extend(g for g in value if isinstance(g, Graph))
+        return found
 
     def attr(self, name: str, default: Any = None) -> Any:
         a = self.attributes.get(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -40,6 +41,27 @@ for _n in ("INT2", "UINT2"):
     if hasattr(TensorProto, _n):
         _SUB_BYTE[getattr(TensorProto, _n)] = 2
 
+# Types numpy_helper.to_array unpacks from raw_data (sub-byte and 6-bit floats); every other
+# type is read with np.frombuffer, as to_array would, except strings (never raw).
+_PACKED = set(_SUB_BYTE) | {
+    getattr(TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)
+}
+_PLAIN_DTYPES: dict[int, np.dtype | None] = {}
+
+
+def _plain_dtype(elem: int) -> np.dtype | None:
+    """The numpy dtype of a raw_data tensor that np.frombuffer reads as is, else None."""
+    dt = _PLAIN_DTYPES.get(elem, False)
+    if dt is False:
+        dt = None
+        if elem not in _PACKED and elem != TensorProto.STRING and sys.byteorder == "little":
+            try:
+                dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
+            except (KeyError, ValueError, TypeError):
+                dt = None
+        _PLAIN_DTYPES[elem] = dt
+    return dt
+
 
 def tensor_to_array(
     tensor: TensorProto, read_external: ExternalReader = _no_external
@@ -51,22 +73,33 @@ def tensor_to_array(
     count = int(np.prod(dims, dtype=np.float64)) if dims else 1
     if tensor.data_type == TensorProto.UNDEFINED:
         raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
+    # Every read of ``raw_data`` copies the whole buffer out of the protobuf: read it once.
+    raw: bytes | None = None
     if tensor.data_location == TensorProto.EXTERNAL:
         raw = read_external(tensor)
+    elif tensor.HasField("raw_data") and tensor.data_type != TensorProto.STRING:
+        raw = tensor.raw_data
+    if raw is not None and tensor.data_type != TensorProto.STRING:
+        bits = _bits(tensor.data_type)
+        expected = (count * bits + 7) // 8
+        if len(raw) != expected:
+            raise InvalidGraph(
+                f"tensor '{tensor.name}' declares shape {list(dims)} ({expected} bytes) but holds "
+                f"{len(raw)} bytes of data"
+            )
+        dtype = _plain_dtype(tensor.data_type)
+        if dtype is not None:
+            # What numpy_helper.to_array does for these types, without copying raw again.
+            arr = np.frombuffer(raw, dtype=dtype).reshape(dims)
+            arr.flags.writeable = False
+            return arr
+    if tensor.data_location == TensorProto.EXTERNAL:
         local = TensorProto()
         local.CopyFrom(tensor)
         del local.external_data[:]
         local.data_location = TensorProto.DEFAULT
         local.raw_data = raw
         tensor = local
-    if tensor.HasField("raw_data") and tensor.data_type != TensorProto.STRING:
-        bits = _bits(tensor.data_type)
-        expected = (count * bits + 7) // 8
-        if len(tensor.raw_data) != expected:
-            raise InvalidGraph(
-                f"tensor '{tensor.name}' declares shape {list(dims)} ({expected} bytes) but holds "
-                f"{len(tensor.raw_data)} bytes of data"
-            )
     try:
         arr = numpy_helper.to_array(tensor)
     except Exception as e:  # malformed typed fields: a size mismatch or an unsupported type

@@ -55,16 +55,27 @@ def run_passes(model: Model, level: int, disabled: set[str] | None = None) -> Op
     passes = select_passes(level, disabled or set())
     for p in passes:
         report.passes[p.name] = PassReport(p.name)
+    # A pass that changed nothing need not run again until another pass changes the graph:
+    # passes are functions of the graph, so it would find nothing again. That skips most of
+    # the last round, which only confirms the fixed point. ``changes`` counts the changes made.
+    changes = 0
+    clean_at: dict[str, int] = {}  # pass name -> value of ``changes`` when it last found nothing
     for round_ in range(1, MAX_ROUNDS + 1):
         report.rounds = round_
         modified = False
         for p in passes:
+            if clean_at.get(p.name) == changes:
+                continue
             result = p.run(model)
             rep = report.passes[p.name]
             rep.runs += 1
             if result.modified:
                 modified = True
+                changes += 1
+                clean_at.pop(p.name, None)
                 rep.changes.update(result.changes)
+            else:
+                clean_at[p.name] = changes
         if not modified:
             break
     report.nodes_after = count_nodes(model)

@@ -228,7 +228,11 @@ def _attribute(name: str, value: Any) -> Attribute:
 def apply_rule(rule: RewriteRule, model: Model, graph: Graph) -> int:
     """Apply ``rule`` everywhere it matches in ``graph``; returns the number of rewrites."""
     count = 0
-    for node in list(graph.nodes):
+    # Only nodes of the root's type can match: picking them out first spares a call per node
+    # of the graph for every rule of every pass.
+    op_type, domain = rule._root.op_type, rule._root.domain
+    candidates = [n for n in graph.nodes if n.op_type == op_type and n.domain == domain]
+    for node in candidates:
         if node.graph is not graph:
             continue  # removed by an earlier rewrite in this sweep
         m = rule.match(node)

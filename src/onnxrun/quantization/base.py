@@ -21,6 +21,7 @@ from .quant_types import (
     get_qmin_qmax_for_qType,
     qtype_of,
     quantize_data,
+    quantize_nparray,
 )
 
 logger = logging.getLogger("onnxrun.quantization")
@@ -270,8 +271,6 @@ class QuantizerBase:
                 scale = np.maximum(scale, floor).astype(scale.dtype)
                 shape = [-1 if i == axis else 1 for i in range(data.ndim)] if axis is not None \
                     else []
-                from .quant_types import quantize_nparray
-
                 q = quantize_nparray(qtype, data, scale.reshape(shape) if shape else scale,
                                      zp.reshape(shape) if shape else zp)
         suffix = "" if len([k for k in self.weights if k[0] == name]) == 0 else f"_{qtype}"
@@ -358,13 +357,18 @@ class QuantizerBase:
         return self.value_types.get(vi.name) == vi.type.tensor_type.elem_type
 
 
-def weight_axis(node: NodeProto, input_index: int, rank: int) -> int:
+def weight_axis(node: NodeProto, input_index: int, rank: int) -> int | None:
     """The per-channel axis of a node's weight: output channels (Conv: 0, ConvTranspose: 1,
-    Gemm: 0 or 1 by transB) or MatMul's last axis."""
+    Gemm: 0 or 1 by transB), MatMul's last axis, else onnxruntime's default 1; None (per
+    tensor) when the weight has no such axis (a normalization's 1-D scale)."""
     if node.op_type == "Conv":
-        return 0
-    if node.op_type == "ConvTranspose":
-        return 1
-    if node.op_type == "Gemm":
-        return 0 if attributes(node).get("transB", 0) else 1
-    return max(rank - 1, 0)
+        axis = 0
+    elif node.op_type == "ConvTranspose":
+        axis = 1
+    elif node.op_type == "Gemm":
+        axis = 0 if attributes(node).get("transB", 0) else 1
+    elif node.op_type == "MatMul":
+        axis = rank - 1
+    else:
+        axis = 1
+    return axis if 0 <= axis < rank else None

@@ -227,11 +227,14 @@ def _reader_length(reader: Any) -> int | None:
 
 
 def _load(model: str | Path | ModelProto) -> ModelProto:
+    """A copy of the model (it gets extra outputs), shape-inferred to type every tensor."""
     m = model if isinstance(model, ModelProto) else onnx.load(str(model))
     try:
         return onnx.shape_inference.infer_shapes(m)
     except Exception:  # noqa: BLE001 - a model shape inference rejects is calibrated as it is
-        return m
+        out = ModelProto()
+        out.CopyFrom(m)
+        return out
 
 
 class CalibraterBase:

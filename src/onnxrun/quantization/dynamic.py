@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from .base import MS_DOMAIN, QValue, attributes
+from .base import MS_DOMAIN, QValue, attributes, ensure_opset
 from .qoperator import DIRECT_8BIT, OperatorQuantizer, direct_8bit, register
-from .quant_types import QuantizationMode, QuantType
+from .quant_types import QuantType, quantize_data
 
 INTEGER_OPS = {"Conv", "MatMul", "Attention", "LSTM", "Gather", "Transpose",
                "EmbedLayerNormalization"}
@@ -111,10 +111,6 @@ class DynamicQuantizer(OperatorQuantizer):
             self.out.append(self.make_node("Add", [target, bias], [output], f"{output}_bias_add"))
 
 
-def _weight_symmetric(self: DynamicQuantizer) -> bool:
-    return bool(self.weight_symmetric)
-
-
 @register(INTEGER, "MatMul")
 def _matmul(self: DynamicQuantizer, node: NodeProto) -> bool:
     a, b = node.input
@@ -139,7 +135,7 @@ def _conv(self: DynamicQuantizer, node: NodeProto) -> bool:
     if bias is not None and not self.is_float_weight(bias):
         return False
     # ConvInteger takes one zero point: per channel only with symmetric weights (zero point 0)
-    per_channel = self.per_channel and _weight_symmetric(self)
+    per_channel = self.per_channel and bool(self.weight_symmetric)
     w = self.quantize_weight(wname, axis=0 if per_channel else None,
                              symmetric=self.weight_symmetric)
     zp = w.zero_point
@@ -173,8 +169,6 @@ def _lstm(self: DynamicQuantizer, node: NodeProto) -> bool:
         D, G, K = arr.shape
         # per direction, or per gate row with per_channel; always int8, symmetric
         flat = arr.reshape(D * G, K) if self.per_channel else arr
-        from .quant_types import quantize_data
-
         zp, scale, q = quantize_data(flat, TensorProto.INT8, True, self.reduce_range,
                                      self.min_real_range, axis=0)
         shape = [D, G] if self.per_channel else [D]
@@ -240,12 +234,9 @@ def quantize_dynamic(model_input: str | Path | ModelProto, model_output: str | P
                          f"{weight_type}")
     model = load_model(model_input)
     needed = 13 if per_channel else 11
-    from .base import ensure_opset
-
     model = ensure_opset(model, needed, "the quantized operators")
     quantizer = DynamicQuantizer(model, per_channel, reduce_range, weight_type, QuantType.QUInt8,
                                  None, nodes_to_quantize, nodes_to_exclude, ops, extra)
-    quantizer.mode = QuantizationMode.IntegerOps
     save_model(quantizer.quantize_model(), model_output, use_external_data_format)
 
 

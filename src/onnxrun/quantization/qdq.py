@@ -142,8 +142,7 @@ class QDQQuantizer(QuantizerBase):
         elif op in NORMALIZATION:
             self.mark(node.input[0])
             self._weight(node, 1)
-            if op != "BatchNormalization":
-                self.mark_bias(node, 2, 1)
+            self.mark_bias(node, 2, 1)
             self.mark_outputs(node)
         elif op == "Where":
             if self.force_no_input_check:
@@ -205,7 +204,7 @@ class QDQQuantizer(QuantizerBase):
                 self.quantize_node(node)
 
         front: list[NodeProto] = []
-        after: dict[str, list[NodeProto]] = {}
+        after: dict[int, list[NodeProto]] = {}  # by id() of the producer
         replace: dict[str, str] = {}
         # weights first wait for the floors the int32 biases put on their scales
         floors: dict[str, np.ndarray] = {}

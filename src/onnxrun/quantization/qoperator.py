@@ -18,7 +18,14 @@ from collections.abc import Callable
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto
 
-from .base import MS_DOMAIN, QuantizerBase, QValue, attributes, weight_axis
+from .base import (
+    MS_DOMAIN,
+    QuantizerBase,
+    QValue,
+    attributes,
+    subgraph_references,
+    weight_axis,
+)
 
 Handler = Callable[["OperatorQuantizer", NodeProto], bool]
 
@@ -166,8 +173,6 @@ class OperatorQuantizer(QuantizerBase):
 
 
 def _outer(node: NodeProto) -> set[str]:
-    from .base import subgraph_references
-
     return subgraph_references(node) if any(a.HasField("g") or len(a.graphs)
                                             for a in node.attribute) else set()
 
@@ -364,6 +369,8 @@ def direct_8bit(self: OperatorQuantizer, node: NodeProto) -> bool:
     outs = range(len(node.output)) if op == "Split" else range(1)
     for k in outs:
         o = node.output[k]
+        if not o:
+            continue
         node.output[k] = self.set_output(o, QValue(self.unique(f"{o}_quantized"), qv.scale,
                                                    qv.zero_point, qv.qtype, qv.scale_value,
                                                    qv.zp_value, qv.axis))

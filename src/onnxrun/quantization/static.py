@@ -19,7 +19,7 @@ from .base import ensure_opset
 from .calibrate import CalibrationDataReader, TensorsData, create_calibrator
 from .qdq import QDQ_OPS, QDQQuantizer
 from .qoperator import QLINEAR_OPS, OperatorQuantizer
-from .quant_types import CalibrationMethod, QuantFormat, QuantType, qtype_of
+from .quant_types import CalibrationMethod, QuantFormat, QuantType
 
 logger = logging.getLogger("onnxrun.quantization")
 
@@ -208,5 +208,6 @@ def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
         raise TypeError("quant_config must be a StaticQuantConfig or a DynamicQuantConfig")
 
 
-__all__ = ["DynamicQuantConfig", "QuantConfig", "StaticQuantConfig", "check_static_quant_arguments",
-           "load_model", "qtype_of", "quantize", "quantize_static", "save_model"]
+__all__ = ["DynamicQuantConfig", "QuantConfig", "StaticQuantConfig",
+           "check_static_quant_arguments", "load_model", "quantize", "quantize_static",
+           "save_model"]

@@ -154,6 +154,122 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
     return Y
 
 
+# -- depthwise ----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _depthwise_groups(kernel: tuple[int, ...], strides: tuple[int, ...],
+                      dilations: tuple[int, ...]):
+    """How the taps of a 2-D depthwise kernel read the polyphase split of the padded input.
+
+    With strides (s_h, s_w) the padded input splits into s_h * s_w phases (phase (a, b) holds
+    the pixels whose row is a and column b modulo the strides); tap (i, j) then reads phase
+    (i*d_h % s_h, j*d_w % s_w) at the unit-stride offset (i*d_h // s_h, j*d_w // s_w). The taps
+    of one phase and one column offset whose row offsets are evenly spaced form a group that
+    one einsum sums. Returns (groups, row span, column span); a group is
+    (phase, first row offset, row step, column offset, tap indices)."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, strides, dilations
+    cells: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i in range(kh):
+        for j in range(kw):
+            r, a = divmod(i * dh, sh)
+            q, b = divmod(j * dw, sw)
+            cells.setdefault((a * sw + b, q), []).append((r, i * kw + j))
+    groups = []
+    for (phase, q), taps in sorted(cells.items()):
+        taps.sort()
+        rows = [r for r, _ in taps]
+        steps = {y - x for x, y in zip(rows, rows[1:], strict=False)}
+        if len(steps) <= 1 and 0 not in steps:
+            step = steps.pop() if steps else 1
+            groups.append((phase, rows[0], step, q, tuple(k for _, k in taps)))
+        else:  # uneven spacing: a group per tap
+            groups.extend((phase, r, 1, q, (k,)) for r, k in taps)
+    return tuple(groups), (kh - 1) * dh // sh, (kw - 1) * dw // sw
+
+
+def _depthwise_weights_2d(W: np.ndarray, kernel, strides, dilations, cdt):
+    """Per tap group of _depthwise_groups: its (taps, C) weights; plus (kh, kw, C) for NHWC."""
+    C = W.shape[0]
+    flat = W.reshape(C, -1).astype(cdt)
+    groups = _depthwise_groups(kernel, strides, dilations)[0]
+    per_group = tuple(np.ascontiguousarray(flat[:, list(taps)].T) for *_, taps in groups)
+    hwc = np.ascontiguousarray(flat.T.reshape(tuple(kernel) + (C,)))
+    return per_group, hwc
+
+
+# Below this many output pixels per channel the channels-last kernel is faster: its inner loop
+# runs over the channels, the planar one's over the (short) rows of the image.
+_NHWC_PIXELS = 400
+
+
+def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np.ndarray:
+    """Depthwise 2-D convolution in NCHW: returns the "wide" output (N, C, Ho, Wq), whose first
+    Wo columns are the result.
+
+    The padded input is split into its polyphase planes, each flattened with a common row
+    width Wq; every tap is then one contiguous slice of a plane (the wide rows wrap around into
+    Wq - Wo unused columns), and the taps of a group are one einsum over a strided view."""
+    N, C, H, Wd = X.shape
+    (Ho, Wo), (sh, sw) = outs, strides
+    groups, rspan, qspan = _depthwise_groups(kernel, strides, dilations)
+    Hq, Wq = Ho + rspan, Wo + qspan
+    L = Ho * Wq
+    P = np.zeros((N, C, sh * sw, Hq * Wq + qspan), dtype=X.dtype)
+    for a in range(sh):
+        # plane row r is padded row r*sh + a, i.e. input row r*sh + a - head
+        r0 = max(0, -(-(heads[0] - a) // sh))
+        x0 = r0 * sh + a - heads[0]
+        nr = min(Hq - r0, -(-(H - x0) // sh)) if x0 < H else 0
+        for b in range(sw):
+            q0 = max(0, -(-(heads[1] - b) // sw))
+            y0 = q0 * sw + b - heads[1]
+            nq = min(Wq - q0, -(-(Wd - y0) // sw)) if y0 < Wd else 0
+            if nr > 0 and nq > 0:
+                plane = P[:, :, a * sw + b, :Hq * Wq].reshape(N, C, Hq, Wq)
+                plane[:, :, r0:r0 + nr, q0:q0 + nq] = \
+                    X[:, :, x0:x0 + (nr - 1) * sh + 1:sh, y0:y0 + (nq - 1) * sw + 1:sw]
+    sN, sC, sP, item = P.strides
+    Y = tmp = None
+    for (phase, r, step, q, taps), w in zip(groups, wgroups, strict=True):
+        start = P[:, :, phase, r * Wq + q:]
+        if len(taps) > 1:
+            view = as_strided(start, (N, C, len(taps), L), (sN, sC, step * Wq * item, item),
+                              writeable=False)
+            if Y is None:
+                Y = np.einsum("ncil,ic->ncl", view, w)
+                continue
+            if tmp is None:
+                tmp = np.empty_like(Y)
+            np.einsum("ncil,ic->ncl", view, w, out=tmp)
+        else:
+            if Y is None:
+                Y = np.multiply(start[..., :L], w.reshape(C, 1))
+                continue
+            if tmp is None:
+                tmp = np.empty_like(Y)
+            np.multiply(start[..., :L], w.reshape(C, 1), out=tmp)
+        Y += tmp
+    return Y.reshape(N, C, Ho, Wq)
+
+
+def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations) -> np.ndarray:
+    """Depthwise 2-D convolution through a channels-last copy: one einsum over all taps, its
+    inner loop along the channels. Returns (N, Ho, Wo, C)."""
+    N, C, H, Wd = X.shape
+    need = [(o - 1) * s + (k - 1) * d + 1
+            for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)]
+    Xp = np.zeros((N, need[0], need[1], C), dtype=X.dtype)
+    h, w = min(H, need[0] - heads[0]), min(Wd, need[1] - heads[1])
+    Xp[:, heads[0]:heads[0] + h, heads[1]:heads[1] + w] = X[:, :, :h, :w].transpose(0, 2, 3, 1)
+    sN, sH, sW, sC = Xp.strides
+    view = as_strided(
+        Xp, (N, outs[0], outs[1], kernel[0], kernel[1], C),
+        (sN, sH * strides[0], sW * strides[1], sH * dilations[0], sW * dilations[1], sC),
+        writeable=False)
+    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc)
+
+
 class _ConvBase:
     """Attributes common to Conv and ConvTranspose (the kernel shape is read from W)."""
 
@@ -176,9 +292,11 @@ class _ConvBase:
 
 @op("Conv", 1, 11, 22)
 class Conv(_ConvBase):
-    """Depthwise convolutions sum one shifted slice per kernel tap; 1x1 stride-1 ones are a
-    single GEMM on the input itself; the rest are im2col + one GEMM per group. A constant W
-    is re-arranged into its GEMM (or per-tap) layout once, here."""
+    """Depthwise 2-D convolutions have their own kernels (planar or channels-last, see
+    _depthwise_planar); 1x1 stride-1 ones are a single GEMM on the input itself; the rest are
+    im2col + one GEMM per group. A constant W is re-arranged into its GEMM (or per-tap) layout
+    once, here. The bias (and, in FusedConv, the activation) is applied in place on the output
+    while it is still in cache."""
 
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
@@ -186,13 +304,17 @@ class Conv(_ConvBase):
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         W = ctx.constant(1)
         self.W_shape = None
-        self.w_gemm = self.w_depthwise = None
+        self.w_gemm = self.w_depthwise = self.w_depthwise_2d = None
         if W is not None:
             self.W_shape = W.shape
             cdt = compute_dtype(W.dtype)
-            self.w_gemm = self._gemm_weights(W, cdt)
             if self._is_depthwise(W.shape):
                 self.w_depthwise = self._depthwise_weights(W, cdt)
+                if W.ndim == 4:
+                    self.w_depthwise_2d = _depthwise_weights_2d(
+                        W, *self._attrs(2, W.shape), cdt)
+            if not (self._is_depthwise(W.shape) and W.ndim == 4):
+                self.w_gemm = self._gemm_weights(W, cdt)
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
@@ -209,6 +331,10 @@ class Conv(_ConvBase):
         return np.ascontiguousarray(w.reshape((K, W.shape[0]) + (1,) * nd))
 
     def __call__(self, X, W, B=None):
+        return self._forward(X, W, B)
+
+    def _forward(self, X, W, B=None, Z=None, act=None):
+        """Conv(X, W) + B + Z, then ``act`` in place (an owned array of X's dtype)."""
         nd = X.ndim - 2
         kernel, strides, dilations = self._attrs(nd, W.shape)
         if X.shape[1] != W.shape[1] * self.group:
@@ -225,7 +351,16 @@ class Conv(_ConvBase):
             X = X.astype(cdt)
         const_w = self.W_shape is not None
         N, M = X.shape[0], W.shape[0]
-        if self._is_depthwise(W.shape) and X.shape[1] == M:
+        b = None
+        if B is not None:
+            b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
+            b = b.reshape((M,) + (1,) * nd)
+        if Z is not None and Z.dtype != cdt:
+            Z = Z.astype(cdt)
+        if self._is_depthwise(W.shape) and X.shape[1] == M and nd == 2:
+            Y = self._depthwise_2d(X, W, b, heads, outs, kernel, strides, dilations, cdt)
+            b = None  # added by the kernel
+        elif self._is_depthwise(W.shape) and X.shape[1] == M:
             w = self.w_depthwise if const_w else self._depthwise_weights(W, cdt)
             Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
             Y = None
@@ -239,7 +374,7 @@ class Conv(_ConvBase):
                     Y += tmp
         else:
             g = self.group
-            Wm = self.w_gemm if const_w else self._gemm_weights(W, cdt)
+            Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
             O = int(np.prod(outs))
             if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                     and outs == X.shape[2:]:
@@ -248,11 +383,32 @@ class Conv(_ConvBase):
             else:
                 Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
                 Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
-        Y = Y.reshape((N, M) + outs)
-        if B is not None:
-            b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
-            Y += b.reshape((M,) + (1,) * nd)
+            Y = Y.reshape((N, M) + outs)
+        if b is not None:
+            Y += b
+        if Z is not None:
+            Y += Z
+        if act is not None:
+            act(Y)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+    def _depthwise_2d(self, X, W, b, heads, outs, kernel, strides, dilations, cdt):
+        """The depthwise kernels (output plus bias, as a fresh NCHW array)."""
+        wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
+            _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
+        N, C = X.shape[:2]
+        Y = np.empty((N, C) + outs, dtype=cdt)
+        if outs[0] * outs[1] < _NHWC_PIXELS:
+            src = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations)
+            src = src.transpose(0, 3, 1, 2)
+        else:
+            src = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)
+            src = src[..., :outs[1]]
+        if b is None:
+            np.copyto(Y, src)
+        else:
+            np.add(src, b, out=Y)
+        return Y
 
 
 @op("ConvTranspose", 1, 11, 22)

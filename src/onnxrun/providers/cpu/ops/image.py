@@ -1,10 +1,12 @@
-"""Image and detection operators: GridSample, AffineGrid, RoiAlign, NonMaxSuppression, Col2Im,
-DeformConv, CenterCropPad, MaxUnpool and ImageDecoder.
+"""Image and detection operators: GridSample, AffineGrid, RoiAlign, MaxRoiPool,
+NonMaxSuppression, Col2Im, DeformConv, CenterCropPad, MaxUnpool and ImageDecoder.
 
-Interpolating kernels share one scheme: per spatial dimension, a short list of taps (index,
+GridSample and DeformConv share one scheme: per spatial dimension, a short list of taps (index,
 weight) is computed for every sample point; the taps of all dimensions are combined into flat
 indices and each tap gathers whole channel vectors from a channels-last copy of the input, so the
-Python loop runs over taps (at most 4 per dimension), never over pixels.
+Python loop runs over taps (at most 4 per dimension), never over pixels. RoiAlign's average mode
+is separable (two small matmuls per roi on the window it covers), its max mode gathers the
+bilinear corners of all samples at once; NonMaxSuppression works on blocks of IoU matrices.
 """
 
 from __future__ import annotations

@@ -129,7 +129,8 @@ def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
         np.rint(v, out=v)
         if zp is not None:
             v += zp.astype(v.dtype)
-        np.clip(v, bounds[0], bounds[1], out=v)
+        np.fmax(v, bounds[0], out=v)  # fmax, not clip: NaN -> the lowest code, as onnxruntime
+        np.minimum(v, bounds[1], out=v)
         return v.astype(out_dtype)
     if out_dtype in FLOAT8 or out_dtype in _SMALL_FLOATS:
         if zp is not None:

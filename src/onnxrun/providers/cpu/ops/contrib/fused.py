@@ -100,20 +100,8 @@ class FusedConv(Conv):
         self.act = make_activation(activation, *params[:3])
 
     def __call__(self, X, W, B=None, Z=None):
-        Y = super().__call__(X, W, B)  # a fresh array: updated in place below
-        if Z is not None:
-            Y += Z
-        if self.act is not None:
-            cdt = compute_dtype(Y.dtype)
-            if cdt != Y.dtype:
-                return _apply(self.act, Y.astype(cdt)).astype(Y.dtype)
-            self.act(Y)
-        return Y
-
-
-def _apply(act, y):
-    act(y)
-    return y
+        # the activation runs in place on the (compute-dtype) output, bias and Z added
+        return self._forward(X, W, B, Z, self.act)
 
 
 @op("FusedGemm", 1, domain=MS)
