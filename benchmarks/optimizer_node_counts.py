@@ -66,7 +66,7 @@ def onnxrun_counts(path: Path, folder: str) -> tuple[dict[str, int], collections
         so = onnxrun.SessionOptions()
         so.graph_optimization_level = level
         saved = f"{folder}/onnxrun_{level}.onnx"
-        so.optimized_model_filepath = saved
+        so.optimized_model_filepath = saved if word == "extended" else ""
         report = onnxrun.InferenceSession(str(path), so).get_optimization_report()
         counts[word] = report.nodes_after
         if word == "extended":

@@ -239,3 +239,77 @@ def test_run_light_squeezenet_with_no_argument_but_the_path():
     line = output_line(done.stdout, "softmaxout_1")
     assert line.startswith("softmaxout_1: float32 [1, 1000, 1, 1]")
     assert float(re.search(r"mean=(\S+)", line).group(1)) == pytest.approx(1e-3, rel=1e-3)
+
+
+# -- onnxrun optimize -----------------------------------------------------------------------------
+
+OPT_TEXT = """
+<ir_version: 8, opset_import: ["" : 17]>
+main (float[N, 3, 8, 8] X) => (float[N, 4, 6, 6] Y) {
+    C = Conv<kernel_shape = [3, 3]>(X, W)
+    B = BatchNormalization(C, scale, bias, mean, var)
+    D = Div(B, two)
+    Y = Relu(D)
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def conv_bn_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    rng = np.random.default_rng(0)
+    model = onnx.parser.parse_model(OPT_TEXT)
+    inits = {"W": rng.standard_normal((4, 3, 3, 3)), "scale": rng.uniform(0.5, 1.5, 4),
+             "bias": rng.standard_normal(4), "mean": rng.standard_normal(4),
+             "var": rng.uniform(0.5, 1.5, 4), "two": np.array(2.0)}
+    model.graph.initializer.extend(
+        numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items())
+    path = tmp_path_factory.mktemp("cli-opt") / "conv_bn.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_optimize_writes_a_checked_model_and_reports(conv_bn_path: Path, tmp_path: Path,
+                                                     capsys):
+    out_path = tmp_path / "opt.onnx"
+    code, out, err = run_in_process(capsys, "optimize", str(conv_bn_path), "-o", str(out_path),
+                                    "--level", "basic", "--check")
+    assert code == 0, err
+    assert "optimization level 1: 4 nodes -> 2 nodes" in out
+    assert re.search(r"ConvBNFusion\s+Conv\+BatchNormalization: 1", out)
+    assert re.search(r"DivToMul\s+Div: 1", out)
+    assert re.search(r"BatchNormalization\s+1\s+->\s+0", out)
+    assert "check: onnx.checker accepts the saved model" in out
+    assert "outputs match the unoptimized model's" in out
+    saved = onnx.load(out_path)
+    onnx.checker.check_model(saved)
+    assert [n.op_type for n in saved.graph.node] == ["Conv", "Relu"]
+    x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    plain = onnxrun.SessionOptions()
+    plain.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    expected = onnxrun.InferenceSession(str(conv_bn_path), plain).run(None, {"X": x})[0]
+    got = onnxrun.InferenceSession(str(out_path), plain).run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_optimize_levels_and_disabled_passes(conv_bn_path: Path, tmp_path: Path, capsys):
+    out_path = tmp_path / "opt.onnx"
+    code, out, err = run_in_process(capsys, "optimize", str(conv_bn_path), "-o", str(out_path),
+                                    "--level", "disable")
+    assert code == 0, err
+    assert "4 nodes -> 4 nodes" in out and "(no pass changed the graph)" in out
+    code, out, err = run_in_process(capsys, "optimize", str(conv_bn_path), "-o", str(out_path),
+                                    "--disable", "ConvBNFusion", "--dim", "N=2")
+    assert code == 0, err
+    assert "ConvBNFusion" not in out
+    assert onnx.load(out_path).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 2
+
+
+def test_optimize_errors_are_one_line(conv_bn_path: Path, tmp_path: Path, capsys):
+    code, _, err = run_in_process(capsys, "optimize", str(conv_bn_path), "-o",
+                                  str(conv_bn_path))
+    assert code == 1 and "names the model itself" in err
+    code, _, err = run_in_process(capsys, "optimize", str(tmp_path / "missing.onnx"), "-o",
+                                  str(tmp_path / "x.onnx"))
+    assert code == 1 and "does not exist" in err
+    with pytest.raises(SystemExit):
+        main(["optimize", str(conv_bn_path), "-o", str(tmp_path / "x.onnx"), "--level", "max"])

@@ -17,6 +17,23 @@ import onnxrun.backend
 # Pattern (regex on the unittest name) -> why onnxrun does not pass it. Keep this list short and
 # every reason true: a case listed here is a known gap, not a hidden one.
 EXPECTED_FAILURES: dict[str, str] = {
+    # Random draws: the expected outputs come from numpy's global random state, which no engine
+    # can reproduce (onnxruntime fails them too). tests/test_ops_misc.py checks shape, dtype and
+    # that every value is 0 or 1.
+    r"^test_bernoulli(_double|_seed)?(_expanded)?_": "random values cannot match numpy's stream",
+    r"^test_training_dropout(_default)?(_mask)?_cpu": "random dropout mask (numpy's stream)",
+    # onnx's expected output divides by the unrounded output length for align_corners
+    # downsampling; onnxruntime divides by the integer output size, as onnxrun does (checked
+    # against onnxruntime in tests/test_ops_cnn.py).
+    r"^test_resize_downsample_scales_(linear|cubic)_align_corners_": "onnx vs onnxruntime "
+    "semantics of align_corners with fractional scales; onnxrun matches onnxruntime",
+    # onnx's runner calls len() on each element of a sequence output and fails on a 0-d tensor;
+    # onnxrun's outputs equal the reference (test_loop16_seq_none_outputs below).
+    r"^test_loop16_seq_none_": "onnx test-runner cannot compare sequences of 0-d tensors",
+    # Gradient needs automatic differentiation of the enclosing graph: not implemented.
+    r"^test_gradient_of_add": "ai.onnx.preview.training Gradient is not implemented",
+    # WebP needs libwebp's ~3,000 fixed tables; no dependency may provide them.
+    r"^test_image_decoder_decode_webp_rgb_": "WebP decoding is not implemented",
 }
 
 # Not failures: cases that are not about onnxrun (downloads, or models run elsewhere).
@@ -33,3 +50,17 @@ for pattern in EXPECTED_FAILURES:
     backend_test.xfail(pattern)
 
 globals().update(backend_test.test_cases)
+
+
+def test_loop16_seq_none_outputs():
+    """The case the onnx runner cannot compare, compared element by element."""
+    import numpy as np
+    from onnx.backend.test.loader import load_model_tests
+
+    (case,) = [t for t in load_model_tests(kind="node") if t.name == "test_loop16_seq_none"]
+    rep = onnxrun.backend.prepare(case.model)
+    for inputs, expected in case.data_sets:
+        (got,) = rep.run(inputs)
+        assert len(got) == len(expected[0])
+        for g, e in zip(got, expected[0], strict=True):
+            np.testing.assert_array_equal(g, e)

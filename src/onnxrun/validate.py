@@ -17,7 +17,7 @@ import onnx
 from onnx import helper
 
 from .errors import InvalidGraph
-from .ir import Model
+from .ir import Graph, Model
 
 logger = logging.getLogger("onnxrun")
 
@@ -26,7 +26,9 @@ _MAX_IR = onnx.IR_VERSION
 _GENERATED = re.compile(r"unk__\d+")
 
 
-def skeleton(mp: onnx.ModelProto) -> onnx.ModelProto:
+def skeleton(mp: onnx.ModelProto, presorted: bool = False) -> onnx.ModelProto:
+    """The model without its weights (see the module's doc). ``presorted``: the caller knows the
+    nodes are listed in a topological order, so they are copied as they are."""
     skel = onnx.ModelProto()
     for fd, value in mp.ListFields():
         if fd.name != "graph":
@@ -38,7 +40,7 @@ def skeleton(mp: onnx.ModelProto) -> onnx.ModelProto:
                 setattr(skel, fd.name, value)
     src, dst = mp.graph, skel.graph
     dst.name, dst.doc_string = src.name, src.doc_string
-    dst.node.extend(_sorted_nodes(src.node))
+    dst.node.extend(src.node if presorted else _sorted_nodes(src.node))
     dst.input.extend(src.input)
     dst.output.extend(src.output)
     dst.value_info.extend(src.value_info)
@@ -89,6 +91,24 @@ def _sorted_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
     return [nodes[i] for i in order]
 
 
+def _ir_sorted(graph: Graph) -> bool:
+    """Whether the IR's nodes (the proto's, in the same order) are already in a topological
+    order: the common case, checked on the IR without the cost of reading every NodeProto."""
+    done: set[int] = set()
+    for node in graph.nodes:
+        reads = node.inputs
+        subs = node.subgraphs()
+        if subs:
+            reads = [*reads, *(v for sub in subs for v in sub.outer_references())]
+        for v in reads:
+            if v is not None and v.producer is not None and v.producer.graph is graph and (
+                id(v.producer) not in done
+            ):
+                return False
+        done.add(id(node))
+    return True
+
+
 def _reads(node: onnx.NodeProto) -> set[str]:
     names = {name for name in node.input if name}
     for a in node.attribute:
@@ -112,14 +132,19 @@ def _hide_unknown_ai_onnx_ops(
     if opset is None:
         return
     hidden = False
+    hide: dict[str, bool] = {}  # op_type -> whether to hide it (one schema lookup per type)
     for node in _all_node_protos(skel.graph):
         if node.domain not in ("", "ai.onnx"):
             continue
-        try:
-            known = not onnx.defs.get_schema(node.op_type, opset, "").deprecated
-        except onnx.defs.SchemaError:
-            known = False
-        if not known and has_kernel(node.op_type, opset):
+        op_type = node.op_type
+        h = hide.get(op_type)
+        if h is None:
+            try:
+                known = not onnx.defs.get_schema(op_type, opset, "").deprecated
+            except onnx.defs.SchemaError:
+                known = False
+            h = hide[op_type] = not known and has_kernel(op_type, opset)
+        if h:
             node.domain = _UNCHECKED_DOMAIN
             hidden = True
     if hidden:
@@ -148,7 +173,9 @@ def validate(
 
     ``has_kernel(op_type, opset)`` says whether a provider runs an ai.onnx operator that onnx
     itself does not define at that opset (see _UNCHECKED_DOMAIN)."""
-    skel = skeleton(mp)
+    # The IR lists the proto's nodes in its order (unless the caller sorted the proto since).
+    presorted = len(model.graph.nodes) == len(mp.graph.node) and _ir_sorted(model.graph)
+    skel = skeleton(mp, presorted)
     _add_shape_constants(skel, model)
     if has_kernel is not None:
         _hide_unknown_ai_onnx_ops(skel, has_kernel)

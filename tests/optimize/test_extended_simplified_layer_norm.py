@@ -53,15 +53,17 @@ FEEDS = {"x": rng.standard_normal((2, 3, D)).astype(np.float32)}
 
 
 def rms_model(square="pow", divide="reciprocal", axis=-1, w_shape=(D,),
-              out_shape=f"2, 3, {D}"):
+              out_shape=f"2, 3, {D}", opset=17):
     sq = "two = Constant <value = float {2.0}> ()\n sq = Pow(x, two)" if square == "pow" \
         else "sq = Mul(x, x)"
     div = "n = Div(x, r)" if divide == "div" else "inv = Reciprocal(r)\n n = Mul(x, inv)"
-    text = f"""<ir_version: 8, opset_import: ["" : 17]>
+    reduce_mean = f"ax = Constant <value = int64[1] {{{axis}}}> ()\n ms = ReduceMean(sq, ax)" \
+        if opset >= 18 else f"ms = ReduceMean <axes = [{axis}]> (sq)"
+    text = f"""<ir_version: 8, opset_import: ["" : {opset}]>
 g (float[2, 3, {D}] x) => (float[{out_shape}] y) {{
     eps = Constant <value = float {{1e-6}}> ()
     {sq}
-    ms = ReduceMean <axes = [{axis}]> (sq)
+    {reduce_mean}
     mse = Add(ms, eps)
     r = Sqrt(mse)
     {div}
@@ -77,6 +79,12 @@ def test_rms_norm_fires(square, divide, tmp_path):
     assert changes["SimplifiedLayerNormFusion"] == {"SimplifiedLayerNormalization": 1}
     assert ops(model) == ["SimplifiedLayerNormalization"]
     assert list(model.graph.node[0].input) == ["x", "w"]
+
+
+def test_rms_norm_is_the_standard_operator_from_opset_23(tmp_path):
+    changes, model = optimized(rms_model(opset=23), FEEDS, tmp_path)
+    assert ops(model) == ["RMSNormalization"]
+    onnx.checker.check_model(model)
 
 
 def test_rms_norm_weight_of_rank_3_fires(tmp_path):

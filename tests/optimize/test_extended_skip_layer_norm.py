@@ -118,6 +118,13 @@ def test_add_simplified_layer_norm_fires(tmp_path):
     assert ops(opt) == ["SkipSimplifiedLayerNormalization"]
 
 
+def test_add_rms_normalization_fires(tmp_path):
+    model = model_of("s = Add(a, b)\n y = RMSNormalization (s, gamma)")
+    model.opset_import[0].version = 23
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert ops(opt) == ["SkipSimplifiedLayerNormalization"]
+
+
 def test_broadcast_residual_does_not_fire(tmp_path):
     model = model_of("s = Add(a, b)\n y = LayerNormalization (s, gamma, beta)",
                      b_shape=f"1, 3, {D}")

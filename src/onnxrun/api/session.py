@@ -113,7 +113,7 @@ class InferenceSession:
         proto, model = load_model(path_or_bytes, ext_dir)
         t_loaded = time.perf_counter_ns()
         self._apply_option_overrides(model)
-        if opts._free_dim_by_name:
+        if opts._free_dim_by_name or opts._free_dim_by_denotation:
             proto = _with_overridden_dims(proto, model)
         # 2. validate
         validate(proto, model, has_kernel=lambda op_type, opset: any(
@@ -200,8 +200,13 @@ class InferenceSession:
                 g.inputs.remove(v)
                 g.initializers[name] = v
             v.const_value = arr
-        overrides = opts._free_dim_by_name
-        if overrides:
+        by_name, by_denotation = dict(opts._free_dim_by_name), opts._free_dim_by_denotation
+        for v in g.inputs:  # a denoted dimension's symbol is that value everywhere too
+            if by_denotation and v.type is not None and v.type.HasField("tensor_type"):
+                for d in v.type.tensor_type.shape.dim:
+                    if d.dim_param and d.denotation in by_denotation:
+                        by_name.setdefault(d.dim_param, by_denotation[d.denotation])
+        if by_name or by_denotation:
             # A named dimension is one value everywhere: outputs report it fixed too, as in ORT.
             for v in [*g.inputs, *g.outputs]:
                 if v.type is not None and v.type.HasField("tensor_type"):
@@ -210,8 +215,13 @@ class InferenceSession:
                     tp.CopyFrom(v.type)
                     v.type = tp
                     for d in v.type.tensor_type.shape.dim:
-                        if d.WhichOneof("value") == "dim_param" and d.dim_param in overrides:
-                            d.dim_value = overrides[d.dim_param]
+                        if d.WhichOneof("value") == "dim_value":
+                            continue
+                        value = by_name.get(d.dim_param) if d.dim_param else None
+                        if value is None and d.denotation:
+                            value = by_denotation.get(d.denotation)
+                        if value is not None:
+                            d.dim_value = value
 
     # -- introspection ----------------------------------------------------------------------------
     def get_inputs(self) -> list[NodeArg]:

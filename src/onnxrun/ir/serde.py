@@ -343,16 +343,37 @@ def _value_info(v: Value) -> onnx.ValueInfoProto:
     return vi
 
 
-def graph_to_proto(g: Graph, initializers_as_inputs: bool = False) -> onnx.GraphProto:
-    gp = onnx.GraphProto(name=g.name, doc_string=g.doc_string)
+def _fill_tensor(t: TensorProto, arr: np.ndarray, name: str) -> None:
+    """Write ``arr`` into ``t`` in place. Plain numeric arrays go straight to raw_data: building
+    a TensorProto and copying it in costs a copy of every weight more."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind in "biuf" and arr.dtype.isnative and arr.dtype.name in _PLAIN:
+        t.name = name
+        t.data_type = _PLAIN[arr.dtype.name]
+        t.dims.extend(arr.shape)
+        t.raw_data = np.ascontiguousarray(arr).tobytes()
+    else:
+        t.CopyFrom(array_to_tensor(arr, name))
+
+
+_PLAIN = {n: onnx.helper.np_dtype_to_tensor_dtype(np.dtype(n)) for n in (
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+    "uint32", "uint64", "bool")}
+
+
+def graph_to_proto(g: Graph, initializers_as_inputs: bool = False,
+                   gp: onnx.GraphProto | None = None) -> onnx.GraphProto:
+    """``g`` as a GraphProto, written into ``gp`` when given (no copy of the weights)."""
+    if gp is None:
+        gp = onnx.GraphProto()
+    gp.name, gp.doc_string = g.name, g.doc_string
     gp.input.extend(_value_info(v) for v in g.inputs)
     if initializers_as_inputs:  # IR < 4 requires it
         listed = {v.name for v in g.inputs}
         gp.input.extend(_value_info(v) for n, v in g.initializers.items() if n not in listed)
     gp.output.extend(_value_info(v) for v in g.outputs)
-    gp.initializer.extend(
-        array_to_tensor(v.const_value, name) for name, v in g.initializers.items()
-    )
+    for name, v in g.initializers.items():
+        _fill_tensor(gp.initializer.add(), v.const_value, name)
     for n in g.nodes:
         np_ = onnx.NodeProto(
             op_type=n.op_type,
@@ -381,7 +402,7 @@ def model_to_proto(m: Model) -> onnx.ModelProto:
         model_version=m.model_version,
         doc_string=m.doc_string,
     )
-    mp.graph.CopyFrom(graph_to_proto(m.graph, initializers_as_inputs=m.ir_version < 4))
+    graph_to_proto(m.graph, initializers_as_inputs=m.ir_version < 4, gp=mp.graph)
     for domain, version in m.opset_imports.items():
         mp.opset_import.append(onnx.helper.make_opsetid(domain, version))
     for k, v in m.metadata_props.items():

@@ -111,7 +111,8 @@ def is_last_axis_mean(model: Model, node: Node, x: Value) -> bool:
 _SAME_SHAPE = {
     ("", "Relu"), ("", "Tanh"), ("", "Sigmoid"), ("", "Erf"), ("", "Cast"), ("", "Identity"),
     ("", "Dropout"), ("", "Gelu"), ("", "LeakyRelu"), ("", "Clip"), ("", "Neg"), ("", "Sqrt"),
-    ("", "LayerNormalization"), ("", "SimplifiedLayerNormalization"), ("", "Softmax"),
+    ("", "LayerNormalization"), ("", "SimplifiedLayerNormalization"), ("", "RMSNormalization"),
+    ("", "Softmax"),
     (MS, "Gelu"), (MS, "FastGelu"), (MS, "BiasGelu"), (MS, "QuickGelu"),
     (MS, "SkipLayerNormalization"), (MS, "SkipSimplifiedLayerNormalization"),
 }

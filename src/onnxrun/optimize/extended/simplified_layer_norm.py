@@ -3,14 +3,15 @@
     x / Sqrt(ReduceMean(x^2) + eps) * w      (or x * Reciprocal(Sqrt(...)) * w; x^2 as Pow or x*x)
 
 over the last axis -> SimplifiedLayerNormalization(x, w, axis=-1, epsilon), in the default
-domain where onnxruntime defines it (its version-1 schema).
+domain where onnxruntime defines it (its version-1 schema); from opset 23 on, the standard
+RMSNormalization.
 """
 
 from __future__ import annotations
 
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
-from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim, rank
+from ._helpers import float_scalar, is_float32, is_last_axis_mean, last_dim, opset, rank
 from .layer_norm import affine_ok, as_vector
 
 
@@ -32,6 +33,8 @@ class _RmsNormRule(RewriteRule):
         return is_last_axis_mean(context.model, rm, x) and affine_ok(w, d, rank(x))
 
     def rewrite(self, op, x, eps, w, **_):
+        if opset(op.model, op.root) >= 23:  # the standard operator: valid for onnx.checker too
+            return op.RMSNormalization(x, as_vector(op, w), axis=-1, epsilon=float_scalar(eps))
         return op.SimplifiedLayerNormalization(x, as_vector(op, w), axis=-1,
                                                epsilon=float_scalar(eps))
 

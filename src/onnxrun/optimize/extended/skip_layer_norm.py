@@ -2,6 +2,7 @@
 
     LayerNormalization(a + b)            -> com.microsoft SkipLayerNormalization(a, b, gamma, beta)
     SimplifiedLayerNormalization(a + b)  -> com.microsoft SkipSimplifiedLayerNormalization(a, b, w)
+    RMSNormalization(a + b)              -> (the same)
 
 for a and b of the same [batch, sequence, hidden] shape. A bias Add on one side (the Linear
 layer before the residual) is absorbed as the ``bias`` input. When the sum is read elsewhere too
@@ -33,7 +34,8 @@ from ._helpers import (
 )
 
 _NORMS = {"LayerNormalization": "SkipLayerNormalization",
-          "SimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization"}
+          "SimplifiedLayerNormalization": "SkipSimplifiedLayerNormalization",
+          "RMSNormalization": "SkipSimplifiedLayerNormalization"}
 
 
 def _vector(v: Value | None, d: int) -> bool:
@@ -76,7 +78,7 @@ class SkipLayerNormFusion(GraphPass):
 
     def _fuse(self, model: Model, norm: Node) -> bool:
         graph = norm.graph
-        simplified = norm.op_type == "SimplifiedLayerNormalization"
+        simplified = norm.op_type != "LayerNormalization"
         if norm.attr("axis", -1) not in (-1, 2):
             return False
         if any(o.uses or is_graph_output(o) for o in norm.outputs[1:]):
