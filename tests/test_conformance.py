@@ -21,7 +21,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     # can reproduce (onnxruntime fails them too). tests/test_ops_misc.py checks shape, dtype and
     # that every value is 0 or 1.
     r"^test_bernoulli(_double|_seed)?(_expanded)?_": "random values cannot match numpy's stream",
-    r"^test_training_dropout(_default)?(_mask)?_cpu": "random dropout mask (numpy's stream)",
     # onnx's expected output divides by the unrounded output length for align_corners
     # downsampling; onnxruntime divides by the integer output size, as onnxrun does (checked
     # against onnxruntime in tests/test_ops_cnn.py).

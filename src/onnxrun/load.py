@@ -93,6 +93,152 @@ def parse_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
     )
 
 
+def _parse_source(
+    source: ModelSource,
+) -> tuple[onnx.ModelProto, Path | None, list[memoryview | None] | None]:
+    """parse_model, with the large weights of serialized models left out of the parse: the
+    third value gives, per top-level initializer, a view of its raw_data in the file's bytes
+    (None: in the proto as usual). Parsing copies every weight into the protobuf, and reading
+    ``raw_data`` back copies it again; the views copy nothing."""
+    if isinstance(source, str | os.PathLike) and Path(source).is_file():
+        path = Path(source)
+        data, origin, folder = path.read_bytes(), os.fspath(source), path.resolve().parent
+    elif isinstance(source, bytes):
+        data, origin, folder = source, "<bytes>", None
+    else:
+        mp, folder = parse_model(source)
+        return mp, folder, None
+    split = _strip_weights(data)
+    if split is not None:
+        stripped, raw = split
+        mp = onnx.ModelProto()
+        try:
+            mp.ParseFromString(stripped)
+        except (DecodeError, RuntimeError, ValueError):
+            mp = None
+        if mp is not None and len(mp.graph.initializer) == len(raw) and mp.ir_version > 0:
+            return mp, folder, raw
+    return _parse_bytes(data, origin), folder, None
+
+
+# -- the protobuf wire format, just enough to find the initializers' raw_data -------------------
+
+_MIN_VIEW_BYTES = 1024  # smaller raw_data stays in the proto: a view would save nothing
+_GRAPH, _FUNCTIONS = 7, 25  # ModelProto fields
+_INITIALIZER = 5  # GraphProto field
+_SEGMENT, _RAW_DATA, _DATA_LOCATION = 3, 9, 14  # TensorProto fields
+
+
+class _Unusual(Exception):
+    """A layout the scanner does not handle: the protobuf parser reads the whole model."""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise _Unusual
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _fields(data: bytes, pos: int, end: int):
+    """(field number, wire type, start of the field, start of its payload, end) per field."""
+    while pos < end:
+        start = pos
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        body = pos
+        if wire == 0:
+            _, pos = _varint(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            size, body = _varint(data, pos)
+            pos = body + size
+        elif wire == 5:
+            pos += 4
+        else:  # groups: not in ONNX
+            raise _Unusual
+        if pos > end:
+            raise _Unusual
+        yield field, wire, start, body, pos
+
+
+def _raw_data_span(data: bytes, pos: int, end: int) -> tuple[int, int, int] | None:
+    """(field start, payload start, end) of a TensorProto's one raw_data field, if it has one
+    and nothing that would change how it is read (a segment, a data_location)."""
+    found = None
+    for field, wire, start, body, stop in _fields(data, pos, end):
+        if field == _RAW_DATA and wire == 2:
+            if found is not None:
+                return None
+            found = (start, body, stop)
+        elif field in (_SEGMENT, _DATA_LOCATION):
+            return None
+    return found
+
+
+def _strip_weights(data: bytes) -> tuple[bytes, list[memoryview | None]] | None:
+    try:
+        return _strip(data)
+    except (_Unusual, IndexError):
+        return None
+
+
+def _strip(data: bytes) -> tuple[bytes, list[memoryview | None]] | None:
+    graph = None
+    for field, wire, start, body, stop in _fields(data, 0, len(data)):
+        if field == _FUNCTIONS:
+            return None  # functions are inlined on the proto: keep it whole
+        if field == _GRAPH and wire == 2:
+            if graph is not None:
+                return None  # a repeated message field is merged: leave that to protobuf
+            graph = (start, body, stop)
+    if graph is None:
+        return None
+    g_start, g_body, g_end = graph
+    view = memoryview(data)
+    chunks: list[bytes | memoryview] = []
+    raw: list[memoryview | None] = []
+    copied = g_body
+    for field, wire, start, body, stop in _fields(data, g_body, g_end):
+        if field != _INITIALIZER:
+            continue
+        if wire != 2:
+            raise _Unusual
+        span = _raw_data_span(data, body, stop)
+        if span is None or span[2] - span[1] < _MIN_VIEW_BYTES:
+            raw.append(None)
+            continue
+        r_start, r_body, r_end = span
+        chunks += [view[copied:start], _encode_varint((_INITIALIZER << 3) | 2),
+                   _encode_varint(stop - body - (r_end - r_start)), view[body:r_start],
+                   view[r_end:stop]]
+        raw.append(view[r_body:r_end])
+        copied = stop
+    if not any(r is not None for r in raw):
+        return None
+    chunks.append(view[copied:g_end])
+    graph_bytes = b"".join(chunks)
+    stripped = b"".join([view[:g_start], _encode_varint((_GRAPH << 3) | 2),
+                         _encode_varint(len(graph_bytes)), graph_bytes, view[g_end:]])
+    return stripped, raw
+
+
 def _parse_bytes(data: bytes, origin: str) -> onnx.ModelProto:
     mp = onnx.ModelProto()
     try:
@@ -115,7 +261,7 @@ def load_model(
     source: ModelSource, external_data_dir: str | os.PathLike | None = None
 ) -> tuple[onnx.ModelProto, Model]:
     """Parse and convert a model. Returns the proto (for validation) and the IR."""
-    mp, folder = parse_model(source)
+    mp, folder, raw = _parse_source(source)
     if len(mp.functions):
         # Model-local functions run by expansion: inline them once, at load.
         try:
@@ -123,4 +269,4 @@ def load_model(
         except Exception as e:
             raise InvalidGraph(f"model-local functions could not be inlined: {e}") from None
     reader = ExternalDataReader(external_data_dir if external_data_dir is not None else folder)
-    return mp, model_from_proto(mp, reader)
+    return mp, model_from_proto(mp, reader, raw)

@@ -107,6 +107,7 @@ class Program:
                 num_implicit_inputs=len(implicit),
                 provider=provider,
                 session_options=session_options,
+                extra={"model": model},  # for kernels that prepare other nodes (Gradient)
             )
             try:
                 kernel = provider.create_kernel(node, ctx.opset, ctx, attrs)

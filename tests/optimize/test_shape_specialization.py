@@ -61,3 +61,22 @@ def test_callers_model_is_not_modified() -> None:
     so.add_free_dimension_override_by_name("N", 3)
     onnxrun.InferenceSession(model, so)
     assert model.SerializeToString() == before
+
+
+def test_override_by_denotation_folds_too() -> None:
+    # onnxruntime's other override: by the dimension's denotation (DATA_BATCH...); the symbol
+    # carrying it is then that value everywhere, outputs included.
+    model = parse(TEXT, **INITS)
+    model.graph.input[0].type.tensor_type.shape.dim[0].denotation = "DATA_BATCH"
+    model.graph.input[0].type.tensor_type.shape.dim[1].denotation = "DATA_CHANNEL"
+    so = onnxrun.SessionOptions()
+    so.add_free_dimension_override_by_denotation("DATA_BATCH", 3)
+    so.add_free_dimension_override_by_denotation("DATA_CHANNEL", 5)
+    sess = onnxrun.InferenceSession(model.SerializeToString(), so)
+    assert sess.get_inputs()[0].shape == [3, 5, 8]
+    assert sess.get_outputs()[0].shape == [3, 5, 2, 4]
+    assert sess.get_optimization_report().passes["ConstantFolding"].changes["Shape"] == 1
+    x = rand(3, 5, 8)
+    y, size = sess.run(None, {"X": x})
+    np.testing.assert_array_equal(y, np.maximum(x, 0).reshape(3, 5, 2, 4))
+    assert size == 120

@@ -88,3 +88,52 @@ def test_attention_fusion_can_be_turned_off(reference):
     feeds, want = expected[0]
     for got, ref in zip(sess.run(None, feeds), want, strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+# Older-opset exports of the same architectures: LayerNormalization decomposed into
+# ReduceMean/Sub/Pow/Sqrt/Div (before opset 17), and (opset 13) a Reshape whose output ONNX
+# shape inference leaves unranked.
+OLD_EXPORTS = {"bert_tiny": ("BertTiny", 13), "gpt_tiny": ("GptTiny", 14)}
+
+
+def _export_old(name: str, path: Path) -> None:
+    import importlib.util
+    import warnings
+
+    torch = pytest.importorskip("torch")
+    script = MODELS.parent.parent / "scripts" / "generate_models.py"
+    spec = importlib.util.spec_from_file_location("_generate_models", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    cls, opset = OLD_EXPORTS[name]
+    torch.manual_seed(0)
+    model = getattr(gen, cls)().eval()
+    gen.randomize_norms(model, torch.Generator().manual_seed(1))
+    example = cases(name)[0]
+    axes = {k: {0: "batch", 1: "sequence"} for k in example}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, tuple(torch.from_numpy(v) for v in example.values()),
+                          str(path), dynamo=False, opset_version=opset,
+                          input_names=list(example), dynamic_axes=axes)
+
+
+@pytest.mark.parametrize("name", sorted(OLD_EXPORTS))
+def test_older_opset_exports_fuse_too(name, tmp_path):
+    source, saved = tmp_path / f"{name}.onnx", tmp_path / f"{name}.optimized.onnx"
+    _export_old(name, source)
+    assert "ReduceMean" in {n.op_type for n in onnx.load(str(source)).graph.node}
+    opts = onnxrun.SessionOptions()
+    opts.optimized_model_filepath = str(saved)
+    sess = onnxrun.InferenceSession(str(source), opts)  # default level: ORT_ENABLE_ALL
+    counts = Counter(n.op_type for n in onnx.load(str(saved)).graph.node)
+    layers, norms = EXPECTED[name]
+    assert counts["Attention"] == layers and counts["ReduceMean"] == 0, counts
+    assert sum(counts[op] for op in LAYER_NORMS) == norms, counts
+    plain = onnxrun.InferenceSession(str(source), _plain_options())
+    ort_sess = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"])
+    for feeds in cases(name):
+        want = plain.run(None, feeds)
+        for s in (sess, ort_sess):
+            for got, ref in zip(s.run(None, feeds), want, strict=True):
+                np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)

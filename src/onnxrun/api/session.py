@@ -458,20 +458,26 @@ class _BlasThreads:
     _depth = 0
     _saved: list[int] = []
 
-    def __init__(self, libs: list[Any], n: int) -> None:
-        self._libs, self._n = libs, n
+    def __init__(self, n: int) -> None:
+        self._n = n
+
+    @property
+    def _libs(self) -> list[Any]:
+        # Found at the first run, not at session creation: threadpoolctl inspects every shared
+        # library the process has loaded (once per process, cached).
+        return _blas_libraries()
 
     @staticmethod
     def for_session(n: int) -> contextlib.AbstractContextManager:
-        libs = _blas_libraries() if n > 0 else []
-        return _BlasThreads(libs, n) if libs else contextlib.nullcontext()
+        return _BlasThreads(n) if n > 0 else contextlib.nullcontext()
 
     def __enter__(self) -> None:
         cls = _BlasThreads
         with cls._lock:
             if cls._depth == 0:
-                cls._saved = [lib.num_threads for lib in self._libs]
-                for lib in self._libs:
+                libs = self._libs
+                cls._saved = [lib.num_threads for lib in libs]
+                for lib in libs:
                     lib.set_num_threads(self._n)
             cls._depth += 1
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import heapq
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -64,21 +66,26 @@ def _plain_dtype(elem: int) -> np.dtype | None:
 
 
 def tensor_to_array(
-    tensor: TensorProto, read_external: ExternalReader = _no_external
+    tensor: TensorProto, read_external: ExternalReader = _no_external,
+    raw_data: bytes | memoryview | None = None,
 ) -> np.ndarray:
-    """Turn a TensorProto into a numpy array, refusing tensors whose data does not match dims."""
+    """Turn a TensorProto into a numpy array, refusing tensors whose data does not match dims.
+
+    ``raw_data``: the tensor's raw_data, when the loader kept it out of the proto (a view of the
+    file's bytes, which the array then shares)."""
     dims = tuple(int(d) for d in tensor.dims)
     if any(d < 0 for d in dims):
         raise InvalidGraph(f"tensor '{tensor.name}' has a negative dimension: {list(dims)}")
-    count = int(np.prod(dims, dtype=np.float64)) if dims else 1
+    count = math.prod(dims)
     if tensor.data_type == TensorProto.UNDEFINED:
         raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
     # Every read of ``raw_data`` copies the whole buffer out of the protobuf: read it once.
-    raw: bytes | None = None
-    if tensor.data_location == TensorProto.EXTERNAL:
-        raw = read_external(tensor)
-    elif tensor.HasField("raw_data") and tensor.data_type != TensorProto.STRING:
-        raw = tensor.raw_data
+    raw: bytes | memoryview | None = raw_data
+    if raw is None:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            raw = read_external(tensor)
+        elif tensor.HasField("raw_data") and tensor.data_type != TensorProto.STRING:
+            raw = tensor.raw_data
     if raw is not None and tensor.data_type != TensorProto.STRING:
         bits = _bits(tensor.data_type)
         expected = (count * bits + 7) // 8
@@ -93,12 +100,12 @@ def tensor_to_array(
             arr = np.frombuffer(raw, dtype=dtype).reshape(dims)
             arr.flags.writeable = False
             return arr
-    if tensor.data_location == TensorProto.EXTERNAL:
+    if raw is not None and not tensor.HasField("raw_data"):
         local = TensorProto()
         local.CopyFrom(tensor)
         del local.external_data[:]
         local.data_location = TensorProto.DEFAULT
-        local.raw_data = raw
+        local.raw_data = bytes(raw)
         tensor = local
     try:
         arr = numpy_helper.to_array(tensor)
@@ -157,8 +164,11 @@ class _Scope:
 
 
 class _Reader:
-    def __init__(self, read_external: ExternalReader, ir_version: int = 99) -> None:
+    def __init__(self, read_external: ExternalReader, ir_version: int = 99,
+                 raw_data: Sequence[bytes | memoryview | None] | None = None) -> None:
         self.read_external = read_external
+        # Per top-level initializer: its raw_data, when the loader left it out of the proto.
+        self.raw_data = raw_data
         # Before IR 4 every initializer had to be listed as a graph input; onnxruntime treats
         # those as constants, not as inputs a caller may override. So do we.
         self.initializers_are_inputs = ir_version < 4
@@ -175,8 +185,10 @@ class _Reader:
                 raise InvalidGraph(f"graph '{gp.name}': value '{v.name}' is defined more than once")
             scope.names[v.name] = v
 
-        for t in gp.initializer:
-            v = Value(t.name, const_value=tensor_to_array(t, self.read_external), graph=g)
+        raw = self.raw_data if parent is None else None
+        for i, t in enumerate(gp.initializer):
+            arr = tensor_to_array(t, self.read_external, raw[i] if raw else None)
+            v = Value(t.name, const_value=arr, graph=g)
             v.type = tensor_type(v.const_value)
             g.initializers[t.name] = v
             define(v)
@@ -290,11 +302,16 @@ def _decode(s: bytes) -> str | bytes:
         return s
 
 
-def model_from_proto(mp: onnx.ModelProto, read_external: ExternalReader = _no_external) -> Model:
+def model_from_proto(
+    mp: onnx.ModelProto, read_external: ExternalReader = _no_external,
+    raw_data: Sequence[bytes | memoryview | None] | None = None,
+) -> Model:
+    """``raw_data``: per top-level initializer, its raw_data when the proto was parsed without
+    it (see load.py), else None."""
     opsets: dict[str, int] = {}
     for op in mp.opset_import:
         opsets["" if op.domain == "ai.onnx" else op.domain] = int(op.version)
-    graph = _Reader(read_external, int(mp.ir_version)).graph(mp.graph, None, None)
+    graph = _Reader(read_external, int(mp.ir_version), raw_data).graph(mp.graph, None, None)
     return Model(
         graph=graph,
         ir_version=int(mp.ir_version),
@@ -361,6 +378,39 @@ _PLAIN = {n: onnx.helper.np_dtype_to_tensor_dtype(np.dtype(n)) for n in (
     "uint32", "uint64", "bool")}
 
 
+def _topological(g: Graph) -> list[Node]:
+    """The nodes, each after the nodes it reads from (subgraphs' outer reads included), as onnx's
+    checker wants them; stable, so a sorted list comes back as it is. The IR keeps the order the
+    model listed, which onnxruntime does not require to be sorted."""
+    index = {id(n): i for i, n in enumerate(g.nodes)}
+    deps: list[set[int]] = []
+    for n in g.nodes:
+        read = [v for v in n.inputs if v is not None]
+        for sub in n.subgraphs():
+            read.extend(sub.outer_references())
+        deps.append({index[id(v.producer)] for v in read
+                     if v.producer is not None and id(v.producer) in index})
+    if all(all(d < i for d in ds) for i, ds in enumerate(deps)):
+        return list(g.nodes)
+    users: list[list[int]] = [[] for _ in g.nodes]
+    pending = [len(ds - {i}) for i, ds in enumerate(deps)]
+    for i, ds in enumerate(deps):
+        for d in ds - {i}:
+            users[d].append(i)
+    ready = [i for i, c in enumerate(pending) if c == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready, u)
+    order += [i for i, c in enumerate(pending) if c > 0]  # a cycle: left for the checker to name
+    return [g.nodes[i] for i in order]
+
+
 def graph_to_proto(g: Graph, initializers_as_inputs: bool = False,
                    gp: onnx.GraphProto | None = None) -> onnx.GraphProto:
     """``g`` as a GraphProto, written into ``gp`` when given (no copy of the weights)."""
@@ -374,7 +424,7 @@ def graph_to_proto(g: Graph, initializers_as_inputs: bool = False,
     gp.output.extend(_value_info(v) for v in g.outputs)
     for name, v in g.initializers.items():
         _fill_tensor(gp.initializer.add(), v.const_value, name)
-    for n in g.nodes:
+    for n in _topological(g):
         np_ = onnx.NodeProto(
             op_type=n.op_type,
             domain=n.domain,

@@ -34,8 +34,17 @@ def disabled_passes(session_options: Any, extra: Any = None) -> set[str]:
 
 def optimize(model: Model, level: int, session_options: Any = None, disabled: Any = None
              ) -> tuple[Model, OptimizationReport]:
+    if _has_gradient(model):
+        # Gradient names the tensors it differentiates (attributes xs, y) and differentiates
+        # the nodes between them: rewrites could remove, fuse or rename those, so run as written.
+        level = 0
     report = run_passes(model, int(level), disabled_passes(session_options, disabled))
     return model, report
+
+
+def _has_gradient(model: Model) -> bool:
+    return any(n.op_type == "Gradient" and n.domain == "ai.onnx.preview.training"
+               for n in model.graph.all_nodes())
 
 
 __all__ = ["BASIC", "EXTENDED", "LAYOUT", "GraphPass", "OptimizationReport", "PassResult",

@@ -82,7 +82,7 @@ class RewriteRule:
     name = ""
 
     def __init__(self) -> None:
-        params = list(inspect.signature(self.pattern).parameters)[1:]
+        params = _pattern_params(self.pattern)
         self._vars = [PatternVar(p) for p in params]
         out = self.pattern(_PatternBuilder(), *self._vars)
         self._root_output = out[0] if isinstance(out, tuple) else out
@@ -118,6 +118,18 @@ class RewriteRule:
                 if graph_utils.is_graph_output(v) or any(id(u) not in inside for u, _ in v.uses):
                     return None
         return Match(node, bindings, nodes)
+
+
+def _pattern_params(pattern: Callable[..., Any]) -> list[str]:
+    """The names of ``pattern``'s variables (its parameters after ``op``). Read from the code
+    object: inspect.signature, for every rule of every pass, was a good part of the first
+    session's creation time."""
+    code = getattr(getattr(pattern, "__func__", None), "__code__", None)
+    if code is None or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS) or (
+        code.co_kwonlyargcount
+    ):
+        return list(inspect.signature(pattern).parameters)[1:]
+    return list(code.co_varnames[2:code.co_argcount])  # after self and op
 
 
 def _match_node(p: PatternNode, node: Node, bindings: dict[str, Any], nodes: list[Node]) -> bool:

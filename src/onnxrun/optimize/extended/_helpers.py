@@ -23,6 +23,22 @@ MS = "com.microsoft"
 LOWEST_FLOAT32 = float(np.finfo(np.float32).min)
 
 
+def const_value(v: Value | None) -> np.ndarray | None:
+    """A constant's value: an initializer no caller can override, or a Constant node's output
+    (when constant folding has not run)."""
+    c = graph_utils.constant_value(v)
+    if c is not None or v is None or v.producer is None:
+        return c
+    n = v.producer
+    if n.op_type != "Constant" or n.domain != "":
+        return None
+    for name in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        value = n.attr(name)
+        if value is not None:
+            return np.asarray(value)
+    return None
+
+
 def elem_type(v: Value | None) -> int | None:
     if v is None or v.type is None or not v.type.HasField("tensor_type"):
         return None
@@ -36,7 +52,7 @@ def is_float32(*values: Value | None) -> bool:
 def shape(v: Value | None) -> list | None:
     if v is None:
         return None
-    c = graph_utils.constant_value(v)
+    c = const_value(v)
     if c is not None:
         return list(c.shape)
     return type_shape(v.type)
@@ -55,7 +71,7 @@ def last_dim(v: Value | None) -> int | None:
 
 def float_scalar(v: Value | None) -> float | None:
     """A constant one-element float tensor's value."""
-    c = graph_utils.constant_value(v)
+    c = const_value(v)
     if c is None or c.size != 1 or c.dtype.kind != "f":
         return None
     return float(c.reshape(()))
@@ -88,7 +104,7 @@ def reduce_axes(model: Model, node: Node) -> list[int] | None:
     if opset(model, node) >= 18 or len(node.inputs) > 1:
         if len(node.inputs) < 2 or node.inputs[1] is None:
             return None  # all axes (or noop_with_empty_axes): not a last-axis reduction
-        c = graph_utils.constant_value(node.inputs[1])
+        c = const_value(node.inputs[1])
         return None if c is None else [int(a) for a in c.reshape(-1)]
     axes = node.attr("axes")
     return None if axes is None else [int(a) for a in axes]
@@ -188,7 +204,7 @@ def shape_items(v: Value | None) -> list[tuple] | None:
     latter: dimension k of value, read through Shape), or None when not understood."""
     if v is None:
         return None
-    c = graph_utils.constant_value(v)
+    c = const_value(v)
     if c is not None:
         return [("const", int(x)) for x in c.reshape(-1)] if c.dtype.kind in "iu" else None
     n = v.producer
@@ -205,7 +221,7 @@ def shape_items(v: Value | None) -> list[tuple] | None:
     if n.op_type == "Unsqueeze":
         inner = _shape_element(n.inputs[0])
         return None if inner is None else [inner]
-    if n.op_type in ("Shape", "Slice"):
+    if n.op_type in ("Shape", "Slice", "Gather"):  # one element (Gather with a [k] index)
         item = _shape_element(v)
         return None if item is None else [item]
     return None
@@ -223,21 +239,21 @@ def _shape_element(v: Value | None) -> tuple | None:
     if n is None or n.domain != "":
         return None
     if n.op_type == "Gather" and n.attr("axis", 0) == 0:
-        src, idx = n.inputs[0], graph_utils.scalar_value(n.inputs[1])
+        src, idx = n.inputs[0], float_or_int_scalar(n.inputs[1])
         sh = producer(src, "Shape")
         if sh is None or idx is None:
             return None
         return _shape_of(sh, int(idx))
     if n.op_type == "Slice" and len(n.inputs) >= 3:
         sh = producer(n.inputs[0], "Shape")
-        start, end = graph_utils.scalar_value(n.inputs[1]), graph_utils.scalar_value(n.inputs[2])
-        if sh is None or start is None or end is None or int(end) != int(start) + 1:
-            return None
+        start, end = float_or_int_scalar(n.inputs[1]), float_or_int_scalar(n.inputs[2])
+        if sh is None or start is None or end is None or start < 0 or end != start + 1:
+            return None  # (a negative start would need an end past the last element)
         if len(n.inputs) > 3 and n.inputs[3] is not None:
-            if graph_utils.scalar_value(n.inputs[3]) not in (0,):
+            if float_or_int_scalar(n.inputs[3]) not in (0,):
                 return None
         if len(n.inputs) > 4 and n.inputs[4] is not None:
-            if graph_utils.scalar_value(n.inputs[4]) != 1:
+            if float_or_int_scalar(n.inputs[4]) != 1:
                 return None
         return _shape_of(sh, int(start))
     if n.op_type == "Shape":
@@ -263,7 +279,7 @@ def _shape_of(shape_node: Node, k: int) -> tuple | None:
 
 
 def float_or_int_scalar(v: Value | None) -> float | int | None:
-    c = graph_utils.constant_value(v)
+    c = const_value(v)
     if c is None or c.size != 1 or c.dtype.kind not in "iuf":
         return None
     return c.reshape(()).item()

@@ -7,8 +7,8 @@ Matched, from the Softmax outwards (BERT- and GPT-style TorchScript / HF exports
     qp, kp, vp = X @ Wq + bq, X @ Wk + bk, X @ Wv + bv        (or one X @ Wqkv + b, then Split)
     q = Transpose(Reshape(qp, [B, S, N, H]), [0, 2, 1, 3])    (v alike)
     kT = Transpose(Reshape(kp, [B, S, N, H]), [0, 2, 3, 1])   (or two Transposes)
-    scores = (q @ kT) * scale                                 (Mul/Div by scalars, anywhere on q,
-                                                               kT or the product)
+    scores = (q @ kT) * scale                                 (Mul/Div by scalars on q, on kT
+                                                               or on the product before masks)
     scores = masks(scores)                                    (see below)
     out = Reshape(Transpose(Softmax(scores) @ v, [0, 2, 1, 3]), [B, S, N*H])
 

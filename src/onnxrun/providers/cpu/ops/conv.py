@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
+import threading
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -202,10 +204,30 @@ def _depthwise_weights_2d(W: np.ndarray, kernel, strides, dilations, cdt):
 # runs over the channels, the planar one's over the (short) rows of the image.
 _NHWC_PIXELS = 400
 
+_scratch = threading.local()
+_SCRATCH_MAX = 1 << 26  # bytes; larger temporaries are allocated per call
+
+
+def scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A temporary of this thread, contents undefined, reused from call to call.
+
+    Large fresh arrays cost page faults every run (the allocator hands freed blocks back to
+    the system); a kernel's temporaries die when it returns, so one buffer per slot and thread
+    serves every node. A kernel must not hold two arrays of one slot, nor return one."""
+    dtype = np.dtype(dtype)
+    n = math.prod(shape) * dtype.itemsize
+    if n > _SCRATCH_MAX:
+        return np.empty(shape, dtype)
+    pool = _scratch.__dict__
+    buf = pool.get(slot)
+    if buf is None or buf.nbytes < n:
+        buf = pool[slot] = np.empty(max(n, 1 << 16), np.uint8)
+    return buf[:n].view(dtype).reshape(shape)
+
 
 def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np.ndarray:
-    """Depthwise 2-D convolution in NCHW: returns the "wide" output (N, C, Ho, Wq), whose first
-    Wo columns are the result.
+    """Depthwise 2-D convolution in NCHW: returns the "wide" output (N, C, Ho, Wq) (a scratch
+    view), whose first Wo columns are the result.
 
     The padded input is split into its polyphase planes, each flattened with a common row
     width Wq; every tap is then one contiguous slice of a plane (the wide rows wrap around into
@@ -215,59 +237,71 @@ def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np
     groups, rspan, qspan = _depthwise_groups(kernel, strides, dilations)
     Hq, Wq = Ho + rspan, Wo + qspan
     L = Ho * Wq
-    P = np.zeros((N, C, sh * sw, Hq * Wq + qspan), dtype=X.dtype)
+    P = scratch("conv_in", (N, C, sh * sw, Hq * Wq + qspan), X.dtype)
+    P[..., Hq * Wq:] = 0
     for a in range(sh):
         # plane row r is padded row r*sh + a, i.e. input row r*sh + a - head
         r0 = max(0, -(-(heads[0] - a) // sh))
         x0 = r0 * sh + a - heads[0]
-        nr = min(Hq - r0, -(-(H - x0) // sh)) if x0 < H else 0
+        nr = max(0, min(Hq - r0, -(-(H - x0) // sh)))
         for b in range(sw):
             q0 = max(0, -(-(heads[1] - b) // sw))
             y0 = q0 * sw + b - heads[1]
-            nq = min(Wq - q0, -(-(Wd - y0) // sw)) if y0 < Wd else 0
-            if nr > 0 and nq > 0:
-                plane = P[:, :, a * sw + b, :Hq * Wq].reshape(N, C, Hq, Wq)
-                plane[:, :, r0:r0 + nr, q0:q0 + nq] = \
-                    X[:, :, x0:x0 + (nr - 1) * sh + 1:sh, y0:y0 + (nq - 1) * sw + 1:sw]
+            nq = max(0, min(Wq - q0, -(-(Wd - y0) // sw)))
+            plane = P[:, :, a * sw + b, :Hq * Wq].reshape(N, C, Hq, Wq)
+            if nr == 0 or nq == 0:
+                plane[...] = 0
+                continue
+            # zero only the border the input does not cover
+            plane[:, :, :r0] = 0
+            plane[:, :, r0 + nr:] = 0
+            plane[:, :, r0:r0 + nr, :q0] = 0
+            plane[:, :, r0:r0 + nr, q0 + nq:] = 0
+            plane[:, :, r0:r0 + nr, q0:q0 + nq] = \
+                X[:, :, x0:x0 + (nr - 1) * sh + 1:sh, y0:y0 + (nq - 1) * sw + 1:sw]
     sN, sC, sP, item = P.strides
-    Y = tmp = None
-    for (phase, r, step, q, taps), w in zip(groups, wgroups, strict=True):
+    # a row gap keeps the accumulator non-contiguous: numpy's broadcasting of the per-channel
+    # weights and bias is much faster then
+    Y = scratch("conv_acc", (N, C, L + 16), X.dtype)[..., :L]
+    tmp = None
+    for gi, ((phase, r, step, q, taps), w) in enumerate(zip(groups, wgroups, strict=True)):
         start = P[:, :, phase, r * Wq + q:]
+        if gi == 0:
+            out = Y
+        elif tmp is None:
+            out = tmp = scratch("conv_tmp", (N, C, L + 16), X.dtype)[..., :L]
         if len(taps) > 1:
             view = as_strided(start, (N, C, len(taps), L), (sN, sC, step * Wq * item, item),
                               writeable=False)
-            if Y is None:
-                Y = np.einsum("ncil,ic->ncl", view, w)
-                continue
-            if tmp is None:
-                tmp = np.empty_like(Y)
-            np.einsum("ncil,ic->ncl", view, w, out=tmp)
+            np.einsum("ncil,ic->ncl", view, w, out=out)
         else:
-            if Y is None:
-                Y = np.multiply(start[..., :L], w.reshape(C, 1))
-                continue
-            if tmp is None:
-                tmp = np.empty_like(Y)
-            np.multiply(start[..., :L], w.reshape(C, 1), out=tmp)
-        Y += tmp
+            np.multiply(start[..., :L], w.reshape(C, 1), out=out)
+        if gi:
+            Y += tmp
     return Y.reshape(N, C, Ho, Wq)
 
 
 def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations) -> np.ndarray:
     """Depthwise 2-D convolution through a channels-last copy: one einsum over all taps, its
-    inner loop along the channels. Returns (N, Ho, Wo, C)."""
+    inner loop along the channels. Returns (N, Ho, Wo, C) (a scratch array)."""
     N, C, H, Wd = X.shape
     need = [(o - 1) * s + (k - 1) * d + 1
             for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)]
-    Xp = np.zeros((N, need[0], need[1], C), dtype=X.dtype)
-    h, w = min(H, need[0] - heads[0]), min(Wd, need[1] - heads[1])
-    Xp[:, heads[0]:heads[0] + h, heads[1]:heads[1] + w] = X[:, :, :h, :w].transpose(0, 2, 3, 1)
+    Xp = scratch("conv_in", (N, need[0], need[1], C), X.dtype)
+    h0, w0 = heads
+    h, w = max(0, min(H, need[0] - h0)), max(0, min(Wd, need[1] - w0))
+    Xp[:, :h0] = 0
+    Xp[:, h0 + h:] = 0
+    Xp[:, h0:h0 + h, :w0] = 0
+    Xp[:, h0:h0 + h, w0 + w:] = 0
+    Xp[:, h0:h0 + h, w0:w0 + w] = X[:, :, :h, :w].transpose(0, 2, 3, 1)
     sN, sH, sW, sC = Xp.strides
     view = as_strided(
         Xp, (N, outs[0], outs[1], kernel[0], kernel[1], C),
         (sN, sH * strides[0], sW * strides[1], sH * dilations[0], sW * dilations[1], sC),
         writeable=False)
-    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc)
+    Y = scratch("conv_acc", (N, outs[0], outs[1], C), X.dtype)
+    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc, out=Y)
 
 
 class _ConvBase:
@@ -358,9 +392,10 @@ class Conv(_ConvBase):
         if Z is not None and Z.dtype != cdt:
             Z = Z.astype(cdt)
         if self._is_depthwise(W.shape) and X.shape[1] == M and nd == 2:
-            Y = self._depthwise_2d(X, W, b, heads, outs, kernel, strides, dilations, cdt)
-            b = None  # added by the kernel
-        elif self._is_depthwise(W.shape) and X.shape[1] == M:
+            Y = self._depthwise_2d(X, W, b, Z, act, heads, outs, kernel, strides, dilations,
+                                   cdt)
+            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+        if self._is_depthwise(W.shape) and X.shape[1] == M:
             w = self.w_depthwise if const_w else self._depthwise_weights(W, cdt)
             Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
             Y = None
@@ -392,22 +427,31 @@ class Conv(_ConvBase):
             act(Y)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
-    def _depthwise_2d(self, X, W, b, heads, outs, kernel, strides, dilations, cdt):
-        """The depthwise kernels (output plus bias, as a fresh NCHW array)."""
+    def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
+        """The depthwise kernels, bias, Z and activation applied on the way out of scratch."""
         wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
             _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
         N, C = X.shape[:2]
-        Y = np.empty((N, C) + outs, dtype=cdt)
         if outs[0] * outs[1] < _NHWC_PIXELS:
-            src = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations)
-            src = src.transpose(0, 3, 1, 2)
+            acc = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations)
+            if b is not None:
+                acc += b.reshape(C)
+            src = acc.transpose(0, 3, 1, 2)
         else:
-            src = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)
-            src = src[..., :outs[1]]
-        if b is None:
-            np.copyto(Y, src)
-        else:
-            np.add(src, b, out=Y)
+            acc = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)
+            if b is not None:
+                acc += b
+            src = acc[..., :outs[1]]
+        Y = np.empty((N, C) + outs, dtype=cdt)
+        bounds = getattr(act, "bounds", None)
+        if bounds is not None and Z is None:  # Relu / Clip: one pass out of scratch
+            np.clip(src, *bounds, out=Y)
+            return Y
+        np.copyto(Y, src)
+        if Z is not None:
+            Y += Z
+        if act is not None:
+            act(Y)
         return Y
 
 

@@ -108,8 +108,9 @@ class Pow:
 
 
 def _pow(X, Y):
-    if X.dtype in _HALF:
-        Y = Y if Y.dtype.kind in "iu" else Y.astype(np.float32)
+    if X.dtype in _HALF:  # a wider float exponent is kept as it is
+        Y = Y if Y.dtype.kind in "iu" or Y.dtype.kind == "f" and Y.itemsize >= 4 \
+            else Y.astype(np.float32)
         return _pow(X.astype(np.float32), Y).astype(X.dtype)
     if X.dtype.kind in "iu" and Y.dtype.kind in "iu":
         if (Y < 0).any():  # numpy refuses negative integer powers; C's pow then truncates

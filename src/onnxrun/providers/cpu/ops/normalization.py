@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ....dtypes import np_dtype
@@ -215,9 +217,21 @@ class DropoutLegacy:
 
 @op("Dropout", 12, 13, 22)
 class Dropout:
+    """Training mode draws the mask from numpy's legacy ``RandomState(seed).uniform`` stream
+    when the node has a seed (as the ONNX reference does): one stream per node and session,
+    continued across runs, under a lock since runs may be concurrent."""
+
     def __init__(self, ctx: KernelContext, *, seed=None) -> None:
         self.seed = seed
         self.want_mask = ctx.output_used(1)
+        self._state = None if seed is None else np.random.RandomState(int(seed))
+        self._lock = threading.Lock()
+
+    def _keep(self, shape: tuple[int, ...], r: float) -> np.ndarray:
+        if self._state is None:
+            return generator(None).random(shape) >= r
+        with self._lock:
+            return self._state.uniform(0.0, 1.0, shape) >= r
 
     def __call__(self, data, ratio=None, training_mode=None):
         r = 0.5 if ratio is None else float(np.asarray(ratio))
@@ -227,7 +241,7 @@ class Dropout:
             if r == 1:
                 return np.zeros_like(data), np.zeros(data.shape, dtype=bool)
             raise ValueError(f"ratio must be in [0, 1), got {r}")
-        mask = generator(self.seed).random(data.shape) >= r
+        mask = self._keep(data.shape, r)
         cdt = compute_dtype(data.dtype)
         out = data.astype(cdt, copy=False) * mask
         out *= cdt.type(1.0 / (1.0 - r))

@@ -33,7 +33,7 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
     if name in ("", "Identity"):
         return None
     if name == "Relu":
-        return lambda y: np.maximum(y, 0, out=y)
+        return _clipper(0.0, np.inf)
     if name == "Tanh":
         return lambda y: np.tanh(y, out=y)
     if name in ("Sigmoid", "Logistic"):
@@ -46,9 +46,7 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
 
         return leaky
     if name == "Clip":
-        lo = -np.inf if alpha is None else alpha
-        hi = np.inf if beta is None else beta
-        return lambda y: np.clip(y, lo, hi, out=y)
+        return _clipper(-np.inf if alpha is None else alpha, np.inf if beta is None else beta)
     if name == "HardSigmoid":
         a = 0.2 if alpha is None else alpha
         b = 0.5 if beta is None else beta
@@ -84,6 +82,18 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
         a = 1.0 if alpha is None else alpha
         return lambda y: np.copyto(y, 0, where=y <= a)
     raise ValueError(f"unsupported fused activation {name!r}")
+
+
+def _clipper(lo: float, hi: float):
+    """y -> clip(y, lo, hi) in place; ``bounds`` lets a kernel clip while copying instead.
+    (numpy's clip with two bounds is vectorized; maximum with a scalar is much slower.)"""
+
+    def clip(y):
+        t = y.dtype.type
+        np.clip(y, t(lo), t(hi), out=y)
+
+    clip.bounds = (lo, hi)
+    return clip
 
 
 @op("FusedConv", 1, domain=MS)

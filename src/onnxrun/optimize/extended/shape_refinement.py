@@ -1,0 +1,300 @@
+"""Shape refinement (runs first at the extended level, changes no node): values whose shape
+the load-time ONNX shape inference left unknown get one, propagated forward through the common
+operators, including the com.microsoft ones the fusions write.
+
+Why: the fusions check ranks and hidden sizes (a bias over the last axis, a residual of the
+same shape). ONNX inference gives up at some nodes (Reshape-13 to a computed target, or any
+com.microsoft operator), after which every later value is unknown; onnxruntime re-infers after
+each fusion. Only provable facts are written: a dimension is an int, a symbol copied from a
+known dimension, or left unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from ...dtypes import type_shape
+from ...ir import Model, Node
+from ..base import EXTENDED, GraphPass, PassResult, register_pass
+from ..graph_utils import all_graphs, is_graph_output
+from ._helpers import MS, const_value, elem_type, shape, shape_items
+
+Dims = list  # of int | str | None
+
+_SAME = {
+    "Relu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log",
+    "Identity", "Dropout", "Softmax", "LogSoftmax", "LeakyRelu", "Clip", "Elu", "Selu",
+    "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Gelu", "Not", "Cast", "Floor", "Ceil",
+    "Round", "Sign", "LayerNormalization", "SimplifiedLayerNormalization", "RMSNormalization",
+    "BatchNormalization", "InstanceNormalization", "Trilu", "CumSum",
+}
+_MS_SAME = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "SkipLayerNormalization",
+            "SkipSimplifiedLayerNormalization", "FusedConv", "BiasSoftmax"}
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "Greater", "And",
+              "Or", "Max", "Min", "Mod", "LessOrEqual", "GreaterOrEqual"}
+_BOOL_OUT = {"Equal", "Less", "Greater", "And", "Or", "Not", "LessOrEqual", "GreaterOrEqual"}
+
+
+def _broadcast(shapes: list[Dims]) -> Dims:
+    """Numpy broadcasting of partly known shapes. In a valid model every dimension is 1 or the
+    result's, so one known size other than 1 decides the result even next to unknowns."""
+    r = max(len(s) for s in shapes)
+    out: Dims = []
+    for i in range(r):
+        dims = [s[i - r + len(s)] for s in shapes if i - r + len(s) >= 0]
+        sizes = {d for d in dims if d is not None and d != 1}
+        if len(sizes) == 1:
+            out.append(sizes.pop())
+        elif not sizes and all(d == 1 for d in dims):
+            out.append(1)
+        else:
+            out.append(None)
+    return out
+
+
+def _matmul(a: Dims, b: Dims, trans_a: bool = False, trans_b: bool = False) -> Dims | None:
+    if len(a) < 2 or len(b) < 2:
+        return None
+    m = a[-1] if trans_a else a[-2]
+    n = b[-2] if trans_b else b[-1]
+    return _broadcast([a[:-2], b[:-2]]) + [m, n] if (a[:-2] or b[:-2]) else [m, n]
+
+
+def _reshape(node: Node, x: Dims | None) -> Dims | None:
+    items = shape_items(node.inputs[1])
+    if items is None:
+        return None
+    copy = node.attr("allowzero", 0) == 0
+    out: Dims = []
+    for k, item in enumerate(items):
+        if item[0] == "const":
+            value = item[1]
+            if value == 0 and copy:
+                out.append(x[k] if x is not None and k < len(x) else None)
+            else:
+                out.append(value if value > 0 else None)
+        else:
+            src = shape(item[1])
+            out.append(src[item[2]] if src is not None and item[2] < len(src) else None)
+    return out
+
+
+def _axes(node: Node, model: Model) -> list[int] | None:
+    if len(node.inputs) > 1 and node.inputs[1] is not None:
+        c = const_value(node.inputs[1])
+        return None if c is None else [int(a) for a in c.reshape(-1)]
+    axes = node.attr("axes")
+    return None if axes is None else [int(a) for a in axes]
+
+
+def _infer(model: Model, node: Node, ins: list[Dims | None]) -> list[Dims | None]:
+    """Output shapes (None: unknown) of ``node`` from its inputs' shapes."""
+    op, x = node.op_type, ins[0] if ins else None
+    n_out = len(node.outputs)
+    if node.domain == MS:
+        if op in _MS_SAME:
+            return [x, None, None, x] if op.startswith("Skip") else [x]
+        if op in ("FusedMatMul",) and x is not None and ins[1] is not None:
+            if node.attr("transBatchA", 0) or node.attr("transBatchB", 0):
+                return [None]
+            return [_matmul(x, ins[1], bool(node.attr("transA", 0)),
+                            bool(node.attr("transB", 0)))]
+        if op == "FusedGemm" and x is not None and ins[1] is not None:
+            return [_matmul(x, ins[1], bool(node.attr("transA", 0)),
+                            bool(node.attr("transB", 0)))]
+        if op == "Attention" and x is not None and len(x) == 3:
+            sizes, w = node.attr("qkv_hidden_sizes"), ins[1]
+            hidden = int(sizes[2]) if sizes else (
+                w[1] // 3 if w is not None and len(w) == 2 and isinstance(w[1], int) else None)
+            return [[x[0], x[1], hidden]] + [None] * (n_out - 1)
+        return [None] * n_out
+    if node.domain != "":
+        return [None] * n_out
+    if op in _SAME and x is not None:
+        return [x] + [None] * (n_out - 1)
+    if op in _BROADCAST and all(s is not None for s in ins) and ins:
+        return [_broadcast(ins)]
+    if op == "MatMul" and x is not None and ins[1] is not None:
+        return [_matmul(x, ins[1])]
+    if op == "Gemm" and x is not None and ins[1] is not None:
+        return [_matmul(x, ins[1], bool(node.attr("transA", 0)), bool(node.attr("transB", 0)))]
+    if op == "Transpose" and x is not None:
+        perm = node.attr("perm") or list(range(len(x)))[::-1]
+        return [[x[p] for p in perm]] if len(perm) == len(x) else [None]
+    if op == "Reshape":
+        return [_reshape(node, x)]
+    if op == "Shape" and x is not None:
+        start, end = node.attr("start", 0), node.attr("end", None)
+        return [[len(x[slice(start, end)])]]
+    if op in ("Unsqueeze", "Squeeze") and x is not None:
+        axes = _axes(node, model)
+        if axes is None:
+            return [None]
+        if op == "Unsqueeze":
+            r = len(x) + len(axes)
+            out = list(x)
+            for a in sorted(a + r if a < 0 else a for a in axes):
+                out.insert(a, 1)
+            return [out]
+        drop = {a + len(x) if a < 0 else a for a in axes}
+        return [[d for i, d in enumerate(x) if i not in drop]]
+    if op == "Gather" and x is not None and ins[1] is not None:
+        axis = node.attr("axis", 0)
+        axis += len(x) if axis < 0 else 0
+        return [x[:axis] + ins[1] + x[axis + 1:]]
+    if op == "Split" and x is not None:
+        axis = node.attr("axis", 0)
+        axis += len(x) if axis < 0 else 0
+        return [x[:axis] + [None] + x[axis + 1:]] * n_out
+    if op == "Concat" and all(s is not None for s in ins):
+        axis = node.attr("axis", 0)
+        axis += len(x) if axis < 0 else 0
+        sizes = [s[axis] for s in ins]
+        out = _broadcast(ins)  # the other dimensions agree in a valid model
+        out[axis] = sum(sizes) if all(isinstance(d, int) for d in sizes) else None
+        return [out]
+    if op.startswith("Reduce") and x is not None:
+        axes = _axes(node, model)
+        if axes is None:
+            return [None]
+        axes_n = {a + len(x) if a < 0 else a for a in axes}
+        if node.attr("keepdims", 1):
+            return [[1 if i in axes_n else d for i, d in enumerate(x)]]
+        return [[d for i, d in enumerate(x) if i not in axes_n]]
+    if op == "Slice" and x is not None:
+        return [[None] * len(x)]
+    return [_more(node, x, ins)] + [None] * (n_out - 1)
+
+
+_SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvInteger"}
+
+
+def _more(node: Node, x: Dims | None, ins: list[Dims | None]) -> Dims | None:
+    """The first output of the remaining operators the refinement knows."""
+    op = node.op_type
+    if op == "Constant":
+        value = _constant(node)
+        return None if value is None else list(value.shape)
+    if op == "ConstantOfShape":
+        items = shape_items(node.inputs[0])
+        return None if items is None else [_item_dim(i) for i in items]
+    if op == "Range":
+        return [None]
+    if op == "Size":
+        return []
+    if x is None:
+        return None
+    if op in _SPATIAL:
+        w = ins[1] if len(ins) > 1 else None
+        if op == "Conv" and w is not None:
+            channels = w[0]
+        elif op == "ConvTranspose" and w is not None and isinstance(w[1], int):
+            channels = w[1] * node.attr("group", 1)
+        else:
+            channels = x[1] if op not in ("Conv", "ConvTranspose", "ConvInteger") else None
+        return [x[0], channels] + [None] * (len(x) - 2)
+    if op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
+        return x[:2] + [1] * (len(x) - 2)
+    if op == "Flatten":
+        axis = node.attr("axis", 1)
+        axis += len(x) if axis < 0 else 0
+        return [_product(x[:axis]), _product(x[axis:])]
+    if op in ("Resize", "Upsample", "Pad", "Tile", "DepthToSpace", "SpaceToDepth"):
+        return [None] * len(x)
+    if op == "Expand":
+        items = shape_items(node.inputs[1])
+        return None if items is None else _broadcast([x, [_item_dim(i) for i in items]])
+    return None
+
+
+def _constant(node: Node):
+    for name in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        v = node.attr(name)
+        if v is not None:
+            return np.asarray(v)
+    return None
+
+
+def _item_dim(item: tuple) -> int | str | None:
+    if item[0] == "const":
+        return item[1] if item[1] >= 0 else None
+    src = shape(item[1])
+    return src[item[2]] if src is not None and item[2] < len(src) else None
+
+
+def _product(dims: Dims) -> int | None:
+    out = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        out *= d
+    return out
+
+
+def _type(elem: int, dims: Dims) -> onnx.TypeProto:
+    return onnx.helper.make_tensor_type_proto(elem, dims)
+
+
+@register_pass
+class ShapeRefinement(GraphPass):
+    name = "ShapeRefinement"
+    level = EXTENDED
+    order = 1
+
+    def run(self, model: Model) -> PassResult:
+        for graph in all_graphs(model.graph):
+            for node in graph.nodes:
+                self._refine(model, node)
+        # Types only: no node changed, so this alone never asks for another round
+        return PassResult(False)
+
+    def _refine(self, model: Model, node: Node) -> None:
+        targets = [v for v in node.outputs
+                   if v.name and type_shape(v.type) is None and not is_graph_output(v)]
+        if not targets:
+            return
+        ins = [shape(v) if v is not None else None for v in node.inputs]
+        try:
+            outs = _infer(model, node, ins)
+        except (TypeError, ValueError, IndexError):
+            return  # a malformed node: leave it to the run to report
+        for i, v in enumerate(node.outputs):
+            if v not in targets or i >= len(outs) or outs[i] is None:
+                continue
+            elem = elem_type(v) or _elem_of(node)
+            if elem is not None:
+                v.type = _type(elem, outs[i])
+
+
+def _value_elem(node: Node) -> int | None:
+    value = _constant(node)
+    if value is None:
+        return onnx.TensorProto.FLOAT if node.op_type == "ConstantOfShape" else None
+    try:
+        return onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+_elem_rules: dict[str, Callable[[Node], int | None]] = {
+    "Shape": lambda n: onnx.TensorProto.INT64,
+    "Size": lambda n: onnx.TensorProto.INT64,
+    "Cast": lambda n: n.attr("to"),
+    "Constant": _value_elem,
+    "ConstantOfShape": _value_elem,
+}
+
+
+def _elem_of(node: Node) -> int | None:
+    """The element type of the outputs _infer gives shapes to."""
+    if node.op_type in _BOOL_OUT:
+        return onnx.TensorProto.BOOL
+    rule = _elem_rules.get(node.op_type)
+    if rule is not None:
+        return rule(node)
+    if node.inputs:
+        return elem_type(node.inputs[1] if node.op_type == "Where" else node.inputs[0])
+    return None
