@@ -29,8 +29,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     # onnx's runner calls len() on each element of a sequence output and fails on a 0-d tensor;
     # onnxrun's outputs equal the reference (test_loop16_seq_none_outputs below).
     r"^test_loop16_seq_none_": "onnx test-runner cannot compare sequences of 0-d tensors",
-    # Gradient needs automatic differentiation of the enclosing graph: not implemented.
-    r"^test_gradient_of_add": "ai.onnx.preview.training Gradient is not implemented",
     # WebP needs libwebp's ~3,000 fixed tables; no dependency may provide them.
     r"^test_image_decoder_decode_webp_rgb_": "WebP decoding is not implemented",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -26,28 +27,52 @@ class RunTerminated(Fail):
     """RunOptions.terminate was set while the run was in progress (onnxruntime raises Fail)."""
 
 
-def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None
-              ) -> None:
+def compile_steps(steps: list[Step]) -> list[tuple[Any, ...]]:
+    """The steps as the run loop reads them: the kernel, a C-level getter for its arguments
+    (operator.itemgetter) and whether the getter returns one value or a tuple to spread, the
+    first output slot, all output slots, the slots to free, and the step's index (for errors).
+    Building each step's argument list in Python was a good part of the cost of a small node."""
+    compiled = []
+    for i, (kernel, ins, outs, frees, _node, _provider) in enumerate(steps):
+        get = operator.itemgetter(*ins) if ins else None
+        arity = 2 if len(ins) > 1 else len(ins)
+        compiled.append((kernel, get, arity, outs[0] if outs else DISCARD, outs, frees, i))
+    return compiled
+
+
+DISCARD = 1  # plan.DISCARD_SLOT: where the result of a node without outputs goes
+
+
+def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None,
+              compiled: list[tuple[Any, ...]] | None = None) -> None:
+    """Run ``steps`` on ``slots``; ``compiled``: compile_steps(steps), when the caller keeps it."""
     profiler = profile.active()
     if profiler is not None:
         _run_steps_profiled(steps, slots, run_options, profiler)
         return
+    if compiled is None:
+        compiled = compile_steps(steps)
     check_terminate = run_options is not None
-    for kernel, ins, outs, frees, node, _ in steps:
+    for kernel, get, arity, out, outs, frees, index in compiled:
         if check_terminate and run_options.terminate:
             raise RunTerminated("Exiting due to terminate flag being set to true.")
-        args = [slots[i] for i in ins]
         try:
-            result = kernel(*args)
+            if arity == 2:
+                result = kernel(*get(slots))
+            elif arity == 1:
+                result = kernel(get(slots))
+            else:
+                result = kernel()
         except RunTerminated:
             raise
         except Exception as e:
-            raise kernel_error(node, args, e) from e
+            step = steps[index]
+            raise kernel_error(step.node, [slots[i] for i in step.inputs], e) from e
         if type(result) is tuple:
             for s, r in zip(outs, result, strict=False):
                 slots[s] = r
         else:
-            slots[outs[0]] = result
+            slots[out] = result
         for s in frees:
             slots[s] = None
 

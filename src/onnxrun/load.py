@@ -99,7 +99,7 @@ def _parse_source(
     """parse_model, with the large weights of serialized models left out of the parse: the
     third value gives, per top-level initializer, a view of its raw_data in the file's bytes
     (None: in the proto as usual). Parsing copies every weight into the protobuf, and reading
-    ``raw_data`` back copies it again; the views copy nothing."""
+    ``raw_data`` back copies it again; from the views, the loader copies each weight once."""
     if isinstance(source, str | os.PathLike) and Path(source).is_file():
         path = Path(source)
         data, origin, folder = path.read_bytes(), os.fspath(source), path.resolve().parent

@@ -18,7 +18,14 @@ import numpy as np
 from onnx import AttributeProto
 
 from .errors import InvalidGraph
-from .execute import ParallelSchedule, Step, parallel_schedule, run_steps, run_steps_parallel
+from .execute import (
+    ParallelSchedule,
+    Step,
+    compile_steps,
+    parallel_schedule,
+    run_steps,
+    run_steps_parallel,
+)
 from .ir import Graph, Model, Node, Value
 from .partition import Assignment
 from .providers import KernelContext
@@ -35,6 +42,7 @@ class Plan(NamedTuple):
     steps: list[Step]
     fetch_slots: list[int]
     schedule: ParallelSchedule | None = None  # set when the program runs in parallel mode
+    compiled: list[tuple[Any, ...]] | None = None  # compile_steps(steps), for run_steps
 
 
 class Subgraph:
@@ -181,7 +189,7 @@ class Program:
                 frees[i].append(s)
         steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
         schedule = parallel_schedule(steps, keep) if self.pool is not None else None
-        plan = Plan(steps, list(fetch_slots), schedule)
+        plan = Plan(steps, list(fetch_slots), schedule, compile_steps(steps))
         with self._lock:
             if len(self._plans) < 64:
                 self._plans[fetch_slots] = plan
@@ -203,11 +211,11 @@ class Program:
             finally:
                 _run_options.reset(token)
         elif run_options is None:
-            run_steps(plan.steps, slots, self.names, None)
+            run_steps(plan.steps, slots, self.names, None, plan.compiled)
         else:
             token = _run_options.set(run_options)
             try:
-                run_steps(plan.steps, slots, self.names, run_options)
+                run_steps(plan.steps, slots, self.names, run_options, plan.compiled)
             finally:
                 _run_options.reset(token)
         return [slots[s] for s in plan.fetch_slots]

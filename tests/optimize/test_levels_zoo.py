@@ -19,172 +19,31 @@ variant) or of 1e31 (VGG-19's shipped one) moves by more than 1e-4 of itself.
 
 A level whose report equals a lower level's (no extra pass changed anything) produced the same
 graph and is not run again. Each saved optimized model (``optimized_model_filepath``) must pass
-onnx's checker; the most rewritten one, when it holds only ai.onnx / com.microsoft operators,
-must run in onnxruntime with the same results (the same criterion with 1e-3: two engines, two
+onnx's checker; the most rewritten one, unless it holds onnxrun's own ai.onnxrun operators, must
+run in onnxruntime with the same results (the same criterion with 1e-3: two engines, two
 convolution algorithms). ResNet-50 keeps no BatchNormalization at any level >= 1.
+
+The random variant is in test_levels_zoo_random.py (so that each file stays under a minute); the
+code both share is in zoo_helpers.py.
 """
 
 from __future__ import annotations
 
-import collections
-import functools
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
-
-import onnxrun
-
-ort = pytest.importorskip("onnxruntime")
-
-LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
-NAMES = sorted(p.stem[len("light_"):] for p in LIGHT.glob("light_*.onnx"))
-LEVELS = [1, 2, 99]
-RTOL, ATOL = 1e-4, 1e-5
-ORT_DOMAINS = {"", "ai.onnx", "com.microsoft"}
-
-def _expose_logits(model: onnx.ModelProto) -> None:
-    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
-    if softmax:
-        model.graph.output.append(onnx.ValueInfoProto(name=softmax[-1].input[0]))
+from zoo_helpers import LIGHT, NAMES, check_levels, has_batchnorm
 
 
-def _randomize(model: onnx.ModelProto, seed: int = 0) -> None:
-    """ConstantOfShape weights -> random initializers of a scale that keeps activations sane."""
-    rng = np.random.default_rng(seed)
-    inits = {t.name: t for t in model.graph.initializer}
-    reader = {}
-    for n in model.graph.node:
-        for i, name in enumerate(n.input):
-            reader.setdefault(name, (n, i))
-    kept = []
-    for n in model.graph.node:
-        if n.op_type != "ConstantOfShape" or n.input[0] not in inits:
-            kept.append(n)
-            continue
-        shape = [int(d) for d in numpy_helper.to_array(inits[n.input[0]])]
-        user, index = reader.get(n.output[0], (None, 0))
-        op = user.op_type if user is not None else ""
-        if op == "BatchNormalization":
-            w = (rng.uniform(0.5, 1.5, shape) if index in (1, 4)  # scale, variance
-                 else rng.normal(0.0, 0.1, shape))  # bias, mean
-        elif len(shape) >= 2:
-            trans_b = any(a.name == "transB" and a.i for a in user.attribute) if user else False
-            fan_in = shape[1] if op == "Gemm" and trans_b else (
-                shape[0] if op == "Gemm" else int(np.prod(shape[1:])))
-            w = rng.normal(0.0, np.sqrt(2.0 / max(fan_in, 1)), shape)
-        elif op in ("Conv", "Gemm"):
-            w = rng.normal(0.0, 0.1, shape)  # biases
-        else:
-            w = rng.uniform(0.8, 1.2, shape)  # per-channel scales and shifts (DenseNet)
-        model.graph.initializer.append(numpy_helper.from_array(w.astype(np.float32), n.output[0]))
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
-
-
-@functools.lru_cache(maxsize=1)  # one model at a time: the big ones hold 0.5 GB of weights
-def model_bytes(name: str, variant: str) -> bytes:
-    model = onnx.load(str(LIGHT / f"light_{name}.onnx"))
-    _expose_logits(model)
-    if variant == "random":
-        _randomize(model)
-    return model.SerializeToString()
-
-
-@functools.cache
-def feeds(name: str) -> tuple[tuple[str, np.ndarray], ...]:
-    model = onnx.load(str(LIGHT / f"light_{name}.onnx"), load_external_data=False)
-    init = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng(1)
-    result = []
-    for vi in model.graph.input:
-        if vi.name in init:
-            continue
-        shape = [d.dim_value or 1 for d in vi.type.tensor_type.shape.dim]
-        result.append((vi.name, rng.standard_normal(shape).astype(np.float32)))
-    return tuple(result)
-
-
-def run(name: str, variant: str, level: int, saved: str = "") -> onnxrun.InferenceSession:
-    """A session on the model at ``level``, saving the optimized model to ``saved`` if given."""
-    so = onnxrun.SessionOptions()
-    so.graph_optimization_level = level
-    so.optimized_model_filepath = saved
-    return onnxrun.InferenceSession(model_bytes(name, variant), so)
-
-
-@functools.lru_cache(maxsize=1)
-def reference(name: str, variant: str) -> list[np.ndarray]:
-    return run(name, variant, 0).run(None, dict(feeds(name)))
-
-
-def signature(report) -> tuple:
-    return tuple(sorted((name, tuple(sorted(rep.changes.items())))
-                        for name, rep in report.passes.items() if rep.changes))
-
-
-def assert_close(got: list, expected: list, rtol: float = RTOL, err: str = "") -> None:
-    assert len(got) == len(expected), err
-    for g, e in zip(got, expected, strict=True):
-        assert g.dtype == e.dtype and g.shape == e.shape, err
-        scale = float(np.abs(e).max())
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=ATOL + rtol * scale, err_msg=err)
-
-
-def _has_batchnorm(name: str) -> bool:
-    model = onnx.load(str(LIGHT / f"light_{name}.onnx"), load_external_data=False)
-    return any(n.op_type == "BatchNormalization" for n in model.graph.node)
-
-
-CASES = [(name, "shipped") for name in NAMES] + [
-    (name, "random") for name in NAMES if _has_batchnorm(name)]
-
-
-def saved_ops(path: Path) -> collections.Counter:
-    return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
-
-
-@pytest.mark.parametrize(("name", "variant"), CASES)
-def test_levels_give_level_0_outputs(name: str, variant: str, tmp_path: Path) -> None:
-    expected = reference(name, variant)
-    inputs = dict(feeds(name))
-    seen: dict[tuple, int] = {}
-    last = None
-    for level in LEVELS:
-        path = tmp_path / f"level_{level}.onnx"
-        # Level 99 adds only layout passes (none rewrite these CNNs): save only a new graph.
-        sess = run(name, variant, level, "" if level == 99 else str(path))
-        report = sess.get_optimization_report()
-        if variant == "shipped":
-            assert report.nodes_after < report.nodes_before  # at least the weights fold
-        if signature(report) in seen:
-            continue  # the same passes changed the same things: the graph of a lower level
-        seen[signature(report)] = level
-        if level == 99:
-            sess = run(name, variant, level, str(path))
-        got = sess.run(None, inputs)
-        del sess
-        assert_close(got, expected, err=f"level {level}")
-        onnx.checker.check_model(str(path))
-        if name == "resnet50":
-            assert saved_ops(path)["BatchNormalization"] == 0, f"level {level}"
-        last = path
-
-    # onnxruntime runs the most rewritten graph (every basic and extended rewrite in it).
-    saved = onnx.load(str(last), load_external_data=False)
-    if {o.domain for o in saved.opset_import} <= ORT_DOMAINS:
-        del saved
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        ort_sess = ort.InferenceSession(str(last), opts, providers=["CPUExecutionProvider"])
-        assert_close(ort_sess.run(None, inputs), expected, 1e-3, err="onnxruntime")
+@pytest.mark.parametrize("name", NAMES)
+def test_levels_give_level_0_outputs(name: str, tmp_path: Path) -> None:
+    check_levels(name, "shipped", tmp_path)
 
 
 def test_resnet50_has_batchnorm_to_fold() -> None:
-    """What the check above relies on: the shipped ResNet-50 has 53 Conv + BatchNormalization
-    pairs, and nothing else reads the convolutions' outputs."""
+    """What the check relies on: the shipped ResNet-50 has 53 Conv + BatchNormalization pairs."""
     model = onnx.load(str(LIGHT / "light_resnet50.onnx"), load_external_data=False)
-    ops = collections.Counter(n.op_type for n in model.graph.node)
-    assert ops["BatchNormalization"] == ops["Conv"] == 53
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("BatchNormalization") == ops.count("Conv") == 53
+    assert has_batchnorm("resnet50")

@@ -97,7 +97,14 @@ def tensor_to_array(
         dtype = _plain_dtype(tensor.data_type)
         if dtype is not None:
             # What numpy_helper.to_array does for these types, without copying raw again.
-            arr = np.frombuffer(raw, dtype=dtype).reshape(dims)
+            if isinstance(raw, memoryview):
+                # A slice of the file's bytes: at any offset, and numpy's and BLAS's fast paths
+                # need aligned data. One copy into an array of its own also lets the file's
+                # bytes go once the model is loaded.
+                arr = np.empty(dims, dtype=dtype)
+                arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
+            else:
+                arr = np.frombuffer(raw, dtype=dtype).reshape(dims)
             arr.flags.writeable = False
             return arr
     if raw is not None and not tensor.HasField("raw_data"):

@@ -86,9 +86,11 @@ def check_saved(model: str, output: str, dims: dict[str, int], seed: int) -> lis
                 default=0.0)
     if worst > TOLERANCE:
         raise cli.CliError(f"the optimized model's outputs differ from the original's "
-                           f"(largest difference {worst:.3g} of the output's scale)")
+                           f"(largest difference {worst:.3g}, relative to the output's largest "
+                           "magnitude)")
     lines.append(f"check: the saved model reloads and its outputs match the unoptimized "
-                 f"model's on random inputs (largest difference {worst:.2g} of the scale)")
+                 f"model's on random inputs (largest difference {worst:.2g}, relative to each "
+                 "output's largest magnitude)")
     return lines
 
 

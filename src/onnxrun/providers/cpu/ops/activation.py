@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels import KernelContext, op
 from .conv import compute_dtype
-from .elementwise import erf
+from .elementwise import erf, gelu_float32_
 from .reduction import max_last, sum_trailing
 
 
@@ -188,6 +188,8 @@ def Gelu(X, *, approximate="none"):
         t *= X
         t *= math.sqrt(2.0 / math.pi)
         np.tanh(t, out=t)
+    elif X.dtype == np.float32:
+        return gelu_float32_(np.array(X, order="C"))  # a copy of its own, computed in place
     else:
         t = erf(X * (1.0 / math.sqrt(2.0)))
     t += 1

@@ -200,9 +200,16 @@ def _depthwise_weights_2d(W: np.ndarray, kernel, strides, dilations, cdt):
     return per_group, hwc
 
 
-# Below this many output pixels per channel the channels-last kernel is faster: its inner loop
-# runs over the channels, the planar one's over the (short) rows of the image.
-_NHWC_PIXELS = 400
+# The channels-last kernel's inner loop runs over the channels, the planar one's over whole
+# planes: channels-last is faster with many channels and small (or strided: no polyphase
+# copy) images, planar for large stride-1 images (measured on MobileNetV2 and ShuffleNet).
+_NHWC_PIXELS = 1024
+_NHWC_CHANNELS = 64
+
+
+def _depthwise_nhwc_wins(C: int, outs, strides) -> bool:
+    return C >= _NHWC_CHANNELS and (
+        any(s != 1 for s in strides) or outs[0] * outs[1] < _NHWC_PIXELS)
 
 _scratch = threading.local()
 _SCRATCH_MAX = 1 << 26  # bytes; larger temporaries are allocated per call
@@ -281,27 +288,156 @@ def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np
     return Y.reshape(N, C, Ho, Wq)
 
 
-def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations) -> np.ndarray:
+def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out=None):
     """Depthwise 2-D convolution through a channels-last copy: one einsum over all taps, its
-    inner loop along the channels. Returns (N, Ho, Wo, C) (a scratch array)."""
+    inner loop along the channels. Returns (N, Ho, Wo, C): ``out``, else a scratch array."""
     N, C, H, Wd = X.shape
     need = [(o - 1) * s + (k - 1) * d + 1
             for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)]
     Xp = scratch("conv_in", (N, need[0], need[1], C), X.dtype)
-    h0, w0 = heads
-    h, w = max(0, min(H, need[0] - h0)), max(0, min(Wd, need[1] - w0))
-    Xp[:, :h0] = 0
-    Xp[:, h0 + h:] = 0
-    Xp[:, h0:h0 + h, :w0] = 0
-    Xp[:, h0:h0 + h, w0 + w:] = 0
-    Xp[:, h0:h0 + h, w0:w0 + w] = X[:, :, :h, :w].transpose(0, 2, 3, 1)
+    _pad_into(Xp.transpose(0, 3, 1, 2), X, heads)
     sN, sH, sW, sC = Xp.strides
     view = as_strided(
         Xp, (N, outs[0], outs[1], kernel[0], kernel[1], C),
         (sN, sH * strides[0], sW * strides[1], sH * dilations[0], sW * dilations[1], sC),
         writeable=False)
-    Y = scratch("conv_acc", (N, outs[0], outs[1], C), X.dtype)
-    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc, out=Y)
+    if out is None:
+        out = scratch("conv_acc", (N, outs[0], outs[1], C), X.dtype)
+    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc, out=out)
+
+
+# -- dense 2-D convolutions without im2col -----------------------------------------------------
+
+
+def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
+    """Fill P (A, B, Hp, Wp) with X (A, B, H, W, any strides) surrounded by zeros: X starts
+    at (heads[0], heads[1]) and is cut where it does not fit."""
+    Hp, Wp = P.shape[2:]
+    h0, w0 = heads
+    h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
+    P[:, :, :h0] = 0
+    P[:, :, h0 + h:] = 0
+    P[:, :, h0:h0 + h, :w0] = 0
+    P[:, :, h0:h0 + h, w0 + w:] = 0
+    P[:, :, h0:h0 + h, w0:w0 + w] = X[:, :, :h, :w]
+    return P
+
+
+def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
+    """(16, M, C): G W G^T of each 3x3 filter, tap (a, b) of the 4x4 result first."""
+    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    U = np.einsum("ai,mcij,bj->abmc", G, W.astype(np.float64), G)
+    return np.ascontiguousarray(U.reshape((16,) + W.shape[:2]), dtype=cdt)
+
+
+_WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
+
+
+def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
+    """3x3 stride-1 convolution by Winograd F(2x2, 3x3): every 2x2 output tile is
+    A^T [(G W G^T) * (B^T d B)] A over its 4x4 input tile d. The transforms are sums and
+    differences of strided slices; the 16 products over the channels are 16 GEMMs with
+    9/4 fewer multiplications than im2col's. Returns (N, M, 2*ceil(Ho/2), 2*ceil(Wo/2)),
+    bias added, in a fresh array when that is exactly the output, else in scratch."""
+    N, C = X.shape[:2]
+    M = U.shape[1]
+    Ho, Wo = outs
+    th, tw = -(-Ho // 2), -(-Wo // 2)
+    P = _pad_into(scratch("conv_in", (C, N, 2 * th + 2, 2 * tw + 2), X.dtype),
+                  X.transpose(1, 0, 2, 3), heads)
+    exact = (2 * th, 2 * tw) == outs
+    Y = np.empty((N, M, 2 * th, 2 * tw), X.dtype) if exact else \
+        scratch("conv_out", (N, M, 2 * th, 2 * tw), X.dtype)
+    Yt = Y.transpose(1, 0, 2, 3)
+    band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
+    for t0 in range(0, th, band):
+        nt = min(band, th - t0)
+        # rows: B^T d, on every 4-row window at once (tile rows step by 2)
+        R = scratch("conv_rows", (4, C, N, nt, 2 * tw + 2), X.dtype)
+        p = [P[:, :, 2 * t0 + k:2 * t0 + k + 2 * nt - 1:2] for k in range(4)]
+        np.subtract(p[0], p[2], out=R[0])
+        np.add(p[1], p[2], out=R[1])
+        np.subtract(p[2], p[1], out=R[2])
+        np.subtract(p[1], p[3], out=R[3])
+        # columns: (B^T d) B, straight into the 16 GEMM operands
+        V = scratch("conv_cols", (16, C, N, nt, tw), X.dtype)
+        for a in range(4):
+            q = [R[a][..., k:k + 2 * tw - 1:2] for k in range(4)]
+            np.subtract(q[0], q[2], out=V[4 * a])
+            np.add(q[1], q[2], out=V[4 * a + 1])
+            np.subtract(q[2], q[1], out=V[4 * a + 2])
+            np.subtract(q[1], q[3], out=V[4 * a + 3])
+        T = N * nt * tw
+        Mm = scratch("conv_gemm", (16, M, T), X.dtype)
+        np.matmul(U, V.reshape(16, C, T), out=Mm)
+        Mm = Mm.reshape(4, 4, M, N, nt, tw)
+        # A^T m A: rows, then columns into the strided output
+        S = scratch("conv_acc", (2, 4, M, N, nt, tw), X.dtype)
+        np.add(Mm[0], Mm[1], out=S[0])
+        S[0] += Mm[2]
+        np.subtract(Mm[1], Mm[2], out=S[1])
+        S[1] -= Mm[3]
+        if b is not None:  # S[a][1] enters both output columns with a plus sign
+            S[:, 1] += b.reshape(M, 1, 1, 1)
+        rows = slice(2 * t0, 2 * (t0 + nt))
+        for a in range(2):
+            s = S[a]
+            ya = Yt[:, :, rows][:, :, a::2]
+            y = np.add(s[0], s[1], out=ya[..., 0::2])
+            y += s[2]
+            y = np.subtract(s[1], s[2], out=ya[..., 1::2])
+            y -= s[3]
+    return Y
+
+
+def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
+    """Stride-1 convolution (group 1) as one GEMM per kernel tap on the padded input itself:
+    with every image flattened on a "wide" grid of row width Wp, tap (i, j) is the contiguous
+    column range starting at i*dh*Wp + j*dw. No im2col matrix: the cheaper choice when the
+    output has fewer channels than the input. Returns a strided (N, M, Ho, Wo) scratch view."""
+    N, C = X.shape[:2]
+    K, M = Wk.shape[:2]
+    (Ho, Wo), (kh, kw), (dh, dw) = outs, kernel, dilations
+    Hp, Wp = Ho + (kh - 1) * dh, Wo + (kw - 1) * dw
+    plane = Hp * Wp
+    slack = (kw - 1) * dw
+    flat = scratch("conv_in", (C, N * plane + slack), X.dtype)
+    flat[:, N * plane:] = 0
+    _pad_into(flat[:, :N * plane].reshape(C, N, Hp, Wp), X.transpose(1, 0, 2, 3), heads)
+    L = (N - 1) * plane + Ho * Wp
+    Y = scratch("conv_acc", (M, L + 16), X.dtype)[:, :L]  # a gap: see _depthwise_planar
+    tmp = scratch("conv_tmp", (M, L + 16), X.dtype)[:, :L] if K > 1 else None
+    for k in range(K):
+        i, j = divmod(k, kw)
+        off = i * dh * Wp + j * dw
+        np.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
+        if k:
+            Y += tmp
+    sM, item = Y.strides
+    return as_strided(Y, (N, M, Ho, Wo), (plane * item, sM, Wp * item, item), writeable=False)
+
+
+def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
+    """The result act(Y + b + Z) as ``out_dtype``: Y a fresh array updated in place, or (Y
+    None) ``src``, a strided view of scratch, copied out by the first operation."""
+    if Y is None:
+        Y = np.empty(src.shape, src.dtype)
+        bounds = getattr(act, "bounds", None)
+        if b is None and Z is None and bounds is not None:  # Relu / Clip while copying
+            np.clip(src, *bounds, out=Y)
+            act = None
+        elif b is not None:
+            np.add(src, b, out=Y)
+            b = None
+        else:
+            np.copyto(Y, src)
+    if b is not None:
+        Y += b
+    if Z is not None:
+        Y += Z
+    if act is not None:
+        act(Y)
+    return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
 class _ConvBase:
@@ -324,13 +460,97 @@ class _ConvBase:
         return kernel, strides, dilations
 
 
+# -- memory layout between convolutions -----------------------------------------------------
+#
+# A kernel may return any strides. Between 1x1 and depthwise convolutions channels-last memory
+# (an NCHW-shaped view of an NHWC array) is the cheaper one: the depthwise kernel works in it,
+# a 1x1 convolution is the same GEMM with its operands transposed, and per-channel bias and
+# clipping broadcast along contiguous rows. So a 1x1 or depthwise convolution writes its
+# output channels-last when every reader takes it at no cost; graph outputs stay NCHW.
+
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Relu", "Clip"})  # numpy keeps their layout
+
+
+def _conv_reads_channels_last(node) -> bool:
+    """A Conv / FusedConv node whose kernel is a GEMM on its input (1x1, stride 1, no pads)
+    or the channels-last depthwise one."""
+    W = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None \
+        else None
+    if W is None or W.ndim != 4:
+        return False
+    group = int(node.attr("group", 1))
+    if group == W.shape[0] and W.shape[1] == 1 and group > 1:
+        return group >= _NHWC_CHANNELS
+    pads = node.attr("pads", None)
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    return group == 1 and W.shape[2:] == (1, 1) and \
+        all(int(v) == 1 for v in (node.attr("strides", None) or (1, 1))) and \
+        not any(int(v) for v in (pads if pads is not None else ())) and \
+        auto_pad in ("NOTSET", "VALID")
+
+
+def channels_last_ok(value, depth: int = 0) -> bool:
+    """Whether every reader of ``value`` takes channels-last memory at no extra cost."""
+    producer = value.producer
+    graph = producer.graph if producer is not None else None
+    if graph is None or not value.uses or value in graph.outputs:
+        return False
+    for node, index in value.uses:
+        if node.domain in ("", "com.microsoft") and node.op_type in ("Conv", "FusedConv"):
+            if index != 0 or not _conv_reads_channels_last(node):
+                return False
+        elif node.domain == "" and node.op_type in _ELEMENTWISE and depth < 4:
+            if not all(channels_last_ok(v, depth + 1) for v in node.outputs):
+                return False
+        elif not (node.domain == "" and node.op_type == "GlobalAveragePool"):
+            return False
+    return True
+
+
+def _is_channels_last(X: np.ndarray) -> bool:
+    """X (N, C, H, W) is a view of a C-contiguous (N, H, W, C) array."""
+    return X.ndim == 4 and X.transpose(0, 2, 3, 1).flags.c_contiguous
+
+
+def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, channels_last: bool) -> np.ndarray:
+    """1x1 stride-1 convolution, (g, M/g, C/g) weights: one GEMM per group on the input
+    itself, whatever its layout (BLAS takes transposed operands)."""
+    N, C = X.shape[:2]
+    g, Mg = Wm.shape[:2]
+    if channels_last and g == 1:
+        if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
+            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), Wm[0].T)
+        else:
+            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), Wm[0].T)
+        return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
+    cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
+    return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
+
+
+def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs) -> str:
+    """Which kernel computes a non-depthwise convolution, by measurement on 2-D CNN layers:
+    Winograd where the GEMM dominates (many channels in and out, enough 2x2 tiles for the 16
+    GEMMs to be efficient), per-tap GEMMs where im2col would copy more than the output it
+    makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
+    if group != 1 or len(kernel) != 2 or any(s != 1 for s in strides) or kernel == (1, 1):
+        return "gemm"
+    if kernel == (3, 3) and dilations == (1, 1) and C >= 64 and M >= 64 and (
+            outs is None or -(-outs[0] // 2) * -(-outs[1] // 2) >= 32):
+        return "winograd"
+    if 2 * M <= C:
+        return "shifted"
+    return "gemm"
+
+
 @op("Conv", 1, 11, 22)
 class Conv(_ConvBase):
     """Depthwise 2-D convolutions have their own kernels (planar or channels-last, see
-    _depthwise_planar); 1x1 stride-1 ones are a single GEMM on the input itself; the rest are
-    im2col + one GEMM per group. A constant W is re-arranged into its GEMM (or per-tap) layout
-    once, here. The bias (and, in FusedConv, the activation) is applied in place on the output
-    while it is still in cache."""
+    _depthwise_planar); 1x1 stride-1 ones are a single GEMM on the input itself; 3x3 stride-1
+    ones with many channels use Winograd F(2x2, 3x3); stride-1 ones with fewer output than
+    input channels one GEMM per tap; the rest im2col + one GEMM per group. A constant W is
+    re-arranged into the layout its kernel reads once, here. The bias (and, in FusedConv, Z
+    and the activation) is applied on the way out of the kernel's scratch buffers."""
 
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
@@ -338,22 +558,44 @@ class Conv(_ConvBase):
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         W = ctx.constant(1)
         self.W_shape = None
-        self.w_gemm = self.w_depthwise = self.w_depthwise_2d = None
-        if W is not None:
-            self.W_shape = W.shape
-            cdt = compute_dtype(W.dtype)
-            if self._is_depthwise(W.shape):
-                self.w_depthwise = self._depthwise_weights(W, cdt)
-                if W.ndim == 4:
-                    self.w_depthwise_2d = _depthwise_weights_2d(
-                        W, *self._attrs(2, W.shape), cdt)
-            if not (self._is_depthwise(W.shape) and W.ndim == 4):
-                self.w_gemm = self._gemm_weights(W, cdt)
+        self.w_depthwise = self.w_depthwise_2d = None
+        self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
+        self.channels_last = False  # write the output channels-last (see channels_last_ok)
+        if W is None:
+            return
+        self.W_shape = W.shape
+        self.channels_last = W.ndim == 4 and channels_last_ok(ctx.node.outputs[0])
+        cdt = compute_dtype(W.dtype)
+        nd = W.ndim - 2
+        if self._is_depthwise(W.shape):
+            self.w_depthwise = self._depthwise_weights(W, cdt)
+            if nd == 2:
+                self.w_depthwise_2d = _depthwise_weights_2d(W, *self._attrs(2, W.shape), cdt)
+                return
+        outs = None
+        shape = ctx.input_shape(0)
+        kernel, strides, dilations = self._attrs(nd, W.shape)
+        if shape is not None and len(shape) == nd + 2 and \
+                all(isinstance(d, int) and d > 0 for d in shape[2:]):
+            try:
+                outs = window_geometry(tuple(shape[2:]), kernel, strides, dilations,
+                                       self.pads, self.auto_pad)[2]
+            except ValueError:
+                outs = None
+        method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
+                               dilations, self.group, outs)
+        self.prepared[method] = self._weights(method, W, cdt)
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
 
-    def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
+    def _weights(self, method: str, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
+        if method == "winograd":
+            return _winograd_weights(W, cdt)
+        if method == "shifted":  # (K, M, C): one GEMM operand per tap
+            K = math.prod(W.shape[2:])
+            w = W.reshape(W.shape[:2] + (K,)).transpose(2, 0, 1)
+            return np.ascontiguousarray(w, dtype=cdt)
         g = self.group
         return np.ascontiguousarray(W.reshape(g, W.shape[0] // g, -1), dtype=cdt)
 
@@ -368,7 +610,7 @@ class Conv(_ConvBase):
         return self._forward(X, W, B)
 
     def _forward(self, X, W, B=None, Z=None, act=None):
-        """Conv(X, W) + B + Z, then ``act`` in place (an owned array of X's dtype)."""
+        """act(Conv(X, W) + B + Z) in a fresh array of X's dtype (``act`` works in place)."""
         nd = X.ndim - 2
         kernel, strides, dilations = self._attrs(nd, W.shape)
         if X.shape[1] != W.shape[1] * self.group:
@@ -391,11 +633,12 @@ class Conv(_ConvBase):
             b = b.reshape((M,) + (1,) * nd)
         if Z is not None and Z.dtype != cdt:
             Z = Z.astype(cdt)
-        if self._is_depthwise(W.shape) and X.shape[1] == M and nd == 2:
+        depthwise = self._is_depthwise(W.shape) and X.shape[1] == M
+        if depthwise and nd == 2:
             Y = self._depthwise_2d(X, W, b, Z, act, heads, outs, kernel, strides, dilations,
                                    cdt)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
-        if self._is_depthwise(W.shape) and X.shape[1] == M:
+        if depthwise:
             w = self.w_depthwise if const_w else self._depthwise_weights(W, cdt)
             Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
             Y = None
@@ -407,33 +650,38 @@ class Conv(_ConvBase):
                 else:
                     np.multiply(Xp[idx], w[i], out=tmp)
                     Y += tmp
-        else:
-            g = self.group
-            Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
-            O = int(np.prod(outs))
-            if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
-                    and outs == X.shape[2:]:
-                cols = X.reshape(N, g, X.shape[1] // g, O)  # 1x1: the input is the matrix
-                Y = np.matmul(Wm, cols)
-            else:
-                Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
-                Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
-            Y = Y.reshape((N, M) + outs)
-        if b is not None:
-            Y += b
-        if Z is not None:
-            Y += Z
-        if act is not None:
-            act(Y)
-        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+            return _finish(Y, None, b, Z, act, out_dtype)
+        method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs)
+        Wm = self.prepared.get(method)
+        if Wm is None:
+            Wm = self._weights(method, W, cdt)
+        if method == "winograd":
+            Y = _winograd_3x3(X, Wm, b, heads, outs)
+            if Y.shape[2:] == outs:
+                return _finish(Y, None, None, Z, act, out_dtype)
+            return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype)
+        if method == "shifted":
+            src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations)
+            return _finish(None, src, b, Z, act, out_dtype)
+        g = self.group
+        if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
+                and outs == X.shape[2:]:
+            return _finish(_gemm_1x1(X, Wm, self.channels_last), None, b, Z, act, out_dtype)
+        Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
+        Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
+        return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype)
 
     def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
         """The depthwise kernels, bias, Z and activation applied on the way out of scratch."""
         wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
             _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
         N, C = X.shape[:2]
-        if outs[0] * outs[1] < _NHWC_PIXELS:
-            acc = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations)
+        if _depthwise_nhwc_wins(C, outs, strides) or (
+                C >= _NHWC_CHANNELS and _is_channels_last(X)):
+            out = np.empty((N,) + outs + (C,), cdt) if self.channels_last else None
+            acc = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out)
+            if out is not None:  # the result itself, in channels-last memory
+                return _finish(out.transpose(0, 3, 1, 2), None, b, Z, act, cdt)
             if b is not None:
                 acc += b.reshape(C)
             src = acc.transpose(0, 3, 1, 2)

@@ -2,8 +2,8 @@
 
 Each takes R (learning rate) and T (iteration count) followed by N tensors to optimize, then
 their N gradients and the optimizer states, and returns the updated tensors then the updated
-states. Arithmetic runs in float64 and is cast back to each input's dtype. (``Gradient`` needs
-automatic differentiation of the enclosing graph and is not implemented.)
+states. Arithmetic runs in float64 and is cast back to each input's dtype. (``Gradient``, which
+differentiates the enclosing graph, is in gradient.py.)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import numpy as np
 from ...kernels import KernelContext, op
 from ..activation import sigmoid
 from ..conv import Conv, compute_dtype
-from ..elementwise import erf
+from ..elementwise import erf, gelu_float32_
 from ..pool import MaxPool
 
 MS = "com.microsoft"
@@ -196,6 +196,8 @@ class FusedMatMul:
 
 def gelu_(x: np.ndarray) -> np.ndarray:
     """0.5 * x * (1 + erf(x / sqrt(2))), overwriting ``x`` (which must be owned)."""
+    if x.dtype == np.float32 and x.flags.c_contiguous:
+        return gelu_float32_(x)
     t = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
     t += 1
     x *= t
