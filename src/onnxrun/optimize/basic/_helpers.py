@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from ...dtypes import type_shape
-from ...ir import Model, Node, Value
-from ..graph_utils import constant_value
-
-FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
-
-
-def elem_type(v: Value | None) -> int | None:
-    if v is None or v.type is None or not v.type.HasField("tensor_type"):
-        return None
-    return v.type.tensor_type.elem_type or None
-
+from ...ir import Graph, Model, Node, Value
+from ..graph_utils import constant_value, is_graph_output, single_consumer
 
 def is_float_array(a: np.ndarray | None) -> bool:
     # bfloat16 (ml_dtypes) has kind "V"; its name says what it is.
@@ -35,8 +27,6 @@ def static_shape(v: Value | None) -> list[int] | None:
 
 
 def only_first_output_used(node: Node) -> bool:
-    from ..graph_utils import is_graph_output
-
     return all(not v.uses and not is_graph_output(v) for v in node.outputs[1:])
 
 
@@ -80,9 +70,7 @@ def batchnorm_affine(model: Model, bn: Node, channels: int) -> tuple[np.ndarray,
 
 
 def smallest_normal(dtype: np.dtype) -> float:
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(dtype).tiny)
+    return float(ml_dtypes.finfo(dtype).tiny)  # ml_dtypes' finfo knows bfloat16 too
 
 
 def one_constant_operand(node: Node) -> tuple[int, np.ndarray] | None:
@@ -96,11 +84,9 @@ def one_constant_operand(node: Node) -> tuple[int, np.ndarray] | None:
     return (0, c0) if c0 is not None else (1, c1)
 
 
-def sole_reader_producer(v: Value, graph) -> Node | None:
+def sole_reader_producer(v: Value, graph: Graph) -> Node | None:
     """The producer of ``v`` (in ``graph``) when ``v`` has exactly one reader and is no graph
     output: folding its producer into that reader removes it."""
-    from ..graph_utils import single_consumer
-
     if v.producer is None or v.producer.graph is not graph or single_consumer(v) is None:
         return None
     return v.producer
