@@ -9,6 +9,7 @@ from ...dtypes import type_shape
 from ...ir import Graph, Model, Node, Value
 from ..graph_utils import constant_value, is_graph_output, single_consumer
 
+
 def is_float_array(a: np.ndarray | None) -> bool:
     # bfloat16 (ml_dtypes) has kind "V"; its name says what it is.
     return a is not None and (a.dtype.kind == "f" or a.dtype.name == "bfloat16")

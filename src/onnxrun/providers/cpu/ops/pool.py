@@ -6,6 +6,8 @@ handful), never over pixels.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..kernels import KernelContext, op
@@ -41,29 +43,31 @@ class _Pool:
         return window_slices(outs, self.kernel, self.strides, self.dilations)
 
     def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc) -> np.ndarray:
-        """``ufunc`` (np.maximum, np.add) over each window, padding with ``fill``.
+        """``ufunc`` (np.maximum, np.add) over each window; padding counts as ``fill``, the
+        identity of ``ufunc`` (or, for max, never larger than a real element).
 
         Windows are boxes, so the reduction is separable: one spatial axis at a time, k
-        strided passes each, instead of k1 * k2 * ... passes over the output.
-        """
-        Y = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
+        strided passes each. Nothing is padded: each tap covers the output positions whose
+        input lies inside the image, and the first two taps that cover every position make
+        the accumulator in one operation."""
+        Y = X
         for i, o in enumerate(outs):
-            k, s, d = self.kernel[i], self.strides[i], self.dilations[i]
-            lead = (slice(None),) * (2 + i)
-            acc = None
-            for t in range(k):
-                tap = Y[lead + (slice(t * d, t * d + (o - 1) * s + 1, s),)]
-                if acc is None:
-                    acc = tap.copy()
-                else:
-                    ufunc(acc, tap, out=acc)
-            Y = acc
+            Y = _reduce_axis(Y, 2 + i, o, self.kernel[i], self.strides[i], self.dilations[i],
+                             heads[i], fill, ufunc)
         return Y
 
     def window_sum(self, X: np.ndarray, heads, outs, power=None) -> np.ndarray:
         """Sum over each window (zero padding), of |X|**power when power is given."""
         if power is not None:
             X = X * X if power == 2 else np.abs(X) ** power
+        if X.dtype.kind == "f" and all(o == 1 for o in outs) and not any(heads) and all(
+                d == 1 and k >= n for n, k, d in zip(X.shape[2:], self.kernel, self.dilations,
+                                                     strict=True)):
+            # one window over the whole image (a global pool): a matrix-vector product
+            n, c = X.shape[:2]
+            ones = np.ones(math.prod(X.shape[2:]), dtype=X.dtype)
+            Y = np.matmul(X.reshape(n, c, -1), ones)
+            return Y.reshape((n, c) + (1,) * len(outs))
         return self.reduce_windows(X, heads, outs, 0, np.add)
 
     def counts(self, in_shape, heads, tails, outs, include_pad: bool) -> np.ndarray | None:
@@ -83,6 +87,35 @@ class _Pool:
         for c in per_axis[1:]:
             total = np.multiply.outer(total, c)
         return total
+
+
+def _reduce_axis(X: np.ndarray, axis: int, o: int, k: int, s: int, d: int, head: int, fill,
+                 ufunc) -> np.ndarray:
+    """Reduce the windows (k taps, stride s, dilation d, ``head`` padding) along one axis."""
+    n = X.shape[axis]
+    lead = (slice(None),) * axis
+    taps = []  # (first, end) output positions each tap reads inside the input, and the tap
+    for t in range(k):
+        start = t * d - head  # input index of output 0
+        lo = max(0, -(start // s))  # ceil(-start / s)
+        hi = min(o, (n - 1 - start) // s + 1) if n - 1 >= start else 0
+        if lo < hi:
+            first = start + lo * s
+            taps.append((lo, hi, X[lead + (slice(first, first + (hi - lo - 1) * s + 1, s),)]))
+    full = [tp for tp in taps if tp[0] == 0 and tp[1] == o]
+    rest = [tp for tp in taps if not (tp[0] == 0 and tp[1] == o)]
+    shape = X.shape[:axis] + (o,) + X.shape[axis + 1:]
+    if len(full) >= 2:
+        acc = ufunc(full[0][2], full[1][2])
+        rest = full[2:] + rest
+    elif full:
+        acc = full[0][2].copy()
+    else:
+        acc = np.full(shape, fill, dtype=X.dtype)
+    for lo, hi, tap in rest:
+        part = acc[lead + (slice(lo, hi),)]
+        ufunc(part, tap, out=part)
+    return acc
 
 
 def _lowest(dtype: np.dtype):
@@ -185,8 +218,16 @@ def _spatial_axes(X: np.ndarray) -> tuple[int, ...]:
 
 @op("GlobalAveragePool", 1, 22)
 def GlobalAveragePool(X):
-    return np.mean(X, axis=_spatial_axes(X), keepdims=True, dtype=compute_dtype(X.dtype)
-                   ).astype(X.dtype, copy=False)
+    # a matrix-vector product: BLAS sums every (channel) row in one call, whatever the
+    # layout, where a numpy mean reduces row by row
+    cdt = compute_dtype(X.dtype)
+    n, c = X.shape[:2]
+    plane = math.prod(X.shape[2:])
+    if plane == 0 or X.dtype.kind != "f":
+        return np.mean(X, axis=_spatial_axes(X), keepdims=True, dtype=cdt).astype(X.dtype)
+    weights = np.full(plane, 1.0 / plane, dtype=cdt)
+    Y = np.matmul(X.astype(cdt, copy=False).reshape(n, c, plane), weights)
+    return Y.reshape((n, c) + (1,) * (X.ndim - 2)).astype(X.dtype, copy=False)
 
 
 @op("GlobalMaxPool", 1, 22)
