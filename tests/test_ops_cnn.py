@@ -760,5 +760,8 @@ def test_onnx_node_case(case):
         assert len(got) == len(outputs)
         for g, w in zip(got, map(_tensor, outputs), strict=True):
             assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype)
-            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol,
+            # bfloat16 holds 8 significant bits: the onnx runner allows two ULPs (2**-6), since
+            # the reference rounds after every step and a float32 computation rounds once.
+            tol = max(rtol, 2**-6) if w.dtype.name == "bfloat16" else rtol
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol,
                                        atol=atol)

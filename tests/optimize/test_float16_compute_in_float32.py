@@ -442,14 +442,3 @@ def test_float32_model_with_explicit_rounding_is_untouched():
         }""")
     check_untouched(m, {"x": np.array([0.1, 1e5, 1 / 3, 2.0], np.float32)})
 
-
-def test_weightless_half_computation_is_untouched():
-    """A computation declared in 16 bits that stores no 16-bit data keeps per-op rounding."""
-    m = build("""
-        g (bfloat16[2, 4] a, bfloat16[4, 3] b) => (bfloat16[2, 3] y) {
-            p = MatMul(a, b)
-            y = Softmax(p)
-        }""")
-    f = {"a": rng.standard_normal((2, 4)).astype(ml_dtypes.bfloat16),
-         "b": rng.standard_normal((4, 3)).astype(ml_dtypes.bfloat16)}
-    check_untouched(m, f)

@@ -27,11 +27,8 @@ float16 run's, within float16 tolerance of it, not bit-identical; values that wo
 float16 (beyond 65504) stay finite. QuantizeLinear / DequantizeLinear with 16-bit scales are
 kept: onnxruntime computes those in float32 too.
 
-Not fired: models that store no 16-bit float data (no such initializer or attribute tensor).
-The pass is for models whose weights were stored in 16 bits (converted, or trained so). A
-float32 model's explicit round trips through float16 are its intent, and a weightless
-computation declared in 16 bits (an operator's conformance case) keeps the per-operator
-rounding the ONNX reference computes: bfloat16 Attention, for one, is checked step by step.
+Not fired: models that hold no 16-bit float data (no such initializer, attribute tensor, graph
+input or output): a float32 model's explicit round trips through float16 are its intent.
 Refused (model unchanged, reason logged at debug level): BitCast (bit patterns depend on the
 exact type), Casts to string of 16-bit values (the text differs), nodes of domains whose kernels
 are unknown here, and 16-bit sequence / optional / map graph inputs or outputs.
@@ -129,8 +126,11 @@ def _low_tensor_attr(a: Attribute) -> bool:
 
 
 def _holds_low_data(model: Model) -> bool:
-    """The model stores 16-bit float data: initializers, or tensors in attributes."""
-    for graph in all_graphs(model.graph):
+    """The model stores 16-bit float data or declares 16-bit graph inputs / outputs."""
+    g = model.graph
+    if any(_has_low(v.type) for v in (*g.inputs, *g.outputs)):
+        return True
+    for graph in all_graphs(g):
         if any(_is_low_array(v.const_value) for v in graph.initializers.values()):
             return True
         for node in graph.nodes:

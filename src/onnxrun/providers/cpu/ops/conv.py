@@ -324,10 +324,11 @@ def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
 
 
 def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
-    """(16, M, C): G W G^T of each 3x3 filter, tap (a, b) of the 4x4 result first."""
+    """(16, C, M): G W G^T of each 3x3 filter, tap (a, b) of the 4x4 result first, ready
+    to multiply the (tiles, C) transformed input from the right."""
     G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
-    U = np.einsum("ai,mcij,bj->abmc", G, W.astype(np.float64), G)
-    return np.ascontiguousarray(U.reshape((16,) + W.shape[:2]), dtype=cdt)
+    U = np.einsum("ai,mcij,bj->abcm", G, W.astype(np.float64), G)
+    return np.ascontiguousarray(U.reshape((16, W.shape[1], W.shape[0])), dtype=cdt)
 
 
 _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
@@ -335,57 +336,55 @@ _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
 
 def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
     """3x3 stride-1 convolution by Winograd F(2x2, 3x3): every 2x2 output tile is
-    A^T [(G W G^T) * (B^T d B)] A over its 4x4 input tile d. The transforms are sums and
-    differences of strided slices; the 16 products over the channels are 16 GEMMs with
-    9/4 fewer multiplications than im2col's. Returns (N, M, 2*ceil(Ho/2), 2*ceil(Wo/2)),
-    bias added, in a fresh array when that is exactly the output, else in scratch."""
+    A^T [(G W G^T) * (B^T d B)] A over its 4x4 input tile d. The 16 products summed over the
+    channels are 16 GEMMs with 9/4 fewer multiplications than im2col's; the transforms are
+    sums and differences of strided slices, done channels-last so that their inner loops run
+    along the channels. Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2), M) channels-last, bias added,
+    a fresh array."""
     N, C = X.shape[:2]
-    M = U.shape[1]
+    M = U.shape[2]
     Ho, Wo = outs
     th, tw = -(-Ho // 2), -(-Wo // 2)
-    P = _pad_into(scratch("conv_in", (C, N, 2 * th + 2, 2 * tw + 2), X.dtype),
-                  X.transpose(1, 0, 2, 3), heads)
-    exact = (2 * th, 2 * tw) == outs
-    Y = np.empty((N, M, 2 * th, 2 * tw), X.dtype) if exact else \
-        scratch("conv_out", (N, M, 2 * th, 2 * tw), X.dtype)
-    Yt = Y.transpose(1, 0, 2, 3)
+    Wp = 2 * tw + 2
+    P = scratch("conv_in", (N, 2 * th + 2, Wp, C), X.dtype)
+    _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+    Y = np.empty((N, 2 * th, 2 * tw, M), X.dtype)
     band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
     for t0 in range(0, th, band):
         nt = min(band, th - t0)
-        # rows: B^T d, on every 4-row window at once (tile rows step by 2)
-        R = scratch("conv_rows", (4, C, N, nt, 2 * tw + 2), X.dtype)
-        p = [P[:, :, 2 * t0 + k:2 * t0 + k + 2 * nt - 1:2] for k in range(4)]
+        # rows: B^T d, every 4-row window at once (tile rows step by 2)
+        R = scratch("conv_rows", (4, N, nt, Wp, C), X.dtype)
+        p = [P[:, 2 * t0 + k:2 * t0 + k + 2 * nt - 1:2] for k in range(4)]
         np.subtract(p[0], p[2], out=R[0])
         np.add(p[1], p[2], out=R[1])
         np.subtract(p[2], p[1], out=R[2])
         np.subtract(p[1], p[3], out=R[3])
-        # columns: (B^T d) B, straight into the 16 GEMM operands
-        V = scratch("conv_cols", (16, C, N, nt, tw), X.dtype)
+        # columns: (B^T d) B, straight into the 16 GEMM operands (tiles, C)
+        V = scratch("conv_cols", (16, N, nt, tw, C), X.dtype)
         for a in range(4):
-            q = [R[a][..., k:k + 2 * tw - 1:2] for k in range(4)]
+            q = [R[a][:, :, k:k + 2 * tw - 1:2] for k in range(4)]
             np.subtract(q[0], q[2], out=V[4 * a])
             np.add(q[1], q[2], out=V[4 * a + 1])
             np.subtract(q[2], q[1], out=V[4 * a + 2])
             np.subtract(q[1], q[3], out=V[4 * a + 3])
         T = N * nt * tw
-        Mm = scratch("conv_gemm", (16, M, T), X.dtype)
-        np.matmul(U, V.reshape(16, C, T), out=Mm)
-        Mm = Mm.reshape(4, 4, M, N, nt, tw)
+        Mm = scratch("conv_gemm", (16, T, M), X.dtype)
+        np.matmul(V.reshape(16, T, C), U, out=Mm)
+        Mm = Mm.reshape(4, 4, N, nt, tw, M)
         # A^T m A: rows, then columns into the strided output
-        S = scratch("conv_acc", (2, 4, M, N, nt, tw), X.dtype)
+        S = scratch("conv_acc", (2, 4, N, nt, tw, M), X.dtype)
         np.add(Mm[0], Mm[1], out=S[0])
         S[0] += Mm[2]
         np.subtract(Mm[1], Mm[2], out=S[1])
         S[1] -= Mm[3]
         if b is not None:  # S[a][1] enters both output columns with a plus sign
-            S[:, 1] += b.reshape(M, 1, 1, 1)
-        rows = slice(2 * t0, 2 * (t0 + nt))
+            S[:, 1] += b.reshape(M)
         for a in range(2):
             s = S[a]
-            ya = Yt[:, :, rows][:, :, a::2]
-            y = np.add(s[0], s[1], out=ya[..., 0::2])
+            ya = Y[:, 2 * t0 + a:2 * (t0 + nt):2]
+            y = np.add(s[0], s[1], out=ya[:, :, 0::2])
             y += s[2]
-            y = np.subtract(s[1], s[2], out=ya[..., 1::2])
+            y = np.subtract(s[1], s[2], out=ya[:, :, 1::2])
             y -= s[3]
     return Y
 
@@ -656,8 +655,8 @@ class Conv(_ConvBase):
         if Wm is None:
             Wm = self._weights(method, W, cdt)
         if method == "winograd":
-            Y = _winograd_3x3(X, Wm, b, heads, outs)
-            if Y.shape[2:] == outs:
+            Y = _winograd_3x3(X, Wm, b, heads, outs).transpose(0, 3, 1, 2)
+            if Y.shape[2:] == outs and self.channels_last:
                 return _finish(Y, None, None, Z, act, out_dtype)
             return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype)
         if method == "shifted":

@@ -57,7 +57,11 @@ def _register(name, versions, kernel, fast=None):
     def __new__(cls, ctx: KernelContext):  # a class kernel that returns a plain function
         return fast(_input_dtype(ctx, 0)) or kernel
 
-    op(name, *versions)(type(name, (), {"__new__": __new__, "__doc__": kernel.__doc__}))
+    def __init__(self, ctx: KernelContext) -> None:  # never called; read for the attributes
+        pass
+
+    op(name, *versions)(type(name, (), {"__new__": __new__, "__init__": __init__,
+                                        "__doc__": kernel.__doc__}))
 
 
 def _not_half(ufunc):

@@ -6,6 +6,7 @@ handful), never over pixels.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -50,11 +51,19 @@ class _Pool:
         strided passes each. Nothing is padded: each tap covers the output positions whose
         input lies inside the image, and the first two taps that cover every position make
         the accumulator in one operation."""
-        Y = X
+        first = 2
+        if _channels_last_wins(X, outs, self.strides):
+            # rows of pixels x channels: long inner loops where an NCHW row is a few pixels
+            Y = X.transpose(0, 2, 3, 1)
+            if not Y.flags.c_contiguous:
+                Y = np.ascontiguousarray(Y)
+            first = 1
+        else:
+            Y = X
         for i, o in enumerate(outs):
-            Y = _reduce_axis(Y, 2 + i, o, self.kernel[i], self.strides[i], self.dilations[i],
-                             heads[i], fill, ufunc)
-        return Y
+            Y = _reduce_axis(Y, first + i, o, self.kernel[i], self.strides[i],
+                             self.dilations[i], heads[i], fill, ufunc)
+        return Y if first == 2 else Y.transpose(0, 3, 1, 2)  # NCHW-shaped, maybe strided
 
     def window_sum(self, X: np.ndarray, heads, outs, power=None) -> np.ndarray:
         """Sum over each window (zero padding), of |X|**power when power is given."""
@@ -72,21 +81,36 @@ class _Pool:
 
     def counts(self, in_shape, heads, tails, outs, include_pad: bool) -> np.ndarray | None:
         """Per output position, how many window taps fall in the counted range (None: all)."""
-        per_axis = []
-        uniform = True
-        for i, o in enumerate(outs):
-            k, s, d = self.kernel[i], self.strides[i], self.dilations[i]
-            lo, hi = (-heads[i], in_shape[i] + tails[i]) if include_pad else (0, in_shape[i])
-            pos = np.arange(o)[:, None] * s - heads[i] + np.arange(k)[None, :] * d
-            c = ((pos >= lo) & (pos < hi)).sum(axis=1)
-            uniform = uniform and bool((c == k).all())
-            per_axis.append(c)
-        if uniform:
-            return None
-        total = per_axis[0]
-        for c in per_axis[1:]:
-            total = np.multiply.outer(total, c)
-        return total
+        return _counts(tuple(in_shape), tuple(heads), tuple(tails), tuple(outs), include_pad,
+                       self.kernel, self.strides, self.dilations)
+
+
+@functools.lru_cache(maxsize=256)
+def _counts(in_shape, heads, tails, outs, include_pad, kernel, strides, dilations):
+    """See _Pool.counts; the same geometry comes back every run (a read-only array)."""
+    per_axis = []
+    uniform = True
+    for i, o in enumerate(outs):
+        k, s, d = kernel[i], strides[i], dilations[i]
+        lo, hi = (-heads[i], in_shape[i] + tails[i]) if include_pad else (0, in_shape[i])
+        pos = np.arange(o)[:, None] * s - heads[i] + np.arange(k)[None, :] * d
+        c = ((pos >= lo) & (pos < hi)).sum(axis=1)
+        uniform = uniform and bool((c == k).all())
+        per_axis.append(c)
+    if uniform:
+        return None
+    total = per_axis[0]
+    for c in per_axis[1:]:
+        total = np.multiply.outer(total, c)
+    total.flags.writeable = False
+    return total
+
+
+def _channels_last_wins(X: np.ndarray, outs, strides) -> bool:
+    """Pool channels-last: small stride-1 images with many channels (measured on the
+    Inception pooling branches; strided and large images are faster planar)."""
+    return X.ndim == 4 and X.shape[1] >= 64 and all(s == 1 for s in strides) and \
+        outs[0] * outs[1] <= 1024
 
 
 def _reduce_axis(X: np.ndarray, axis: int, o: int, k: int, s: int, d: int, head: int, fill,
@@ -136,7 +160,7 @@ class MaxPool(_Pool):
         heads, _, outs = self.geometry(X)
         fill = _lowest(X.dtype)
         if not self.want_indices:
-            return self.reduce_windows(X, heads, outs, fill, np.maximum)
+            return np.ascontiguousarray(self.reduce_windows(X, heads, outs, fill, np.maximum))
         Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         return self._with_indices(X, Xp, heads, outs)
 
@@ -186,12 +210,14 @@ class AveragePool(_Pool):
         heads, tails, outs = self.geometry(X)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
-        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs)
+        S = self.window_sum(X.astype(cdt, copy=False), heads, outs)
         counts = self.counts(X.shape[2:], heads, tails, outs, self.include_pad)
+        # the scaling also makes the result C-contiguous when the sum is a strided view
+        Y = S if S.flags.c_contiguous else np.empty(S.shape, cdt)
         if counts is None:
-            Y *= cdt.type(1.0 / int(np.prod(self.kernel)))
+            np.multiply(S, cdt.type(1.0 / int(np.prod(self.kernel))), out=Y)
         else:
-            Y /= counts.astype(cdt)
+            np.divide(S, counts.astype(cdt), out=Y)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
@@ -207,7 +233,8 @@ class LpPool(_Pool):
         heads, _, outs = self.geometry(X)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
-        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, power=self.p)
+        Y = np.ascontiguousarray(self.window_sum(X.astype(cdt, copy=False), heads, outs,
+                                                 power=self.p))
         Y = np.sqrt(Y, out=Y) if self.p == 2 else np.power(Y, cdt.type(1.0 / self.p), out=Y)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 

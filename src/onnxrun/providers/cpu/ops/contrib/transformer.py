@@ -40,21 +40,32 @@ def _stat_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
-def _layer_norm(x: np.ndarray, gamma, beta, epsilon: float):
-    """Layer normalization over the last axis of the owned float array ``x`` (overwritten).
-    Returns (normalized, mean, inv_std) with the statistics kept as (..., 1)."""
+def _layer_norm(x: np.ndarray, gamma, beta, epsilon: float, out: np.ndarray | None = None):
+    """Layer normalization over the last axis of the float array ``x``, into ``out`` (which may
+    be ``x``; a new array by default). Returns (normalized, mean, inv_std) with the statistics
+    kept as (..., 1). Five passes over the data: the row sums as a BLAS product with ones, the
+    sums of squares as an einsum, no temporary array."""
     sd = x.dtype
-    mean = x.mean(axis=-1, keepdims=True)
-    x -= mean
-    var = np.mean(np.square(x), axis=-1, keepdims=True)
+    n = x.shape[-1]
+    if x.size == 0:  # no rows, or empty rows (whose statistics are NaN)
+        mean = x.mean(axis=-1, keepdims=True)
+        y = np.subtract(x, mean, out=out)
+        var = np.mean(np.square(y), axis=-1, keepdims=True)
+    else:
+        mean = (x.reshape(-1, n) @ np.ones(n, sd)).reshape(x.shape[:-1] + (1,))
+        mean *= sd.type(1.0 / n)
+        y = np.subtract(x, mean, out=out)
+        yr = y.reshape(-1, n)
+        var = np.einsum("ij,ij->i", yr, yr).reshape(mean.shape)
+        var *= sd.type(1.0 / n)
     var += sd.type(epsilon)
     inv = np.sqrt(var, out=var)
     np.reciprocal(inv, out=inv)
-    x *= inv
-    x *= gamma.astype(sd, copy=False)
+    y *= inv
+    y *= gamma.astype(sd, copy=False)
     if beta is not None:
-        x += beta.astype(sd, copy=False)
-    return x, mean, inv
+        y += beta.astype(sd, copy=False)
+    return y, mean, inv
 
 
 @op("SimplifiedLayerNormalization", 1)
@@ -89,8 +100,10 @@ class SkipLayerNormalization:
     def __call__(self, input, skip, gamma, beta=None, bias=None):  # noqa: A002 - schema
         sd = _stat_dtype(input.dtype)
         s = _skip_sum(input, skip, bias, sd)
-        total = s.astype(input.dtype) if self.want_sum else None
-        Y, mean, inv = _layer_norm(s, gamma, beta, self.epsilon)
+        # the sum is an output too: normalize into a new array then, else in place
+        total = s.astype(input.dtype, copy=False) if self.want_sum else None
+        Y, mean, inv = _layer_norm(s, gamma, beta, self.epsilon,
+                                   None if self.want_sum else s)
         return (Y.astype(input.dtype, copy=False), mean.astype(np.float32, copy=False),
                 inv.astype(np.float32, copy=False), total)
 
@@ -469,8 +482,8 @@ class EmbedLayerNormalization:
         if segment_ids is not None and segment_embedding is not None:
             s += segment_embedding[segment_ids].astype(sd, copy=False)
         dt = word_embedding.dtype
-        total = s.astype(dt) if self.want_sum else None
-        Y, _, _ = _layer_norm(s, gamma, beta, self.epsilon)
+        total = s.astype(dt, copy=False) if self.want_sum else None
+        Y, _, _ = _layer_norm(s, gamma, beta, self.epsilon, None if self.want_sum else s)
         if mask is not None:
             mask_index = (mask != 0).sum(axis=1).astype(np.int32)
         else:
