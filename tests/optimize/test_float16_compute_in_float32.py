@@ -3,6 +3,7 @@ graph inputs and outputs; the extended fusions then fire as on the float32 origi
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from pathlib import Path
 
@@ -404,7 +405,7 @@ def check_untouched(m: onnx.ModelProto, f: dict, exact: bool = True) -> None:
                 np.testing.assert_array_equal(a, b)
 
 
-def test_bitcast_is_refused():
+def test_bitcast_is_refused(caplog):
     m = build("""
         g (float16[4] x) => (int16[4] y, float16[4] z) {
             s = Add(x, x)
@@ -412,7 +413,9 @@ def test_bitcast_is_refused():
             z = Mul(x, w)
         }""", head='<ir_version: 10, opset_import: ["" : 26]>\n',
         w=np.array([0.1, 0.2, 0.3, 0.4], np.float16))
-    check_untouched(m, {"x": np.array([1, 2, 3, 4], np.float16)})
+    with caplog.at_level(logging.DEBUG, logger="onnxrun"):
+        check_untouched(m, {"x": np.array([1, 2, 3, 4], np.float16)})
+    assert "BitCast" in caplog.text and PASS in caplog.text
 
 
 def test_cast_to_string_is_refused():

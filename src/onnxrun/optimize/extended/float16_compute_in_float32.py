@@ -31,7 +31,8 @@ Not fired: models that hold no 16-bit float data (no such initializer, attribute
 input or output): a float32 model's explicit round trips through float16 are its intent.
 Refused (model unchanged, reason logged at debug level): BitCast (bit patterns depend on the
 exact type), Casts to string of 16-bit values (the text differs), nodes of domains whose kernels
-are unknown here, and 16-bit sequence / optional / map graph inputs or outputs.
+are unknown here, 16-bit sequence / optional / map graph inputs or outputs, and graph inputs or
+outputs of unknown type.
 """
 
 from __future__ import annotations
@@ -143,6 +144,9 @@ def _refusal(model: Model) -> str | None:
     """Why the model cannot be converted safely, or None."""
     g = model.graph
     for v in (*g.inputs, *g.outputs):
+        if v.type is None or v.type.WhichOneof("value") is None or (
+                v.type.WhichOneof("value") == "tensor_type" and not _tensor_elem(v)):
+            return f"graph input/output '{v.name}' has no known type: its Cast cannot be chosen"
         if _has_low(v.type) and v.type.WhichOneof("value") != "tensor_type":
             return f"graph input/output '{v.name}' is a non-tensor of 16-bit floats"
     for node in g.all_nodes():

@@ -65,7 +65,8 @@ def softmax_(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     if sink is not None:
         s += np.exp(sink - m)
     s[s == 0] = 1
-    x /= s
+    np.reciprocal(s, out=s)  # one division per row, then a product per element
+    x *= s
     return x
 
 

@@ -14,7 +14,7 @@ import threading
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ....dtypes import BFLOAT16
+from ....dtypes import BFLOAT16, type_shape
 from ..kernels import KernelContext, op
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
@@ -461,50 +461,91 @@ class _ConvBase:
 
 # -- memory layout between convolutions -----------------------------------------------------
 #
-# A kernel may return any strides. Between 1x1 and depthwise convolutions channels-last memory
-# (an NCHW-shaped view of an NHWC array) is the cheaper one: the depthwise kernel works in it,
-# a 1x1 convolution is the same GEMM with its operands transposed, and per-channel bias and
-# clipping broadcast along contiguous rows. So a 1x1 or depthwise convolution writes its
-# output channels-last when every reader takes it at no cost; graph outputs stay NCHW.
+# A kernel may return any strides. Around depthwise and Winograd convolutions channels-last
+# memory (an NCHW-shaped view of an NHWC array) is the cheaper one: those kernels work in it
+# (their inner loops run along the channels instead of along short image rows), and a 1x1
+# convolution reading or writing it is the same GEMM with transposed operands. So a
+# convolution writes its output channels-last when every reader takes it at no cost and one
+# side gains; between two 1x1 convolutions, and for graph outputs, it stays NCHW.
 
-_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Relu", "Clip"})  # numpy keeps their layout
+_PASS_THROUGH = frozenset({"Relu", "Clip"})  # one tensor in, numpy keeps its layout
 
 
-def _conv_reads_channels_last(node) -> bool:
-    """A Conv / FusedConv node whose kernel is a GEMM on its input (1x1, stride 1, no pads)
-    or the channels-last depthwise one."""
+def conv_kind(node) -> str:
+    """How the Conv / FusedConv ``node`` will run: "1x1" (a GEMM on its input), "depthwise"
+    (the channels-last kernel), "winograd", or "other"."""
     W = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None \
         else None
     if W is None or W.ndim != 4:
-        return False
+        return "other"
     group = int(node.attr("group", 1))
     if group == W.shape[0] and W.shape[1] == 1 and group > 1:
-        return group >= _NHWC_CHANNELS
-    pads = node.attr("pads", None)
+        return "depthwise" if group >= _NHWC_CHANNELS else "other"
+    strides = tuple(int(v) for v in (node.attr("strides", None) or (1, 1)))
+    dilations = tuple(int(v) for v in (node.attr("dilations", None) or (1, 1)))
+    pads = tuple(int(v) for v in (node.attr("pads", None) or ()))
     auto_pad = node.attr("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-    return group == 1 and W.shape[2:] == (1, 1) and \
-        all(int(v) == 1 for v in (node.attr("strides", None) or (1, 1))) and \
-        not any(int(v) for v in (pads if pads is not None else ())) and \
-        auto_pad in ("NOTSET", "VALID")
+    kernel = tuple(W.shape[2:])
+    if group == 1 and kernel == (1, 1) and strides == (1, 1) and not any(pads) and \
+            auto_pad in ("NOTSET", "VALID"):
+        return "1x1"
+    outs = None
+    shape = _static_shape(node.inputs[0])
+    if shape is not None:
+        try:
+            outs = window_geometry(shape[2:], kernel, strides, dilations, pads, auto_pad)[2]
+        except ValueError:
+            return "other"
+    method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
+                           outs)
+    return "winograd" if method == "winograd" else "other"
 
 
-def channels_last_ok(value, depth: int = 0) -> bool:
-    """Whether every reader of ``value`` takes channels-last memory at no extra cost."""
+def _static_shape(value) -> tuple | None:
+
+    dims = type_shape(value.type) if value is not None and value.type is not None else None
+    if dims is None or len(dims) != 4 or not all(isinstance(d, int) and d > 0
+                                                 for d in dims[1:]):
+        return None
+    return tuple(dims)  # the batch may be symbolic
+
+
+def _channels_last_readers(value, depth: int = 0) -> set[str] | None:
+    """The kinds of the convolutions reading ``value`` (through Relu / Clip), or None when
+    some reader would pay for channels-last memory (or ``value`` is a graph output)."""
     producer = value.producer
     graph = producer.graph if producer is not None else None
     if graph is None or not value.uses or value in graph.outputs:
-        return False
+        return None
+    kinds: set[str] = set()
     for node, index in value.uses:
         if node.domain in ("", "com.microsoft") and node.op_type in ("Conv", "FusedConv"):
-            if index != 0 or not _conv_reads_channels_last(node):
-                return False
-        elif node.domain == "" and node.op_type in _ELEMENTWISE and depth < 4:
-            if not all(channels_last_ok(v, depth + 1) for v in node.outputs):
-                return False
-        elif not (node.domain == "" and node.op_type == "GlobalAveragePool"):
-            return False
-    return True
+            kind = conv_kind(node)
+            if index != 0 or kind == "other":
+                return None
+            kinds.add(kind)
+        elif node.domain == "" and node.op_type in _PASS_THROUGH and depth < 4:
+            for v in node.outputs:
+                more = _channels_last_readers(v, depth + 1)
+                if more is None:
+                    return None
+                kinds |= more
+        elif node.domain == "" and node.op_type == "GlobalAveragePool":
+            kinds.add("pool")
+        else:
+            return None
+    return kinds
+
+
+def channels_last_output(node) -> bool:
+    """Whether the convolution ``node`` should write its output channels-last."""
+    readers = _channels_last_readers(node.outputs[0])
+    if readers is None:
+        return False
+    kind = conv_kind(node)
+    return kind in ("depthwise", "winograd") or (
+        kind == "1x1" and bool(readers & {"depthwise", "winograd"}))
 
 
 def _is_channels_last(X: np.ndarray) -> bool:
@@ -563,7 +604,7 @@ class Conv(_ConvBase):
         if W is None:
             return
         self.W_shape = W.shape
-        self.channels_last = W.ndim == 4 and channels_last_ok(ctx.node.outputs[0])
+        self.channels_last = W.ndim == 4 and channels_last_output(ctx.node)
         cdt = compute_dtype(W.dtype)
         nd = W.ndim - 2
         if self._is_depthwise(W.shape):
