@@ -65,8 +65,11 @@ def softmax_(x: np.ndarray, sink: np.ndarray | None = None) -> np.ndarray:
     if sink is not None:
         s += np.exp(sink - m)
     s[s == 0] = 1
-    np.reciprocal(s, out=s)  # one division per row, then a product per element
-    x *= s
+    if x.dtype.itemsize <= 2:
+        x /= s  # 16-bit floats: divide, so rounding matches the step-by-step reference
+    else:
+        np.reciprocal(s, out=s)  # one division per row, then a product per element
+        x *= s
     return x
 
 
