@@ -172,20 +172,21 @@ def test_a_clean_pass_waits_for_another_change(monkeypatch):
     model = onnxrun.ir.model_from_proto(_model_with_weights())
     report = manager.run_passes(model, 99)
     # round 1: a clean, b changes, c clean; round 2: a and c rerun (b changed), b changes;
-    # round 3: a and c rerun, b finds nothing; round 4: nothing changed since, all skipped.
-    assert (a.runs, b.runs, c.runs) == (3, 3, 3)
-    assert report.rounds == 4 and report.passes["b"].runs == 3
+    # round 3: a reruns, b finds nothing, c is skipped (it ran after b's last change).
+    assert (a.runs, b.runs, c.runs) == (3, 3, 2)
+    assert report.rounds == 3 and report.passes["c"].runs == 2
 
 
 # -- run loop and elementwise kernels ----------------------------------------------------------
 
 
 def _binary_model(op: str, dtype: int) -> bytes:
+    out = TensorProto.BOOL if op in ("Equal", "Less") else dtype
     graph = helper.make_graph(
         [helper.make_node(op, ["A", "B"], ["C"])], "g",
         [helper.make_tensor_value_info("A", dtype, [3, 4]),
          helper.make_tensor_value_info("B", dtype, [4])],
-        [helper.make_tensor_value_info("C", None, None)])
+        [helper.make_tensor_value_info("C", out, [3, 4])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
                              ir_version=8).SerializeToString()
 
@@ -216,21 +217,23 @@ def test_elementwise_kernels_of_a_known_type(op: str, ufunc, dtype):
 def test_run_errors_name_the_node():
     graph = helper.make_graph(
         [helper.make_node("Relu", ["X"], ["R"], name="first"),
-         helper.make_node("Add", ["R", "Y"], ["Z"], name="the_add")], "g",
+         helper.make_node("Reshape", ["R", "S"], ["Z"], name="the_reshape")], "g",
         [helper.make_tensor_value_info("X", 1, [2, 3]),
-         helper.make_tensor_value_info("Y", 1, ["n", 5])],
+         helper.make_tensor_value_info("S", TensorProto.INT64, [2])],
         [helper.make_tensor_value_info("Z", 1, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     sess = onnxrun.InferenceSession(model.SerializeToString())
-    with pytest.raises(onnxrun.RuntimeException, match=r"'the_add' \(Add\).*\[2, 3\]"):
-        sess.run(None, {"X": np.ones((2, 3), np.float32), "Y": np.ones((4, 5), np.float32)})
+    X = np.ones((2, 3), np.float32)
+    assert sess.run(None, {"X": X, "S": np.array([3, 2])})[0].shape == (3, 2)
+    with pytest.raises(onnxrun.RuntimeException, match=r"'the_reshape' \(Reshape\).*float\[2,3\]"):
+        sess.run(None, {"X": X, "S": np.array([4, 5])})
 
 
 # -- kernels -----------------------------------------------------------------------------------
 
 
 def _erf64(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf)(x.astype(np.float64))
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64))
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 3), (2, 128, 300), (32768 + 5,)])
@@ -245,7 +248,7 @@ def test_blocked_erf_and_gelu(shape):
     np.testing.assert_allclose(got, _erf64(x), atol=1e-6)
     y = gelu_(x.copy())
     want = x.astype(np.float64) * 0.5 * (1 + _erf64(x / math.sqrt(2)))
-    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=5e-6)  # 5e-6: gelu(-40)
     strided = x.T if x.ndim > 1 else x[::2]
     np.testing.assert_allclose(erf(strided), _erf64(strided), atol=1e-6)
 
@@ -280,7 +283,7 @@ def test_bias_gelu_and_gelu20():
                               [helper.make_tensor_value_info("X", 1, A.shape)],
                               [helper.make_tensor_value_info("Y", 1, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)], ir_version=9)
-    X = A[:, :, ::3]  # not contiguous: the kernel works on a copy of its own
+    X = np.asfortranarray(A)  # not C-contiguous: the kernel computes on a copy of its own
     got = onnxrun.InferenceSession(model.SerializeToString()).run(None, {"X": X})[0]
     xd = X.astype(np.float64)
     np.testing.assert_allclose(got, xd * 0.5 * (1 + _erf64(xd / math.sqrt(2))), rtol=1e-5,

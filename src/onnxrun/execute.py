@@ -27,6 +27,9 @@ class RunTerminated(Fail):
     """RunOptions.terminate was set while the run was in progress (onnxruntime raises Fail)."""
 
 
+DISCARD = 1  # plan.DISCARD_SLOT: where the result of a node without outputs goes
+
+
 def compile_steps(steps: list[Step]) -> list[tuple[Any, ...]]:
     """The steps as the run loop reads them: the kernel, a C-level getter for its arguments
     (operator.itemgetter) and whether the getter returns one value or a tuple to spread, the
@@ -38,9 +41,6 @@ def compile_steps(steps: list[Step]) -> list[tuple[Any, ...]]:
         arity = 2 if len(ins) > 1 else len(ins)
         compiled.append((kernel, get, arity, outs[0] if outs else DISCARD, outs, frees, i))
     return compiled
-
-
-DISCARD = 1  # plan.DISCARD_SLOT: where the result of a node without outputs goes
 
 
 def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None,

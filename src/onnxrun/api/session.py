@@ -474,13 +474,23 @@ def _keep_freed_memory() -> bool:
         mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
-@functools.cache
+_blas_found: tuple[int, list[Any]] | None = None  # (len(sys.modules) then, the libraries)
+
+
 def _blas_libraries() -> list[Any]:
-    try:
-        from threadpoolctl import ThreadpoolController  # optional: not a dependency
-    except ImportError:
-        return []
-    return ThreadpoolController().select(user_api="blas").lib_controllers
+    """The BLAS libraries of the process, through threadpoolctl (optional: not a dependency).
+    Its scan of every loaded shared library is redone only when modules were imported since:
+    an import may load another BLAS (scipy's, torch's)."""
+    global _blas_found
+    if _blas_found is None or _blas_found[0] != len(sys.modules):
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            libs: list[Any] = []
+        else:
+            libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        _blas_found = (len(sys.modules), libs)
+    return _blas_found[1]
 
 
 class _BlasThreads:
@@ -491,16 +501,12 @@ class _BlasThreads:
 
     _lock = threading.Lock()
     _depth = 0
+    _active: list[Any] = []  # the libraries whose thread counts the runs in progress set
     _saved: list[int] = []
 
     def __init__(self, n: int) -> None:
         self._n = n
 
-    @property
-    def _libs(self) -> list[Any]:
-        # Found at the first run, not at session creation: threadpoolctl inspects every shared
-        # library the process has loaded (once per process, cached).
-        return _blas_libraries()
 
     @staticmethod
     def for_session(n: int) -> contextlib.AbstractContextManager:
@@ -510,9 +516,11 @@ class _BlasThreads:
         cls = _BlasThreads
         with cls._lock:
             if cls._depth == 0:
-                libs = self._libs
-                cls._saved = [lib.num_threads for lib in libs]
-                for lib in libs:
+                # Looked up at the run, not at session creation: threadpoolctl's scan of the
+                # loaded libraries then costs a session nothing until it runs.
+                cls._active = _blas_libraries()
+                cls._saved = [lib.num_threads for lib in cls._active]
+                for lib in cls._active:
                     lib.set_num_threads(self._n)
             cls._depth += 1
 
@@ -521,7 +529,7 @@ class _BlasThreads:
         with cls._lock:
             cls._depth -= 1
             if cls._depth == 0:
-                for lib, n in zip(self._libs, cls._saved, strict=True):
+                for lib, n in zip(cls._active, cls._saved, strict=True):
                     lib.set_num_threads(n)
 
 

@@ -1,7 +1,11 @@
-"""Convolutions: Conv (im2col + one GEMM per group) and ConvTranspose (GEMM + col2im).
+"""Convolutions: Conv and ConvTranspose, and the window geometry (pads, output sizes, strided
+window offsets) shared with the pooling kernels in ``pool.py``.
 
-Also holds the window geometry (pads, output sizes, strided window offsets) shared with the
-pooling kernels in ``pool.py``.
+Conv picks a kernel per layer (see ``Conv``): a depthwise kernel (planar or channels-last),
+Winograd F(2x2, 3x3), one GEMM per kernel tap, or im2col + GEMM; a 1x1 convolution is a GEMM
+on the input itself. Temporaries come from per-thread scratch buffers, the bias and fused
+activation are applied on the way out, and around depthwise and Winograd layers activations
+stay in channels-last memory (see "memory layout between convolutions").
 """
 
 from __future__ import annotations
@@ -156,7 +160,45 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
     return Y
 
 
-# -- depthwise ----------------------------------------------------------------------------------
+# -- scratch buffers, padding ---------------------------------------------------------------------
+
+_scratch = threading.local()
+_SCRATCH_MAX = 1 << 26  # bytes; larger temporaries are allocated per call
+
+
+def scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A temporary of this thread, contents undefined, reused from call to call.
+
+    A kernel's temporaries die when it returns, so one buffer per slot and thread serves every
+    node: no allocation (nor, when the allocator has handed large freed blocks back to the
+    system, page faults) per run. A kernel must not hold two arrays of one slot at once, nor
+    return one."""
+    dtype = np.dtype(dtype)
+    n = math.prod(shape) * dtype.itemsize
+    if n > _SCRATCH_MAX:
+        return np.empty(shape, dtype)
+    pool = _scratch.__dict__
+    buf = pool.get(slot)
+    if buf is None or buf.nbytes < n:
+        buf = pool[slot] = np.empty(max(n, 1 << 16), np.uint8)
+    return buf[:n].view(dtype).reshape(shape)
+
+
+def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
+    """Fill P (A, B, Hp, Wp) with X (A, B, H, W, any strides) surrounded by zeros: X starts
+    at (heads[0], heads[1]) and is cut where it does not fit."""
+    Hp, Wp = P.shape[2:]
+    h0, w0 = heads
+    h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
+    P[:, :, :h0] = 0
+    P[:, :, h0 + h:] = 0
+    P[:, :, h0:h0 + h, :w0] = 0
+    P[:, :, h0:h0 + h, w0 + w:] = 0
+    P[:, :, h0:h0 + h, w0:w0 + w] = X[:, :, :h, :w]
+    return P
+
+
+# -- depthwise ------------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=256)
@@ -211,25 +253,6 @@ def _depthwise_nhwc_wins(C: int, outs, strides) -> bool:
     return C >= _NHWC_CHANNELS and (
         any(s != 1 for s in strides) or outs[0] * outs[1] < _NHWC_PIXELS)
 
-_scratch = threading.local()
-_SCRATCH_MAX = 1 << 26  # bytes; larger temporaries are allocated per call
-
-
-def scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """A temporary of this thread, contents undefined, reused from call to call.
-
-    Large fresh arrays cost page faults every run (the allocator hands freed blocks back to
-    the system); a kernel's temporaries die when it returns, so one buffer per slot and thread
-    serves every node. A kernel must not hold two arrays of one slot, nor return one."""
-    dtype = np.dtype(dtype)
-    n = math.prod(shape) * dtype.itemsize
-    if n > _SCRATCH_MAX:
-        return np.empty(shape, dtype)
-    pool = _scratch.__dict__
-    buf = pool.get(slot)
-    if buf is None or buf.nbytes < n:
-        buf = pool[slot] = np.empty(max(n, 1 << 16), np.uint8)
-    return buf[:n].view(dtype).reshape(shape)
 
 
 def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np.ndarray:
@@ -306,21 +329,7 @@ def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out=None)
     return np.einsum("nhwijc,ijc->nhwc", view, w_hwc, out=out)
 
 
-# -- dense 2-D convolutions without im2col -----------------------------------------------------
-
-
-def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
-    """Fill P (A, B, Hp, Wp) with X (A, B, H, W, any strides) surrounded by zeros: X starts
-    at (heads[0], heads[1]) and is cut where it does not fit."""
-    Hp, Wp = P.shape[2:]
-    h0, w0 = heads
-    h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
-    P[:, :, :h0] = 0
-    P[:, :, h0 + h:] = 0
-    P[:, :, h0:h0 + h, :w0] = 0
-    P[:, :, h0:h0 + h, w0 + w:] = 0
-    P[:, :, h0:h0 + h, w0:w0 + w] = X[:, :, :h, :w]
-    return P
+# -- dense 2-D convolutions without im2col --------------------------------------------------------
 
 
 def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
@@ -332,6 +341,10 @@ def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
 
 
 _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
+# Fewer 2x2 tiles than this (images below 16 x 16) make the 16 GEMMs too short to run at
+# BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
+# unless the channels are many (VGG19's and ZFNet's 512-channel layers).
+_WINOGRAD_TILES = 64
 
 
 def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
@@ -416,6 +429,9 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
     return as_strided(Y, (N, M, Ho, Wo), (plane * item, sM, Wp * item, item), writeable=False)
 
 
+# -- epilogue -------------------------------------------------------------------------------------
+
+
 def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
     """The result act(Y + b + Z) as ``out_dtype``: Y a fresh array updated in place, or (Y
     None) ``src``, a strided view of scratch, copied out by the first operation."""
@@ -431,7 +447,7 @@ def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
         else:
             np.copyto(Y, src)
     if b is not None:
-        Y += b
+        add_channel_bias(Y, b)
     if Z is not None:
         Y += Z
     if act is not None:
@@ -439,27 +455,25 @@ def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
     return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
-class _ConvBase:
-    """Attributes common to Conv and ConvTranspose (the kernel shape is read from W)."""
-
-    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
-                 kernel_shape=None, pads=None, strides=None) -> None:
-        self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
-        self.dilations = None if dilations is None else tuple(int(v) for v in dilations)
-        self.group = int(group)
-        self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
-        self.strides = None if strides is None else tuple(int(v) for v in strides)
-        B = ctx.constant(2)
-        self.bias = None if B is None else B.astype(compute_dtype(B.dtype), copy=False)
-
-    def _attrs(self, nd: int, W_shape: tuple[int, ...]):
-        kernel = tuple(W_shape[2:])
-        strides = self.strides if self.strides else (1,) * nd
-        dilations = self.dilations if self.dilations else (1,) * nd
-        return kernel, strides, dilations
+def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
+    """Y += b (one value per channel, axis 1) in place. Channels-last, the rows of b are
+    repeated to a block of several thousand elements: numpy adds a short broadcast row far
+    more slowly than a long one."""
+    M = Y.shape[1]
+    if _is_channels_last(Y) and M < 4096:
+        flat = Y.transpose(0, 2, 3, 1).reshape(-1, M)
+        R = min(flat.shape[0], max(1, 8192 // M))
+        whole = flat.shape[0] // R * R
+        block = np.tile(b.reshape(M), (R, 1))
+        body = flat[:whole].reshape(-1, R, M)
+        body += block
+        if whole < flat.shape[0]:
+            flat[whole:] += block[:flat.shape[0] - whole]
+        return
+    Y += b
 
 
-# -- memory layout between convolutions -----------------------------------------------------
+# -- memory layout between convolutions -----------------------------------------------------------
 #
 # A kernel may return any strides. Around depthwise and Winograd convolutions channels-last
 # memory (an NCHW-shaped view of an NHWC array) is the cheaper one: those kernels work in it
@@ -469,6 +483,7 @@ class _ConvBase:
 # side gains; between two 1x1 convolutions, and for graph outputs, it stays NCHW.
 
 _PASS_THROUGH = frozenset({"Relu", "Clip"})  # one tensor in, numpy keeps its layout
+_JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
 
 
 def conv_kind(node) -> str:
@@ -511,12 +526,15 @@ def _static_shape(value) -> tuple | None:
     return tuple(dims)  # the batch may be symbolic
 
 
-def _channels_last_readers(value, depth: int = 0) -> set[str] | None:
-    """The kinds of the convolutions reading ``value`` (through Relu / Clip), or None when
-    some reader would pay for channels-last memory (or ``value`` is a graph output)."""
+def _channels_last_readers(value, joins: frozenset = frozenset(), depth: int = 0
+                           ) -> set[str] | None:
+    """The kinds of the convolutions reading ``value`` (through Relu / Clip, and through
+    Add / Sub / Mul whose other operands are written channels-last too), or None when some
+    reader would pay for channels-last memory (or ``value`` is a graph output). ``joins``:
+    the Add nodes whose operands are being decided up the call chain."""
     producer = value.producer
     graph = producer.graph if producer is not None else None
-    if graph is None or not value.uses or value in graph.outputs:
+    if graph is None or not value.uses or value in graph.outputs or depth > 8:
         return None
     kinds: set[str] = set()
     for node, index in value.uses:
@@ -525,12 +543,24 @@ def _channels_last_readers(value, depth: int = 0) -> set[str] | None:
             if index != 0 or kind == "other":
                 return None
             kinds.add(kind)
-        elif node.domain == "" and node.op_type in _PASS_THROUGH and depth < 4:
+        elif node.domain == "" and node.op_type in _PASS_THROUGH:
             for v in node.outputs:
-                more = _channels_last_readers(v, depth + 1)
+                more = _channels_last_readers(v, joins, depth + 1)
                 if more is None:
                     return None
                 kinds |= more
+        elif node.domain == "" and node.op_type in _JOIN:
+            if node in joins:
+                continue  # decided where the recursion entered it
+            inner = joins | {node}
+            for v in node.inputs:
+                if v is not value and (v is None or not _writes_channels_last(v, inner,
+                                                                                depth + 1)):
+                    return None
+            more = _channels_last_readers(node.outputs[0], inner, depth + 1)
+            if more is None:
+                return None
+            kinds |= more
         elif node.domain == "" and node.op_type == "GlobalAveragePool":
             kinds.add("pool")
         else:
@@ -538,14 +568,34 @@ def _channels_last_readers(value, depth: int = 0) -> set[str] | None:
     return kinds
 
 
-def channels_last_output(node) -> bool:
-    """Whether the convolution ``node`` should write its output channels-last."""
-    readers = _channels_last_readers(node.outputs[0])
+def _writes_channels_last(value, joins: frozenset = frozenset(), depth: int = 0) -> bool:
+    """Whether the producer of ``value`` (a convolution) writes it channels-last."""
+    node = value.producer
+    if node is None or node.op_type not in ("Conv", "FusedConv") or \
+            node.domain not in ("", "com.microsoft") or value is not node.outputs[0]:
+        return False
+    readers = _channels_last_readers(value, joins, depth)
     if readers is None:
         return False
     kind = conv_kind(node)
-    return kind in ("depthwise", "winograd") or (
-        kind == "1x1" and bool(readers & {"depthwise", "winograd"}))
+    return kind in ("depthwise", "winograd") or (kind == "1x1" and bool(
+        readers & {"depthwise", "winograd"} or _reads_channels_last(node, depth)))
+
+
+def _reads_channels_last(node, depth: int) -> bool:
+    """Whether the input of the convolution ``node`` arrives channels-last."""
+    v = node.inputs[0]
+    while v is not None and v.producer is not None and v.producer.domain == "" and \
+            v.producer.op_type in _PASS_THROUGH:
+        v = v.producer.inputs[0]
+    return v is not None and depth < 8 and _writes_channels_last(v, frozenset(), depth + 1)
+
+
+def channels_last_output(node) -> bool:
+    """Whether the convolution ``node`` should write its output channels-last: every reader
+    takes it at no cost, and some side gains (a depthwise or Winograd kernel reads or writes
+    it, or it continues a channels-last chain of 1x1 convolutions)."""
+    return _writes_channels_last(node.outputs[0])
 
 
 def _is_channels_last(X: np.ndarray) -> bool:
@@ -553,16 +603,17 @@ def _is_channels_last(X: np.ndarray) -> bool:
     return X.ndim == 4 and X.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
-def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, channels_last: bool) -> np.ndarray:
+def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarray:
     """1x1 stride-1 convolution, (g, M/g, C/g) weights: one GEMM per group on the input
-    itself, whatever its layout (BLAS takes transposed operands)."""
+    itself, whatever its layout (BLAS takes transposed operands). With ``WmT`` (C, M) the
+    output is written channels-last: pixels x channels = (pixels x C) @ WmT."""
     N, C = X.shape[:2]
     g, Mg = Wm.shape[:2]
-    if channels_last and g == 1:
+    if WmT is not None and g == 1:
         if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
-            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), Wm[0].T)
+            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
         else:
-            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), Wm[0].T)
+            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
         return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
     cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
     return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
@@ -575,22 +626,44 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs) 
     makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
     if group != 1 or len(kernel) != 2 or any(s != 1 for s in strides) or kernel == (1, 1):
         return "gemm"
-    if kernel == (3, 3) and dilations == (1, 1) and C >= 64 and M >= 64 and (
-            outs is None or -(-outs[0] // 2) * -(-outs[1] // 2) >= 32):
-        return "winograd"
+    if kernel == (3, 3) and dilations == (1, 1) and C >= 64 and M >= 64:
+        tiles = None if outs is None else -(-outs[0] // 2) * -(-outs[1] // 2)
+        if tiles is None or tiles >= _WINOGRAD_TILES or (tiles >= 32 and min(C, M) >= 512):
+            return "winograd"
     if 2 * M <= C:
         return "shifted"
     return "gemm"
 
 
+class _ConvBase:
+    """Attributes common to Conv and ConvTranspose (the kernel shape is read from W)."""
+
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        self.dilations = None if dilations is None else tuple(int(v) for v in dilations)
+        self.group = int(group)
+        self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
+        self.strides = None if strides is None else tuple(int(v) for v in strides)
+        B = ctx.constant(2)
+        self.bias = None if B is None else B.astype(compute_dtype(B.dtype), copy=False)
+
+    def _attrs(self, nd: int, W_shape: tuple[int, ...]):
+        kernel = tuple(W_shape[2:])
+        strides = self.strides if self.strides else (1,) * nd
+        dilations = self.dilations if self.dilations else (1,) * nd
+        return kernel, strides, dilations
+
+
 @op("Conv", 1, 11, 22)
 class Conv(_ConvBase):
     """Depthwise 2-D convolutions have their own kernels (planar or channels-last, see
-    _depthwise_planar); 1x1 stride-1 ones are a single GEMM on the input itself; 3x3 stride-1
-    ones with many channels use Winograd F(2x2, 3x3); stride-1 ones with fewer output than
-    input channels one GEMM per tap; the rest im2col + one GEMM per group. A constant W is
-    re-arranged into the layout its kernel reads once, here. The bias (and, in FusedConv, Z
-    and the activation) is applied on the way out of the kernel's scratch buffers."""
+    _depthwise_planar and _depthwise_nhwc); 1x1 stride-1 ones are a single GEMM on the input
+    itself; 3x3 stride-1 ones with many channels use Winograd F(2x2, 3x3); stride-1 ones with
+    fewer output than input channels one GEMM per tap; the rest im2col + one GEMM per group
+    (_dense_method chooses). A constant W is re-arranged into the layout its kernel reads once,
+    here, as is the choice of the output's memory layout (channels_last_output). The bias
+    (and, in FusedConv, Z and the activation) is applied on the way out of the kernel."""
 
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
@@ -600,7 +673,7 @@ class Conv(_ConvBase):
         self.W_shape = None
         self.w_depthwise = self.w_depthwise_2d = None
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
-        self.channels_last = False  # write the output channels-last (see channels_last_ok)
+        self.channels_last = False  # write the output channels-last (channels_last_output)
         if W is None:
             return
         self.W_shape = W.shape
@@ -608,10 +681,10 @@ class Conv(_ConvBase):
         cdt = compute_dtype(W.dtype)
         nd = W.ndim - 2
         if self._is_depthwise(W.shape):
-            self.w_depthwise = self._depthwise_weights(W, cdt)
             if nd == 2:
                 self.w_depthwise_2d = _depthwise_weights_2d(W, *self._attrs(2, W.shape), cdt)
                 return
+            self.w_depthwise = self._depthwise_weights(W, cdt)
         outs = None
         shape = ctx.input_shape(0)
         kernel, strides, dilations = self._attrs(nd, W.shape)
@@ -625,6 +698,9 @@ class Conv(_ConvBase):
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
                                dilations, self.group, outs)
         self.prepared[method] = self._weights(method, W, cdt)
+        if self.channels_last and self.group == 1 and kernel == (1,) * nd:
+            # (C, M): the channels-last GEMM's right operand
+            self.prepared["gemm_t"] = np.ascontiguousarray(W.reshape(W.shape[:2]).T, dtype=cdt)
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
@@ -706,7 +782,8 @@ class Conv(_ConvBase):
         g = self.group
         if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                 and outs == X.shape[2:]:
-            return _finish(_gemm_1x1(X, Wm, self.channels_last), None, b, Z, act, out_dtype)
+            return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
+                           out_dtype)
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
         return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype)
@@ -722,25 +799,13 @@ class Conv(_ConvBase):
             acc = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out)
             if out is not None:  # the result itself, in channels-last memory
                 return _finish(out.transpose(0, 3, 1, 2), None, b, Z, act, cdt)
-            if b is not None:
-                acc += b.reshape(C)
             src = acc.transpose(0, 3, 1, 2)
         else:
             acc = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)
-            if b is not None:
-                acc += b
             src = acc[..., :outs[1]]
-        Y = np.empty((N, C) + outs, dtype=cdt)
-        bounds = getattr(act, "bounds", None)
-        if bounds is not None and Z is None:  # Relu / Clip: one pass out of scratch
-            np.clip(src, *bounds, out=Y)
-            return Y
-        np.copyto(Y, src)
-        if Z is not None:
-            Y += Z
-        if act is not None:
-            act(Y)
-        return Y
+        if b is not None:  # on the scratch accumulator, which is then copied out once
+            add_channel_bias(src, b)
+        return _finish(None, src, None, Z, act, cdt)
 
 
 @op("ConvTranspose", 1, 11, 22)

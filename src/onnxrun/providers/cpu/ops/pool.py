@@ -1,7 +1,9 @@
 """Pooling: MaxPool (with Indices), AveragePool, LpPool and their global forms.
 
-Windows are strided slices of the padded input: the loops run over the kernel taps (a
-handful), never over pixels.
+Windows are strided slices of the input, reduced one spatial axis at a time: the loops run
+over the kernel taps (a handful), never over pixels, and the padding is never materialized
+(each tap covers the outputs whose input lies inside the image). Global windows are a
+matrix-vector product.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class FusedMatMul:
             B = np.swapaxes(B, -1, -2)
         cdt = compute_dtype(A.dtype)
         a, b = A.astype(cdt, copy=False), B.astype(cdt, copy=False)
-        if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:  # one GEMM over all rows
+        if b.ndim == 2 and a.ndim > 2 and a.size:  # one GEMM over all rows (gathered first)
             Y = np.dot(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
         else:
             Y = np.matmul(a, b)

@@ -1,0 +1,253 @@
+"""The CPU convolution and pooling kernels' fast paths (depthwise planar / channels-last,
+Winograd F(2x2, 3x3), per-tap GEMMs, channels-last memory between convolutions, pooling
+without padding copies), each forced on small shapes and checked against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxrun
+from onnxrun.providers.cpu.ops import conv as conv_mod
+from onnxrun.providers.cpu.ops import pool as pool_mod
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(11)
+
+
+def rand(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def conv_model(x_shape, w, b=None, act=None, const=True, **attrs) -> tuple[bytes, dict]:
+    """Conv (+ Relu / Clip(0, 6), which the optimizer fuses into FusedConv)."""
+    inits, feeds = [], {"X": rand(*x_shape)}
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape))]
+    if const:
+        inits.append(numpy_helper.from_array(w, "W"))
+    else:
+        inputs.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, list(w.shape)))
+        feeds["W"] = w
+    names = ["X", "W"]
+    if b is not None:
+        inits.append(numpy_helper.from_array(b, "B"))
+        names.append("B")
+    nodes = [helper.make_node("Conv", names, ["C" if act else "Y"], **attrs)]
+    if act == "Relu":
+        nodes.append(helper.make_node("Relu", ["C"], ["Y"]))
+    elif act == "Clip":
+        inits += [numpy_helper.from_array(np.array(0, np.float32), "lo"),
+                  numpy_helper.from_array(np.array(6, np.float32), "hi")]
+        nodes.append(helper.make_node("Clip", ["C", "lo", "hi"], ["Y"]))
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString(), feeds
+
+
+def check(model: bytes, feeds: dict, rtol=1e-4, atol=1e-4):
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = onnxrun.InferenceSession(model).run(None, feeds)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        assert g.flags.c_contiguous  # graph outputs never come back strided
+        np.testing.assert_allclose(g, e, rtol=rtol, atol=atol)
+
+
+# -- depthwise -----------------------------------------------------------------------------------
+
+DW_ATTRS = [
+    {"pads": [1, 1, 1, 1]},
+    {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+    {"pads": [0, 2, 1, 0], "strides": [3, 2]},
+    {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
+    {"pads": [2, 2, 2, 2], "dilations": [2, 2]},
+    {"pads": [2, 1, 2, 1], "dilations": [1, 2], "strides": [2, 1]},
+]
+
+
+@pytest.mark.parametrize("layout", ["planar", "nhwc"])
+@pytest.mark.parametrize("attrs", DW_ATTRS, ids=lambda a: "-".join(
+    f"{k}={v}" for k, v in a.items()))
+def test_depthwise(monkeypatch, layout, attrs):
+    # planar: never channels-last; nhwc: always
+    monkeypatch.setattr(conv_mod, "_NHWC_CHANNELS", 10 ** 6 if layout == "planar" else 1)
+    monkeypatch.setattr(conv_mod, "_NHWC_PIXELS", 10 ** 9)
+    C = 6
+    for ks, act, bias in [(3, "Clip", True), (5, None, False), (3, "Relu", False)]:
+        w, b = rand(C, 1, ks, ks), rand(C) if bias else None
+        check(*conv_model((2, C, 11, 13), w, b, act, group=C, **attrs))
+    check(*conv_model((1, C, 9, 10), rand(C, 1, 3, 3), rand(C), const=False, group=C, **attrs))
+
+
+def test_depthwise_padding_larger_than_kernel():
+    C = 4
+    check(*conv_model((1, C, 5, 6), rand(C, 1, 3, 3), rand(C), group=C, pads=[4, 3, 4, 5]))
+
+
+# -- dense convolutions -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attrs", [
+    {"pads": [1, 1, 1, 1]}, {}, {"pads": [2, 0, 1, 1]}, {"auto_pad": "SAME_LOWER"},
+], ids=["pad1", "valid", "asym", "same_lower"])
+@pytest.mark.parametrize("size", [(16, 16), (15, 18)])  # 64 and 72 2x2 tiles
+def test_winograd(attrs, size):
+    C = M = 64  # the smallest Winograd-sized layer
+    x = (2, C) + size
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), "Relu", **attrs))
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), None, **attrs))
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), const=False, **attrs))
+
+
+def test_winograd_matches_direct_convolution():
+    X, W, b = rand(2, 5, 7, 6), rand(4, 5, 3, 3), rand(4, 1, 1)
+    U = conv_mod._winograd_weights(W, np.dtype(np.float32))
+    got = conv_mod._winograd_3x3(X, U, b, (1, 1), (7, 6))[:, :7, :6].transpose(0, 3, 1, 2)
+    P = np.pad(X, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = sum(np.einsum("mc,nchw->nmhw", W[:, :, i, j], P[:, :, i:i + 7, j:j + 6])
+               for i in range(3) for j in range(3)) + b
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,attrs", [
+    ((3, 3), {"pads": [1, 1, 1, 1]}),
+    ((5, 5), {"pads": [2, 2, 2, 2]}),
+    ((1, 3), {"pads": [0, 1, 0, 1]}),
+    ((3, 3), {"pads": [2, 1, 0, 3], "dilations": [2, 1]}),
+    ((2, 4), {"auto_pad": "SAME_UPPER"}),
+])
+def test_per_tap_gemm(kernel, attrs):
+    C, M = 24, 8  # fewer output than input channels
+    check(*conv_model((2, C, 10, 11), rand(M, C, *kernel, scale=0.2), rand(M), "Clip",
+                      **attrs))
+
+
+@pytest.mark.parametrize("method", ["gemm", "shifted", "winograd"])
+def test_forced_methods_agree(monkeypatch, method):
+    monkeypatch.setattr(conv_mod, "_dense_method", lambda *args: method)
+    C, M = 8, 8
+    check(*conv_model((2, C, 9, 12), rand(M, C, 3, 3), rand(M), "Relu", pads=[1, 0, 2, 1]))
+
+
+# -- channels-last memory between convolutions ----------------------------------------------
+
+
+def block_model(C=64, E=128, size=16, extra_output=False) -> tuple[bytes, dict]:
+    """MobileNetV2-like: 1x1 expand + ReLU6, depthwise 3x3 + ReLU6, 1x1 project, residual
+    Add, Winograd 3x3 + Relu, global average pool; optionally the depthwise output is also
+    a graph output."""
+    inits = []
+
+    def const(name, value):
+        inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    lo, hi = const("lo", np.array(0, np.float32)), const("hi", np.array(6, np.float32))
+    nodes = [
+        helper.make_node("Conv", ["X", const("w1", rand(E, C, 1, 1, scale=0.2)),
+                                  const("b1", rand(E))], ["e"]),
+        helper.make_node("Clip", ["e", lo, hi], ["e6"]),
+        helper.make_node("Conv", ["e6", const("w2", rand(E, 1, 3, 3)), const("b2", rand(E))],
+                         ["d"], group=E, pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["d", lo, hi], ["d6"]),
+        helper.make_node("Conv", ["d6", const("w3", rand(C, E, 1, 1, scale=0.1)),
+                                  const("b3", rand(C))], ["p"]),
+        helper.make_node("Add", ["p", "X"], ["r"]),
+        helper.make_node("Conv", ["r", const("w4", rand(C, C, 3, 3, scale=0.05)),
+                                  const("b4", rand(C))], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["cr"]),
+        helper.make_node("GlobalAveragePool", ["cr"], ["Y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)]
+    if extra_output:
+        outputs.append(helper.make_tensor_value_info("d6", TensorProto.FLOAT, None))
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                       ["n", C, size, size])], outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString(), {"X": rand(2, C, size, size)}
+
+
+@pytest.mark.parametrize("extra_output", [False, True])
+def test_channels_last_chain(extra_output):
+    model, feeds = block_model(extra_output=extra_output)
+    sess = onnxrun.InferenceSession(model)
+    kernels = [s.kernel for s in sess._program.full_plan.steps if hasattr(s.kernel, "prepared")]
+    assert "winograd" in kernels[3].prepared
+    # expand -> depthwise -> project: channels-last unless the depthwise output is also a
+    # graph output; the project output meets the NCHW graph input in the Add; Winograd's
+    # output goes to the pool
+    assert [k.channels_last for k in kernels] == [True, not extra_output, False, True]
+    check(model, feeds, rtol=1e-3, atol=1e-4)
+
+
+def test_channels_last_detection():
+    X = np.zeros((2, 3, 4, 5), np.float32)
+    assert not conv_mod._is_channels_last(X)
+    assert conv_mod._is_channels_last(np.zeros((2, 4, 5, 3), np.float32).transpose(0, 3, 1, 2))
+    Y = np.zeros((2, 4, 5, 3), np.float32).transpose(0, 3, 1, 2)
+    conv_mod.add_channel_bias(Y, np.arange(3, dtype=np.float32).reshape(3, 1, 1))
+    np.testing.assert_array_equal(Y[:, 2], 2)
+
+
+def test_scratch_reuse():
+    a = conv_mod.scratch("test_slot", (4, 5), np.float32)
+    b = conv_mod.scratch("test_slot", (2, 3), np.float64)
+    assert a.shape == (4, 5) and b.shape == (2, 3) and b.dtype == np.float64
+    assert np.shares_memory(a, b)  # one buffer per slot and thread
+
+
+# -- pooling ----------------------------------------------------------------------------------
+
+
+def pool_model(op, x_shape, **attrs) -> tuple[bytes, dict]:
+    node = helper.make_node(op, ["X"], ["Y"], **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    return model.SerializeToString(), {"X": rand(*x_shape)}
+
+
+POOL_CASES = [
+    ((3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((3, 3), {"strides": [1, 1], "pads": [1, 1, 1, 1]}),
+    ((3, 3), {"strides": [2, 2], "pads": [0, 0, 1, 1]}),
+    ((3, 3), {"strides": [2, 2], "ceil_mode": 1}),
+    ((2, 2), {"strides": [2, 2]}),
+    ((3, 2), {"strides": [1, 2], "pads": [2, 0, 1, 1], "dilations": [2, 1]}),
+]
+
+
+@pytest.mark.parametrize("channels", [8, 64], ids=["planar", "channels_last"])
+@pytest.mark.parametrize("kernel,attrs", POOL_CASES)
+def test_max_and_average_pool(channels, kernel, attrs):
+    x = (2, channels, 9, 10)
+    check(*pool_model("MaxPool", x, kernel_shape=list(kernel), **attrs))
+    if "dilations" in attrs:
+        return  # onnxruntime's AveragePool has no dilations before opset 19 kernels
+    for include_pad in (0, 1):
+        check(*pool_model("AveragePool", x, kernel_shape=list(kernel),
+                          count_include_pad=include_pad, **attrs))
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 7, 7), (1, 3, 5, 6)])
+def test_global_windows(shape):
+    check(*pool_model("AveragePool", shape, kernel_shape=list(shape[2:])))
+    check(*pool_model("GlobalAveragePool", shape))
+    check(*pool_model("LpPool", shape, kernel_shape=list(shape[2:])), rtol=1e-3)
+
+
+def test_pool_axis_reduction_without_padding():
+    X = rand(1, 2, 7, 5)
+    got = pool_mod._reduce_axis(X, 2, 4, 3, 2, 1, 1, -np.inf, np.maximum)
+    padded = np.pad(X, ((0, 0), (0, 0), (1, 1), (0, 0)), constant_values=-np.inf)
+    want = np.stack([padded[:, :, 2 * i:2 * i + 3].max(axis=2) for i in range(4)], axis=2)
+    np.testing.assert_array_equal(got, want)
+
