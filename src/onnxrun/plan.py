@@ -27,6 +27,7 @@ from .execute import (
     run_steps_parallel,
 )
 from .ir import Graph, Model, Node, Value
+from .ir.toposort import stable_topological_order
 from .partition import Assignment
 from .providers import KernelContext
 
@@ -244,42 +245,23 @@ def _implicit_inputs(node: Node) -> list[Value]:
 
 
 def _topological_order(graph: Graph, available: set[int]) -> list[Node]:
-    """Kahn's algorithm, stable with respect to the file's node order."""
-    produced_here = {id(v): n for n in graph.nodes for v in n.outputs}
-    deps: dict[int, set[int]] = {}
-    users: dict[int, list[Node]] = {id(n): [] for n in graph.nodes}
-    for n in graph.nodes:
+    """The graph's nodes, each after those it reads from, stable w.r.t. the file's order."""
+    index = {id(v): i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    deps: list[set[int]] = []
+    for i, n in enumerate(graph.nodes):
         d = set()
         for v in [*n.inputs, *_implicit_inputs(n)]:
-            if v is None:
-                continue
-            p = produced_here.get(id(v))
-            if p is not None and p is not n:
-                d.add(id(p))
-            elif p is n:
+            p = None if v is None else index.get(id(v))
+            if p == i:
                 raise InvalidGraph(f"node '{n.label}' ({n.op_type}) reads its own output")
-        deps[id(n)] = d
-        for p in d:
-            users[p].append(n)
-    ready = [n for n in graph.nodes if not deps[id(n)]]
-    order: list[Node] = []
-    index = {id(n): i for i, n in enumerate(graph.nodes)}
-    import heapq
-
-    heap = [(index[id(n)], id(n), n) for n in ready]
-    heapq.heapify(heap)
-    while heap:
-        _, _, n = heapq.heappop(heap)
-        order.append(n)
-        for u in users[id(n)]:
-            d = deps[id(u)]
-            d.discard(id(n))
-            if not d:
-                heapq.heappush(heap, (index[id(u)], id(u), u))
-    if len(order) != len(graph.nodes):
-        stuck = [n.label for n in graph.nodes if deps[id(n)]][:5]
-        raise InvalidGraph(f"graph '{graph.name}' has a cycle (nodes involved: {stuck})")
-    return order
+            if p is not None:
+                d.add(p)
+        deps.append(d)
+    order, stuck = stable_topological_order(deps)
+    if stuck:
+        names = [graph.nodes[i].label for i in stuck][:5]
+        raise InvalidGraph(f"graph '{graph.name}' has a cycle (nodes involved: {names})")
+    return [graph.nodes[i] for i in order]
 
 
 __all__ = ["DISCARD_SLOT", "NONE_SLOT", "Plan", "Program", "Subgraph", "np"]

@@ -8,7 +8,6 @@ consistency is checked when the loader reads them.
 
 from __future__ import annotations
 
-import heapq
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -18,6 +17,7 @@ from onnx import helper
 
 from .errors import InvalidGraph
 from .ir import Graph, Model
+from .ir.toposort import stable_topological_order
 
 logger = logging.getLogger("onnxrun")
 
@@ -68,26 +68,11 @@ def _sorted_nodes(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto]:
     checks this order instead. A node depends on what it and its subgraphs read.
     """
     producer = {name: i for i, n in enumerate(nodes) for name in n.output if name}
-    users: list[list[int]] = [[] for _ in nodes]
-    pending = [0] * len(nodes)
-    for i, n in enumerate(nodes):
-        deps = {producer[name] for name in _reads(n) if name in producer} - {i}
-        pending[i] = len(deps)
-        for d in deps:
-            users[d].append(i)
-    ready = [i for i, count in enumerate(pending) if count == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, u)
-    if len(order) != len(nodes):
-        stuck = [nodes[i].name or nodes[i].output[0] for i, c in enumerate(pending) if c][:5]
-        raise InvalidGraph(f"the graph has a cycle (nodes involved: {stuck})")
+    deps = [{producer[name] for name in _reads(n) if name in producer} for n in nodes]
+    order, stuck = stable_topological_order(deps)
+    if stuck:
+        names = [nodes[i].name or nodes[i].output[0] for i in stuck][:5]
+        raise InvalidGraph(f"the graph has a cycle (nodes involved: {names})")
     return [nodes[i] for i in order]
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 
 from ..errors import InvalidGraph
 from .core import Attribute, Graph, Model, Node, Value
+from .toposort import stable_topological_order
 
 # Reads the bytes of a tensor stored outside the model file; supplied by the loader, which
 # owns the policy of which files may be read.
@@ -399,22 +399,8 @@ def _topological(g: Graph) -> list[Node]:
                      if v.producer is not None and id(v.producer) in index})
     if all(all(d < i for d in ds) for i, ds in enumerate(deps)):
         return list(g.nodes)
-    users: list[list[int]] = [[] for _ in g.nodes]
-    pending = [len(ds - {i}) for i, ds in enumerate(deps)]
-    for i, ds in enumerate(deps):
-        for d in ds - {i}:
-            users[d].append(i)
-    ready = [i for i, c in enumerate(pending) if c == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            pending[u] -= 1
-            if pending[u] == 0:
-                heapq.heappush(ready, u)
-    order += [i for i, c in enumerate(pending) if c > 0]  # a cycle: left for the checker to name
+    order, stuck = stable_topological_order(deps)
+    order += stuck  # a cycle: left for the checker to name
     return [g.nodes[i] for i in order]
 
 
