@@ -7,8 +7,8 @@ naming domain, operator, opset and node.
 
 from __future__ import annotations
 
-from .errors import InvalidGraph, NotImplemented
-from .ir import Model, Node
+from .errors import InvalidGraph
+from .ir import Model
 from .providers import ExecutionProvider
 
 Assignment = dict[int, ExecutionProvider]  # id(node) -> provider
@@ -37,7 +37,7 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
     if missing:
         names = ", ".join(p.name for p in providers)
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise NotImplemented(
+        raise NotImplementedError(
             f"Could not find an implementation for {'; '.join(missing[:5])}{more} "
             f"in providers [{names}]"
         )
