@@ -7,7 +7,7 @@ naming domain, operator, opset and node.
 
 from __future__ import annotations
 
-from .errors import InvalidGraph
+from .errors import InvalidGraph, NotImplemented  # noqa: A004 - onnxruntime's name
 from .ir import Model
 from .providers import ExecutionProvider
 
@@ -37,7 +37,7 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
     if missing:
         names = ", ".join(p.name for p in providers)
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise NotImplementedError(
+        raise NotImplemented(  # noqa: F901 - onnxrun.errors.NotImplemented, not the builtin
             f"Could not find an implementation for {'; '.join(missing[:5])}{more} "
             f"in providers [{names}]"
         )
