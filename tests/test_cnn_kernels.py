@@ -48,9 +48,15 @@ def conv_model(x_shape, w, b=None, act=None, const=True, **attrs) -> tuple[bytes
     return model.SerializeToString(), feeds
 
 
-def check(model: bytes, feeds: dict, rtol=1e-4, atol=1e-4):
+def session(model: bytes, threads: int = 0) -> onnxrun.InferenceSession:
+    opts = onnxrun.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return onnxrun.InferenceSession(model, opts)
+
+
+def check(model: bytes, feeds: dict, rtol=1e-4, atol=1e-4, threads=0):
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = onnxrun.InferenceSession(model).run(None, feeds)
+    got = session(model, threads).run(None, feeds)
     for g, e in zip(got, expected, strict=True):
         assert g.shape == e.shape and g.dtype == e.dtype
         assert g.flags.c_contiguous  # graph outputs never come back strided
@@ -96,11 +102,23 @@ def test_depthwise_padding_larger_than_kernel():
 ], ids=["pad1", "valid", "asym", "same_lower"])
 @pytest.mark.parametrize("size", [(16, 16), (15, 18)])  # 64 and 72 2x2 tiles
 def test_winograd(attrs, size):
-    C = M = 64  # the smallest Winograd-sized layer
+    C = M = 64  # the smallest Winograd-sized layer (with one BLAS thread)
     x = (2, C) + size
-    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), "Relu", **attrs))
-    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), None, **attrs))
-    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), const=False, **attrs))
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), "Relu", **attrs), threads=1)
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), None, **attrs), threads=1)
+    check(*conv_model(x, rand(M, C, 3, 3, scale=0.1), rand(M), const=False, **attrs),
+          threads=1)
+
+
+def test_winograd_choice():
+    method = conv_mod._dense_method
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, (16, 16), 1) == "winograd"
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, (14, 14), 1) == "gemm"  # 49 tiles
+    assert method(512, 512, (3, 3), (1, 1), (1, 1), 1, (14, 14), 1) == "winograd"
+    # several BLAS threads: only GEMMs large enough to share
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, (16, 16), 0) == "gemm"
+    assert method(512, 512, (3, 3), (1, 1), (1, 1), 1, (28, 28), 2) == "winograd"
+    assert method(128, 32, (3, 3), (1, 1), (1, 1), 1, (28, 28), 1) == "shifted"
 
 
 def test_winograd_matches_direct_convolution():
@@ -176,14 +194,14 @@ def block_model(C=64, E=128, size=16, extra_output=False) -> tuple[bytes, dict]:
 @pytest.mark.parametrize("extra_output", [False, True])
 def test_channels_last_chain(extra_output):
     model, feeds = block_model(extra_output=extra_output)
-    sess = onnxrun.InferenceSession(model)
+    sess = session(model, threads=1)
     kernels = [s.kernel for s in sess._program.full_plan.steps if hasattr(s.kernel, "prepared")]
     assert "winograd" in kernels[3].prepared
     # expand -> depthwise -> project: channels-last unless the depthwise output is also a
     # graph output; the project output meets the NCHW graph input in the Add; Winograd's
     # output goes to the pool
     assert [k.channels_last for k in kernels] == [True, not extra_output, False, True]
-    check(model, feeds, rtol=1e-3, atol=1e-4)
+    check(model, feeds, rtol=1e-3, atol=1e-4, threads=1)
 
 
 def test_channels_last_detection():

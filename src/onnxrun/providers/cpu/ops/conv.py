@@ -345,6 +345,9 @@ _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
 # BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
 # unless the channels are many (VGG19's and ZFNet's 512-channel layers).
 _WINOGRAD_TILES = 64
+# With several BLAS threads, small GEMMs lose more to thread hand-offs than Winograd saves
+# (Inception v1 at 2 threads: 1.5x slower); only VGG-sized layers keep it.
+_WINOGRAD_THREADED_MACS = 1 << 24
 
 
 def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
@@ -473,22 +476,22 @@ def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
     Y += b
 
 
-# -- memory layout between convolutions -----------------------------------------------------------
+# -- memory layout between convolutions -------------------------------------------------------
 #
-# A kernel may return any strides. Around depthwise and Winograd convolutions channels-last
-# memory (an NCHW-shaped view of an NHWC array) is the cheaper one: those kernels work in it
-# (their inner loops run along the channels instead of along short image rows), and a 1x1
-# convolution reading or writing it is the same GEMM with transposed operands. So a
-# convolution writes its output channels-last when every reader takes it at no cost and one
-# side gains; between two 1x1 convolutions, and for graph outputs, it stays NCHW.
+# A kernel may return any strides. Around depthwise convolutions channels-last memory (an
+# NCHW-shaped view of an NHWC array) is the cheaper one: the depthwise kernel works in it (its
+# inner loops run along the channels instead of along short image rows), and the 1x1
+# convolutions before and after it are the same GEMMs with transposed operands. Winograd works
+# channels-last too. So a convolution writes its output channels-last when every reader takes
+# it at no cost and a side gains (channels_last_output); graph outputs stay NCHW.
 
 _PASS_THROUGH = frozenset({"Relu", "Clip"})  # one tensor in, numpy keeps its layout
 _JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
 
 
-def conv_kind(node) -> str:
-    """How the Conv / FusedConv ``node`` will run: "1x1" (a GEMM on its input), "depthwise"
-    (the channels-last kernel), "winograd", or "other"."""
+def conv_kind(node, threads: int = 1) -> str:
+    """How the Conv / FusedConv ``node`` will run (with ``threads`` BLAS threads): "1x1" (a
+    GEMM on its input), "depthwise" (the channels-last kernel), "winograd", or "other"."""
     W = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None \
         else None
     if W is None or W.ndim != 4:
@@ -513,7 +516,7 @@ def conv_kind(node) -> str:
         except ValueError:
             return "other"
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
-                           outs)
+                           outs, threads)
     return "winograd" if method == "winograd" else "other"
 
 
@@ -526,8 +529,8 @@ def _static_shape(value) -> tuple | None:
     return tuple(dims)  # the batch may be symbolic
 
 
-def _channels_last_readers(value, joins: frozenset = frozenset(), depth: int = 0
-                           ) -> set[str] | None:
+def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
+                           depth: int = 0) -> set[str] | None:
     """The kinds of the convolutions reading ``value`` (through Relu / Clip, and through
     Add / Sub / Mul whose other operands are written channels-last too), or None when some
     reader would pay for channels-last memory (or ``value`` is a graph output). ``joins``:
@@ -539,13 +542,13 @@ def _channels_last_readers(value, joins: frozenset = frozenset(), depth: int = 0
     kinds: set[str] = set()
     for node, index in value.uses:
         if node.domain in ("", "com.microsoft") and node.op_type in ("Conv", "FusedConv"):
-            kind = conv_kind(node)
+            kind = conv_kind(node, threads)
             if index != 0 or kind == "other":
                 return None
             kinds.add(kind)
         elif node.domain == "" and node.op_type in _PASS_THROUGH:
             for v in node.outputs:
-                more = _channels_last_readers(v, joins, depth + 1)
+                more = _channels_last_readers(v, threads, joins, depth + 1)
                 if more is None:
                     return None
                 kinds |= more
@@ -554,10 +557,10 @@ def _channels_last_readers(value, joins: frozenset = frozenset(), depth: int = 0
                 continue  # decided where the recursion entered it
             inner = joins | {node}
             for v in node.inputs:
-                if v is not value and (v is None or not _writes_channels_last(v, inner,
-                                                                                depth + 1)):
+                if v is not value and (v is None or not _writes_channels_last(
+                        v, threads, inner, depth + 1)):
                     return None
-            more = _channels_last_readers(node.outputs[0], inner, depth + 1)
+            more = _channels_last_readers(node.outputs[0], threads, inner, depth + 1)
             if more is None:
                 return None
             kinds |= more
@@ -568,34 +571,42 @@ def _channels_last_readers(value, joins: frozenset = frozenset(), depth: int = 0
     return kinds
 
 
-def _writes_channels_last(value, joins: frozenset = frozenset(), depth: int = 0) -> bool:
+def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
+                          depth: int = 0) -> bool:
     """Whether the producer of ``value`` (a convolution) writes it channels-last."""
     node = value.producer
     if node is None or node.op_type not in ("Conv", "FusedConv") or \
             node.domain not in ("", "com.microsoft") or value is not node.outputs[0]:
         return False
-    readers = _channels_last_readers(value, joins, depth)
+    readers = _channels_last_readers(value, threads, joins, depth)
     if readers is None:
         return False
-    kind = conv_kind(node)
-    return kind in ("depthwise", "winograd") or (kind == "1x1" and bool(
-        readers & {"depthwise", "winograd"} or _reads_channels_last(node, depth)))
+    kind = conv_kind(node, threads)
+    if kind == "depthwise":
+        return True
+    if kind == "winograd":  # a 1x1 reader would pay more in its GEMM than Winograd saves
+        return "1x1" not in readers
+    return kind == "1x1" and bool("depthwise" in readers or
+                                  _reads_channels_last(node, threads, depth))
 
 
-def _reads_channels_last(node, depth: int) -> bool:
+def _reads_channels_last(node, threads: int, depth: int) -> bool:
     """Whether the input of the convolution ``node`` arrives channels-last."""
     v = node.inputs[0]
     while v is not None and v.producer is not None and v.producer.domain == "" and \
             v.producer.op_type in _PASS_THROUGH:
         v = v.producer.inputs[0]
-    return v is not None and depth < 8 and _writes_channels_last(v, frozenset(), depth + 1)
+    return v is not None and depth < 8 and _writes_channels_last(v, threads, frozenset(),
+                                                                 depth + 1)
 
 
-def channels_last_output(node) -> bool:
+def channels_last_output(node, threads: int = 1) -> bool:
     """Whether the convolution ``node`` should write its output channels-last: every reader
-    takes it at no cost, and some side gains (a depthwise or Winograd kernel reads or writes
-    it, or it continues a channels-last chain of 1x1 convolutions)."""
-    return _writes_channels_last(node.outputs[0])
+    takes it at no cost, and some side gains. By measurement (MobileNetV2, ResNet50, VGG19):
+    a depthwise convolution's output, a 1x1 convolution's that a depthwise one reads or
+    whose input came channels-last, and Winograd's between Winograd layers; the 1x1 GEMMs
+    around a Winograd layer are faster in NCHW than its transposing copies cost."""
+    return _writes_channels_last(node.outputs[0], threads)
 
 
 def _is_channels_last(X: np.ndarray) -> bool:
@@ -619,16 +630,21 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
     return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
 
 
-def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs) -> str:
+def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
+                  threads: int = 1) -> str:
     """Which kernel computes a non-depthwise convolution, by measurement on 2-D CNN layers:
     Winograd where the GEMM dominates (many channels in and out, enough 2x2 tiles for the 16
-    GEMMs to be efficient), per-tap GEMMs where im2col would copy more than the output it
+    GEMMs to be efficient, and with several BLAS threads only GEMMs large enough to share:
+    the transforms run on one), per-tap GEMMs where im2col would copy more than the output it
     makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
     if group != 1 or len(kernel) != 2 or any(s != 1 for s in strides) or kernel == (1, 1):
         return "gemm"
     if kernel == (3, 3) and dilations == (1, 1) and C >= 64 and M >= 64:
         tiles = None if outs is None else -(-outs[0] // 2) * -(-outs[1] // 2)
-        if tiles is None or tiles >= _WINOGRAD_TILES or (tiles >= 32 and min(C, M) >= 512):
+        if threads == 1:
+            if tiles is None or tiles >= _WINOGRAD_TILES or (tiles >= 32 and min(C, M) >= 512):
+                return "winograd"
+        elif tiles is not None and tiles * C * M >= _WINOGRAD_THREADED_MACS:
             return "winograd"
     if 2 * M <= C:
         return "shifted"
@@ -674,10 +690,12 @@ class Conv(_ConvBase):
         self.w_depthwise = self.w_depthwise_2d = None
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
         self.channels_last = False  # write the output channels-last (channels_last_output)
+        # intra-op threads = BLAS threads (0: all cores); see _dense_method
+        self.threads = int(getattr(ctx.session_options, "intra_op_num_threads", 0) or 0)
         if W is None:
             return
         self.W_shape = W.shape
-        self.channels_last = W.ndim == 4 and channels_last_output(ctx.node)
+        self.channels_last = W.ndim == 4 and channels_last_output(ctx.node, self.threads)
         cdt = compute_dtype(W.dtype)
         nd = W.ndim - 2
         if self._is_depthwise(W.shape):
@@ -696,7 +714,7 @@ class Conv(_ConvBase):
             except ValueError:
                 outs = None
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
-                               dilations, self.group, outs)
+                               dilations, self.group, outs, self.threads)
         self.prepared[method] = self._weights(method, W, cdt)
         if self.channels_last and self.group == 1 and kernel == (1,) * nd:
             # (C, M): the channels-last GEMM's right operand
@@ -767,7 +785,8 @@ class Conv(_ConvBase):
                     np.multiply(Xp[idx], w[i], out=tmp)
                     Y += tmp
             return _finish(Y, None, b, Z, act, out_dtype)
-        method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs)
+        method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
+                               self.threads)
         Wm = self.prepared.get(method)
         if Wm is None:
             Wm = self._weights(method, W, cdt)
