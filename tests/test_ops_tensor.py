@@ -4,92 +4,16 @@ steering inputs both as graph inputs and as constant initializers (read once at 
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from one_node_harness import check, make_rand, one_node
 from onnx import TensorProto, helper, numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 import onnxrun
 
 RNG = np.random.default_rng(1)
-
-
-# -- harness ----------------------------------------------------------------------------------
-
-
-def _elem(a: np.ndarray) -> int:
-    return TensorProto.STRING if a.dtype == object else helper.np_dtype_to_tensor_dtype(a.dtype)
-
-
-def one_node(op, inputs, *, opset, n_out=1, const=(), **attrs):
-    """A model with one node. ``inputs``: arrays (None = missing optional input); indices in
-    ``const`` become initializers, the others graph inputs. Returns (model bytes, feeds)."""
-    names, graph_inputs, inits, feeds = [], [], [], {}
-    for i, a in enumerate(inputs):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if i in const:
-            inits.append(numpy_helper.from_array(a, name))
-        else:
-            graph_inputs.append(helper.make_tensor_value_info(name, _elem(a), a.shape))
-            feeds[name] = a
-    outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, **attrs)
-    graph = helper.make_graph([node], "g", graph_inputs, [onnx.ValueInfoProto(name=o)
-                                                          for o in outs], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8 if opset < 21 else 10
-    model = onnx.shape_inference.infer_shapes(model)
-    return model.SerializeToString(), feeds
-
-
-def oracle(model: bytes, feeds):
-    try:
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        return ort.InferenceSession(model, so).run(None, feeds)
-    except Exception:  # no onnxruntime kernel (or numpy binding) for this type
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return ReferenceEvaluator(onnx.load_from_string(model)).run(None, feeds)
-
-
-def compare(got, want, rtol=1e-5, atol=1e-6):
-    assert len(got) == len(want)
-    for g, w in zip(got, want, strict=True):
-        w = np.asarray(w)
-        assert isinstance(g, np.ndarray), type(g)
-        assert g.dtype == w.dtype, (g.dtype, w.dtype)
-        assert g.shape == w.shape, (g.shape, w.shape)
-        if w.dtype == object:
-            assert g.tolist() == w.tolist()
-        elif w.dtype.kind in "fV" or w.dtype.itemsize == 1 and w.dtype.kind not in "iub":
-            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
-                                       rtol=rtol, atol=atol, equal_nan=True)
-        else:
-            np.testing.assert_array_equal(g, w)
-
-
-def check(op, inputs, *, opset, n_out=1, const=(), rtol=1e-5, atol=1e-6, **attrs):
-    model, feeds = one_node(op, inputs, opset=opset, n_out=n_out, const=const, **attrs)
-    got = onnxrun.InferenceSession(model).run(None, feeds)
-    compare(got, oracle(model, feeds), rtol, atol)
-    return got
-
-
-def rand(*shape, dtype=np.float32, lo=-3.0, hi=3.0):
-    if np.dtype(dtype).kind in "iu":
-        return RNG.integers(int(lo), int(hi) + 1, size=shape).astype(dtype)
-    if np.dtype(dtype) == np.bool_:
-        return RNG.random(shape) > 0.5
-    return RNG.uniform(lo, hi, size=shape).astype(dtype)
+rand = make_rand(RNG)
 
 
 # -- shape ops --------------------------------------------------------------------------------
