@@ -18,6 +18,15 @@ def all_graphs(graph: Graph) -> Iterator[Graph]:
             yield from all_graphs(sub)
 
 
+def live_nodes(model: Model) -> Iterator[tuple[Graph, Node]]:
+    """(graph, node) for every node of every graph, skipping nodes an earlier rewrite in the
+    same sweep removed; each graph's node list is read when the sweep reaches it."""
+    for graph in list(all_graphs(model.graph)):
+        for node in list(graph.nodes):
+            if node.graph is graph:
+                yield graph, node
+
+
 def is_graph_output(v: Value) -> bool:
     return v.graph is not None and any(o is v for o in v.graph.outputs)
 

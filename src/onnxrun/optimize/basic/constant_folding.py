@@ -13,7 +13,7 @@ from ...ir import Model, Node
 from ...providers import KernelContext
 from ...providers.cpu import CPUExecutionProvider
 from ..base import BASIC, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, constant_value, to_initializer
+from ..graph_utils import constant_value, live_nodes, to_initializer
 
 # Operators whose result differs between runs, or that must not run at load time.
 _NONDETERMINISTIC = {
@@ -35,18 +35,15 @@ class ConstantFolding(GraphPass):
         if self._cpu is None:
             self._cpu = CPUExecutionProvider()
         changes: Counter = Counter()
-        for graph in list(all_graphs(model.graph)):
-            for node in list(graph.nodes):
-                if node.graph is not graph:
-                    continue
-                values = self._fold(model, node)
-                if values is None:
-                    continue
-                graph.remove(node)
-                for v, arr in zip(node.outputs, values, strict=False):
-                    if v.name:
-                        to_initializer(v, arr)
-                changes[node.op_type] += 1
+        for graph, node in live_nodes(model):
+            values = self._fold(model, node)
+            if values is None:
+                continue
+            graph.remove(node)
+            for v, arr in zip(node.outputs, values, strict=False):
+                if v.name:
+                    to_initializer(v, arr)
+            changes[node.op_type] += 1
         return PassResult(bool(changes), changes)
 
     def _fold(self, model: Model, node: Node) -> list[np.ndarray] | None:

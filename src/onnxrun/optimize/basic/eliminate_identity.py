@@ -16,7 +16,7 @@ import numpy as np
 from ...dtypes import type_shape
 from ...ir import Model, Node, Value
 from ..base import BASIC, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, constant_value, replace_value
+from ..graph_utils import constant_value, live_nodes, replace_value
 
 
 def _shape(v: Value | None) -> list | None:
@@ -101,14 +101,11 @@ class RedundantNodeElimination(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         changes: Counter = Counter()
-        for graph in list(all_graphs(model.graph)):
-            for node in list(graph.nodes):
-                if node.graph is not graph:
-                    continue
-                x = _passthrough(node)
-                if x is None:
-                    continue
-                if replace_value(node.outputs[0], x):
-                    graph.remove(node)
-                    changes[node.op_type] += 1
+        for graph, node in live_nodes(model):
+            x = _passthrough(node)
+            if x is None:
+                continue
+            if replace_value(node.outputs[0], x):
+                graph.remove(node)
+                changes[node.op_type] += 1
         return PassResult(bool(changes), changes)

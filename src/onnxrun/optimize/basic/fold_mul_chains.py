@@ -11,7 +11,7 @@ import numpy as np
 
 from ...ir import Graph, Model, Node
 from ..base import BASIC, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, make_initializer
+from ..graph_utils import live_nodes, make_initializer
 from ._helpers import is_float_array, one_constant_operand, sole_reader_producer
 
 # (index of the variable input, its exponent e, constant factor k, the constant's dtype):
@@ -78,16 +78,13 @@ class MulChainFolding(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         changes: Counter = Counter()
-        for graph in list(all_graphs(model.graph)):
-            for node in list(graph.nodes):
-                if node.graph is not graph:
-                    continue
-                outer = _term(node)
-                if outer is None:
-                    continue
-                inner_node = sole_reader_producer(node.inputs[outer[0]], graph)
-                inner = _term(inner_node) if inner_node is not None else None
-                label = f"{inner_node.op_type}+{node.op_type}" if inner is not None else ""
-                if inner is not None and _fold(graph, node, inner_node, outer, inner):
-                    changes[label] += 1
+        for graph, node in live_nodes(model):
+            outer = _term(node)
+            if outer is None:
+                continue
+            inner_node = sole_reader_producer(node.inputs[outer[0]], graph)
+            inner = _term(inner_node) if inner_node is not None else None
+            label = f"{inner_node.op_type}+{node.op_type}" if inner is not None else ""
+            if inner is not None and _fold(graph, node, inner_node, outer, inner):
+                changes[label] += 1
         return PassResult(bool(changes), changes)

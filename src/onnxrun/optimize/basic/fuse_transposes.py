@@ -12,7 +12,7 @@ import onnx
 
 from ...ir import Attribute, Model, Node
 from ..base import BASIC, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, is_graph_output, replace_value
+from ..graph_utils import is_graph_output, live_nodes, replace_value
 from ._helpers import rank
 
 
@@ -42,29 +42,26 @@ class TransposeChainFusion(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         changes: Counter = Counter()
-        for graph in list(all_graphs(model.graph)):
-            for node in list(graph.nodes):
-                if node.graph is not graph:
+        for graph, node in live_nodes(model):
+            inner = _inner_transpose(node)
+            if inner is None:
+                continue
+            p1, p2 = _perm(inner), _perm(node)
+            if p1 is None or p2 is None or len(p1) != len(p2):
+                continue
+            composed = [p1[i] for i in p2]
+            x = inner.inputs[0]
+            if composed == list(range(len(composed))):
+                if not replace_value(node.outputs[0], x):
                     continue
-                inner = _inner_transpose(node)
-                if inner is None:
-                    continue
-                p1, p2 = _perm(inner), _perm(node)
-                if p1 is None or p2 is None or len(p1) != len(p2):
-                    continue
-                composed = [p1[i] for i in p2]
-                x = inner.inputs[0]
-                if composed == list(range(len(composed))):
-                    if not replace_value(node.outputs[0], x):
-                        continue
-                    graph.remove(node)
-                    changes["cancelled pair"] += 1
-                else:
-                    node.set_input(0, x)
-                    node.attributes["perm"] = Attribute("perm", onnx.AttributeProto.INTS,
-                                                        composed)
-                    changes["composed"] += 1
-                if not inner.outputs[0].uses and not is_graph_output(inner.outputs[0]):
-                    graph.remove(inner)
+                graph.remove(node)
+                changes["cancelled pair"] += 1
+            else:
+                node.set_input(0, x)
+                node.attributes["perm"] = Attribute("perm", onnx.AttributeProto.INTS,
+                                                    composed)
+                changes["composed"] += 1
+            if not inner.outputs[0].uses and not is_graph_output(inner.outputs[0]):
+                graph.remove(inner)
         return PassResult(bool(changes), changes)
 
