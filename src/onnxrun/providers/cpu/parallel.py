@@ -1,0 +1,119 @@
+"""The CPU provider's intra-op threads: a kernel splits one large piece of work into contiguous
+ranges and runs them at once, on the calling thread and on worker threads.
+
+numpy releases the GIL inside ufunc loops, copies and BLAS calls on large arrays, so ranges of a
+few hundred kilobytes each run truly in parallel. BLAS has threads of its own; these are for the
+engine's own work (elementwise passes, im2col, depthwise convolution, transforms).
+
+A kernel learns its thread count once, when it is prepared (``threads_for(ctx)``): that is
+``SessionOptions.intra_op_num_threads``, or every usable core when it is 0, as in onnxruntime.
+The worker threads are shared by every session of the process and started on first use.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+# Below this many bytes of work per range, handing a range to another thread costs more than it
+# saves: waking a worker costs 20-80 us on a virtual machine, and numpy streams ~5 GB/s per core.
+MIN_BYTES_PER_RANGE = 1 << 20
+
+_lock = threading.Lock()
+_tasks: queue.SimpleQueue = queue.SimpleQueue()  # (fn, start, stop, where the result goes)
+_started = 0
+_local = threading.local()  # .worker: this thread is one of ours
+
+
+def usable_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def threads_for(ctx: Any) -> int:
+    """The intra-op thread count of the session that prepares the kernel ``ctx`` belongs to."""
+    n = int(getattr(getattr(ctx, "session_options", None), "intra_op_num_threads", 0) or 0)
+    return n if n > 0 else usable_cores()
+
+
+def _worker() -> None:
+    _local.worker = True
+    while True:
+        fn, start, stop, done = _tasks.get()
+        try:
+            done.put((start, fn(start, stop), None))
+        except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
+            done.put((start, None, e))
+
+
+def _ensure_workers(n: int) -> None:
+    """Plain threads on one queue, not a ThreadPoolExecutor: its futures cost ~70 us a
+    hand-off on a virtual machine, a queue ~15 us."""
+    global _started
+    with _lock:
+        while _started < n:
+            threading.Thread(target=_worker, daemon=True,
+                             name=f"onnxrun-intra-op-{_started}").start()
+            _started += 1
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """[0, n) as at most ``parts`` contiguous, nearly equal, non-empty ranges."""
+    parts = max(1, min(parts, n))
+    q, r = divmod(n, parts)
+    ranges, start = [], 0
+    for i in range(parts):
+        stop = start + q + (1 if i < r else 0)
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
+def ranges_for(n: int, threads: int, bytes_per_item: int) -> list[tuple[int, int]]:
+    """How to cut ``n`` items of ``bytes_per_item`` work each for ``threads`` threads: one range
+    when the whole is too small to be worth a hand-off."""
+    if threads <= 1 or n <= 1:
+        return [(0, n)]
+    worth = max(1, (n * max(1, bytes_per_item)) // MIN_BYTES_PER_RANGE)
+    return split(n, min(threads, worth))
+
+
+def run_ranges(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> list[Any]:
+    """``fn(start, stop)`` for every range, concurrently; the results in range order. The calling
+    thread runs the first range itself; an exception in any range is raised here once every
+    range has finished. Called from a worker (a kernel inside a kernel), the ranges run one after
+    another: a worker waiting for queued work could otherwise wait for itself."""
+    if len(ranges) == 1 or getattr(_local, "worker", False):
+        return [fn(a, b) for a, b in ranges]
+    _ensure_workers(len(ranges) - 1)
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for a, b in ranges[1:]:
+        _tasks.put((fn, a, b, done))
+    results: dict[int, Any] = {}
+    error: BaseException | None = None
+    try:
+        results[ranges[0][0]] = fn(*ranges[0])
+    except BaseException as e:  # noqa: BLE001 - raised below, after the other ranges
+        error = e
+    for _ in ranges[1:]:
+        start, result, e = done.get()
+        results[start] = result
+        if e is not None and error is None:
+            error = e
+    if error is not None:
+        raise error
+    return [results[a] for a, _ in ranges]
+
+
+def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,
+                 bytes_per_item: int = MIN_BYTES_PER_RANGE) -> list[Any]:
+    """Run ``fn(start, stop)`` over [0, n) on up to ``threads`` threads."""
+    return run_ranges(fn, ranges_for(n, threads, bytes_per_item))
+
+
+__all__ = ["MIN_BYTES_PER_RANGE", "parallel_for", "ranges_for", "run_ranges", "split",
+           "threads_for", "usable_cores"]
