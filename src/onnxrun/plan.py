@@ -30,6 +30,7 @@ from .ir import Graph, Model, Node, Value
 from .ir.toposort import stable_topological_order
 from .partition import Assignment
 from .providers import KernelContext
+from .specialize import ShapeSpecializer
 
 # The RunOptions of the run in progress on this thread, so that subgraph bodies (Loop, Scan, If)
 # check RunOptions.terminate between their nodes too.
@@ -74,6 +75,7 @@ class Program:
         session_options: Any = None,
         outer: Sequence[Value] = (),
         pool: Any = None,
+        specialize: bool = False,
     ) -> None:
         self.graph = graph
         self.model = model
@@ -94,7 +96,8 @@ class Program:
         overridable = {id(v) for v in graph.inputs}
         for v in graph.initializers.values():
             template[slot(v)] = v.const_value
-        self._constant_ids = {
+        # values that are constant in every run (overridable initializers are inputs)
+        self.constant_ids = {
             id(v) for v in graph.initializers.values() if id(v) not in overridable
         } | _outer_constant_ids(outer)
 
@@ -108,7 +111,7 @@ class Program:
                 node=node,
                 opset=model.node_opset(node) or 0,
                 constants=[
-                    v.const_value if v is not None and id(v) in self._constant_ids else None
+                    v.const_value if v is not None and id(v) in self.constant_ids else None
                     for v in node.inputs
                 ],
                 outputs_used=[bool(v.name) and (bool(v.uses) or v in graph.outputs)
@@ -139,6 +142,13 @@ class Program:
         # sequentially inside the node that owns them).
         self.pool = pool
         self.full_plan = self.plan(tuple(self.output_slots))
+        self.specializer: ShapeSpecializer | None = None
+        if specialize and not outer:
+            specializer = ShapeSpecializer(self)
+            self.specializer = specializer if specializer.active else None
+
+    def slot_of(self, v: Value) -> int:
+        return self._slot[id(v)]
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -157,9 +167,11 @@ class Program:
                 attrs[name] = a.value
         return attrs
 
-    def plan(self, fetch_slots: tuple[int, ...]) -> Plan:
-        """Steps that compute ``fetch_slots``, with frees after each value's last use."""
-        cached = self._plans.get(fetch_slots)
+    def plan(self, fetch_slots: tuple[int, ...], known: frozenset[int] = frozenset()) -> Plan:
+        """Steps that compute ``fetch_slots``, with frees after each value's last use. The values
+        of the slots ``known`` are given with the feeds: their steps are left out."""
+        key = (fetch_slots, known) if known else fetch_slots
+        cached = self._plans.get(key)
         if cached is not None:
             return cached
         producer_step: dict[int, int] = {}
@@ -171,7 +183,7 @@ class Program:
         stack = [s for s in fetch_slots]
         while stack:
             s = stack.pop()
-            i = producer_step.get(s)
+            i = None if s in known else producer_step.get(s)
             if i is None or needed[i]:
                 continue
             needed[i] = True
@@ -193,7 +205,7 @@ class Program:
         plan = Plan(steps, list(fetch_slots), schedule, compile_steps(steps))
         with self._lock:
             if len(self._plans) < 64:
-                self._plans[fetch_slots] = plan
+                self._plans[key] = plan
         return plan
 
     # -- running -------------------------------------------------------------------------------
@@ -220,6 +232,13 @@ class Program:
             finally:
                 _run_options.reset(token)
         return [slots[s] for s in plan.fetch_slots]
+
+    def run_fetches(self, fetch_slots: tuple[int, ...], feeds: Sequence[tuple[int, Any]],
+                    run_options: Any = None) -> list[Any]:
+        """Run the plan for ``fetch_slots``, specialized to the feeds' shapes when it can be."""
+        if self.specializer is not None:
+            return self.specializer.run(fetch_slots, feeds, run_options)
+        return self.run(self.plan(fetch_slots), feeds, (), run_options)
 
     def run_full(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
         feeds = list(zip(self.input_slots, inputs, strict=False))

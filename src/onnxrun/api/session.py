@@ -29,7 +29,7 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..validate import validate
 from .iobinding import IOBinding
-from .options import ExecutionMode, RunOptions, SessionOptions
+from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
 from .ortvalue import OrtValue
 
 logger = logging.getLogger("onnxrun")
@@ -134,7 +134,10 @@ class InferenceSession:
             workers = opts.inter_op_num_threads or os.cpu_count() or 2
             self._pool = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="onnxrun-inter-op")
-        self._program = Program(model.graph, model, assignment, opts, pool=self._pool)
+        specialize = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL and \
+            opts._config.get("onnxrun.shape_specialization", "1") != "0"
+        self._program = Program(model.graph, model, assignment, opts, pool=self._pool,
+                                specialize=specialize)
         self._model = model
         if self._profiler is not None:
             kind = "uri" if self._model_path is not None else "array"
@@ -292,14 +295,13 @@ class InferenceSession:
             )
         feeds = self._check_feeds(input_feed)
         fetches = self._fetch_slots(output_names)
-        plan = self._program.plan(fetches)
         # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
         # onnxruntime does: numpy's floating-point warnings would only be noise here.
         with np.errstate(all="ignore"), self._blas_threads:
             if self._profiler is None:
-                results = self._program.run(plan, feeds, (), run_options)
+                results = self._program.run_fetches(fetches, feeds, run_options)
             else:
-                results = self._run_profiled(plan, feeds, run_options)
+                results = self._run_profiled(fetches, feeds, run_options)
         outputs = [_as_output(r) for r in results]
         # An output may be a view of a fed array (Identity, Reshape of an input): hand back a
         # buffer of its own, as onnxruntime does, so writing to one never changes the other.
@@ -310,12 +312,12 @@ class InferenceSession:
                     outputs[i] = out.copy()
         return outputs
 
-    def _run_profiled(self, plan: Any, feeds: Any, run_options: Any) -> list[Any]:
+    def _run_profiled(self, fetches: Any, feeds: Any, run_options: Any) -> list[Any]:
         profiler = self._profiler
         token = profiler.activate()
         start = time.perf_counter_ns()
         try:
-            return self._program.run(plan, feeds, (), run_options)
+            return self._program.run_fetches(fetches, feeds, run_options)
         finally:
             profiler.session_event("model_run", start, time.perf_counter_ns())
             profiler.deactivate(token)
