@@ -168,9 +168,6 @@ def test_converted_models(name, half, keep_io_types, float32_counts, tmp_path):
             assert set(n.output) <= outputs
 
 
-@pytest.mark.xfail(strict=True, reason="GeluFusion/FastGeluFusion compare their constants with "
-                   "float32 tolerances (1e-6, 1e-5): the float16-rounded sqrt(2) and 0.044715 "
-                   "of a converted model do not match, so Gelu stays unfused")
 @pytest.mark.parametrize("name", ["bert_tiny", "gpt_tiny"])
 def test_gelu_fused_like_float32(name, float32_counts, tmp_path):
     path = tmp_path / "optimized.onnx"

@@ -14,8 +14,9 @@
 builds a pattern node (``_domain=`` selects a domain, ``_name=`` binds the matched Node under
 that name, ``_outputs=n`` matches a multi-output node and returns its outputs). A pattern
 variable matches any value; the same variable used twice must match the same value. Add and Mul
-match in both input orders. Every value produced inside the match, except the root's outputs,
-must be read only inside the match (and not be a graph output), so the matched nodes can go.
+match in both input orders, and ``check`` sees every match until one passes. Every value
+produced inside the match, except the root's outputs, must be read only inside the match (and
+not be a graph output), so the matched nodes can go.
 
 ``rewrite`` receives the same bindings and a builder: ``op.<OpType>(*inputs, **attributes)``
 creates a node (``_domain=``, ``_outputs=n``) and returns its output(s); ``op.initializer(arr)``
@@ -25,7 +26,7 @@ adds a constant. Whatever ``rewrite`` returns replaces the root's outputs, keepi
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,22 +103,22 @@ class RewriteRule:
         raise NotImplementedError
 
     # -- matching ------------------------------------------------------------------------------
-    def match(self, node: Node) -> Match | None:
+    def matches(self, node: Node) -> Iterator[Match]:
+        """Every way the pattern matches at ``node`` (Add and Mul in both input orders), so
+        that a ``check`` refusing one binding does not hide another."""
         root = self._root
         if node.op_type != root.op_type or node.domain != root.domain:
-            return None
-        bindings: dict[str, Any] = {}
-        nodes: list[Node] = []
-        if not _match_node(root, node, bindings, nodes):
-            return None
-        inside = {id(n) for n in nodes}
-        for n in nodes:
-            if n is node:
-                continue
-            for v in n.outputs:
-                if graph_utils.is_graph_output(v) or any(id(u) not in inside for u, _ in v.uses):
-                    return None
-        return Match(node, bindings, nodes)
+            return
+        for bindings, nodes in _match_node(root, node, {}, []):
+            inside = {id(n) for n in nodes}
+            if all(not (graph_utils.is_graph_output(v) or
+                        any(id(u) not in inside for u, _ in v.uses))
+                   for n in nodes if n is not node for v in n.outputs):
+                yield Match(node, bindings, nodes)
+
+    def match(self, node: Node) -> Match | None:
+        """The first match at ``node``, or None."""
+        return next(self.matches(node), None)
 
 
 def _pattern_params(pattern: Callable[..., Any]) -> list[str]:
@@ -132,48 +133,58 @@ def _pattern_params(pattern: Callable[..., Any]) -> list[str]:
     return list(code.co_varnames[2:code.co_argcount])  # after self and op
 
 
-def _match_node(p: PatternNode, node: Node, bindings: dict[str, Any], nodes: list[Node]) -> bool:
-    if node.op_type != p.op_type or node.domain != p.domain:
-        return False
-    if len(node.outputs) < p.num_outputs:
-        return False
+State = tuple[dict[str, Any], list[Node]]  # bindings so far, nodes matched so far
+
+
+def _match_node(p: PatternNode, node: Node, bindings: dict[str, Any], nodes: list[Node]
+                ) -> Iterator[State]:
+    """The states in which ``node`` matches ``p`` (each a copy: backtracking never undoes)."""
+    if node.op_type != p.op_type or node.domain != p.domain or len(node.outputs) < p.num_outputs:
+        return
     if p.bind_as is not None:
         if p.bind_as in bindings and bindings[p.bind_as] is not node:
-            return False
-        bindings[p.bind_as] = node
+            return
+        bindings = {**bindings, p.bind_as: node}
     if any(n is node for n in nodes):
-        return True
+        yield bindings, nodes  # reached again through another input: matched already
+        return
     orders = [p.inputs]
     if (p.domain, p.op_type) in COMMUTATIVE and len(p.inputs) == 2:
         orders.append(p.inputs[::-1])
     for order in orders:
-        if len(order) > len(node.inputs):
-            continue
-        trial_b, trial_n = dict(bindings), list(nodes) + [node]
-        if all(_match_value(pi, node.inputs[i], trial_b, trial_n) for i, pi in enumerate(order)):
-            bindings.clear()
-            bindings.update(trial_b)
-            nodes[:] = trial_n
-            return True
-    return False
+        if len(order) <= len(node.inputs):
+            yield from _match_inputs(list(zip(order, node.inputs, strict=False)), 0, bindings,
+                                     [*nodes, node])
 
 
-def _match_value(p: Any, v: Value | None, bindings: dict[str, Any], nodes: list[Node]) -> bool:
+def _match_inputs(pairs: list[tuple[Any, Value | None]], k: int, bindings: dict[str, Any],
+                  nodes: list[Node]) -> Iterator[State]:
+    if k == len(pairs):
+        yield bindings, nodes
+        return
+    for b, n in _match_value(*pairs[k], bindings, nodes):
+        yield from _match_inputs(pairs, k + 1, b, n)
+
+
+def _match_value(p: Any, v: Value | None, bindings: dict[str, Any], nodes: list[Node]
+                 ) -> Iterator[State]:
     if isinstance(p, PatternVar):
-        if p.name in bindings:
-            return bindings[p.name] is v
-        bindings[p.name] = v
-        return True
-    if p is None:
-        return v is None
-    if isinstance(p, PatternOutput):
-        if v is None or v.producer is None or v.output_index != p.index:
-            return False
-        return _match_node(p.node, v.producer, bindings, nodes)
-    if isinstance(p, int | float):  # a literal: a constant holding that one value
+        if p.name not in bindings:
+            yield {**bindings, p.name: v}, nodes
+        elif bindings[p.name] is v:
+            yield bindings, nodes
+    elif p is None:
+        if v is None:
+            yield bindings, nodes
+    elif isinstance(p, PatternOutput):
+        if v is not None and v.producer is not None and v.output_index == p.index:
+            yield from _match_node(p.node, v.producer, bindings, nodes)
+    elif isinstance(p, int | float):  # a literal: a constant holding that one value
         value = graph_utils.scalar_value(v)
-        return value is not None and float(value) == float(p)
-    raise TypeError(f"unsupported pattern element {p!r}")
+        if value is not None and float(value) == float(p):
+            yield bindings, nodes
+    else:
+        raise TypeError(f"unsupported pattern element {p!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,10 +258,9 @@ def apply_rule(rule: RewriteRule, model: Model, graph: Graph) -> int:
     for node in candidates:
         if node.graph is not graph:
             continue  # removed by an earlier rewrite in this sweep
-        m = rule.match(node)
+        context = RewriteContext(model, graph, node)
+        m = next((m for m in rule.matches(node) if rule.check(context, **m.bindings)), None)
         if m is None:
-            continue
-        if not rule.check(RewriteContext(model, graph, node), **m.bindings):
             continue
         builder = _RewriteBuilder(model, graph, node)
         result = rule.rewrite(builder, **m.bindings)
