@@ -1,6 +1,8 @@
 """Constant folding: a node whose inputs are all constants is computed once, at session
 creation, by the CPU provider's own kernel, and becomes an initializer. Shape and Size of
-statically known shapes fold too, so whole shape-arithmetic subgraphs collapse."""
+statically known shapes fold too, so whole shape-arithmetic subgraphs collapse. A
+DequantizeLinear of an 8-bit weight read by Conv/MatMul/Gemm is left alone: folding it would
+hold the weight as float32, 4x its size."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from ...dtypes import type_shape
 from ...ir import Model, Node
 from ...providers import KernelContext
 from ...providers.cpu import CPUExecutionProvider
+from ...providers.cpu.ops.quantization import dequantizes_weight_per_run
 from ..base import BASIC, GraphPass, PassResult, register_pass
 from ..graph_utils import constant_value, live_nodes, to_initializer
 
@@ -49,8 +52,8 @@ class ConstantFolding(GraphPass):
     def _fold(self, model: Model, node: Node) -> list[np.ndarray] | None:
         if node.domain not in ("", "com.microsoft") or node.op_type in _NONDETERMINISTIC:
             return None
-        if any(True for _ in node.subgraphs()):
-            return None
+        if any(True for _ in node.subgraphs()) or dequantizes_weight_per_run(node):
+            return None  # a narrow weight stays narrow (dequantized per run by its kernel)
         static = _static_shape_result(node)
         if static is not None:
             return [static]
