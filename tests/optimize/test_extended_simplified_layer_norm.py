@@ -6,45 +6,10 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx.parser
-import onnxruntime as ort
 import pytest
+from extended_helpers import build, ops, optimized
 
-import onnxrun
-
-EXTENDED = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
 rng = np.random.default_rng(0)
-
-
-def build(text: str, **inits: np.ndarray) -> onnx.ModelProto:
-    model = onnx.parser.parse_model(text)
-    model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
-    return model
-
-
-def optimized(model: onnx.ModelProto, feeds: dict, tmp_path, level=EXTENDED):
-    """Optimize and run. Outputs must equal the unoptimized run's, and onnxruntime must load
-    the saved optimized model and agree. Returns ({pass: {change: count}}, saved model)."""
-    opts = onnxrun.SessionOptions()
-    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
-    expected = onnxrun.InferenceSession(model.SerializeToString(), opts).run(None, feeds)
-    opts = onnxrun.SessionOptions()
-    opts.graph_optimization_level = level
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    sess = onnxrun.InferenceSession(model.SerializeToString(), opts)
-    ort_opts = ort.SessionOptions()
-    ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ort_sess = ort.InferenceSession(opts.optimized_model_filepath, ort_opts,
-                                    providers=["CPUExecutionProvider"])
-    for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
-        for got, want in zip(outputs, expected, strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    changes = {name: dict(p.changes) for name, p in sess.get_optimization_report().passes.items()
-               if p.changes}
-    return changes, onnx.load(opts.optimized_model_filepath)
-
-
-def ops(model: onnx.ModelProto) -> list[str]:
-    return [n.op_type for n in model.graph.node]
 
 
 D = 8
