@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from .. import dtypes
-from ..errors import InvalidArgument, InvalidGraph
+from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf
 from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
 from ..load import load_model
@@ -109,36 +109,11 @@ class InferenceSession:
         self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
         t_start = time.perf_counter_ns()
 
-        # 1. load
-        ext_dir = opts._config.get("session.model_external_initializers_file_folder_path")
-        proto, model = load_model(path_or_bytes, ext_dir)
-        t_loaded = time.perf_counter_ns()
-        self._apply_option_overrides(model)
-        if opts._free_dim_by_name or opts._free_dim_by_denotation:
-            proto = _with_overridden_dims(proto, model)
-        # 2. validate
-        validate(proto, model, has_kernel=lambda op_type, opset: any(
-            p.registry.lookup("", op_type, opset) is not None for p in self._providers))
-        del proto
-        # 3. optimize
-        model, self._optimization_report = optimize(
-            model, int(opts.graph_optimization_level), opts, kwargs.get("disabled_optimizers")
-        )
-        if opts.optimized_model_filepath:
-            onnx.save(model_to_proto(model), opts.optimized_model_filepath)
-        # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
-        expand_functions(model, self._providers)
-        assignment = partition(model, self._providers)
-        self._pool = None
-        if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
-            workers = opts.inter_op_num_threads or os.cpu_count() or 2
-            self._pool = ThreadPoolExecutor(max_workers=workers,
-                                            thread_name_prefix="onnxrun-inter-op")
-        specialize = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL and \
-            opts._config.get("onnxrun.shape_specialization", "1") != "0"
-        self._program = Program(model.graph, model, assignment, opts, pool=self._pool,
-                                specialize=specialize)
-        self._model = model
+        try:
+            model, t_loaded = self._prepare(path_or_bytes, kwargs.get("disabled_optimizers"))
+        except UnicodeDecodeError as e:
+            # protobuf decodes string fields when they are first read, anywhere in the pipeline
+            raise InvalidProtobuf(f"Failed to load model: a string field is not UTF-8 ({e})") from e
         if self._profiler is not None:
             kind = "uri" if self._model_path is not None else "array"
             self._profiler.session_event(f"model_loading_{kind}", t_start, t_loaded)
@@ -160,6 +135,42 @@ class InferenceSession:
         self._blas_threads = _BlasThreads.for_session(opts.intra_op_num_threads)
         if opts.enable_cpu_mem_arena:
             _keep_freed_memory()
+
+    def _prepare(self, path_or_bytes: Any, disabled_optimizers: Any) -> tuple[Model, int]:
+        """Steps 1-5: load, validate, optimize, partition, plan (sets the program and model).
+        Returns the model and when loading ended."""
+        opts = self._sess_options
+        # 1. load
+        ext_dir = opts._config.get("session.model_external_initializers_file_folder_path")
+        proto, model = load_model(path_or_bytes, ext_dir)
+        t_loaded = time.perf_counter_ns()
+        self._apply_option_overrides(model)
+        if opts._free_dim_by_name or opts._free_dim_by_denotation:
+            proto = _with_overridden_dims(proto, model)
+        # 2. validate
+        validate(proto, model, has_kernel=lambda op_type, opset: any(
+            p.registry.lookup("", op_type, opset) is not None for p in self._providers))
+        del proto
+        # 3. optimize
+        model, self._optimization_report = optimize(
+            model, int(opts.graph_optimization_level), opts, disabled_optimizers
+        )
+        if opts.optimized_model_filepath:
+            onnx.save(model_to_proto(model), opts.optimized_model_filepath)
+        # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
+        expand_functions(model, self._providers)
+        assignment = partition(model, self._providers)
+        self._pool = None
+        if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
+            workers = opts.inter_op_num_threads or os.cpu_count() or 2
+            self._pool = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="onnxrun-inter-op")
+        specialize = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL and \
+            opts._config.get("onnxrun.shape_specialization", "1") != "0"
+        self._program = Program(model.graph, model, assignment, opts, pool=self._pool,
+                                specialize=specialize)
+        self._model = model
+        return model, t_loaded
 
     def __del__(self) -> None:
         pool = getattr(self, "_pool", None)
