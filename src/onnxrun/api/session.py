@@ -333,6 +333,29 @@ class InferenceSession:
             profiler.session_event("model_run", start, time.perf_counter_ns())
             profiler.deactivate(token)
 
+    def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                  callback: Any, user_data: Any, run_options: RunOptions | None = None) -> None:
+        """Run on a worker thread, then call ``callback(results, user_data, err)``: the outputs
+        as numpy arrays and ``err`` "" , or ``[]`` and the error message, as onnxruntime does.
+        Input names are checked at once (an unknown name raises here); every other failure
+        goes to the callback."""
+        if isinstance(input_feed, Mapping):
+            self._check_feed_names(input_feed)
+
+        def task() -> None:
+            try:
+                results = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # noqa: BLE001 - delivered to the callback, as onnxruntime
+                results, err = [], str(e)
+            else:
+                err = ""
+            try:
+                callback(results, user_data, err)
+            except Exception:  # noqa: BLE001 - nobody to raise it to on this thread
+                logger.exception("run_async: the callback raised")
+
+        _async_workers().submit(task)
+
     def run_with_ort_values(
         self,
         output_names: Sequence[str] | None,
@@ -365,15 +388,20 @@ class InferenceSession:
             slots.append(s)
         return tuple(slots)
 
+    def _check_feed_names(self, input_feed: Mapping[str, Any]) -> None:
+        for name in input_feed:
+            if name not in self._inputs_by_name:
+                expected = [s.name for s in self._input_specs if not s.has_default]
+                raise InvalidArgument(
+                    f"Invalid input name: '{name}'. The model's inputs are: {expected}"
+                )
+
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[tuple[int, Any]]:
         feeds: list[tuple[int, Any]] = []
         for name, value in input_feed.items():
             spec = self._inputs_by_name.get(name)
             if spec is None:
-                expected = [s.name for s in self._input_specs if not s.has_default]
-                raise InvalidArgument(
-                    f"Invalid input name: '{name}'. The model's inputs are: {expected}"
-                )
+                self._check_feed_names(input_feed)  # raises, listing the expected names
             feeds.append((spec.slot, _check_value(spec, value)))
         if len(feeds) < len(self._input_specs):
             missing = [s.name for s in self._input_specs
@@ -453,6 +481,13 @@ def _as_output(value: Any) -> Any:
         return [_as_output(v) for v in value]
     return value
 
+
+
+@functools.cache
+def _async_workers() -> ThreadPoolExecutor:
+    """The threads run_async runs on, shared by every session (created on first use)."""
+    return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
+                              thread_name_prefix="onnxrun-async")
 
 
 # glibc's mallopt parameters, and the values set: no mmap for blocks up to 32 MiB (glibc's
