@@ -188,9 +188,20 @@ def test_other_triangular_masks_do_not_fire(upper, k, tmp_path):
     assert "AttentionFusion" not in changes
 
 
-def test_runtime_weights_do_not_fire(tmp_path):
-    changes, opt = optimized(*attention_model("bert", "padding", weights_const=False), tmp_path)
-    assert "AttentionFusion" not in changes
+@pytest.mark.parametrize("kind, mask", [("bert", "padding"), ("gpt", "causal"),
+                                        ("gpt", "both")])
+def test_runtime_weights_fuse_to_multi_head_attention(kind, mask, tmp_path):
+    """Q, K and V not from constant weights (a quantized model's integer products, weights fed
+    at run time): the block becomes MultiHeadAttention on the projected values."""
+    changes, opt = optimized(*attention_model(kind, mask, weights_const=False), tmp_path)
+    assert changes["AttentionFusion"] == {"MultiHeadAttention": 1}
+    (node,) = [n for n in opt.graph.node if n.op_type == "MultiHeadAttention"]
+    attrs = {a.name: oh.get_attribute_value(a) for a in node.attribute}
+    assert node.domain == "com.microsoft" and attrs["num_heads"] == N
+    assert attrs["unidirectional"] == int(mask != "padding")
+    assert attrs["scale"] == pytest.approx(1 / np.sqrt(H))
+    assert (len(node.input) == 5) == (mask in ("padding", "both"))
+    assert "Softmax" not in ops(opt) and "Transpose" not in ops(opt)
 
 
 def test_probabilities_read_elsewhere_do_not_fire(tmp_path):

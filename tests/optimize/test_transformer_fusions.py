@@ -137,3 +137,30 @@ def test_older_opset_exports_fuse_too(name, tmp_path):
         for s in (sess, ort_sess):
             for got, ref in zip(s.run(None, feeds), want, strict=True):
                 np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_dynamic_int8_exports_fuse_to_one_attention_and_norm_per_sublayer(name, tmp_path):
+    """quantize_dynamic's output: every MatMul an integer product. Each layer's attention becomes
+    MultiHeadAttention on the quantized projections, each product one fused integer kernel."""
+    from onnxrun.quantization import quantize_dynamic
+
+    source, saved = tmp_path / "int8.onnx", tmp_path / "int8.optimized.onnx"
+    quantize_dynamic(MODELS / f"{name}.onnx", source)
+    opts = onnxrun.SessionOptions()
+    opts.optimized_model_filepath = str(saved)
+    sess = onnxrun.InferenceSession(str(source), opts)
+    counts = Counter(n.op_type for n in onnx.load(str(saved)).graph.node)
+    layers, norms = EXPECTED[name]
+    assert counts["MultiHeadAttention"] == layers, counts
+    assert sum(counts[op] for op in LAYER_NORMS) == norms, counts
+    assert counts["MatMulInteger"] == counts["Softmax"] == 0, counts
+    plain = onnxrun.InferenceSession(str(source), _plain_options())
+    ort_opts = ort.SessionOptions()
+    ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort_sess = ort.InferenceSession(str(saved), ort_opts, providers=["CPUExecutionProvider"])
+    for feeds in cases(name):
+        want = plain.run(None, feeds)
+        for s in (sess, ort_sess):
+            for got, ref in zip(s.run(None, feeds), want, strict=True):
+                np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -135,11 +135,15 @@ _SAME_SHAPE = {
     ("", "Relu"), ("", "Tanh"), ("", "Sigmoid"), ("", "Erf"), ("", "Cast"), ("", "Identity"),
     ("", "Dropout"), ("", "Gelu"), ("", "LeakyRelu"), ("", "Clip"), ("", "Neg"), ("", "Sqrt"),
     ("", "LayerNormalization"), ("", "SimplifiedLayerNormalization"), ("", "RMSNormalization"),
-    ("", "Softmax"),
+    ("", "Softmax"), ("", "DynamicQuantizeLinear"), ("", "QuantizeLinear"),
+    ("", "DequantizeLinear"),
     (MS, "Gelu"), (MS, "FastGelu"), (MS, "BiasGelu"), (MS, "QuickGelu"),
     (MS, "SkipLayerNormalization"), (MS, "SkipSimplifiedLayerNormalization"),
 }
 _ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow"}
+# [..., M, K] @ [K, N] products (plain, integer, quantized on the fly)
+_MATMULS = {("", "MatMul"), ("", "MatMulInteger"), (MS, "MatMulIntegerToFloat"),
+            (MS, "DynamicQuantizeMatMul")}
 
 
 def _dim_parent(v: Value, k: int) -> Value | None:
@@ -160,7 +164,7 @@ def _dim_parent(v: Value, k: int) -> Value | None:
     r = rank(v)
     if r is None or k >= r:
         return None
-    if key == ("", "MatMul") and k < r - 1:
+    if key in _MATMULS and k < r - 1:
         w = shape(n.inputs[1])
         if w is not None and len(w) == 2 and rank(x) == r:
             return x  # [..., M, K] @ [K, N]: every dimension but the last is A's

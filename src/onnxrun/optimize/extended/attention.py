@@ -52,6 +52,7 @@ from ._helpers import (
     producer,
     rank,
     remove_nodes,
+    same_dim,
     shape,
     shape_items,
     take_over,
@@ -80,6 +81,20 @@ class _Projection:
     weight: np.ndarray
     bias: np.ndarray | None
     nodes: list[Node]
+
+
+@dataclass
+class _Projected:
+    """Q, K and V as computed by anything else (integer products of a quantized model,
+    non-constant weights): the block becomes MultiHeadAttention on them."""
+
+    q: Value
+    k: Value
+    v: Value
+
+    @property
+    def x(self) -> Value:  # [batch, sequence, ...] of the block's input
+        return self.q
 
 
 def _perm(node: Node | None, expected: list[int]) -> bool:
@@ -130,7 +145,7 @@ class AttentionMatcher:
         self.square: tuple | None = None
 
     # -- entry ---------------------------------------------------------------------------------
-    def match(self, softmax: Node) -> tuple[_Block, _Projection, int, Node] | None:
+    def match(self, softmax: Node) -> tuple[_Block, _Projection | _Projected, int, Node] | None:
         b = _Block()
         axis = softmax.attr("axis", -1 if opset(self.model, softmax) >= 13 else 1)
         if axis not in (-1, 3):
@@ -168,12 +183,16 @@ class AttentionMatcher:
         num_heads, head = nq, hq
         proj = self._projections(qp, kp, vp, num_heads * head)
         if proj is None:
+            proj = self._projected(qp, kp, vp, num_heads * head)
+        if proj is None:
             return None
         if not self._output_shape(out_reshape, t, qp, num_heads * head):
             return None
         if b.mask is not None and not self._mask_fits(b.mask, proj.x):
             return None
-        b.nodes += [mm, softmax, pv, tr] + proj.nodes
+        b.nodes += [mm, softmax, pv, tr]
+        if isinstance(proj, _Projection):
+            b.nodes += proj.nodes
         b.nodes.append(out_reshape)  # the root: last
         return b, proj, num_heads, out_reshape
 
@@ -463,6 +482,16 @@ class AttentionMatcher:
             nodes += [n for n in p.nodes if n not in nodes]
         return _Projection(x, np.ascontiguousarray(w), bias, nodes)
 
+    @staticmethod
+    def _projected(qp: Value, kp: Value, vp: Value, d: int) -> _Projected | None:
+        """Self-attention on Q, K, V of one [batch, sequence, d] shape, however computed."""
+        if not is_float32(qp, kp, vp) or any(rank(p) != 3 or last_dim(p) != d
+                                              for p in (qp, kp, vp)):
+            return None
+        if not all(same_dim(qp, p, k) for p in (kp, vp) for k in (0, 1)):
+            return None
+        return _Projected(qp, kp, vp)
+
     # -- checks that need the projected input ---------------------------------------------------
     def _output_shape(self, reshape: Node, t: Value, qp: Value, d: int) -> bool:
         items = shape_items(reshape.inputs[1])
@@ -501,22 +530,25 @@ class AttentionFusion(GraphPass):
         for graph in list(all_graphs(model.graph)):
             for node in list(graph.nodes):
                 if node.graph is graph and node.op_type == "Softmax" and node.domain == "":
-                    if self._fuse(model, node):
-                        changes["Attention"] += 1
+                    fused = self._fuse(model, node)
+                    if fused:
+                        changes[fused] += 1
         return PassResult(bool(changes), changes)
 
-    def _fuse(self, model: Model, softmax: Node) -> bool:
+    def _fuse(self, model: Model, softmax: Node) -> str | None:
+        """The fused operator's name, or None."""
         matcher = AttentionMatcher(model)
         found = matcher.match(softmax)
         if found is None:
-            return False
+            return None
         block, proj, num_heads, root = found
         if block.causal and not self._causal_fits(matcher, proj.x):
-            return False
+            return None
         graph = root.graph
-        dead = dying_nodes(block.nodes, [proj.x, block.mask])
+        kept = [proj.q, proj.k, proj.v] if isinstance(proj, _Projected) else [proj.x]
+        dead = dying_nodes(block.nodes, [*kept, block.mask])
         if dead is None:
-            return False
+            return None
         new_nodes: list[Node] = []
         mask_index = None
         if block.mask is not None:
@@ -526,16 +558,22 @@ class AttentionFusion(GraphPass):
                                  to=INT32)
                 new_nodes.append(cast)
                 mask_index = cast.outputs[0]
-        w = make_initializer(graph, f"{root.label}_qkv_weight", proj.weight)
-        b = make_initializer(graph, f"{root.label}_qkv_bias", proj.bias)
         if block.filter_value is not None:
             filter_value = block.filter_value
         elif block.causal_fill is not None and np.isfinite(block.causal_fill):
             filter_value = block.causal_fill
         else:
             filter_value = LOWEST_FLOAT32
-        inputs = [proj.x, w, b] + ([mask_index] if mask_index is not None else [])
-        attn = make_node(graph, model, "Attention", inputs, domain=MS,
+        if isinstance(proj, _Projected):
+            # MultiHeadAttention(query, key, value, bias, key_padding_mask)
+            op_type, inputs = "MultiHeadAttention", [proj.q, proj.k, proj.v, None, mask_index]
+        else:
+            w = make_initializer(graph, f"{root.label}_qkv_weight", proj.weight)
+            b = make_initializer(graph, f"{root.label}_qkv_bias", proj.bias)
+            op_type, inputs = "Attention", [proj.x, w, b, mask_index]
+        while inputs[-1] is None:
+            inputs.pop()
+        attn = make_node(graph, model, op_type, inputs, domain=MS,
                          name=f"{root.label}_attention", num_heads=num_heads,
                          scale=float(block.scale), unidirectional=int(block.causal),
                          mask_filter_value=float(filter_value))
@@ -543,7 +581,7 @@ class AttentionFusion(GraphPass):
         new_nodes.append(attn)
         insert_before(graph, root, new_nodes)
         remove_nodes(graph, dead)
-        return True
+        return op_type
 
     @staticmethod
     def _causal_fits(matcher: AttentionMatcher, x: Value) -> bool:
