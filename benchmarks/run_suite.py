@@ -18,6 +18,13 @@ memory come from a fresh child process per engine (once per case, 1 thread). The
   decoder (32 tokens), MobileNetV2 at batch 1 and 8, an LSTM tagger (128 tokens);
 - a micro-benchmark: a chain of 1,000 tiny elementwise nodes (Add and Mul on 16 floats), whose
   median over 1,000 is the engine's cost per node.
+
+A second table (``<!-- quant:begin -->`` / ``<!-- quant:end -->``; ``--only-quant`` runs it
+alone) compares each generated model with its int8 and float16 variants on onnxrun: dynamic int8
+(``quantize_dynamic``, per tensor and per channel), static int8 QDQ (``quantize_static`` over a
+few random calibration batches) and float16 (``convert_float_to_float16``, float32 inputs and
+outputs kept). The variants are written next to the float32 model in the cache folder the first
+time (or when the float32 model is newer), with onnxrun's own tools: no torch needed.
 """
 
 from __future__ import annotations
@@ -93,6 +100,69 @@ def generated_cases(cache: Path) -> tuple[list[Case], list[str]]:
         given = {} if dims else files(folder)
         cases.append(Case(label, str(model), shape, given, dims, quick))
     return cases, missing
+
+
+# (cache folder, label, input, variants): which variants each generated model is measured in
+QUANT_MODELS = [
+    ("bert_minilm_l6", "BERT MiniLM-L6", "2x128 tokens", ("int8", "int8pc", "fp16")),
+    ("gpt_decoder", "GPT decoder 4x256", "1x32 tokens", ("int8", "fp16")),
+    ("mobilenet_v2", "MobileNetV2", "1x3x224x224", ("qdq", "int8", "fp16")),
+    ("lstm_tagger", "LSTM 2x256 bidir", "1x128 tokens", ("int8",)),
+]
+VARIANTS = {
+    "fp32": "float32",
+    "int8": "int8 dynamic",
+    "int8pc": "int8 dynamic, per channel",
+    "qdq": "int8 static QDQ",
+    "fp16": "float16",
+}
+CALIBRATION_BATCHES = 4
+
+
+def make_variant(fp32: Path, variant: str, out: Path) -> None:
+    """Write ``variant`` of the float32 model ``fp32`` to ``out`` with onnxrun's tools."""
+    from onnxrun import quantization as q
+
+    if variant in ("int8", "int8pc"):
+        q.quantize_dynamic(fp32, out, per_channel=variant == "int8pc")
+    elif variant == "qdq":
+        import onnxrun
+
+        session = onnxrun.InferenceSession(str(fp32))
+        rng = np.random.default_rng(0)
+        batches = []
+        for _ in range(CALIBRATION_BATCHES):
+            batches.append({i.name: rng.uniform(-1, 1, [d if isinstance(d, int) else 1
+                                                        for d in i.shape]).astype(np.float32)
+                            for i in session.get_inputs()})
+        q.quantize_static(fp32, out, q.FeedsDataReader(batches), quant_format=q.QuantFormat.QDQ,
+                          per_channel=True)
+    elif variant == "fp16":
+        from onnxrun.transformers.float16 import convert_float_to_float16
+
+        onnx.save(convert_float_to_float16(onnx.load(str(fp32)), keep_io_types=True), str(out))
+    else:
+        raise ValueError(f"unknown variant {variant!r}")
+
+
+def quant_cases(cache: Path, words: list[str]) -> list[tuple[Case, str, str]]:
+    """(case, model label, variant) for every generated model in the cache whose label contains
+    one of ``words`` (all without), the float32 original first; variants missing or older than
+    it are made first."""
+    out = []
+    for folder, label, shape, variants in QUANT_MODELS:
+        fp32 = cache / folder / "model.onnx"
+        if not fp32.is_file() or (words and not any(w in label.lower() for w in words)):
+            continue
+        files = {p.stem: str(p) for p in sorted((cache / folder).glob("*.npy"))}
+        out.append((Case(label, str(fp32), shape, files), label, "fp32"))
+        for v in variants:
+            path = cache / folder / f"model.{v}.onnx"
+            if not path.is_file() or path.stat().st_mtime < fp32.stat().st_mtime:
+                print(f"making {path} ...", file=sys.stderr, flush=True)
+                make_variant(fp32, v, path)
+            out.append((Case(f"{label} {VARIANTS[v]}", str(path), shape, files), label, v))
+    return out
 
 
 def chain_model(path: Path, n: int = CHAIN_NODES) -> Case:
@@ -240,6 +310,80 @@ def session_table(runs: list[tuple[Case, int, BenchResult]]) -> list[str]:
     return markdown(header, rows)
 
 
+def quant_table(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tuple[str, str]],
+                threads: list[int]) -> list[str]:
+    header = ["model", "variant"]
+    for t in threads:
+        header += [f"onnxrun {t}T", f"vs float32 {t}T", f"onnxruntime {t}T"]
+    header += ["file (MiB)", "peak + onnxrun (MiB)"]
+    by_case: dict[int, dict[int, BenchResult]] = {}
+    cases: dict[int, Case] = {}
+    for case, t, r in runs:
+        by_case.setdefault(id(case), {})[t] = r
+        cases[id(case)] = case
+    fp32: dict[tuple[str, int], float] = {}
+    rows = []
+    for key, per_thread in by_case.items():
+        label, variant = labels[key]
+        row = [label, VARIANTS[variant]]
+        iso = None
+        for t in threads:
+            r = per_thread.get(t)
+            a = r.engine(ENGINE) if r else None
+            b = r.engine(REFERENCE) if r else None
+            if a is not None and variant == "fp32":
+                fp32[(label, t)] = a.stats.median
+            base = fp32.get((label, t))
+            row += [fmt_time(a.stats.median) if a else "-",
+                    ratio(a.stats.median / base if a and base else None),
+                    fmt_time(b.stats.median) if b else "-"]
+            if a is not None and a.isolated is not None:
+                iso = a.isolated
+        row += [mib(os.path.getsize(cases[key].model)), mib(iso.delta_bytes if iso else None)]
+        rows.append(row)
+    return markdown(header, rows)
+
+
+def quant_section(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tuple[str, str]],
+                  threads: list[int], args: argparse.Namespace, started: str) -> str:
+    lines = [
+        f"Quantized and float16 variants, run {started}: {args.warmup} warm-up + {args.repeat} "
+        f"timed runs per engine and case; intra-op threads {' and '.join(map(str, threads))}.",
+        "",
+        f"- Machine: {machine()}; BLAS: {blas()}; load average before: {load()}.",
+        f"- Versions: {versions()}.",
+        "",
+        "'vs float32' = the variant's onnxrun median over the float32 model's onnxrun median "
+        "(below 1: the variant is faster); onnxruntime runs the same file, for reference; "
+        "'peak + onnxrun' is the peak resident size of a fresh onnxrun process after creating "
+        "the session and one run (1 thread), minus the peak before.",
+        "",
+    ]
+    return "\n".join(lines + quant_table(runs, labels, threads))
+
+
+def run_cases(cases: list[Case], threads: list[int], args: argparse.Namespace
+              ) -> list[tuple[Case, int, BenchResult]]:
+    runs: list[tuple[Case, int, BenchResult]] = []
+    for case in cases:
+        # The micro-benchmark measures per-node overhead: one thread count is enough.
+        for i, t in enumerate(threads[:1] if case.per_node else threads):
+            opts = BenchOptions(warmup=args.warmup, repeat=args.repeat, intra_op_threads=t,
+                                isolate=i == 0 and not case.per_node)
+            print(f"[{len(runs) + 1}] {case.name} {case.input}, {t} thread(s) ...", end=" ",
+                  file=sys.stderr, flush=True)
+            try:
+                r = bench(case.model, opts, files=case.files, dims=case.dims, vs=REFERENCE)
+            except Exception as e:  # one failing model must not sink the suite
+                print(f"failed: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            runs.append((case, t, r))
+            print(f"onnxrun {fmt_time(r.engines[0].stats.median)}, onnxruntime "
+                  f"{fmt_time(r.engines[1].stats.median)}, ratio "
+                  f"{ratio(r.ratio(lambda e: e.stats.median))}", file=sys.stderr, flush=True)
+    return runs
+
+
 def baselines(runs: list[tuple[Case, int, BenchResult]]) -> str:
     """The child processes' footprint before any session: the import cost of each engine."""
     parts = []
@@ -298,7 +442,8 @@ def section(runs: list[tuple[Case, int, BenchResult]], threads: list[int], args:
     return "\n".join(lines)
 
 
-def write_doc(path: Path, text: str, marker: str = "suite") -> None:
+def write_doc(path: Path, text: str, marker: str = "suite",
+              title: str = "Latest suite results") -> None:
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     block = f"{begin}\n{text}\n{end}"
     old = path.read_text(encoding="utf-8") if path.is_file() else "# Performance\n"
@@ -306,7 +451,7 @@ def write_doc(path: Path, text: str, marker: str = "suite") -> None:
         head, rest = old.split(begin, 1)
         new = head + block + rest.split(end, 1)[1]
     else:
-        new = old.rstrip("\n") + "\n\n## Latest suite results\n\n" + block + "\n"
+        new = old.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     path.write_text(new, encoding="utf-8")
 
 
@@ -334,6 +479,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marker", default="suite",
                         help="write between <!-- MARKER:begin --> and <!-- MARKER:end --> "
                         "(default suite)")
+    parser.add_argument("--only-quant", action="store_true",
+                        help="run only the table of quantized and float16 variants")
+    parser.add_argument("--no-quant", action="store_true",
+                        help="leave out the table of quantized and float16 variants")
     args = parser.parse_args(argv)
     if args.repeat is None:
         args.repeat = 5 if args.quick else 10
@@ -345,44 +494,39 @@ def main(argv: list[str] | None = None) -> int:
               "with (pip install onnxruntime)", file=sys.stderr)
         return 1
 
-    tmp = tempfile.TemporaryDirectory(prefix="onnxrun-suite-")
-    generated, missing = generated_cases(args.cache or default_cache())
-    cases = zoo_cases() + generated + [chain_model(Path(tmp.name) / "chain.onnx")]
-    if args.quick:
-        cases = [c for c in cases if c.quick]
     words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
-    if words:
-        cases = [c for c in cases if any(w in c.name.lower() for w in words)]
-
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = load()
     runs: list[tuple[Case, int, BenchResult]] = []
-    for case in cases:
-        # The micro-benchmark measures per-node overhead: one thread count is enough.
-        for i, t in enumerate(threads[:1] if case.per_node else threads):
-            opts = BenchOptions(warmup=args.warmup, repeat=args.repeat, intra_op_threads=t,
-                                isolate=i == 0 and not case.per_node)
-            print(f"[{len(runs) + 1}] {case.name} {case.input}, {t} thread(s) ...", end=" ",
-                  file=sys.stderr, flush=True)
-            try:
-                r = bench(case.model, opts, files=case.files, dims=case.dims, vs=REFERENCE)
-            except Exception as e:  # one failing model must not sink the suite
-                print(f"failed: {type(e).__name__}: {e}", file=sys.stderr)
-                continue
-            runs.append((case, t, r))
-            print(f"onnxrun {fmt_time(r.engines[0].stats.median)}, onnxruntime "
-                  f"{fmt_time(r.engines[1].stats.median)}, ratio "
-                  f"{ratio(r.ratio(lambda e: e.stats.median))}", file=sys.stderr, flush=True)
-    tmp.cleanup()
-    text = section(runs, threads, args, started, load_before, load(), missing)
-    print(text)
+    if not args.only_quant:
+        tmp = tempfile.TemporaryDirectory(prefix="onnxrun-suite-")
+        generated, missing = generated_cases(args.cache or default_cache())
+        cases = zoo_cases() + generated + [chain_model(Path(tmp.name) / "chain.onnx")]
+        if args.quick:
+            cases = [c for c in cases if c.quick]
+        if words:
+            cases = [c for c in cases if any(w in c.name.lower() for w in words)]
+        load_before = load()
+        runs = run_cases(cases, threads, args)
+        tmp.cleanup()
+        text = section(runs, threads, args, started, load_before, load(), missing)
+        print(text)
+        if not args.dry_run:
+            write_doc(args.doc, text, args.marker)
+            print(f"\nwritten to {args.doc}", file=sys.stderr)
+    if not args.no_quant:
+        variants = quant_cases(args.cache or default_cache(), words)
+        quant_runs = run_cases([c for c, _, _ in variants], threads, args)
+        labels = {id(c): (label, v) for c, label, v in variants}
+        text = quant_section(quant_runs, labels, threads, args, started)
+        print("\n" + text)
+        runs += quant_runs
+        if not args.dry_run:
+            write_doc(args.doc, text, "quant", "Quantized and float16 models")
+            print(f"\nwritten to {args.doc}", file=sys.stderr)
     if args.json:
         args.json.write_text(json.dumps(
             [{"case": c.name, "input": c.input, "threads": t, "result": asdict(r)}
              for c, t, r in runs], indent=1, default=str), encoding="utf-8")
-    if not args.dry_run:
-        write_doc(args.doc, text, args.marker)
-        print(f"\nwritten to {args.doc}", file=sys.stderr)
     return 0
 
 

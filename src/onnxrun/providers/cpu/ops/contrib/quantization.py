@@ -534,7 +534,7 @@ class MatMulNBits:
 
 
 class _QuantWeights:
-    """One direction's quantized W or R: ``(q - zp)`` as float32 [K, 4H] and its scales."""
+    """One direction's quantized W or R: the 8-bit [K, 4H] matrix and its scales."""
 
     def __init__(self, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> None:
         self.mat = IntMatrix(q, zero_point.reshape(-1) if zero_point.size > 1 else zero_point)
@@ -550,10 +550,11 @@ def _lstm_weights(W, W_scale, W_zp, R, R_scale, R_zp, D):
              _QuantWeights(R[d], per_dir(R_scale, d), per_dir(R_zp, d))) for d in range(D)]
 
 
-def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights) -> np.ndarray:
-    """onnxruntime's quantized LSTM GEMM: A quantized to uint8 per call (per tensor)."""
+def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights, wf: np.ndarray) -> np.ndarray:
+    """onnxruntime's quantized LSTM GEMM: A quantized to uint8 per call (per tensor); ``wf`` is
+    ``w.mat.float32()``, built once per run for all time steps."""
     Aq, a_scale, zp = dynamic_quantize(A2)
-    acc = int_matmul(Aq, float(max(zp, 255 - zp)), w.mat)
+    acc = int_matmul(Aq, float(max(zp, 255 - zp)), w.mat, wf)
     out = acc if acc.dtype == F32 else acc.astype(F32)
     out *= (a_scale * w.scale) if np.ndim(w.scale) else np.float32(a_scale * w.scale)
     return out
@@ -606,16 +607,18 @@ class DynamicQuantizeLSTM:
         peep = None if P is None else P.reshape(D, 3, H).astype(F32)
         for d in range(D):
             wq, rq = weights[d]
+            rf = rq.mat.float32()
             f_act, g_act, h_act = ([a] for a in self.acts[d])
             xs = self._inputs(Xf, lens, steps, self.reverse[d])
-            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq).reshape(steps, batch, 4 * H) \
+            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq, wq.mat.float32()).reshape(
+                steps, batch, 4 * H) \
                 if steps else np.zeros((0, batch, 4 * H), F32)
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
             c = np.zeros((batch, H), F32) if initial_c is None else initial_c[d].astype(F32)
             h_in = h
             ys = np.zeros((T, batch, H), F32)
             for t in range(steps):
-                g = xw[t] + _qgemm_dynamic(h_in, rq)
+                g = xw[t] + _qgemm_dynamic(h_in, rq, rf)
                 h_new, c_new = self._cell(g, c, bias[d], None if peep is None else peep[d],
                                           f_act, g_act, h_act, self.apply, H)
                 if lens is not None:
