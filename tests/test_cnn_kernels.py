@@ -81,7 +81,6 @@ DW_ATTRS = [
 def test_depthwise(monkeypatch, layout, attrs):
     # planar: never channels-last; nhwc: always
     monkeypatch.setattr(conv_mod, "_NHWC_CHANNELS", 10 ** 6 if layout == "planar" else 1)
-    monkeypatch.setattr(conv_mod, "_NHWC_PIXELS", 10 ** 9)
     C = 6
     for ks, act, bias in [(3, "Clip", True), (5, None, False), (3, "Relu", False)]:
         w, b = rand(C, 1, ks, ks), rand(C) if bias else None

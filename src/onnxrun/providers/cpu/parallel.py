@@ -12,6 +12,7 @@ The worker threads are shared by every session of the process and started on fir
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import threading
@@ -23,7 +24,7 @@ from typing import Any
 MIN_BYTES_PER_RANGE = 1 << 20
 
 _lock = threading.Lock()
-_tasks: queue.SimpleQueue = queue.SimpleQueue()  # (fn, start, stop, where the result goes)
+_tasks: queue.SimpleQueue = queue.SimpleQueue()  # jobs: callables the workers run
 _started = 0
 _local = threading.local()  # .worker: this thread is one of ours
 
@@ -43,11 +44,7 @@ def threads_for(ctx: Any) -> int:
 def _worker() -> None:
     _local.worker = True
     while True:
-        fn, start, stop, done = _tasks.get()
-        try:
-            done.put((start, fn(start, stop), None))
-        except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
-            done.put((start, None, e))
+        _tasks.get()()
 
 
 def _ensure_workers(n: int) -> None:
@@ -82,31 +79,50 @@ def ranges_for(n: int, threads: int, bytes_per_item: int) -> list[tuple[int, int
     return split(n, min(threads, worth))
 
 
+class _Job:
+    """One run_ranges call: the calling thread and the workers take ranges in turn until none is
+    left. A worker the OS has not scheduled yet finds nothing to do when it wakes, instead of
+    the caller waiting a time slice for it (what a fixed range per thread would do on a busy
+    machine)."""
+
+    def __init__(self, fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> None:
+        self.fn, self.ranges = fn, ranges
+        self.results: list[Any] = [None] * len(ranges)
+        self.errors: list[BaseException] = []
+        self.next = itertools.count()  # next() on a count is atomic under the GIL
+        self.left = len(ranges)
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+
+    def __call__(self) -> None:
+        n = len(self.ranges)
+        while (i := next(self.next)) < n:
+            try:
+                self.results[i] = self.fn(*self.ranges[i])
+            except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
+                self.errors.append(e)
+            with self.lock:
+                self.left -= 1
+                if self.left == 0:
+                    self.finished.set()
+
+
 def run_ranges(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> list[Any]:
-    """``fn(start, stop)`` for every range, concurrently; the results in range order. The calling
-    thread runs the first range itself; an exception in any range is raised here once every
-    range has finished. Called from a worker (a kernel inside a kernel), the ranges run one after
-    another: a worker waiting for queued work could otherwise wait for itself."""
+    """``fn(start, stop)`` for every range, concurrently; the results in range order. An
+    exception in any range is raised here once every range has finished. Called from a worker
+    (a kernel inside a kernel), the ranges run one after another: a worker waiting for queued
+    work could otherwise wait for itself."""
     if len(ranges) == 1 or getattr(_local, "worker", False):
         return [fn(a, b) for a, b in ranges]
     _ensure_workers(len(ranges) - 1)
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    for a, b in ranges[1:]:
-        _tasks.put((fn, a, b, done))
-    results: dict[int, Any] = {}
-    error: BaseException | None = None
-    try:
-        results[ranges[0][0]] = fn(*ranges[0])
-    except BaseException as e:  # noqa: BLE001 - raised below, after the other ranges
-        error = e
+    job = _Job(fn, ranges)
     for _ in ranges[1:]:
-        start, result, e = done.get()
-        results[start] = result
-        if e is not None and error is None:
-            error = e
-    if error is not None:
-        raise error
-    return [results[a] for a, _ in ranges]
+        _tasks.put(job)
+    job()
+    job.finished.wait()
+    if job.errors:
+        raise job.errors[0]
+    return job.results
 
 
 def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,

@@ -20,6 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
 from ..kernels import KernelContext, op
+from ..parallel import parallel_for, threads_for
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -132,12 +133,13 @@ def _im2col(Xp: np.ndarray, kernel, outs, strides, dilations) -> np.ndarray:
 _TILE = 1 << 20  # elements of im2col matrix built at a time: a few MB, cache-friendly
 
 
-def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
+def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> np.ndarray:
     """(N, g, M/g, *outs) = Wm @ im2col, the column matrix built a band of output rows at a time.
 
     ``view`` is the strided (N, C, *kernel, *outs) window view. Copying it band by band keeps
-    the copy in cache and never materializes the whole (C*K, O) matrix of a large image; each
-    band is one 2-D GEMM written straight into the output.
+    the copy in cache and never materializes the whole (C*K, O) matrix of a large image; the
+    intra-op threads copy a range of channels each, then each band is one 2-D GEMM (on BLAS's
+    threads) written straight into the output.
     """
     N, C = view.shape[:2]
     nd = (view.ndim - 2) // 2
@@ -155,9 +157,17 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int) -> np.ndarray:
             for r in range(0, outs[0], rows):
                 h = min(rows, outs[0] - r)
                 band = (Ellipsis, slice(r, r + h)) + (slice(None),) * (nd - 1)
-                cols = src[band].reshape(Cg * K, h * rest)
-                np.matmul(Wm[gi], cols, out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+                cols = scratch("conv_cols", (Cg,) + src.shape[1:1 + nd] + (h,) + outs[1:],
+                               Wm.dtype)
+                parallel_for(functools.partial(_copy_channels, cols, src[band]), Cg, threads,
+                             K * h * rest * Wm.itemsize)
+                np.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
+                          out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
     return Y
+
+
+def _copy_channels(dst: np.ndarray, src: np.ndarray, c0: int, c1: int) -> None:
+    np.copyto(dst[c0:c1], src[c0:c1])
 
 
 # -- scratch buffers, padding ---------------------------------------------------------------------
@@ -242,17 +252,10 @@ def _depthwise_weights_2d(W: np.ndarray, kernel, strides, dilations, cdt):
     return per_group, hwc
 
 
-# The channels-last kernel's inner loop runs over the channels, the planar one's over whole
-# planes: channels-last is faster with many channels and small (or strided: no polyphase
-# copy) images, planar for large stride-1 images (measured on MobileNetV2 and ShuffleNet).
-_NHWC_PIXELS = 1024
-_NHWC_CHANNELS = 64
-
-
-def _depthwise_nhwc_wins(C: int, outs, strides) -> bool:
-    return C >= _NHWC_CHANNELS and (
-        any(s != 1 for s in strides) or outs[0] * outs[1] < _NHWC_PIXELS)
-
+# The channels-last kernel's inner loop runs along whole image rows (pixels x channels), the
+# planar one's along planes: channels-last is faster from 32 channels on, at any image size and
+# stride (measured on MobileNetV2's and ShuffleNet's layers).
+_NHWC_CHANNELS = 32
 
 
 def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np.ndarray:
@@ -311,22 +314,75 @@ def _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations) -> np
     return Y.reshape(N, C, Ho, Wq)
 
 
-def _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out=None):
-    """Depthwise 2-D convolution through a channels-last copy: one einsum over all taps, its
-    inner loop along the channels. Returns (N, Ho, Wo, C): ``out``, else a scratch array."""
+@functools.lru_cache(maxsize=256)
+def _depthwise_column_groups(kw: int, sw: int, dw: int):
+    """How the kernel columns of a channels-last depthwise convolution read the column phases
+    of the padded input: column j reads phase (j*dw) % sw at offset (j*dw) // sw, and the
+    columns of one phase whose offsets are evenly spaced form a group that one einsum sums.
+    Returns (groups, offset span); a group is (phase, first offset, offset step, columns)."""
+    phases: dict[int, list[tuple[int, int]]] = {}
+    for j in range(kw):
+        q, b = divmod(j * dw, sw)
+        phases.setdefault(b, []).append((q, j))
+    groups = []
+    for b, cols in sorted(phases.items()):
+        offsets = [q for q, _ in cols]
+        steps = {y - x for x, y in zip(offsets, offsets[1:], strict=False)}
+        if len(steps) <= 1:
+            groups.append((b, offsets[0], steps.pop() if steps else 1, tuple(j for _, j in cols)))
+        else:
+            groups.extend((b, q, 1, (j,)) for q, j in cols)
+    return tuple(groups), (kw - 1) * dw // sw
+
+
+def _depthwise_row_weights(w_hwc: np.ndarray, Wo: int, strides, dilations) -> tuple:
+    """Per column group of _depthwise_column_groups: its (kh, columns, Wo*C) weights, each
+    tap's channel vector repeated along an output row."""
+    kh, kw, C = w_hwc.shape
+    groups = _depthwise_column_groups(kw, strides[1], dilations[1])[0]
+    rows = np.broadcast_to(w_hwc[:, :, None, :], (kh, kw, Wo, C)).reshape(kh, kw, Wo * C)
+    return tuple(np.ascontiguousarray(rows[:, list(cols)]) for *_, cols in groups)
+
+
+def _depthwise_nhwc(X, w_rows, heads, outs, kernel, strides, dilations, threads, out=None,
+                    finish=None) -> None:
+    """Depthwise 2-D convolution in channels-last rows. A tap's weights are the same for every
+    pixel x channel element of an output row, so each einsum's inner loop runs along a whole
+    row (Wo*C elements) of a channels-last copy of the padded input, split into its column
+    phases when strided. Output rows are cut into ranges for the intra-op threads, each with
+    its own padded copy of the input rows it reads. Rows h0:h1 of the (N, Ho, Wo, C) result
+    go to ``out`` (else to a scratch array), then to ``finish(h0, h1, rows)``, still in
+    cache."""
     N, C, H, Wd = X.shape
-    need = [(o - 1) * s + (k - 1) * d + 1
-            for o, s, k, d in zip(outs, strides, kernel, dilations, strict=True)]
-    Xp = scratch("conv_in", (N, need[0], need[1], C), X.dtype)
-    _pad_into(Xp.transpose(0, 3, 1, 2), X, heads)
-    sN, sH, sW, sC = Xp.strides
-    view = as_strided(
-        Xp, (N, outs[0], outs[1], kernel[0], kernel[1], C),
-        (sN, sH * strides[0], sW * strides[1], sH * dilations[0], sW * dilations[1], sC),
-        writeable=False)
-    if out is None:
-        out = scratch("conv_acc", (N, outs[0], outs[1], C), X.dtype)
-    return np.einsum("nhwijc,ijc->nhwc", view, w_hwc, out=out)
+    (Ho, Wo), (kh, _), (sh, sw), dh = outs, kernel, strides, dilations[0]
+    groups, qspan = _depthwise_column_groups(kernel[1], sw, dilations[1])
+    Wq, L = Wo + qspan, Wo * C
+
+    def rows(h0: int, h1: int) -> None:
+        r0, r1 = h0 * sh, (h1 - 1) * sh + (kh - 1) * dh + 1  # the padded rows they read
+        P = scratch("conv_in", (N, sw, r1 - r0, Wq, C), X.dtype)
+        x0, x1 = max(0, r0 - heads[0]), max(0, min(H, r1 - heads[0]))
+        for b in range(sw):
+            q0 = max(0, -(-(heads[1] - b) // sw))  # phase b's first column inside the input
+            src = X[:, :, x0:max(x0, x1), q0 * sw + b - heads[1]::sw]
+            _pad_into(P[:, b].transpose(0, 3, 1, 2), src, (max(0, heads[0] - r0), q0))
+        sN, _, sR, sQ, item = P.strides
+        result = scratch("conv_acc", (N, h1 - h0, Wo, C), X.dtype) if out is None \
+            else out[:, h0:h1]
+        acc = result.reshape(N, h1 - h0, L)
+        for gi, ((b, q, step, cols), w) in enumerate(zip(groups, w_rows, strict=True)):
+            view = as_strided(P[:, b, :, q:], (N, h1 - h0, kh, len(cols), L),
+                              (sN, sh * sR, dh * sR, step * sQ, item), writeable=False)
+            if gi == 0:
+                np.einsum("nhijl,ijl->nhl", view, w, out=acc)
+            else:
+                tmp = scratch("conv_tmp", acc.shape, X.dtype)
+                np.einsum("nhijl,ijl->nhl", view, w, out=tmp)
+                acc += tmp
+        if finish is not None:
+            finish(h0, h1, result)
+
+    parallel_for(rows, Ho, threads, N * L * kh * kernel[1] * X.itemsize)
 
 
 # -- dense 2-D convolutions without im2col --------------------------------------------------------
@@ -350,12 +406,13 @@ _WINOGRAD_TILES = 64
 _WINOGRAD_THREADED_MACS = 1 << 24
 
 
-def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
+def _winograd_3x3(X, U, b, heads, outs, threads: int = 1) -> np.ndarray:
     """3x3 stride-1 convolution by Winograd F(2x2, 3x3): every 2x2 output tile is
     A^T [(G W G^T) * (B^T d B)] A over its 4x4 input tile d. The 16 products summed over the
     channels are 16 GEMMs with 9/4 fewer multiplications than im2col's; the transforms are
     sums and differences of strided slices, done channels-last so that their inner loops run
-    along the channels. Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2), M) channels-last, bias added,
+    along the channels, on the intra-op threads a range of tile rows each (the GEMMs use
+    BLAS's threads). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2), M) channels-last, bias added,
     a fresh array."""
     N, C = X.shape[:2]
     M = U.shape[2]
@@ -363,46 +420,71 @@ def _winograd_3x3(X, U, b, heads, outs) -> np.ndarray:
     th, tw = -(-Ho // 2), -(-Wo // 2)
     Wp = 2 * tw + 2
     P = scratch("conv_in", (N, 2 * th + 2, Wp, C), X.dtype)
-    _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+    Pt = P.transpose(0, 3, 1, 2)
     Y = np.empty((N, 2 * th, 2 * tw, M), X.dtype)
+    item = X.itemsize
+
+    def pad_rows(r0: int, r1: int) -> None:
+        Xr = X[:, :, max(0, r0 - heads[0]):max(0, r1 - heads[0])]
+        _pad_into(Pt[:, :, r0:r1], Xr, (max(0, heads[0] - r0), heads[1]))
+
+    parallel_for(pad_rows, 2 * th + 2, threads, 2 * N * Wp * C * item)
     band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
     for t0 in range(0, th, band):
         nt = min(band, th - t0)
-        # rows: B^T d, every 4-row window at once (tile rows step by 2)
-        R = scratch("conv_rows", (4, N, nt, Wp, C), X.dtype)
-        p = [P[:, 2 * t0 + k:2 * t0 + k + 2 * nt - 1:2] for k in range(4)]
-        np.subtract(p[0], p[2], out=R[0])
-        np.add(p[1], p[2], out=R[1])
-        np.subtract(p[2], p[1], out=R[2])
-        np.subtract(p[1], p[3], out=R[3])
-        # columns: (B^T d) B, straight into the 16 GEMM operands (tiles, C)
         V = scratch("conv_cols", (16, N, nt, tw, C), X.dtype)
-        for a in range(4):
-            q = [R[a][:, :, k:k + 2 * tw - 1:2] for k in range(4)]
-            np.subtract(q[0], q[2], out=V[4 * a])
-            np.add(q[1], q[2], out=V[4 * a + 1])
-            np.subtract(q[2], q[1], out=V[4 * a + 2])
-            np.subtract(q[1], q[3], out=V[4 * a + 3])
+        parallel_for(functools.partial(_winograd_input, P, V, t0), nt, threads,
+                     24 * N * tw * C * item)
         T = N * nt * tw
         Mm = scratch("conv_gemm", (16, T, M), X.dtype)
         np.matmul(V.reshape(16, T, C), U, out=Mm)
-        Mm = Mm.reshape(4, 4, N, nt, tw, M)
-        # A^T m A: rows, then columns into the strided output
-        S = scratch("conv_acc", (2, 4, N, nt, tw, M), X.dtype)
-        np.add(Mm[0], Mm[1], out=S[0])
-        S[0] += Mm[2]
-        np.subtract(Mm[1], Mm[2], out=S[1])
-        S[1] -= Mm[3]
-        if b is not None:  # S[a][1] enters both output columns with a plus sign
-            S[:, 1] += b.reshape(M)
-        for a in range(2):
-            s = S[a]
-            ya = Y[:, 2 * t0 + a:2 * (t0 + nt):2]
-            y = np.add(s[0], s[1], out=ya[:, :, 0::2])
-            y += s[2]
-            y = np.subtract(s[1], s[2], out=ya[:, :, 1::2])
-            y -= s[3]
+        parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
+                                       t0), nt, threads, 16 * N * tw * M * item)
     return Y
+
+
+def _winograd_input(P, V, t0: int, r0: int, r1: int) -> None:
+    """Tile rows r0:r1 of the band starting at tile row t0: V = B^T d B of the padded
+    channels-last input P, (16, N, tile rows, tile columns, C)."""
+    N, nt, tw, C = V.shape[1:]
+    # rows: B^T d, every 4-row window at once (tile rows step by 2)
+    R = scratch("conv_rows", (4, N, r1 - r0, P.shape[2], C), P.dtype)
+    first = 2 * (t0 + r0)
+    p = [P[:, first + k:first + k + 2 * (r1 - r0) - 1:2] for k in range(4)]
+    np.subtract(p[0], p[2], out=R[0])
+    np.add(p[1], p[2], out=R[1])
+    np.subtract(p[2], p[1], out=R[2])
+    np.subtract(p[1], p[3], out=R[3])
+    # columns: (B^T d) B, straight into the 16 GEMM operands (tiles, C)
+    Vr = V[:, :, r0:r1]
+    for a in range(4):
+        q = [R[a][:, :, k:k + 2 * tw - 1:2] for k in range(4)]
+        np.subtract(q[0], q[2], out=Vr[4 * a])
+        np.add(q[1], q[2], out=Vr[4 * a + 1])
+        np.subtract(q[2], q[1], out=Vr[4 * a + 2])
+        np.subtract(q[1], q[3], out=Vr[4 * a + 3])
+
+
+def _winograd_output(Mm, b, Y, t0: int, r0: int, r1: int) -> None:
+    """Tile rows r0:r1 of the band starting at tile row t0: A^T m A (+ b) of the GEMM results
+    Mm (4, 4, N, tile rows, tile columns, M) into the channels-last output Y."""
+    N, _, tw, M = Mm.shape[2:]
+    m = Mm[:, :, :, r0:r1]
+    # rows, then columns into the strided output
+    S = scratch("conv_acc", (2, 4, N, r1 - r0, tw, M), Mm.dtype)
+    np.add(m[0], m[1], out=S[0])
+    S[0] += m[2]
+    np.subtract(m[1], m[2], out=S[1])
+    S[1] -= m[3]
+    if b is not None:  # S[a][1] enters both output columns with a plus sign
+        S[:, 1] += b.reshape(M)
+    for a in range(2):
+        s = S[a]
+        ya = Y[:, 2 * (t0 + r0) + a:2 * (t0 + r1):2]
+        y = np.add(s[0], s[1], out=ya[:, :, 0::2])
+        y += s[2]
+        y = np.subtract(s[1], s[2], out=ya[:, :, 1::2])
+        y -= s[3]
 
 
 def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
@@ -435,16 +517,48 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
 # -- epilogue -------------------------------------------------------------------------------------
 
 
-def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
+def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1) -> np.ndarray:
     """The result act(Y + b + Z) as ``out_dtype``: Y a fresh array updated in place, or (Y
-    None) ``src``, a strided view of scratch, copied out by the first operation."""
+    None) ``src``, a strided view of scratch, copied out by the first operation. Cut into
+    ranges of rows (axis 2) for the intra-op threads."""
     if Y is None:
         Y = np.empty(src.shape, src.dtype)
+    if Z is not None and Z.shape != Y.shape:
+        Z = np.broadcast_to(Z, Y.shape)
+    if Y.ndim < 3:
+        _epilogue(Y, src, b, Z, act)
+    else:
+        N, H = Y.shape[0], Y.shape[2]
+        passes = (src is not None) + (b is not None) + (Z is not None) + (act is not None)
+
+        def rows(start: int, stop: int) -> None:
+            for n, h0, h1 in _row_pieces(H, start, stop):
+                part = (slice(n, n + 1), slice(None), slice(h0, h1))
+                _epilogue(Y[part], None if src is None else src[part], b,
+                          None if Z is None else Z[part], act)
+
+        parallel_for(rows, N * H, threads, max(1, passes) * Y[0, :, 0].nbytes)
+    return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+
+def _row_pieces(H: int, start: int, stop: int):
+    """Rows [start, stop) of the flattened (image, row) index as (image, first row, end row)
+    pieces, one image each: a piece of a channels-last array stays one contiguous block."""
+    while start < stop:
+        n, h0 = divmod(start, H)
+        h1 = min(H, h0 + stop - start)
+        yield n, h0, h1
+        start += h1 - h0
+
+
+def _epilogue(Y, src, b, Z, act) -> None:
+    """Y = act(src + b + Z) in place (src None: Y holds the sum's first term)."""
+    if src is not None:
         bounds = getattr(act, "bounds", None)
         if b is None and Z is None and bounds is not None:  # Relu / Clip while copying
             np.clip(src, *bounds, out=Y)
-            act = None
-        elif b is not None:
+            return
+        if b is not None:
             np.add(src, b, out=Y)
             b = None
         else:
@@ -455,7 +569,6 @@ def _finish(Y, src, b, Z, act, out_dtype) -> np.ndarray:
         Y += Z
     if act is not None:
         act(Y)
-    return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
 def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
@@ -688,10 +801,10 @@ class Conv(_ConvBase):
         W = ctx.constant(1)
         self.W_shape = None
         self.w_depthwise = self.w_depthwise_2d = None
+        self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
         self.channels_last = False  # write the output channels-last (channels_last_output)
-        # intra-op threads = BLAS threads (0: all cores); see _dense_method
-        self.threads = int(getattr(ctx.session_options, "intra_op_num_threads", 0) or 0)
+        self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
         if W is None:
             return
         self.W_shape = W.shape
@@ -784,47 +897,63 @@ class Conv(_ConvBase):
                 else:
                     np.multiply(Xp[idx], w[i], out=tmp)
                     Y += tmp
-            return _finish(Y, None, b, Z, act, out_dtype)
+            return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
                                self.threads)
         Wm = self.prepared.get(method)
         if Wm is None:
             Wm = self._weights(method, W, cdt)
         if method == "winograd":
-            Y = _winograd_3x3(X, Wm, b, heads, outs).transpose(0, 3, 1, 2)
+            Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads).transpose(0, 3, 1, 2)
             if Y.shape[2:] == outs and self.channels_last:
-                return _finish(Y, None, None, Z, act, out_dtype)
-            return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype)
+                return _finish(Y, None, None, Z, act, out_dtype, self.threads)
+            return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype,
+                           self.threads)
         if method == "shifted":
             src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations)
-            return _finish(None, src, b, Z, act, out_dtype)
+            return _finish(None, src, b, Z, act, out_dtype, self.threads)
         g = self.group
         if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                 and outs == X.shape[2:]:
             return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
-                           out_dtype)
+                           out_dtype, self.threads)
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
-        Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g)
-        return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype)
+        Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
+        return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
 
     def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
-        """The depthwise kernels, bias, Z and activation applied on the way out of scratch."""
+        """The depthwise kernels, bias, Z and activation applied on the way out."""
         wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
             _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
         N, C = X.shape[:2]
-        if _depthwise_nhwc_wins(C, outs, strides) or (
-                C >= _NHWC_CHANNELS and _is_channels_last(X)):
-            out = np.empty((N,) + outs + (C,), cdt) if self.channels_last else None
-            acc = _depthwise_nhwc(X, w_hwc, heads, outs, kernel, strides, dilations, out)
-            if out is not None:  # the result itself, in channels-last memory
-                return _finish(out.transpose(0, 3, 1, 2), None, b, Z, act, cdt)
-            src = acc.transpose(0, 3, 1, 2)
-        else:
-            acc = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)
-            src = acc[..., :outs[1]]
+        if C >= _NHWC_CHANNELS:
+            w_rows = self.w_depthwise_rows.get(outs[1]) if self.w_depthwise_2d is not None \
+                else None
+            if w_rows is None:
+                w_rows = _depthwise_row_weights(w_hwc, outs[1], strides, dilations)
+                if self.w_depthwise_2d is not None:
+                    self.w_depthwise_rows[outs[1]] = w_rows
+            # the result in channels-last memory, or copied out of scratch into NCHW
+            Y = np.empty((N,) + outs + (C,), cdt).transpose(0, 3, 1, 2) if self.channels_last \
+                else np.empty((N, C) + outs, cdt)
+            if Z is not None and Z.shape != Y.shape:
+                Z = np.broadcast_to(Z, Y.shape)
+
+            def finish(h0: int, h1: int, rows: np.ndarray) -> None:
+                for n in range(N):  # one image at a time: a contiguous block channels-last
+                    part = (slice(n, n + 1), slice(None), slice(h0, h1))
+                    _epilogue(Y[part], None if self.channels_last else
+                              rows[n:n + 1].transpose(0, 3, 1, 2), b,
+                              None if Z is None else Z[part], act)
+
+            _depthwise_nhwc(X, w_rows, heads, outs, kernel, strides, dilations, self.threads,
+                            Y.transpose(0, 2, 3, 1) if self.channels_last else None, finish)
+            return Y
+        src = _depthwise_planar(X, wgroups, heads, outs, kernel, strides, dilations)[
+            ..., :outs[1]]
         if b is not None:  # on the scratch accumulator, which is then copied out once
             add_channel_bias(src, b)
-        return _finish(None, src, None, Z, act, cdt)
+        return _finish(None, src, None, Z, act, cdt, self.threads)
 
 
 @op("ConvTranspose", 1, 11, 22)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..kernels import KernelContext, op
+from ..parallel import parallel_for, threads_for
 from .conv import compute_dtype, pad_spatial, window_geometry, window_slices
 
 
@@ -33,6 +34,7 @@ class _Pool:
         self.dilations = tuple(int(v) for v in dilations) if dilations else (1,) * nd
         self.strides = tuple(int(v) for v in strides) if strides else (1,) * nd
         self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
+        self.threads = threads_for(ctx)
 
     def geometry(self, X: np.ndarray):
         if X.ndim != len(self.kernel) + 2:
@@ -45,30 +47,49 @@ class _Pool:
     def taps(self, outs):
         return window_slices(outs, self.kernel, self.strides, self.dilations)
 
-    def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc) -> np.ndarray:
-        """``ufunc`` (np.maximum, np.add) over each window; padding counts as ``fill``, the
-        identity of ``ufunc`` (or, for max, never larger than a real element).
+    def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc, scale=None) -> np.ndarray:
+        """``ufunc`` (np.maximum, np.add) over each window, times ``scale`` when given, in a
+        fresh C-contiguous array; padding counts as ``fill``, the identity of ``ufunc`` (or,
+        for max, never larger than a real element).
 
         Windows are boxes, so the reduction is separable: one spatial axis at a time, k
         strided passes each. Nothing is padded: each tap covers the output positions whose
         input lies inside the image, and the first two taps that cover every position make
-        the accumulator in one operation."""
-        first = 2
-        if _channels_last_wins(X, outs, self.strides):
-            # rows of pixels x channels: long inner loops where an NCHW row is a few pixels
-            Y = X.transpose(0, 2, 3, 1)
-            if not Y.flags.c_contiguous:
-                Y = np.ascontiguousarray(Y)
-            first = 1
-        else:
-            Y = X
-        for i, o in enumerate(outs):
-            Y = _reduce_axis(Y, first + i, o, self.kernel[i], self.strides[i],
-                             self.dilations[i], heads[i], fill, ufunc)
-        return Y if first == 2 else Y.transpose(0, 3, 1, 2)  # NCHW-shaped, maybe strided
+        the accumulator in one operation. The intra-op threads take a range of channels
+        each."""
+        channels_last = _channels_last_wins(X, outs, self.strides)
+        Y = np.empty(X.shape[:2] + tuple(outs), X.dtype)
 
-    def window_sum(self, X: np.ndarray, heads, outs, power=None) -> np.ndarray:
-        """Sum over each window (zero padding), of |X|**power when power is given."""
+        def channels(c0: int, c1: int) -> None:
+            out = Y[:, c0:c1]
+            if channels_last:
+                # rows of pixels x channels: long inner loops where an NCHW row is a few pixels
+                R = np.ascontiguousarray(X[:, c0:c1].transpose(0, 2, 3, 1))
+                for i, o in enumerate(outs):
+                    R = _reduce_axis(R, 1 + i, o, self.kernel[i], self.strides[i],
+                                     self.dilations[i], heads[i], fill, ufunc)
+                R = R.transpose(0, 3, 1, 2)
+                if scale is None:
+                    np.copyto(out, R)
+                else:
+                    np.multiply(R, scale, out=out)
+                return
+            R = X[:, c0:c1]
+            last = len(outs) - 1
+            for i, o in enumerate(outs):
+                R = _reduce_axis(R, 2 + i, o, self.kernel[i], self.strides[i],
+                                 self.dilations[i], heads[i], fill, ufunc,
+                                 out if i == last else None)
+            if scale is not None:
+                out *= scale
+
+        parallel_for(channels, X.shape[1], self.threads,
+                     2 * X.shape[0] * math.prod(X.shape[2:]) * X.itemsize)
+        return Y
+
+    def window_sum(self, X: np.ndarray, heads, outs, power=None, scale=None) -> np.ndarray:
+        """Sum over each window (zero padding), of |X|**power when power is given, times
+        ``scale`` when given."""
         if power is not None:
             X = X * X if power == 2 else np.abs(X) ** power
         if X.dtype.kind == "f" and all(o == 1 for o in outs) and not any(heads) and all(
@@ -78,8 +99,10 @@ class _Pool:
             n, c = X.shape[:2]
             ones = np.ones(math.prod(X.shape[2:]), dtype=X.dtype)
             Y = np.matmul(X.reshape(n, c, -1), ones)
+            if scale is not None:
+                Y *= scale
             return Y.reshape((n, c) + (1,) * len(outs))
-        return self.reduce_windows(X, heads, outs, 0, np.add)
+        return self.reduce_windows(X, heads, outs, 0, np.add, scale)
 
     def counts(self, in_shape, heads, tails, outs, include_pad: bool) -> np.ndarray | None:
         """Per output position, how many window taps fall in the counted range (None: all)."""
@@ -116,8 +139,9 @@ def _channels_last_wins(X: np.ndarray, outs, strides) -> bool:
 
 
 def _reduce_axis(X: np.ndarray, axis: int, o: int, k: int, s: int, d: int, head: int, fill,
-                 ufunc) -> np.ndarray:
-    """Reduce the windows (k taps, stride s, dilation d, ``head`` padding) along one axis."""
+                 ufunc, out=None) -> np.ndarray:
+    """Reduce the windows (k taps, stride s, dilation d, ``head`` padding) along one axis,
+    into ``out`` when given."""
     n = X.shape[axis]
     lead = (slice(None),) * axis
     taps = []  # (first, end) output positions each tap reads inside the input, and the tap
@@ -132,12 +156,16 @@ def _reduce_axis(X: np.ndarray, axis: int, o: int, k: int, s: int, d: int, head:
     rest = [tp for tp in taps if not (tp[0] == 0 and tp[1] == o)]
     shape = X.shape[:axis] + (o,) + X.shape[axis + 1:]
     if len(full) >= 2:
-        acc = ufunc(full[0][2], full[1][2])
+        acc = ufunc(full[0][2], full[1][2], out=out)
         rest = full[2:] + rest
     elif full:
-        acc = full[0][2].copy()
+        acc = full[0][2].copy() if out is None else out
+        if out is not None:
+            np.copyto(out, full[0][2])
     else:
-        acc = np.full(shape, fill, dtype=X.dtype)
+        acc = np.full(shape, fill, dtype=X.dtype) if out is None else out
+        if out is not None:
+            out.fill(fill)
     for lo, hi, tap in rest:
         part = acc[lead + (slice(lo, hi),)]
         ufunc(part, tap, out=part)
@@ -162,7 +190,7 @@ class MaxPool(_Pool):
         heads, _, outs = self.geometry(X)
         fill = _lowest(X.dtype)
         if not self.want_indices:
-            return np.ascontiguousarray(self.reduce_windows(X, heads, outs, fill, np.maximum))
+            return self.reduce_windows(X, heads, outs, fill, np.maximum)
         Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         return self._with_indices(X, Xp, heads, outs)
 
@@ -212,14 +240,10 @@ class AveragePool(_Pool):
         heads, tails, outs = self.geometry(X)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
-        S = self.window_sum(X.astype(cdt, copy=False), heads, outs)
         counts = self.counts(X.shape[2:], heads, tails, outs, self.include_pad)
-        # the scaling also makes the result C-contiguous when the sum is a strided view
-        Y = S if S.flags.c_contiguous else np.empty(S.shape, cdt)
-        if counts is None:
-            np.multiply(S, cdt.type(1.0 / int(np.prod(self.kernel))), out=Y)
-        else:
-            np.divide(S, counts.astype(cdt), out=Y)
+        scale = cdt.type(1.0 / int(np.prod(self.kernel))) if counts is None else \
+            1 / counts.astype(cdt)
+        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, scale=scale)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
@@ -235,8 +259,7 @@ class LpPool(_Pool):
         heads, _, outs = self.geometry(X)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
-        Y = np.ascontiguousarray(self.window_sum(X.astype(cdt, copy=False), heads, outs,
-                                                 power=self.p))
+        Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, power=self.p)
         Y = np.sqrt(Y, out=Y) if self.p == 2 else np.power(Y, cdt.type(1.0 / self.p), out=Y)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
