@@ -598,6 +598,18 @@ def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
 # channels-last too. So a convolution writes its output channels-last when every reader takes
 # it at no cost and a side gains (channels_last_output); graph outputs stay NCHW.
 
+# This is onnxrun's layout optimization: onnxruntime's ORT_ENABLE_ALL level rewrites convolution
+# chains into blocked NCHWc layouts in the graph; onnxrun picks the memory layout of each
+# convolution's output when it prepares the kernel, so the saved model stays portable NCHW. It
+# follows the same level: below ORT_ENABLE_ALL every output is written NCHW.
+_LAYOUT_LEVEL = 99  # GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def layout_changes_allowed(ctx) -> bool:
+    level = getattr(getattr(ctx, "session_options", None), "graph_optimization_level", None)
+    return level is None or int(level) >= _LAYOUT_LEVEL
+
+
 _PASS_THROUGH = frozenset({"Relu", "Clip"})  # one tensor in, numpy keeps its layout
 _JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
 
@@ -808,7 +820,8 @@ class Conv(_ConvBase):
         if W is None:
             return
         self.W_shape = W.shape
-        self.channels_last = W.ndim == 4 and channels_last_output(ctx.node, self.threads)
+        self.channels_last = W.ndim == 4 and layout_changes_allowed(ctx) and \
+            channels_last_output(ctx.node, self.threads)
         cdt = compute_dtype(W.dtype)
         nd = W.ndim - 2
         if self._is_depthwise(W.shape):
