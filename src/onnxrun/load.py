@@ -7,6 +7,7 @@ byte is read, and offset/length are checked against the file's size.
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def _parse_source(
     ``raw_data`` back copies it again; from the views, the loader copies each weight once."""
     if isinstance(source, str | os.PathLike) and Path(source).is_file():
         path = Path(source)
-        data, origin, folder = path.read_bytes(), os.fspath(source), path.resolve().parent
+        data, origin, folder = _map_file(path), os.fspath(source), path.resolve().parent
     elif isinstance(source, bytes):
         data, origin, folder = source, "<bytes>", None
     else:
@@ -118,7 +119,22 @@ def _parse_source(
             mp = None
         if mp is not None and len(mp.graph.initializer) == len(raw) and mp.ir_version > 0:
             return mp, folder, raw
-    return _parse_bytes(data, origin), folder, None
+    return _parse_bytes(bytes(data), origin), folder, None
+
+
+_MAP_MIN_BYTES = 1 << 20
+
+
+def _map_file(path: Path) -> bytes | mmap.mmap:
+    """The file's bytes; a large file is mapped rather than read. The weights are copied out
+    of it once (into aligned arrays of their own), so a read would only add a copy of the
+    whole file, and a buffer of its size to allocate. The mapping goes when the last view of
+    it does, once the model is loaded."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < _MAP_MIN_BYTES:
+            return f.read()
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
 # -- the protobuf wire format, just enough to find the initializers' raw_data -------------------
@@ -192,14 +208,14 @@ def _raw_data_span(data: bytes, pos: int, end: int) -> tuple[int, int, int] | No
     return found
 
 
-def _strip_weights(data: bytes) -> tuple[bytes, list[memoryview | None]] | None:
+def _strip_weights(data: bytes | mmap.mmap) -> tuple[bytes, list[memoryview | None]] | None:
     try:
         return _strip(data)
     except (_Unusual, IndexError):
         return None
 
 
-def _strip(data: bytes) -> tuple[bytes, list[memoryview | None]] | None:
+def _strip(data: bytes | mmap.mmap) -> tuple[bytes, list[memoryview | None]] | None:
     graph = None
     for field, wire, start, body, stop in _fields(data, 0, len(data)):
         if field == _FUNCTIONS:

@@ -1,13 +1,20 @@
-"""The pass contract: ``run(model) -> PassResult``; passes register themselves by level."""
+"""The pass contract: ``run(model) -> PassResult``; passes register themselves by level.
+
+The built-in passes are listed in their package's ``PASSES`` table (``basic/``, ``extended/``):
+a pass's module is imported only when the pass first has something to look at, so a session
+imports the passes its model can use (importing all of them costs more than optimizing a small
+model).
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..ir import Model
 from . import graph_utils
-from .pattern import RewriteRule, apply_rule
+from .pattern import PatternOutput, RewriteRule, apply_rule
 
 BASIC, EXTENDED, LAYOUT = 1, 2, 3
 
@@ -27,6 +34,9 @@ class GraphPass:
     name = ""
     level = BASIC
     order = 50  # passes run in increasing order within a round
+    # The operators the pass acts on: it can change a graph only if, for one of these groups,
+    # every operator occurs in the model ("Op" for ai.onnx, else "domain:Op"). Empty: any graph.
+    needs: tuple[frozenset[str], ...] = ()
 
     def run(self, model: Model) -> PassResult:
         raise NotImplementedError
@@ -39,6 +49,8 @@ class RulePass(GraphPass):
 
     def __init__(self) -> None:
         self._rules = [r() for r in self.rules]
+        # A rule matches only where every operator of its pattern occurs.
+        self.needs = tuple(dict.fromkeys(_pattern_operators(r) for r in self._rules))
 
     def run(self, model: Model) -> PassResult:
         changes: Counter = Counter()
@@ -50,30 +62,68 @@ class RulePass(GraphPass):
         return PassResult(bool(changes), changes)
 
 
+def operator_key(domain: str, op_type: str) -> str:
+    """How ``needs`` names an operator."""
+    return f"{domain}:{op_type}" if domain else op_type
+
+
+def _pattern_operators(rule: RewriteRule) -> frozenset[str]:
+    found, stack = set(), [rule._root]
+    while stack:
+        node = stack.pop()
+        found.add(operator_key(node.domain, node.op_type))
+        stack += [i.node for i in node.inputs if isinstance(i, PatternOutput)]
+    return frozenset(found)
+
+
 def register_pass(cls: type[GraphPass]) -> type[GraphPass]:
     """Class decorator: add a pass to the registry the pass manager reads."""
     _REGISTRY.append(cls())
     return cls
 
 
-def registered_passes() -> list[GraphPass]:
-    _load_pass_modules()
-    return sorted(_REGISTRY, key=lambda p: (p.level, p.order, p.name))
+class DeferredPass(GraphPass):
+    """A built-in pass as its package's ``PASSES`` table lists it; its module is imported the
+    first time it runs."""
+
+    def __init__(self, module: str, name: str, level: int, order: int,
+                 needs: tuple[str, ...]) -> None:
+        self.module, self.name, self.level, self.order = module, name, level, order
+        self.needs = tuple(frozenset(group.split()) for group in needs)
+        self._impl: GraphPass | None = None
+
+    def run(self, model: Model) -> PassResult:
+        if self._impl is None:
+            importlib.import_module(self.module)
+            self._impl = next(p for p in _REGISTRY if p.name == self.name)
+        return self._impl.run(model)
 
 
-_loaded = False
+_BUILT_IN: list[DeferredPass] | None = None
 
 
-def _load_pass_modules() -> None:
-    global _loaded
-    if _loaded:
-        return
-    import importlib
+def _built_in_passes() -> list[DeferredPass]:
     import pkgutil
 
     from . import basic, extended
 
-    for pkg in (basic, extended):
-        for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}."):
-            importlib.import_module(info.name)
-    _loaded = True
+    passes = []
+    for package, level in ((basic, BASIC), (extended, EXTENDED)):
+        for module, (name, order, needs) in package.PASSES.items():
+            passes.append(DeferredPass(f"{package.__name__}.{module}", name, level, order, needs))
+        # A pass module missing from the table (tests/optimize/test_pass_index.py says so) still
+        # runs: imported now, its pass registers as any other.
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.name.startswith("_") and info.name not in package.PASSES:
+                importlib.import_module(f"{package.__name__}.{info.name}")
+    return passes
+
+
+def registered_passes() -> list[GraphPass]:
+    """Every pass: the built-in ones (deferred) and any registered from elsewhere."""
+    global _BUILT_IN
+    if _BUILT_IN is None:
+        _BUILT_IN = _built_in_passes()
+    listed = {p.name for p in _BUILT_IN}
+    passes = [*_BUILT_IN, *(p for p in _REGISTRY if p.name not in listed)]
+    return sorted(passes, key=lambda p: (p.level, p.order, p.name))

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..ir import Model
-from .base import GraphPass, registered_passes
+from .base import GraphPass, operator_key, registered_passes
 from .graph_utils import all_graphs
 
 logger = logging.getLogger("onnxrun")
@@ -46,6 +46,15 @@ def count_nodes(model: Model) -> int:
     return sum(len(g.nodes) for g in all_graphs(model.graph))
 
 
+def operators_in(model: Model) -> set[str]:
+    """The operators of every graph of the model, named as ``GraphPass.needs`` names them."""
+    return {operator_key(n.domain, n.op_type) for g in all_graphs(model.graph) for n in g.nodes}
+
+
+def can_act(p: GraphPass, operators: set[str]) -> bool:
+    return not p.needs or any(group <= operators for group in p.needs)
+
+
 def select_passes(level: int, disabled: set[str]) -> list[GraphPass]:
     return [p for p in registered_passes() if p.level <= level and p.name not in disabled]
 
@@ -58,20 +67,30 @@ def run_passes(model: Model, level: int, disabled: set[str] | None = None) -> Op
     # A pass that changed nothing need not run again until another pass changes the graph:
     # passes are functions of the graph, so it would find nothing again. That skips most of
     # the last round, which only confirms the fixed point. ``changes`` counts the changes made.
+    # Likewise a pass whose operators do not occur (``needs``) would find nothing: it is not run
+    # (nor its module imported) until a change brings them in.
     changes = 0
     clean_at: dict[str, int] = {}  # pass name -> value of ``changes`` when it last found nothing
+    operators: set[str] | None = None  # those of the graph as it is after ``changes`` changes
     for round_ in range(1, MAX_ROUNDS + 1):
         report.rounds = round_
         modified = False
         for p in passes:
             if clean_at.get(p.name) == changes:
                 continue
+            if p.needs:
+                if operators is None:
+                    operators = operators_in(model)
+                if not can_act(p, operators):
+                    clean_at[p.name] = changes
+                    continue
             result = p.run(model)
             rep = report.passes[p.name]
             rep.runs += 1
             if result.modified:
                 modified = True
                 changes += 1
+                operators = None
                 clean_at.pop(p.name, None)
                 rep.changes.update(result.changes)
             else:

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,8 +85,14 @@ class KernelDef:
     op_type: str
     since_version: int
     impl: Callable[..., Any]
-    attributes: dict[str, Any]  # attribute name -> default (REQUIRED when none)
     is_class: bool
+
+    @functools.cached_property
+    def attributes(self) -> dict[str, Any]:
+        """Attribute name -> default (REQUIRED when none). Read from the signature when first
+        needed: for every registered kernel, that was a good part of a first session's
+        creation time."""
+        return _attribute_params(self.impl, self.is_class)
 
     def instantiate(self, ctx: KernelContext, attrs: dict[str, Any]) -> Callable[..., Any]:
         """Bind parsed attributes (and prepare a class kernel): the result takes inputs only."""
@@ -115,6 +122,43 @@ class KernelRegistry:
         # (domain, op_type) -> since_versions (sorted) and the parallel list of KernelDefs
         self._versions: dict[tuple[str, str], list[int]] = {}
         self._defs: dict[tuple[str, str], list[KernelDef]] = {}
+        # Lazily registered kernels (see ``defer``): (domain, op_type) -> modules not yet imported
+        # that register it, and what imports every module (None once done).
+        self._deferred: dict[tuple[str, str], tuple[str, ...]] = {}
+        self._import_rest: Callable[[], None] | None = None
+
+    def defer(self, modules_by_op: Mapping[tuple[str, str], Iterable[str]],
+              import_all: Callable[[], None]) -> None:
+        """Register kernels lazily: the modules named for an operator are imported the first
+        time it is looked up, so a session imports only the kernel families its model uses.
+        ``import_all`` imports every module: a lookup that finds nothing calls it once, so an
+        operator missing from ``modules_by_op`` is still found."""
+        for key, modules in modules_by_op.items():
+            self._deferred[key] = (*self._deferred.get(key, ()), *modules)
+        self._import_rest = import_all
+
+    def import_all(self) -> None:
+        """Import every deferred kernel module now."""
+        for key in list(self._deferred):
+            self._import_deferred(key)
+        if self._import_rest is not None:
+            import_rest, self._import_rest = self._import_rest, None
+            import_rest()
+
+    def _import_deferred(self, key: tuple[str, str]) -> None:
+        modules = self._deferred.get(key)
+        if modules is None:
+            return
+        # Kernels registered for this operator before its modules load (a custom kernel meant
+        # to override a built-in one) are registered again afterwards: they keep precedence, as
+        # when every module was imported first.
+        earlier = list(self._defs.get(key, ()))
+        for name in modules:
+            # A thread importing a module another thread is importing waits until it is done.
+            importlib.import_module(name)
+        self._deferred.pop(key, None)
+        for kdef in earlier:
+            self.add(kdef)
 
     def register(self, op_type: str, *since_versions: int, domain: str = ""
                  ) -> Callable[[Any], Any]:
@@ -124,9 +168,8 @@ class KernelRegistry:
 
         def decorate(impl: Any) -> Any:
             is_class = inspect.isclass(impl)
-            attrs = _attribute_params(impl, is_class)
             for v in versions:
-                self.add(KernelDef(domain, op_type, v, impl, attrs, is_class))
+                self.add(KernelDef(domain, op_type, v, impl, is_class))
             return impl
 
         return decorate
@@ -145,11 +188,19 @@ class KernelRegistry:
     def lookup(self, domain: str, op_type: str, opset: int) -> KernelDef | None:
         """The kernel with the highest since_version not above ``opset``."""
         key = ("" if domain == "ai.onnx" else domain, op_type)
+        if key in self._deferred:
+            self._import_deferred(key)
         versions = self._versions.get(key)
         if not versions:
-            return None
+            if self._import_rest is None:
+                return None
+            self.import_all()
+            versions = self._versions.get(key)
+            if not versions:
+                return None
         i = bisect.bisect_right(versions, opset) - 1
         return self._defs[key][i] if i >= 0 else None
 
     def operators(self) -> list[tuple[str, str, int]]:
+        self.import_all()
         return sorted((d, o, v) for (d, o), vs in self._versions.items() for v in vs)

@@ -14,7 +14,12 @@ Session creation time and peak memory are measured in a fresh child process per 
 (the *baseline*: ``VmHWM`` on Linux, ``ru_maxrss`` elsewhere), creates the session (timed), runs
 once, and notes the peak again.
 The report gives the increase over the baseline (what the session and one run cost) and the raw
-peak of the process.
+peak of the process. The child runs the engine's Python modules from bytecode, as an installed
+package does: before timing it compiles the engine's package (compileall: nothing is imported),
+into a cache of its own when this process writes no bytecode (PYTHONDONTWRITEBYTECODE, -B).
+Otherwise each child would compile from source the modules a session imports on first use
+(onnxrun's kernel families and passes): work of CPython's compiler that no installed copy does
+after its first import, and that onnxruntime, whose kernels are native code, never does.
 
 ``--profile`` runs a separate, profiled session after the timed runs (so the timings are not
 slowed by the profiler), reads its Chrome-trace JSON and prints the operators and nodes that took
@@ -300,6 +305,8 @@ def max_abs_diff(a: Sequence[Any], b: Sequence[Any]) -> float | None:
 _CHILD = r"""
 import json, resource, sys, time
 cfg = json.loads(sys.argv[1])
+import compileall, importlib.util, os
+compileall.compile_dir(os.path.dirname(importlib.util.find_spec(cfg["engine"]).origin), quiet=2)
 import numpy as np
 if cfg["engine"] == "onnxruntime":
     import onnxruntime as rt
@@ -343,8 +350,12 @@ def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOption
         "mode": "ORT_PARALLEL" if opts.parallel else "ORT_SEQUENTIAL",
         "level": _LEVEL_ENUM[opts.opt_level],
     }
+    env = None
+    if sys.dont_write_bytecode:  # the child's bytecode goes to a cache outside the source tree
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "onnxrun-bench-pycache")
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH-CHILD "):
             r = json.loads(line[len("BENCH-CHILD "):])

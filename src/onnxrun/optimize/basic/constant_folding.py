@@ -14,7 +14,6 @@ from ...dtypes import type_shape
 from ...ir import Model, Node
 from ...providers import KernelContext
 from ...providers.cpu import CPUExecutionProvider
-from ...providers.cpu.ops.quantization import dequantizes_weight_per_run
 from ..base import BASIC, GraphPass, PassResult, register_pass
 from ..graph_utils import constant_value, live_nodes, to_initializer
 
@@ -23,6 +22,16 @@ _NONDETERMINISTIC = {
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Bernoulli",
     "Multinomial",
 }
+
+
+def _narrow_weight(node: Node) -> bool:
+    """A DequantizeLinear that keeps its int8 weight narrow (see the quantization kernels);
+    imported here only when there is one, so a float model never loads that kernel family."""
+    if node.op_type != "DequantizeLinear":
+        return False
+    from ...providers.cpu.ops.quantization import dequantizes_weight_per_run
+
+    return dequantizes_weight_per_run(node)
 
 
 @register_pass
@@ -52,7 +61,7 @@ class ConstantFolding(GraphPass):
     def _fold(self, model: Model, node: Node) -> list[np.ndarray] | None:
         if node.domain not in ("", "com.microsoft") or node.op_type in _NONDETERMINISTIC:
             return None
-        if any(True for _ in node.subgraphs()) or dequantizes_weight_per_run(node):
+        if any(True for _ in node.subgraphs()) or _narrow_weight(node):
             return None  # a narrow weight stays narrow (dequantized per run by its kernel)
         static = _static_shape_result(node)
         if static is not None:
