@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels import KernelContext, op
 from .conv import compute_dtype
-from .elementwise import erf, gelu_float32_
+from .elementwise import erf, gelu_float32
 from .reduction import max_last, sum_trailing
 
 
@@ -189,7 +189,7 @@ def Gelu(X, *, approximate="none"):
         t *= math.sqrt(2.0 / math.pi)
         np.tanh(t, out=t)
     elif X.dtype == np.float32:
-        return gelu_float32_(np.array(X, order="C"))  # a copy of its own, computed in place
+        return gelu_float32(np.ascontiguousarray(X))
     else:
         t = erf(X * (1.0 / math.sqrt(2.0)))
     t += 1

@@ -268,7 +268,7 @@ _ERF_BETA = np.array([-1.45660718464996e-05, -2.13374055278905e-04, -1.682826974
 _erf64 = None
 
 
-# Elements per block of the blocked evaluations below: their four float32 scratch arrays stay in
+# Elements per block of the blocked evaluation below: its three float32 scratch arrays stay in
 # the L2 cache across the ~20 passes of the rational function, where whole-array passes would
 # each stream the arrays through memory (8x slower on a 2 x 128 x 1536 activation).
 _BLOCK = 32768
@@ -317,26 +317,52 @@ def _erf_float32(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-# gelu(x) = x * (0.5 + 0.5 * erf(x / sqrt 2)): the same rational function of z = x / sqrt 2,
-# rewritten in x (z^2 = x^2 / 2, and the factors 0.5 and 1 / sqrt 2 taken into the numerator).
-_GELU_NUM = [np.float32(float(a) / 2.0 ** (len(_ERF_ALPHA) - 1 - i) * 0.5 / math.sqrt(2.0))
-             for i, a in enumerate(_ERF_ALPHA)]
-_GELU_DEN = [np.float32(float(b) / 2.0 ** (len(_ERF_BETA) - 1 - i))
-             for i, b in enumerate(_ERF_BETA)]
-_GELU_LIMIT = np.float32(4.0 * math.sqrt(2.0))
+# gelu(x) = x * Phi(x) = x / (1 + exp2(x * P(x^2))): x * P(x^2) approximates
+# -log2(e) * logit(Phi(x)), P of degree 6 fitted (weighted minimax, the weight being the error's
+# effect on gelu) on [0, 4.5]. 18 passes where the erf rational function takes 26, and more
+# accurate: within 6.2e-7 of gelu (one float32 ulp at 4.3) everywhere. Past the fitted range P
+# keeps falling, so the sigmoid saturates to x or -0 as it should, inf included.
+_GELU_LOGIT = [np.float32(c) for c in (
+    -5.067239521770909e-09, 3.816313904714506e-07, -1.1439834936046469e-05,
+    1.595799463522798e-04, 9.404921154918454e-05, -0.10483512186376989, -2.302209296490995)]
+# float32 elements per block of the gelu passes: the block and its two scratch arrays stay in the
+# L2 cache across the passes
+_GELU_BLOCK = 65536
 
 
-def gelu_float32_(x: np.ndarray) -> np.ndarray:
-    """0.5 * x * (1 + erf(x / sqrt 2)) over a float32 C-contiguous array, in place."""
-    flat = x.reshape(-1)
-    half = np.float32(0.5)
-    for start, stop, (c, t, p, q) in _blocks(flat.size, 4):
-        xb = flat[start:stop]
-        np.clip(xb, -_GELU_LIMIT, _GELU_LIMIT, out=c)
-        _rational(c, t, p, q, _GELU_NUM, _GELU_DEN)
-        np.add(p, half, out=p)
-        np.multiply(xb, p, out=xb)
-    return x
+def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """0.5 * (x + bias) * (1 + erf((x + bias) / sqrt 2)) of C-contiguous float32 ``x`` (``bias``
+    along the last axis, optional), into ``out`` (which may be ``x``; a new array by default).
+    Rows are processed in blocks that stay in the cache."""
+    if out is None:
+        out = np.empty(x.shape, np.float32)
+    if x.size == 0:
+        return out
+    width = x.shape[-1] if x.ndim else 1
+    rows_in, rows_out = x.reshape(-1, width), out.reshape(-1, width)
+    per_block = max(1, _GELU_BLOCK // width)
+    size = min(per_block, rows_in.shape[0]) * width
+    t_buf, p_buf = np.empty(size, np.float32), np.empty(size, np.float32)
+    one = np.float32(1)
+    with np.errstate(all="ignore"):  # overflows to inf are part of the limits below
+        for start in range(0, rows_in.shape[0], per_block):
+            src, y = rows_in[start:start + per_block], rows_out[start:start + per_block]
+            if bias is not None:
+                src = np.add(src, bias, out=y)
+            src, y = src.reshape(-1), y.reshape(-1)
+            t, p = t_buf[:y.size], p_buf[:y.size]
+            np.multiply(src, src, out=t)
+            np.multiply(t, _GELU_LOGIT[0], out=p)
+            for c in _GELU_LOGIT[1:-1]:
+                np.add(p, c, out=p)
+                np.multiply(p, t, out=p)
+            np.add(p, _GELU_LOGIT[-1], out=p)
+            np.multiply(p, src, out=p)
+            np.exp2(p, out=p)  # inf for x << 0: x / inf = -0, gelu's limit
+            np.add(p, one, out=p)
+            np.divide(src, p, out=y)
+    return out
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -567,4 +593,4 @@ def CastLike(input, target_type, *, saturate=1, round_mode="up"):  # noqa: A002
     return cast(input, target_type.dtype, saturate, round_mode)
 
 
-__all__ = ["cast", "erf", "gelu_float32_"]
+__all__ = ["cast", "erf", "gelu_float32"]

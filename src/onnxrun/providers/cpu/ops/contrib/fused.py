@@ -12,7 +12,7 @@ import numpy as np
 from ...kernels import KernelContext, op
 from ..activation import sigmoid
 from ..conv import Conv, compute_dtype
-from ..elementwise import erf, gelu_float32_
+from ..elementwise import erf, gelu_float32
 from ..pool import MaxPool
 
 MS = "com.microsoft"
@@ -197,7 +197,7 @@ class FusedMatMul:
 def gelu_(x: np.ndarray) -> np.ndarray:
     """0.5 * x * (1 + erf(x / sqrt(2))), overwriting ``x`` (which must be owned)."""
     if x.dtype == np.float32 and x.flags.c_contiguous:
-        return gelu_float32_(x)
+        return gelu_float32(x, out=x)
     t = erf(x * x.dtype.type(1.0 / math.sqrt(2.0)))
     t += 1
     x *= t
@@ -228,12 +228,17 @@ def _owned(X: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, n
 
 @op("Gelu", 1, domain=MS)
 def Gelu(X):
+    if X.dtype == np.float32:
+        return gelu_float32(np.ascontiguousarray(X))
     x, _ = _owned(X)
     return gelu_(x).astype(X.dtype, copy=False)
 
 
 @op("BiasGelu", 1, domain=MS)
 def BiasGelu(A, B):
+    if A.dtype == np.float32 and B.dtype == np.float32 and B.shape == A.shape[-1:]:
+        # the bias is added block by block, inside the gelu passes
+        return gelu_float32(np.ascontiguousarray(A), B)
     x, _ = _owned(A, B)
     return gelu_(x).astype(A.dtype, copy=False)
 

@@ -16,9 +16,11 @@ import numpy as np
 from ...kernels import KernelContext, op
 from ..attention import (
     BIASED,
+    LOG2E,
     PROBS,
     add_bias,
     attend,
+    attend_exp2,
     compute_dtype,
     from_heads,
     neg_inf_where_not,
@@ -162,6 +164,25 @@ def _causal(S: int, T: int, P) -> np.ndarray:
     return np.arange(T)[None, :] <= np.arange(S)[:, None] + P
 
 
+# A key masked with at most this filter value has an exactly zero weight (exp underflows) unless
+# the scores themselves span thousands: such keys are skipped rather than biased.
+_SKIPPED_KEY_FILTER = -1e4
+
+
+def _key_ranges(allowed: np.ndarray, T: int) -> list[tuple[int, int]] | None:
+    """Per batch, the one run of keys a key-only mask (B, 1, 1, T) leaves; None when the mask
+    depends on the query, or leaves a batch no key or more than one run."""
+    if allowed.shape[2] != 1:
+        return None
+    ranges = []
+    for row in allowed.reshape(allowed.shape[0], -1):
+        idx = np.flatnonzero(np.broadcast_to(row, (T,)))
+        if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size:
+            return None
+        ranges.append((int(idx[0]), int(idx[-1]) + 1))
+    return ranges
+
+
 def _mask_bias(mask, B, S, T, P, causal, filter_value, cdt):
     """Additive bias: the filter value where the mask masks, the lowest float for future keys
     (so a row whose allowed keys are all masked still attends among those, as in
@@ -183,6 +204,9 @@ def _scale(scale: float, head_size: int) -> float:
 
 @op("Attention", 1, domain=MS)
 class Attention:
+    """Packed QKV projection, then ``attend_exp2``: the query columns of a constant weight (and
+    bias) are multiplied by scale * log2(e) once, here, instead of every query at every run."""
+
     def __init__(self, ctx: KernelContext, *, num_heads, qkv_hidden_sizes=None, unidirectional=0,
                  scale=0.0, mask_filter_value=-10000.0, past_present_share_buffer=0,
                  do_rotary=0, rotary_embedding_dim=0) -> None:
@@ -195,21 +219,39 @@ class Attention:
         self.filter = float(mask_filter_value)
         self.share = bool(past_present_share_buffer)
         self.want_present = ctx.output_used(1)
+        self._last_causal = (None, None)
         W, b = ctx.constant(1), ctx.constant(2)
-        self.W = None if W is None else np.ascontiguousarray(W, dtype=compute_dtype(W.dtype))
-        self.b = None if b is None else b.astype(compute_dtype(b.dtype))
+        self.W = None if W is None else self._scaled(W.astype(compute_dtype(W.dtype)))
+        self.b = None if b is None else self._scaled(b.astype(compute_dtype(b.dtype)))
+
+    def _causal_keep(self, S: int, T: int, P: int, cdt: np.dtype) -> np.ndarray:
+        """Causal mask as 0/1 weights (S, T), kept for the next run of the same shape."""
+        key = (S, T, P, cdt)
+        if self._last_causal[0] != key:
+            self._last_causal = (key, _causal(S, T, P).astype(cdt))
+        return self._last_causal[1]
+
+    def _split(self, width: int) -> tuple[int, int, int]:
+        return tuple(self.sizes) if self.sizes else (width // 3,) * 3
+
+    def _scaled(self, w: np.ndarray) -> np.ndarray:
+        """A copy of ``w`` (weights or bias) with its query columns times scale * log2(e)."""
+        w = np.array(w, order="C")
+        dq = self._split(w.shape[-1])[0]
+        w[..., :dq] *= w.dtype.type(_scale(self.scale, dq // self.N) * LOG2E)
+        return w
 
     def __call__(self, input, weights, bias=None, mask_index=None, past=None,  # noqa: A002
                  attention_bias=None, past_sequence_length=None):
         X = input
         B, S, _ = X.shape
         cdt = compute_dtype(X.dtype)
-        W = self.W if self.W is not None else weights.astype(cdt, copy=False)
+        W = self.W if self.W is not None else self._scaled(weights.astype(cdt, copy=False))
         # one GEMM over every token
         qkv = np.dot(X.astype(cdt, copy=False).reshape(B * S, -1), W).reshape(B, S, -1)
         if bias is not None:
-            qkv += self.b if self.b is not None else bias.astype(cdt, copy=False)
-        dq, dk, dv = self.sizes or [W.shape[1] // 3] * 3
+            qkv += self.b if self.b is not None else self._scaled(bias.astype(cdt, copy=False))
+        dq, dk, dv = self._split(W.shape[1])
         N = self.N
         q = to_heads(qkv[..., :dq], N)
         k = to_heads(qkv[..., dq:dq + dk], N)
@@ -228,12 +270,29 @@ class Attention:
         if present is None and self.want_present:
             present = np.stack((k, v)).astype(X.dtype, copy=False)
         T = k.shape[2]
-        bias_ = _mask_bias(mask_index, B, S, T, P, self.causal, self.filter, cdt)
+        allowed = None if mask_index is None else _key_mask(mask_index, B, S, T, P)
+        keep = self._causal_keep(S, T, P, cdt) if self.causal and S > 1 else None
+        bias_, ranges = None, None
+        if allowed is not None and self.filter <= _SKIPPED_KEY_FILTER:
+            ranges = _key_ranges(allowed, T)
+            if ranges is None:
+                keep = allowed.astype(cdt) if keep is None else keep * allowed
+        elif allowed is not None:  # a mild filter: masked keys keep some weight
+            bias_ = _filter_bias(allowed, self.filter * LOG2E, cdt)
         if attention_bias is not None:
-            bias_ = add_bias(bias_, attention_bias.astype(cdt, copy=False))
-        out, _ = attend(q, k, v, bias_, scale=_scale(self.scale, q.shape[-1]),
-                        zero_masked_rows=False)
-        return from_heads(out).astype(X.dtype, copy=False), present
+            bias_ = add_bias(bias_, attention_bias.astype(cdt) * cdt.type(LOG2E))
+
+        def exact_bias():
+            exact = _mask_bias(mask_index, B, S, T, P, self.causal, self.filter, cdt)
+            if attention_bias is not None:
+                exact = add_bias(exact, attention_bias.astype(cdt, copy=False))
+            return exact
+
+        out = np.empty((B, S, N, dv // N), cdt)
+        if out.size:  # T >= S >= 1
+            attend_exp2(q, k, v, out, keep=keep, bias=bias_, key_ranges=ranges,
+                        exact_bias=exact_bias)
+        return out.reshape(B, S, dv).astype(X.dtype, copy=False), present
 
 
 # -- MultiHeadAttention ------------------------------------------------------------------------
