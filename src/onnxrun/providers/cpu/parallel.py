@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 # Below this many bytes of work per range, handing a range to another thread costs more than it
 # saves: waking a worker costs 20-80 us on a virtual machine, and numpy streams ~5 GB/s per core.
 MIN_BYTES_PER_RANGE = 1 << 20
@@ -93,8 +95,16 @@ class _Job:
         self.left = len(ranges)
         self.lock = threading.Lock()
         self.finished = threading.Event()
+        self.errstate = np.geterr()  # the caller's (a session ignores floating-point errors)
 
     def __call__(self) -> None:
+        if not getattr(_local, "worker", False):
+            self._take_ranges()
+            return
+        with np.errstate(**self.errstate):
+            self._take_ranges()
+
+    def _take_ranges(self) -> None:
         n = len(self.ranges)
         while (i := next(self.next)) < n:
             try:

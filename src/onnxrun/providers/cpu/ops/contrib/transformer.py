@@ -202,8 +202,52 @@ def _scale(scale: float, head_size: int) -> float:
 # -- Attention (packed QKV weights) ------------------------------------------------------------
 
 
+class _Exp2Attention:
+    """What Attention and MultiHeadAttention share: masks turned into what ``attend_exp2``
+    takes (q must already carry scale * log2(e))."""
+
+    causal: bool
+    filter: float
+    _last_causal: tuple = (None, None)
+
+    def _causal_keep(self, S: int, T: int, P: int, cdt: np.dtype) -> np.ndarray:
+        """Causal mask as 0/1 weights (S, T), kept for the next run of the same shape."""
+        key = (S, T, P, cdt)
+        if self._last_causal[0] != key:
+            self._last_causal = (key, _causal(S, T, P).astype(cdt))
+        return self._last_causal[1]
+
+    def _attend(self, q, k, v, mask, attention_bias, P: int, cdt: np.dtype) -> np.ndarray:
+        """(B, S, N, Hv) attention output of heads q (B, N, S, H), k, v (B, N, T, H)."""
+        B, N, S = q.shape[:3]
+        T = k.shape[2]
+        allowed = None if mask is None else _key_mask(mask, B, S, T, P)
+        keep = self._causal_keep(S, T, P, cdt) if self.causal and S > 1 else None
+        bias_, ranges = None, None
+        if allowed is not None and self.filter <= _SKIPPED_KEY_FILTER:
+            ranges = _key_ranges(allowed, T)
+            if ranges is None:
+                keep = allowed.astype(cdt) if keep is None else keep * allowed
+        elif allowed is not None:  # a mild filter: masked keys keep some weight
+            bias_ = _filter_bias(allowed, self.filter * LOG2E, cdt)
+        if attention_bias is not None:
+            bias_ = add_bias(bias_, attention_bias.astype(cdt) * cdt.type(LOG2E))
+
+        def exact_bias():
+            exact = _mask_bias(mask, B, S, T, P, self.causal, self.filter, cdt)
+            if attention_bias is not None:
+                exact = add_bias(exact, attention_bias.astype(cdt, copy=False))
+            return exact
+
+        out = np.empty((B, S, N, v.shape[-1]), cdt)
+        if out.size:  # T >= S >= 1
+            attend_exp2(q, k, v, out, keep=keep, bias=bias_, key_ranges=ranges,
+                        exact_bias=exact_bias)
+        return out
+
+
 @op("Attention", 1, domain=MS)
-class Attention:
+class Attention(_Exp2Attention):
     """Packed QKV projection, then ``attend_exp2``: the query columns of a constant weight (and
     bias) are multiplied by scale * log2(e) once, here, instead of every query at every run."""
 
@@ -224,12 +268,6 @@ class Attention:
         self.W = None if W is None else self._scaled(W.astype(compute_dtype(W.dtype)))
         self.b = None if b is None else self._scaled(b.astype(compute_dtype(b.dtype)))
 
-    def _causal_keep(self, S: int, T: int, P: int, cdt: np.dtype) -> np.ndarray:
-        """Causal mask as 0/1 weights (S, T), kept for the next run of the same shape."""
-        key = (S, T, P, cdt)
-        if self._last_causal[0] != key:
-            self._last_causal = (key, _causal(S, T, P).astype(cdt))
-        return self._last_causal[1]
 
     def _split(self, width: int) -> tuple[int, int, int]:
         return tuple(self.sizes) if self.sizes else (width // 3,) * 3
@@ -269,29 +307,7 @@ class Attention:
             v = np.concatenate((past[1].astype(cdt, copy=False), v), axis=2)
         if present is None and self.want_present:
             present = np.stack((k, v)).astype(X.dtype, copy=False)
-        T = k.shape[2]
-        allowed = None if mask_index is None else _key_mask(mask_index, B, S, T, P)
-        keep = self._causal_keep(S, T, P, cdt) if self.causal and S > 1 else None
-        bias_, ranges = None, None
-        if allowed is not None and self.filter <= _SKIPPED_KEY_FILTER:
-            ranges = _key_ranges(allowed, T)
-            if ranges is None:
-                keep = allowed.astype(cdt) if keep is None else keep * allowed
-        elif allowed is not None:  # a mild filter: masked keys keep some weight
-            bias_ = _filter_bias(allowed, self.filter * LOG2E, cdt)
-        if attention_bias is not None:
-            bias_ = add_bias(bias_, attention_bias.astype(cdt) * cdt.type(LOG2E))
-
-        def exact_bias():
-            exact = _mask_bias(mask_index, B, S, T, P, self.causal, self.filter, cdt)
-            if attention_bias is not None:
-                exact = add_bias(exact, attention_bias.astype(cdt, copy=False))
-            return exact
-
-        out = np.empty((B, S, N, dv // N), cdt)
-        if out.size:  # T >= S >= 1
-            attend_exp2(q, k, v, out, keep=keep, bias=bias_, key_ranges=ranges,
-                        exact_bias=exact_bias)
+        out = self._attend(q, k, v, mask_index, attention_bias, P, cdt)
         return out.reshape(B, S, dv).astype(X.dtype, copy=False), present
 
 
@@ -299,7 +315,7 @@ class Attention:
 
 
 @op("MultiHeadAttention", 1, domain=MS)
-class MultiHeadAttention:
+class MultiHeadAttention(_Exp2Attention):
     def __init__(self, ctx: KernelContext, *, num_heads, mask_filter_value=-10000.0, scale=0.0,
                  unidirectional=0) -> None:
         self.N = int(num_heads)
@@ -347,15 +363,20 @@ class MultiHeadAttention:
             P = past_key.shape[2]
             k = np.concatenate((past_key.astype(cdt, copy=False), k), axis=2)
             v = np.concatenate((past_value.astype(cdt, copy=False), v), axis=2)
+        dt = query.dtype
+        if not self.want_qk:  # the fast path; scale * log2(e) goes onto q (a copy)
+            qs = q * cdt.type(_scale(self.scale, q.shape[-1]) * LOG2E)
+            out = self._attend(qs, k, v, key_padding_mask, attention_bias, P, cdt)
+            return (out.reshape(B, S, -1).astype(dt, copy=False), k.astype(dt, copy=False),
+                    v.astype(dt, copy=False), None)
         T = k.shape[2]
         bias_ = _mask_bias(key_padding_mask, B, S, T, P, self.causal, self.filter, cdt)
         if attention_bias is not None:
             bias_ = add_bias(bias_, attention_bias.astype(cdt, copy=False))
         out, qk = attend(q, k, v, bias_, scale=_scale(self.scale, q.shape[-1]),
                          capture=BIASED if self.want_qk else None, zero_masked_rows=False)
-        dt = query.dtype
         return (from_heads(out).astype(dt, copy=False), k.astype(dt, copy=False),
-                v.astype(dt, copy=False), None if qk is None else qk.astype(dt, copy=False))
+                v.astype(dt, copy=False), qk.astype(dt, copy=False))
 
 
 # -- GroupQueryAttention -----------------------------------------------------------------------
