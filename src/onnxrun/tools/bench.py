@@ -6,8 +6,10 @@ in ``-m SECONDS``), and the median, p90, min, mean and throughput are printed.
 
 ``--vs onnxruntime`` opens an onnxruntime session on the same model with the same options and
 runs the two engines *alternately* in one process (A B, B A, A B, ...), so that a change of load
-on the machine hits both alike; the figure to quote is the ratio of the medians. onnxruntime is
-not a dependency of onnxrun: it is imported only when asked for.
+on the machine hits both alike; the figure to quote is the ratio of the medians. With more than
+one intra-op thread, a pause (SETTLE_SECONDS) before each switch of engine lets the idle worker
+threads of the engine that just ran stop spinning, so they do not slow the other one down.
+onnxruntime is not a dependency of onnxrun: it is imported only when asked for.
 
 Session creation time and peak memory are measured in a fresh child process per engine (see
 ``_CHILD``): it imports numpy and the engine and loads the inputs, notes its peak resident size
@@ -250,11 +252,20 @@ def make_feeds(session: Any, files: Mapping[str, str] | None = None,
 # timing
 
 
+# With several intra-op threads, each engine's idle worker threads keep spinning for a while
+# after a run (OpenBLAS's for up to ~0.1 s, onnxruntime's thread pool too) and would take a core
+# from the other engine's next run: something that never happens to an application, which
+# runs one engine. The pause between the two engines' runs lets them go idle first.
+SETTLE_SECONDS = 0.15
+
+
 def time_alternating(runners: Sequence[Callable[[], Any]], warmup: int, repeat: int,
-                     duration: float | None = None) -> tuple[list[list[float]], list[Any]]:
+                     duration: float | None = None, settle: float = 0.0
+                     ) -> tuple[list[list[float]], list[Any]]:
     """Warm every runner up, then time them in turn, the order reversed every round (A B, B A,
-    ...) so that neither always runs right after the other. Returns the times in seconds of each
-    runner and the result of each one's first call."""
+    ...) so that neither always runs right after the other, pausing ``settle`` seconds before
+    each switch to another runner. Returns the times in seconds of each runner and the result
+    of each one's first call."""
     first: list[Any] = [None] * len(runners)
     for k, run in enumerate(runners):
         for i in range(warmup):
@@ -265,9 +276,13 @@ def time_alternating(runners: Sequence[Callable[[], Any]], warmup: int, repeat: 
     clock = time.perf_counter
     start = clock()
     rounds = 0
+    previous = None
     while True:
         order = range(len(runners)) if rounds % 2 == 0 else range(len(runners) - 1, -1, -1)
         for k in order:
+            if settle and previous is not None and previous != k:
+                time.sleep(settle)
+            previous = k
             t0 = clock()
             out = runners[k]()
             times[k].append(clock() - t0)
@@ -436,7 +451,8 @@ def bench(model: str, opts: BenchOptions, *, feeds: Mapping[str, Any] | None = N
         notes.append("-y (inter-op threads) matters only with -P (ORT_PARALLEL), in both engines")
 
     runners = [(lambda s=s: s.run(None, feeds)) for s in sessions]
-    times, first = time_alternating(runners, opts.warmup, opts.repeat, opts.duration)
+    settle = SETTLE_SECONDS if len(runners) > 1 and opts.intra_op_threads != 1 else 0.0
+    times, first = time_alternating(runners, opts.warmup, opts.repeat, opts.duration, settle)
     results = [
         EngineResult(name, getattr(rt, "__version__", "?"), Stats.of(t), c)
         for name, rt, t, c in zip(engines, modules, times, creates, strict=True)

@@ -8,6 +8,8 @@ engine's own work (elementwise passes, im2col, depthwise convolution, transforms
 A kernel learns its thread count once, when it is prepared (``threads_for(ctx)``): that is
 ``SessionOptions.intra_op_num_threads``, or every usable core when it is 0, as in onnxruntime.
 The worker threads are shared by every session of the process and started on first use.
+Splitting is off unless ONNXRUN_INTRA_OP_SPLIT_BYTES is set (see MIN_BYTES_PER_RANGE for the
+measurement); the thread count still guides kernels' choice of method under BLAS threads.
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ import numpy as np
 
 # Below this many bytes of work per range, handing a range to another thread costs more than it
 # saves: waking a worker costs 20-80 us on a virtual machine, and numpy streams ~5 GB/s per core.
-MIN_BYTES_PER_RANGE = 1 << 20
+# None: kernels never split (the default). Measured on the 2-vCPU development VM with numpy's
+# OpenBLAS, splitting lost at 2 threads on every model tried (MobileNetV2 19.8 -> 23.8 ms,
+# ShuffleNet 12.9 -> 14.1, SqueezeNet 17.3 -> 17.9, VGG-19 and BERT even): OpenBLAS's idle
+# threads spin for ~0.1 s after each GEMM and take the core a worker would use, and with BLAS
+# held at one thread the split kernels lose the GEMMs' second core. ONNXRUN_INTRA_OP_SPLIT_BYTES
+# (e.g. 1048576) turns splitting on, for machines where it pays.
+_configured = os.environ.get("ONNXRUN_INTRA_OP_SPLIT_BYTES", "")
+MIN_BYTES_PER_RANGE: int | None = int(_configured) if _configured.isdigit() else None
 
 _lock = threading.Lock()
 _tasks: queue.SimpleQueue = queue.SimpleQueue()  # jobs: callables the workers run
@@ -75,9 +84,10 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
 def ranges_for(n: int, threads: int, bytes_per_item: int) -> list[tuple[int, int]]:
     """How to cut ``n`` items of ``bytes_per_item`` work each for ``threads`` threads: one range
     when the whole is too small to be worth a hand-off."""
-    if threads <= 1 or n <= 1:
+    least = MIN_BYTES_PER_RANGE
+    if threads <= 1 or n <= 1 or not least:
         return [(0, n)]
-    worth = max(1, (n * max(1, bytes_per_item)) // MIN_BYTES_PER_RANGE)
+    worth = max(1, (n * max(1, bytes_per_item)) // least)
     return split(n, min(threads, worth))
 
 
@@ -136,7 +146,7 @@ def run_ranges(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> 
 
 
 def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,
-                 bytes_per_item: int = MIN_BYTES_PER_RANGE) -> list[Any]:
+                 bytes_per_item: int = 1 << 20) -> list[Any]:
     """Run ``fn(start, stop)`` over [0, n) on up to ``threads`` threads."""
     return run_ranges(fn, ranges_for(n, threads, bytes_per_item))
 
