@@ -16,9 +16,20 @@ import numpy as np
 from ...ir import Graph, Model, Node
 from ..base import GraphPass, PassResult
 from ..graph_utils import live_nodes, make_initializer
-from ._helpers import sole_reader_producer
+from ._helpers import is_float_array, one_constant_operand, sole_reader_producer
 
 Term = tuple[int, int, np.ndarray, np.dtype]
+
+
+def constant_operand(node: Node, ops: tuple[str, str]) -> tuple[int, np.ndarray] | None:
+    """(index, value) of the one constant operand of an ai.onnx node of ``ops``; None for
+    half-precision constants: reassociating would change results by their coarse rounding."""
+    if node.domain != "" or node.op_type not in ops:
+        return None
+    found = one_constant_operand(node)
+    if found is None or (is_float_array(found[1]) and found[1].dtype.itemsize < 4):
+        return None
+    return found
 
 
 class ConstantChainFolding(GraphPass):

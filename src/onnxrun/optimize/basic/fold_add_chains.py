@@ -9,8 +9,8 @@ import numpy as np
 
 from ...ir import Node
 from ..base import BASIC, register_pass
-from ._constant_chains import ConstantChainFolding, Term
-from ._helpers import is_float_array, one_constant_operand
+from ._constant_chains import ConstantChainFolding, Term, constant_operand
+from ._helpers import is_float_array
 
 
 @register_pass
@@ -22,14 +22,10 @@ class AddChainFolding(ConstantChainFolding):
 
     def term(self, node: Node) -> Term | None:
         """s * x + k, s = orientation."""
-        if node.domain != "" or node.op_type not in ("Add", "Sub"):
-            return None
-        found = one_constant_operand(node)
+        found = constant_operand(node, ("Add", "Sub"))
         if found is None:
             return None
         ci, c = found
-        if is_float_array(c) and c.dtype.itemsize < 4:
-            return None  # half precision: reassociating changes results by its coarse rounding
         if is_float_array(c):
             k = c.astype(np.float64)
         elif c.dtype.kind in "iu":

@@ -18,7 +18,7 @@ import onnx
 from ...ir import Model, Node
 from ...providers.cpu.ops.quantization import ONNXRUN_DOMAIN
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, is_graph_output
+from ..graph_utils import is_graph_output, live_nodes
 from ._helpers import const_value, is_float32, make_node, take_over
 
 _NARROW = {np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16)}
@@ -54,10 +54,9 @@ class QuantizeDequantizeFusion(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         changes: Counter = Counter()
-        for graph in list(all_graphs(model.graph)):
-            for q in list(graph.nodes):
-                if q.graph is graph and q.op_type == "QuantizeLinear" and self._fuse(model, q):
-                    changes["QuantizeLinear+DequantizeLinear"] += 1
+        for _, q in live_nodes(model):
+            if q.op_type == "QuantizeLinear" and self._fuse(model, q):
+                changes["QuantizeLinear+DequantizeLinear"] += 1
         return PassResult(bool(changes), changes)
 
     @staticmethod

@@ -274,21 +274,22 @@ _erf64 = None
 _BLOCK = 32768
 
 
+def _horner(t: np.ndarray, coeffs, out: np.ndarray) -> None:
+    """out = the polynomial ``coeffs`` (highest degree first) at t, by Horner's rule, in place."""
+    np.multiply(t, coeffs[0], out=out)
+    for a in coeffs[1:-1]:
+        np.add(out, a, out=out)
+        np.multiply(out, t, out=out)
+    np.add(out, coeffs[-1], out=out)
+
+
 def _rational(c: np.ndarray, t: np.ndarray, p: np.ndarray, q: np.ndarray, num, den) -> None:
     """p = c * num(t) / den(t) with t = c * c (num, den: coefficients, highest degree first);
     t and q are scratch. All of one length, nothing allocated."""
     np.multiply(c, c, out=t)
-    np.multiply(t, num[0], out=p)
-    for a in num[1:-1]:
-        np.add(p, a, out=p)
-        np.multiply(p, t, out=p)
-    np.add(p, num[-1], out=p)
+    _horner(t, num, p)
     np.multiply(p, c, out=p)
-    np.multiply(t, den[0], out=q)
-    for b in den[1:-1]:
-        np.add(q, b, out=q)
-        np.multiply(q, t, out=q)
-    np.add(q, den[-1], out=q)
+    _horner(t, den, q)
     np.divide(p, q, out=p)
 
 
@@ -353,11 +354,7 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
             src, y = src.reshape(-1), y.reshape(-1)
             t, p = t_buf[:y.size], p_buf[:y.size]
             np.multiply(src, src, out=t)
-            np.multiply(t, _GELU_LOGIT[0], out=p)
-            for c in _GELU_LOGIT[1:-1]:
-                np.add(p, c, out=p)
-                np.multiply(p, t, out=p)
-            np.add(p, _GELU_LOGIT[-1], out=p)
+            _horner(t, _GELU_LOGIT, p)
             np.multiply(p, src, out=p)
             np.exp2(p, out=p)  # inf for x << 0: x / inf = -0, gelu's limit
             np.add(p, one, out=p)
