@@ -19,9 +19,10 @@ def _elem(a: np.ndarray) -> int:
     return TensorProto.STRING if a.dtype == object else helper.np_dtype_to_tensor_dtype(a.dtype)
 
 
-def one_node(op, inputs, *, opset, n_out=1, const=(), **attrs):
+def one_node(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None, **attrs):
     """A model with one node. ``inputs``: arrays (None = missing optional input); indices in
-    ``const`` become initializers, the others graph inputs. Returns (model bytes, feeds)."""
+    ``const`` become initializers, the others graph inputs. Output types are ``out_types`` when
+    given, else what onnx's shape inference finds. Returns (model bytes, feeds)."""
     names, graph_inputs, inits, feeds = [], [], [], {}
     for i, a in enumerate(inputs):
         if a is None:
@@ -35,12 +36,22 @@ def one_node(op, inputs, *, opset, n_out=1, const=(), **attrs):
             graph_inputs.append(helper.make_tensor_value_info(name, _elem(a), a.shape))
             feeds[name] = a
     outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, **attrs)
-    graph = helper.make_graph([node], "g", graph_inputs, [onnx.ValueInfoProto(name=o)
-                                                          for o in outs], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    node = helper.make_node(op, names, outs, domain=domain or None, **attrs)
+    if out_types is None:
+        outputs = [onnx.ValueInfoProto(name=o) for o in outs]
+    else:
+        outputs = [helper.make_tensor_value_info(o, t, None)
+                   for o, t in zip(outs, out_types, strict=True)]
+    graph = helper.make_graph([node], "g", graph_inputs, outputs, initializer=inits)
+    opsets = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain
+                                                 else [])
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8 if opset < 21 else 10
-    model = onnx.shape_inference.infer_shapes(model)
+    if out_types is None:
+        model = onnx.shape_inference.infer_shapes(model)
+        for out in model.graph.output:  # what inference leaves untyped: float, any shape
+            if not out.type.tensor_type.elem_type:
+                out.type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
     return model.SerializeToString(), feeds
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from one_node_harness import one_node
+from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxrun
@@ -22,38 +23,6 @@ RNG = np.random.default_rng(7)
 
 def rand(*shape, dtype=np.float32):
     return RNG.standard_normal(shape).astype(dtype)
-
-
-def one_node(op, inputs, *, opset, n_out=1, const=(), **attrs):
-    """A model with one node. ``inputs``: arrays (None = a missing optional input); indices in
-    ``const`` become initializers, the others graph inputs. Returns (model bytes, feeds)."""
-    names, graph_inputs, inits, feeds = [], [], [], {}
-    for i, a in enumerate(inputs):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if i in const:
-            inits.append(numpy_helper.from_array(a, name))
-        else:
-            elem = helper.np_dtype_to_tensor_dtype(a.dtype)
-            graph_inputs.append(helper.make_tensor_value_info(name, elem, a.shape))
-            feeds[name] = a
-    outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, **attrs)
-    graph = helper.make_graph([node], "g", graph_inputs,
-                              [onnx.ValueInfoProto(name=o) for o in outs], initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    inferred = onnx.shape_inference.infer_shapes(model)
-    for out, inf in zip(model.graph.output, inferred.graph.output, strict=True):
-        if inf.type.tensor_type.elem_type:
-            out.type.CopyFrom(inf.type)
-        else:
-            out.type.CopyFrom(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
-            out.type.tensor_type.shape.SetInParent()
-    return model.SerializeToString(), feeds
 
 
 def run_ort(model: bytes, feeds):

@@ -12,10 +12,11 @@ import math
 from pathlib import Path
 
 import numpy as np
+import one_node_harness as harness
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import onnxrun
 
@@ -32,34 +33,13 @@ def i32(*values):
     return np.array(values, np.int32)
 
 
-def _elem(a: np.ndarray) -> int:
-    return helper.np_dtype_to_tensor_dtype(a.dtype)
-
-
 def one_node(op, inputs, *, n_out=1, domain=MS, opset=17, out_types=None, const=(), **attrs):
-    """(model bytes, feeds) for one node; inputs are arrays (None = missing optional input),
-    those at the indices in ``const`` become initializers."""
-    names, graph_inputs, inits, feeds = [], [], [], {}
-    for i, a in enumerate(inputs):
-        if a is None:
-            names.append("")
-            continue
-        name = f"in{i}"
-        names.append(name)
-        if i in const:
-            inits.append(numpy_helper.from_array(a, name))
-        else:
-            graph_inputs.append(helper.make_tensor_value_info(name, _elem(a), a.shape))
-            feeds[name] = a
-    outs = [f"out{i}" for i in range(n_out)]
-    out_types = out_types or [_elem(inputs[0])] * n_out
-    node = helper.make_node(op, names, outs, domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node], "g", graph_inputs,
-        [helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, out_types, strict=True)],
-        initializer=inits)
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)]
-    return helper.make_model(graph, opset_imports=opsets, ir_version=9).SerializeToString(), feeds
+    """(model bytes, feeds) for one node, by default of the com.microsoft domain, its outputs
+    typed as its first input unless ``out_types`` says otherwise."""
+    if out_types is None:
+        out_types = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
+    return harness.one_node(op, inputs, opset=opset, n_out=n_out, const=const, domain=domain,
+                            out_types=out_types, **attrs)
 
 
 def ort_run(model, feeds):
@@ -290,7 +270,7 @@ def test_vs_onnxruntime(op, inputs, n_out, attrs, kw):
     kw = dict(kw)
     tol = {k: kw.pop(k) for k in ("rtol", "atol") if k in kw}
     if "out_types" not in kw and n_out > 1:
-        kw["out_types"] = [_elem(inputs[0])] * n_out
+        kw["out_types"] = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
     model, feeds = one_node(op, inputs, n_out=n_out, **kw, **attrs)
     assert_close(ours(model, feeds), ort_run(model, feeds), **tol)
 
