@@ -13,6 +13,7 @@ import warnings
 
 import ml_dtypes
 import numpy as np
+import one_node_harness as harness
 import onnx
 import onnxruntime as ort
 import pytest
@@ -69,26 +70,12 @@ def test_conformance(case):
 
 
 def one_node(op, inputs, *, opset, n_out=1, domain="", out_types=None, **attrs):
-    """(model bytes, feeds) of a one-node model; ``inputs`` arrays, None = missing."""
-    names, graph_inputs, feeds = [], [], {}
-    for i, a in enumerate(inputs):
-        if a is None:
-            names.append("")
-            continue
-        names.append(f"in{i}")
-        graph_inputs.append(helper.make_tensor_value_info(
-            f"in{i}", helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
-        feeds[f"in{i}"] = a
-    outs = [f"out{i}" for i in range(n_out)]
-    node = helper.make_node(op, names, outs, domain=domain, **attrs)
-    out_types = out_types or [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
-    graph = helper.make_graph([node], "g", graph_inputs, [
-        helper.make_tensor_value_info(o, t, None) for o, t in zip(outs, out_types, strict=True)])
-    opsets = [helper.make_opsetid("", opset)]
-    if domain:
-        opsets.append(helper.make_opsetid(domain, 1))
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=10)
-    return model.SerializeToString(), feeds
+    """(model bytes, feeds) of a one-node model, its outputs typed as its first input unless
+    ``out_types`` says otherwise."""
+    if out_types is None:
+        out_types = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
+    return harness.one_node(op, inputs, opset=opset, n_out=n_out, domain=domain,
+                            out_types=out_types, **attrs)
 
 
 def run_both(model, feeds, oracle="ort"):
