@@ -615,6 +615,14 @@ class DynamicQuantizeLSTM:
                 if steps else np.zeros((0, batch, 4 * H), F32)
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
             c = np.zeros((batch, H), F32) if initial_c is None else initial_c[d].astype(F32)
+            if lens is None and peep is None and self._usual(d) and \
+                    len(rq.mat.ranges(H, 255.0)) == 1:
+                ys, h, c = self._fast_direction(xw, bias[d], rq, rf, h, c)
+                if self.reverse[d]:
+                    ys = ys[::-1]
+                Y[:, d] = ys
+                Yh[d], Yc[d] = h, c
+                continue
             h_in = h
             ys = np.zeros((T, batch, H), F32)
             for t in range(steps):
@@ -639,6 +647,45 @@ class DynamicQuantizeLSTM:
             Y[:, d] = ys
             Yh[d], Yc[d] = h, c
         return (Y if self.want_y else None), Yh, Yc
+
+    def _usual(self, d: int) -> bool:
+        """Sigmoid, tanh, tanh and no coupled input-forget gate: the fast cell applies."""
+        return not self.input_forget and [a.name for a in self.acts[d]] == [
+            "sigmoid", "tanh", "tanh"]
+
+    def _fast_direction(self, xw, bias, rq: _QuantWeights, rf, h, c):
+        """One direction of the usual cell with every sequence at full length, in ~20 numpy
+        calls a step: as in rnn.LSTM's fast cell, one tanh covers all four gates (sigmoid(x) =
+        (1 + tanh(x / 2)) / 2), the halving of i, o, f folded into the input part (once for all
+        steps) and into the per-step scale of the recurrent product. h's product stays the
+        exact integer one onnxruntime computes (R fits one float32 GEMM for any |h| code)."""
+        H = rf.shape[1] // 4
+        half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
+        shift = F32.type(1) - half
+        xw = (xw + bias) * half  # every step's input part, biased and halved
+        r_scale = (np.asarray(rq.scale, F32) * half).astype(F32)
+        bound = None if self.clip is None else half * F32.type(self.clip)
+        steps = xw.shape[0]
+        ys = np.empty((steps,) + h.shape, F32)
+        g = np.empty(xw.shape[1:], F32)
+        i, o, f, cc = (g[:, k * H:(k + 1) * H] for k in range(4))
+        t = np.empty(c.shape, F32)
+        for s in range(steps):
+            hq, a_scale, _ = dynamic_quantize(h)
+            np.matmul(hq, rf, out=g)
+            g *= a_scale * r_scale
+            g += xw[s]
+            if bound is not None:
+                np.clip(g, -bound, bound, out=g)
+            np.tanh(g, out=g)
+            g *= half
+            g += shift
+            c = f * c
+            np.multiply(i, cc, out=t)
+            c += t
+            np.tanh(c, out=t)
+            h = np.multiply(o, t, out=ys[s])
+        return ys, h, c
 
     @staticmethod
     def _inputs(X: np.ndarray, lens, steps: int, reverse: bool) -> np.ndarray:
