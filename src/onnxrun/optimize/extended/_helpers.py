@@ -88,6 +88,31 @@ def close(value: float | None, expected: float, rtol: float = 1e-4) -> bool:
     return value in (float(np.float16(expected)), float(ml_dtypes.bfloat16(expected)))
 
 
+# -- Gelu-family patterns ------------------------------------------------------------------------
+
+HALF_FORMS = ("x_half", "half_x", "inner_half")  # where an exporter puts the 0.5 of 0.5 x (1 + f)
+
+
+def half_x_times(op: Any, x: Any, one_plus: Any, form: str) -> Any:
+    """The pattern of ``0.5 * x * one_plus`` as ``form`` associates it: (x * one_plus) * 0.5,
+    (x * 0.5) * one_plus, or x * (one_plus * 0.5)."""
+    if form == "x_half":
+        return op.Mul(op.Mul(x, one_plus), 0.5)
+    if form == "half_x":
+        return op.Mul(op.Mul(x, 0.5), one_plus)
+    return op.Mul(x, op.Mul(one_plus, 0.5))
+
+
+def rule_variants(base: type, **choices: tuple[str, ...]) -> tuple[type, ...]:
+    """One subclass of the rule ``base`` per combination of its class attributes' values,
+    e.g. rule_variants(_GeluRule, outer=HALF_FORMS, scale=("div", "mul"))."""
+    combos: list[dict[str, str]] = [{}]
+    for attr, values in choices.items():
+        combos = [{**c, attr: v} for c in combos for v in values]
+    return tuple(type("_".join([base.__name__.strip("_"), *c.values()]), (base,), c)
+                 for c in combos)
+
+
 def same_rank(x: Value | None, out: Value | None) -> bool:
     """``out`` provably has ``x``'s rank: constants matched inside a fused pattern did not
     broadcast the result to a higher rank."""

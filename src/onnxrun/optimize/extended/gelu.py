@@ -11,7 +11,16 @@ import math
 
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
-from ._helpers import MS, close, float_scalar, is_float32, same_rank
+from ._helpers import (
+    HALF_FORMS,
+    MS,
+    close,
+    float_scalar,
+    half_x_times,
+    is_float32,
+    rule_variants,
+    same_rank,
+)
 
 SQRT2 = math.sqrt(2.0)
 
@@ -23,12 +32,7 @@ class _GeluRule(RewriteRule):
 
     def pattern(self, op, x, c):
         arg = op.Div(x, c) if self.scale == "div" else op.Mul(x, c)
-        one_plus = op.Add(op.Erf(arg), 1.0)
-        if self.outer == "x_half":  # (x * (1 + erf)) * 0.5
-            return op.Mul(op.Mul(x, one_plus), 0.5)
-        if self.outer == "half_x":  # (x * 0.5) * (1 + erf)
-            return op.Mul(op.Mul(x, 0.5), one_plus)
-        return op.Mul(x, op.Mul(one_plus, 0.5))  # x * ((1 + erf) * 0.5)
+        return half_x_times(op, x, op.Add(op.Erf(arg), 1.0), self.outer)
 
     def check(self, context, x, c, **_):
         expected = SQRT2 if self.scale == "div" else 1.0 / SQRT2
@@ -39,14 +43,9 @@ class _GeluRule(RewriteRule):
         return op.Gelu(x, _domain=MS)
 
 
-def _variant(outer: str, scale: str) -> type[RewriteRule]:
-    return type(f"Gelu_{outer}_{scale}", (_GeluRule,), {"outer": outer, "scale": scale})
-
-
 @register_pass
 class GeluFusion(RulePass):
     name = "GeluFusion"
     level = EXTENDED
     order = 10
-    rules = tuple(_variant(o, s) for o in ("x_half", "half_x", "inner_half")
-                  for s in ("div", "mul"))
+    rules = rule_variants(_GeluRule, outer=HALF_FORMS, scale=("div", "mul"))
