@@ -43,6 +43,18 @@ class Result:
         return rep.changes if rep is not None else collections.Counter()
 
 
+def chain(first: str, second: str, elem: str = "float", extra: str = "",
+          outputs: str = "") -> str:
+    """A [2, 3] model computing ``A = first`` then ``Y = second`` (the chain-folding tests)."""
+    return f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g ({elem}[2, 3] X) => ({elem}[2, 3] Y{outputs}) {{
+        A = {first}
+        Y = {second}
+        {extra}
+    }}"""
+
+
 def session(model: onnx.ModelProto, level: int = 1, disabled: tuple[str, ...] = (),
             saved_path: str = "", **dims: int) -> onnxrun.InferenceSession:
     so = onnxrun.SessionOptions()

@@ -4,20 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from basic_helpers import optimize_and_compare, parse, rand
+from basic_helpers import chain, optimize_and_compare, parse, rand
 
 PASS = "AddChainFolding"
-
-
-def chain(first: str, second: str, elem: str = "float", extra: str = "",
-          outputs: str = "") -> str:
-    return f"""
-    <ir_version: 8, opset_import: ["" : 17]>
-    g ({elem}[2, 3] X) => ({elem}[2, 3] Y{outputs}) {{
-        A = {first}
-        Y = {second}
-        {extra}
-    }}"""
 
 
 CASES = [
