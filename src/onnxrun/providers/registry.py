@@ -65,8 +65,26 @@ class KernelContext:
     def constant(self, index: int) -> np.ndarray | None:
         return self.constants[index] if index < len(self.constants) else None
 
+    def has_input(self, index: int) -> bool:
+        """Whether the node's own input ``index`` is given (not a missing optional one)."""
+        return index < self.num_inputs and self.node.inputs[index] is not None
+
+    def constants_of(self, indices) -> list[np.ndarray | None] | None:
+        """The values of inputs ``indices`` (None where an optional input is missing) when
+        every given one is constant, else None: what a kernel prepares once."""
+        values = []
+        for i in indices:
+            if not self.has_input(i):
+                values.append(None)
+                continue
+            v = self.constant(i)
+            if v is None:
+                return None
+            values.append(v)
+        return values
+
     def input_type(self, index: int) -> onnx.TypeProto | None:
-        if index >= len(self.node.inputs) or self.node.inputs[index] is None:
+        if not self.has_input(index):
             return None
         return self.node.inputs[index].type
 

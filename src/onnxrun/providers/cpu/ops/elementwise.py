@@ -465,8 +465,8 @@ class Clip:
     def __init__(self, ctx: KernelContext):
         self.lo = ctx.constant(1)
         self.hi = ctx.constant(2)
-        self.lo_const = ctx.num_inputs < 2 or ctx.node.inputs[1] is None or self.lo is not None
-        self.hi_const = ctx.num_inputs < 3 or ctx.node.inputs[2] is None or self.hi is not None
+        self.lo_const = not ctx.has_input(1) or self.lo is not None
+        self.hi_const = not ctx.has_input(2) or self.hi is not None
 
     def __call__(self, input, min=None, max=None):  # noqa: A002 - the schema's names
         lo = self.lo if self.lo_const else min

@@ -253,7 +253,7 @@ class DequantizeLinear:
         self.output_dtype = int(output_dtype)
         self.cached = None
         x, s = ctx.constant(0), ctx.constant(1)
-        has_zp = ctx.num_inputs > 2 and ctx.node.inputs[2] is not None
+        has_zp = ctx.has_input(2)
         zp = ctx.constant(2) if has_zp else None
         if x is not None and s is not None and (zp is not None or not has_zp) \
                 and not dequantizes_weight_per_run(ctx.node):
@@ -508,7 +508,7 @@ def _row_zero_point(A: np.ndarray, zp: np.ndarray | None):
 class MatMulInteger:
     def __init__(self, ctx: KernelContext) -> None:
         B, b_zp = ctx.constant(1), ctx.constant(3)
-        has_zp = ctx.num_inputs > 3 and ctx.node.inputs[3] is not None
+        has_zp = ctx.has_input(3)
         self.B = None
         if B is not None and (b_zp is not None or not has_zp):
             self.B = IntMatrix(B, b_zp)
@@ -669,7 +669,7 @@ class IntConv:
 
 def _conv_weights(ctx: KernelContext, w_index: int, zp_index: int, group: int):
     W, zp = ctx.constant(w_index), ctx.constant(zp_index)
-    has_zp = ctx.num_inputs > zp_index and ctx.node.inputs[zp_index] is not None
+    has_zp = ctx.has_input(zp_index)
     if W is not None and (zp is not None or not has_zp):
         return IntConvWeights(W, zp, group)
     return None

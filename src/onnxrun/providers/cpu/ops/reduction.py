@@ -193,7 +193,7 @@ def _input_kernel(fn):
         def __init__(self, ctx: KernelContext, *, keepdims=1, noop_with_empty_axes=0):
             self.keep = bool(keepdims)
             self.noop = bool(noop_with_empty_axes)
-            absent = ctx.num_inputs < 2 or ctx.node.inputs[1] is None
+            absent = not ctx.has_input(1)
             c = ctx.constant(1)
             self.const = absent or c is not None
             self.axes = [] if absent else (None if c is None else [int(a) for a in c.tolist()])

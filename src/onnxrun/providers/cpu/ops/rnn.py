@@ -140,24 +140,6 @@ def _directions(direction: str) -> list[bool]:
     raise ValueError(f"invalid direction '{direction}'")
 
 
-def _given(ctx: KernelContext, i: int) -> bool:
-    return i < ctx.num_inputs and ctx.node.inputs[i] is not None
-
-
-def _static_inputs(ctx: KernelContext, indices: tuple[int, ...]) -> list[Any] | None:
-    """The values of inputs ``indices`` (None where absent) if all are constant, else None."""
-    values = []
-    for i in indices:
-        if not _given(ctx, i):
-            values.append(None)
-            continue
-        v = ctx.constant(i)
-        if v is None:
-            return None
-        values.append(v)
-    return values
-
-
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return dtype if dtype in (np.float32, np.float64) else np.dtype(np.float32)
 
@@ -200,7 +182,7 @@ class _Recurrent:
         self.hidden_size = hidden_size
         self.layout = int(layout)
         self.want_y = ctx.output_used(0) or ctx.num_outputs == 0
-        static = _static_inputs(ctx, self.weight_inputs)
+        static = ctx.constants_of(self.weight_inputs)
         self.prepared = None
         if static is not None and static[0] is not None:
             dt = _compute_dtype(np.asarray(static[0]).dtype)

@@ -27,7 +27,7 @@ def _rank(ctx: KernelContext, i: int = 0) -> int | None:
 
 def _is_const(ctx: KernelContext, i: int) -> bool:
     """Input i is absent or a constant (so __init__ can read it once)."""
-    return i >= ctx.num_inputs or ctx.node.inputs[i] is None or ctx.constant(i) is not None
+    return not ctx.has_input(i) or ctx.constant(i) is not None
 
 
 # -- Identity, Shape, Size --------------------------------------------------------------------

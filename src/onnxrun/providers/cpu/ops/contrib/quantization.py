@@ -51,24 +51,6 @@ def _zp(value) -> int:
     return int(scalar(value, 0))
 
 
-def _given(ctx: KernelContext, i: int) -> bool:
-    return i < ctx.num_inputs and ctx.node.inputs[i] is not None
-
-
-def _constants(ctx: KernelContext, indices) -> list[Any] | None:
-    """Values of inputs ``indices`` (None where absent) if every given one is constant."""
-    values = []
-    for i in indices:
-        if not _given(ctx, i):
-            values.append(None)
-            continue
-        v = ctx.constant(i)
-        if v is None:
-            return None
-        values.append(v)
-    return values
-
-
 def mlas_quantize(v: np.ndarray, scale: np.float32, zero_point: int, dtype: np.dtype
                   ) -> np.ndarray:
     """MlasQuantizeLinear: round(v / scale) clamped to [min - zp, max - zp], plus zp."""
@@ -155,7 +137,7 @@ class _QLinearLookup:
 
     def _setup(self, ctx: KernelContext) -> None:
         self.table = None
-        params = _constants(ctx, (1, 2, 3, 4))
+        params = ctx.constants_of((1, 2, 3, 4))
         x_type = ctx.input_type(0)
         elem = x_type.tensor_type.elem_type if x_type is not None else 0
         if params is not None and elem in (TensorProto.UINT8, TensorProto.INT8):
@@ -203,11 +185,11 @@ class QLinearConcat:
             raise ValueError("QLinearConcat takes Y_scale, Y_zero_point and (tensor, scale, "
                              "zero point) triples")
         self.tables: list[Any] = [None] * ((n - 2) // 3)
-        y = _constants(ctx, (0, 1))
+        y = ctx.constants_of((0, 1))
         if y is None:
             return
         for k in range(len(self.tables)):
-            p = _constants(ctx, (3 + 3 * k, 4 + 3 * k))
+            p = ctx.constants_of((3 + 3 * k, 4 + 3 * k))
             if p is not None and y[1] is not None:
                 self.tables[k] = self._table(y[1].dtype, p[0], p[1], y[0], y[1])
 
@@ -380,7 +362,7 @@ class QGemm:
         self.transA = bool(transA)
         self.transB = bool(transB)
         self.B = None
-        c = _constants(ctx, (3, 5))
+        c = ctx.constants_of((3, 5))
         if c is not None and c[0] is not None:
             self.B = _b_matrix(c[0], c[1], self.transB)
 
@@ -428,7 +410,7 @@ def _scaled_output(acc: np.ndarray, mult, bias, out_dtype) -> np.ndarray:
 class _MatMulToFloat:
     def _setup(self, ctx: KernelContext, b_index: int, zp_index: int) -> None:
         self.B = None
-        c = _constants(ctx, (b_index, zp_index))
+        c = ctx.constants_of((b_index, zp_index))
         if c is not None and c[0] is not None:
             self.B = _b_matrix(c[0], c[1])
 
@@ -509,7 +491,7 @@ class MatMulNBits:
         if int(weight_prepacked):
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
         self.W = None
-        c = _constants(ctx, (1, 2, 3, 4))
+        c = ctx.constants_of((1, 2, 3, 4))
         if c is not None and c[0] is not None and c[1] is not None and c[0].size:
             self.W = nbits_weight(c[0], c[1], c[2], c[3], self.K, self.N, self.block_size,
                                   self.bits)
@@ -584,7 +566,7 @@ class DynamicQuantizeLSTM:
                                  activation_beta, self.D)
         self.want_y = ctx.output_used(0)
         self.weights = None
-        c = _constants(ctx, (1, 2, 8, 9, 10, 11))
+        c = ctx.constants_of((1, 2, 8, 9, 10, 11))
         if c is not None:
             W, R, ws, wz, rs, rz = c
             self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D)
