@@ -356,7 +356,7 @@ class LSTM(_Recurrent):
         c0 = self._states_in(initial_c, batch, H, dt)
 
         if w["fast"]:
-            cell = self._fast_cell(H, RT, w["half"], clip)
+            cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, RT, out=out), w["half"], clip)
             ys, (hT, cT) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0, c0], cell)
             return self._outputs(X.dtype, ys, [hT, cT])
 
@@ -391,34 +391,35 @@ class LSTM(_Recurrent):
         ys, (hT, cT) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0, c0], cell)
         return self._outputs(X.dtype, ys, [hT, cT])
 
-    @staticmethod
-    def _fast_cell(H: int, RT: np.ndarray, half: np.ndarray, clip: float | None):
-        """The usual cell in ten numpy calls a step, on weights whose i, o, f gates are halved:
-        those gates' tanh, times 1/2 plus 1/2, is their sigmoid."""
-        shift = 1 - half  # 1/2 for i, o, f; 0 for c
-        bound = None if clip is None else half * clip
-        buffers: list[np.ndarray] = []  # gates [D, B, 4H] and its i, o, f, c views; scratch
 
-        def cell(x, h, c, out=None):
-            if not buffers:
-                g = np.empty(x.shape, x.dtype)
-                buffers.extend((g, g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H],
-                                g[..., 3 * H:], np.empty(c.shape, c.dtype)))
-            g, i, o, f, cc, t = buffers
-            np.matmul(h, RT, out=g)  # gate order i, o, f, c
-            g += x
-            if bound is not None:
-                np.clip(g, -bound, bound, out=g)
-            np.tanh(g, out=g)
-            g *= half
-            g += shift
-            c_new = np.multiply(f, c)
-            np.multiply(i, cc, out=t)
-            c_new += t
-            np.tanh(c_new, out=t)
-            return [np.multiply(o, t, out=out), c_new]
+def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None):
+    """The usual LSTM cell (sigmoid, tanh, tanh; no peepholes) in ten numpy calls a step, on
+    gates whose i, o, f parts come halved (input part and ``recurrent(h, out)``, which writes
+    h's product into ``out``): those gates' tanh, times 1/2 plus 1/2, is their sigmoid."""
+    shift = 1 - half  # 1/2 for i, o, f; 0 for c
+    bound = None if clip is None else half * clip
+    buffers: list[np.ndarray] = []  # gates [..., B, 4H] and its i, o, f, c views; scratch
 
-        return cell
+    def cell(x, h, c, out=None):
+        if not buffers:
+            g = np.empty(x.shape, x.dtype)
+            buffers.extend((g, g[..., :H], g[..., H:2 * H], g[..., 2 * H:3 * H],
+                            g[..., 3 * H:], np.empty(c.shape, c.dtype)))
+        g, i, o, f, cc, t = buffers
+        recurrent(h, g)  # gate order i, o, f, c
+        g += x
+        if bound is not None:
+            np.clip(g, -bound, bound, out=g)
+        np.tanh(g, out=g)
+        g *= half
+        g += shift
+        c_new = np.multiply(f, c)
+        np.multiply(i, cc, out=t)
+        c_new += t
+        np.tanh(c_new, out=t)
+        return [np.multiply(o, t, out=out), c_new]
+
+    return cell
 
 
 # -- GRU ----------------------------------------------------------------------------------------

@@ -636,37 +636,27 @@ class DynamicQuantizeLSTM:
             "sigmoid", "tanh", "tanh"]
 
     def _fast_direction(self, xw, bias, rq: _QuantWeights, rf, h, c):
-        """One direction of the usual cell with every sequence at full length, in ~20 numpy
-        calls a step: as in rnn.LSTM's fast cell, one tanh covers all four gates (sigmoid(x) =
-        (1 + tanh(x / 2)) / 2), the halving of i, o, f folded into the input part (once for all
-        steps) and into the per-step scale of the recurrent product. h's product stays the
-        exact integer one onnxruntime computes (R fits one float32 GEMM for any |h| code)."""
+        """One direction of the usual cell with every sequence at full length, on rnn's fast
+        cell: the halving of i, o, f folded into the input part (once for all steps) and into
+        the per-step scale of h's product, which stays the exact integer one onnxruntime
+        computes (R fits one float32 GEMM for any |h| code)."""
+        from ..rnn import fast_lstm_cell
+
         H = rf.shape[1] // 4
         half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
-        shift = F32.type(1) - half
-        xw = (xw + bias) * half  # every step's input part, biased and halved
         r_scale = (np.asarray(rq.scale, F32) * half).astype(F32)
-        bound = None if self.clip is None else half * F32.type(self.clip)
-        steps = xw.shape[0]
-        ys = np.empty((steps,) + h.shape, F32)
-        g = np.empty(xw.shape[1:], F32)
-        i, o, f, cc = (g[:, k * H:(k + 1) * H] for k in range(4))
-        t = np.empty(c.shape, F32)
-        for s in range(steps):
+
+        def recurrent(h, out):
             hq, a_scale, _ = dynamic_quantize(h)
-            np.matmul(hq, rf, out=g)
-            g *= a_scale * r_scale
-            g += xw[s]
-            if bound is not None:
-                np.clip(g, -bound, bound, out=g)
-            np.tanh(g, out=g)
-            g *= half
-            g += shift
-            c = f * c
-            np.multiply(i, cc, out=t)
-            c += t
-            np.tanh(c, out=t)
-            h = np.multiply(o, t, out=ys[s])
+            np.matmul(hq, rf, out=out)
+            out *= a_scale * r_scale
+
+        cell = fast_lstm_cell(H, recurrent, half, None if self.clip is None else
+                              F32.type(self.clip))
+        xw = (xw + bias) * half  # every step's input part, biased and halved
+        ys = np.empty((xw.shape[0],) + h.shape, F32)
+        for s, x in enumerate(xw):
+            h, c = cell(x, h, c, out=ys[s])
         return ys, h, c
 
     @staticmethod
