@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .ir import Value
+from .dtypes import type_shape
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import Plan, Program
@@ -49,14 +49,6 @@ _NONDETERMINISTIC = frozenset({
 _DOMAINS = frozenset({"", "com.microsoft"})
 
 
-def _dims(v: Value | None) -> list[Any] | None:
-    t = None if v is None else v.type
-    if t is None or not t.HasField("tensor_type") or not t.tensor_type.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in t.tensor_type.shape.dim]
-
-
 class ShapeSpecializer:
     """The shape-only steps of a top-level program and its cache of specializations."""
 
@@ -65,8 +57,8 @@ class ShapeSpecializer:
         inputs = set(program.input_slots)
         names = set()  # named dimensions of the graph inputs
         for v in program.graph.inputs:
-            for d in _dims(v) or ():
-                if isinstance(d, str):
+            for d in type_shape(v.type) or ():
+                if isinstance(d, str) and d:
                     names.add(d)
         outputs = set(program.output_slots)
         constant = {program.slot_of(v) for v in program.graph.initializers.values()
@@ -80,7 +72,7 @@ class ShapeSpecializer:
                 continue  # graph outputs are computed afresh: the caller owns what it gets
             if node.op_type in ("Shape", "Size"):
                 src = node.inputs[0]
-                dims = _dims(src)
+                dims = type_shape(src.type)
                 ok = step.inputs[0] in inputs or (dims is not None and all(
                     isinstance(d, int) or d in names for d in dims))
             else:
