@@ -22,7 +22,10 @@ def _elem(a: np.ndarray) -> int:
 def one_node(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None, **attrs):
     """A model with one node. ``inputs``: arrays (None = missing optional input); indices in
     ``const`` become initializers, the others graph inputs. Output types are ``out_types`` when
-    given, else what onnx's shape inference finds. Returns (model bytes, feeds)."""
+    given ("like input": the first input's type), else what onnx's shape inference finds.
+    Returns (model bytes, feeds)."""
+    if out_types == "like input":
+        out_types = [_elem(inputs[0])] * n_out
     names, graph_inputs, inits, feeds = [], [], [], {}
     for i, a in enumerate(inputs):
         if a is None:

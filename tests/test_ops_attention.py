@@ -69,13 +69,9 @@ def test_conformance(case):
 # -- one-node models ----------------------------------------------------------------------------
 
 
-def one_node(op, inputs, *, opset, n_out=1, domain="", out_types=None, **attrs):
-    """(model bytes, feeds) of a one-node model, its outputs typed as its first input unless
-    ``out_types`` says otherwise."""
-    if out_types is None:
-        out_types = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
-    return harness.one_node(op, inputs, opset=opset, n_out=n_out, domain=domain,
-                            out_types=out_types, **attrs)
+def one_node(op, inputs, *, out_types="like input", **kw):
+    """harness.one_node with the outputs typed as the first input by default."""
+    return harness.one_node(op, inputs, out_types=out_types, **kw)
 
 
 def run_both(model, feeds, oracle="ort"):

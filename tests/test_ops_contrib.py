@@ -33,13 +33,10 @@ def i32(*values):
     return np.array(values, np.int32)
 
 
-def one_node(op, inputs, *, n_out=1, domain=MS, opset=17, out_types=None, const=(), **attrs):
-    """(model bytes, feeds) for one node, by default of the com.microsoft domain, its outputs
-    typed as its first input unless ``out_types`` says otherwise."""
-    if out_types is None:
-        out_types = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
-    return harness.one_node(op, inputs, opset=opset, n_out=n_out, const=const, domain=domain,
-                            out_types=out_types, **attrs)
+def one_node(op, inputs, *, domain=MS, opset=17, out_types="like input", **kw):
+    """harness.one_node, by default of the com.microsoft domain at opset 17, its outputs typed
+    as its first input."""
+    return harness.one_node(op, inputs, opset=opset, domain=domain, out_types=out_types, **kw)
 
 
 def ort_run(model, feeds):
@@ -269,8 +266,6 @@ case("shared position ids", "EmbedLayerNormalization",
 def test_vs_onnxruntime(op, inputs, n_out, attrs, kw):
     kw = dict(kw)
     tol = {k: kw.pop(k) for k in ("rtol", "atol") if k in kw}
-    if "out_types" not in kw and n_out > 1:
-        kw["out_types"] = [helper.np_dtype_to_tensor_dtype(inputs[0].dtype)] * n_out
     model, feeds = one_node(op, inputs, n_out=n_out, **kw, **attrs)
     assert_close(ours(model, feeds), ort_run(model, feeds), **tol)
 
