@@ -16,7 +16,7 @@ import one_node_harness as harness
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 import onnxrun
 
