@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnx.parser
 import pytest
+from concurrency import run_on_threads
 
 import onnxrun
 from onnxrun import InferenceSession, OrtValue, RunOptions, SessionOptions
@@ -370,21 +371,12 @@ def test_four_threads_share_one_session(sess):
     inputs = [feeds(n=1 + i % 5, seed=i) for i in range(40)]
     serial = [sess.run(None, f) for f in inputs]
     results: dict[int, list] = {}
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            for i in range(k, len(inputs), 4):
-                results[i] = sess.run(None, inputs[i])
-        except BaseException as e:  # reported by the main thread
-            errors.append(e)
+        for i in range(k, len(inputs), 4):
+            results[i] = sess.run(None, inputs[i])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_on_threads(worker, 4)
     for i, want in enumerate(serial):
         assert_same(results[i], want)
 

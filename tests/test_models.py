@@ -8,11 +8,11 @@ several shapes along its dynamic axes. Needs neither torch nor a random generato
 from __future__ import annotations
 
 import functools
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from concurrency import run_on_threads
 
 import onnxrun
 
@@ -142,23 +142,13 @@ def test_concurrent_runs_on_one_session(name: str) -> None:
     sess = onnxrun.InferenceSession(str(model_path(name)))
     expected = [ort_session(name).run(None, feeds) for feeds in cases]
     results: dict[tuple[int, int], list] = {}
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            for r in range(4):
-                i = (t + r) % len(cases)
-                results[t, r] = [i, sess.run(None, cases[i])]
-        except BaseException as e:  # reported below, on the main thread
-            errors.append(e)
+        for r in range(4):
+            i = (t + r) % len(cases)
+            results[t, r] = [i, sess.run(None, cases[i])]
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(3)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
+    run_on_threads(worker, 3)
     output_names = [o.name for o in sess.get_outputs()]
     for i, got in results.values():
         assert_outputs_match(name, got, expected[i], output_names)

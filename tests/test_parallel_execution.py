@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import onnx
 import pytest
+from concurrency import run_on_threads
 
 import onnxrun
 
@@ -57,11 +57,7 @@ def test_parallel_from_several_threads():
         for _ in range(10):
             results[i] = sess.run(None, cases[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_on_threads(work, 4)
     for got, want in zip(results, expected, strict=True):
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a, b)

@@ -4,13 +4,13 @@ a shape that only looks input-determined is caught."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from concurrency import run_on_threads
 from onnx import TensorProto, helper
 
 import onnxrun
@@ -151,20 +151,11 @@ def test_runs_from_several_threads_with_alternating_shapes():
     rng = np.random.default_rng(1)
     inputs = [rng.integers(0, 50, (b, n)) for b, n in [(1, 4), (2, 7), (1, 9)]]
     expected = [plain.run(None, {"input_ids": x})[0] for x in inputs]
-    errors: list[BaseException] = []
 
     def worker(k: int) -> None:
-        try:
-            for i in range(12):
-                j = (i + k) % len(inputs)
-                (got,) = sess.run(None, {"input_ids": inputs[j]})
-                np.testing.assert_array_equal(got, expected[j])
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        for i in range(12):
+            j = (i + k) % len(inputs)
+            (got,) = sess.run(None, {"input_ids": inputs[j]})
+            np.testing.assert_array_equal(got, expected[j])
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_on_threads(worker, 4)
