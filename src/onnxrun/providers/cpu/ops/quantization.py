@@ -20,6 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import np_dtype
 from ..kernels import KernelContext, op
+from ..parallel import threads_for
 from .conv import pad_spatial, window_geometry, window_slices
 
 F32 = np.dtype(np.float32)
@@ -380,17 +381,30 @@ class IntMatrix:
     """The right operand of an integer product: the 8-bit array itself (the initializer, not a
     copy) with its zero point and what keeps a product exact. ``float32()`` builds
     ``B - zero_point`` for one product, a few percent of the GEMM's time, so a session keeps its
-    weights as int8."""
+    weights as int8. A constant 2-D matrix is also packed for the compiled VNNI kernel when it
+    can run here (``prepack``: the intra-op thread count of the kernel that owns it)."""
 
-    __slots__ = ("q", "zp", "exact")
+    __slots__ = ("q", "zp", "_exact", "packed", "threads")
 
-    def __init__(self, B: np.ndarray, zero_point=None) -> None:
+    def __init__(self, B: np.ndarray, zero_point=None, *, prepack: int | None = None) -> None:
         zp = None if zero_point is None else np.asarray(zero_point)
         if zp is not None and zp.ndim == 1 and zp.size > 1 and B.ndim >= 2:
             zp = zp.reshape(-1)  # per column: broadcasts along the last axis
         self.q = B
         self.zp = _zero_point_or_none(zp)
-        self.exact = _Exactness(self._magnitudes())
+        self._exact = None
+        self.packed = None
+        self.threads = 1
+        if prepack is not None and B.ndim == 2 and is_int8(B.dtype) and (
+                zp is None or zp.size in (1, B.shape[1])):
+            self.packed = _packed(B, zp)
+            self.threads = prepack
+
+    @property
+    def exact(self) -> _Exactness:  # built on first use: a packed matrix may never need it
+        if self._exact is None:
+            self._exact = _Exactness(self._magnitudes())
+        return self._exact
 
     def _magnitudes(self) -> np.ndarray:
         a = np.abs(self.float32())
@@ -411,6 +425,31 @@ class IntMatrix:
 
     def ranges(self, K: int, amax: float) -> list[tuple[int, int]]:
         return self.exact.ranges(K, amax, self._magnitudes)
+
+
+def _packed(B: np.ndarray, zero_point):
+    """B packed for the compiled int8 GEMM, or None where it cannot run (no llvmlite, no VNNI,
+    or switched off)."""
+    from ..compiled import int8_gemm
+
+    if int8_gemm.unavailable():
+        return None
+    return int8_gemm.PackedB(B, zero_point)
+
+
+def compiled_matmul(A: np.ndarray, a_zero_point, B: IntMatrix, *, scale=None,
+                    bias=None) -> np.ndarray | None:
+    """(A - a_zero_point) @ B on the compiled kernel for an 8-bit A with one zero point: int32,
+    or float32 ``float(acc) * scale + bias``. None when B is not packed (the caller takes the
+    numpy path)."""
+    if B.packed is None or not is_int8(A.dtype) or A.ndim < 1:
+        return None
+    if a_zero_point is not None and np.size(a_zero_point) != 1:
+        return None  # a zero point per row (MatMulInteger allows it)
+    zp = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(-1)[0])
+    A2 = A.reshape(-1, A.shape[-1])
+    Y = B.packed.matmul(A2, int(zp), scale=scale, bias=bias, threads=B.threads)
+    return Y.reshape(A.shape[:-1] + (B.packed.N,))
 
 
 def mm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -443,7 +482,8 @@ def requantize(acc: np.ndarray, multiplier, zero_point, out_dtype: np.dtype) -> 
     """MLAS requantization: float32(acc) * multiplier, round half to even, clamp, + zero point.
     ``acc`` may be overwritten."""
     v = acc if acc.dtype == F32 else acc.astype(F32)
-    v *= multiplier
+    if multiplier is not None:  # None: acc is already float32(acc) * multiplier
+        v *= multiplier
     np.rint(v, out=v)
     lo, hi = int_range(out_dtype)
     zp = float(scalar(zero_point, 0))
@@ -481,7 +521,7 @@ class QLinearMatMul:
         b, b_zp = ctx.constant(3), ctx.constant(5)
         self.B = None
         if b is not None and is_int8(b.dtype) and (b_zp is not None or ctx.num_inputs <= 5):
-            self.B = IntMatrix(b, b_zp)
+            self.B = IntMatrix(b, b_zp, prepack=threads_for(ctx))
 
     def __call__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                  y_zero_point=None):
@@ -492,10 +532,13 @@ class QLinearMatMul:
             Bf = _dequantize_simple(b, b_scale, b_zero_point)
             return quantize(mm(A, Bf), y_scale, y_zero_point, out_dtype)
         Bm = self.B if self.B is not None else IntMatrix(b, b_zero_point)
-        Af = centered(a, scalar(a_zero_point, 0))
-        acc = int_matmul(Af, centered_absmax(a, a_zero_point), Bm)
         mult = output_multiplier(a_scale, b_scale.reshape(-1) if b_scale.ndim == 1 else b_scale,
                                  y_scale)
+        scaled = compiled_matmul(a, a_zero_point, Bm, scale=mult)
+        if scaled is not None:
+            return requantize(scaled, None, y_zero_point, out_dtype)
+        Af = centered(a, scalar(a_zero_point, 0))
+        acc = int_matmul(Af, centered_absmax(a, a_zero_point), Bm)
         return requantize(acc, mult, y_zero_point, out_dtype)
 
 
@@ -515,10 +558,13 @@ class MatMulInteger:
         has_zp = ctx.has_input(3)
         self.B = None
         if B is not None and (b_zp is not None or not has_zp):
-            self.B = IntMatrix(B, b_zp)
+            self.B = IntMatrix(B, b_zp, prepack=threads_for(ctx))
 
     def __call__(self, A, B, a_zero_point=None, b_zero_point=None):
         Bm = self.B if self.B is not None else IntMatrix(B, b_zero_point)
+        acc = compiled_matmul(A, a_zero_point, Bm)
+        if acc is not None:
+            return acc
         zp = _row_zero_point(A, a_zero_point)
         acc = int_matmul(centered(A, zp), centered_absmax(A, zp), Bm)
         return acc.astype(np.int32)
@@ -724,6 +770,6 @@ class QLinearConv:
 __all__ = [
     "F32", "F32_EXACT", "FLOAT8", "INT8_SPAN", "DequantizeLinear", "IntConv", "IntConvWeights",
     "IntMatrix", "QuantizeLinear", "broadcast_param", "centered", "centered_absmax",
-    "dequantize", "dequantizes_weight_per_run", "int_matmul", "int_range", "is_int8",
+    "compiled_matmul", "dequantize", "dequantizes_weight_per_run", "int_matmul", "int_range", "is_int8",
     "k_chunks", "mm", "output_multiplier", "quantize", "requantize", "scalar",
 ]

@@ -19,6 +19,7 @@ from onnx import TensorProto
 
 from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
+from ...parallel import threads_for
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
@@ -28,6 +29,7 @@ from ..quantization import (
     QuantizeLinear,
     centered,
     centered_absmax,
+    compiled_matmul,
     int_matmul,
     int_range,
     mm,
@@ -339,12 +341,15 @@ class QLinearSoftmax:
 # -- matrix products ----------------------------------------------------------------------------
 
 
-def _b_matrix(B: np.ndarray, zero_point, trans: bool = False) -> IntMatrix:
+def _b_matrix(B: np.ndarray, zero_point, trans: bool = False,
+              prepack: int | None = None) -> IntMatrix:
+    """``prepack``: the kernel's thread count when B is a constant (packed for the compiled
+    kernel once)."""
     Bm = B.T if trans else B
     zp = None if zero_point is None else np.asarray(zero_point)
     if zp is not None and zp.size > 1:
         zp = zp.reshape(-1)
-    return IntMatrix(Bm, zp)
+    return IntMatrix(Bm, zp, prepack=prepack)
 
 
 def _column_param(p: np.ndarray) -> np.ndarray:
@@ -364,13 +369,24 @@ class QGemm:
         self.B = None
         c = ctx.constants_of((3, 5))
         if c is not None and c[0] is not None:
-            self.B = _b_matrix(c[0], c[1], self.transB)
+            self.B = _b_matrix(c[0], c[1], self.transB, prepack=threads_for(ctx))
 
     def __call__(self, A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None,
                  y_scale=None, y_zero_point=None):
         Am = A.T if self.transA else A
         Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point, self.transB)
         zp = _zp(a_zero_point)
+        acc = compiled_matmul(Am, zp, Bm)  # int32: C is added exactly below
+        if acc is not None:
+            if C is not None and C.size:
+                acc += C.astype(np.int32)
+            mult = output_multiplier(a_scale, _column_param(b_scale), y_scale, self.alpha)
+            if y_scale is None:
+                Y = acc.astype(F32)
+                Y *= mult
+                return Y
+            out = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
+            return requantize(acc, mult, y_zero_point, out)
         amax = centered_absmax(Am, zp)
         acc = int_matmul(centered(Am, zp), amax, Bm)
         if C is not None and C.size:
@@ -399,6 +415,14 @@ def dynamic_quantize(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
     return q, scale, zp
 
 
+def dynamic_quantize_codes(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
+    """``dynamic_quantize`` as uint8 codes (``q + zp``) on the compiled kernel: for products on
+    the compiled GEMM, whose CPU features include the quantizer's."""
+    from ...compiled.quantize import dynamic_quantize_u8
+
+    return dynamic_quantize_u8(A, 1.0)
+
+
 def _scaled_output(acc: np.ndarray, mult, bias, out_dtype) -> np.ndarray:
     Y = acc if acc.dtype == F32 else acc.astype(F32)
     Y *= mult
@@ -412,7 +436,16 @@ class _MatMulToFloat:
         self.B = None
         c = ctx.constants_of((b_index, zp_index))
         if c is not None and c[0] is not None:
-            self.B = _b_matrix(c[0], c[1])
+            self.B = _b_matrix(c[0], c[1], prepack=threads_for(ctx))
+
+    def _compiled(self, A8: np.ndarray, a_zero_point, mult, bias, out_dtype):
+        """The product on the compiled kernel, scale and bias in its epilogue; None when B is
+        not packed."""
+        if self.B is None or self.B.packed is None:
+            return None
+        b = None if bias is None else bias.astype(F32, copy=False)
+        Y = compiled_matmul(A8, a_zero_point, self.B, scale=mult, bias=b)
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
 @op("DynamicQuantizeMatMul", 1, domain=MS)
@@ -423,6 +456,10 @@ class DynamicQuantizeMatMul(_MatMulToFloat):
         self._setup(ctx, 1, 3)
 
     def __call__(self, A, B, b_scale, b_zero_point=None, bias=None):
+        if self.B is not None and self.B.packed is not None:
+            codes, a_scale, zp = dynamic_quantize_codes(A)
+            mult = (a_scale * _column_param(b_scale).astype(F32)).astype(F32)
+            return self._compiled(codes, zp, mult, bias, A.dtype)
         Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point)
         Aq, a_scale, zp = dynamic_quantize(A)
         acc = int_matmul(Aq, float(max(zp, 255 - zp)), Bm)
@@ -436,10 +473,13 @@ class MatMulIntegerToFloat(_MatMulToFloat):
         self._setup(ctx, 1, 5)
 
     def __call__(self, A, B, a_scale, b_scale, a_zero_point=None, b_zero_point=None, bias=None):
+        mult = (_f32(a_scale) * _column_param(b_scale).astype(F32)).astype(F32)
+        Y = self._compiled(A, a_zero_point, mult, bias, a_scale.dtype)
+        if Y is not None:
+            return Y
         Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point)
         zp = _zp(a_zero_point)
         acc = int_matmul(centered(A, zp), centered_absmax(A, zp), Bm)
-        mult = (_f32(a_scale) * _column_param(b_scale).astype(F32)).astype(F32)
         return _scaled_output(acc, mult, bias, a_scale.dtype)
 
 
