@@ -37,14 +37,18 @@ L2_BYTES_FOR_A = 192 * 1024  # rows of A per block: the block stays in L2 across
 
 _V = "<16 x i32>"
 _VF = "<16 x float>"
+_VB = "<16 x i8>"
+_ELEM = {"i32": "i32", "f32": "i32", "q8": "i8"}  # output element, for address arithmetic
 _VDP = "@llvm.x86.avx512.vpdpbusd.512"
 
 
 def _tile(R: int, mode: str) -> str:
     """One R x 32 tile over the whole K: accumulate, correct, scale, store (masked if partial)."""
-    out_t = _V if mode == "i32" else _VF
+    out_t = {"i32": _V, "f32": _VF, "q8": _VB}[mode]
+    elem = _ELEM[mode]
     L = [f"define internal void @tile{R}_{mode}(ptr %A, i64 %lda, ptr %B, i64 %G, ptr %init, "
-         "ptr %rowc, ptr %zb, ptr %scale, ptr %bias, ptr %C, i64 %ldc, i64 %ncols) nounwind {",
+         "ptr %rowc, ptr %zb, ptr %scale, ptr %bias, ptr %yq, ptr %C, i64 %ldc, i64 %ncols) "
+         "nounwind {",
          "entry:",
          f"  %i0 = load {_V}, ptr %init, align 4",
          "  %ip1 = getelementptr i32, ptr %init, i64 16",
@@ -114,6 +118,26 @@ def _tile(R: int, mode: str) -> str:
                       f"  %fb{r}_{c} = fadd {_VF} %fm{r}_{c}, %q{c}",
                       # adding +0.0 would turn -0.0 into +0.0: keep the product without a bias
                       f"  %o{r}_{c} = select i1 %hasb, {_VF} %fb{r}_{c}, {_VF} %fm{r}_{c}"]
+    elif mode == "q8":  # requantized: clamp(rint(float(acc) * scale) + zp, lo, hi), as MLAS
+        L += [f"  %s0 = load {_VF}, ptr %scale, align 4",
+              "  %sp1 = getelementptr float, ptr %scale, i64 16",
+              f"  %s1 = load {_VF}, ptr %sp1, align 4"]
+        for i, name in enumerate(("zp", "lo", "hi")):
+            L += [f"  %{name}p = getelementptr float, ptr %yq, i64 {i}",
+                  f"  %{name}s = load float, ptr %{name}p, align 4",
+                  f"  %{name}i = insertelement {_VF} poison, float %{name}s, i64 0",
+                  f"  %{name} = shufflevector {_VF} %{name}i, {_VF} poison, {_V} zeroinitializer"]
+        for r in range(R):
+            for c in range(2):
+                t = f"%y{r}_{c}."
+                L += [f"  {t}f = sitofp {_V} %e{r}_{c} to {_VF}",
+                      f"  {t}m = fmul {_VF} {t}f, %s{c}",
+                      f"  {t}r = call {_VF} @llvm.rint.v16f32({_VF} {t}m)",
+                      f"  {t}z = fadd {_VF} {t}r, %zp",
+                      f"  {t}l = call {_VF} @llvm.maxnum.v16f32({_VF} {t}z, {_VF} %lo)",
+                      f"  {t}h = call {_VF} @llvm.minnum.v16f32({_VF} {t}l, {_VF} %hi)",
+                      f"  {t}i = fptosi {_VF} {t}h to {_V}",
+                      f"  %o{r}_{c} = trunc {_V} {t}i to {_VB}"]
     else:
         for r in range(R):
             for c in range(2):
@@ -125,22 +149,22 @@ def _tile(R: int, mode: str) -> str:
         L.append(f"  %co{r} = mul i64 {r}, %ldc")
         for c in range(2):
             L += [f"  %cx{r}_{c} = add i64 %co{r}, {16 * c}",
-                  f"  %cp{r}_{c} = getelementptr i32, ptr %C, i64 %cx{r}_{c}",
-                  f"  store {out_t} %o{r}_{c}, ptr %cp{r}_{c}, align 4"]
+                  f"  %cp{r}_{c} = getelementptr {elem}, ptr %C, i64 %cx{r}_{c}",
+                  f"  store {out_t} %o{r}_{c}, ptr %cp{r}_{c}, align 1"]
     L += ["  ret void", "mstore:",
           "  %nc32 = trunc i64 %ncols to i32",
           f"  %ncs = insertelement {_V} poison, i32 %nc32, i64 0",
           f"  %ncv = shufflevector {_V} %ncs, {_V} poison, {_V} zeroinitializer",
           f"  %mk0 = icmp slt {_V} <{', '.join(f'i32 {i}' for i in range(16))}>, %ncv",
           f"  %mk1 = icmp slt {_V} <{', '.join(f'i32 {i}' for i in range(16, 32))}>, %ncv"]
-    suffix = "v16i32" if mode == "i32" else "v16f32"
+    suffix = {"i32": "v16i32", "f32": "v16f32", "q8": "v16i8"}[mode]
     for r in range(R):
         L.append(f"  %mo{r} = mul i64 {r}, %ldc")
         for c in range(2):
             L += [f"  %mx{r}_{c} = add i64 %mo{r}, {16 * c}",
-                  f"  %mp{r}_{c} = getelementptr i32, ptr %C, i64 %mx{r}_{c}",
+                  f"  %mp{r}_{c} = getelementptr {elem}, ptr %C, i64 %mx{r}_{c}",
                   f"  call void @llvm.masked.store.{suffix}.p0({out_t} %o{r}_{c}, "
-                  f"ptr %mp{r}_{c}, i32 4, <16 x i1> %mk{c})"]
+                  f"ptr %mp{r}_{c}, i32 1, <16 x i1> %mk{c})"]
     L += ["  ret void", "}"]
     return "\n".join(L)
 
@@ -148,11 +172,12 @@ def _tile(R: int, mode: str) -> str:
 def _gemm(mode: str) -> str:
     """Blocks of rows of A (kept in L2), then panels [p0, p1), then tiles of MR rows."""
     tails = " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR))
+    elem = _ELEM[mode]
     call_args = ("ptr %tap, i64 %lda, ptr %bpan, i64 %G, ptr %initp, ptr %trc, ptr %zbp, "
-                 "ptr %scp, ptr %bip, ptr %tcp, i64 %ldc, i64 %ncols")
+                 "ptr %scp, ptr %bip, ptr %yq, ptr %tcp, i64 %ldc, i64 %ncols")
     L = [f"define void @gemm_{mode}(ptr %A, i64 %lda, ptr %Bp, i64 %G, ptr %init, ptr %rowc, "
-         "ptr %zb, ptr %scale, ptr %bias, ptr %C, i64 %ldc, i64 %M, i64 %N, i64 %p0, i64 %p1, "
-         "i64 %mblock) nounwind {",
+         "ptr %zb, ptr %scale, ptr %bias, ptr %yq, ptr %C, i64 %ldc, i64 %M, i64 %N, i64 %p0, "
+         "i64 %p1, i64 %mblock) nounwind {",
          "entry:",
          "  %pstride = shl i64 %G, 7",
          "  %hasrc = icmp ne ptr %rowc, null",
@@ -184,7 +209,7 @@ def _gemm(mode: str) -> str:
          "  %scp = getelementptr float, ptr %scale, i64 %col",
          "  %bip.g = getelementptr float, ptr %bias, i64 %col",
          "  %bip = select i1 %hasbias, ptr %bip.g, ptr null",
-         "  %cpan = getelementptr i32, ptr %C, i64 %col",
+         f"  %cpan = getelementptr {elem}, ptr %C, i64 %col",
          "  %hasfull = icmp slt i64 %m0, %bfull",
          "  br i1 %hasfull, label %mloop, label %tail",
          "mloop:",
@@ -192,11 +217,11 @@ def _gemm(mode: str) -> str:
          "  %aoff = mul i64 %m, %lda",
          "  %ap = getelementptr i8, ptr %A, i64 %aoff",
          "  %coff = mul i64 %m, %ldc",
-         "  %cp = getelementptr i32, ptr %cpan, i64 %coff",
+         f"  %cp = getelementptr {elem}, ptr %cpan, i64 %coff",
          "  %rcg = getelementptr i32, ptr %rowc, i64 %m",
          "  %rc = select i1 %hasrc, ptr %rcg, ptr null",
          f"  call void @tile{MR}_{mode}(ptr %ap, i64 %lda, ptr %bpan, i64 %G, ptr %initp, "
-         "ptr %rc, ptr %zbp, ptr %scp, ptr %bip, ptr %cp, i64 %ldc, i64 %ncols)",
+         "ptr %rc, ptr %zbp, ptr %scp, ptr %bip, ptr %yq, ptr %cp, i64 %ldc, i64 %ncols)",
          f"  %mn = add i64 %m, {MR}",
          "  %mdone = icmp sge i64 %mn, %bfull",
          "  br i1 %mdone, label %tail, label %mloop",
@@ -204,7 +229,7 @@ def _gemm(mode: str) -> str:
          "  %taoff = mul i64 %bfull, %lda",
          "  %tap = getelementptr i8, ptr %A, i64 %taoff",
          "  %tcoff = mul i64 %bfull, %ldc",
-         "  %tcp = getelementptr i32, ptr %cpan, i64 %tcoff",
+         f"  %tcp = getelementptr {elem}, ptr %cpan, i64 %tcoff",
          "  %trcg = getelementptr i32, ptr %rowc, i64 %bfull",
          "  %trc = select i1 %hasrc, ptr %trcg, ptr null",
          f"  switch i64 %rem, label %pnext [{tails}]"]
@@ -227,19 +252,24 @@ def _gemm(mode: str) -> str:
 def module_ir() -> str:
     decls = [f"declare {_V} {_VDP}({_V}, {_V}, {_V})",
              f"declare void @llvm.masked.store.v16i32.p0({_V}, ptr, i32, <16 x i1>)",
-             f"declare void @llvm.masked.store.v16f32.p0({_VF}, ptr, i32, <16 x i1>)"]
-    tiles = [_tile(r, mode) for mode in ("i32", "f32") for r in range(1, MR + 1)]
-    return "\n\n".join(decls + tiles + [_gemm("i32"), _gemm("f32")])
+             f"declare void @llvm.masked.store.v16f32.p0({_VF}, ptr, i32, <16 x i1>)",
+             f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
+             f"declare {_VF} @llvm.rint.v16f32({_VF})",
+             f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
+             f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
+    tiles = [_tile(r, mode) for mode in _MODES for r in range(1, MR + 1)]
+    return "\n\n".join(decls + tiles + [_gemm(mode) for mode in _MODES])
 
 
+_MODES = ("i32", "f32", "q8")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
-_GEMM_PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I,
-                               _I)
+_GEMM_PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I,
+                               _I, _I)
 
 
 def _module() -> jit.Module:
     return jit.compile_module("int8_gemm", module_ir(),
-                              {"gemm_i32": _GEMM_PROTO, "gemm_f32": _GEMM_PROTO}, REQUIRES)
+                              {f"gemm_{mode}": _GEMM_PROTO for mode in _MODES}, REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -258,12 +288,14 @@ class PackedB:
     for the VNNI kernel. Holds only the packed bytes (the same size as the matrix) and per
     column int32 sums."""
 
-    __slots__ = ("K", "N", "G", "panels", "colsum", "zb", "zb_nonzero", "_module")
+    __slots__ = ("K", "N", "G", "width", "panels", "colsum", "zb", "zb_nonzero", "_zb32",
+                 "_panels_ptr", "_functions")
 
     def __init__(self, B: np.ndarray, zero_point=None) -> None:
         if B.ndim != 2 or B.dtype not in (np.int8, np.uint8):
             raise ValueError(f"PackedB: expected a 2-D int8/uint8 matrix, got {B.dtype}{B.shape}")
-        self._module = _module()
+        module = _module()
+        self._functions = {mode: getattr(module, f"gemm_{mode}") for mode in _MODES}
         K, N = B.shape
         K4, NP = -(-K // 4) * 4, -(-N // NR)
         zb = np.zeros(N, np.int64) if zero_point is None else np.broadcast_to(
@@ -277,20 +309,42 @@ class PackedB:
         full[:K, :N] = Bs
         # [K4/4, 4, NP, 32] -> [NP, K4/4, 32, 4]
         self.panels = np.ascontiguousarray(full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1))
-        self.K, self.N, self.G = K, N, K4 // 4
-        self.colsum = Bs.sum(axis=0, dtype=np.int64)
-        self.zb = zb
+        self._panels_ptr = self.panels.ctypes.data
+        self.K, self.N, self.G, self.width = K, N, K4 // 4, NP * NR
+        self.colsum = _padded(Bs.sum(axis=0, dtype=np.int64), self.width, np.int64)
+        self.zb = _padded(zb, self.width, np.int64)
+        self._zb32 = self.zb.astype(np.int32)
         self.zb_nonzero = bool(np.any(zb))
 
-    def init(self, a_zero_point: int) -> np.ndarray:
-        """int32 starting values of the accumulators for a scalar zero point of A (as uint8)."""
-        v = self.K * a_zero_point * self.zb - a_zero_point * self.colsum
-        return _padded(v.astype(np.int32), self.panels.shape[0] * NR, np.int32)
+    def init(self, a_zero_point: int, int_bias=None) -> np.ndarray:
+        """int32 starting values of the accumulators: the zero-point terms for a scalar zero
+        point of A (as uint8), plus an int32 bias per column."""
+        if a_zero_point:
+            v = a_zero_point * (self.K * self.zb - self.colsum) if self.zb_nonzero else \
+                -a_zero_point * self.colsum
+        else:
+            v = np.zeros(self.width, np.int64)
+        if int_bias is not None:
+            v[: self.N] += np.asarray(int_bias, np.int64).reshape(-1)
+        if np.abs(v).max(initial=0) >= 1 << 31:
+            raise OverflowError("int8 GEMM: zero-point terms overflow int32")
+        return v.astype(np.int32)
+
+    def _columns(self, v, dtype) -> np.ndarray:
+        """A per-tensor or per-column parameter as a padded row of ``width``."""
+        v = np.asarray(v, dtype)
+        if v.size == 1:
+            return np.full(self.width, v.reshape(()), dtype)
+        return _padded(v.reshape(-1), self.width, dtype)
 
     def matmul(self, A: np.ndarray, a_zero_point: int = 0, *, scale=None, bias=None,
-               out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
-        """(A - a_zero_point) @ (B - zb) for a 2-D uint8 or int8 A: int32, or, given ``scale``
-        (scalar or per column), float32 ``float(acc) * scale + bias``."""
+               int_bias=None, requantize=None, out: np.ndarray | None = None,
+               threads: int = 1) -> np.ndarray:
+        """(A - a_zero_point) @ (B - zb) (+ ``int_bias``, int32 per column) for a 2-D uint8 or
+        int8 A. Returns int32; or, given ``scale`` (scalar or per column), float32
+        ``float(acc) * scale + bias``; or, given also ``requantize=(zero_point, dtype)``, 8-bit
+        ``clamp(rint(float(acc) * scale) + zero_point)``. ``out``: a C-contiguous (M, N) array
+        of the result's type to write into."""
         if A.ndim != 2 or A.shape[1] != self.K:
             raise ValueError(f"expected A of shape [M, {self.K}], got {list(A.shape)}")
         if A.dtype == np.int8:  # unsigned bytes for the instruction: A + 128, zero point too
@@ -304,38 +358,66 @@ class PackedB:
             Ap = np.empty((M, K4), np.uint8)  # bytes past K meet zero rows of B: any value does
             Ap[:, : self.K] = A
             A = Ap
-        npan = self.panels.shape[0]
-        width = npan * NR
-        init = self.init(int(a_zero_point))
-        zb = _padded(self.zb.astype(np.int32), width, np.int32)
+        init = self.init(int(a_zero_point), int_bias)
         rowc = A[:, : self.K].sum(axis=1, dtype=np.int32) if self.zb_nonzero else None
+        sc = bi = yq = None
         if scale is None:
-            fn, dtype, sc, bi = self._module.gemm_i32, np.int32, None, None
+            mode, dtype = "i32", np.dtype(np.int32)
         else:
-            fn, dtype = self._module.gemm_f32, np.float32
-            sc = _padded(np.broadcast_to(np.asarray(scale, np.float32).reshape(-1),
-                                         (self.N,)), width, np.float32)
-            bi = None if bias is None else _padded(
-                np.broadcast_to(np.asarray(bias, np.float32).reshape(-1), (self.N,)), width,
-                np.float32)
+            sc = self._columns(scale, np.float32)
+            if requantize is None:
+                mode, dtype = "f32", np.dtype(np.float32)
+                bi = None if bias is None else self._columns(bias, np.float32)
+            else:
+                mode, dtype = "q8", np.dtype(requantize[1])
+                info = np.iinfo(dtype)
+                yq = np.array([requantize[0], info.min, info.max], np.float32)
         if out is None:
             out = np.empty((M, self.N), dtype)
+        elif out.shape != (M, self.N) or out.dtype != dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out must be a C-contiguous {dtype}[{M}, {self.N}] array")
         if M == 0 or self.N == 0:
             return out
-        if self.K == 0:
-            out[...] = 0
-            return out
+        if self.K == 0:  # no products: the accumulators are their starting values
+            return self._epilogue(np.broadcast_to(init[: self.N], (M, self.N)), mode, sc, bi,
+                                  yq, out)
+        fn = self._functions[mode]
+        npan = self.width // NR
         mblock = max(MR, (L2_BYTES_FOR_A // K4) // MR * MR)
-        args = (A.ctypes.data, K4, self.panels.ctypes.data, self.G, init.ctypes.data,
-                None if rowc is None else rowc.ctypes.data, zb.ctypes.data,
-                None if sc is None else sc.ctypes.data, None if bi is None else bi.ctypes.data,
-                out.ctypes.data, self.N, M, self.N)
-        if threads > 1 and npan > 1:
+        a_ptr, out_ptr = A.ctypes.data, out.ctypes.data
+        rowc_ptr = None if rowc is None else rowc.ctypes.data
+        fixed = (self._panels_ptr, self.G, init.ctypes.data)
+        cols = (self._zb32.ctypes.data, None if sc is None else sc.ctypes.data,
+                None if bi is None else bi.ctypes.data, None if yq is None else yq.ctypes.data)
+
+        def rows(m0: int, m1: int, p0: int = 0, p1: int = npan) -> None:
+            fn(a_ptr + m0 * K4, K4, *fixed, None if rowc_ptr is None else rowc_ptr + 4 * m0,
+               *cols, out_ptr + m0 * self.N * dtype.itemsize, self.N, m1 - m0, self.N, p0, p1,
+               mblock)
+
+        if threads > 1 and M >= 2 * MR * threads and npan < 2 * threads:
+            # few panels (a convolution's output channels): split the rows instead
             from ..parallel import run_ranges, split
 
-            run_ranges(lambda p0, p1: fn(*args, p0, p1, mblock), split(npan, threads))
+            bounds = [(a * MR, min(M, b * MR)) for a, b in split(-(-M // MR), threads)]
+            run_ranges(rows, bounds)
+        elif threads > 1 and npan > 1:
+            from ..parallel import run_ranges, split
+
+            run_ranges(lambda p0, p1: rows(0, M, p0, p1), split(npan, threads))
         else:
-            fn(*args, 0, npan, mblock)
+            rows(0, M)
+        return out
+
+    def _epilogue(self, acc, mode, sc, bi, yq, out):
+        if mode == "i32":
+            out[...] = acc
+            return out
+        v = acc.astype(np.float32) * sc[: self.N]
+        if mode == "f32":
+            out[...] = v if bi is None else v + bi[: self.N]
+            return out
+        out[...] = np.clip(np.rint(v) + yq[0], yq[1], yq[2])
         return out
 
 

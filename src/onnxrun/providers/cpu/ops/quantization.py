@@ -747,9 +747,22 @@ class QLinearConv:
         self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
                             kernel_shape=kernel_shape, pads=pads, strides=strides)
         self.w = _conv_weights(ctx, 3, 5, self.conv.group)
+        self.compiled = None
+        if self.w is not None:
+            from .int8_conv import CompiledQLinearConv
+
+            self.compiled = CompiledQLinearConv.prepare(ctx, self.conv, ctx.constant(3),
+                                                        ctx.constant(5))
 
     def __call__(self, x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale,
                  y_zero_point=None, B=None):
+        out_dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
+        if self.compiled is not None and (x_zero_point is None or x_zero_point.size == 1):
+            mult = output_multiplier(x_scale, w_scale.reshape(-1), y_scale)
+            y = self.compiled(x, x_scale, x_zero_point, mult, y_zero_point, out_dtype,
+                              None if B is None or not B.size else B)
+            if y is not None:
+                return y
         wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
         zp = scalar(x_zero_point, 0)
         amax = centered_absmax(x, zp)
@@ -763,13 +776,12 @@ class QLinearConv:
         mult = output_multiplier(x_scale, w_scale.reshape(-1), y_scale)
         if mult.size > 1:
             mult = mult.reshape((-1,) + (1,) * nd)
-        out_dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
         return requantize(acc, mult, y_zero_point, out_dtype)
 
 
 __all__ = [
     "F32", "F32_EXACT", "FLOAT8", "INT8_SPAN", "DequantizeLinear", "IntConv", "IntConvWeights",
     "IntMatrix", "QuantizeLinear", "broadcast_param", "centered", "centered_absmax",
-    "compiled_matmul", "dequantize", "dequantizes_weight_per_run", "int_matmul", "int_range", "is_int8",
-    "k_chunks", "mm", "output_multiplier", "quantize", "requantize", "scalar",
+    "compiled_matmul", "dequantize", "dequantizes_weight_per_run", "int_matmul", "int_range",
+    "is_int8", "k_chunks", "mm", "output_multiplier", "quantize", "requantize", "scalar",
 ]

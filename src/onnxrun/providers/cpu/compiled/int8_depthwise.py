@@ -1,0 +1,208 @@
+"""Depthwise 8-bit convolution, channels-last, requantized to 8 bits (QLinearConv with
+group == channels).
+
+Why: a depthwise convolution is not a GEMM, and numpy runs it as one strided multiply-add per
+kernel tap over the whole image (18 passes for a 3x3 kernel) on float copies of the bytes. Here
+each output pixel's 16-channel chunk accumulates its taps in an int32 register and is
+requantized and stored as bytes at once.
+
+The input is an (N, Hp, Wp, C) byte buffer already padded with the input's zero point, so every
+tap is in bounds and padding contributes ``x_zp * w``; ``init[c] = bias[c] - x_zp * sum_t w[t, c]``
+cancels exactly those terms for every pixel:
+    acc[c] = init[c] + sum_t x[pixel + off[t], c] * w[t, c]  =  bias + sum_t (x - x_zp) * w
+with ``w`` the weight minus its zero point (int32, one row of channels per tap). The epilogue
+is the GEMM's: clamp(rint(float(acc) * scale[c]) + y_zp, lo, hi), as MLAS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import jit
+
+REQUIRES = ("avx512f", "avx512bw")
+_V, _VF, _VB = "<16 x i32>", "<16 x float>", "<16 x i8>"
+_IOTA = "<" + ", ".join(f"i32 {i}" for i in range(16)) + ">"
+
+
+def _kernel(signed: bool, T: int) -> str:
+    """Rows [r0, r1) of output pixels; per row, per 16-channel chunk (the last masked), the T
+    tap weights and offsets stay in registers while the row's pixels stream past them."""
+    ext = "sext" if signed else "zext"
+    name = f"dw_{'s8' if signed else 'u8'}"
+    L = [f"define void @{name}(ptr %X, ptr %off, ptr %W, ptr %init, ptr %scale, ptr %yq, "
+         "ptr %Y, i64 %C, i64 %Cp, i64 %Ho, i64 %Wo, i64 %swc, i64 %shrow, i64 %img, "
+         "i64 %r0, i64 %r1) nounwind {",
+         "entry:"]
+    for i, q in enumerate(("zp", "lo", "hi")):
+        L += [f"  %{q}p = getelementptr float, ptr %yq, i64 {i}",
+              f"  %{q}s = load float, ptr %{q}p, align 4",
+              f"  %{q}i = insertelement {_VF} poison, float %{q}s, i64 0",
+              f"  %{q} = shufflevector {_VF} %{q}i, {_VF} poison, {_V} zeroinitializer"]
+    for t in range(T):
+        L += [f"  %offp{t} = getelementptr i64, ptr %off, i64 {t}",
+              f"  %off{t} = load i64, ptr %offp{t}, align 8"]
+    L += ["  %any = icmp slt i64 %r0, %r1",
+          "  br i1 %any, label %rloop, label %end",
+          "rloop:",  # one output row (n, oh)
+          "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
+          "  %n = udiv i64 %r, %Ho",
+          "  %oh = urem i64 %r, %Ho",
+          "  %ina = mul i64 %n, %img",
+          "  %inb = mul i64 %oh, %shrow",
+          "  %in0 = add i64 %ina, %inb",
+          "  %outa = mul i64 %r, %Wo",
+          "  %out0 = mul i64 %outa, %C",
+          "  br label %cloop",
+          "cloop:",  # 16 channels, the last chunk masked
+          "  %c0 = phi i64 [0, %rloop], [%c0n, %cnext]",
+          "  %left = sub i64 %C, %c0",
+          "  %left32 = trunc i64 %left to i32",
+          f"  %lefti = insertelement {_V} poison, i32 %left32, i64 0",
+          f"  %leftv = shufflevector {_V} %lefti, {_V} poison, {_V} zeroinitializer",
+          f"  %mask = icmp slt {_V} {_IOTA}, %leftv",
+          "  %ip = getelementptr i32, ptr %init, i64 %c0",
+          f"  %acc0 = load {_V}, ptr %ip, align 4",
+          "  %sp = getelementptr float, ptr %scale, i64 %c0",
+          f"  %sv = load {_VF}, ptr %sp, align 4"]
+    for t in range(T):
+        L += [f"  %wr{t} = mul i64 {t}, %Cp",
+              f"  %wx{t} = add i64 %wr{t}, %c0",
+              f"  %wp{t} = getelementptr float, ptr %W, i64 %wx{t}",
+              f"  %w{t} = load {_VF}, ptr %wp{t}, align 4"]
+    L += ["  %xc = add i64 %in0, %c0",
+          "  %yc = add i64 %out0, %c0",
+          "  br label %wloop",
+          "wloop:",
+          "  %ow = phi i64 [0, %cloop], [%own, %wloop]",
+          "  %inw = mul i64 %ow, %swc",
+          "  %xb = add i64 %xc, %inw",
+          "  %outw = mul i64 %ow, %C",
+          "  %ya = add i64 %yc, %outw"]
+    # float32 products and sums of bytes times weights are exact integers (T * 255 * 255 <
+    # 2**24 for T <= MAX_TAPS); the FMA has twice vpmulld's throughput
+    prev = f"{_VF} zeroinitializer"
+    for t in range(T):
+        L += [f"  %xa{t} = add i64 %xb, %off{t}",
+              f"  %xp{t} = getelementptr i8, ptr %X, i64 %xa{t}",
+              f"  %xv{t} = call {_VB} @llvm.masked.load.v16i8.p0(ptr %xp{t}, i32 1, "
+              f"<16 x i1> %mask, {_VB} zeroinitializer)",
+              f"  %x{t} = {ext} {_VB} %xv{t} to {_V}",
+              f"  %xf{t} = sitofp {_V} %x{t} to {_VF}",
+              f"  %acc{t + 1} = call {_VF} @llvm.fma.v16f32({_VF} %xf{t}, {_VF} %w{t}, {prev})"]
+        prev = f"{_VF} %acc{t + 1}"
+    L += [f"  %sum = fptosi {prev} to {_V}",
+          f"  %acc = add {_V} %sum, %acc0",
+          f"  %f = sitofp {_V} %acc to {_VF}",
+          f"  %m = fmul {_VF} %f, %sv",
+          f"  %rr = call {_VF} @llvm.rint.v16f32({_VF} %m)",
+          f"  %z = fadd {_VF} %rr, %zp",
+          f"  %l = call {_VF} @llvm.maxnum.v16f32({_VF} %z, {_VF} %lo)",
+          f"  %h = call {_VF} @llvm.minnum.v16f32({_VF} %l, {_VF} %hi)",
+          f"  %i = fptosi {_VF} %h to {_V}",
+          f"  %b = trunc {_V} %i to {_VB}",
+          "  %yp = getelementptr i8, ptr %Y, i64 %ya",
+          f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, <16 x i1> %mask)",
+          "  %own = add i64 %ow, 1",
+          "  %wmore = icmp slt i64 %own, %Wo",
+          "  br i1 %wmore, label %wloop, label %cnext",
+          "cnext:",
+          "  %c0n = add i64 %c0, 16",
+          "  %cmore = icmp slt i64 %c0n, %C",
+          "  br i1 %cmore, label %cloop, label %rnext",
+          "rnext:",
+          "  %rn = add i64 %r, 1",
+          "  %rmore = icmp slt i64 %rn, %r1",
+          "  br i1 %rmore, label %rloop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return "\n".join(L)
+
+
+def module_ir(T: int) -> str:
+    """The kernels for windows of T taps (the taps are unrolled)."""
+    decls = [f"declare {_VB} @llvm.masked.load.v16i8.p0(ptr, i32, <16 x i1>, {_VB})",
+             f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
+             f"declare {_VF} @llvm.rint.v16f32({_VF})",
+             f"declare {_VF} @llvm.fma.v16f32({_VF}, {_VF}, {_VF})",
+             f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
+             f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
+    return "\n\n".join(decls + [_kernel(False, T), _kernel(True, T)])
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _I, _I, _I)
+MAX_TAPS = 49  # unrolled up to 7x7 (and 49 * 255 * 255 < 2**24); larger ones take numpy
+
+
+def unavailable() -> str | None:
+    return jit.why_unavailable(REQUIRES)
+
+
+def _module(T: int) -> jit.Module:
+    return jit.compile_module(f"int8_depthwise_{T}", module_ir(T),
+                              {"dw_u8": _PROTO, "dw_s8": _PROTO}, REQUIRES)
+
+
+class DepthwiseWeights:
+    """A depthwise weight (C, 1, *kernel) minus its zero point, as float32 rows of channels per
+    tap (padded to 16 channels), with the per-channel sums the zero-point terms need."""
+
+    __slots__ = ("C", "Cp", "taps", "w", "wsum", "_functions")
+
+    def __init__(self, W: np.ndarray, zero_point=None) -> None:
+        C = W.shape[0]
+        taps = int(np.prod(W.shape[2:]))
+        if not 0 < taps <= MAX_TAPS:
+            raise ValueError(f"depthwise: {taps} taps (at most {MAX_TAPS})")
+        module = _module(taps)
+        self._functions = {False: module.dw_u8, True: module.dw_s8}
+        w = W.reshape(C, taps).astype(np.int64)
+        if zero_point is not None:
+            w = w - np.asarray(zero_point, np.int64).reshape(-1, 1)
+        self.C, self.Cp, self.taps = C, -(-C // 16) * 16, taps
+        self.w = np.zeros((taps, self.Cp), np.float32)
+        self.w[:, :C] = w.T
+        self.wsum = w.sum(axis=1)
+
+    def run(self, Xp: np.ndarray, offsets: np.ndarray, out_hw: tuple[int, int],
+            strides: tuple[int, int], x_zero_point: int, int_bias, scale, y_zero_point: int,
+            out_dtype, threads: int = 1) -> np.ndarray:
+        """(N, Ho, Wo, C) bytes from the padded (N, Hp, Wp, C) input ``Xp``; ``offsets``: each
+        tap's byte offset from its window's first pixel (int64)."""
+        N, Hp, Wp, C = Xp.shape
+        if C != self.C or Xp.dtype not in (np.uint8, np.int8) or not Xp.flags.c_contiguous:
+            raise ValueError(f"depthwise: expected a contiguous 8-bit [N, H, W, {self.C}] input")
+        if offsets.dtype != np.int64 or offsets.size != self.taps:
+            raise ValueError(f"depthwise: expected {self.taps} int64 tap offsets")
+        Ho, Wo = out_hw
+        init = np.zeros(self.Cp, np.int32)
+        v = -int(x_zero_point) * self.wsum
+        if int_bias is not None:
+            v = v + np.asarray(int_bias, np.int64).reshape(-1)
+        init[:C] = v
+        sc = np.zeros(self.Cp, np.float32)
+        sc[:C] = np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), (C,))
+        info = np.iinfo(out_dtype)
+        yq = np.array([y_zero_point, info.min, info.max], np.float32)
+        out = np.empty((N, Ho, Wo, C), out_dtype)
+        if out.size == 0:
+            return out
+        fn = self._functions[Xp.dtype == np.int8]
+        args = (Xp.ctypes.data, offsets.ctypes.data, self.w.ctypes.data,
+                init.ctypes.data, sc.ctypes.data, yq.ctypes.data, out.ctypes.data, C, self.Cp,
+                Ho, Wo, strides[1] * C, strides[0] * Wp * C, Hp * Wp * C)
+        rows = N * Ho
+        if threads > 1 and rows > 1:
+            from ..parallel import run_ranges, split
+
+            run_ranges(lambda r0, r1: fn(*args, r0, r1), split(rows, threads))
+        else:
+            fn(*args, 0, rows)
+        return out
+
+
+__all__ = ["DepthwiseWeights", "MAX_TAPS", "REQUIRES", "module_ir", "unavailable"]
