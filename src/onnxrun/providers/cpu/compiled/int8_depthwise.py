@@ -27,16 +27,18 @@ _V, _VF, _VB = "<16 x i32>", "<16 x float>", "<16 x i8>"
 _IOTA = "<" + ", ".join(f"i32 {i}" for i in range(16)) + ">"
 
 
-def _kernel(signed: bool, T: int) -> str:
+def _kernel(signed: bool, T: int, mode: str) -> str:
     """Rows [r0, r1) of output pixels; per row, per 16-channel chunk (the last masked), the T
-    tap weights and offsets stay in registers while the row's pixels stream past them."""
+    tap weights and offsets stay in registers while the row's pixels stream past them.
+    ``mode`` "q8": requantized bytes, ``%yq`` = (zero point, lo, hi); "f32": float32
+    ``float(acc) * scale + bias``, ``%yq`` = the bias per channel."""
     ext = "sext" if signed else "zext"
-    name = f"dw_{'s8' if signed else 'u8'}"
+    name = f"dw_{'s8' if signed else 'u8'}_{mode}"
     L = [f"define void @{name}(ptr %X, ptr %off, ptr %W, ptr %init, ptr %scale, ptr %yq, "
          "ptr %Y, i64 %C, i64 %Cp, i64 %Ho, i64 %Wo, i64 %swc, i64 %shrow, i64 %img, "
          "i64 %r0, i64 %r1) nounwind {",
          "entry:"]
-    for i, q in enumerate(("zp", "lo", "hi")):
+    for i, q in enumerate(("zp", "lo", "hi") if mode == "q8" else ()):
         L += [f"  %{q}p = getelementptr float, ptr %yq, i64 {i}",
               f"  %{q}s = load float, ptr %{q}p, align 4",
               f"  %{q}i = insertelement {_VF} poison, float %{q}s, i64 0",
@@ -67,6 +69,9 @@ def _kernel(signed: bool, T: int) -> str:
           f"  %acc0 = load {_V}, ptr %ip, align 4",
           "  %sp = getelementptr float, ptr %scale, i64 %c0",
           f"  %sv = load {_VF}, ptr %sp, align 4"]
+    if mode == "f32":
+        L += ["  %bp = getelementptr float, ptr %yq, i64 %c0",
+              f"  %bv = load {_VF}, ptr %bp, align 4"]
     for t in range(T):
         L += [f"  %wr{t} = mul i64 {t}, %Cp",
               f"  %wx{t} = add i64 %wr{t}, %c0",
@@ -96,16 +101,23 @@ def _kernel(signed: bool, T: int) -> str:
     L += [f"  %sum = fptosi {prev} to {_V}",
           f"  %acc = add {_V} %sum, %acc0",
           f"  %f = sitofp {_V} %acc to {_VF}",
-          f"  %m = fmul {_VF} %f, %sv",
-          f"  %rr = call {_VF} @llvm.rint.v16f32({_VF} %m)",
-          f"  %z = fadd {_VF} %rr, %zp",
-          f"  %l = call {_VF} @llvm.maxnum.v16f32({_VF} %z, {_VF} %lo)",
-          f"  %h = call {_VF} @llvm.minnum.v16f32({_VF} %l, {_VF} %hi)",
-          f"  %i = fptosi {_VF} %h to {_V}",
-          f"  %b = trunc {_V} %i to {_VB}",
-          "  %yp = getelementptr i8, ptr %Y, i64 %ya",
-          f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, <16 x i1> %mask)",
-          "  %own = add i64 %ow, 1",
+          f"  %m = fmul {_VF} %f, %sv"]
+    if mode == "q8":
+        L += [f"  %rr = call {_VF} @llvm.rint.v16f32({_VF} %m)",
+              f"  %z = fadd {_VF} %rr, %zp",
+              f"  %l = call {_VF} @llvm.maxnum.v16f32({_VF} %z, {_VF} %lo)",
+              f"  %h = call {_VF} @llvm.minnum.v16f32({_VF} %l, {_VF} %hi)",
+              f"  %i = fptosi {_VF} %h to {_V}",
+              f"  %b = trunc {_V} %i to {_VB}",
+              "  %yp = getelementptr i8, ptr %Y, i64 %ya",
+              f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, "
+              "<16 x i1> %mask)"]
+    else:
+        L += [f"  %o = fadd {_VF} %m, %bv",
+              "  %yp = getelementptr float, ptr %Y, i64 %ya",
+              f"  call void @llvm.masked.store.v16f32.p0({_VF} %o, ptr %yp, i32 4, "
+              "<16 x i1> %mask)"]
+    L += ["  %own = add i64 %ow, 1",
           "  %wmore = icmp slt i64 %own, %Wo",
           "  br i1 %wmore, label %wloop, label %cnext",
           "cnext:",
@@ -126,11 +138,13 @@ def module_ir(T: int) -> str:
     """The kernels for windows of T taps (the taps are unrolled)."""
     decls = [f"declare {_VB} @llvm.masked.load.v16i8.p0(ptr, i32, <16 x i1>, {_VB})",
              f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
+             f"declare void @llvm.masked.store.v16f32.p0({_VF}, ptr, i32, <16 x i1>)",
              f"declare {_VF} @llvm.rint.v16f32({_VF})",
              f"declare {_VF} @llvm.fma.v16f32({_VF}, {_VF}, {_VF})",
              f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
              f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
-    return "\n\n".join(decls + [_kernel(False, T), _kernel(True, T)])
+    return "\n\n".join(decls + [_kernel(signed, T, mode) for signed in (False, True)
+                                  for mode in _MODES])
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -142,9 +156,13 @@ def unavailable() -> str | None:
     return jit.why_unavailable(REQUIRES)
 
 
+_MODES = ("q8", "f32")
+
+
 def _module(T: int) -> jit.Module:
+    names = [f"dw_{s}_{mode}" for s in ("u8", "s8") for mode in _MODES]
     return jit.compile_module(f"int8_depthwise_{T}", module_ir(T),
-                              {"dw_u8": _PROTO, "dw_s8": _PROTO}, REQUIRES)
+                              {name: _PROTO for name in names}, REQUIRES)
 
 
 class DepthwiseWeights:
@@ -159,7 +177,8 @@ class DepthwiseWeights:
         if not 0 < taps <= MAX_TAPS:
             raise ValueError(f"depthwise: {taps} taps (at most {MAX_TAPS})")
         module = _module(taps)
-        self._functions = {False: module.dw_u8, True: module.dw_s8}
+        self._functions = {(signed, mode): getattr(module, f"dw_{'s8' if signed else 'u8'}_{mode}")
+                           for signed in (False, True) for mode in _MODES}
         w = W.reshape(C, taps).astype(np.int64)
         if zero_point is not None:
             w = w - np.asarray(zero_point, np.int64).reshape(-1, 1)
@@ -169,10 +188,11 @@ class DepthwiseWeights:
         self.wsum = w.sum(axis=1)
 
     def run(self, Xp: np.ndarray, offsets: np.ndarray, out_hw: tuple[int, int],
-            strides: tuple[int, int], x_zero_point: int, int_bias, scale, y_zero_point: int,
-            out_dtype, threads: int = 1) -> np.ndarray:
-        """(N, Ho, Wo, C) bytes from the padded (N, Hp, Wp, C) input ``Xp``; ``offsets``: each
-        tap's byte offset from its window's first pixel (int64)."""
+            strides: tuple[int, int], x_zero_point: int, int_bias, scale, y_zero_point,
+            out_dtype, threads: int = 1, float_bias=None) -> np.ndarray:
+        """(N, Ho, Wo, C) from the padded (N, Hp, Wp, C) input ``Xp``; ``offsets``: each tap's
+        byte offset from its window's first pixel (int64). ``out_dtype`` float32: the output
+        is ``float(acc) * scale + float_bias``; 8-bit: requantized with ``y_zero_point``."""
         N, Hp, Wp, C = Xp.shape
         if C != self.C or Xp.dtype not in (np.uint8, np.int8) or not Xp.flags.c_contiguous:
             raise ValueError(f"depthwise: expected a contiguous 8-bit [N, H, W, {self.C}] input")
@@ -186,15 +206,21 @@ class DepthwiseWeights:
         init[:C] = v
         sc = np.zeros(self.Cp, np.float32)
         sc[:C] = np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), (C,))
-        info = np.iinfo(out_dtype)
-        yq = np.array([y_zero_point, info.min, info.max], np.float32)
+        out_dtype = np.dtype(out_dtype)
+        if out_dtype == np.float32:
+            mode, extra = "f32", np.zeros(self.Cp, np.float32)
+            if float_bias is not None:
+                extra[:C] = np.broadcast_to(np.asarray(float_bias, np.float32).reshape(-1), (C,))
+        else:
+            info = np.iinfo(out_dtype)
+            mode, extra = "q8", np.array([y_zero_point, info.min, info.max], np.float32)
         out = np.empty((N, Ho, Wo, C), out_dtype)
         if out.size == 0:
             return out
-        fn = self._functions[Xp.dtype == np.int8]
+        fn = self._functions[(Xp.dtype == np.int8, mode)]
         args = (Xp.ctypes.data, offsets.ctypes.data, self.w.ctypes.data,
-                init.ctypes.data, sc.ctypes.data, yq.ctypes.data, out.ctypes.data, C, self.Cp,
-                Ho, Wo, strides[1] * C, strides[0] * Wp * C, Hp * Wp * C)
+                init.ctypes.data, sc.ctypes.data, extra.ctypes.data, out.ctypes.data, C,
+                self.Cp, Ho, Wo, strides[1] * C, strides[0] * Wp * C, Hp * Wp * C)
         rows = N * Ho
         if threads > 1 and rows > 1:
             from ..parallel import run_ranges, split

@@ -29,6 +29,7 @@ import ctypes
 import numpy as np
 
 from . import jit
+from .jit import address
 
 REQUIRES = ("avx512f", "avx512bw", "avx512vnni")
 NR = 32  # columns per panel: two 16-lane registers
@@ -289,7 +290,7 @@ class PackedB:
     column int32 sums."""
 
     __slots__ = ("K", "N", "G", "width", "panels", "colsum", "zb", "zb_nonzero", "_zb32",
-                 "_panels_ptr", "_functions")
+                 "_slope32", "_panels_ptr", "_zb_ptr", "_mblock", "_functions")
 
     def __init__(self, B: np.ndarray, zero_point=None) -> None:
         if B.ndim != 2 or B.dtype not in (np.int8, np.uint8):
@@ -314,11 +315,20 @@ class PackedB:
         self.colsum = _padded(Bs.sum(axis=0, dtype=np.int64), self.width, np.int64)
         self.zb = _padded(zb, self.width, np.int64)
         self._zb32 = self.zb.astype(np.int32)
+        self._zb_ptr = self._zb32.ctypes.data
         self.zb_nonzero = bool(np.any(zb))
+        # init = a_zp * slope for any 8-bit a_zp (at most 383 after an int8 A's shift), when
+        # that fits int32: one small multiply per product instead of int64 arithmetic
+        slope = K * self.zb - self.colsum
+        self._slope32 = slope.astype(np.int32) if \
+            int(np.abs(slope).max(initial=0)) * 383 < (1 << 31) else None
+        self._mblock = max(MR, (L2_BYTES_FOR_A // K4) // MR * MR)
 
     def init(self, a_zero_point: int, int_bias=None) -> np.ndarray:
         """int32 starting values of the accumulators: the zero-point terms for a scalar zero
         point of A (as uint8), plus an int32 bias per column."""
+        if int_bias is None and self._slope32 is not None:
+            return np.multiply(self._slope32, np.int32(a_zero_point))
         if a_zero_point:
             v = a_zero_point * (self.K * self.zb - self.colsum) if self.zb_nonzero else \
                 -a_zero_point * self.colsum
@@ -332,6 +342,8 @@ class PackedB:
 
     def _columns(self, v, dtype) -> np.ndarray:
         """A per-tensor or per-column parameter as a padded row of ``width``."""
+        if type(v) is np.ndarray and v.dtype == dtype and v.shape == (self.width,):
+            return v  # already padded by the caller
         v = np.asarray(v, dtype)
         if v.size == 1:
             return np.full(self.width, v.reshape(()), dtype)
@@ -383,27 +395,27 @@ class PackedB:
                                   yq, out)
         fn = self._functions[mode]
         npan = self.width // NR
-        mblock = max(MR, (L2_BYTES_FOR_A // K4) // MR * MR)
-        a_ptr, out_ptr = A.ctypes.data, out.ctypes.data
-        rowc_ptr = None if rowc is None else rowc.ctypes.data
-        fixed = (self._panels_ptr, self.G, init.ctypes.data)
-        cols = (self._zb32.ctypes.data, None if sc is None else sc.ctypes.data,
-                None if bi is None else bi.ctypes.data, None if yq is None else yq.ctypes.data)
+        a_ptr, out_ptr = address(A), address(out)
+        rowc_ptr = None if rowc is None else address(rowc)
+        fixed = (self._panels_ptr, self.G, address(init))
+        cols = (self._zb_ptr, None if sc is None else address(sc),
+                None if bi is None else address(bi), None if yq is None else address(yq))
+        if threads <= 1 or M * npan < 2 * MR:
+            fn(a_ptr, K4, *fixed, rowc_ptr, *cols, out_ptr, self.N, M, self.N, 0, npan,
+               self._mblock)
+            return out
 
         def rows(m0: int, m1: int, p0: int = 0, p1: int = npan) -> None:
             fn(a_ptr + m0 * K4, K4, *fixed, None if rowc_ptr is None else rowc_ptr + 4 * m0,
                *cols, out_ptr + m0 * self.N * dtype.itemsize, self.N, m1 - m0, self.N, p0, p1,
-               mblock)
+               self._mblock)
 
-        if threads > 1 and M >= 2 * MR * threads and npan < 2 * threads:
+        from ..parallel import run_ranges, split
+
+        if M >= 2 * MR * threads and npan < 2 * threads:
             # few panels (a convolution's output channels): split the rows instead
-            from ..parallel import run_ranges, split
-
-            bounds = [(a * MR, min(M, b * MR)) for a, b in split(-(-M // MR), threads)]
-            run_ranges(rows, bounds)
-        elif threads > 1 and npan > 1:
-            from ..parallel import run_ranges, split
-
+            run_ranges(rows, [(a * MR, min(M, b * MR)) for a, b in split(-(-M // MR), threads)])
+        elif npan > 1:
             run_ranges(lambda p0, p1: rows(0, M, p0, p1), split(npan, threads))
         else:
             rows(0, M)

@@ -80,6 +80,18 @@ def why_unavailable(requires: Iterable[str] = ()) -> str | None:
     return f"the CPU lacks {', '.join(missing)}" if missing else None
 
 
+_char, _addressof = ctypes.c_char, ctypes.addressof
+
+
+def address(a) -> int:
+    """The address of a contiguous numpy array's first byte: through the buffer protocol,
+    ~6x cheaper than ``a.ctypes.data`` (which a read-only array still needs)."""
+    try:
+        return _addressof(_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
 class Module:
     """Compiled functions of one IR module, as ctypes callables named like the IR functions."""
 
@@ -132,5 +144,5 @@ class disabled:
             _forced_off -= 1
 
 
-__all__ = ["Module", "Unavailable", "assembly", "compile_module", "disabled", "enabled",
+__all__ = ["Module", "Unavailable", "address", "assembly", "compile_module", "disabled", "enabled",
            "host_features", "why_unavailable"]

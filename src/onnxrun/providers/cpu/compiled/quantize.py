@@ -21,6 +21,7 @@ import ctypes
 import numpy as np
 
 from . import jit
+from .jit import address
 
 REQUIRES = ("avx512f",)
 
@@ -168,8 +169,7 @@ def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,
     elif out.size < x.size or out.dtype != np.uint8 or not out.flags.c_contiguous:
         raise ValueError("dynamic_quantize_u8: out must be a contiguous uint8 buffer of x.size")
     params = np.empty(2, np.float32)
-    _function()(x.ctypes.data, x.size, out.ctypes.data, params.ctypes.data,
-                                  flat_scale)
+    _function()(address(x), x.size, address(out), address(params), flat_scale)
     return out, params[0], int(params[1])
 
 

@@ -24,7 +24,6 @@ from ..compiled import int8_depthwise, int8_gemm
 from ..parallel import threads_for
 from .conv import layout_changes_allowed, window_geometry
 
-
 # Readers of a QLinearConv output that run as fast on channels-last memory (the convolution
 # itself, element-wise numpy, a reduction over the spatial axes).
 _LAYOUT_AGNOSTIC = frozenset({("", "QLinearConv"), ("com.microsoft", "QLinearConv"),

@@ -276,10 +276,19 @@ class DequantizeLinear:
         return dequantize(x, x_scale, x_zero_point, out, self.axis, self.block_size)
 
 
+_FLAT_SCALE = float(np.float32(1) / np.float32(255))  # the scale when x is all zeros
+
+
 @op("DynamicQuantizeLinear", 11)
 def DynamicQuantizeLinear(x):
     """uint8 quantization with a scale and zero point covering [min(x, 0), max(x, 0)]."""
     x = x.astype(F32, copy=False)
+    if x.flags.c_contiguous and x.size:
+        from ..compiled import quantize as compiled
+
+        if not compiled.unavailable():
+            q, scale, zp = compiled.dynamic_quantize_u8(x, _FLAT_SCALE)
+            return q, np.array(scale, F32), np.array(zp, np.uint8)
     lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
     hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)

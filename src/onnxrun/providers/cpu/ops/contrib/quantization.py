@@ -93,6 +93,13 @@ def QLinearAdd(A, A_scale, A_zero_point, B, B_scale, B_zero_point, C_scale, C_ze
     rp, rq = np.float32(sp / sc), np.float32(sq / sc)
     fixed = np.float32(np.float32(zc) - (np.float32(rp * np.float32(zp_))
                                          + np.float32(rq * np.float32(zq))))
+    if A.shape == B.shape:
+        from ...compiled import int8_elementwise
+
+        if not int8_elementwise.unavailable():
+            c = int8_elementwise.qlinear_add(p, q, rp, rq, fixed)
+            if c is not None:
+                return c
     if a_bcast != b_bcast:  # scalar per span: added to the constant part first, unfused
         base = fixed + (q.astype(F32) * rq)
         v = _fma32(p, rp, base)
@@ -556,30 +563,42 @@ class MatMulNBits:
 
 
 class _QuantWeights:
-    """One direction's quantized W or R: the 8-bit [K, 4H] matrix and its scales."""
+    """One direction's quantized W or R: the 8-bit [K, 4H] matrix and its scales; ``prepack``
+    (the kernel's thread count, for constant weights) packs it for the compiled GEMM."""
 
-    def __init__(self, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray) -> None:
-        self.mat = IntMatrix(q, zero_point.reshape(-1) if zero_point.size > 1 else zero_point)
+    def __init__(self, q: np.ndarray, scale: np.ndarray, zero_point: np.ndarray,
+                 prepack: int | None = None) -> None:
+        self.mat = IntMatrix(q, zero_point.reshape(-1) if zero_point.size > 1 else zero_point,
+                             prepack=prepack)
+        self.packed = self.mat.packed  # a PackedB, or None: the numpy path
         self.scale = scale.astype(F32).reshape(-1) if scale.size > 1 else _f32(scale)
 
 
-def _lstm_weights(W, W_scale, W_zp, R, R_scale, R_zp, D):
+def _lstm_weights(W, W_scale, W_zp, R, R_scale, R_zp, D, prepack=None):
     def per_dir(p, d):
         p = np.asarray(p)
         return p.reshape(D, -1)[d]
 
-    return [(_QuantWeights(W[d], per_dir(W_scale, d), per_dir(W_zp, d)),
-             _QuantWeights(R[d], per_dir(R_scale, d), per_dir(R_zp, d))) for d in range(D)]
+    return [(_QuantWeights(W[d], per_dir(W_scale, d), per_dir(W_zp, d), prepack),
+             _QuantWeights(R[d], per_dir(R_scale, d), per_dir(R_zp, d), prepack))
+            for d in range(D)]
 
 
-def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights, wf: np.ndarray) -> np.ndarray:
+def _qgemm_dynamic(A2: np.ndarray, w: _QuantWeights, wf: np.ndarray | None) -> np.ndarray:
     """onnxruntime's quantized LSTM GEMM: A quantized to uint8 per call (per tensor); ``wf`` is
-    ``w.mat.float32()``, built once per run for all time steps."""
+    ``w.mat.float32()``, built once per run for all time steps (None when ``w`` is packed)."""
+    if w.packed is not None:  # the same integers and scale product, on the compiled GEMM
+        codes, a_scale, zp = dynamic_quantize_codes(A2)
+        return w.packed.matmul(codes, zp, scale=a_scale * w.scale, threads=w.mat.threads)
     Aq, a_scale, zp = dynamic_quantize(A2)
     acc = int_matmul(Aq, float(max(zp, 255 - zp)), w.mat, wf)
     out = acc if acc.dtype == F32 else acc.astype(F32)
     out *= (a_scale * w.scale) if np.ndim(w.scale) else np.float32(a_scale * w.scale)
     return out
+
+
+def _float_r(w: _QuantWeights) -> np.ndarray | None:
+    return None if w.packed is not None else w.mat.float32()
 
 
 @op("DynamicQuantizeLSTM", 1, domain=MS)
@@ -609,7 +628,7 @@ class DynamicQuantizeLSTM:
         c = ctx.constants_of((1, 2, 8, 9, 10, 11))
         if c is not None:
             W, R, ws, wz, rs, rz = c
-            self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D)
+            self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D, threads_for(ctx))
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                  P=None, W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
@@ -629,10 +648,10 @@ class DynamicQuantizeLSTM:
         peep = None if P is None else P.reshape(D, 3, H).astype(F32)
         for d in range(D):
             wq, rq = weights[d]
-            rf = rq.mat.float32()
+            rf = _float_r(rq)
             f_act, g_act, h_act = ([a] for a in self.acts[d])
             xs = self._inputs(Xf, lens, steps, self.reverse[d])
-            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq, wq.mat.float32()).reshape(
+            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq, _float_r(wq)).reshape(
                 steps, batch, 4 * H) \
                 if steps else np.zeros((0, batch, 4 * H), F32)
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
@@ -679,17 +698,28 @@ class DynamicQuantizeLSTM:
         """One direction of the usual cell with every sequence at full length, on rnn's fast
         cell: the halving of i, o, f folded into the input part (once for all steps) and into
         the per-step scale of h's product, which stays the exact integer one onnxruntime
-        computes (R fits one float32 GEMM for any |h| code)."""
+        computes: on the compiled GEMM, or one float32 GEMM (R fits it for any |h| code)."""
         from ..rnn import fast_lstm_cell
 
-        H = rf.shape[1] // 4
+        H = rq.mat.q.shape[1] // 4
         half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
         r_scale = (np.asarray(rq.scale, F32) * half).astype(F32)
+        packed = rq.packed
+        if packed is not None:  # codes of h, then one call for product and scale
+            from ...compiled.quantize import dynamic_quantize_u8
 
-        def recurrent(h, out):
-            hq, a_scale, _ = dynamic_quantize(h)
-            np.matmul(hq, rf, out=out)
-            out *= a_scale * r_scale
+            codes = np.empty(h.shape, np.uint8)
+            # a few rows: a hand-off to worker threads costs more than the product
+            threads = rq.mat.threads if h.shape[0] >= 8 else 1
+
+            def recurrent(h, out):
+                hq, a_scale, zp = dynamic_quantize_u8(h, 1.0, codes)
+                packed.matmul(hq, zp, scale=a_scale * r_scale, out=out, threads=threads)
+        else:
+            def recurrent(h, out):
+                hq, a_scale, _ = dynamic_quantize(h)
+                np.matmul(hq, rf, out=out)
+                out *= a_scale * r_scale
 
         cell = fast_lstm_cell(H, recurrent, half, None if self.clip is None else
                               F32.type(self.clip))

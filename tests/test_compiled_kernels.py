@@ -1,0 +1,417 @@
+"""The compiled kernels (providers/cpu/compiled/): the VNNI int8 GEMM against an int64 numpy
+reference, the dynamic quantizer against the numpy kernels, and every operator that uses them
+against its own numpy path (a session prepared inside ``compiled.disabled()``), bit for bit.
+
+Skipped where the kernels cannot run (no llvmlite, a CPU without AVX-512 VNNI, or
+ONNXRUN_COMPILED_KERNELS=0); the operator tests against onnxruntime then cover the numpy path.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from concurrency import run_on_threads
+from one_node_harness import one_node
+from onnx import TensorProto as TP
+
+import onnxrun
+from onnxrun.providers.cpu import compiled
+from onnxrun.providers.cpu.compiled import int8_gemm, quantize
+from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
+from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
+
+_REASON = int8_gemm.unavailable() or quantize.unavailable()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"compiled kernels: {_REASON}")
+
+MS = "com.microsoft"
+RNG = np.random.default_rng(20240611)
+
+
+def _ints(dtype, shape) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, int(info.max) + 1, size=shape).astype(dtype)
+
+
+def _reference(A, a_zp, B, b_zp) -> np.ndarray:
+    """sum_k (A - a_zp)(B - b_zp) in int64."""
+    zb = 0 if b_zp is None else np.asarray(b_zp, np.int64)
+    return (A.astype(np.int64) - a_zp) @ (B.astype(np.int64) - zb)
+
+
+# -- PackedB.matmul -----------------------------------------------------------------------------
+
+# M: full tiles of 8 and tails, 0 rows; N: panels of 32 and tails; K: multiples of 4 and tails
+_SHAPES = [(1, 1, 1), (0, 5, 7), (3, 1, 33), (7, 13, 31), (8, 4, 32), (9, 17, 64), (17, 259, 95),
+           (33, 64, 100), (2, 3, 200)]
+_ZERO_POINTS = ["none", "scalar", "per-column"]
+
+
+def _b_zero_point(kind: str, dtype, N: int):
+    if kind == "none":
+        return None
+    if kind == "scalar":
+        return _ints(dtype, ())
+    return _ints(dtype, (N,))
+
+
+@pytest.mark.parametrize("M,K,N", _SHAPES)
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("zp_kind", _ZERO_POINTS)
+def test_matmul_int32_is_exact(M, K, N, a_dtype, b_dtype, zp_kind):
+    A, B = _ints(a_dtype, (M, K)), _ints(b_dtype, (K, N))
+    b_zp = _b_zero_point(zp_kind, b_dtype, N)
+    a_zp = int(_ints(a_dtype, ()))
+    got = int8_gemm.PackedB(B, b_zp).matmul(A, a_zp)
+    assert got.dtype == np.int32 and got.shape == (M, N)
+    np.testing.assert_array_equal(got, _reference(A, a_zp, B, b_zp))
+
+
+@pytest.mark.parametrize("M,K,N", _SHAPES)
+@pytest.mark.parametrize("scale_kind", ["scalar", "per-column"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_matmul_float32_rounds_like_numpy(M, K, N, scale_kind, with_bias):
+    """float(acc) * scale (+ bias), each operation rounded to float32 once, as MLAS."""
+    A, B = _ints(np.uint8, (M, K)), _ints(np.int8, (K, N))
+    b_zp = _ints(np.int8, (N,))
+    a_zp = 131
+    size = () if scale_kind == "scalar" else (N,)
+    # both signs: a zero accumulator times a negative scale is -0.0 without a bias
+    scale = (RNG.uniform(1e-4, 1e-2, size) * RNG.choice([-1, 1], size)).astype(np.float32)
+    bias = RNG.standard_normal(N).astype(np.float32) if with_bias else None
+    B[:, ::3] = b_zp[::3]  # columns of zero accumulators: the result's sign is the scale's
+    acc = _reference(A, a_zp, B, b_zp)
+    got = int8_gemm.PackedB(B, b_zp).matmul(A, a_zp, scale=scale, bias=bias)
+    want = acc.astype(np.float32) * scale
+    if bias is not None:
+        want = want + bias
+    assert got.dtype == np.float32 and got.shape == (M, N)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_matmul_writes_into_out():
+    A, B = _ints(np.uint8, (5, 40)), _ints(np.int8, (40, 70))
+    packed = int8_gemm.PackedB(B, None)
+    out = np.full((5, 70), np.nan, np.float32)
+    got = packed.matmul(A, 7, scale=np.float32(0.5), out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, _reference(A, 7, B, None).astype(np.float32) * 0.5)
+
+
+@pytest.mark.parametrize("scale", [None, np.float32(0.01)])
+def test_matmul_threads_equal_one_thread(scale):
+    A, B = _ints(np.uint8, (37, 300)), _ints(np.int8, (300, 250))
+    packed = int8_gemm.PackedB(B, _ints(np.int8, (250,)))
+    one = packed.matmul(A, 100, scale=scale, threads=1)
+    np.testing.assert_array_equal(packed.matmul(A, 100, scale=scale, threads=2), one)
+    np.testing.assert_array_equal(packed.matmul(A, 100, scale=scale, threads=4), one)
+
+
+def test_matmul_rejects_bad_inputs():
+    packed = int8_gemm.PackedB(_ints(np.int8, (16, 8)), None)
+    with pytest.raises(ValueError):
+        packed.matmul(_ints(np.uint8, (2, 15)), 0)  # K is 16
+    with pytest.raises(ValueError):
+        packed.matmul(_ints(np.uint8, (2, 4, 16)), 0)  # not 2-D
+    with pytest.raises(TypeError):
+        packed.matmul(np.zeros((2, 16), np.float32), 0)
+    with pytest.raises(TypeError):
+        packed.matmul(np.zeros((2, 16), np.int16), 0)
+    with pytest.raises(ValueError):
+        int8_gemm.PackedB(np.zeros((4, 4), np.float32), None)
+    with pytest.raises(ValueError):
+        int8_gemm.PackedB(np.zeros(4, np.int8), None)
+
+
+# -- dynamic_quantize_u8 ------------------------------------------------------------------------
+
+
+def _samples():
+    for n in (0, 1, 15, 16, 17, 1000):
+        yield f"normal-{n}", RNG.standard_normal(n).astype(np.float32) * 3
+    yield "zeros", np.zeros(37, np.float32)
+    yield "positive", RNG.uniform(0.5, 4.0, 33).astype(np.float32)
+    yield "negative", RNG.uniform(-4.0, -0.5, 33).astype(np.float32)
+    yield "one-value", np.full(20, 2.5, np.float32)
+    yield "huge", (RNG.standard_normal(50) * 1e30).astype(np.float32)
+    yield "float32-extremes", np.array([3e38, -3e38, 1.0, -2.0, 0.0], np.float32)
+    yield "tiny", (RNG.standard_normal(40) * 1e-30).astype(np.float32)
+    yield "matrix", RNG.standard_normal((7, 19)).astype(np.float32)
+
+
+_SAMPLES = dict(_samples())
+
+
+@pytest.mark.parametrize("name", list(_SAMPLES))
+def test_dynamic_quantize_equals_the_contrib_numpy_kernel(name):
+    x = _SAMPLES[name]
+    with np.errstate(over="ignore", invalid="ignore"):
+        centered_q, scale, zp = dynamic_quantize(x)
+        want = (centered_q + zp).astype(np.uint8)
+    codes, got_scale, got_zp = quantize.dynamic_quantize_u8(x, 1.0)
+    assert codes.dtype == np.uint8 and codes.shape == x.shape
+    assert got_zp == zp
+    np.testing.assert_array_equal(np.float32(got_scale), np.float32(scale))
+    np.testing.assert_array_equal(codes, want)
+
+
+@pytest.mark.parametrize("name", list(_SAMPLES))
+def test_dynamic_quantize_equals_dynamic_quantize_linear(name):
+    x = _SAMPLES[name]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_q, want_scale, want_zp = DynamicQuantizeLinear(x)
+    flat = np.float32(1) / np.float32(255)
+    codes, scale, zp = quantize.dynamic_quantize_u8(x, flat)
+    np.testing.assert_array_equal(codes, want_q)
+    np.testing.assert_array_equal(np.float32(scale), want_scale)
+    assert zp == int(want_zp)
+
+
+def test_dynamic_quantize_into_a_larger_buffer():
+    x = RNG.standard_normal((3, 10)).astype(np.float32)
+    buf = np.full(64, 7, np.uint8)
+    codes, _, _ = quantize.dynamic_quantize_u8(x, 1.0, out=buf)
+    want, _, _ = quantize.dynamic_quantize_u8(x, 1.0)
+    np.testing.assert_array_equal(buf[:30], want.reshape(-1))
+    np.testing.assert_array_equal(buf[30:], 7)  # nothing written past x.size
+    assert codes.dtype == np.uint8
+    with pytest.raises(ValueError):
+        quantize.dynamic_quantize_u8(x, 1.0, out=np.empty(29, np.uint8))
+
+
+# -- operators: compiled path == numpy path -----------------------------------------------------
+
+
+def _sessions(model: bytes, threads: int = 1):
+    """(numpy-path session, compiled-path session) of one model."""
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = threads
+    with compiled.disabled():
+        ref = onnxrun.InferenceSession(model, so)
+    return ref, onnxrun.InferenceSession(model, so)
+
+
+def _kernels(sess):
+    return [step.kernel for step in sess._program.steps]
+
+
+class _CountingMatmul:
+    """PackedB.matmul, counting its calls (proof that a session took the compiled path)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        original = int8_gemm.PackedB.matmul
+
+        def counted(packed, *args, **kwargs):
+            self.calls += 1
+            return original(packed, *args, **kwargs)
+
+        monkeypatch.setattr(int8_gemm.PackedB, "matmul", counted)
+
+
+def _assert_same_outputs(model: bytes, feeds, monkeypatch, threads: int = 1):
+    ref, sess = _sessions(model, threads)
+    counter = _CountingMatmul(monkeypatch)
+    want = ref.run(None, feeds)
+    assert counter.calls == 0, "the numpy-path session called the compiled GEMM"
+    got = sess.run(None, feeds)
+    assert counter.calls > 0, "the session did not take the compiled path"
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+        if g.dtype.kind == "f":
+            np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+    return ref, sess
+
+
+_B_CASES = [  # (B type, zero-point kind)
+    (np.int8, "none"), (np.int8, "scalar"), (np.uint8, "scalar"), (np.int8, "per-column"),
+    (np.uint8, "per-column"),
+]
+
+
+@pytest.mark.parametrize("b_dtype,zp_kind", _B_CASES)
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+def test_matmul_integer(b_dtype, zp_kind, a_dtype, monkeypatch):
+    A, B = _ints(a_dtype, (2, 5, 37)), _ints(b_dtype, (37, 45))
+    b_zp = _b_zero_point(zp_kind, b_dtype, 45)
+    a_zp = _ints(a_dtype, ())
+    inputs = [A, B, a_zp, b_zp]
+    model, feeds = one_node("MatMulInteger", inputs, opset=21, const=(1, 3),
+                            out_types=[TP.INT32])
+    ref, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    assert _kernels(sess)[0].B.packed is not None
+    assert _kernels(ref)[0].B.packed is None
+
+
+@pytest.mark.parametrize("b_dtype,zp_kind", _B_CASES[1:])
+def test_qlinear_matmul(b_dtype, zp_kind, monkeypatch):
+    N = 70
+    A, B = _ints(np.uint8, (9, 33)), _ints(b_dtype, (33, N))
+    per_col = zp_kind == "per-column"
+    b_scale = RNG.uniform(0.001, 0.01, (N,) if per_col else ()).astype(np.float32)
+    inputs = [A, np.float32(0.05), np.uint8(120), B, b_scale,
+              _b_zero_point(zp_kind, b_dtype, N), np.float32(0.2), np.uint8(128)]
+    model, feeds = one_node("QLinearMatMul", inputs, opset=21, const=(3, 4, 5),
+                            out_types=[TP.UINT8])
+    _, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    assert _kernels(sess)[0].B.packed is not None
+
+
+@pytest.mark.parametrize("b_dtype,zp_kind", _B_CASES[1:])
+@pytest.mark.parametrize("requantized", [False, True])
+def test_qgemm(b_dtype, zp_kind, requantized, monkeypatch):
+    N = 40
+    A, B = _ints(np.uint8, (6, 21)), _ints(b_dtype, (N, 21))  # transB
+    per_col = zp_kind == "per-column"
+    b_scale = RNG.uniform(0.001, 0.01, (N,) if per_col else ()).astype(np.float32)
+    C = RNG.integers(-5000, 5000, N).astype(np.int32)
+    inputs = [A, np.float32(0.04), np.uint8(110), B, b_scale,
+              _b_zero_point(zp_kind, b_dtype, N), C]
+    if requantized:
+        inputs += [np.float32(0.3), np.uint8(100)]
+    model, feeds = one_node("QGemm", inputs, opset=21, const=(3, 4, 5, 6), domain=MS,
+                            out_types=[TP.UINT8 if requantized else TP.FLOAT], transB=1,
+                            alpha=0.75)
+    _, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    assert _kernels(sess)[0].B.packed is not None
+
+
+@pytest.mark.parametrize("b_dtype,zp_kind", _B_CASES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_dynamic_quantize_matmul(b_dtype, zp_kind, with_bias, monkeypatch):
+    N = 66
+    A = RNG.standard_normal((3, 4, 29)).astype(np.float32)
+    B = _ints(b_dtype, (29, N))
+    per_col = zp_kind == "per-column"
+    b_scale = RNG.uniform(0.001, 0.01, (N,) if per_col else (1,)).astype(np.float32)
+    b_zp = _b_zero_point(zp_kind, b_dtype, N)
+    bias = RNG.standard_normal(N).astype(np.float32) if with_bias else None
+    inputs = [A, B, b_scale, b_zp, bias]
+    model, feeds = one_node("DynamicQuantizeMatMul", inputs, opset=21, const=(1, 2, 3, 4),
+                            domain=MS, out_types=[TP.FLOAT])
+    _, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    assert _kernels(sess)[0].B.packed is not None
+
+
+@pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("b_dtype,zp_kind", _B_CASES)
+def test_matmul_integer_to_float(a_dtype, b_dtype, zp_kind, monkeypatch):
+    N = 35
+    A, B = _ints(a_dtype, (2, 7, 18)), _ints(b_dtype, (18, N))
+    per_col = zp_kind == "per-column"
+    b_scale = RNG.uniform(0.001, 0.01, (N,) if per_col else (1,)).astype(np.float32)
+    inputs = [A, B, np.array([0.03], np.float32), b_scale, _ints(a_dtype, (1,)),
+              _b_zero_point(zp_kind, b_dtype, N), RNG.standard_normal(N).astype(np.float32)]
+    model, feeds = one_node("MatMulIntegerToFloat", inputs, opset=21, const=(1, 3, 5, 6),
+                            domain=MS, out_types=[TP.FLOAT])
+    _, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    assert _kernels(sess)[0].B.packed is not None
+
+
+def _lstm_inputs(T, batch, I, H, direction, wtype, per_channel, *, lens=None, init=False,
+                 peep=False):
+    D = 2 if direction == "bidirectional" else 1
+    shape = (D, 4 * H) if per_channel else (D,)
+    zp = np.full(shape, 0 if wtype == np.int8 else 128, wtype)
+    if per_channel:  # zero points that are not all equal: the per-column correction
+        zp = (zp.astype(np.int32) + RNG.integers(-3, 4, shape)).astype(wtype)
+    x = RNG.standard_normal((T, batch, I)).astype(np.float32)
+    h0 = c0 = None
+    if init:
+        h0, c0 = ((RNG.standard_normal((D, batch, H)) * 0.5).astype(np.float32)
+                  for _ in range(2))
+    return [x, _ints(wtype, (D, I, 4 * H)), _ints(wtype, (D, H, 4 * H)),
+            (RNG.standard_normal((D, 8 * H)) * 0.3).astype(np.float32),
+            None if lens is None else np.array(lens, np.int32), h0, c0,
+            (RNG.standard_normal((D, 3 * H)) * 0.3).astype(np.float32) if peep else None,
+            RNG.uniform(0.001, 0.01, shape).astype(np.float32), zp,
+            RNG.uniform(0.001, 0.01, shape).astype(np.float32), zp.copy()]
+
+
+_LSTMS = [  # (T, batch, I, H, direction, weight type, per channel, extras)
+    (7, 1, 13, 40, "forward", np.int8, False, {}),
+    (5, 3, 5, 8, "reverse", np.int8, True, {}),
+    (6, 2, 33, 24, "bidirectional", np.uint8, False, {}),
+    (6, 3, 6, 10, "bidirectional", np.uint8, True, {"init": True}),
+    (6, 3, 5, 8, "bidirectional", np.int8, False, {"lens": [6, 3, 0], "init": True}),
+    (5, 2, 4, 9, "forward", np.int8, True, {"peep": True}),
+    (4, 9, 20, 16, "forward", np.int8, False, {}),
+]
+
+
+@pytest.mark.parametrize("T,batch,I,H,direction,wtype,per_channel,extra", _LSTMS)
+def test_dynamic_quantize_lstm(T, batch, I, H, direction, wtype, per_channel, extra,
+                               monkeypatch):
+    inputs = _lstm_inputs(T, batch, I, H, direction, wtype, per_channel, **extra)
+    model, feeds = one_node("DynamicQuantizeLSTM", inputs, opset=21, n_out=3,
+                            const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
+                            out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
+    ref, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    for d_weights in _kernels(sess)[0].weights:
+        assert all(w.packed is not None for w in d_weights)
+    for d_weights in _kernels(ref)[0].weights:
+        assert all(w.packed is None for w in d_weights)
+
+
+def test_environment_switch_keeps_the_numpy_path():
+    script = textwrap.dedent("""
+        import numpy as np, onnxrun
+        from one_node_harness import one_node
+        A = np.ones((2, 8), np.uint8)
+        B = np.ones((8, 4), np.int8)
+        model, feeds = one_node("MatMulInteger", [A, B], opset=21, const=(1,))
+        sess = onnxrun.InferenceSession(model)
+        from onnxrun.providers.cpu.compiled import int8_gemm
+        print(sess._program.steps[0].kernel.B.packed is None, int8_gemm.unavailable())
+        print(sess.run(None, feeds)[0].sum())
+    """)
+    env = dict(os.environ, ONNXRUN_COMPILED_KERNELS="0")
+    tests_dir = os.path.dirname(__file__)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True, cwd=tests_dir).stdout.split("\n")
+    assert out[0].startswith("True switched off"), out
+    assert out[1] == str(2 * 4 * 8), out
+
+
+# -- concurrency --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_session_on_four_threads(threads):
+    """Concurrent runs of one session share nothing mutable: the LSTM's per-run buffers, the
+    GEMM's per-call arrays, intra-op threads splitting the panels."""
+    H = 48
+    lstm_inputs = _lstm_inputs(6, 2, 30, H, "bidirectional", np.int8, True)
+    lstm, lstm_feeds = one_node("DynamicQuantizeLSTM", lstm_inputs, opset=21, n_out=3,
+                                const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
+                                out_types=[TP.FLOAT] * 3, hidden_size=H,
+                                direction="bidirectional")
+    dq_inputs = [RNG.standard_normal((64, 96)).astype(np.float32), _ints(np.int8, (96, 200)),
+                 RNG.uniform(0.001, 0.01, (200,)).astype(np.float32), _ints(np.int8, (200,))]
+    dq, dq_feeds = one_node("DynamicQuantizeMatMul", dq_inputs, opset=21, const=(1, 2, 3),
+                            domain=MS, out_types=[TP.FLOAT])
+    for model, feeds in ((lstm, lstm_feeds), (dq, dq_feeds)):
+        so = onnxrun.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = onnxrun.InferenceSession(model, so)
+        name = next(iter(feeds))
+        inputs = [{**feeds, name: feeds[name] * (1 + k)} for k in range(4)]
+        want = [sess.run(None, f) for f in inputs]
+        got: list = [None] * 4
+
+        def work(k, sess=sess, inputs=inputs, got=got):
+            for _ in range(5):
+                got[k] = sess.run(None, inputs[k])
+
+        run_on_threads(work, 4)
+        for g, w in zip(got, want, strict=True):
+            for a, b in zip(g, w, strict=True):
+                np.testing.assert_array_equal(a, b)
