@@ -87,7 +87,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
         "training": ("Adagrad", "Adam", "Momentum"),
     },
     "ai.onnxrun": {
-        "quantization": ("QuantizeDequantize",),
+        "quantization": ("ConvIntegerToFloat", "QuantizeDequantize"),
     },
     "com.microsoft": {
         "contrib.fused": (

@@ -1,4 +1,5 @@
-"""QLinearConv on the compiled 8-bit kernels, with channels-last activations.
+"""QLinearConv (and onnxrun's ConvIntegerToFloat) on the compiled 8-bit kernels, with
+channels-last activations.
 
 Why channels-last: the VNNI GEMM multiplies rows of bytes of the activation by the packed
 weight, so a 1x1 convolution of an (N, H, W, C) buffer is that GEMM with no copy at all, its
@@ -31,14 +32,21 @@ _LAYOUT_AGNOSTIC = frozenset({("", "QLinearConv"), ("com.microsoft", "QLinearCon
                               ("com.microsoft", "QLinearGlobalAveragePool")})
 
 
-def _channels_last_output(ctx) -> bool:
+# Readers of ConvIntegerToFloat's float output: element-wise numpy keeps the layout, and the
+# dynamic quantization of the next convolution's input reads any dense layout.
+_FLOAT_LAYOUT_AGNOSTIC = frozenset({("", "Clip"), ("", "Relu"), ("", "Add"),
+                                    ("", "DynamicQuantizeLinear"), ("", "GlobalAveragePool"),
+                                    ("ai.onnxrun", "ConvIntegerToFloat")})
+
+
+def _channels_last_output(ctx, readers: frozenset) -> bool:
     if not layout_changes_allowed(ctx):
         return False
     y = ctx.node.outputs[0]
     graph = ctx.node.graph
     if y is None or not y.uses or (graph is not None and y in graph.outputs):
         return False
-    return all((node.domain or "", node.op_type) in _LAYOUT_AGNOSTIC for node, _ in y.uses)
+    return all((node.domain or "", node.op_type) in readers for node, _ in y.uses)
 
 
 def _pairs(values, default: int) -> tuple[int, int]:
@@ -49,7 +57,7 @@ class CompiledQLinearConv:
     """A prepared QLinearConv; ``prepare`` returns None where the compiled path does not apply."""
 
     @classmethod
-    def prepare(cls, ctx, conv, W: np.ndarray | None, w_zero_point):
+    def prepare(cls, ctx, conv, W: np.ndarray | None, w_zero_point, float_output=False):
         if W is None or W.ndim != 4 or W.dtype not in (np.int8, np.uint8):
             return None
         if int8_gemm.unavailable() or int8_depthwise.unavailable():
@@ -61,9 +69,10 @@ class CompiledQLinearConv:
         depthwise = g > 1 and Cg == 1 and M == g
         if g != 1 and not depthwise:
             return None
-        return cls(ctx, conv, W, w_zero_point, depthwise)
+        return cls(ctx, conv, W, w_zero_point, depthwise, float_output)
 
-    def __init__(self, ctx, conv, W: np.ndarray, w_zero_point, depthwise: bool) -> None:
+    def __init__(self, ctx, conv, W: np.ndarray, w_zero_point, depthwise: bool,
+                 float_output: bool) -> None:
         self.conv = conv
         self.kernel = tuple(W.shape[2:])
         self.strides = _pairs(conv.strides, 1)
@@ -71,7 +80,8 @@ class CompiledQLinearConv:
         self.M = W.shape[0]
         self.depthwise = depthwise
         self.threads = threads_for(ctx)
-        self.channels_last = _channels_last_output(ctx)
+        self.channels_last = _channels_last_output(
+            ctx, _FLOAT_LAYOUT_AGNOSTIC if float_output else _LAYOUT_AGNOSTIC)
         zp = None if w_zero_point is None else np.asarray(w_zero_point).reshape(-1)
         if depthwise:
             self.dw = int8_depthwise.DepthwiseWeights(W, zp)
@@ -80,8 +90,10 @@ class CompiledQLinearConv:
             self.packed = int8_gemm.PackedB(Wm, zp)
         self.pointwise = self.kernel == (1, 1) and self.strides == (1, 1)
 
-    def __call__(self, x, x_scale, x_zero_point, mult, y_zero_point, out_dtype, bias):
-        """The requantized output, or None when this input needs the numpy kernel."""
+    def __call__(self, x, x_scale, x_zero_point, mult, y_zero_point, out_dtype, bias,
+                 float_bias=None):
+        """The requantized output (8-bit ``out_dtype``) or ``float(acc) * mult + float_bias``
+        (float32), or None when this input needs the numpy kernel."""
         if x.ndim != 4 or x.dtype not in (np.uint8, np.int8):
             return None
         N, C, H, Wd = x.shape
@@ -98,14 +110,18 @@ class CompiledQLinearConv:
             offsets = np.array([(i * dh * Wp + j * dw) * C for i in range(self.kernel[0])
                                 for j in range(self.kernel[1])], np.int64)
             y = self.dw.run(Xp, offsets, (Ho, Wo), self.strides, xzp, bias, mult, yzp,
-                            out_dtype, self.threads)
+                            out_dtype, self.threads, float_bias)
         else:
             if self.pointwise and not any(heads) and (Ho, Wo) == (H, Wd):
                 A = xt.reshape(N * H * Wd, C)  # a copy only when x is not channels-last
             else:
                 A = self._im2col(self._padded(xt, heads, outs, xzp), outs)
-            y = self.packed.matmul(A, xzp, scale=mult, int_bias=bias,
-                                   requantize=(yzp, out_dtype), threads=self.threads)
+            if np.dtype(out_dtype) == np.float32:
+                y = self.packed.matmul(A, xzp, scale=mult, bias=float_bias,
+                                       threads=self.threads)
+            else:
+                y = self.packed.matmul(A, xzp, scale=mult, int_bias=bias,
+                                       requantize=(yzp, out_dtype), threads=self.threads)
             y = y.reshape(N, Ho, Wo, self.M)
         y = y.transpose(0, 3, 1, 2)
         return y if self.channels_last else np.ascontiguousarray(y)

@@ -283,12 +283,15 @@ _FLAT_SCALE = float(np.float32(1) / np.float32(255))  # the scale when x is all 
 def DynamicQuantizeLinear(x):
     """uint8 quantization with a scale and zero point covering [min(x, 0), max(x, 0)]."""
     x = x.astype(F32, copy=False)
-    if x.flags.c_contiguous and x.size:
+    if x.size:
+        from ..compiled import layout
         from ..compiled import quantize as compiled
 
-        if not compiled.unavailable():
-            q, scale, zp = compiled.dynamic_quantize_u8(x, _FLAT_SCALE)
-            return q, np.array(scale, F32), np.array(zp, np.uint8)
+        order = layout.dense_order(x)  # channels-last views too: the codes keep x's layout
+        if order is not None and not compiled.unavailable():
+            q, scale, zp = compiled.dynamic_quantize_u8(layout.flat(x, order), _FLAT_SCALE)
+            return (layout.shaped_like(q, x, order), np.array(scale, F32),
+                    np.array(zp, np.uint8))
     lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
     hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
@@ -786,6 +789,45 @@ class QLinearConv:
         if mult.size > 1:
             mult = mult.reshape((-1,) + (1,) * nd)
         return requantize(acc, mult, y_zero_point, out_dtype)
+
+
+@op("ConvIntegerToFloat", 1, domain=ONNXRUN_DOMAIN)
+class ConvIntegerToFloat:
+    """onnxrun's fusion of a dynamically quantized convolution (ConvIntegerToFloatFusion):
+    ConvInteger(x, w, x_zp, w_zp) -> Cast(float) -> Mul(scale) [-> Add(bias)], that is
+    ``float32(acc) * scale (+ bias)`` with the graph's broadcasting. ``scale`` (x_scale *
+    w_scale) and ``bias`` are per tensor or per output channel. On the compiled kernels the
+    scale and bias are the GEMM's epilogue: one pass instead of four."""
+
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
+                 kernel_shape=None, pads=None, strides=None) -> None:
+        self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
+                            kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.w = _conv_weights(ctx, 1, 4, self.conv.group)
+        self.compiled = None
+        if self.w is not None:
+            from .int8_conv import CompiledQLinearConv
+
+            self.compiled = CompiledQLinearConv.prepare(ctx, self.conv, ctx.constant(1),
+                                                        ctx.constant(4), float_output=True)
+
+    def __call__(self, x, w, scale, x_zero_point=None, w_zero_point=None, bias=None):
+        M = w.shape[0]
+        per = [None if p is None else (p.reshape(()) if p.size == 1 else
+                                       p.reshape(-1) if p.size == M else False)
+               for p in (scale, bias)]
+        if self.compiled is not None and x.ndim == 4 and per[0] is not False and \
+                per[1] is not False and (x_zero_point is None or x_zero_point.size == 1) and \
+                scale.dtype == F32 and (bias is None or bias.dtype == F32) and \
+                max(scale.ndim, 0 if bias is None else bias.ndim) <= x.ndim:
+            y = self.compiled(x, None, x_zero_point, per[0], None, F32, None, per[1])
+            if y is not None:
+                return y
+        wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
+        zp = scalar(x_zero_point, 0)
+        acc = self.conv(centered(x, zp), centered_absmax(x, zp), wp)
+        Y = np.asarray(acc.astype(np.int32).astype(F32) * scale)  # as Cast then Mul
+        return Y if bias is None else np.asarray(Y + bias)
 
 
 __all__ = [
