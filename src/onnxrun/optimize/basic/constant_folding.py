@@ -1,17 +1,26 @@
 """Constant folding: a node whose inputs are all constants is computed once, at session
 creation, by the CPU provider's own kernel, and becomes an initializer. Shape and Size of
 statically known shapes fold too, so whole shape-arithmetic subgraphs collapse. A
-DequantizeLinear of an 8-bit weight read by Conv/MatMul/Gemm is left alone: folding it would
-hold the weight as float32, 4x its size."""
+DequantizeLinear of an 8-bit weight read by MatMul/Gemm is left alone: folding it would hold the
+weight as float32, 4x its size (see dequantizes_weight_per_run).
+
+A DequantizeLinear that is folded (a convolution's weight, a bias) is remembered: onnxruntime's
+constant folding leaves DequantizeLinear alone so that its extended-level QDQ fusions still see
+the integer weights, but folding here cannot know the session's level, and a basic-level session
+needs a convolution's weight folded (its kernel lays a constant weight out once, and re-lays one
+that arrives at each run). ``dequantized_from`` gives the integers back to those fusions.
+"""
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...dtypes import type_shape
-from ...ir import Model, Node
+from ...ir import Model, Node, Value
 from ...providers import KernelContext
 from ...providers.cpu import CPUExecutionProvider
 from ..base import BASIC, GraphPass, PassResult, register_pass
@@ -55,6 +64,8 @@ class ConstantFolding(GraphPass):
             for v, arr in zip(node.outputs, values, strict=False):
                 if v.name:
                     to_initializer(v, arr)
+            if node.op_type == "DequantizeLinear" and node.outputs[0].name:
+                _remember(node, node.outputs[0].const_value)
             changes[node.op_type] += 1
         return PassResult(bool(changes), changes)
 
@@ -114,3 +125,72 @@ def _static_shape_result(node: Node) -> np.ndarray | None:
     start = node.attr("start", 0)
     end = node.attr("end", None)
     return np.array(shape[slice(start, end)], dtype=np.int64)
+
+
+# -- folded dequantizations ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Folded:
+    array: weakref.ref  # the folded float array (an initializer's value while it lives)
+    ints: np.ndarray | None  # int32 codes (a bias); 8-bit codes are recovered from the floats
+    dtype: np.dtype
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    axis: int
+
+
+# id(folded array) -> how it was computed; an entry goes with its array.
+_FOLDED: dict[int, _Folded] = {}
+_REMEMBERED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32)}
+
+
+def _remember(node: Node, folded: np.ndarray) -> None:
+    x, scale = (constant_value(v) for v in node.inputs[:2])
+    zp_value = node.inputs[2] if len(node.inputs) > 2 else None
+    zp = constant_value(zp_value)
+    if x is None or scale is None or x.dtype not in _REMEMBERED or node.attr("block_size", 0) \
+            or (zp_value is not None and zp is None):
+        return
+    # 1-D int32 only: biases, a few values per channel, not large int32 tensors held twice
+    ints = x if x.dtype.itemsize == 4 and x.ndim <= 1 else None
+    if x.dtype.itemsize == 4 and ints is None:
+        return
+    _FOLDED[id(folded)] = _Folded(weakref.ref(folded), ints, x.dtype, scale, zp,
+                                  int(node.attr("axis", 1)))
+    weakref.finalize(folded, _FOLDED.pop, id(folded), None)
+
+
+def dequantized_from(v: Value) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int] | None:
+    """(codes, scale, zero point, axis) of the DequantizeLinear that constant folding turned
+    into the constant ``v``, or None. 8-bit codes are recovered from the floats, and given only
+    when they dequantize to exactly those floats again."""
+    arr = constant_value(v)
+    entry = _FOLDED.get(id(arr)) if arr is not None else None
+    if entry is None or entry.array() is not arr:
+        return None
+    codes = entry.ints if entry.ints is not None else _recover(arr, entry)
+    if codes is None:
+        return None
+    return codes, entry.scale, entry.zero_point, entry.axis
+
+
+def _recover(arr: np.ndarray, entry: _Folded) -> np.ndarray | None:
+    """The codes q with dequantize(q) == arr. arr is (q - zp) * s rounded to float32, so arr / s
+    is within 255 * 2**-24 of the whole number q - zp: rounding finds it."""
+    from ...providers.cpu.ops.quantization import broadcast_param, dequantize
+
+    try:
+        s = broadcast_param(entry.scale, arr.shape, entry.axis).astype(np.float64)
+        zp = 0 if entry.zero_point is None else \
+            broadcast_param(entry.zero_point, arr.shape, entry.axis).astype(np.float64)
+    except ValueError:
+        return None
+    with np.errstate(all="ignore"):
+        q = np.rint(arr.astype(np.float64) / s) + zp
+    info = np.iinfo(entry.dtype)
+    if not np.all((q >= info.min) & (q <= info.max)):  # NaN fails too
+        return None
+    codes = q.astype(entry.dtype)
+    again = dequantize(codes, entry.scale, entry.zero_point, arr.dtype, entry.axis)
+    return codes if np.array_equal(again, arr) else None

@@ -6,11 +6,15 @@
 PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "float16_compute_in_float32": ("Float16ComputeInFloat32", 0, ()),
     "shape_refinement": ("ShapeRefinement", 1, ()),
+    "qdq_node_groups": ("QDQSelectorActionTransformer", 4, (
+        "DequantizeLinear QuantizeLinear", "DequantizeLinear Gemm")),
     "quantize_dequantize": ("QuantizeDequantizeFusion", 5, ("DequantizeLinear QuantizeLinear",)),
     "gelu": ("GeluFusion", 10, ("Add Div Erf Mul", "Add Erf Mul")),
     "fast_gelu": ("FastGeluFusion", 11, ("Add Mul Pow Tanh", "Add Mul Tanh")),
     "matmul_integer_to_float": ("MatMulIntegerToFloatFusion", 12, (
         "Cast MatMulInteger Mul", "Add com.microsoft:MatMulIntegerToFloat")),
+    "conv_integer_to_float": ("ConvIntegerToFloatFusion", 12, (
+        "Cast ConvInteger Mul", "Add ai.onnxrun:ConvIntegerToFloat")),
     "quick_gelu": ("QuickGeluFusion", 12, ("Mul Sigmoid",)),
     "dynamic_quantize_matmul": ("DynamicQuantizeMatMulFusion", 13, (
         "DynamicQuantizeLinear com.microsoft:MatMulIntegerToFloat",)),
