@@ -115,4 +115,8 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | Non
     return out
 
 
-__all__ = ["REQUIRES", "module_ir", "qlinear_add", "unavailable"]
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"int8_elementwise": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "REQUIRES", "module_ir", "qlinear_add", "unavailable"]

@@ -433,4 +433,8 @@ class PackedB:
         return out
 
 
-__all__ = ["MR", "NR", "PackedB", "REQUIRES", "module_ir", "unavailable"]
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"int8_gemm": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "MR", "NR", "PackedB", "REQUIRES", "module_ir", "unavailable"]

@@ -3,7 +3,10 @@
 llvmlite (LLVM's Python binding, the compiler under numba) is an optional dependency: without
 it, or on a CPU without the instructions a module needs, ``compile_module`` raises
 ``Unavailable`` and the kernels keep their numpy path. Modules are compiled once per process,
-on first use (tens of milliseconds each), for the host CPU's own instruction set.
+on first use, for the host CPU's own instruction set — in a child process (``_compiler.py``),
+whose ELF object ``elf.py`` loads into executable memory here: the engine's process never loads
+LLVM, which would cost it 60-80 MB of resident memory for good (more than an int8 model saves).
+A compile costs ~0.3 s (the child's start included), once per module and process.
 
 ctypes releases the GIL for the duration of a call, so compiled kernels run truly in parallel
 on the intra-op threads and under concurrent ``run`` calls. The generated functions only read
@@ -12,11 +15,17 @@ and write the buffers they are given; the Python wrappers check every shape and 
 
 from __future__ import annotations
 
+import base64
 import ctypes
+import json
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterable
 from typing import Any
+
+from . import elf
 
 
 class Unavailable(RuntimeError):
@@ -25,36 +34,55 @@ class Unavailable(RuntimeError):
 
 # ONNXRUN_COMPILED_KERNELS=0 keeps every kernel on its numpy path (for comparison and debugging).
 _ENV_SWITCH = "ONNXRUN_COMPILED_KERNELS"
+_COMPILE_TIMEOUT_S = 120
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {}  # "llvm", "target_machine", "features", "error"
+_state: dict[str, Any] = {}  # the first compiler process's answer: features, error, objects
 _modules: dict[str, Any] = {}
 _forced_off = 0  # depth of `disabled()` blocks
 
 
+# Modules compiled together, in the first compiler process of a process (their IR is cheap to
+# write; one process start instead of one per module): each lists ``BUNDLE``, name -> (IR
+# factory, required features).
+_BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise")
+
+
+def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
+    """One request to a compiler process; its answer (see _compiler.py)."""
+    request = json.dumps({"modules": {name: {"ir": ir, "requires": sorted(req)}
+                                      for name, (ir, req) in modules.items()}})
+    try:
+        # the script by path: importing the package would import onnxrun, onnx, numpy first
+        done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                            "_compiler.py")],
+                              input=request, capture_output=True, text=True,
+                              timeout=_COMPILE_TIMEOUT_S, check=False)
+        answer = json.loads(done.stdout) if done.stdout else None
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        answer = {"error": f"compiler process: {type(exc).__name__}: {exc}"}
+    else:
+        if answer is None:
+            tail = (done.stderr or "").strip().splitlines()[-1:]
+            answer = {"error": f"compiler process failed ({done.returncode}): "
+                      f"{tail[0] if tail else 'no output'}"}
+    return {"features": [], "error": None, "objects": {}, "errors": {}, **answer}
+
+
 def _init_llvm() -> None:
-    """Import llvmlite and build the host target machine, once; failures are remembered."""
+    """Compile the bundle in one compiler process, once: it also reports the host's features.
+    Failures are remembered."""
     if _state:
         return
-    try:
-        import llvmlite.binding as llvm
+    import importlib
 
-        try:  # llvmlite < 0.45 needs an explicit initialize(); newer ones refuse it
-            llvm.initialize()
-        except RuntimeError:
-            pass
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        features = llvm.get_host_cpu_features()
-        target = llvm.Target.from_default_triple()
-        tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                          features=features.flatten(), opt=3,
-                                          codemodel="jitdefault")
-        _state.update(llvm=llvm, target_machine=tm,
-                      features={k for k, v in features.items() if v}, error=None)
-    except Exception as exc:  # ImportError, or an LLVM that cannot target this host
-        _state.update(llvm=None, target_machine=None, features=set(),
-                      error=f"{type(exc).__name__}: {exc}")
+    modules = {}
+    for short in _BUNDLE:
+        bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
+        modules.update({name: (factory(), req) for name, (factory, req) in bundle.items()})
+    answer = _compile(modules)
+    _state.update(features=set(answer["features"]), error=answer["error"],
+                  objects=answer["objects"], errors=answer["errors"])
 
 
 def enabled() -> bool:
@@ -95,13 +123,13 @@ def address(a) -> int:
 class Module:
     """Compiled functions of one IR module, as ctypes callables named like the IR functions."""
 
-    def __init__(self, engine: Any, functions: dict[str, Any]) -> None:
-        self._engine = engine  # keeps the machine code alive
+    def __init__(self, code: elf.LoadedCode, functions: dict[str, Any]) -> None:
+        self._code = code  # keeps the machine code mapped
         for name, fn in functions.items():
             setattr(self, name, fn)
 
 
-def compile_module(name: str, ir: str, signatures: dict[str, ctypes._CFuncPtr],
+def compile_module(name: str, ir: str, signatures: dict[str, Any],
                    requires: Iterable[str] = ()) -> Module:
     """Compile ``ir`` (LLVM assembly) once per process under ``name``; ``signatures`` maps each
     exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``)."""
@@ -111,23 +139,23 @@ def compile_module(name: str, ir: str, signatures: dict[str, ctypes._CFuncPtr],
     with _lock:
         module = _modules.get(name)
         if module is None:
-            llvm = _state["llvm"]
-            parsed = llvm.parse_assembly(ir)
-            parsed.verify()
-            engine = llvm.create_mcjit_compiler(parsed, _state["target_machine"])
-            engine.finalize_object()
-            functions = {fn: proto(engine.get_function_address(fn))
-                         for fn, proto in signatures.items()}
-            module = _modules[name] = Module(engine, functions)
+            obj = _state["objects"].pop(name, None)  # compiled with the bundle
+            if obj is None:
+                answer = _compile({name: (ir, requires)})
+                obj = answer["objects"].get(name)
+                if obj is None:
+                    raise Unavailable(f"compiling {name}: "
+                                      f"{answer['error'] or answer['errors'].get(name)}")
+            try:
+                code = elf.load(base64.b64decode(obj))
+            except (elf.ObjectError, OSError) as exc:  # e.g. no executable mappings allowed
+                raise Unavailable(f"loading {name}: {exc}") from exc
+            missing = set(signatures) - set(code.address)
+            if missing:
+                raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
+            functions = {fn: proto(code.address[fn]) for fn, proto in signatures.items()}
+            module = _modules[name] = Module(code, functions)
         return module
-
-
-def assembly(ir: str) -> str:
-    """The host assembly of ``ir`` (for tests that check which instructions were selected)."""
-    reason = why_unavailable()
-    if reason:
-        raise Unavailable(reason)
-    return _state["target_machine"].emit_assembly(_state["llvm"].parse_assembly(ir))
 
 
 class disabled:
@@ -144,5 +172,5 @@ class disabled:
             _forced_off -= 1
 
 
-__all__ = ["Module", "Unavailable", "address", "assembly", "compile_module", "disabled", "enabled",
+__all__ = ["Module", "Unavailable", "address", "compile_module", "disabled", "enabled",
            "host_features", "why_unavailable"]

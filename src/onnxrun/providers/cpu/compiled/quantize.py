@@ -173,4 +173,8 @@ def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,
     return out, params[0], int(params[1])
 
 
-__all__ = ["REQUIRES", "dynamic_quantize_u8", "module_ir", "unavailable"]
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"quantize": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "REQUIRES", "dynamic_quantize_u8", "module_ir", "unavailable"]
