@@ -415,3 +415,44 @@ def test_one_session_on_four_threads(threads):
         for g, w in zip(got, want, strict=True):
             for a, b in zip(g, w, strict=True):
                 np.testing.assert_array_equal(a, b)
+
+
+# -- compiling in a child process, loading the object here -----------------------------------
+
+
+def test_engine_process_never_loads_llvm():
+    """The kernels compile in a compiler process: the engine's own process runs them without
+    importing llvmlite (whose LLVM would stay resident, 60-80 MB)."""
+    code = textwrap.dedent("""
+        import sys, numpy as np
+        from onnxrun.providers.cpu.compiled import int8_gemm
+        B = np.arange(-60, 60, dtype=np.int8).reshape(12, 10)
+        A = np.arange(36, dtype=np.uint8).reshape(3, 12)
+        got = int8_gemm.PackedB(B).matmul(A, 2)
+        assert (got == (A.astype(np.int64) - 2) @ B.astype(np.int64)).all()
+        print("llvmlite" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_object_calling_outside_itself_is_refused():
+    """The loader links self-contained objects only: a call to an undefined symbol is an
+    error, never a jump to an unresolved address."""
+    import base64
+
+    from onnxrun.providers.cpu.compiled import elf, jit
+
+    ir = "declare void @ext()\ndefine void @f() {\n  call void @ext()\n  ret void\n}"
+    answer = jit._compile({"outside": (ir, ())})
+    assert answer["error"] is None
+    with pytest.raises(elf.ObjectError, match="outside itself"):
+        elf.load(base64.b64decode(answer["objects"]["outside"]))
+
+
+def test_bad_ir_is_a_clear_unavailable():
+    from onnxrun.providers.cpu.compiled import jit
+
+    with pytest.raises(jit.Unavailable, match="compiling broken"):
+        jit.compile_module("broken", "define void @f( {", {"f": None})
