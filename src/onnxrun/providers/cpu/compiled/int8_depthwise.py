@@ -20,11 +20,10 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from . import ir, jit
 
 REQUIRES = ("avx512f", "avx512bw")
-_V, _VF, _VB = "<16 x i32>", "<16 x float>", "<16 x i8>"
-_IOTA = "<" + ", ".join(f"i32 {i}" for i in range(16)) + ">"
+_V, _VF, _VB = ir.V, ir.VF, ir.VB
 
 
 def _kernel(signed: bool, T: int, mode: str) -> str:
@@ -38,11 +37,8 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
          "ptr %Y, i64 %C, i64 %Cp, i64 %Ho, i64 %Wo, i64 %swc, i64 %shrow, i64 %img, "
          "i64 %r0, i64 %r1) nounwind {",
          "entry:"]
-    for i, q in enumerate(("zp", "lo", "hi") if mode == "q8" else ()):
-        L += [f"  %{q}p = getelementptr float, ptr %yq, i64 {i}",
-              f"  %{q}s = load float, ptr %{q}p, align 4",
-              f"  %{q}i = insertelement {_VF} poison, float %{q}s, i64 0",
-              f"  %{q} = shufflevector {_VF} %{q}i, {_VF} poison, {_V} zeroinitializer"]
+    if mode == "q8":
+        L += ir.load_params("%yq", ("zp", "lo", "hi"))
     for t in range(T):
         L += [f"  %offp{t} = getelementptr i64, ptr %off, i64 {t}",
               f"  %off{t} = load i64, ptr %offp{t}, align 8"]
@@ -61,10 +57,7 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
           "cloop:",  # 16 channels, the last chunk masked
           "  %c0 = phi i64 [0, %rloop], [%c0n, %cnext]",
           "  %left = sub i64 %C, %c0",
-          "  %left32 = trunc i64 %left to i32",
-          f"  %lefti = insertelement {_V} poison, i32 %left32, i64 0",
-          f"  %leftv = shufflevector {_V} %lefti, {_V} poison, {_V} zeroinitializer",
-          f"  %mask = icmp slt {_V} {_IOTA}, %leftv",
+          *ir.lane_mask("%mask", "%left"),
           "  %ip = getelementptr i32, ptr %init, i64 %c0",
           f"  %acc0 = load {_V}, ptr %ip, align 4",
           "  %sp = getelementptr float, ptr %scale, i64 %c0",
@@ -103,12 +96,7 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
           f"  %f = sitofp {_V} %acc to {_VF}",
           f"  %m = fmul {_VF} %f, %sv"]
     if mode == "q8":
-        L += [f"  %rr = call {_VF} @llvm.rint.v16f32({_VF} %m)",
-              f"  %z = fadd {_VF} %rr, %zp",
-              f"  %l = call {_VF} @llvm.maxnum.v16f32({_VF} %z, {_VF} %lo)",
-              f"  %h = call {_VF} @llvm.minnum.v16f32({_VF} %l, {_VF} %hi)",
-              f"  %i = fptosi {_VF} %h to {_V}",
-              f"  %b = trunc {_V} %i to {_VB}",
+        L += [*ir.requantize("%b", "%m", "%zp", "%lo", "%hi"),
               "  %yp = getelementptr i8, ptr %Y, i64 %ya",
               f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, "
               "<16 x i1> %mask)"]
@@ -136,13 +124,8 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
 
 def module_ir(T: int) -> str:
     """The kernels for windows of T taps (the taps are unrolled)."""
-    decls = [f"declare {_VB} @llvm.masked.load.v16i8.p0(ptr, i32, <16 x i1>, {_VB})",
-             f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
-             f"declare void @llvm.masked.store.v16f32.p0({_VF}, ptr, i32, <16 x i1>)",
-             f"declare {_VF} @llvm.rint.v16f32({_VF})",
-             f"declare {_VF} @llvm.fma.v16f32({_VF}, {_VF}, {_VF})",
-             f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
-             f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
+    decls = ir.declarations("load.i8", "store.i8", "store.f32", "rint", "fma", "minnum",
+                            "maxnum")
     return "\n\n".join(decls + [_kernel(signed, T, mode) for signed in (False, True)
                                   for mode in _MODES])
 

@@ -12,25 +12,17 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from . import ir, jit
 
 REQUIRES = ("avx512f", "avx512bw")
-_V, _VF, _VB = "<16 x i32>", "<16 x float>", "<16 x i8>"
-_IOTA = "<" + ", ".join(f"i32 {i}" for i in range(16)) + ">"
-
-
-def _splat(name: str, scalar: str) -> list[str]:
-    return [f"  {name}.i = insertelement {_VF} poison, float {scalar}, i64 0",
-            f"  {name} = shufflevector {_VF} {name}.i, {_VF} poison, {_V} zeroinitializer"]
+_V, _VF, _VB = ir.V, ir.VF, ir.VB
 
 
 def _kernel(signed: bool) -> str:
     ext, name = ("sext", "add_s8") if signed else ("zext", "add_u8")
     L = [f"define void @{name}(ptr %A, ptr %B, ptr %C, i64 %n, ptr %k) nounwind {{",
          "entry:"]
-    for i, q in enumerate(("rp", "rq", "fixed", "lo", "hi")):
-        L += [f"  %{q}p = getelementptr float, ptr %k, i64 {i}",
-              f"  %{q}s = load float, ptr %{q}p, align 4", *_splat(f"%{q}", f"%{q}s")]
+    L += ir.load_params("%k", ("rp", "rq", "fixed", "lo", "hi"))
     L += ["  %any = icmp sgt i64 %n, 0",
           "  br i1 %any, label %loop, label %end",
           "loop:",  # 16 elements at a time, the last chunk masked
@@ -38,10 +30,7 @@ def _kernel(signed: bool) -> str:
           "  %left = sub i64 %n, %i",
           "  %left.c = icmp sgt i64 %left, 16",
           "  %left16 = select i1 %left.c, i64 16, i64 %left",
-          "  %l32 = trunc i64 %left16 to i32",
-          f"  %lv.i = insertelement {_V} poison, i32 %l32, i64 0",
-          f"  %lv = shufflevector {_V} %lv.i, {_V} poison, {_V} zeroinitializer",
-          f"  %mask = icmp slt {_V} {_IOTA}, %lv",
+          *ir.lane_mask("%mask", "%left16"),
           "  %ap = getelementptr i8, ptr %A, i64 %i",
           "  %bp = getelementptr i8, ptr %B, i64 %i",
           f"  %a8 = call {_VB} @llvm.masked.load.v16i8.p0(ptr %ap, i32 1, <16 x i1> %mask, "
@@ -54,11 +43,7 @@ def _kernel(signed: bool) -> str:
           f"  %bf = sitofp {_V} %b32 to {_VF}",
           f"  %inner = call {_VF} @llvm.fma.v16f32({_VF} %bf, {_VF} %rq, {_VF} %fixed)",
           f"  %v = call {_VF} @llvm.fma.v16f32({_VF} %af, {_VF} %rp, {_VF} %inner)",
-          f"  %r = call {_VF} @llvm.rint.v16f32({_VF} %v)",
-          f"  %l = call {_VF} @llvm.maxnum.v16f32({_VF} %r, {_VF} %lo)",
-          f"  %h = call {_VF} @llvm.minnum.v16f32({_VF} %l, {_VF} %hi)",
-          f"  %q32 = fptosi {_VF} %h to {_V}",
-          f"  %q = trunc {_V} %q32 to {_VB}",
+          *ir.requantize("%q", "%v", "zeroinitializer", "%lo", "%hi"),  # zc is in fixed
           "  %cp = getelementptr i8, ptr %C, i64 %i",
           f"  call void @llvm.masked.store.v16i8.p0({_VB} %q, ptr %cp, i32 1, <16 x i1> %mask)",
           "  %in = add i64 %i, 16",
@@ -71,12 +56,7 @@ def _kernel(signed: bool) -> str:
 
 
 def module_ir() -> str:
-    decls = [f"declare {_VB} @llvm.masked.load.v16i8.p0(ptr, i32, <16 x i1>, {_VB})",
-             f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
-             f"declare {_VF} @llvm.fma.v16f32({_VF}, {_VF}, {_VF})",
-             f"declare {_VF} @llvm.rint.v16f32({_VF})",
-             f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
-             f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
+    decls = ir.declarations("load.i8", "store.i8", "fma", "rint", "minnum", "maxnum")
     return "\n\n".join(decls + [_kernel(False), _kernel(True)])
 
 

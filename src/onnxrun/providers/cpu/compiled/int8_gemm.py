@@ -28,7 +28,7 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from . import ir, jit
 from .jit import address
 
 REQUIRES = ("avx512f", "avx512bw", "avx512vnni")
@@ -36,9 +36,7 @@ NR = 32  # columns per panel: two 16-lane registers
 MR = 8  # rows per tile: 16 accumulators + 2 B registers + 1 broadcast of 32 zmm registers
 L2_BYTES_FOR_A = 192 * 1024  # rows of A per block: the block stays in L2 across all panels
 
-_V = "<16 x i32>"
-_VF = "<16 x float>"
-_VB = "<16 x i8>"
+_V, _VF, _VB = ir.V, ir.VF, ir.VB
 _ELEM = {"i32": "i32", "f32": "i32", "q8": "i8"}  # output element, for address arithmetic
 _VDP = "@llvm.x86.avx512.vpdpbusd.512"
 
@@ -69,8 +67,7 @@ def _tile(R: int, mode: str) -> str:
         L += [f"  %ax{r} = add i64 %ro{r}, %ao",
               f"  %ap{r} = getelementptr i8, ptr %A, i64 %ax{r}",
               f"  %as{r} = load i32, ptr %ap{r}, align 1",
-              f"  %ai{r} = insertelement {_V} poison, i32 %as{r}, i64 0",
-              f"  %av{r} = shufflevector {_V} %ai{r}, {_V} poison, {_V} zeroinitializer"]
+              *ir.splat(f"%av{r}", f"%as{r}", _V)]
         for c in range(2):
             L.append(f"  %n{r}_{c} = call {_V} {_VDP}({_V} %a{r}_{c}, {_V} %av{r}, {_V} %b{c})")
     L += ["  %gn = add i64 %g, 1",
@@ -87,8 +84,7 @@ def _tile(R: int, mode: str) -> str:
     for r in range(R):
         L += [f"  %rcp{r} = getelementptr i32, ptr %rowc, i64 {r}",
               f"  %rcs{r} = load i32, ptr %rcp{r}, align 4",
-              f"  %rci{r} = insertelement {_V} poison, i32 %rcs{r}, i64 0",
-              f"  %rcv{r} = shufflevector {_V} %rci{r}, {_V} poison, {_V} zeroinitializer"]
+              *ir.splat(f"%rcv{r}", f"%rcs{r}", _V)]
         for c in range(2):
             L += [f"  %m{r}_{c} = mul {_V} %rcv{r}, %z{c}",
                   f"  %k{r}_{c} = sub {_V} %n{r}_{c}, %m{r}_{c}"]
@@ -123,22 +119,13 @@ def _tile(R: int, mode: str) -> str:
         L += [f"  %s0 = load {_VF}, ptr %scale, align 4",
               "  %sp1 = getelementptr float, ptr %scale, i64 16",
               f"  %s1 = load {_VF}, ptr %sp1, align 4"]
-        for i, name in enumerate(("zp", "lo", "hi")):
-            L += [f"  %{name}p = getelementptr float, ptr %yq, i64 {i}",
-                  f"  %{name}s = load float, ptr %{name}p, align 4",
-                  f"  %{name}i = insertelement {_VF} poison, float %{name}s, i64 0",
-                  f"  %{name} = shufflevector {_VF} %{name}i, {_VF} poison, {_V} zeroinitializer"]
+        L += ir.load_params("%yq", ("zp", "lo", "hi"))
         for r in range(R):
             for c in range(2):
                 t = f"%y{r}_{c}."
                 L += [f"  {t}f = sitofp {_V} %e{r}_{c} to {_VF}",
                       f"  {t}m = fmul {_VF} {t}f, %s{c}",
-                      f"  {t}r = call {_VF} @llvm.rint.v16f32({_VF} {t}m)",
-                      f"  {t}z = fadd {_VF} {t}r, %zp",
-                      f"  {t}l = call {_VF} @llvm.maxnum.v16f32({_VF} {t}z, {_VF} %lo)",
-                      f"  {t}h = call {_VF} @llvm.minnum.v16f32({_VF} {t}l, {_VF} %hi)",
-                      f"  {t}i = fptosi {_VF} {t}h to {_V}",
-                      f"  %o{r}_{c} = trunc {_V} {t}i to {_VB}"]
+                      *ir.requantize(f"%o{r}_{c}", f"{t}m", "%zp", "%lo", "%hi")]
     else:
         for r in range(R):
             for c in range(2):
@@ -153,11 +140,8 @@ def _tile(R: int, mode: str) -> str:
                   f"  %cp{r}_{c} = getelementptr {elem}, ptr %C, i64 %cx{r}_{c}",
                   f"  store {out_t} %o{r}_{c}, ptr %cp{r}_{c}, align 1"]
     L += ["  ret void", "mstore:",
-          "  %nc32 = trunc i64 %ncols to i32",
-          f"  %ncs = insertelement {_V} poison, i32 %nc32, i64 0",
-          f"  %ncv = shufflevector {_V} %ncs, {_V} poison, {_V} zeroinitializer",
-          f"  %mk0 = icmp slt {_V} <{', '.join(f'i32 {i}' for i in range(16))}>, %ncv",
-          f"  %mk1 = icmp slt {_V} <{', '.join(f'i32 {i}' for i in range(16, 32))}>, %ncv"]
+          *ir.lane_mask("%mk0", "%ncols"),
+          *ir.lane_mask("%mk1", "%ncols", 16)]
     suffix = {"i32": "v16i32", "f32": "v16f32", "q8": "v16i8"}[mode]
     for r in range(R):
         L.append(f"  %mo{r} = mul i64 {r}, %ldc")
@@ -251,13 +235,8 @@ def _gemm(mode: str) -> str:
 
 
 def module_ir() -> str:
-    decls = [f"declare {_V} {_VDP}({_V}, {_V}, {_V})",
-             f"declare void @llvm.masked.store.v16i32.p0({_V}, ptr, i32, <16 x i1>)",
-             f"declare void @llvm.masked.store.v16f32.p0({_VF}, ptr, i32, <16 x i1>)",
-             f"declare void @llvm.masked.store.v16i8.p0({_VB}, ptr, i32, <16 x i1>)",
-             f"declare {_VF} @llvm.rint.v16f32({_VF})",
-             f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
-             f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"]
+    decls = ir.declarations("vpdpbusd", "store.i32", "store.f32", "store.i8", "rint", "minnum",
+                            "maxnum")
     tiles = [_tile(r, mode) for mode in _MODES for r in range(1, MR + 1)]
     return "\n\n".join(decls + tiles + [_gemm(mode) for mode in _MODES])
 

@@ -20,35 +20,26 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from . import ir, jit
 from .jit import address
 
 REQUIRES = ("avx512f",)
 
-_VF = "<16 x float>"
+_VF = ir.VF
+_U8_MAX = "<" + ", ".join(["float 255.0"] * 16) + ">"
 
 
 def _codes(result: str, v: str) -> list[str]:
-    """Lines computing the 16 codes ``result`` of the floats ``v`` (scale %sv, zero point %zv)."""
-    t = result + "."
-    return [f"  {t}q = fdiv {_VF} {v}, %sv",
-            f"  {t}r = call {_VF} @llvm.rint.v16f32({_VF} {t}q)",
-            f"  {t}c = fadd {_VF} {t}r, %zv",
-            # maxnum(NaN, 0) = 0: a NaN input gives code 0, not an undefined conversion
-            f"  {t}lo = call {_VF} @llvm.maxnum.v16f32({_VF} {t}c, {_VF} zeroinitializer)",
-            f"  {t}hi = call {_VF} @llvm.minnum.v16f32({_VF} {t}lo, {_VF} <"
-            + ", ".join(["float 255.0"] * 16) + ">)",
-            f"  {result} = fptoui {_VF} {t}hi to <16 x i8>"]
+    """Lines computing the 16 codes ``result`` of the floats ``v`` (scale %sv, zero point %zv):
+    clamp(rint(v / scale) + zp, 0, 255); a NaN input gives code 0."""
+    return [f"  {result}.q = fdiv {_VF} {v}, %sv",
+            *ir.requantize(result, f"{result}.q", "%zv", "zeroinitializer", _U8_MAX)]
 
 
 def module_ir() -> str:
     zeros = "zeroinitializer"
     return "\n".join([
-        f"declare {_VF} @llvm.masked.load.v16f32.p0(ptr, i32, <16 x i1>, {_VF})",
-        "declare void @llvm.masked.store.v16i8.p0(<16 x i8>, ptr, i32, <16 x i1>)",
-        f"declare {_VF} @llvm.rint.v16f32({_VF})",
-        f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
-        f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})",
+        *ir.declarations("load.f32", "store.i8", "rint", "minnum", "maxnum"),
         f"declare float @llvm.vector.reduce.fmin.v16f32({_VF})",
         f"declare float @llvm.vector.reduce.fmax.v16f32({_VF})",
         "declare float @llvm.rint.f32(float)",
@@ -82,10 +73,7 @@ def module_ir() -> str:
         f"  %hi1 = phi {_VF} [{zeros}, %entry], [%hin, %rloop]",
         "  %to = shl i64 %chunks, 4",
         "  %tp = getelementptr float, ptr %x, i64 %to",
-        "  %tl = trunc i64 %tail to i32",
-        "  %tls = insertelement <16 x i32> poison, i32 %tl, i64 0",
-        "  %tlv = shufflevector <16 x i32> %tls, <16 x i32> poison, <16 x i32> zeroinitializer",
-        "  %tm = icmp slt <16 x i32> <" + ", ".join(f"i32 {i}" for i in range(16)) + ">, %tlv",
+        *ir.lane_mask("%tm", "%tail"),
         f"  %tv = call {_VF} @llvm.masked.load.v16f32.p0(ptr %tp, i32 4, <16 x i1> %tm, "
         f"{_VF} {zeros})",
         f"  %tlt = fcmp olt {_VF} %tv, %lo1",
@@ -107,10 +95,8 @@ def module_ir() -> str:
         "  store float %scale, ptr %params, align 4",
         "  %pz = getelementptr float, ptr %params, i64 1",
         "  store float %zpf, ptr %pz, align 4",
-        f"  %ss = insertelement {_VF} poison, float %scale, i64 0",
-        f"  %sv = shufflevector {_VF} %ss, {_VF} poison, <16 x i32> zeroinitializer",
-        f"  %zs = insertelement {_VF} poison, float %zpf, i64 0",
-        f"  %zv = shufflevector {_VF} %zs, {_VF} poison, <16 x i32> zeroinitializer",
+        *ir.splat("%sv", "%scale"),
+        *ir.splat("%zv", "%zpf"),
         "  br i1 %hasfull, label %qloop, label %qtail",
         # pass 2: codes
         "qloop:",

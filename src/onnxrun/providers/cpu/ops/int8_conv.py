@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..compiled import int8_depthwise, int8_gemm
-from ..parallel import threads_for
+from ..parallel import split_threads
 from .conv import layout_changes_allowed, window_geometry
 
 # Readers of a QLinearConv output that run as fast on channels-last memory (the convolution
@@ -79,7 +79,7 @@ class CompiledQLinearConv:
         self.dilations = _pairs(conv.dilations, 1)
         self.M = W.shape[0]
         self.depthwise = depthwise
-        self.threads = threads_for(ctx)
+        self.threads = split_threads(ctx)
         self.channels_last = _channels_last_output(
             ctx, _FLOAT_LAYOUT_AGNOSTIC if float_output else _LAYOUT_AGNOSTIC)
         zp = None if w_zero_point is None else np.asarray(w_zero_point).reshape(-1)

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import np_dtype
 from ..kernels import KernelContext, op
-from ..parallel import threads_for
+from ..parallel import split_threads
 from .conv import pad_spatial, window_geometry, window_slices
 
 F32 = np.dtype(np.float32)
@@ -533,7 +533,7 @@ class QLinearMatMul:
         b, b_zp = ctx.constant(3), ctx.constant(5)
         self.B = None
         if b is not None and is_int8(b.dtype) and (b_zp is not None or ctx.num_inputs <= 5):
-            self.B = IntMatrix(b, b_zp, prepack=threads_for(ctx))
+            self.B = IntMatrix(b, b_zp, prepack=split_threads(ctx))
 
     def __call__(self, a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale,
                  y_zero_point=None):
@@ -570,7 +570,7 @@ class MatMulInteger:
         has_zp = ctx.has_input(3)
         self.B = None
         if B is not None and (b_zp is not None or not has_zp):
-            self.B = IntMatrix(B, b_zp, prepack=threads_for(ctx))
+            self.B = IntMatrix(B, b_zp, prepack=split_threads(ctx))
 
     def __call__(self, A, B, a_zero_point=None, b_zero_point=None):
         Bm = self.B if self.B is not None else IntMatrix(B, b_zero_point)

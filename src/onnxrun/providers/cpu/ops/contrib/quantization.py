@@ -19,7 +19,7 @@ from onnx import TensorProto
 
 from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
-from ...parallel import threads_for
+from ...parallel import split_threads
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
@@ -376,7 +376,7 @@ class QGemm:
         self.B = None
         c = ctx.constants_of((3, 5))
         if c is not None and c[0] is not None:
-            self.B = _b_matrix(c[0], c[1], self.transB, prepack=threads_for(ctx))
+            self.B = _b_matrix(c[0], c[1], self.transB, prepack=split_threads(ctx))
 
     def __call__(self, A, a_scale, a_zero_point, B, b_scale, b_zero_point=None, C=None,
                  y_scale=None, y_zero_point=None):
@@ -443,7 +443,7 @@ class _MatMulToFloat:
         self.B = None
         c = ctx.constants_of((b_index, zp_index))
         if c is not None and c[0] is not None:
-            self.B = _b_matrix(c[0], c[1], prepack=threads_for(ctx))
+            self.B = _b_matrix(c[0], c[1], prepack=split_threads(ctx))
 
     def _compiled(self, A8: np.ndarray, a_zero_point, mult, bias, out_dtype):
         """The product on the compiled kernel, scale and bias in its epilogue; None when B is
@@ -628,7 +628,7 @@ class DynamicQuantizeLSTM:
         c = ctx.constants_of((1, 2, 8, 9, 10, 11))
         if c is not None:
             W, R, ws, wz, rs, rz = c
-            self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D, threads_for(ctx))
+            self.weights = _lstm_weights(W, ws, wz, R, rs, rz, self.D, split_threads(ctx))
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                  P=None, W_scale=None, W_zero_point=None, R_scale=None, R_zero_point=None):
