@@ -21,6 +21,7 @@ import ctypes
 import numpy as np
 
 from . import ir, jit
+from .layout import aligned_zeros
 
 REQUIRES = ("avx512f", "avx512bw")
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
@@ -166,7 +167,7 @@ class DepthwiseWeights:
         if zero_point is not None:
             w = w - np.asarray(zero_point, np.int64).reshape(-1, 1)
         self.C, self.Cp, self.taps = C, -(-C // 16) * 16, taps
-        self.w = np.zeros((taps, self.Cp), np.float32)
+        self.w = aligned_zeros((taps, self.Cp), np.float32)
         self.w[:, :C] = w.T
         self.wsum = w.sum(axis=1)
 

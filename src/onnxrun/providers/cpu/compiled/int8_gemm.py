@@ -30,6 +30,7 @@ import numpy as np
 
 from . import ir, jit
 from .jit import address
+from .layout import aligned_zeros
 
 REQUIRES = ("avx512f", "avx512bw", "avx512vnni")
 NR = 32  # columns per panel: two 16-lane registers
@@ -287,8 +288,9 @@ class PackedB:
             Bs = B
         full = np.zeros((K4, NP * NR), np.int8)
         full[:K, :N] = Bs
-        # [K4/4, 4, NP, 32] -> [NP, K4/4, 32, 4]
-        self.panels = np.ascontiguousarray(full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1))
+        # [K4/4, 4, NP, 32] -> [NP, K4/4, 32, 4], each 64-byte load on a cache line
+        self.panels = aligned_zeros((NP, K4 // 4, NR, 4), np.int8)
+        self.panels[...] = full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1)
         self._panels_ptr = self.panels.ctypes.data
         self.K, self.N, self.G, self.width = K, N, K4 // 4, NP * NR
         self.colsum = _padded(Bs.sum(axis=0, dtype=np.int64), self.width, np.int64)

@@ -29,4 +29,14 @@ def shaped_like(buffer: np.ndarray, a: np.ndarray, order: tuple[int, ...]) -> np
     return permuted.transpose(inverse)
 
 
-__all__ = ["dense_order", "flat", "shaped_like"]
+def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
+    """Zeros whose first byte is ``align``-aligned: a 64-byte vector load that straddles two
+    cache lines costs twice (packed weights are loaded once per tile step)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(n + align, np.uint8)
+    start = -raw.ctypes.data % align
+    return raw[start:start + n].view(dtype).reshape(shape)
+
+
+__all__ = ["aligned_zeros", "dense_order", "flat", "shaped_like"]
