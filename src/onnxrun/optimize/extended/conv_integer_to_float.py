@@ -26,15 +26,12 @@ _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "stride
 
 def _per_channel(v, M: int, rank: int) -> bool:
     """A tensor that broadcasts against an (N, M, *spatial) output as one value, or one value
-    per output channel."""
+    per output channel (the kernel takes the same test on the arrays)."""
+    from ...providers.cpu.ops.quantization import broadcasts_per_channel
+
     s = shape(v)
-    if s is None or not all(isinstance(d, int) for d in s) or len(s) > rank:
-        return False
-    if all(d == 1 for d in s):
-        return True
-    # right-aligned against (N, M, spatial...): only the channel axis may be M
-    channel = len(s) - (rank - 1)
-    return channel >= 0 and all(d == (M if i == channel else 1) for i, d in enumerate(s))
+    return s is not None and all(isinstance(d, int) for d in s) and \
+        broadcasts_per_channel(s, M, rank)
 
 
 def _weight_channels(w) -> tuple[int, int] | None:

@@ -9,6 +9,7 @@ another relocation kind is refused: the kernels here call nothing, by design.
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import struct
 
@@ -58,8 +59,6 @@ def load(obj: bytes) -> LoadedCode:
     if not layout:
         raise ObjectError("the object has no code")
     memory = mmap.mmap(-1, max(end, 1), prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
-    import ctypes
-
     base = ctypes.addressof(ctypes.c_char.from_buffer(memory))
     for i, off in layout.items():
         s = sections[i]

@@ -13,6 +13,7 @@ import ctypes
 import numpy as np
 
 from . import ir, jit
+from .layout import dense_order
 
 REQUIRES = ("avx512f", "avx512bw")
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
@@ -69,18 +70,11 @@ def unavailable() -> str | None:
     return jit.why_unavailable(REQUIRES)
 
 
-def _same_memory_order(a: np.ndarray, b: np.ndarray) -> bool:
-    """a and b have one shape and one dense layout (C order, or one permutation of it)."""
-    if a.shape != b.shape or a.strides != b.strides:
-        return False
-    order = sorted(range(a.ndim), key=lambda i: -a.strides[i])
-    return a.transpose(order).flags.c_contiguous
-
-
 def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | None:
     """The QLinearAdd of two same-layout 8-bit tensors (output in that layout), or None when
     the shapes or layouts differ (the caller broadcasts with numpy)."""
-    if a.dtype != b.dtype or a.dtype not in (np.uint8, np.int8) or not _same_memory_order(a, b):
+    if a.dtype != b.dtype or a.dtype not in (np.uint8, np.int8) or a.shape != b.shape or \
+            a.strides != b.strides or dense_order(a) is None:  # one shape, one dense layout
         return None
     if not _compiled:
         module = jit.compile_module("int8_elementwise", module_ir(),
@@ -88,7 +82,7 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | Non
         _compiled.update({False: module.add_u8, True: module.add_s8})
     info = np.iinfo(a.dtype)
     k = np.array([rp, rq, fixed, info.min, info.max], np.float32)
-    out = np.empty_like(a)  # same shape and strides (dense, positive: checked above)
+    out = np.empty_like(a)  # same shape and strides (dense: checked above)
     if a.size:
         _compiled[a.dtype == np.int8](a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size,
                                       k.ctypes.data)

@@ -269,7 +269,7 @@ class PackedB:
     for the VNNI kernel. Holds only the packed bytes (the same size as the matrix) and per
     column int32 sums."""
 
-    __slots__ = ("K", "N", "G", "width", "panels", "colsum", "zb", "zb_nonzero", "_zb32",
+    __slots__ = ("K", "N", "G", "width", "panels", "zb_nonzero", "_zb32", "_slope",
                  "_slope32", "_panels_ptr", "_zb_ptr", "_mblock", "_functions")
 
     def __init__(self, B: np.ndarray, zero_point=None) -> None:
@@ -293,16 +293,15 @@ class PackedB:
         self.panels[...] = full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1)
         self._panels_ptr = self.panels.ctypes.data
         self.K, self.N, self.G, self.width = K, N, K4 // 4, NP * NR
-        self.colsum = _padded(Bs.sum(axis=0, dtype=np.int64), self.width, np.int64)
-        self.zb = _padded(zb, self.width, np.int64)
-        self._zb32 = self.zb.astype(np.int32)
+        zb = _padded(zb, self.width, np.int64)
+        self._zb32 = zb.astype(np.int32)
         self._zb_ptr = self._zb32.ctypes.data
         self.zb_nonzero = bool(np.any(zb))
-        # init = a_zp * slope for any 8-bit a_zp (at most 383 after an int8 A's shift), when
-        # that fits int32: one small multiply per product instead of int64 arithmetic
-        slope = K * self.zb - self.colsum
-        self._slope32 = slope.astype(np.int32) if \
-            int(np.abs(slope).max(initial=0)) * 383 < (1 << 31) else None
+        # the zero-point terms start the accumulators: a_zp * (K * zb - colsum(B)); int32
+        # arithmetic when that fits for any 8-bit a_zp (at most 383 after an int8 A's shift)
+        self._slope = K * zb - _padded(Bs.sum(axis=0, dtype=np.int64), self.width, np.int64)
+        self._slope32 = self._slope.astype(np.int32) if \
+            int(np.abs(self._slope).max(initial=0)) * 383 < (1 << 31) else None
         self._mblock = max(MR, (L2_BYTES_FOR_A // K4) // MR * MR)
 
     def init(self, a_zero_point: int, int_bias=None) -> np.ndarray:
@@ -310,11 +309,7 @@ class PackedB:
         point of A (as uint8), plus an int32 bias per column."""
         if int_bias is None and self._slope32 is not None:
             return np.multiply(self._slope32, np.int32(a_zero_point))
-        if a_zero_point:
-            v = a_zero_point * (self.K * self.zb - self.colsum) if self.zb_nonzero else \
-                -a_zero_point * self.colsum
-        else:
-            v = np.zeros(self.width, np.int64)
+        v = a_zero_point * self._slope
         if int_bias is not None:
             v[: self.N] += np.asarray(int_bias, np.int64).reshape(-1)
         if np.abs(v).max(initial=0) >= 1 << 31:

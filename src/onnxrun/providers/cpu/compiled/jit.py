@@ -69,7 +69,7 @@ def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
     return {"features": [], "error": None, "objects": {}, "errors": {}, **answer}
 
 
-def _init_llvm() -> None:
+def _compile_bundle() -> None:
     """Compile the bundle in one compiler process, once: it also reports the host's features.
     Failures are remembered."""
     if _state:
@@ -92,7 +92,7 @@ def enabled() -> bool:
 def host_features() -> set[str]:
     """LLVM's names of the host CPU's features (e.g. 'avx512vnni'); empty without llvmlite."""
     with _lock:
-        _init_llvm()
+        _compile_bundle()
     return set(_state["features"])
 
 
@@ -101,7 +101,7 @@ def why_unavailable(requires: Iterable[str] = ()) -> str | None:
     if not enabled():
         return f"switched off ({_ENV_SWITCH}=0 or compiled.disabled())"
     with _lock:
-        _init_llvm()
+        _compile_bundle()
     if _state["error"]:
         return f"llvmlite unusable: {_state['error']}"
     missing = sorted(set(requires) - _state["features"])

@@ -90,8 +90,7 @@ class CompiledQLinearConv:
             self.packed = int8_gemm.PackedB(Wm, zp)
         self.pointwise = self.kernel == (1, 1) and self.strides == (1, 1)
 
-    def __call__(self, x, x_scale, x_zero_point, mult, y_zero_point, out_dtype, bias,
-                 float_bias=None):
+    def __call__(self, x, x_zero_point, mult, y_zero_point, out_dtype, bias, float_bias=None):
         """The requantized output (8-bit ``out_dtype``) or ``float(acc) * mult + float_bias``
         (float32), or None when this input needs the numpy kernel."""
         if x.ndim != 4 or x.dtype not in (np.uint8, np.int8):

@@ -460,7 +460,7 @@ def compiled_matmul(A: np.ndarray, a_zero_point, B: IntMatrix, *, scale=None,
         return None  # a zero point per row (MatMulInteger allows it)
     zp = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(-1)[0])
     A2 = A.reshape(-1, A.shape[-1])
-    Y = B.packed.matmul(A2, int(zp), scale=scale, bias=bias, threads=B.threads)
+    Y = B.packed.matmul(A2, zp, scale=scale, bias=bias, threads=B.threads)
     return Y.reshape(A.shape[:-1] + (B.packed.N,))
 
 
@@ -771,7 +771,7 @@ class QLinearConv:
         out_dtype = y_zero_point.dtype if y_zero_point is not None else x.dtype
         if self.compiled is not None and (x_zero_point is None or x_zero_point.size == 1):
             mult = output_multiplier(x_scale, w_scale.reshape(-1), y_scale)
-            y = self.compiled(x, x_scale, x_zero_point, mult, y_zero_point, out_dtype,
+            y = self.compiled(x, x_zero_point, mult, y_zero_point, out_dtype,
                               None if B is None or not B.size else B)
             if y is not None:
                 return y
@@ -789,6 +789,18 @@ class QLinearConv:
         if mult.size > 1:
             mult = mult.reshape((-1,) + (1,) * nd)
         return requantize(acc, mult, y_zero_point, out_dtype)
+
+
+def broadcasts_per_channel(shape, channels: int, rank: int) -> bool:
+    """Whether a tensor of ``shape`` broadcasts against an (N, channels, *spatial) tensor of
+    ``rank`` dims as one value, or as one value per channel (the channel axis right-aligned)."""
+    if len(shape) > rank:
+        return False
+    if all(d == 1 for d in shape):
+        return True
+    channel = len(shape) - (rank - 1)
+    return channel >= 0 and all(d == (channels if i == channel else 1)
+                                for i, d in enumerate(shape))
 
 
 @op("ConvIntegerToFloat", 1, domain=ONNXRUN_DOMAIN)
@@ -813,14 +825,12 @@ class ConvIntegerToFloat:
 
     def __call__(self, x, w, scale, x_zero_point=None, w_zero_point=None, bias=None):
         M = w.shape[0]
-        per = [None if p is None else (p.reshape(()) if p.size == 1 else
-                                       p.reshape(-1) if p.size == M else False)
-               for p in (scale, bias)]
-        if self.compiled is not None and x.ndim == 4 and per[0] is not False and \
-                per[1] is not False and (x_zero_point is None or x_zero_point.size == 1) and \
-                scale.dtype == F32 and (bias is None or bias.dtype == F32) and \
-                max(scale.ndim, 0 if bias is None else bias.ndim) <= x.ndim:
-            y = self.compiled(x, None, x_zero_point, per[0], None, F32, None, per[1])
+        params = (scale,) if bias is None else (scale, bias)
+        if self.compiled is not None and x.ndim == 4 and \
+                (x_zero_point is None or x_zero_point.size == 1) and \
+                all(p.dtype == F32 and broadcasts_per_channel(p.shape, M, 4) for p in params):
+            y = self.compiled(x, x_zero_point, scale.reshape(-1), None, F32, None,
+                              None if bias is None else bias.reshape(-1))
             if y is not None:
                 return y
         wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
@@ -832,7 +842,8 @@ class ConvIntegerToFloat:
 
 __all__ = [
     "F32", "F32_EXACT", "FLOAT8", "INT8_SPAN", "DequantizeLinear", "IntConv", "IntConvWeights",
-    "IntMatrix", "QuantizeLinear", "broadcast_param", "centered", "centered_absmax",
-    "compiled_matmul", "dequantize", "dequantizes_weight_per_run", "int_matmul", "int_range",
-    "is_int8", "k_chunks", "mm", "output_multiplier", "quantize", "requantize", "scalar",
+    "IntMatrix", "QuantizeLinear", "broadcast_param", "broadcasts_per_channel", "centered",
+    "centered_absmax", "compiled_matmul", "dequantize", "dequantizes_weight_per_run",
+    "int_matmul", "int_range", "is_int8", "k_chunks", "mm", "output_multiplier", "quantize",
+    "requantize", "scalar",
 ]

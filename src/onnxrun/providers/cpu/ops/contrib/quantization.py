@@ -383,23 +383,16 @@ class QGemm:
         Am = A.T if self.transA else A
         Bm = self.B if self.B is not None else _b_matrix(B, b_zero_point, self.transB)
         zp = _zp(a_zero_point)
-        acc = compiled_matmul(Am, zp, Bm)  # int32: C is added exactly below
-        if acc is not None:
+        acc = compiled_matmul(Am, zp, Bm)  # exact int32
+        if acc is None:
+            amax = centered_absmax(Am, zp)
+            acc = int_matmul(centered(Am, zp), amax, Bm)
             if C is not None and C.size:
-                acc += C.astype(np.int32)
-            mult = output_multiplier(a_scale, _column_param(b_scale), y_scale, self.alpha)
-            if y_scale is None:
-                Y = acc.astype(F32)
-                Y *= mult
-                return Y
-            out = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
-            return requantize(acc, mult, y_zero_point, out)
-        amax = centered_absmax(Am, zp)
-        acc = int_matmul(centered(Am, zp), amax, Bm)
-        if C is not None and C.size:
-            if acc.dtype == F32 and amax * Bm.colsum + float(np.abs(C).max()) >= F32_EXACT:
-                acc = acc.astype(F64)
-            acc = acc + C.astype(acc.dtype)
+                if acc.dtype == F32 and amax * Bm.colsum + float(np.abs(C).max()) >= F32_EXACT:
+                    acc = acc.astype(F64)
+                acc = acc + C.astype(acc.dtype)
+        elif C is not None and C.size:
+            acc += C.astype(np.int32)
         mult = output_multiplier(a_scale, _column_param(b_scale), y_scale, self.alpha)
         if y_scale is None:
             Y = acc if acc.dtype == F32 else acc.astype(F32)
@@ -422,12 +415,13 @@ def dynamic_quantize(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
     return q, scale, zp
 
 
-def dynamic_quantize_codes(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
-    """``dynamic_quantize`` as uint8 codes (``q + zp``) on the compiled kernel: for products on
-    the compiled GEMM, whose CPU features include the quantizer's."""
+def dynamic_quantize_codes(A: np.ndarray, out: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.float32, int]:
+    """``dynamic_quantize`` as uint8 codes (``q + zp``, into ``out`` if given) on the compiled
+    kernel: for products on the compiled GEMM, whose CPU features include the quantizer's."""
     from ...compiled.quantize import dynamic_quantize_u8
 
-    return dynamic_quantize_u8(A, 1.0)
+    return dynamic_quantize_u8(A, 1.0, out)
 
 
 def _scaled_output(acc: np.ndarray, mult, bias, out_dtype) -> np.ndarray:
@@ -706,14 +700,12 @@ class DynamicQuantizeLSTM:
         r_scale = (np.asarray(rq.scale, F32) * half).astype(F32)
         packed = rq.packed
         if packed is not None:  # codes of h, then one call for product and scale
-            from ...compiled.quantize import dynamic_quantize_u8
-
             codes = np.empty(h.shape, np.uint8)
             # a few rows: a hand-off to worker threads costs more than the product
             threads = rq.mat.threads if h.shape[0] >= 8 else 1
 
             def recurrent(h, out):
-                hq, a_scale, zp = dynamic_quantize_u8(h, 1.0, codes)
+                hq, a_scale, zp = dynamic_quantize_codes(h, codes)
                 packed.matmul(hq, zp, scale=a_scale * r_scale, out=out, threads=threads)
         else:
             def recurrent(h, out):
