@@ -8,6 +8,7 @@ ONNXRUN_COMPILED_KERNELS=0); the operator tests against onnxruntime then cover t
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from onnx import TensorProto as TP
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
-from onnxrun.providers.cpu.compiled import int8_gemm, quantize
+from onnxrun.providers.cpu.compiled import int8_gemm, int8_lstm, ir, quantize
 from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
 from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
+from onnxrun.providers.cpu.ops.rnn import fast_lstm_cell
 
 _REASON = int8_gemm.unavailable() or quantize.unavailable()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"compiled kernels: {_REASON}")
@@ -346,18 +348,152 @@ _LSTMS = [  # (T, batch, I, H, direction, weight type, per channel, extras)
 ]
 
 
+def _fused(extra) -> bool:
+    """Whether the case takes the compiled recurrence (full-length sequences, no peepholes)."""
+    return not extra.get("lens") and not extra.get("peep")
+
+
+class _CountingRecurrence:
+    """LSTMDirection.run, counting its calls (proof that the compiled recurrence ran)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        original = int8_lstm.LSTMDirection.run
+
+        def counted(direction, *args):
+            self.calls += 1
+            return original(direction, *args)
+
+        monkeypatch.setattr(int8_lstm.LSTMDirection, "run", counted)
+
+
 @pytest.mark.parametrize("T,batch,I,H,direction,wtype,per_channel,extra", _LSTMS)
 def test_dynamic_quantize_lstm(T, batch, I, H, direction, wtype, per_channel, extra,
                                monkeypatch):
+    """Products on the compiled GEMM, bit for bit; where the whole recurrence is compiled,
+    equal but for tanh's last bits (ours and numpy's differ by an ulp or two)."""
     inputs = _lstm_inputs(T, batch, I, H, direction, wtype, per_channel, **extra)
     model, feeds = one_node("DynamicQuantizeLSTM", inputs, opset=21, n_out=3,
                             const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
-    ref, sess = _assert_same_outputs(model, feeds, monkeypatch)
+    recurrences = _CountingRecurrence(monkeypatch)
+    if _fused(extra):
+        ref, sess = _sessions(model)
+        want = ref.run(None, feeds)
+        assert recurrences.calls == 0
+        got = sess.run(None, feeds)
+        assert recurrences.calls == (2 if direction == "bidirectional" else 1)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+    else:
+        ref, sess = _assert_same_outputs(model, feeds, monkeypatch)
+        assert recurrences.calls == 0
     for d_weights in _kernels(sess)[0].weights:
         assert all(w.packed is not None for w in d_weights)
     for d_weights in _kernels(ref)[0].weights:
         assert all(w.packed is None for w in d_weights)
+
+
+def _fast_cell_reference(xw, R, zb, r_scale, half, h, c, clip):
+    """The numpy recurrence the compiled one replaces (rnn.fast_lstm_cell on the GEMM)."""
+    packed = int8_gemm.PackedB(R, zb)
+    scale = (np.asarray(r_scale, np.float32) * half).astype(np.float32)
+
+    def recurrent(h, out):
+        hq, a_scale, zp = quantize.dynamic_quantize_u8(h, 1.0)
+        packed.matmul(hq, zp, scale=a_scale * scale, out=out)
+
+    cell = fast_lstm_cell(R.shape[0], recurrent, half, None if clip is None else
+                          np.float32(clip))
+    ys = np.empty((xw.shape[0],) + h.shape, np.float32)
+    for s, x in enumerate(xw):
+        h, c = cell(x, h, c, out=ys[s])
+    return ys, h, c
+
+
+# (T, B, H, R type, per-column zero points, clip): H with K/4 tails past the 4-chain loop
+# (H=37: 10 groups), under one chain (H=8), not a multiple of 16 units, partial panels
+_RECURRENCES = [(5, 1, 8, np.int8, False, None), (7, 3, 40, np.uint8, True, None),
+                (6, 2, 37, np.int8, True, 0.7), (40, 1, 64, np.int8, False, None),
+                (9, 9, 19, np.uint8, False, 2.0), (4, 1, 1, np.int8, False, None),
+                (3, 2, 16, np.uint8, True, None), (0, 2, 16, np.int8, False, None)]
+
+
+@pytest.mark.parametrize("T,B,H,wtype,per_column,clip", _RECURRENCES)
+def test_lstm_recurrence_equals_the_numpy_cell(T, B, H, wtype, per_column, clip):
+    R = _ints(wtype, (H, 4 * H))
+    zb = _ints(wtype, (4 * H,)) if per_column else np.array(0 if wtype == np.int8 else 128,
+                                                             wtype)
+    r_scale = RNG.uniform(0.001, 0.01, 4 * H).astype(np.float32)
+    half = np.concatenate((np.full(3 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    xw = (RNG.standard_normal((T, B, 4 * H)) * half).astype(np.float32)
+    h0, c0 = ((RNG.standard_normal((B, H)) * 0.5).astype(np.float32) for _ in range(2))
+    want_ys, want_h, want_c = _fast_cell_reference(xw, R, zb, r_scale, half, h0, c0, clip)
+    direction = int8_lstm.LSTMDirection(int8_gemm.PackedB(R, zb), r_scale, half, clip)
+    h, c, ys = h0.copy(), c0.copy(), np.full((T, B, H), np.nan, np.float32)
+    direction.run(xw, h, c, ys)
+    for got, want in ((ys, want_ys), (h, want_h), (c, want_c)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    if clip is not None:
+        assert np.abs(c).max() > 0  # the state moved
+
+
+def test_lstm_recurrence_from_a_zero_state_and_bad_buffers():
+    """h = 0 quantizes with the flat scale (zero point 0); wrong shapes are refused."""
+    H = 16
+    R = _ints(np.int8, (H, 4 * H))
+    half = np.concatenate((np.full(3 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    direction = int8_lstm.LSTMDirection(int8_gemm.PackedB(R, None), np.float32(0.01), half,
+                                        None)
+    xw = (RNG.standard_normal((3, 1, 4 * H)) * half).astype(np.float32)
+    h, c, ys = (np.zeros((1, H), np.float32), np.zeros((1, H), np.float32),
+                np.empty((3, 1, H), np.float32))
+    want = _fast_cell_reference(xw, R, None, np.float32(0.01), half, h.copy(), c.copy(), None)
+    direction.run(xw, h, c, ys)
+    np.testing.assert_allclose(ys, want[0], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="ys must be"):
+        direction.run(xw, h, c, np.empty((3, 1, H + 1), np.float32))
+    with pytest.raises(ValueError, match="h must be"):
+        direction.run(xw, h.astype(np.float64), c, ys)
+    with pytest.raises(ValueError, match="must be"):
+        int8_lstm.LSTMDirection(int8_gemm.PackedB(_ints(np.int8, (H, 3 * H)), None),
+                                np.float32(0.01), half, None)
+
+
+def test_tanh_is_within_three_ulp_and_odd():
+    """The compiled tanh (ir.tanh_function) on 1.5M floats against float64's: <= 3 ulp, -0.0
+    and NaN kept, saturated to +-1 far out."""
+    body = "\n".join([
+        *ir.declarations("fma", "rint", "minnum", "fabs", "copysign"), *ir.tanh_function(), "",
+        "define void @tanh_all(ptr %x, ptr %o, i64 %n) nounwind {", "entry:",
+        "  br label %l", "l:", "  %i = phi i64 [0, %entry], [%in, %l]",
+        "  %p = getelementptr float, ptr %x, i64 %i",
+        "  %v = load <16 x float>, ptr %p, align 4",
+        "  %t = call <16 x float> @tanh16(<16 x float> %v)",
+        "  %q = getelementptr float, ptr %o, i64 %i",
+        "  store <16 x float> %t, ptr %q, align 4", "  %in = add i64 %i, 16",
+        "  %m = icmp ult i64 %in, %n", "  br i1 %m, label %l, label %e", "e:", "  ret void",
+        "}"])
+    module = compiled.jit.compile_module(
+        "test_tanh", body,
+        {"tanh_all": ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)},
+        ("avx512f",))
+    x = np.concatenate([RNG.standard_normal(1 << 20) * 3, RNG.standard_normal(1 << 17) * 1e-3,
+                        np.linspace(-12, 12, 1 << 18),
+                        [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, -1e-40, 9, 20, 100, -100,
+                         0.3465, 0.3466, 1e-30]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-x.size % 16, np.float32)])
+    out = np.empty_like(x)
+    module.tanh_all(compiled.jit.address(x), compiled.jit.address(out), x.size)
+    want = np.tanh(x.astype(np.float64))
+    finite = np.isfinite(x)
+    ulps = np.abs(out[finite] - want[finite]) / np.spacing(
+        np.abs(want[finite]).astype(np.float32))
+    assert ulps.max() <= 3, ulps.max()
+    assert np.isnan(out[np.isnan(x)]).all()
+    np.testing.assert_array_equal(out[np.isinf(x)], np.sign(x[np.isinf(x)]))
+    np.testing.assert_array_equal(np.signbit(out), np.signbit(x) & ~np.isnan(x))
 
 
 def test_environment_switch_keeps_the_numpy_path():

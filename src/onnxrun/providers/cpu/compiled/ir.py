@@ -7,6 +7,8 @@ so a generator reads as the sequence of operations it emits.
 
 from __future__ import annotations
 
+import numpy as np
+
 V = "<16 x i32>"
 VF = "<16 x float>"
 VB = "<16 x i8>"
@@ -23,6 +25,8 @@ _DECLARATIONS = {
     "rint": f"declare {VF} @llvm.rint.v16f32({VF})",
     "minnum": f"declare {VF} @llvm.minnum.v16f32({VF}, {VF})",
     "maxnum": f"declare {VF} @llvm.maxnum.v16f32({VF}, {VF})",
+    "fabs": f"declare {VF} @llvm.fabs.v16f32({VF})",
+    "copysign": f"declare {VF} @llvm.copysign.v16f32({VF}, {VF})",
 }
 
 
@@ -69,5 +73,61 @@ def load_params(pointer: str, names: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def _hex(x: float) -> str:
+    """A float32 constant as LLVM writes it (the double whose value it is, in hex)."""
+    import struct
+
+    bits = struct.unpack("<Q", struct.pack("<d", float(np.float32(x))))[0]
+    return f"0x{bits:016X}"
+
+
+def _vconst(x: float) -> str:
+    return "<" + ", ".join([f"float {_hex(x)}"] * 16) + ">"
+
+
+def tanh_function() -> list[str]:
+    """``@tanh16(<16 x float>)``, an internal function: tanh to ~2 ulp, as numpy's float32 tanh
+    (which the numpy paths call), odd (-0.0 stays -0.0), NaN in NaN out.
+
+    tanh|x| = e / (e + 2) with e = expm1(2|x|) = 2^n (q + 1) - 1, where 2|x| = n ln2 + r,
+    |r| <= ln2/2 and q = expm1(r) by its Taylor series to r^8 (relative error < 1e-9):
+    exact near 0, no cancellation. 2|x| is capped at 40, where tanh is 1 in float32.
+    """
+    taylor = [1 / 40320, 1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0]
+    L = ["define internal <16 x float> @tanh16(<16 x float> %x) alwaysinline nounwind {",
+         "entry:",
+         f"  %ax = call {VF} @llvm.fabs.v16f32({VF} %x)",
+         f"  %y0 = fadd {VF} %ax, %ax",
+         f"  %y = call {VF} @llvm.minnum.v16f32({VF} %y0, {VF} {_vconst(40.0)})",
+         f"  %nl = fmul {VF} %y, {_vconst(1.4426950408889634)}",
+         f"  %n = call {VF} @llvm.rint.v16f32({VF} %nl)",
+         # Cody-Waite: n * ln2_hi is exact (ln2_hi has 12 trailing zero bits, n < 64)
+         f"  %nn = fneg {VF} %n",
+         f"  %r0 = call {VF} @llvm.fma.v16f32({VF} %nn, {VF} {_vconst(0.693145751953125)}, "
+         f"{VF} %y)",
+         f"  %r = call {VF} @llvm.fma.v16f32({VF} %nn, {VF} {_vconst(1.428606765330187e-06)}, "
+         f"{VF} %r0)",
+         f"  %p0 = fmul {VF} %r, {_vconst(taylor[0])}"]
+    prev = "%p0"
+    for k, coef in enumerate(taylor[1:], 1):  # Horner: q = r (1 + r (1/2 + r (1/6 + ...)))
+        L += [f"  %p{k}a = fadd {VF} {prev}, {_vconst(coef)}",
+              f"  %p{k} = fmul {VF} %p{k}a, %r"]
+        prev = f"%p{k}"
+    L += [f"  %ni = fptosi {VF} %n to {V}",  # 2^n from its exponent bits, exactly
+          f"  %eb = add {V} %ni, " + "<" + ", ".join(["i32 127"] * 16) + ">",
+          f"  %es = shl {V} %eb, " + "<" + ", ".join(["i32 23"] * 16) + ">",
+          f"  %pw = bitcast {V} %es to {VF}",
+          f"  %pm1 = fsub {VF} %pw, {_vconst(1.0)}",
+          f"  %e = call {VF} @llvm.fma.v16f32({VF} %pw, {VF} {prev}, {VF} %pm1)",
+          f"  %d = fadd {VF} %e, {_vconst(2.0)}",
+          f"  %t = fdiv {VF} %e, %d",
+          f"  %s = call {VF} @llvm.copysign.v16f32({VF} %t, {VF} %x)",
+          f"  %nan = fcmp uno {VF} %x, zeroinitializer",
+          f"  %res = select <16 x i1> %nan, {VF} %x, {VF} %s",
+          f"  ret {VF} %res",
+          "}"]
+    return L
+
+
 __all__ = ["IOTA", "V", "VB", "VF", "declarations", "lane_mask", "load_params", "requantize",
-           "splat"]
+           "splat", "tanh_function"]

@@ -36,24 +36,32 @@ def _codes(result: str, v: str) -> list[str]:
             *ir.requantize(result, f"{result}.q", "%zv", "zeroinitializer", _U8_MAX)]
 
 
-def module_ir() -> str:
+def declarations() -> list[str]:
+    """What ``functions()`` needs declared, for a module that includes them."""
+    return [*ir.declarations("load.f32", "store.i8", "rint", "minnum", "maxnum"),
+            f"declare float @llvm.vector.reduce.fmin.v16f32({_VF})",
+            f"declare float @llvm.vector.reduce.fmax.v16f32({_VF})",
+            "declare i32 @llvm.vector.reduce.add.v16i32(<16 x i32>)",
+            "declare float @llvm.rint.f32(float)",
+            "declare float @llvm.maxnum.f32(float, float)",
+            "declare float @llvm.minnum.f32(float, float)"]
+
+
+def functions() -> list[str]:
+    """Internal functions other modules include (the LSTM quantizes h at every step):
+    ``@dq_params(x, n, params, flat_scale)`` writes (scale, zero point) of ``x[:n]`` to
+    ``params``; ``@dq_codes(x, n, out, scale, zero_point)`` writes the codes and returns their
+    sum (the row sums a nonzero weight zero point needs)."""
     zeros = "zeroinitializer"
-    return "\n".join([
-        *ir.declarations("load.f32", "store.i8", "rint", "minnum", "maxnum"),
-        f"declare float @llvm.vector.reduce.fmin.v16f32({_VF})",
-        f"declare float @llvm.vector.reduce.fmax.v16f32({_VF})",
-        "declare float @llvm.rint.f32(float)",
-        "declare float @llvm.maxnum.f32(float, float)",
-        "declare float @llvm.minnum.f32(float, float)",
-        "",
-        "define void @dynamic_quantize_u8(ptr %x, i64 %n, ptr %out, ptr %params, "
-        "float %flat_scale) nounwind {",
+    return [
+        "define internal void @dq_params(ptr %x, i64 %n, ptr %params, float %flat_scale) "
+        "nounwind {",
         "entry:",
         "  %chunks = lshr i64 %n, 4",
         "  %tail = and i64 %n, 15",
         "  %hasfull = icmp ne i64 %chunks, 0",
         "  br i1 %hasfull, label %rloop, label %rtail",
-        # pass 1: the range, starting from 0 (so 0 is always inside it; masked lanes read 0)
+        # the range, starting from 0 (so 0 is always inside it; masked lanes read 0)
         "rloop:",
         "  %ri = phi i64 [0, %entry], [%rin, %rloop]",
         f"  %lo = phi {_VF} [{zeros}, %entry], [%lon, %rloop]",
@@ -95,31 +103,72 @@ def module_ir() -> str:
         "  store float %scale, ptr %params, align 4",
         "  %pz = getelementptr float, ptr %params, i64 1",
         "  store float %zpf, ptr %pz, align 4",
+        "  ret void",
+        "}",
+        "",
+        "define internal i32 @dq_codes(ptr %x, i64 %n, ptr %out, float %scale, float %zpf) "
+        "nounwind {",
+        "entry:",
         *ir.splat("%sv", "%scale"),
         *ir.splat("%zv", "%zpf"),
+        "  %chunks = lshr i64 %n, 4",
+        "  %tail = and i64 %n, 15",
+        "  %hasfull = icmp ne i64 %chunks, 0",
         "  br i1 %hasfull, label %qloop, label %qtail",
-        # pass 2: codes
         "qloop:",
-        "  %qi = phi i64 [0, %rtail], [%qin, %qloop]",
+        "  %qi = phi i64 [0, %entry], [%qin, %qloop]",
+        "  %sum = phi <16 x i32> [zeroinitializer, %entry], [%sumn, %qloop]",
         "  %qo = shl i64 %qi, 4",
         "  %qp = getelementptr float, ptr %x, i64 %qo",
         f"  %qv = load {_VF}, ptr %qp, align 4",
         *_codes("%qc", "%qv"),
         "  %op = getelementptr i8, ptr %out, i64 %qo",
         "  store <16 x i8> %qc, ptr %op, align 1",
+        "  %qz = zext <16 x i8> %qc to <16 x i32>",
+        "  %sumn = add <16 x i32> %sum, %qz",
         "  %qin = add i64 %qi, 1",
         "  %qmore = icmp ult i64 %qin, %chunks",
         "  br i1 %qmore, label %qloop, label %qtail",
         "qtail:",
+        "  %sum1 = phi <16 x i32> [zeroinitializer, %entry], [%sumn, %qloop]",
         "  %has_tail = icmp ne i64 %tail, 0",
         "  br i1 %has_tail, label %qlast, label %done",
         "qlast:",
+        "  %to = shl i64 %chunks, 4",
+        "  %tp = getelementptr float, ptr %x, i64 %to",
+        *ir.lane_mask("%tm", "%tail"),
+        f"  %tv = call {_VF} @llvm.masked.load.v16f32.p0(ptr %tp, i32 4, <16 x i1> %tm, "
+        f"{_VF} {zeros})",
         *_codes("%tc", "%tv"),
         "  %top = getelementptr i8, ptr %out, i64 %to",
         "  call void @llvm.masked.store.v16i8.p0(<16 x i8> %tc, ptr %top, i32 1, "
         "<16 x i1> %tm)",
+        "  %tz = zext <16 x i8> %tc to <16 x i32>",
+        "  %tzm = select <16 x i1> %tm, <16 x i32> %tz, <16 x i32> zeroinitializer",
+        "  %sum2 = add <16 x i32> %sum1, %tzm",
         "  br label %done",
         "done:",
+        "  %sumv = phi <16 x i32> [%sum1, %qtail], [%sum2, %qlast]",
+        "  %total = call i32 @llvm.vector.reduce.add.v16i32(<16 x i32> %sumv)",
+        "  ret i32 %total",
+        "}",
+    ]
+
+
+def module_ir() -> str:
+    return "\n".join([
+        *declarations(),
+        "",
+        *functions(),
+        "",
+        "define void @dynamic_quantize_u8(ptr %x, i64 %n, ptr %out, ptr %params, "
+        "float %flat_scale) nounwind {",
+        "entry:",
+        "  call void @dq_params(ptr %x, i64 %n, ptr %params, float %flat_scale)",
+        "  %scale = load float, ptr %params, align 4",
+        "  %pz = getelementptr float, ptr %params, i64 1",
+        "  %zpf = load float, ptr %pz, align 4",
+        "  %sum = call i32 @dq_codes(ptr %x, i64 %n, ptr %out, float %scale, float %zpf)",
         "  ret void",
         "}",
     ])
@@ -163,4 +212,5 @@ def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"quantize": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "dynamic_quantize_u8", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "REQUIRES", "declarations", "dynamic_quantize_u8", "functions", "module_ir",
+           "unavailable"]

@@ -19,7 +19,7 @@ from onnx import TensorProto
 
 from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
-from ...parallel import split_threads
+from ...parallel import split_threads, threads_for
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
@@ -618,7 +618,10 @@ class DynamicQuantizeLSTM:
         self.acts = _activations(names, ["Sigmoid", "Tanh", "Tanh"], activation_alpha,
                                  activation_beta, self.D)
         self.want_y = ctx.output_used(0)
+        # independent directions run on threads of their own (no BLAS call to compete with)
+        self.threads = threads_for(ctx)
         self.weights = None
+        self._directions = [None] * self.D
         c = ctx.constants_of((1, 2, 8, 9, 10, 11))
         if c is not None:
             W, R, ws, wz, rs, rz = c
@@ -633,6 +636,8 @@ class DynamicQuantizeLSTM:
                                                 R_zero_point, D)
         Xf = X.astype(F32, copy=False)
         lens = None if sequence_lens is None else sequence_lens.astype(np.int64).reshape(-1)
+        if lens is not None and lens.size == batch and (lens == T).all():
+            lens = None  # every sequence at full length: the fast paths apply
         steps = T if lens is None else int(lens.max(initial=0))
         Y = np.zeros((T, D, batch, H), F32)
         Yh = np.zeros((D, batch, H), F32)
@@ -640,6 +645,7 @@ class DynamicQuantizeLSTM:
         bias = np.zeros((D, 4 * H), F32) if B is None else (
             B.reshape(D, 8 * H)[:, :4 * H] + B.reshape(D, 8 * H)[:, 4 * H:]).astype(F32)
         peep = None if P is None else P.reshape(D, 3, H).astype(F32)
+        compiled = []  # directions left to the compiled recurrence, run together below
         for d in range(D):
             wq, rq = weights[d]
             rf = _float_r(rq)
@@ -650,14 +656,19 @@ class DynamicQuantizeLSTM:
                 if steps else np.zeros((0, batch, 4 * H), F32)
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
             c = np.zeros((batch, H), F32) if initial_c is None else initial_c[d].astype(F32)
-            if lens is None and peep is None and self._usual(d) and \
-                    len(rq.mat.ranges(H, 255.0)) == 1:
-                ys, h, c = self._fast_direction(xw, bias[d], rq, rf, h, c)
-                if self.reverse[d]:
-                    ys = ys[::-1]
-                Y[:, d] = ys
-                Yh[d], Yc[d] = h, c
-                continue
+            if lens is None and peep is None and self._usual(d):
+                direction = self._compiled_direction(d, rq)
+                if direction is not None:
+                    compiled.append((d, direction, (xw + bias[d]) * direction.half,
+                                     np.array(h, F32, order="C"), np.array(c, F32, order="C")))
+                    continue
+                if len(rq.mat.ranges(H, 255.0)) == 1:
+                    ys, h, c = self._fast_direction(xw, bias[d], rq, rf, h, c)
+                    if self.reverse[d]:
+                        ys = ys[::-1]
+                    Y[:, d] = ys
+                    Yh[d], Yc[d] = h, c
+                    continue
             h_in = h
             ys = np.zeros((T, batch, H), F32)
             for t in range(steps):
@@ -681,7 +692,46 @@ class DynamicQuantizeLSTM:
                 ys = self._reverse(ys, lens, steps)
             Y[:, d] = ys
             Yh[d], Yc[d] = h, c
+        if compiled:
+            self._run_compiled(compiled, Y, Yh, Yc)
         return (Y if self.want_y else None), Yh, Yc
+
+    def _compiled_direction(self, d: int, rq: _QuantWeights):
+        """The compiled recurrence for direction ``d`` (an ``int8_lstm.LSTMDirection``), or
+        None where it cannot run (R not packed, zero-point terms past int32)."""
+        if rq.packed is None:
+            return None
+        if self.weights is not None and self._directions[d] is not None:
+            return self._directions[d]
+        from ...compiled import int8_lstm
+        from ...compiled.jit import Unavailable
+
+        H = rq.mat.q.shape[1] // 4
+        half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
+        try:
+            direction = int8_lstm.LSTMDirection(rq.packed, rq.scale, half, self.clip)
+        except (ValueError, Unavailable):
+            return None
+        if self.weights is not None:  # constant weights: prepared once per session
+            self._directions[d] = direction
+        return direction
+
+    def _run_compiled(self, jobs, Y, Yh, Yc) -> None:
+        """Each direction's whole recurrence in one compiled call; directions run on
+        ``threads`` threads at once (the calls release the GIL)."""
+        def run(k0: int, k1: int) -> None:
+            for d, direction, xw, h, c in jobs[k0:k1]:
+                ys = np.empty(xw.shape[:2] + h.shape[1:], F32)
+                direction.run(xw, h, c, ys)
+                Y[:, d] = ys[::-1] if self.reverse[d] else ys
+                Yh[d], Yc[d] = h, c
+
+        if self.threads > 1 and len(jobs) > 1:
+            from ...parallel import run_ranges
+
+            run_ranges(run, [(k, k + 1) for k in range(len(jobs))])
+        else:
+            run(0, len(jobs))
 
     def _usual(self, d: int) -> bool:
         """Sigmoid, tanh, tanh and no coupled input-forget gate: the fast cell applies."""
