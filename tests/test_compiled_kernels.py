@@ -22,7 +22,7 @@ from onnx import TensorProto as TP
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
-from onnxrun.providers.cpu.compiled import int8_gemm, int8_lstm, ir, quantize
+from onnxrun.providers.cpu.compiled import int8_gemm, ir, lstm, quantize
 from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
 from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
 from onnxrun.providers.cpu.ops.rnn import fast_lstm_cell
@@ -354,17 +354,17 @@ def _fused(extra) -> bool:
 
 
 class _CountingRecurrence:
-    """LSTMDirection.run, counting its calls (proof that the compiled recurrence ran)."""
+    """Int8Recurrence.run, counting its calls (proof that the compiled recurrence ran)."""
 
     def __init__(self, monkeypatch) -> None:
         self.calls = 0
-        original = int8_lstm.LSTMDirection.run
+        original = lstm.Int8Recurrence.run
 
         def counted(direction, *args):
             self.calls += 1
             return original(direction, *args)
 
-        monkeypatch.setattr(int8_lstm.LSTMDirection, "run", counted)
+        monkeypatch.setattr(lstm.Int8Recurrence, "run", counted)
 
 
 @pytest.mark.parametrize("T,batch,I,H,direction,wtype,per_channel,extra", _LSTMS)
@@ -430,7 +430,7 @@ def test_lstm_recurrence_equals_the_numpy_cell(T, B, H, wtype, per_column, clip)
     xw = (RNG.standard_normal((T, B, 4 * H)) * half).astype(np.float32)
     h0, c0 = ((RNG.standard_normal((B, H)) * 0.5).astype(np.float32) for _ in range(2))
     want_ys, want_h, want_c = _fast_cell_reference(xw, R, zb, r_scale, half, h0, c0, clip)
-    direction = int8_lstm.LSTMDirection(int8_gemm.PackedB(R, zb), r_scale, half, clip)
+    direction = lstm.Int8Recurrence(int8_gemm.PackedB(R, zb), r_scale, half, clip)
     h, c, ys = h0.copy(), c0.copy(), np.full((T, B, H), np.nan, np.float32)
     direction.run(xw, h, c, ys)
     for got, want in ((ys, want_ys), (h, want_h), (c, want_c)):
@@ -439,12 +439,94 @@ def test_lstm_recurrence_equals_the_numpy_cell(T, B, H, wtype, per_column, clip)
         assert np.abs(c).max() > 0  # the state moved
 
 
+def _float_cell_reference(xw, RT, half, h, c, clip):
+    """The numpy recurrence the compiled float32 one replaces."""
+    cell = fast_lstm_cell(RT.shape[0], lambda h, out: np.matmul(h, RT, out=out), half,
+                          None if clip is None else np.float32(clip))
+    ys = np.empty((xw.shape[0],) + h.shape, np.float32)
+    for s, x in enumerate(xw):
+        h, c = cell(x, h, c, out=ys[s])
+    return ys, h, c
+
+
+# (T, B, H, clip): groups of 4 rows and the 1-3 left over; H with K tails past the unrolled
+# loop, units not a multiple of 16, partial panels
+_FLOAT_RECURRENCES = [(5, 1, 8, None), (7, 2, 37, 0.6), (6, 3, 19, None), (4, 4, 64, None),
+                      (3, 9, 30, 1.5), (5, 6, 1, None), (0, 2, 16, None)]
+
+
+@pytest.mark.parametrize("T,B,H,clip", _FLOAT_RECURRENCES)
+def test_float_lstm_recurrence_equals_the_numpy_cell(T, B, H, clip):
+    half = np.concatenate((np.full(3 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    RT = (RNG.standard_normal((H, 4 * H)) / np.sqrt(H) * half).astype(np.float32)
+    xw = (RNG.standard_normal((T, B, 4 * H)) * half).astype(np.float32)
+    h0, c0 = ((RNG.standard_normal((B, H)) * 0.5).astype(np.float32) for _ in range(2))
+    want_ys, want_h, want_c = _float_cell_reference(xw, RT, half, h0, c0, clip)
+    recurrence = lstm.Float32Recurrence(RT, half, clip)
+    h, c, ys = h0.copy(), c0.copy(), np.full((T, B, H), np.nan, np.float32)
+    recurrence.run(xw, h, c, ys)
+    for got, want in ((ys, want_ys), (h, want_h), (c, want_c)):  # summation order, tanh
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+
+
+def test_float_lstm_recurrence_on_strided_steps():
+    """A direction of [T, D, B, ...] arrays: steps D*B*G floats apart, in and out."""
+    T, D, B, H = 4, 2, 3, 24
+    half = np.concatenate((np.full(3 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    RT = (RNG.standard_normal((H, 4 * H)) / np.sqrt(H) * half).astype(np.float32)
+    xs = (RNG.standard_normal((T, D, B, 4 * H)) * half).astype(np.float32)
+    ys = np.zeros((T, D, B, H), np.float32)
+    h, c = np.zeros((B, H), np.float32), np.zeros((B, H), np.float32)
+    lstm.Float32Recurrence(RT, half, None).run(xs[:, 1], h, c, ys[:, 1])
+    want = _float_cell_reference(np.ascontiguousarray(xs[:, 1]), RT, half, np.zeros((B, H),
+                                 np.float32), np.zeros((B, H), np.float32), None)[0]
+    np.testing.assert_allclose(ys[:, 1], want, rtol=0, atol=2e-6)
+    assert not ys[:, 0].any()  # the other direction's slots untouched
+
+
+class _CountingFloatRecurrence:
+    def __init__(self, monkeypatch) -> None:
+        self.calls = 0
+        original = lstm.Float32Recurrence.run
+
+        def counted(recurrence, *args):
+            self.calls += 1
+            return original(recurrence, *args)
+
+        monkeypatch.setattr(lstm.Float32Recurrence, "run", counted)
+
+
+@pytest.mark.parametrize("direction,batch,threads", [("forward", 1, 1), ("reverse", 5, 1),
+                                                     ("bidirectional", 2, 2),
+                                                     ("bidirectional", 7, 1)])
+def test_float_lstm_takes_the_compiled_recurrence(direction, batch, threads, monkeypatch):
+    """The usual float32 LSTM runs each direction in one compiled call: outputs equal the
+    numpy loop's but for tanh's and the products' last bits; both directions on 2 threads."""
+    T, I, H = 6, 10, 20
+    D = 2 if direction == "bidirectional" else 1
+    inputs = [RNG.standard_normal((T, batch, I)).astype(np.float32),
+              (RNG.standard_normal((D, 4 * H, I)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((D, 4 * H, H)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((D, 8 * H)) * 0.3).astype(np.float32)]
+    model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2, 3),
+                            out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
+    counter = _CountingFloatRecurrence(monkeypatch)
+    ref, sess = _sessions(model, threads)
+    want = ref.run(None, feeds)
+    assert counter.calls == 0
+    got = sess.run(None, feeds)
+    assert counter.calls == D
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=0, atol=5e-6)
+
+
 def test_lstm_recurrence_from_a_zero_state_and_bad_buffers():
     """h = 0 quantizes with the flat scale (zero point 0); wrong shapes are refused."""
     H = 16
     R = _ints(np.int8, (H, 4 * H))
     half = np.concatenate((np.full(3 * H, 0.5, np.float32), np.ones(H, np.float32)))
-    direction = int8_lstm.LSTMDirection(int8_gemm.PackedB(R, None), np.float32(0.01), half,
+    direction = lstm.Int8Recurrence(int8_gemm.PackedB(R, None), np.float32(0.01), half,
                                         None)
     xw = (RNG.standard_normal((3, 1, 4 * H)) * half).astype(np.float32)
     h, c, ys = (np.zeros((1, H), np.float32), np.zeros((1, H), np.float32),
@@ -457,7 +539,7 @@ def test_lstm_recurrence_from_a_zero_state_and_bad_buffers():
     with pytest.raises(ValueError, match="h must be"):
         direction.run(xw, h.astype(np.float64), c, ys)
     with pytest.raises(ValueError, match="must be"):
-        int8_lstm.LSTMDirection(int8_gemm.PackedB(_ints(np.int8, (H, 3 * H)), None),
+        lstm.Int8Recurrence(int8_gemm.PackedB(_ints(np.int8, (H, 3 * H)), None),
                                 np.float32(0.01), half, None)
 
 
@@ -522,19 +604,25 @@ def test_environment_switch_keeps_the_numpy_path():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_one_session_on_four_threads(threads):
-    """Concurrent runs of one session share nothing mutable: the LSTM's per-run buffers, the
-    GEMM's per-call arrays, intra-op threads splitting the panels."""
+    """Concurrent runs of one session share nothing mutable: the LSTMs' per-run buffers and
+    states, the GEMM's per-call arrays, intra-op threads splitting the panels or directions."""
     H = 48
     lstm_inputs = _lstm_inputs(6, 2, 30, H, "bidirectional", np.int8, True)
-    lstm, lstm_feeds = one_node("DynamicQuantizeLSTM", lstm_inputs, opset=21, n_out=3,
-                                const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
-                                out_types=[TP.FLOAT] * 3, hidden_size=H,
-                                direction="bidirectional")
+    lstm_model, lstm_feeds = one_node("DynamicQuantizeLSTM", lstm_inputs, opset=21, n_out=3,
+                                      const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
+                                      out_types=[TP.FLOAT] * 3, hidden_size=H,
+                                      direction="bidirectional")
     dq_inputs = [RNG.standard_normal((64, 96)).astype(np.float32), _ints(np.int8, (96, 200)),
                  RNG.uniform(0.001, 0.01, (200,)).astype(np.float32), _ints(np.int8, (200,))]
     dq, dq_feeds = one_node("DynamicQuantizeMatMul", dq_inputs, opset=21, const=(1, 2, 3),
                             domain=MS, out_types=[TP.FLOAT])
-    for model, feeds in ((lstm, lstm_feeds), (dq, dq_feeds)):
+    float_inputs = [RNG.standard_normal((6, 2, 30)).astype(np.float32),
+                    (RNG.standard_normal((2, 4 * H, 30)) * 0.3).astype(np.float32),
+                    (RNG.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32)]
+    float_lstm, float_feeds = one_node("LSTM", float_inputs, opset=14, n_out=3, const=(1, 2),
+                                       out_types=[TP.FLOAT] * 3, hidden_size=H,
+                                       direction="bidirectional")
+    for model, feeds in ((lstm_model, lstm_feeds), (dq, dq_feeds), (float_lstm, float_feeds)):
         so = onnxrun.SessionOptions()
         so.intra_op_num_threads = threads
         sess = onnxrun.InferenceSession(model, so)

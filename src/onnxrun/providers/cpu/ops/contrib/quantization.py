@@ -697,19 +697,19 @@ class DynamicQuantizeLSTM:
         return (Y if self.want_y else None), Yh, Yc
 
     def _compiled_direction(self, d: int, rq: _QuantWeights):
-        """The compiled recurrence for direction ``d`` (an ``int8_lstm.LSTMDirection``), or
+        """The compiled recurrence for direction ``d`` (a ``compiled.lstm.Int8Recurrence``), or
         None where it cannot run (R not packed, zero-point terms past int32)."""
         if rq.packed is None:
             return None
         if self.weights is not None and self._directions[d] is not None:
             return self._directions[d]
-        from ...compiled import int8_lstm
         from ...compiled.jit import Unavailable
+        from ...compiled.lstm import Int8Recurrence
 
         H = rq.mat.q.shape[1] // 4
         half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
         try:
-            direction = int8_lstm.LSTMDirection(rq.packed, rq.scale, half, self.clip)
+            direction = Int8Recurrence(rq.packed, rq.scale, half, self.clip)
         except (ValueError, Unavailable):
             return None
         if self.weights is not None:  # constant weights: prepared once per session

@@ -1,0 +1,506 @@
+"""A whole direction of an LSTM in one call: at every time step the product of h with R, the
+gates and the cell update, without returning to Python. Two products: 8-bit (DynamicQuantizeLSTM:
+h quantized to uint8 per step, VNNI against int8 R) and float32 (LSTM: FMA against R).
+
+Why: an LSTM step is small (a [B, H] x [H, 4H] product and 5H activations), so the numpy cell
+spent ~30 us a step in per-call overhead, more than the arithmetic: the int8 LSTM ran no faster
+than its float32 original, and both trailed onnxruntime. Here a step of a 256-unit LSTM costs a
+few us (the product streams R from L2: 256 KB in 8 bits, 1 MB in float32).
+
+Arithmetic per step, as the numpy paths (``rnn.fast_lstm_cell``) compute it, the gates i, o, f
+coming pre-halved (the input part x[t] and R's columns or scale): their sigmoid is a tanh:
+    8-bit:   codes, a_scale, zp = dynamic uint8 quantization of h (per tensor, all rows)
+             g = float(sum (codes - zp)(R - zb)) * (a_scale * r_scale[n]) + x[t]   (exact ints)
+    float32: g = h @ R + x[t]
+    g = tanh(clip(g)) * half + shift         (sigmoid for i, o, f; tanh for the cell input c~)
+    c = f * c + i * c~;  h = o * tanh(c)
+rounded in the same order (no fused multiply-add outside the product), except tanh
+(``ir.tanh_function``, <= 3 ulp like numpy's) and, in float32, the product's summation order.
+Rows of a batch go four at a time through R (one pass over R per step and group of rows), with
+eight accumulator chains in flight (K unrolled by 4 for a single row, by 2 for two) to hide the
+multiply-add latency.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import ir, jit, quantize
+from .int8_gemm import NR, PackedB
+from .int8_gemm import REQUIRES as INT8_REQUIRES
+from .jit import address
+from .layout import aligned_zeros
+
+FLOAT_REQUIRES = ("avx512f",)
+_V, _VF = ir.V, ir.VF
+_VDP = "@llvm.x86.avx512.vpdpbusd.512"
+CHAINS = 4  # accumulator chains per row and 16 columns for one row: the latency, hidden
+GROUP = 4  # rows of the batch per pass over R (each row adds two accumulators per chain)
+
+
+def _vector_at(name: str, base: str, index: str, vtype: str = _VF, elem: str = "float",
+               mask: str | None = None) -> list[str]:
+    """``name`` = the 16 elements of ``base`` from ``index`` on (masked lanes read 0)."""
+    lines = [f"  {name}.p = getelementptr {elem}, ptr {base}, i64 {index}"]
+    if mask is None:
+        return lines + [f"  {name} = load {vtype}, ptr {name}.p, align 4"]
+    return lines + [f"  {name} = call {vtype} @llvm.masked.load.v16f32.p0(ptr {name}.p, i32 4, "
+                    f"<16 x i1> {mask}, {vtype} zeroinitializer)"]
+
+
+def _store_at(value: str, base: str, index: str, mask: str) -> list[str]:
+    at = f"{base}.{value[1:]}.sp"
+    return [f"  {at} = getelementptr float, ptr {base}, i64 {index}",
+            f"  call void @llvm.masked.store.v16f32.p0({_VF} {value}, ptr {at}, i32 4, "
+            f"<16 x i1> {mask})"]
+
+
+def _product_step(mode: str, j: int, k: str, rows: int, acc, out) -> list[str]:
+    """One step of K (a group of 4 bytes in 8 bits, one row of R in float32) for ``rows`` rows
+    and the panel's two column vectors: ``out[r][c]`` = ``acc[r][c]`` + h part x R part."""
+    vt = _V if mode == "u8" else _VF
+    L = [f"  %bo{j} = shl i64 {k}, 7",  # 32 columns x (4 bytes or 1 float) per step of K
+         f"  %bp{j}_0 = getelementptr i8, ptr %bpan, i64 %bo{j}",
+         f"  %b{j}_0 = load {vt}, ptr %bp{j}_0, align 64",
+         f"  %bp{j}_1 = getelementptr i8, ptr %bp{j}_0, i64 64",
+         f"  %b{j}_1 = load {vt}, ptr %bp{j}_1, align 64"]
+    for r in range(rows):
+        a = f"%av{j}r{r}"
+        if mode == "u8":
+            L += [f"  {a}.o = shl i64 {k}, 2",
+                  f"  {a}.x = add i64 {a}.o, %ro{r}",
+                  f"  {a}.p = getelementptr i8, ptr %arow, i64 {a}.x",
+                  f"  {a}.w = load i32, ptr {a}.p, align 1",
+                  *ir.splat(a, f"{a}.w", _V)]
+        else:
+            L += [f"  {a}.x = add i64 {k}, %ro{r}",
+                  f"  {a}.p = getelementptr float, ptr %arow, i64 {a}.x",
+                  f"  {a}.w = load float, ptr {a}.p, align 4",
+                  *ir.splat(a, f"{a}.w")]
+        for c in range(2):
+            if mode == "u8":
+                L.append(f"  {out[r][c]} = call {_V} {_VDP}({_V} {acc[r][c]}, {_V} {a}, "
+                         f"{_V} %b{j}_{c})")
+            else:
+                L.append(f"  {out[r][c]} = call {_VF} @llvm.fma.v16f32({_VF} {a}, "
+                         f"{_VF} %b{j}_{c}, {_VF} {acc[r][c]})")
+    return L
+
+
+def _group_function(mode: str, rows: int) -> list[str]:
+    """``@group{rows}``: one step for ``rows`` consecutive rows of the batch, R streamed once
+    for all of them: per panel of 32 columns the product (K unrolled so that 8 accumulator
+    chains are in flight), then the gates; then each row's cell update."""
+    u8 = mode == "u8"
+    vt = _V if u8 else _VF
+    unroll = max(1, CHAINS // rows)
+    L = [f"define internal void @group{rows}(ptr %arow, i64 %lda, ptr %xrow, ptr %hrow, "
+         "ptr %crow, ptr %yrow, ptr %rcp, i64 %H, i64 %G, i64 %width, ptr %panels, "
+         f"ptr %slope, ptr %zb, ptr %cols, ptr %gates, {_V} %zpv, {_VF} %asv) nounwind {{",
+         "entry:",
+         "  %pstride = shl i64 %G, 7",  # bytes per panel: G x 32 x (4 bytes or 1 float)
+         "  %H4 = shl i64 %H, 2",
+         "  %npan = lshr i64 %width, 5",
+         f"  %gfull = and i64 %G, {-unroll}",
+         "  %c_half = getelementptr float, ptr %cols, i64 %width",
+         "  %c_shift = getelementptr float, ptr %c_half, i64 %width",
+         "  %c_bound = getelementptr float, ptr %c_shift, i64 %width"]
+    for r in range(rows):
+        L += [f"  %ro{r} = mul i64 %lda, {r}",
+              f"  %xo{r} = mul i64 %H4, {r}",
+              f"  %go{r} = mul i64 %width, {r}"]
+        if u8:
+            L += [f"  %rc{r}.p = getelementptr i32, ptr %rcp, i64 {r}",
+                  f"  %rc{r}.s = load i32, ptr %rc{r}.p, align 4",
+                  *ir.splat(f"%rcv{r}", f"%rc{r}.s", _V)]
+    L += ["  br label %panel",
+          "panel:",
+          "  %p = phi i64 [0, %entry], [%pn, %kend]",
+          "  %boff = mul i64 %p, %pstride",
+          "  %bpan = getelementptr i8, ptr %panels, i64 %boff",
+          "  %col = shl i64 %p, 5",
+          "  %col16 = add i64 %col, 16"]
+    if u8:  # the zero-point terms start the accumulators
+        for c, at in enumerate(("%col", "%col16")):
+            L += [*_vector_at(f"%sl{c}", "%slope", at, _V, "i32"),
+                  f"  %init{c} = mul {_V} %sl{c}, %zpv"]
+        init = ["%init0", "%init1"]
+    else:
+        init = ["zeroinitializer", "zeroinitializer"]
+    L += ["  %hasfull = icmp ne i64 %gfull, 0",
+          "  br i1 %hasfull, label %kloop, label %kmid",
+          "kloop:",
+          "  %g = phi i64 [0, %panel], [%gn, %kloop]"]
+
+    def names(prefix: str, j: int) -> list[list[str]]:
+        return [[f"%{prefix}{j}_{r}_{c}" for c in range(2)] for r in range(rows)]
+
+    for j in range(unroll):
+        for r in range(rows):
+            for c in range(2):
+                start = init[c] if j == 0 else "zeroinitializer"
+                L.append(f"  %a{j}_{r}_{c} = phi {vt} [{start}, %panel], "
+                         f"[%n{j}_{r}_{c}, %kloop]")
+    for j in range(unroll):
+        L.append(f"  %gg{j} = add i64 %g, {j}")
+        L += _product_step(mode, j, f"%gg{j}", rows, names("a", j), names("n", j))
+    add = "add" if u8 else "fadd"
+    L += [f"  %gn = add i64 %g, {unroll}",
+          "  %kmore = icmp ult i64 %gn, %gfull",
+          "  br i1 %kmore, label %kloop, label %ksum",
+          "ksum:"]
+    summed = names("n", 0)
+    for j in range(1, unroll):  # chains summed in a fixed order
+        nxt = names("s", j)
+        for r in range(rows):
+            for c in range(2):
+                L.append(f"  {nxt[r][c]} = {add} {vt} {summed[r][c]}, %n{j}_{r}_{c}")
+        summed = nxt
+    L += ["  br label %kmid", "kmid:"]
+    for r in range(rows):
+        for c in range(2):
+            L.append(f"  %m{r}_{c} = phi {vt} [{init[c]}, %panel], [{summed[r][c]}, %ksum]")
+    L += ["  %hasrem = icmp ult i64 %gfull, %G",
+          "  br i1 %hasrem, label %krem, label %kend",
+          "krem:",  # the last G mod unroll steps of K, one chain per accumulator
+          "  %gr = phi i64 [%gfull, %kmid], [%grn, %krem]"]
+    for r in range(rows):
+        for c in range(2):
+            L.append(f"  %q{r}_{c} = phi {vt} [%m{r}_{c}, %kmid], [%qn{r}_{c}, %krem]")
+    L += _product_step(mode, 99, "%gr", rows,
+                       [[f"%q{r}_{c}" for c in range(2)] for r in range(rows)],
+                       [[f"%qn{r}_{c}" for c in range(2)] for r in range(rows)])
+    L += ["  %grn = add i64 %gr, 1",
+          "  %rmore = icmp ult i64 %grn, %G",
+          "  br i1 %rmore, label %krem, label %kend",
+          "kend:"]
+    for r in range(rows):
+        for c in range(2):
+            L.append(f"  %acc{r}_{c} = phi {vt} [%m{r}_{c}, %kmid], [%qn{r}_{c}, %krem]")
+    # the gates of these 32 columns: (8-bit: - zb * rowsum(codes), zb is 0 for symmetric
+    # weights; float(acc) * (a_scale * r_scale)) + x, clip, tanh, * half + shift
+    L += ["  %left = sub i64 %H4, %col",
+          *ir.lane_mask("%mk0", "%left"),
+          *ir.lane_mask("%mk1", "%left", 16)]
+    for c, at in enumerate(("%col", "%col16")):
+        L += [*_vector_at(f"%bd{c}", "%c_bound", at),
+              f"  %nbd{c} = fneg {_VF} %bd{c}",
+              *_vector_at(f"%hf{c}", "%c_half", at),
+              *_vector_at(f"%sh{c}", "%c_shift", at)]
+        if u8:
+            L += [*_vector_at(f"%zb{c}", "%zb", at, _V, "i32"),
+                  *_vector_at(f"%rs{c}", "%cols", at),
+                  f"  %sc{c} = fmul {_VF} %asv, %rs{c}"]
+        for r in range(rows):
+            t = f"%e{r}_{c}"
+            if u8:
+                L += [f"  {t}.z = mul {_V} %zb{c}, %rcv{r}",
+                      f"  {t}.i = sub {_V} %acc{r}_{c}, {t}.z",
+                      f"  {t}.f = sitofp {_V} {t}.i to {_VF}",
+                      f"  {t}.m = fmul {_VF} {t}.f, %sc{c}"]
+                product = f"{t}.m"
+            else:
+                product = f"%acc{r}_{c}"
+            L += [f"  {t}.xo = add i64 %xo{r}, {at}",
+                  *_vector_at(f"{t}.x", "%xrow", f"{t}.xo", mask=f"%mk{c}"),
+                  f"  {t}.g = fadd {_VF} {product}, {t}.x",
+                  # numpy's clip: NaN stays NaN
+                  f"  {t}.lt = fcmp olt {_VF} {t}.g, %nbd{c}",
+                  f"  {t}.gl = select <16 x i1> {t}.lt, {_VF} %nbd{c}, {_VF} {t}.g",
+                  f"  {t}.gt = fcmp ogt {_VF} {t}.gl, %bd{c}",
+                  f"  {t}.gc = select <16 x i1> {t}.gt, {_VF} %bd{c}, {_VF} {t}.gl",
+                  f"  {t}.th = call {_VF} @tanh16({_VF} {t}.gc)",
+                  f"  {t}.ga = fmul {_VF} {t}.th, %hf{c}",
+                  f"  {t}.gs = fadd {_VF} {t}.ga, %sh{c}",
+                  f"  {t}.go = add i64 %go{r}, {at}",
+                  f"  {t}.gp = getelementptr float, ptr %gates, i64 {t}.go",
+                  f"  store {_VF} {t}.gs, ptr {t}.gp, align 4"]
+    L += ["  %pn = add i64 %p, 1",
+          "  %pmore = icmp ult i64 %pn, %npan",
+          "  br i1 %pmore, label %panel, label %cell0"]
+    # -- each row's cell update, 16 units at a time: gates are i, o, f, c~
+    for r in range(rows):
+        nxt = f"%cell{r + 1}" if r + 1 < rows else "%done"
+        u = f"%u{r}"
+        L += [f"cell{r}:",
+              f"  %sr{r} = mul i64 %H, {r}",
+              f"  %gi{r}.b = getelementptr float, ptr %gates, i64 %go{r}",
+              f"  %gi{r}.o = getelementptr float, ptr %gi{r}.b, i64 %H",
+              f"  %gi{r}.f = getelementptr float, ptr %gi{r}.o, i64 %H",
+              f"  %gi{r}.c = getelementptr float, ptr %gi{r}.f, i64 %H",
+              f"  %cr{r} = getelementptr float, ptr %crow, i64 %sr{r}",
+              f"  %hr{r} = getelementptr float, ptr %hrow, i64 %sr{r}",
+              f"  %yr{r} = getelementptr float, ptr %yrow, i64 %sr{r}",
+              f"  br label %unit{r}",
+              f"unit{r}:",
+              f"  {u} = phi i64 [0, %cell{r}], [{u}n, %unit{r}]",
+              f"  {u}l = sub i64 %H, {u}",
+              *ir.lane_mask(f"{u}m", f"{u}l"),
+              *_vector_at(f"{u}i", f"%gi{r}.b", u, mask=f"{u}m"),
+              *_vector_at(f"{u}o", f"%gi{r}.o", u, mask=f"{u}m"),
+              *_vector_at(f"{u}f", f"%gi{r}.f", u, mask=f"{u}m"),
+              *_vector_at(f"{u}c", f"%gi{r}.c", u, mask=f"{u}m"),
+              *_vector_at(f"{u}old", f"%cr{r}", u, mask=f"{u}m"),
+              f"  {u}cf = fmul {_VF} {u}f, {u}old",
+              f"  {u}ic = fmul {_VF} {u}i, {u}c",
+              f"  {u}cn = fadd {_VF} {u}cf, {u}ic",
+              f"  {u}tc = call {_VF} @tanh16({_VF} {u}cn)",
+              f"  {u}hn = fmul {_VF} {u}o, {u}tc",
+              *_store_at(f"{u}cn", f"%cr{r}", u, f"{u}m"),
+              *_store_at(f"{u}hn", f"%hr{r}", u, f"{u}m"),
+              *_store_at(f"{u}hn", f"%yr{r}", u, f"{u}m"),
+              f"  {u}n = add i64 {u}, 16",
+              f"  {u}more = icmp ult i64 {u}n, %H",
+              f"  br i1 {u}more, label %unit{r}, label {nxt}"]
+    L += ["done:", "  ret void", "}"]
+    return L
+
+
+def _step_function(mode: str) -> list[str]:
+    """``@lstm_u8`` / ``@lstm_f32``: all ``steps`` of one direction.
+
+    xw: steps x [B, 4H] inputs' part (biased, i/o/f halved), ``xs`` floats between steps;
+    h, c [B, H]: the state, updated in place; ys: steps x [B, H], ``ys_step`` floats apart,
+    each step's h. R: ``panels`` of 32 columns over K steps (``G``: K/4 groups in 8 bits, H
+    rows in float32), ``width`` columns in all. cols [4, width] float32: a step's scale factor
+    (8-bit: r_scale, halved for i, o, f), half, shift, clip bound (inf: none). 8-bit only:
+    slope [width] int32 ``K*zb - colsum(R)``, zb [width] int32, scratch codes [B, 4G] uint8,
+    params [2] float32, rowc [B] int32. gates [GROUP, width] float32 scratch."""
+    u8 = mode == "u8"
+    tails = " ".join(f"i64 {r}, label %g{r}" for r in range(1, GROUP))
+    L = [f"define void @lstm_{mode}(ptr %xw, i64 %xs, ptr %h, ptr %c, ptr %ys, i64 %ys_step, "
+         "i64 %steps, i64 %B, i64 %H, ptr %panels, i64 %G, i64 %width, ptr %slope, ptr %zb, "
+         "ptr %cols, ptr %codes, ptr %gates, ptr %params, ptr %rowc, float %flat_scale) "
+         "nounwind {",
+         "entry:",
+         "  %G4 = shl i64 %G, 2",
+         "  %H4 = shl i64 %H, 2",
+         "  %n = mul i64 %B, %H",
+         f"  %lda = {'add i64 %G4, 0' if u8 else 'add i64 %H, 0'}",
+         "  %pz = getelementptr float, ptr %params, i64 1",
+         "  %work = icmp sgt i64 %n, 0",
+         "  %any = icmp sgt i64 %steps, 0",
+         "  %go = and i1 %work, %any",
+         "  br i1 %go, label %step, label %end",
+         "step:",
+         "  %t = phi i64 [0, %entry], [%tn, %row_next]",
+         "  %xstep.o = mul i64 %t, %xs",
+         "  %xstep = getelementptr float, ptr %xw, i64 %xstep.o",
+         "  %ystep.o = mul i64 %t, %ys_step",
+         "  %ystep = getelementptr float, ptr %ys, i64 %ystep.o"]
+    if u8:  # quantize h (all rows, one scale), then each row's codes and their sum
+        L += ["  call void @dq_params(ptr %h, i64 %n, ptr %params, float %flat_scale)",
+              "  %a_scale = load float, ptr %params, align 4",
+              "  %zpf = load float, ptr %pz, align 4",
+              "  %zpi = fptosi float %zpf to i32",
+              *ir.splat("%zpv", "%zpi", _V),
+              *ir.splat("%asv", "%a_scale"),
+              "  br label %codes_loop",
+              "codes_loop:",
+              "  %qb = phi i64 [0, %step], [%qbn, %codes_loop]",
+              "  %qx.o = mul i64 %qb, %H",
+              "  %qx = getelementptr float, ptr %h, i64 %qx.o",
+              "  %qd.o = mul i64 %qb, %G4",
+              "  %qd = getelementptr i8, ptr %codes, i64 %qd.o",
+              "  %qsum = call i32 @dq_codes(ptr %qx, i64 %H, ptr %qd, float %a_scale, "
+              "float %zpf)",
+              "  %qs.p = getelementptr i32, ptr %rowc, i64 %qb",
+              "  store i32 %qsum, ptr %qs.p, align 4",
+              "  %qbn = add i64 %qb, 1",
+              "  %qmore = icmp ult i64 %qbn, %B",
+              "  br i1 %qmore, label %codes_loop, label %rows"]
+        first, zpv, asv = "%codes_loop", "%zpv", "%asv"
+    else:
+        L += ["  br label %rows"]
+        first, zpv, asv = "%step", "zeroinitializer", "zeroinitializer"
+    call = ("ptr %arow, i64 %lda, ptr %xrow, ptr %hrow, ptr %crow, ptr %yrow, ptr %rcp, "
+            "i64 %H, i64 %G, i64 %width, ptr %panels, ptr %slope, ptr %zb, ptr %cols, "
+            f"ptr %gates, {_V} {zpv}, {_VF} {asv}")
+    L += ["rows:",  # groups of GROUP rows, then the last few
+          f"  %b = phi i64 [0, {first}], [%bn, %group_done]",
+          "  %hrow.o = mul i64 %b, %H",
+          "  %hrow = getelementptr float, ptr %h, i64 %hrow.o",
+          "  %crow = getelementptr float, ptr %c, i64 %hrow.o",
+          "  %yrow = getelementptr float, ptr %ystep, i64 %hrow.o",
+          "  %xrow.o = mul i64 %b, %H4",
+          "  %xrow = getelementptr float, ptr %xstep, i64 %xrow.o",
+          "  %rcp = getelementptr i32, ptr %rowc, i64 %b"]
+    if u8:
+        L += ["  %arow.o = mul i64 %b, %G4",
+              "  %arow = getelementptr i8, ptr %codes, i64 %arow.o"]
+    else:
+        L += ["  %arow = getelementptr float, ptr %hrow, i64 0"]
+    L += ["  %left = sub i64 %B, %b",
+          f"  %full = icmp sge i64 %left, {GROUP}",
+          f"  %take = select i1 %full, i64 {GROUP}, i64 %left",
+          f"  switch i64 %take, label %g{GROUP} [{tails}]"]
+    for r in range(1, GROUP + 1):
+        L += [f"g{r}:", f"  call void @group{r}({call})", "  br label %group_done"]
+    L += ["group_done:",
+          "  %bn = add i64 %b, %take",
+          "  %bmore = icmp ult i64 %bn, %B",
+          "  br i1 %bmore, label %rows, label %row_next",
+          "row_next:",
+          "  %tn = add i64 %t, 1",
+          "  %tmore = icmp ult i64 %tn, %steps",
+          "  br i1 %tmore, label %step, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def _module_ir(mode: str) -> str:
+    decls = {*ir.declarations("store.f32", "load.f32", "fma", "fabs", "copysign", "rint",
+                              "minnum")}
+    helpers = []
+    if mode == "u8":
+        decls |= {*quantize.declarations(), *ir.declarations("vpdpbusd")}
+        helpers = [*quantize.functions(), ""]
+    groups = [line for rows in range(1, GROUP + 1) for line in _group_function(mode, rows)]
+    return "\n".join([*sorted(decls), "", *helpers, *ir.tanh_function(), "", *groups, "",
+                      *_step_function(mode)])
+
+
+def module_ir_u8() -> str:
+    return _module_ir("u8")
+
+
+def module_ir_f32() -> str:
+    return _module_ir("f32")
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _P, _P, _P,
+                          _P, _P, _P, ctypes.c_float)
+_FUNCTIONS: dict[str, object] = {}
+
+
+def unavailable(mode: str = "u8") -> str | None:
+    return jit.why_unavailable(INT8_REQUIRES if mode == "u8" else FLOAT_REQUIRES)
+
+
+def _function(mode: str):
+    """The compiled ``lstm_{mode}``; raises ``jit.Unavailable`` where it cannot run (checked
+    at every preparation: ``compiled.disabled()`` and the environment switch apply)."""
+    requires = INT8_REQUIRES if mode == "u8" else FLOAT_REQUIRES
+    reason = jit.why_unavailable(requires)
+    if reason:
+        raise jit.Unavailable(reason)
+    fn = _FUNCTIONS.get(mode)
+    if fn is None:
+        name = f"lstm_{mode}"
+        ir_text = module_ir_u8() if mode == "u8" else module_ir_f32()
+        fn = _FUNCTIONS[mode] = getattr(jit.compile_module(name, ir_text, {name: _PROTO},
+                                                           requires), name)
+    return fn
+
+
+def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None) -> np.ndarray:
+    """[4, width] float32: the step's scale factor, half, shift, clip bound (inf: no clip)."""
+    cols = np.zeros((4, width), np.float32)
+    n = half.size
+    if scale is not None:
+        cols[0, :n] = scale
+    cols[1, :n] = half
+    cols[2, :n] = 1 - half
+    cols[3] = np.inf
+    if clip is not None:
+        cols[3, :n] = half * np.float32(clip)
+    return cols
+
+
+class _Recurrence:
+    """What both products share: the gate factors and ``run``'s checks and call."""
+
+    mode = ""
+    H = 0
+    width = 0
+    half: np.ndarray
+    cols: np.ndarray
+
+    def run(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray) -> None:
+        """All steps: ``xw`` [steps, B, 4H] (biased, i/o/f halved), ``h``/``c`` [B, H] (updated
+        in place to the final state), ``ys`` [steps, B, H] receives every step's h. float32;
+        h and c C-contiguous, xw and ys contiguous but for their first (step) axis."""
+        steps, B = xw.shape[:2]
+        H = self.H
+        for name, a, shape in (("xw", xw, (steps, B, 4 * H)), ("h", h, (B, H)),
+                               ("c", c, (B, H)), ("ys", ys, (steps, B, H))):
+            whole = a.flags.c_contiguous if name in ("h", "c") else (
+                a[0].flags.c_contiguous and a.strides[0] % 4 == 0 if a.shape[0] else True)
+            if a.shape != shape or a.dtype != np.float32 or not whole:
+                raise ValueError(f"{type(self).__name__}.run: {name} must be a contiguous "
+                                 f"float32{list(shape)}, got {a.dtype}{list(a.shape)}")
+            if name != "xw" and not a.flags.writeable:
+                raise ValueError(f"{type(self).__name__}.run: {name} must be writeable")
+        if steps == 0 or B == 0:
+            return
+        self._call(xw, xw.strides[0] // 4, h, c, ys, ys.strides[0] // 4, steps, B)
+
+    def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class Int8Recurrence(_Recurrence):
+    """DynamicQuantizeLSTM's recurrence for one direction: R packed (a ``PackedB``, int8 or
+    uint8 with zero points) with its scale (scalar or per column); ``half`` the factor of the
+    gates' pre-activations (1/2 for i, o, f), ``clip`` the cell clip or None."""
+
+    mode = "u8"
+
+    def __init__(self, packed: PackedB, r_scale, half: np.ndarray, clip: float | None) -> None:
+        if packed.N % 4 or packed.K != packed.N // 4 or half.shape != (packed.N,):
+            raise ValueError(f"LSTM R must be [H, 4H], got [{packed.K}, {packed.N}]")
+        if packed._slope32 is None:  # noqa: SLF001 - the zero-point terms must fit int32
+            raise ValueError("LSTM R: zero-point terms overflow int32")
+        self.packed, self.H, self.half, self.width = packed, packed.K, half, packed.width
+        scale = np.broadcast_to(np.asarray(r_scale, np.float32).reshape(-1), half.shape)
+        self.cols = _gate_columns(packed.width, half, clip, (scale * half).astype(np.float32))
+        self.fn = _function("u8")
+
+    def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
+        p = self.packed
+        codes = np.zeros((B, p.G * 4), np.uint8)  # bytes past K meet zero rows of R
+        gates = np.empty((GROUP, p.width), np.float32)
+        params = np.empty(2, np.float32)
+        rowc = np.empty(B, np.int32)
+        self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,
+                self.H, p._panels_ptr, p.G, p.width, address(p._slope32),  # noqa: SLF001
+                p._zb_ptr, address(self.cols), address(codes), address(gates),  # noqa: SLF001
+                address(params), address(rowc), 1.0)
+
+
+class Float32Recurrence(_Recurrence):
+    """LSTM's recurrence for one direction: ``RT`` [H, 4H] float32 (i, o, f columns already
+    halved, as rnn.LSTM prepares it), laid out once in panels of 32 columns."""
+
+    mode = "f32"
+
+    def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None) -> None:
+        H = RT.shape[0]
+        if RT.ndim != 2 or RT.shape[1] != 4 * H or half.shape != (4 * H,):
+            raise ValueError(f"LSTM R^T must be [H, 4H], got {list(RT.shape)}")
+        npan = -(-4 * H // NR)
+        full = np.zeros((H, npan * NR), np.float32)
+        full[:, : 4 * H] = RT
+        self.panels = aligned_zeros((npan, H, NR), np.float32)  # 64-byte aligned loads
+        self.panels[...] = full.reshape(H, npan, NR).transpose(1, 0, 2)
+        self.H, self.half, self.width = H, half, npan * NR
+        self.cols = _gate_columns(self.width, half, clip)
+        self.fn = _function("f32")
+
+    def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
+        gates = np.empty((GROUP, self.width), np.float32)
+        self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,
+                self.H, address(self.panels), self.H, self.width, None, None,
+                address(self.cols), None, address(gates), None, None, 1.0)
+
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, FLOAT_REQUIRES)}
+
+__all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
+           "module_ir_u8", "unavailable"]
