@@ -644,21 +644,71 @@ def test_one_session_on_four_threads(threads):
 # -- compiling in a child process, loading the object here -----------------------------------
 
 
+_GEMM_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np
+    from onnxrun.providers.cpu.compiled import int8_gemm, jit
+    if "--no-compiler" in sys.argv:  # every object must come from the cache
+        def refuse(modules):
+            raise AssertionError(f"compiler started for {sorted(modules)}")
+        jit._compile = refuse
+    B = np.arange(-60, 60, dtype=np.int8).reshape(12, 10)
+    A = np.arange(36, dtype=np.uint8).reshape(3, 12)
+    got = int8_gemm.PackedB(B).matmul(A, 2)
+    assert (got == (A.astype(np.int64) - 2) @ B.astype(np.int64)).all()
+    print("llvmlite" in sys.modules)
+""")
+
+
+def _gemm_in_a_process(cache: str, *args: str) -> str:
+    env = dict(os.environ, ONNXRUN_KERNEL_CACHE=cache)
+    return subprocess.run([sys.executable, "-c", _GEMM_SCRIPT, *args], capture_output=True,
+                          text=True, check=True, env=env).stdout.strip()
+
+
 def test_engine_process_never_loads_llvm():
     """The kernels compile in a compiler process: the engine's own process runs them without
     importing llvmlite (whose LLVM would stay resident, 60-80 MB)."""
-    code = textwrap.dedent("""
-        import sys, numpy as np
-        from onnxrun.providers.cpu.compiled import int8_gemm
-        B = np.arange(-60, 60, dtype=np.int8).reshape(12, 10)
-        A = np.arange(36, dtype=np.uint8).reshape(3, 12)
-        got = int8_gemm.PackedB(B).matmul(A, 2)
-        assert (got == (A.astype(np.int64) - 2) @ B.astype(np.int64)).all()
-        print("llvmlite" in sys.modules)
-    """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    assert out.stdout.strip() == "False"
+    assert _gemm_in_a_process("0") == "False"  # no cache: compiled in this run
+
+
+def test_kernel_cache_is_written_then_used(tmp_path):
+    """The first process stores the bundle's objects; the next loads them without a compiler."""
+    cache = tmp_path / "kernels"
+    assert _gemm_in_a_process(str(cache)) == "False"
+    entries = list(cache.glob("*.json"))
+    assert len(entries) == 1
+    assert _gemm_in_a_process(str(cache), "--no-compiler") == "False"
+    assert not list(cache.glob(".tmp-*"))  # written atomically: no temporary file left
+
+
+def test_damaged_kernel_cache_is_compiled_afresh(tmp_path):
+    """A cache entry that is not JSON, or whose objects do not load, costs a compile, never a
+    wrong result or a crash."""
+    import json
+
+    cache = tmp_path / "kernels"
+    _gemm_in_a_process(str(cache))
+    (entry,) = cache.glob("*.json")
+    stored = json.loads(entry.read_text())
+    stored["objects"] = {name: "AAAA" for name in stored["objects"]}  # not an ELF object
+    entry.write_text(json.dumps(stored))
+    assert _gemm_in_a_process(str(cache)) == "False"
+    assert not entry.exists()  # discarded: the next process stores a good one
+    _gemm_in_a_process(str(cache))
+    entry.write_bytes(b"\x00garbage")
+    assert _gemm_in_a_process(str(cache)) == "False"
+    json.loads(entry.read_text())  # rewritten whole
+
+
+def test_kernel_cache_switched_off_writes_nothing(tmp_path, monkeypatch):
+    from onnxrun.providers.cpu.compiled import jit
+
+    monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", "0")
+    assert jit._cache_dir() is None
+    assert jit._cache_key({"m": ("ir", ())}) is None
+    monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", str(tmp_path))
+    key = jit._cache_key({"m": ("ir", ())})
+    assert key is None or key != jit._cache_key({"m": ("other ir", ())})
 
 
 def test_object_calling_outside_itself_is_refused():

@@ -6,7 +6,10 @@ it, or on a CPU without the instructions a module needs, ``compile_module`` rais
 on first use, for the host CPU's own instruction set — in a child process (``_compiler.py``),
 whose ELF object ``elf.py`` loads into executable memory here: the engine's process never loads
 LLVM, which would cost it 60-80 MB of resident memory for good (more than an int8 model saves).
-A compile costs ~0.3 s (the child's start included), once per module and process.
+A compile costs ~0.3-0.7 s (the child's start included), once per module and process; the
+bundle's objects are kept on disk (``ONNXRUN_KERNEL_CACHE``, default
+``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the CPU's identity, so a
+later process loads them in milliseconds.
 
 ctypes releases the GIL for the duration of a call, so compiled kernels run truly in parallel
 on the intra-op threads and under concurrent ``run`` calls. The generated functions only read
@@ -17,10 +20,13 @@ from __future__ import annotations
 
 import base64
 import ctypes
+import hashlib
 import json
 import os
+import platform
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -80,9 +86,100 @@ def _compile_bundle() -> None:
     for short in _BUNDLE:
         bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
         modules.update({name: (factory(), req) for name, (factory, req) in bundle.items()})
-    answer = _compile(modules)
+    key = _cache_key(modules)
+    answer = _cache_read(key)
+    if answer is None:
+        answer = _compile(modules)
+        if not answer["error"]:
+            _cache_write(key, answer)
     _state.update(features=set(answer["features"]), error=answer["error"],
-                  objects=answer["objects"], errors=answer["errors"])
+                  objects=answer["objects"], errors=answer["errors"], key=key)
+
+
+# -- the on-disk cache of the bundle's objects ---------------------------------------------------
+
+_CACHE_ENV = "ONNXRUN_KERNEL_CACHE"
+_CACHE_VERSION = 1
+
+
+def _cache_dir() -> str | None:
+    configured = os.environ.get(_CACHE_ENV)
+    if configured is not None:
+        return None if configured in ("", "0") else configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "onnxrun", "kernels")
+
+
+def _cpu_identity() -> str | None:
+    """What the compiled code depends on besides its IR: the CPU model and its feature flags
+    (Linux's /proc/cpuinfo); None where they cannot be read (then nothing is cached)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            head = f.read(1 << 16).split("\n\n", 1)[0]
+    except OSError:
+        return None
+    wanted = {k: v.strip() for k, _, v in (line.partition(":") for line in head.splitlines())
+              if k.strip() in ("vendor_id", "model name", "cpu family", "model", "flags")}
+    if "flags" not in " ".join(wanted):
+        return None
+    return f"{platform.machine()}|{sorted(wanted.items())}"
+
+
+def _cache_key(modules: dict[str, tuple[str, Iterable[str]]]) -> str | None:
+    cpu = _cpu_identity()
+    if cpu is None or _cache_dir() is None:
+        return None
+    digest = hashlib.sha256(f"v{_CACHE_VERSION}|{cpu}".encode())
+    for name in sorted(modules):
+        ir_text, requires = modules[name]
+        digest.update(f"|{name}|{sorted(requires)}|".encode())
+        digest.update(ir_text.encode())
+    return digest.hexdigest()
+
+
+def _cache_read(key: str | None) -> dict | None:
+    """A stored answer for ``key``, or None (missing, unreadable or not one of ours)."""
+    folder = _cache_dir()
+    if key is None or folder is None:
+        return None
+    try:
+        with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as f:
+            answer = json.load(f)
+        if answer.get("key") != key or not isinstance(answer.get("objects"), dict):
+            return None
+        return {"features": list(answer["features"]), "error": None,
+                "objects": dict(answer["objects"]), "errors": dict(answer.get("errors", {}))}
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _cache_discard(key: str | None) -> None:
+    folder = _cache_dir()
+    if key is not None and folder is not None:
+        try:
+            os.unlink(os.path.join(folder, f"{key}.json"))
+        except OSError:
+            pass
+
+
+def _cache_write(key: str | None, answer: dict) -> None:
+    """Store an answer atomically (a temporary file renamed); failures only cost the cache."""
+    folder = _cache_dir()
+    if key is None or folder is None:
+        return
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump({"key": key, "features": answer["features"],
+                           "objects": answer["objects"], "errors": answer["errors"]}, f)
+            os.replace(tmp, os.path.join(folder, f"{key}.json"))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError:
+        pass
 
 
 def enabled() -> bool:
@@ -139,17 +236,24 @@ def compile_module(name: str, ir: str, signatures: dict[str, Any],
     with _lock:
         module = _modules.get(name)
         if module is None:
-            obj = _state["objects"].pop(name, None)  # compiled with the bundle
-            if obj is None:
+            code = None
+            obj = _state["objects"].pop(name, None)  # compiled with the bundle, or cached
+            if obj is not None:
+                try:
+                    code = elf.load(base64.b64decode(obj))
+                except (elf.ObjectError, OSError, ValueError):
+                    code = None  # a damaged cache entry: compile afresh, rebuild it next time
+                    _cache_discard(_state.get("key"))
+            if code is None:
                 answer = _compile({name: (ir, requires)})
                 obj = answer["objects"].get(name)
                 if obj is None:
                     raise Unavailable(f"compiling {name}: "
                                       f"{answer['error'] or answer['errors'].get(name)}")
-            try:
-                code = elf.load(base64.b64decode(obj))
-            except (elf.ObjectError, OSError) as exc:  # e.g. no executable mappings allowed
-                raise Unavailable(f"loading {name}: {exc}") from exc
+                try:
+                    code = elf.load(base64.b64decode(obj))
+                except (elf.ObjectError, OSError) as exc:  # e.g. no executable mappings
+                    raise Unavailable(f"loading {name}: {exc}") from exc
             missing = set(signatures) - set(code.address)
             if missing:
                 raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
