@@ -521,6 +521,26 @@ def test_float_lstm_takes_the_compiled_recurrence(direction, batch, threads, mon
         np.testing.assert_allclose(g, w, rtol=0, atol=5e-6)
 
 
+def test_float_lstm_falls_back_on_the_weights_rebuilt_from_the_panels(monkeypatch):
+    """Sequences of different lengths take the numpy loop: its R^T, rebuilt from the compiled
+    recurrences' panels (the session keeps one copy of R), gives the numpy session's outputs
+    exactly."""
+    T, B, I, H = 5, 3, 7, 12
+    inputs = [RNG.standard_normal((T, B, I)).astype(np.float32),
+              (RNG.standard_normal((2, 4 * H, I)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32), None,
+              np.array([5, 2, 4], np.int32)]
+    model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2),
+                            out_types=[TP.FLOAT] * 3, hidden_size=H, direction="bidirectional")
+    ref, sess = _sessions(model)
+    assert _kernels(sess)[0].prepared["RT"] is None  # only the panels hold R
+    counter = _CountingFloatRecurrence(monkeypatch)
+    for g, w in zip(sess.run(None, feeds), ref.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert counter.calls == 0
+    np.testing.assert_array_equal(_kernels(sess)[0].prepared["RT"], _kernels(ref)[0].prepared["RT"])
+
+
 def test_lstm_recurrence_from_a_zero_state_and_bad_buffers():
     """h = 0 quantizes with the flat scale (zero point 0); wrong shapes are refused."""
     H = 16

@@ -492,6 +492,11 @@ class Float32Recurrence(_Recurrence):
         self.cols = _gate_columns(self.width, half, clip)
         self.fn = _function("f32")
 
+    def dense(self) -> np.ndarray:
+        """R^T [H, 4H] back from the panels (for a numpy path: the panels are the only copy)."""
+        H = self.H
+        return np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(H, -1)[:, : 4 * H])
+
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
         gates = np.empty((GROUP, self.width), np.float32)
         self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,

@@ -372,6 +372,8 @@ class LSTM(_Recurrent):
             bias = bias * np.tile(half, D)
             RT = RT * half
             recurrences = _compiled_recurrences(RT, half, self.clip)
+            if recurrences is not None:
+                RT = None  # the recurrences' panels hold R; _recurrent_weights rebuilds it
         return {"dtype": dt, "WT": WT, "bias": bias, "RT": RT, "P": peep, "H": H, "fast": fast,
                 "half": half if fast else None, "recurrences": recurrences}
 
@@ -379,7 +381,7 @@ class LSTM(_Recurrent):
                  P=None):
         dt = _compute_dtype(X.dtype)
         w = self._weights(dt, W, R, B, P)
-        H, RT, peep, clip = w["H"], w["RT"], w["P"], self.clip
+        H, peep, clip = w["H"], w["P"], self.clip
         f_act, g_act, h_act = ([a[k] for a in self.acts] for k in range(3))
         input_forget = self.input_forget
         Xc = np.asarray(X, dt)
@@ -388,13 +390,16 @@ class LSTM(_Recurrent):
         c0 = self._states_in(initial_c, batch, H, dt)
 
         if w["fast"]:
-            cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, RT, out=out), w["half"], clip)
+            cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, _recurrent_weights(w), out=out),
+                                  w["half"], clip)
             # the compiled recurrence streams R once per step and group of 4 rows: while that
             # beats one GEMM of all rows per step
             whole = w["recurrences"] if batch <= COMPILED_MAX_ROWS else None
             ys, (hT, cT) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0, c0], cell,
                                      whole)
             return self._outputs(X.dtype, ys, [hT, cT])
+
+        RT = w["RT"]
 
         def cell(x, h, c, out=None):
             g = np.matmul(h, RT)  # [D, B, 4H]; gate order i, o, f, c
@@ -445,6 +450,16 @@ def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None) 
         return [lstm.Float32Recurrence(R, half, clip) for R in RT]
     except (Unavailable, ValueError):
         return None
+
+
+def _recurrent_weights(w: dict[str, Any]) -> np.ndarray:
+    """The halved R^T [D, H, 4H] for the numpy cell; where compiled recurrences hold the only
+    copy (in their panels), rebuilt once, on the first run that needs it (sequence_lens, many
+    rows)."""
+    RT = w["RT"]
+    if RT is None:
+        RT = w["RT"] = np.stack([r.dense() for r in w["recurrences"]])
+    return RT
 
 
 def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None):
