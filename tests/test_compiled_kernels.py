@@ -203,23 +203,23 @@ def _kernels(sess):
     return [step.kernel for step in sess._program.steps]
 
 
-class _CountingMatmul:
-    """PackedB.matmul, counting its calls (proof that a session took the compiled path)."""
+class _Counting:
+    """``cls.method``, counting its calls (proof that a session took a compiled path)."""
 
-    def __init__(self, monkeypatch) -> None:
+    def __init__(self, monkeypatch, cls, method: str) -> None:
         self.calls = 0
-        original = int8_gemm.PackedB.matmul
+        original = getattr(cls, method)
 
-        def counted(packed, *args, **kwargs):
+        def counted(this, *args, **kwargs):
             self.calls += 1
-            return original(packed, *args, **kwargs)
+            return original(this, *args, **kwargs)
 
-        monkeypatch.setattr(int8_gemm.PackedB, "matmul", counted)
+        monkeypatch.setattr(cls, method, counted)
 
 
 def _assert_same_outputs(model: bytes, feeds, monkeypatch, threads: int = 1):
     ref, sess = _sessions(model, threads)
-    counter = _CountingMatmul(monkeypatch)
+    counter = _Counting(monkeypatch, int8_gemm.PackedB, "matmul")
     want = ref.run(None, feeds)
     assert counter.calls == 0, "the numpy-path session called the compiled GEMM"
     got = sess.run(None, feeds)
@@ -353,20 +353,6 @@ def _fused(extra) -> bool:
     return not extra.get("lens") and not extra.get("peep")
 
 
-class _CountingRecurrence:
-    """Int8Recurrence.run, counting its calls (proof that the compiled recurrence ran)."""
-
-    def __init__(self, monkeypatch) -> None:
-        self.calls = 0
-        original = lstm.Int8Recurrence.run
-
-        def counted(direction, *args):
-            self.calls += 1
-            return original(direction, *args)
-
-        monkeypatch.setattr(lstm.Int8Recurrence, "run", counted)
-
-
 @pytest.mark.parametrize("T,batch,I,H,direction,wtype,per_channel,extra", _LSTMS)
 def test_dynamic_quantize_lstm(T, batch, I, H, direction, wtype, per_channel, extra,
                                monkeypatch):
@@ -376,7 +362,7 @@ def test_dynamic_quantize_lstm(T, batch, I, H, direction, wtype, per_channel, ex
     model, feeds = one_node("DynamicQuantizeLSTM", inputs, opset=21, n_out=3,
                             const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
-    recurrences = _CountingRecurrence(monkeypatch)
+    recurrences = _Counting(monkeypatch, lstm.Int8Recurrence, "run")
     if _fused(extra):
         ref, sess = _sessions(model)
         want = ref.run(None, feeds)
@@ -484,18 +470,6 @@ def test_float_lstm_recurrence_on_strided_steps():
     assert not ys[:, 0].any()  # the other direction's slots untouched
 
 
-class _CountingFloatRecurrence:
-    def __init__(self, monkeypatch) -> None:
-        self.calls = 0
-        original = lstm.Float32Recurrence.run
-
-        def counted(recurrence, *args):
-            self.calls += 1
-            return original(recurrence, *args)
-
-        monkeypatch.setattr(lstm.Float32Recurrence, "run", counted)
-
-
 @pytest.mark.parametrize("direction,batch,threads", [("forward", 1, 1), ("reverse", 5, 1),
                                                      ("bidirectional", 2, 2),
                                                      ("bidirectional", 7, 1)])
@@ -510,7 +484,7 @@ def test_float_lstm_takes_the_compiled_recurrence(direction, batch, threads, mon
               (RNG.standard_normal((D, 8 * H)) * 0.3).astype(np.float32)]
     model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2, 3),
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
-    counter = _CountingFloatRecurrence(monkeypatch)
+    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
     ref, sess = _sessions(model, threads)
     want = ref.run(None, feeds)
     assert counter.calls == 0
@@ -534,7 +508,7 @@ def test_float_lstm_falls_back_on_the_weights_rebuilt_from_the_panels(monkeypatc
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction="bidirectional")
     ref, sess = _sessions(model)
     assert _kernels(sess)[0].prepared["RT"] is None  # only the panels hold R
-    counter = _CountingFloatRecurrence(monkeypatch)
+    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
     for g, w in zip(sess.run(None, feeds), ref.run(None, feeds), strict=True):
         np.testing.assert_array_equal(g, w)
     assert counter.calls == 0
