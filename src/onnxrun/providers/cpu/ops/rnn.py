@@ -7,9 +7,10 @@ gate arithmetic. The reverse direction reads a time-reversed copy of that projec
 batch row when ``sequence_lens`` is given, and its outputs are un-reversed at the end. Rows whose
 sequence has ended keep their state and emit zeros, as onnxruntime does.
 
-The usual float32 LSTM (sigmoid, tanh, tanh; no peepholes) on full-length sequences of a few
-rows runs each direction's whole recurrence in one compiled call (``compiled/lstm.py``), the
-directions on threads of their own; elsewhere the numpy step loop below.
+The usual float32 LSTM (sigmoid, tanh, tanh; no peepholes) on full-length sequences of up to
+COMPILED_MAX_ROWS rows runs each direction's whole recurrence in one compiled call
+(``compiled/lstm.py``), the directions on threads of their own; elsewhere (and without
+llvmlite) the numpy step loop below.
 """
 
 from __future__ import annotations
