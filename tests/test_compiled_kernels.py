@@ -635,6 +635,54 @@ def test_one_session_on_four_threads(threads):
                 np.testing.assert_array_equal(a, b)
 
 
+# -- float32 depthwise convolution ----------------------------------------------------------------
+
+# (C, H, W, kernel, strides, pads, dilations, activation): edges on every side, asymmetric and
+# no padding, strides, dilations, windows wider than the image, channel tails
+_DEPTHWISE = [
+    (32, 9, 11, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), "Relu"),
+    (19, 8, 8, (3, 3), (2, 2), (0, 1, 1, 0), (1, 1), "Clip"),
+    (40, 7, 12, (5, 5), (1, 2), (2, 2, 2, 2), (1, 1), ""),
+    (16, 10, 10, (3, 3), (1, 1), (2, 2, 2, 2), (2, 2), "Clip"),
+    (5, 3, 4, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), "LeakyRelu"),
+    (24, 4, 3, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), ""),
+    (48, 6, 6, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), "Relu"),
+    (17, 5, 9, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), ""),
+]
+
+
+@pytest.mark.parametrize("C,H,W,kernel,strides,pads,dilations,act", _DEPTHWISE)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_float_depthwise_equals_the_numpy_kernels(C, H, W, kernel, strides, pads, dilations,
+                                                  act, batch, monkeypatch):
+    """FusedConv / Conv with group == channels on the compiled kernel (padding masked, never
+    copied): equal to the numpy kernels to float32 rounding, the bias and a Relu / Clip in its
+    epilogue, other activations after it."""
+    from onnxrun.providers.cpu.compiled import depthwise
+
+    X = RNG.standard_normal((batch, C, H, W)).astype(np.float32)
+    Wt = RNG.standard_normal((C, 1) + kernel).astype(np.float32)
+    B = RNG.standard_normal(C).astype(np.float32)
+    attrs = dict(group=C, kernel_shape=list(kernel), strides=list(strides), pads=list(pads),
+                 dilations=list(dilations))
+    if act:
+        model, feeds = one_node("FusedConv", [X, Wt, B], opset=17, const=(1, 2), domain=MS,
+                                out_types=[TP.FLOAT], activation=act,
+                                **({"activation_params": [0.0, 1.5]} if act == "Clip" else {}),
+                                **attrs)
+    else:
+        model, feeds = one_node("Conv", [X, Wt, B], opset=17, const=(1, 2),
+                                out_types=[TP.FLOAT], **attrs)
+    counter = _Counting(monkeypatch, depthwise.DepthwiseFloat, "run")
+    ref, sess = _sessions(model)
+    want = ref.run(None, feeds)[0]
+    assert counter.calls == 0
+    got = sess.run(None, feeds)[0]
+    assert counter.calls == 1
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 # -- compiling in a child process, loading the object here -----------------------------------
 
 

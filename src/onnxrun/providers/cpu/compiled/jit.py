@@ -51,7 +51,7 @@ _forced_off = 0  # depth of `disabled()` blocks
 # Modules compiled together, in the first compiler process of a process (their IR is cheap to
 # write; one process start instead of one per module): each lists ``BUNDLE``, name -> (IR
 # factory, required features).
-_BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm")
+_BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise")
 
 
 def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
 from ..kernels import KernelContext, op
-from ..parallel import parallel_for, threads_for
+from ..parallel import parallel_for, split_threads, threads_for
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -816,6 +816,7 @@ class Conv(_ConvBase):
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
         self.channels_last = False  # write the output channels-last (channels_last_output)
+        self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
         self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
         if W is None:
             return
@@ -827,6 +828,8 @@ class Conv(_ConvBase):
         if self._is_depthwise(W.shape):
             if nd == 2:
                 self.w_depthwise_2d = _depthwise_weights_2d(W, *self._attrs(2, W.shape), cdt)
+                self.dw_compiled = _compiled_depthwise(W, cdt)
+                self.dw_threads = split_threads(ctx)
                 return
             self.w_depthwise = self._depthwise_weights(W, cdt)
         outs = None
@@ -936,6 +939,9 @@ class Conv(_ConvBase):
 
     def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
         """The depthwise kernels, bias, Z and activation applied on the way out."""
+        if self.dw_compiled is not None and X.dtype == np.float32:
+            return self._depthwise_compiled(X, b, Z, act, heads, outs, kernel, strides,
+                                            dilations)
         wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
             _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
         N, C = X.shape[:2]
@@ -967,6 +973,37 @@ class Conv(_ConvBase):
         if b is not None:  # on the scratch accumulator, which is then copied out once
             add_channel_bias(src, b)
         return _finish(None, src, None, Z, act, cdt, self.threads)
+
+
+    def _depthwise_compiled(self, X, b, Z, act, heads, outs, kernel, strides, dilations):
+        """The compiled channels-last kernel: bias and a Relu / Clip in its epilogue, Z and
+        other activations after it; the output channels-last or copied out to NCHW."""
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))  # free when X came channels-last
+        Y = self.dw_compiled.run(Xt, heads, outs, strides, dilations,
+                                 None if b is None else b.reshape(-1),
+                                 bounds if fused else (-np.inf, np.inf),
+                                 threads=self.dw_threads).transpose(0, 3, 1, 2)
+        if Z is not None:
+            Y += Z
+        if act is not None and not fused:
+            act(Y)
+        return Y if self.channels_last else np.ascontiguousarray(Y)
+
+
+def _compiled_depthwise(W: np.ndarray, cdt: np.dtype):
+    """The compiled float32 depthwise kernel for a constant (C, 1, kh, kw) weight, or None where
+    it cannot run (not float32, no llvmlite, a CPU without AVX-512, a window over 7x7)."""
+    if cdt != np.float32:
+        return None
+    from ..compiled import depthwise
+    from ..compiled.jit import Unavailable
+
+    try:
+        return depthwise.DepthwiseFloat(W)
+    except (Unavailable, ValueError):
+        return None
 
 
 @op("ConvTranspose", 1, 11, 22)
