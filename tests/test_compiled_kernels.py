@@ -97,6 +97,21 @@ def test_matmul_float32_rounds_like_numpy(M, K, N, scale_kind, with_bias):
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
 
 
+@pytest.mark.parametrize("M,K,N", _SHAPES)
+@pytest.mark.parametrize("bounds", [(0.0, np.inf), (-0.5, 0.25)])
+def test_matmul_float32_clipped(M, K, N, bounds):
+    """A fused Relu / Clip: np.clip of the scaled and biased result, bit for bit (the -0.0 of
+    a zero accumulator times a negative scale kept where the bounds let it through)."""
+    A, B = _ints(np.uint8, (M, K)), _ints(np.int8, (K, N))
+    scale = (RNG.uniform(1e-4, 1e-2, (N,)) * RNG.choice([-1, 1], (N,))).astype(np.float32)
+    bias = (RNG.standard_normal(N) * 0.3).astype(np.float32)
+    acc = _reference(A, 3, B, None)
+    got = int8_gemm.PackedB(B, None).matmul(A, 3, scale=scale, bias=bias, clip=bounds)
+    want = np.clip(acc.astype(np.float32) * scale + bias, np.float32(bounds[0]),
+                   np.float32(bounds[1]))
+    np.testing.assert_array_equal(got, want)
+
+
 def test_matmul_writes_into_out():
     A, B = _ints(np.uint8, (5, 40)), _ints(np.int8, (40, 70))
     packed = int8_gemm.PackedB(B, None)

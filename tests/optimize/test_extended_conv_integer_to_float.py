@@ -92,6 +92,45 @@ def test_fused_cnn_matches_onnxruntime(quantized, tmp_path, per_channel, level, 
     counts = collections.Counter(n.op_type for n in onnx.load(saved).graph.node)
     assert counts["ConvIntegerToFloat"] == 4 and counts["ConvInteger"] == 0
     assert counts["Cast"] == 0
+    assert counts["Clip"] == 0  # both ReLU6s clip in the fused convolutions' epilogues
+    acts = [helper.get_attribute_value(a) for n in onnx.load(saved).graph.node
+            for a in n.attribute if a.name == "activation"]
+    assert acts == [b"Clip", b"Clip"]
+
+
+@pytest.mark.parametrize("use_compiled", [True, False])
+@pytest.mark.parametrize("kernel,group", [((1, 1), 1), ((3, 3), 1), ((3, 3), 8)])
+def test_relu_is_fused_into_the_epilogue(tmp_path, kernel, group, use_compiled):
+    """ConvIntegerToFloat -> Relu: one node whose epilogue clips at 0 (GEMM, im2col and
+    depthwise kernels; and the numpy path), equal to onnxruntime on the unfused model."""
+    rng = np.random.default_rng(3)
+    W = (rng.standard_normal((8, 8 // group) + kernel) * 0.3).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group,
+                              pads=[k // 2 for k in kernel] * 2),
+             helper.make_node("Relu", ["c"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 9, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(W, "w"),
+         numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+              tmp_path / "f32.onnx")
+    quantize_dynamic(tmp_path / "f32.onnx", tmp_path / "int8.onnx")
+    x = {"x": rng.standard_normal((1, 8, 9, 10)).astype(np.float32)}
+    want = ort.InferenceSession(str(tmp_path / "int8.onnx"),
+                                providers=["CPUExecutionProvider"]).run(None, x)[0]
+    saved = tmp_path / "opt.onnx"
+    level = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    if use_compiled:
+        sess = _session(tmp_path / "int8.onnx", level, optimized_model_filepath=str(saved))
+    else:
+        with compiled.disabled():
+            sess = _session(tmp_path / "int8.onnx", level, optimized_model_filepath=str(saved))
+    got = sess.run(None, x)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert got.min() == 0
+    counts = collections.Counter(n.op_type for n in onnx.load(saved).graph.node)
+    assert counts["ConvIntegerToFloat"] == 1 and counts["Relu"] == 0
 
 
 def test_fusion_off_at_basic_level(quantized):

@@ -14,7 +14,8 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "matmul_integer_to_float": ("MatMulIntegerToFloatFusion", 12, (
         "Cast MatMulInteger Mul", "Add com.microsoft:MatMulIntegerToFloat")),
     "conv_integer_to_float": ("ConvIntegerToFloatFusion", 12, (
-        "Cast ConvInteger Mul", "Add ai.onnxrun:ConvIntegerToFloat")),
+        "Cast ConvInteger Mul", "Add ai.onnxrun:ConvIntegerToFloat",
+        "Clip ai.onnxrun:ConvIntegerToFloat", "Relu ai.onnxrun:ConvIntegerToFloat")),
     "quick_gelu": ("QuickGeluFusion", 12, ("Mul Sigmoid",)),
     "dynamic_quantize_matmul": ("DynamicQuantizeMatMulFusion", 13, (
         "DynamicQuantizeLinear com.microsoft:MatMulIntegerToFloat",)),

@@ -5,8 +5,9 @@
 
 That is what ``quantize_dynamic`` writes for every convolution: four passes over the int32
 accumulator (to float, times x_scale * w_scale, plus the bias) become the epilogue of the
-integer convolution. onnxruntime has no such operator (its dynamically quantized CNNs run the
-four passes), so the fused node is in onnxrun's own domain; the scale and the bias must be per
+integer convolution, and so does a following Relu or Clip (ReLU6), as FusedConv's
+activation. onnxruntime has no such operator (its dynamically quantized CNNs run the four
+passes), so the fused node is in onnxrun's own domain; the scale and the bias must be per
 tensor or per output channel in the shapes the quantizer writes ([], [1], [M, 1, 1],
 [1, M, 1, 1]).
 """
@@ -18,6 +19,7 @@ import onnx
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
 from ._helpers import const_value, elem_type, is_float32, shape
+from .conv_activation import activation_params
 
 FLOAT = onnx.TensorProto.FLOAT
 ONNXRUN = "ai.onnxrun"
@@ -89,9 +91,38 @@ class ConvIntegerToFloatBias(RewriteRule):
         return op.ConvIntegerToFloat(x, w, scale, x_zp, w_zp, bias, _domain=ONNXRUN, **attrs)
 
 
+class _ClippedConvIntegerToFloat(RewriteRule):
+    """A Relu or a Clip with constant bounds after the fused convolution: its epilogue clips
+    (the ``activation`` / ``activation_params`` attributes of FusedConv)."""
+
+    name = "ConvIntegerToFloat+Relu"
+    activation = "Relu"
+
+    def pattern(self, op, x, w, scale):
+        return getattr(op, self.activation)(
+            op.ConvIntegerToFloat(x, w, scale, _domain=ONNXRUN, _name="conv"))
+
+    def check(self, context, conv, **_):
+        act = context.root
+        return conv.attr("activation") is None and \
+            activation_params(context.model, act) is not None and is_float32(act.outputs[0])
+
+    def rewrite(self, op, conv, **_):
+        act = op.root
+        params = activation_params(op.model, act)
+        return op.ConvIntegerToFloat(*conv.inputs, _domain=ONNXRUN, activation=act.op_type,
+                                     activation_params=params or None, **conv.attributes)
+
+
+class _ClipConvIntegerToFloat(_ClippedConvIntegerToFloat):
+    name = "ConvIntegerToFloat+Clip"
+    activation = "Clip"
+
+
 @register_pass
 class ConvIntegerToFloatFusion(RulePass):
     name = "ConvIntegerToFloatFusion"
     level = EXTENDED
     order = 12
-    rules = (_variant(4), _variant(3), _variant(2), ConvIntegerToFloatBias)
+    rules = (_variant(4), _variant(3), _variant(2), ConvIntegerToFloatBias,
+             _ClippedConvIntegerToFloat, _ClipConvIntegerToFloat)

@@ -31,7 +31,8 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
     """Rows [r0, r1) of output pixels; per row, per 16-channel chunk (the last masked), the T
     tap weights and offsets stay in registers while the row's pixels stream past them.
     ``mode`` "q8": requantized bytes, ``%yq`` = (zero point, lo, hi); "f32": float32
-    ``float(acc) * scale + bias``, ``%yq`` = the bias per channel."""
+    ``float(acc) * scale + bias``, ``%yq`` = the bias per channel; "f32c": that clipped to
+    (lo, hi), ``%yq`` = the bias (``Cp`` floats) then lo, hi."""
     ext = "sext" if signed else "zext"
     name = f"dw_{'s8' if signed else 'u8'}_{mode}"
     L = [f"define void @{name}(ptr %X, ptr %off, ptr %W, ptr %init, ptr %scale, ptr %yq, "
@@ -40,6 +41,9 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
          "entry:"]
     if mode == "q8":
         L += ir.load_params("%yq", ("zp", "lo", "hi"))
+    elif mode == "f32c":
+        L += ["  %yqb = getelementptr float, ptr %yq, i64 %Cp",
+              *ir.load_params("%yqb", ("clo", "chi"))]
     for t in range(T):
         L += [f"  %offp{t} = getelementptr i64, ptr %off, i64 {t}",
               f"  %off{t} = load i64, ptr %offp{t}, align 8"]
@@ -63,7 +67,7 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
           f"  %acc0 = load {_V}, ptr %ip, align 4",
           "  %sp = getelementptr float, ptr %scale, i64 %c0",
           f"  %sv = load {_VF}, ptr %sp, align 4"]
-    if mode == "f32":
+    if mode != "q8":
         L += ["  %bp = getelementptr float, ptr %yq, i64 %c0",
               f"  %bv = load {_VF}, ptr %bp, align 4"]
     for t in range(T):
@@ -102,8 +106,13 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
               f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, "
               "<16 x i1> %mask)"]
     else:
-        L += [f"  %o = fadd {_VF} %m, %bv",
-              "  %yp = getelementptr float, ptr %Y, i64 %ya",
+        L.append(f"  %o{'b' if mode == 'f32c' else ''} = fadd {_VF} %m, %bv")
+        if mode == "f32c":  # as np.clip: NaN stays NaN
+            L += [f"  %clt = fcmp olt {_VF} %ob, %clo",
+                  f"  %cl = select <16 x i1> %clt, {_VF} %clo, {_VF} %ob",
+                  f"  %cgt = fcmp ogt {_VF} %cl, %chi",
+                  f"  %o = select <16 x i1> %cgt, {_VF} %chi, {_VF} %cl"]
+        L += ["  %yp = getelementptr float, ptr %Y, i64 %ya",
               f"  call void @llvm.masked.store.v16f32.p0({_VF} %o, ptr %yp, i32 4, "
               "<16 x i1> %mask)"]
     L += ["  %own = add i64 %ow, 1",
@@ -140,7 +149,7 @@ def unavailable() -> str | None:
     return jit.why_unavailable(REQUIRES)
 
 
-_MODES = ("q8", "f32")
+_MODES = ("q8", "f32", "f32c")
 
 
 def _module(T: int) -> jit.Module:
@@ -173,10 +182,11 @@ class DepthwiseWeights:
 
     def run(self, Xp: np.ndarray, offsets: np.ndarray, out_hw: tuple[int, int],
             strides: tuple[int, int], x_zero_point: int, int_bias, scale, y_zero_point,
-            out_dtype, threads: int = 1, float_bias=None) -> np.ndarray:
+            out_dtype, threads: int = 1, float_bias=None, clip=None) -> np.ndarray:
         """(N, Ho, Wo, C) from the padded (N, Hp, Wp, C) input ``Xp``; ``offsets``: each tap's
         byte offset from its window's first pixel (int64). ``out_dtype`` float32: the output
-        is ``float(acc) * scale + float_bias``; 8-bit: requantized with ``y_zero_point``."""
+        is ``float(acc) * scale + float_bias``, clipped to ``clip=(lo, hi)`` if given; 8-bit:
+        requantized with ``y_zero_point``."""
         N, Hp, Wp, C = Xp.shape
         if C != self.C or Xp.dtype not in (np.uint8, np.int8) or not Xp.flags.c_contiguous:
             raise ValueError(f"depthwise: expected a contiguous 8-bit [N, H, W, {self.C}] input")
@@ -192,9 +202,11 @@ class DepthwiseWeights:
         sc[:C] = np.broadcast_to(np.asarray(scale, np.float32).reshape(-1), (C,))
         out_dtype = np.dtype(out_dtype)
         if out_dtype == np.float32:
-            mode, extra = "f32", np.zeros(self.Cp, np.float32)
+            mode, extra = "f32", np.zeros(self.Cp + 2, np.float32)
             if float_bias is not None:
                 extra[:C] = np.broadcast_to(np.asarray(float_bias, np.float32).reshape(-1), (C,))
+            if clip is not None:
+                mode, extra[self.Cp:] = "f32c", clip
         else:
             info = np.iinfo(out_dtype)
             mode, extra = "q8", np.array([y_zero_point, info.min, info.max], np.float32)

@@ -38,13 +38,13 @@ MR = 8  # rows per tile: 16 accumulators + 2 B registers + 1 broadcast of 32 zmm
 L2_BYTES_FOR_A = 192 * 1024  # rows of A per block: the block stays in L2 across all panels
 
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
-_ELEM = {"i32": "i32", "f32": "i32", "q8": "i8"}  # output element, for address arithmetic
+_ELEM = {"i32": "i32", "f32": "i32", "f32c": "i32", "q8": "i8"}  # output element, for addresses
 _VDP = "@llvm.x86.avx512.vpdpbusd.512"
 
 
 def _tile(R: int, mode: str) -> str:
     """One R x 32 tile over the whole K: accumulate, correct, scale, store (masked if partial)."""
-    out_t = {"i32": _V, "f32": _VF, "q8": _VB}[mode]
+    out_t = {"i32": _V, "f32": _VF, "f32c": _VF, "q8": _VB}[mode]
     elem = _ELEM[mode]
     L = [f"define internal void @tile{R}_{mode}(ptr %A, i64 %lda, ptr %B, i64 %G, ptr %init, "
          "ptr %rowc, ptr %zb, ptr %scale, ptr %bias, ptr %yq, ptr %C, i64 %ldc, i64 %ncols) "
@@ -93,7 +93,7 @@ def _tile(R: int, mode: str) -> str:
     for r in range(R):
         for c in range(2):
             L.append(f"  %e{r}_{c} = phi {_V} [%n{r}_{c}, %corr_check], [%k{r}_{c}, %corr]")
-    if mode == "f32":  # float(acc) * scale (+ bias): two roundings, as MLAS
+    if mode in ("f32", "f32c"):  # float(acc) * scale (+ bias): two roundings, as MLAS
         L += [f"  %s0 = load {_VF}, ptr %scale, align 4",
               "  %sp1 = getelementptr float, ptr %scale, i64 16",
               f"  %s1 = load {_VF}, ptr %sp1, align 4",
@@ -115,7 +115,17 @@ def _tile(R: int, mode: str) -> str:
                       f"  %fm{r}_{c} = fmul {_VF} %f{r}_{c}, %s{c}",
                       f"  %fb{r}_{c} = fadd {_VF} %fm{r}_{c}, %q{c}",
                       # adding +0.0 would turn -0.0 into +0.0: keep the product without a bias
-                      f"  %o{r}_{c} = select i1 %hasb, {_VF} %fb{r}_{c}, {_VF} %fm{r}_{c}"]
+                      f"  %{'v' if mode == 'f32c' else 'o'}{r}_{c} = select i1 %hasb, "
+                      f"{_VF} %fb{r}_{c}, {_VF} %fm{r}_{c}"]
+        if mode == "f32c":  # then clipped to %yq = (lo, hi), as np.clip: NaN stays NaN
+            L += ir.load_params("%yq", ("clo", "chi"))
+            for r in range(R):
+                for c in range(2):
+                    t = f"%k{r}_{c}."
+                    L += [f"  {t}lt = fcmp olt {_VF} %v{r}_{c}, %clo",
+                          f"  {t}l = select <16 x i1> {t}lt, {_VF} %clo, {_VF} %v{r}_{c}",
+                          f"  {t}gt = fcmp ogt {_VF} {t}l, %chi",
+                          f"  %o{r}_{c} = select <16 x i1> {t}gt, {_VF} %chi, {_VF} {t}l"]
     elif mode == "q8":  # requantized: clamp(rint(float(acc) * scale) + zp, lo, hi), as MLAS
         L += [f"  %s0 = load {_VF}, ptr %scale, align 4",
               "  %sp1 = getelementptr float, ptr %scale, i64 16",
@@ -143,7 +153,7 @@ def _tile(R: int, mode: str) -> str:
     L += ["  ret void", "mstore:",
           *ir.lane_mask("%mk0", "%ncols"),
           *ir.lane_mask("%mk1", "%ncols", 16)]
-    suffix = {"i32": "v16i32", "f32": "v16f32", "q8": "v16i8"}[mode]
+    suffix = {"i32": "v16i32", "f32": "v16f32", "f32c": "v16f32", "q8": "v16i8"}[mode]
     for r in range(R):
         L.append(f"  %mo{r} = mul i64 {r}, %ldc")
         for c in range(2):
@@ -242,7 +252,7 @@ def module_ir() -> str:
     return "\n\n".join(decls + tiles + [_gemm(mode) for mode in _MODES])
 
 
-_MODES = ("i32", "f32", "q8")
+_MODES = ("i32", "f32", "f32c", "q8")
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _GEMM_PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I,
                                _I, _I)
@@ -326,11 +336,12 @@ class PackedB:
         return _padded(v.reshape(-1), self.width, dtype)
 
     def matmul(self, A: np.ndarray, a_zero_point: int = 0, *, scale=None, bias=None,
-               int_bias=None, requantize=None, out: np.ndarray | None = None,
+               int_bias=None, requantize=None, clip=None, out: np.ndarray | None = None,
                threads: int = 1) -> np.ndarray:
         """(A - a_zero_point) @ (B - zb) (+ ``int_bias``, int32 per column) for a 2-D uint8 or
         int8 A. Returns int32; or, given ``scale`` (scalar or per column), float32
-        ``float(acc) * scale + bias``; or, given also ``requantize=(zero_point, dtype)``, 8-bit
+        ``float(acc) * scale + bias``, then clipped to ``clip=(lo, hi)`` if given (a fused
+        Relu / Clip); or, given also ``requantize=(zero_point, dtype)``, 8-bit
         ``clamp(rint(float(acc) * scale) + zero_point)``. ``out``: a C-contiguous (M, N) array
         of the result's type to write into."""
         if A.ndim != 2 or A.shape[1] != self.K:
@@ -356,6 +367,8 @@ class PackedB:
             if requantize is None:
                 mode, dtype = "f32", np.dtype(np.float32)
                 bi = None if bias is None else self._columns(bias, np.float32)
+                if clip is not None:
+                    mode, yq = "f32c", np.array(clip, np.float32)
             else:
                 mode, dtype = "q8", np.dtype(requantize[1])
                 info = np.iinfo(dtype)
@@ -402,8 +415,10 @@ class PackedB:
             out[...] = acc
             return out
         v = acc.astype(np.float32) * sc[: self.N]
-        if mode == "f32":
+        if mode in ("f32", "f32c"):
             out[...] = v if bi is None else v + bi[: self.N]
+            if mode == "f32c":
+                np.clip(out, yq[0], yq[1], out=out)
             return out
         out[...] = np.clip(np.rint(v) + yq[0], yq[1], yq[2])
         return out

@@ -91,9 +91,11 @@ class CompiledQLinearConv:
             self.packed = int8_gemm.PackedB(Wm, zp)
         self.pointwise = self.kernel == (1, 1) and self.strides == (1, 1)
 
-    def __call__(self, x, x_zero_point, mult, y_zero_point, out_dtype, bias, float_bias=None):
+    def __call__(self, x, x_zero_point, mult, y_zero_point, out_dtype, bias, float_bias=None,
+                 clip=None):
         """The requantized output (8-bit ``out_dtype``) or ``float(acc) * mult + float_bias``
-        (float32), or None when this input needs the numpy kernel."""
+        (float32; clipped to ``clip=(lo, hi)`` if given), or None when this input needs the
+        numpy kernel."""
         if x.ndim != 4 or x.dtype not in (np.uint8, np.int8):
             return None
         N, C, H, Wd = x.shape
@@ -107,14 +109,14 @@ class CompiledQLinearConv:
             Xp = self._padded(xt, heads, outs, xzp)
             offsets = window_offsets(self.kernel, self.dilations, Xp.shape[2], C)
             y = self.dw.run(Xp, offsets, (Ho, Wo), self.strides, xzp, bias, mult, yzp,
-                            out_dtype, self.threads, float_bias)
+                            out_dtype, self.threads, float_bias, clip)
         else:
             if self.pointwise and not any(heads) and (Ho, Wo) == (H, Wd):
                 A = xt.reshape(N * H * Wd, C)  # a copy only when x is not channels-last
             else:
                 A = self._im2col(self._padded(xt, heads, outs, xzp), outs)
             if np.dtype(out_dtype) == np.float32:
-                y = self.packed.matmul(A, xzp, scale=mult, bias=float_bias,
+                y = self.packed.matmul(A, xzp, scale=mult, bias=float_bias, clip=clip,
                                        threads=self.threads)
             else:
                 y = self.packed.matmul(A, xzp, scale=mult, int_bias=bias,

@@ -809,12 +809,26 @@ class ConvIntegerToFloat:
     ConvInteger(x, w, x_zp, w_zp) -> Cast(float) -> Mul(scale) [-> Add(bias)], that is
     ``float32(acc) * scale (+ bias)`` with the graph's broadcasting. ``scale`` (x_scale *
     w_scale) and ``bias`` are per tensor or per output channel. On the compiled kernels the
-    scale and bias are the GEMM's epilogue: one pass instead of four."""
+    scale and bias are the GEMM's epilogue: one pass instead of four. ``activation`` "Relu"
+    or "Clip" (``activation_params`` = [min, max], as FusedConv's) clips the result, in the
+    epilogue too (the fusion takes a following Relu / Clip in)."""
 
-    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
-                 kernel_shape=None, pads=None, strides=None) -> None:
+    def __init__(self, ctx: KernelContext, *, activation="", activation_params=None,
+                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                 strides=None) -> None:
         self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
                             kernel_shape=kernel_shape, pads=pads, strides=strides)
+        activation = activation.decode() if isinstance(activation, bytes) else activation
+        params = [float(p) for p in activation_params or ()]
+        if activation in ("", None):
+            self.clip = None
+        elif activation == "Relu":
+            self.clip = (0.0, np.inf)
+        elif activation == "Clip" and len(params) == 2:
+            self.clip = (params[0], params[1])
+        else:
+            raise ValueError(f"ConvIntegerToFloat: unsupported activation {activation!r} "
+                             f"{params} (Relu, or Clip with [min, max])")
         self.w = _conv_weights(ctx, 1, 4, self.conv.group)
         self.compiled = None
         if self.w is not None:
@@ -830,14 +844,18 @@ class ConvIntegerToFloat:
                 (x_zero_point is None or x_zero_point.size == 1) and \
                 all(p.dtype == F32 and broadcasts_per_channel(p.shape, M, 4) for p in params):
             y = self.compiled(x, x_zero_point, scale.reshape(-1), None, F32, None,
-                              None if bias is None else bias.reshape(-1))
+                              None if bias is None else bias.reshape(-1), self.clip)
             if y is not None:
                 return y
         wp = self.w if self.w is not None else IntConvWeights(w, w_zero_point, self.conv.group)
         zp = scalar(x_zero_point, 0)
         acc = self.conv(centered(x, zp), centered_absmax(x, zp), wp)
         Y = np.asarray(acc.astype(np.int32).astype(F32) * scale)  # as Cast then Mul
-        return Y if bias is None else np.asarray(Y + bias)
+        if bias is not None:
+            Y = np.asarray(Y + bias)
+        if self.clip is not None:
+            np.clip(Y, F32.type(self.clip[0]), F32.type(self.clip[1]), out=Y)
+        return Y
 
 
 __all__ = [
