@@ -44,7 +44,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnxrun.tools.bench import ENGINE, REFERENCE, BenchOptions, BenchResult, bench, fmt_time
+from onnxrun.tools.bench import (
+    ENGINE,
+    REFERENCE,
+    SETTLE_SECONDS,
+    BenchOptions,
+    BenchResult,
+    bench,
+    create_session,
+    fmt_time,
+    make_feeds,
+    time_alternating,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "PERFORMANCE.md"
@@ -310,8 +321,43 @@ def session_table(runs: list[tuple[Case, int, BenchResult]]) -> list[str]:
     return markdown(header, rows)
 
 
+def interleaved_ratios(variants: list[tuple[Case, str, str]], threads: list[int],
+                       args: argparse.Namespace) -> dict[tuple[int, int], float]:
+    """(id(variant case), threads) -> the variant's onnxrun median over its float32 original's,
+    both sessions in this process and run in turn (A B, B A, ...): on a shared VM whose speed
+    drifts by tens of percent between the separate engine-vs-engine runs, only an interleaved
+    comparison says which of two models is faster."""
+    import onnxrun
+
+    originals = {label: c for c, label, v in variants if v == "fp32"}
+    out: dict[tuple[int, int], float] = {}
+    for case, label, v in variants:
+        fp32 = originals.get(label)
+        if v == "fp32" or fp32 is None:
+            continue
+        for t in threads:
+            opts = BenchOptions(warmup=args.warmup, repeat=args.repeat, intra_op_threads=t)
+            try:
+                a, _ = create_session(onnxrun, case.model, opts)
+                b, _ = create_session(onnxrun, fp32.model, opts)
+                feeds, _ = make_feeds(a, case.files, case.dims)
+                # at 2+ threads, idle BLAS threads spin after a run: let them settle first
+                times, _ = time_alternating([lambda a=a, f=feeds: a.run(None, f),
+                                             lambda b=b, f=feeds: b.run(None, f)],
+                                            max(args.warmup, 1), args.repeat,
+                                            settle=SETTLE_SECONDS if t > 1 else 0.0)
+            except Exception as e:  # a failing variant must not sink the table
+                print(f"interleaved {case.name}: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            out[(id(case), t)] = float(np.median(times[0]) / np.median(times[1]))
+            print(f"[vs float32] {case.name}, {t} thread(s): "
+                  f"{ratio(out[(id(case), t)])}", file=sys.stderr, flush=True)
+    return out
+
+
 def quant_table(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tuple[str, str]],
-                threads: list[int]) -> list[str]:
+                threads: list[int], interleaved: dict[tuple[int, int], float] | None = None
+                ) -> list[str]:
     header = ["model", "variant"]
     for t in threads:
         header += [f"onnxrun {t}T", f"vs float32 {t}T", f"onnxruntime {t}T"]
@@ -334,8 +380,11 @@ def quant_table(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tup
             if a is not None and variant == "fp32":
                 fp32[(label, t)] = a.stats.median
             base = fp32.get((label, t))
+            vs = (interleaved or {}).get((key, t))
+            if vs is None and variant != "fp32":
+                vs = a.stats.median / base if a and base else None
             row += [fmt_time(a.stats.median) if a else "-",
-                    ratio(a.stats.median / base if a and base else None),
+                    ratio(1.0 if variant == "fp32" and a else vs),
                     fmt_time(b.stats.median) if b else "-"]
             if a is not None and a.isolated is not None:
                 iso = a.isolated
@@ -345,7 +394,8 @@ def quant_table(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tup
 
 
 def quant_section(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, tuple[str, str]],
-                  threads: list[int], args: argparse.Namespace, started: str) -> str:
+                  threads: list[int], args: argparse.Namespace, started: str,
+                  interleaved: dict[tuple[int, int], float] | None = None) -> str:
     lines = [
         f"Quantized and float16 variants, run {started}: {args.warmup} warm-up + {args.repeat} "
         f"timed runs per engine and case; intra-op threads {' and '.join(map(str, threads))}.",
@@ -353,13 +403,15 @@ def quant_section(runs: list[tuple[Case, int, BenchResult]], labels: dict[int, t
         f"- Machine: {machine()}; BLAS: {blas()}; load average before: {load()}.",
         f"- Versions: {versions()}.",
         "",
-        "'vs float32' = the variant's onnxrun median over the float32 model's onnxrun median "
-        "(below 1: the variant is faster); onnxruntime runs the same file, for reference; "
+        "'vs float32' = the variant's onnxrun median over the float32 model's onnxrun median, "
+        "the two onnxrun sessions run in turn in one process (below 1: the variant is faster; "
+        "the absolute columns come from separate runs against onnxruntime, and this VM's "
+        "speed drifts between them); onnxruntime runs the same file, for reference; "
         "'peak + onnxrun' is the peak resident size of a fresh onnxrun process after creating "
         "the session and one run (1 thread), minus the peak before.",
         "",
     ]
-    return "\n".join(lines + quant_table(runs, labels, threads))
+    return "\n".join(lines + quant_table(runs, labels, threads, interleaved))
 
 
 def run_cases(cases: list[Case], threads: list[int], args: argparse.Namespace
@@ -516,8 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_quant:
         variants = quant_cases(args.cache or default_cache(), words)
         quant_runs = run_cases([c for c, _, _ in variants], threads, args)
+        interleaved = interleaved_ratios(variants, threads, args)
         labels = {id(c): (label, v) for c, label, v in variants}
-        text = quant_section(quant_runs, labels, threads, args, started)
+        text = quant_section(quant_runs, labels, threads, args, started, interleaved)
         print("\n" + text)
         runs += quant_runs
         if not args.dry_run:
