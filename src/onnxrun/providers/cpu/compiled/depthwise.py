@@ -149,16 +149,7 @@ def _kernel(kh: int, kw: int) -> str:
           "  br label %right.pre",
           "right.pre:",
           *_pixels("right", kh, kw, "%ow_hi", "%Wo", True),
-          "  %c0n = add i64 %c0, 16",
-          "  %cmore = icmp slt i64 %c0n, %C",
-          "  br i1 %cmore, label %cloop, label %rnext",
-          "rnext:",
-          "  %rn = add i64 %r, 1",
-          "  %rmore = icmp slt i64 %rn, %r1",
-          "  br i1 %rmore, label %rloop, label %end",
-          "end:",
-          "  ret void",
-          "}"]
+          *ir.chunk_and_row_loop_end()]
     return "\n".join(L)
 
 

@@ -119,16 +119,7 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
           "  %wmore = icmp slt i64 %own, %Wo",
           "  br i1 %wmore, label %wloop, label %cnext",
           "cnext:",
-          "  %c0n = add i64 %c0, 16",
-          "  %cmore = icmp slt i64 %c0n, %C",
-          "  br i1 %cmore, label %cloop, label %rnext",
-          "rnext:",
-          "  %rn = add i64 %r, 1",
-          "  %rmore = icmp slt i64 %rn, %r1",
-          "  br i1 %rmore, label %rloop, label %end",
-          "end:",
-          "  ret void",
-          "}"]
+          *ir.chunk_and_row_loop_end()]
     return "\n".join(L)
 
 

@@ -63,6 +63,22 @@ def requantize(result: str, value: str, zero_point: str, lo: str, hi: str) -> li
             f"  {result} = trunc {V} {t}i to {VB}"]
 
 
+def chunk_and_row_loop_end() -> list[str]:
+    """The end of the depthwise kernels' loops: the next 16-channel chunk (``%c0`` of
+    ``%C``, back to ``%cloop``), else the next output row (``%r`` up to ``%r1``, back to
+    ``%rloop``), else return."""
+    return ["  %c0n = add i64 %c0, 16",
+            "  %cmore = icmp slt i64 %c0n, %C",
+            "  br i1 %cmore, label %cloop, label %rnext",
+            "rnext:",
+            "  %rn = add i64 %r, 1",
+            "  %rmore = icmp slt i64 %rn, %r1",
+            "  br i1 %rmore, label %rloop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
 def load_params(pointer: str, names: tuple[str, ...]) -> list[str]:
     """Each of ``names`` (without %) = the float at its index behind ``pointer``, broadcast."""
     lines = []
@@ -129,5 +145,5 @@ def tanh_function() -> list[str]:
     return L
 
 
-__all__ = ["IOTA", "V", "VB", "VF", "declarations", "lane_mask", "load_params", "requantize",
-           "splat", "tanh_function"]
+__all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "lane_mask",
+           "load_params", "requantize", "splat", "tanh_function"]
