@@ -530,6 +530,79 @@ def test_float_lstm_falls_back_on_the_weights_rebuilt_from_the_panels(monkeypatc
     np.testing.assert_array_equal(_kernels(sess)[0].prepared["RT"], _kernels(ref)[0].prepared["RT"])
 
 
+def _gru_reference(xw, RT, rbh, h, clip):
+    """rnn.GRU's step (linear_before_reset) in float64 activations, rounded per step."""
+    H = RT.shape[0]
+    ys = []
+    for x in xw:
+        zr = h @ RT[:, :2 * H] + x[:, :2 * H]
+        if clip is not None:
+            zr = np.clip(zr, -clip, clip)
+        zr = 1 / (1 + np.exp(-zr.astype(np.float64)))
+        hh = (h @ RT[:, 2 * H:] + rbh) * zr[:, H:] + x[:, 2 * H:]
+        if clip is not None:
+            hh = np.clip(hh, -clip, clip)
+        hh = np.tanh(hh)
+        h = ((h - hh) * zr[:, :H] + hh).astype(np.float32)
+        ys.append(h)
+    return np.array(ys).reshape(xw.shape[:2] + (H,)), h
+
+
+@pytest.mark.parametrize("T,B,H,clip", [(5, 1, 8, None), (7, 3, 37, 0.7), (6, 5, 19, None),
+                                        (4, 9, 64, 2.0), (3, 2, 1, None), (0, 2, 8, None)])
+def test_gru_recurrence_equals_the_step(T, B, H, clip):
+    RT = (RNG.standard_normal((H, 3 * H)) / np.sqrt(H)).astype(np.float32)
+    rbh = (RNG.standard_normal(H) * 0.3).astype(np.float32)
+    half = np.concatenate((np.full(2 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    xw = RNG.standard_normal((T, B, 3 * H)).astype(np.float32)
+    h0 = (RNG.standard_normal((B, H)) * 0.5).astype(np.float32)
+    want_ys, want_h = _gru_reference(xw, RT, rbh, h0.copy(), clip)
+    recurrence = lstm.Float32Recurrence(RT, half, clip, "gru", rbh)
+    h, ys = h0.copy(), np.full((T, B, H), np.nan, np.float32)
+    recurrence.run(xw, h, None, ys)
+    np.testing.assert_allclose(ys, want_ys, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(h, want_h, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(recurrence.dense(), RT)
+
+
+@pytest.mark.parametrize("direction,batch,threads,lbr", [("forward", 1, 1, 1),
+                                                         ("bidirectional", 6, 2, 1),
+                                                         ("reverse", 3, 1, 0)])
+def test_float_gru_takes_the_compiled_recurrence(direction, batch, threads, lbr, monkeypatch):
+    """GRU with linear_before_reset runs each direction in one compiled call, equal to the numpy
+    loop but for rounding; without it (a second product on r*h per step) the numpy loop runs;
+    sequences of different lengths take the numpy loop on R rebuilt from the panels, exactly."""
+    T, I, H = 6, 10, 20
+    D = 2 if direction == "bidirectional" else 1
+    inputs = [RNG.standard_normal((T, batch, I)).astype(np.float32),
+              (RNG.standard_normal((D, 3 * H, I)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((D, 3 * H, H)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((D, 6 * H)) * 0.3).astype(np.float32)]
+    model, feeds = one_node("GRU", inputs, opset=14, n_out=2, const=(1, 2, 3),
+                            out_types=[TP.FLOAT] * 2, hidden_size=H, direction=direction,
+                            linear_before_reset=lbr)
+    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
+    ref, sess = _sessions(model, threads)
+    want = ref.run(None, feeds)
+    got = sess.run(None, feeds)
+    assert counter.calls == (D if lbr else 0)
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=0, atol=5e-6)
+    if lbr:
+        lens = np.array([T, 2, 4, 1, 5, 3][:batch], np.int32)
+        if batch > 1:
+            ragged, ragged_feeds = one_node(
+                "GRU", inputs + [lens], opset=14, n_out=2, const=(1, 2, 3),
+                out_types=[TP.FLOAT] * 2, hidden_size=H, direction=direction,
+                linear_before_reset=lbr)
+            ref2, sess2 = _sessions(ragged, threads)
+            assert _kernels(sess2)[0].prepared["RT_zr"] is None
+            for g, w in zip(sess2.run(None, ragged_feeds), ref2.run(None, ragged_feeds),
+                            strict=True):
+                np.testing.assert_array_equal(g, w)
+
+
 def test_lstm_recurrence_from_a_zero_state_and_bad_buffers():
     """h = 0 quantizes with the flat scale (zero point 0); wrong shapes are refused."""
     H = 16

@@ -89,11 +89,14 @@ def _product_step(mode: str, j: int, k: str, rows: int, acc, out) -> list[str]:
     return L
 
 
-def _group_function(mode: str, rows: int) -> list[str]:
+def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
     """``@group{rows}``: one step for ``rows`` consecutive rows of the batch, R streamed once
     for all of them: per panel of 32 columns the product (K unrolled so that 8 accumulator
-    chains are in flight), then the gates; then each row's cell update."""
+    chains are in flight), then the gates; then each row's cell update. ``kind`` "lstm" (gates
+    i, o, f, c~; inputs pre-halved) or "gru" (z, r, h with linear_before_reset: z and r
+    activated here, halved after the clip; h's product kept raw plus Rbh for the cell)."""
     u8 = mode == "u8"
+    gru = kind == "gru"
     vt = _V if u8 else _VF
     unroll = max(1, CHAINS // rows)
     L = [f"define internal void @group{rows}(ptr %arow, i64 %lda, ptr %xrow, ptr %hrow, "
@@ -101,12 +104,13 @@ def _group_function(mode: str, rows: int) -> list[str]:
          f"ptr %slope, ptr %zb, ptr %cols, ptr %gates, {_V} %zpv, {_VF} %asv) nounwind {{",
          "entry:",
          "  %pstride = shl i64 %G, 7",  # bytes per panel: G x 32 x (4 bytes or 1 float)
-         "  %H4 = shl i64 %H, 2",
+         f"  %H4 = mul i64 %H, {3 if gru else 4}",  # gate columns: a row of x
          "  %npan = lshr i64 %width, 5",
          f"  %gfull = and i64 %G, {-unroll}",
          "  %c_half = getelementptr float, ptr %cols, i64 %width",
          "  %c_shift = getelementptr float, ptr %c_half, i64 %width",
-         "  %c_bound = getelementptr float, ptr %c_shift, i64 %width"]
+         "  %c_bound = getelementptr float, ptr %c_shift, i64 %width",
+         "  %c_act = getelementptr float, ptr %c_bound, i64 %width"]
     for r in range(rows):
         L += [f"  %ro{r} = mul i64 %lda, {r}",
               f"  %xo{r} = mul i64 %H4, {r}",
@@ -189,6 +193,10 @@ def _group_function(mode: str, rows: int) -> list[str]:
               f"  %nbd{c} = fneg {_VF} %bd{c}",
               *_vector_at(f"%hf{c}", "%c_half", at),
               *_vector_at(f"%sh{c}", "%c_shift", at)]
+        if gru:  # cols[0]: Rbh on h's columns; cols[4]: 1 on the activated (z, r) columns
+            L += [*_vector_at(f"%rb{c}", "%cols", at),
+                  *_vector_at(f"%af{c}", "%c_act", at),
+                  f"  %act{c} = fcmp ogt {_VF} %af{c}, zeroinitializer"]
         if u8:
             L += [*_vector_at(f"%zb{c}", "%zb", at, _V, "i32"),
                   *_vector_at(f"%rs{c}", "%cols", at),
@@ -210,16 +218,27 @@ def _group_function(mode: str, rows: int) -> list[str]:
                   f"  {t}.lt = fcmp olt {_VF} {t}.g, %nbd{c}",
                   f"  {t}.gl = select <16 x i1> {t}.lt, {_VF} %nbd{c}, {_VF} {t}.g",
                   f"  {t}.gt = fcmp ogt {_VF} {t}.gl, %bd{c}",
-                  f"  {t}.gc = select <16 x i1> {t}.gt, {_VF} %bd{c}, {_VF} {t}.gl",
-                  f"  {t}.th = call {_VF} @tanh16({_VF} {t}.gc)",
-                  f"  {t}.ga = fmul {_VF} {t}.th, %hf{c}",
-                  f"  {t}.gs = fadd {_VF} {t}.ga, %sh{c}",
-                  f"  {t}.go = add i64 %go{r}, {at}",
+                  f"  {t}.gc = select <16 x i1> {t}.gt, {_VF} %bd{c}, {_VF} {t}.gl"]
+            if gru:  # halved after the clip: exactly the halved sum the LSTM gets
+                L += [f"  {t}.gh = fmul {_VF} {t}.gc, %hf{c}",
+                      f"  {t}.th = call {_VF} @tanh16({_VF} {t}.gh)"]
+            else:
+                L.append(f"  {t}.th = call {_VF} @tanh16({_VF} {t}.gc)")
+            L += [f"  {t}.ga = fmul {_VF} {t}.th, %hf{c}",
+                  f"  {t}.gs{'a' if gru else ''} = fadd {_VF} {t}.ga, %sh{c}"]
+            if gru:
+                L += [f"  {t}.raw = fadd {_VF} {product}, %rb{c}",
+                      f"  {t}.gs = select <16 x i1> %act{c}, {_VF} {t}.gsa, {_VF} {t}.raw"]
+            L += [f"  {t}.go = add i64 %go{r}, {at}",
                   f"  {t}.gp = getelementptr float, ptr %gates, i64 {t}.go",
                   f"  store {_VF} {t}.gs, ptr {t}.gp, align 4"]
     L += ["  %pn = add i64 %p, 1",
           "  %pmore = icmp ult i64 %pn, %npan",
           "  br i1 %pmore, label %panel, label %cell0"]
+    if gru:
+        L += _gru_cells(rows)
+        L += ["done:", "  ret void", "}"]
+        return L
     # -- each row's cell update, 16 units at a time: gates are i, o, f, c~
     for r in range(rows):
         nxt = f"%cell{r + 1}" if r + 1 < rows else "%done"
@@ -258,7 +277,55 @@ def _group_function(mode: str, rows: int) -> list[str]:
     return L
 
 
-def _step_function(mode: str) -> list[str]:
+def _gru_cells(rows: int) -> list[str]:
+    """Each row's GRU update, 16 units at a time, as rnn.GRU computes it (linear_before_reset):
+    n = tanh(clip((h R_h + Rbh) * r + x_h)); h' = (h - n) * z + n."""
+    L = []
+    for r in range(rows):
+        nxt = f"%cell{r + 1}" if r + 1 < rows else "%done"
+        u = f"%u{r}"
+        L += [f"cell{r}:",
+              f"  %sr{r} = mul i64 %H, {r}",
+              f"  %gz{r} = getelementptr float, ptr %gates, i64 %go{r}",
+              f"  %gr{r} = getelementptr float, ptr %gz{r}, i64 %H",
+              f"  %gh{r} = getelementptr float, ptr %gr{r}, i64 %H",
+              *(["  %H2 = shl i64 %H, 1"] if r == 0 else []),
+              f"  %xh{r}.o = add i64 %xo{r}, %H2",
+              f"  %xh{r} = getelementptr float, ptr %xrow, i64 %xh{r}.o",
+              f"  %bh{r} = getelementptr float, ptr %c_bound, i64 %H2",
+              f"  %hr{r} = getelementptr float, ptr %hrow, i64 %sr{r}",
+              f"  %yr{r} = getelementptr float, ptr %yrow, i64 %sr{r}",
+              f"  br label %unit{r}",
+              f"unit{r}:",
+              f"  {u} = phi i64 [0, %cell{r}], [{u}n, %unit{r}]",
+              f"  {u}l = sub i64 %H, {u}",
+              *ir.lane_mask(f"{u}m", f"{u}l"),
+              *_vector_at(f"{u}z", f"%gz{r}", u, mask=f"{u}m"),
+              *_vector_at(f"{u}r", f"%gr{r}", u, mask=f"{u}m"),
+              *_vector_at(f"{u}h", f"%gh{r}", u, mask=f"{u}m"),
+              *_vector_at(f"{u}x", f"%xh{r}", u, mask=f"{u}m"),
+              *_vector_at(f"{u}b", f"%bh{r}", u, mask=f"{u}m"),
+              *_vector_at(f"{u}old", f"%hr{r}", u, mask=f"{u}m"),
+              f"  {u}hr = fmul {_VF} {u}h, {u}r",
+              f"  {u}p = fadd {_VF} {u}hr, {u}x",
+              f"  {u}nb = fneg {_VF} {u}b",
+              f"  {u}lt = fcmp olt {_VF} {u}p, {u}nb",
+              f"  {u}pl = select <16 x i1> {u}lt, {_VF} {u}nb, {_VF} {u}p",
+              f"  {u}gt = fcmp ogt {_VF} {u}pl, {u}b",
+              f"  {u}pc = select <16 x i1> {u}gt, {_VF} {u}b, {_VF} {u}pl",
+              f"  {u}nn = call {_VF} @tanh16({_VF} {u}pc)",
+              f"  {u}d = fsub {_VF} {u}old, {u}nn",
+              f"  {u}dz = fmul {_VF} {u}d, {u}z",
+              f"  {u}hn = fadd {_VF} {u}dz, {u}nn",
+              *_store_at(f"{u}hn", f"%hr{r}", u, f"{u}m"),
+              *_store_at(f"{u}hn", f"%yr{r}", u, f"{u}m"),
+              f"  {u}n = add i64 {u}, 16",
+              f"  {u}more = icmp ult i64 {u}n, %H",
+              f"  br i1 {u}more, label %unit{r}, label {nxt}"]
+    return L
+
+
+def _step_function(mode: str, kind: str = "lstm") -> list[str]:
     """``@lstm_u8`` / ``@lstm_f32``: all ``steps`` of one direction.
 
     xw: steps x [B, 4H] inputs' part (biased, i/o/f halved), ``xs`` floats between steps;
@@ -270,13 +337,13 @@ def _step_function(mode: str) -> list[str]:
     params [2] float32, rowc [B] int32. gates [GROUP, width] float32 scratch."""
     u8 = mode == "u8"
     tails = " ".join(f"i64 {r}, label %g{r}" for r in range(1, GROUP))
-    L = [f"define void @lstm_{mode}(ptr %xw, i64 %xs, ptr %h, ptr %c, ptr %ys, i64 %ys_step, "
+    L = [f"define void @{kind}_{mode}(ptr %xw, i64 %xs, ptr %h, ptr %c, ptr %ys, i64 %ys_step, "
          "i64 %steps, i64 %B, i64 %H, ptr %panels, i64 %G, i64 %width, ptr %slope, ptr %zb, "
          "ptr %cols, ptr %codes, ptr %gates, ptr %params, ptr %rowc, float %flat_scale) "
          "nounwind {",
          "entry:",
          "  %G4 = shl i64 %G, 2",
-         "  %H4 = shl i64 %H, 2",
+         f"  %H4 = mul i64 %H, {3 if kind == 'gru' else 4}",  # gate columns: a row of x
          "  %n = mul i64 %B, %H",
          f"  %lda = {'add i64 %G4, 0' if u8 else 'add i64 %H, 0'}",
          "  %pz = getelementptr float, ptr %params, i64 1",
@@ -352,16 +419,17 @@ def _step_function(mode: str) -> list[str]:
     return L
 
 
-def _module_ir(mode: str) -> str:
+def _module_ir(mode: str, kind: str = "lstm") -> str:
     decls = {*ir.declarations("store.f32", "load.f32", "fma", "fabs", "copysign", "rint",
                               "minnum")}
     helpers = []
     if mode == "u8":
         decls |= {*quantize.declarations(), *ir.declarations("vpdpbusd")}
         helpers = [*quantize.functions(), ""]
-    groups = [line for rows in range(1, GROUP + 1) for line in _group_function(mode, rows)]
+    groups = [line for rows in range(1, GROUP + 1)
+              for line in _group_function(mode, rows, kind)]
     return "\n".join([*sorted(decls), "", *helpers, *ir.tanh_function(), "", *groups, "",
-                      *_step_function(mode)])
+                      *_step_function(mode, kind)])
 
 
 def module_ir_u8() -> str:
@@ -370,6 +438,10 @@ def module_ir_u8() -> str:
 
 def module_ir_f32() -> str:
     return _module_ir("f32")
+
+
+def module_ir_gru() -> str:
+    return _module_ir("f32", "gru")
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -382,25 +454,29 @@ def unavailable(mode: str = "u8") -> str | None:
     return jit.why_unavailable(INT8_REQUIRES if mode == "u8" else FLOAT_REQUIRES)
 
 
-def _function(mode: str):
-    """The compiled ``lstm_{mode}``; raises ``jit.Unavailable`` where it cannot run (checked
-    at every preparation: ``compiled.disabled()`` and the environment switch apply)."""
-    requires = INT8_REQUIRES if mode == "u8" else FLOAT_REQUIRES
+_MODULES = {"lstm_u8": module_ir_u8, "lstm_f32": module_ir_f32, "gru_f32": module_ir_gru}
+
+
+def _function(name: str):
+    """The compiled ``name`` (lstm_u8, lstm_f32, gru_f32); raises ``jit.Unavailable`` where it
+    cannot run (checked at every preparation: ``compiled.disabled()`` and the environment
+    switch apply)."""
+    requires = INT8_REQUIRES if name.endswith("u8") else FLOAT_REQUIRES
     reason = jit.why_unavailable(requires)
     if reason:
         raise jit.Unavailable(reason)
-    fn = _FUNCTIONS.get(mode)
+    fn = _FUNCTIONS.get(name)
     if fn is None:
-        name = f"lstm_{mode}"
-        ir_text = module_ir_u8() if mode == "u8" else module_ir_f32()
-        fn = _FUNCTIONS[mode] = getattr(jit.compile_module(name, ir_text, {name: _PROTO},
-                                                           requires), name)
+        fn = _FUNCTIONS[name] = getattr(
+            jit.compile_module(name, _MODULES[name](), {name: _PROTO}, requires), name)
     return fn
 
 
-def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None) -> np.ndarray:
-    """[4, width] float32: the step's scale factor, half, shift, clip bound (inf: no clip)."""
-    cols = np.zeros((4, width), np.float32)
+def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
+                  gru: bool = False) -> np.ndarray:
+    """[5, width] float32: the step's scale factor (8-bit) or Rbh (GRU), half, shift, clip
+    bound (inf: no clip; halved where the LSTM's inputs come halved), activated columns (GRU)."""
+    cols = np.zeros((5, width), np.float32)
     n = half.size
     if scale is not None:
         cols[0, :n] = scale
@@ -408,7 +484,9 @@ def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None) 
     cols[2, :n] = 1 - half
     cols[3] = np.inf
     if clip is not None:
-        cols[3, :n] = half * np.float32(clip)
+        cols[3, :n] = np.float32(clip) if gru else half * np.float32(clip)
+    if gru:
+        cols[4, : 2 * (n // 3)] = 1
     return cols
 
 
@@ -416,19 +494,24 @@ class _Recurrence:
     """What both products share: the gate factors and ``run``'s checks and call."""
 
     mode = ""
+    gates = 4  # an LSTM's i, o, f, c~; a GRU's z, r, h: 3 (and no cell state)
     H = 0
     width = 0
     half: np.ndarray
     cols: np.ndarray
 
-    def run(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray) -> None:
-        """All steps: ``xw`` [steps, B, 4H] (biased, i/o/f halved), ``h``/``c`` [B, H] (updated
-        in place to the final state), ``ys`` [steps, B, H] receives every step's h. float32;
-        h and c C-contiguous, xw and ys contiguous but for their first (step) axis."""
+    def run(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray | None, ys: np.ndarray) -> None:
+        """All steps: ``xw`` [steps, B, gates*H] (biased; an LSTM's i/o/f halved), ``h``/``c``
+        [B, H] (updated in place to the final state; a GRU has no ``c``: None), ``ys``
+        [steps, B, H] receives every step's h. float32; h and c C-contiguous, xw and ys
+        contiguous but for their first (step) axis."""
         steps, B = xw.shape[:2]
         H = self.H
-        for name, a, shape in (("xw", xw, (steps, B, 4 * H)), ("h", h, (B, H)),
-                               ("c", c, (B, H)), ("ys", ys, (steps, B, H))):
+        arrays = [("xw", xw, (steps, B, self.gates * H)), ("h", h, (B, H)),
+                  ("ys", ys, (steps, B, H))]
+        if self.gates == 4:
+            arrays.append(("c", c, (B, H)))
+        for name, a, shape in arrays:
             whole = a.flags.c_contiguous if name in ("h", "c") else (
                 a[0].flags.c_contiguous and a.strides[0] % 4 == 0 if a.shape[0] else True)
             if a.shape != shape or a.dtype != np.float32 or not whole:
@@ -438,7 +521,8 @@ class _Recurrence:
                 raise ValueError(f"{type(self).__name__}.run: {name} must be writeable")
         if steps == 0 or B == 0:
             return
-        self._call(xw, xw.strides[0] // 4, h, c, ys, ys.strides[0] // 4, steps, B)
+        self._call(xw, xw.strides[0] // 4, h, h if c is None else c, ys, ys.strides[0] // 4,
+                   steps, B)
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -459,7 +543,7 @@ class Int8Recurrence(_Recurrence):
         self.packed, self.H, self.half, self.width = packed, packed.K, half, packed.width
         scale = np.broadcast_to(np.asarray(r_scale, np.float32).reshape(-1), half.shape)
         self.cols = _gate_columns(packed.width, half, clip, (scale * half).astype(np.float32))
-        self.fn = _function("u8")
+        self.fn = _function("lstm_u8")
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
         p = self.packed
@@ -474,28 +558,41 @@ class Int8Recurrence(_Recurrence):
 
 
 class Float32Recurrence(_Recurrence):
-    """LSTM's recurrence for one direction: ``RT`` [H, 4H] float32 (i, o, f columns already
-    halved, as rnn.LSTM prepares it), laid out once in panels of 32 columns."""
+    """A float32 recurrence for one direction on ``RT`` [H, gates*H], laid out once in panels
+    of 32 columns. ``kind`` "lstm": R^T of i, o, f, c~ with i, o, f already halved, as
+    rnn.LSTM prepares it; "gru": R^T of z, r, h as it is, with ``rbh`` (Rbh, [H]) and
+    linear_before_reset semantics."""
 
     mode = "f32"
 
-    def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None) -> None:
+    def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None,
+                 kind: str = "lstm", rbh: np.ndarray | None = None) -> None:
         H = RT.shape[0]
-        if RT.ndim != 2 or RT.shape[1] != 4 * H or half.shape != (4 * H,):
-            raise ValueError(f"LSTM R^T must be [H, 4H], got {list(RT.shape)}")
-        npan = -(-4 * H // NR)
+        self.gates = 3 if kind == "gru" else 4
+        n = self.gates * H
+        if RT.ndim != 2 or RT.shape[1] != n or half.shape != (n,) or \
+                (kind == "gru") != (rbh is not None):
+            raise ValueError(f"{kind.upper()} R^T must be [H, {self.gates}H], got "
+                             f"{list(RT.shape)}")
+        npan = -(-n // NR)
         full = np.zeros((H, npan * NR), np.float32)
-        full[:, : 4 * H] = RT
+        full[:, :n] = RT
         self.panels = aligned_zeros((npan, H, NR), np.float32)  # 64-byte aligned loads
         self.panels[...] = full.reshape(H, npan, NR).transpose(1, 0, 2)
         self.H, self.half, self.width = H, half, npan * NR
-        self.cols = _gate_columns(self.width, half, clip)
-        self.fn = _function("f32")
+        raw = None
+        if rbh is not None:  # added to h's columns of the product (cols[0])
+            raw = np.zeros(n, np.float32)
+            raw[2 * H:] = np.asarray(rbh, np.float32).reshape(-1)
+        self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru")
+        self.fn = _function(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:
-        """R^T [H, 4H] back from the panels (for a numpy path: the panels are the only copy)."""
+        """R^T [H, gates*H] back from the panels (for a numpy path: the panels are the only
+        copy)."""
         H = self.H
-        return np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(H, -1)[:, : 4 * H])
+        return np.ascontiguousarray(
+            self.panels.transpose(1, 0, 2).reshape(H, -1)[:, : self.gates * H])
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
         gates = np.empty((GROUP, self.width), np.float32)
@@ -505,7 +602,8 @@ class Float32Recurrence(_Recurrence):
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, FLOAT_REQUIRES)}
+BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, FLOAT_REQUIRES),
+          "gru_f32": (module_ir_gru, FLOAT_REQUIRES)}
 
 __all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
-           "module_ir_u8", "unavailable"]
+           "module_ir_gru", "module_ir_u8", "unavailable"]

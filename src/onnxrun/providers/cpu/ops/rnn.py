@@ -7,10 +7,10 @@ gate arithmetic. The reverse direction reads a time-reversed copy of that projec
 batch row when ``sequence_lens`` is given, and its outputs are un-reversed at the end. Rows whose
 sequence has ended keep their state and emit zeros, as onnxruntime does.
 
-The usual float32 LSTM (sigmoid, tanh, tanh; no peepholes) on full-length sequences of up to
-COMPILED_MAX_ROWS rows runs each direction's whole recurrence in one compiled call
-(``compiled/lstm.py``), the directions on threads of their own; elsewhere (and without
-llvmlite) the numpy step loop below.
+The usual float32 LSTM (sigmoid, tanh, tanh; no peepholes) and GRU (sigmoid, tanh;
+linear_before_reset) on full-length sequences of up to COMPILED_MAX_ROWS rows run each
+direction's whole recurrence in one compiled call (``compiled/lstm.py``), the directions on
+threads of their own; elsewhere (and without llvmlite) the numpy step loop below.
 """
 
 from __future__ import annotations
@@ -314,17 +314,17 @@ class _Recurrent:
         [T, D, B, H] in processing order); the directions on ``threads`` threads at once (the
         calls release the GIL). Returns the final states."""
         h = np.array(states[0], order="C")  # written in place: [D, B, H]
-        c = np.array(states[1], order="C")
+        c = np.array(states[1], order="C") if len(states) > 1 else None  # a GRU has none
 
         def run(d0: int, d1: int) -> None:
             for d in range(d0, d1):
-                recurrences[d].run(xs[:, d], h[d], c[d], ys[:, d])
+                recurrences[d].run(xs[:, d], h[d], None if c is None else c[d], ys[:, d])
 
         if self.threads > 1 and len(recurrences) > 1:
             run_ranges(run, [(d, d + 1) for d in range(len(recurrences))])
         else:
             run(0, len(recurrences))
-        return [h, c]
+        return [h] if c is None else [h, c]
 
     def _outputs(self, dtype: np.dtype, ys: np.ndarray | None, states: list[np.ndarray]
                  ) -> tuple[np.ndarray | None, ...]:
@@ -518,10 +518,16 @@ class GRU(_Recurrent):
         else:
             bias += rb
         RT = _rt(R, dt)  # [D, H, 3H]; gate order z, r, h
+        recurrences = None
+        usual = all([a.name for a in acts] == ["sigmoid", "tanh"] for acts in self.acts)
+        if self.linear_before_reset and usual:
+            recurrences = _compiled_gru(RT, rb[:, 2 * H:], self.clip)
         return {"dtype": dt, "WT": _wt(W, dt), "bias": bias.reshape(-1), "H": H,
-                "RT_zr": np.ascontiguousarray(RT[..., :2 * H]),
-                "RT_h": np.ascontiguousarray(RT[..., 2 * H:]),
-                "Rbh": np.ascontiguousarray(rb[:, 2 * H:]).reshape(D, 1, H)}
+                # the compiled recurrences' panels hold R; _gru_weights rebuilds it if needed
+                "RT_zr": None if recurrences else np.ascontiguousarray(RT[..., :2 * H]),
+                "RT_h": None if recurrences else np.ascontiguousarray(RT[..., 2 * H:]),
+                "Rbh": np.ascontiguousarray(rb[:, 2 * H:]).reshape(D, 1, H),
+                "recurrences": recurrences}
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None):
         dt = _compute_dtype(X.dtype)
@@ -531,11 +537,12 @@ class GRU(_Recurrent):
         Xc = np.asarray(X, dt)
         h0 = self._states_in(initial_h, Xc.shape[0 if self.layout else 1], H, dt)
 
-        RT_zr, RT_h, Rbh = w["RT_zr"], w["RT_h"], w["Rbh"]
+        Rbh = w["Rbh"]
         lbr = self.linear_before_reset
 
         # Two matmuls (z|r, then h) keep every temporary contiguous.
         def cell(x, h, out=None):
+            RT_zr, RT_h = _gru_weights(w)
             zr = np.matmul(h, RT_zr)  # [D, B, 2H]; gate order z, r
             zr += x[..., :2 * H]
             _clip(zr, clip)
@@ -551,8 +558,37 @@ class GRU(_Recurrent):
             hh = _apply(g_act, hh)
             return [_blend(zr[..., :H], hh, h)]
 
-        ys, (hT,) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0], cell)
+        whole = w["recurrences"] if h0.shape[1] <= COMPILED_MAX_ROWS else None
+        ys, (hT,) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0], cell, whole)
         return self._outputs(X.dtype, ys, [hT])
+
+
+def _compiled_gru(RT: np.ndarray, rbh: np.ndarray, clip: float | None) -> list | None:
+    """One compiled float32 GRU recurrence (linear_before_reset) per direction of ``RT``
+    [D, H, 3H], or None where they cannot run here."""
+    if RT.dtype != np.float32:
+        return None
+    from ..compiled import lstm
+    from ..compiled.jit import Unavailable
+
+    H = RT.shape[1]
+    half = np.concatenate((np.full(2 * H, 0.5, np.float32), np.ones(H, np.float32)))
+    try:
+        return [lstm.Float32Recurrence(R, half, clip, "gru", b) for R, b in zip(RT, rbh,
+                                                                                 strict=True)]
+    except (Unavailable, ValueError):
+        return None
+
+
+def _gru_weights(w: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """(R^T of z|r, R^T of h) for the numpy cell; rebuilt once from the compiled recurrences'
+    panels where those hold the only copy."""
+    if w["RT_zr"] is None:
+        RT = np.stack([r.dense() for r in w["recurrences"]])
+        H = RT.shape[1]
+        w["RT_h"] = np.ascontiguousarray(RT[..., 2 * H:])
+        w["RT_zr"] = np.ascontiguousarray(RT[..., :2 * H])
+    return w["RT_zr"], w["RT_h"]
 
 
 def _blend(z: np.ndarray, hh: np.ndarray, h: np.ndarray) -> np.ndarray:
