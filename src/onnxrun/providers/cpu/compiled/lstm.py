@@ -104,7 +104,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
          f"ptr %slope, ptr %zb, ptr %cols, ptr %gates, {_V} %zpv, {_VF} %asv) nounwind {{",
          "entry:",
          "  %pstride = shl i64 %G, 7",  # bytes per panel: G x 32 x (4 bytes or 1 float)
-         f"  %H4 = mul i64 %H, {3 if gru else 4}",  # gate columns: a row of x
+         f"  %HG = mul i64 %H, {3 if gru else 4}",  # gate columns: a row of x
          "  %npan = lshr i64 %width, 5",
          f"  %gfull = and i64 %G, {-unroll}",
          "  %c_half = getelementptr float, ptr %cols, i64 %width",
@@ -113,7 +113,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
          "  %c_act = getelementptr float, ptr %c_bound, i64 %width"]
     for r in range(rows):
         L += [f"  %ro{r} = mul i64 %lda, {r}",
-              f"  %xo{r} = mul i64 %H4, {r}",
+              f"  %xo{r} = mul i64 %HG, {r}",
               f"  %go{r} = mul i64 %width, {r}"]
         if u8:
             L += [f"  %rc{r}.p = getelementptr i32, ptr %rcp, i64 {r}",
@@ -185,7 +185,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
             L.append(f"  %acc{r}_{c} = phi {vt} [%m{r}_{c}, %kmid], [%qn{r}_{c}, %krem]")
     # the gates of these 32 columns: (8-bit: - zb * rowsum(codes), zb is 0 for symmetric
     # weights; float(acc) * (a_scale * r_scale)) + x, clip, tanh, * half + shift
-    L += ["  %left = sub i64 %H4, %col",
+    L += ["  %left = sub i64 %HG, %col",
           *ir.lane_mask("%mk0", "%left"),
           *ir.lane_mask("%mk1", "%left", 16)]
     for c, at in enumerate(("%col", "%col16")):
@@ -235,94 +235,95 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
     L += ["  %pn = add i64 %p, 1",
           "  %pmore = icmp ult i64 %pn, %npan",
           "  br i1 %pmore, label %panel, label %cell0"]
-    if gru:
-        L += _gru_cells(rows)
-        L += ["done:", "  ret void", "}"]
-        return L
-    # -- each row's cell update, 16 units at a time: gates are i, o, f, c~
-    for r in range(rows):
-        nxt = f"%cell{r + 1}" if r + 1 < rows else "%done"
-        u = f"%u{r}"
-        L += [f"cell{r}:",
-              f"  %sr{r} = mul i64 %H, {r}",
-              f"  %gi{r}.b = getelementptr float, ptr %gates, i64 %go{r}",
-              f"  %gi{r}.o = getelementptr float, ptr %gi{r}.b, i64 %H",
-              f"  %gi{r}.f = getelementptr float, ptr %gi{r}.o, i64 %H",
-              f"  %gi{r}.c = getelementptr float, ptr %gi{r}.f, i64 %H",
-              f"  %cr{r} = getelementptr float, ptr %crow, i64 %sr{r}",
-              f"  %hr{r} = getelementptr float, ptr %hrow, i64 %sr{r}",
-              f"  %yr{r} = getelementptr float, ptr %yrow, i64 %sr{r}",
-              f"  br label %unit{r}",
-              f"unit{r}:",
-              f"  {u} = phi i64 [0, %cell{r}], [{u}n, %unit{r}]",
-              f"  {u}l = sub i64 %H, {u}",
-              *ir.lane_mask(f"{u}m", f"{u}l"),
-              *_vector_at(f"{u}i", f"%gi{r}.b", u, mask=f"{u}m"),
-              *_vector_at(f"{u}o", f"%gi{r}.o", u, mask=f"{u}m"),
-              *_vector_at(f"{u}f", f"%gi{r}.f", u, mask=f"{u}m"),
-              *_vector_at(f"{u}c", f"%gi{r}.c", u, mask=f"{u}m"),
-              *_vector_at(f"{u}old", f"%cr{r}", u, mask=f"{u}m"),
-              f"  {u}cf = fmul {_VF} {u}f, {u}old",
-              f"  {u}ic = fmul {_VF} {u}i, {u}c",
-              f"  {u}cn = fadd {_VF} {u}cf, {u}ic",
-              f"  {u}tc = call {_VF} @tanh16({_VF} {u}cn)",
-              f"  {u}hn = fmul {_VF} {u}o, {u}tc",
-              *_store_at(f"{u}cn", f"%cr{r}", u, f"{u}m"),
-              *_store_at(f"{u}hn", f"%hr{r}", u, f"{u}m"),
-              *_store_at(f"{u}hn", f"%yr{r}", u, f"{u}m"),
-              f"  {u}n = add i64 {u}, 16",
-              f"  {u}more = icmp ult i64 {u}n, %H",
-              f"  br i1 {u}more, label %unit{r}, label {nxt}"]
+    L += (_gru_cells if gru else _lstm_cells)(rows)
     L += ["done:", "  ret void", "}"]
     return L
 
 
-def _gru_cells(rows: int) -> list[str]:
-    """Each row's GRU update, 16 units at a time, as rnn.GRU computes it (linear_before_reset):
-    n = tanh(clip((h R_h + Rbh) * r + x_h)); h' = (h - n) * z + n."""
+def _unit_loops(rows: int, row_lines, unit_lines) -> list[str]:
+    """Each row's cell update in turn (blocks %cell{r}, then %done), 16 units at a time: per row
+    ``row_lines(r)`` (its pointers), per 16 units ``unit_lines(r, u, mask)`` (loads, arithmetic,
+    the new h as ``{u}hn``), then h stored into the state and into ys."""
     L = []
     for r in range(rows):
         nxt = f"%cell{r + 1}" if r + 1 < rows else "%done"
         u = f"%u{r}"
         L += [f"cell{r}:",
               f"  %sr{r} = mul i64 %H, {r}",
-              f"  %gz{r} = getelementptr float, ptr %gates, i64 %go{r}",
-              f"  %gr{r} = getelementptr float, ptr %gz{r}, i64 %H",
-              f"  %gh{r} = getelementptr float, ptr %gr{r}, i64 %H",
-              *(["  %H2 = shl i64 %H, 1"] if r == 0 else []),
-              f"  %xh{r}.o = add i64 %xo{r}, %H2",
-              f"  %xh{r} = getelementptr float, ptr %xrow, i64 %xh{r}.o",
-              f"  %bh{r} = getelementptr float, ptr %c_bound, i64 %H2",
               f"  %hr{r} = getelementptr float, ptr %hrow, i64 %sr{r}",
               f"  %yr{r} = getelementptr float, ptr %yrow, i64 %sr{r}",
+              *row_lines(r),
               f"  br label %unit{r}",
               f"unit{r}:",
               f"  {u} = phi i64 [0, %cell{r}], [{u}n, %unit{r}]",
               f"  {u}l = sub i64 %H, {u}",
               *ir.lane_mask(f"{u}m", f"{u}l"),
-              *_vector_at(f"{u}z", f"%gz{r}", u, mask=f"{u}m"),
-              *_vector_at(f"{u}r", f"%gr{r}", u, mask=f"{u}m"),
-              *_vector_at(f"{u}h", f"%gh{r}", u, mask=f"{u}m"),
-              *_vector_at(f"{u}x", f"%xh{r}", u, mask=f"{u}m"),
-              *_vector_at(f"{u}b", f"%bh{r}", u, mask=f"{u}m"),
-              *_vector_at(f"{u}old", f"%hr{r}", u, mask=f"{u}m"),
-              f"  {u}hr = fmul {_VF} {u}h, {u}r",
-              f"  {u}p = fadd {_VF} {u}hr, {u}x",
-              f"  {u}nb = fneg {_VF} {u}b",
-              f"  {u}lt = fcmp olt {_VF} {u}p, {u}nb",
-              f"  {u}pl = select <16 x i1> {u}lt, {_VF} {u}nb, {_VF} {u}p",
-              f"  {u}gt = fcmp ogt {_VF} {u}pl, {u}b",
-              f"  {u}pc = select <16 x i1> {u}gt, {_VF} {u}b, {_VF} {u}pl",
-              f"  {u}nn = call {_VF} @tanh16({_VF} {u}pc)",
-              f"  {u}d = fsub {_VF} {u}old, {u}nn",
-              f"  {u}dz = fmul {_VF} {u}d, {u}z",
-              f"  {u}hn = fadd {_VF} {u}dz, {u}nn",
+              *unit_lines(r, u, f"{u}m"),
               *_store_at(f"{u}hn", f"%hr{r}", u, f"{u}m"),
               *_store_at(f"{u}hn", f"%yr{r}", u, f"{u}m"),
               f"  {u}n = add i64 {u}, 16",
               f"  {u}more = icmp ult i64 {u}n, %H",
               f"  br i1 {u}more, label %unit{r}, label {nxt}"]
     return L
+
+
+def _lstm_cells(rows: int) -> list[str]:
+    """Each row's LSTM update: gates i, o, f, c~ (activated); c' = f c + i c~, h' = o tanh(c')."""
+    def row_lines(r):
+        return [f"  %gi{r}.b = getelementptr float, ptr %gates, i64 %go{r}",
+                f"  %gi{r}.o = getelementptr float, ptr %gi{r}.b, i64 %H",
+                f"  %gi{r}.f = getelementptr float, ptr %gi{r}.o, i64 %H",
+                f"  %gi{r}.c = getelementptr float, ptr %gi{r}.f, i64 %H",
+                f"  %cr{r} = getelementptr float, ptr %crow, i64 %sr{r}"]
+
+    def unit_lines(r, u, m):
+        return [*_vector_at(f"{u}i", f"%gi{r}.b", u, mask=m),
+                *_vector_at(f"{u}o", f"%gi{r}.o", u, mask=m),
+                *_vector_at(f"{u}f", f"%gi{r}.f", u, mask=m),
+                *_vector_at(f"{u}c", f"%gi{r}.c", u, mask=m),
+                *_vector_at(f"{u}old", f"%cr{r}", u, mask=m),
+                f"  {u}cf = fmul {_VF} {u}f, {u}old",
+                f"  {u}ic = fmul {_VF} {u}i, {u}c",
+                f"  {u}cn = fadd {_VF} {u}cf, {u}ic",
+                f"  {u}tc = call {_VF} @tanh16({_VF} {u}cn)",
+                f"  {u}hn = fmul {_VF} {u}o, {u}tc",
+                *_store_at(f"{u}cn", f"%cr{r}", u, m)]
+
+    return _unit_loops(rows, row_lines, unit_lines)
+
+
+def _gru_cells(rows: int) -> list[str]:
+    """Each row's GRU update, as rnn.GRU computes it (linear_before_reset):
+    n = tanh(clip((h R_h + Rbh) * r + x_h)); h' = (h - n) * z + n."""
+    def row_lines(r):
+        return [f"  %gz{r} = getelementptr float, ptr %gates, i64 %go{r}",
+                f"  %gr{r} = getelementptr float, ptr %gz{r}, i64 %H",
+                f"  %gh{r} = getelementptr float, ptr %gr{r}, i64 %H",
+                *(["  %H2 = shl i64 %H, 1"] if r == 0 else []),
+                f"  %xh{r}.o = add i64 %xo{r}, %H2",
+                f"  %xh{r} = getelementptr float, ptr %xrow, i64 %xh{r}.o",
+                f"  %bh{r} = getelementptr float, ptr %c_bound, i64 %H2"]
+
+    def unit_lines(r, u, m):
+        return [*_vector_at(f"{u}z", f"%gz{r}", u, mask=m),
+                *_vector_at(f"{u}r", f"%gr{r}", u, mask=m),
+                *_vector_at(f"{u}h", f"%gh{r}", u, mask=m),
+                *_vector_at(f"{u}x", f"%xh{r}", u, mask=m),
+                *_vector_at(f"{u}b", f"%bh{r}", u, mask=m),
+                *_vector_at(f"{u}old", f"%hr{r}", u, mask=m),
+                f"  {u}hr = fmul {_VF} {u}h, {u}r",
+                f"  {u}p = fadd {_VF} {u}hr, {u}x",
+                f"  {u}nb = fneg {_VF} {u}b",
+                f"  {u}lt = fcmp olt {_VF} {u}p, {u}nb",
+                f"  {u}pl = select <16 x i1> {u}lt, {_VF} {u}nb, {_VF} {u}p",
+                f"  {u}gt = fcmp ogt {_VF} {u}pl, {u}b",
+                f"  {u}pc = select <16 x i1> {u}gt, {_VF} {u}b, {_VF} {u}pl",
+                f"  {u}nn = call {_VF} @tanh16({_VF} {u}pc)",
+                f"  {u}d = fsub {_VF} {u}old, {u}nn",
+                f"  {u}dz = fmul {_VF} {u}d, {u}z",
+                f"  {u}hn = fadd {_VF} {u}dz, {u}nn"]
+
+    return _unit_loops(rows, row_lines, unit_lines)
 
 
 def _step_function(mode: str, kind: str = "lstm") -> list[str]:
@@ -343,7 +344,7 @@ def _step_function(mode: str, kind: str = "lstm") -> list[str]:
          "nounwind {",
          "entry:",
          "  %G4 = shl i64 %G, 2",
-         f"  %H4 = mul i64 %H, {3 if kind == 'gru' else 4}",  # gate columns: a row of x
+         f"  %HG = mul i64 %H, {3 if kind == 'gru' else 4}",  # gate columns: a row of x
          "  %n = mul i64 %B, %H",
          f"  %lda = {'add i64 %G4, 0' if u8 else 'add i64 %H, 0'}",
          "  %pz = getelementptr float, ptr %params, i64 1",
@@ -391,7 +392,7 @@ def _step_function(mode: str, kind: str = "lstm") -> list[str]:
           "  %hrow = getelementptr float, ptr %h, i64 %hrow.o",
           "  %crow = getelementptr float, ptr %c, i64 %hrow.o",
           "  %yrow = getelementptr float, ptr %ystep, i64 %hrow.o",
-          "  %xrow.o = mul i64 %b, %H4",
+          "  %xrow.o = mul i64 %b, %HG",
           "  %xrow = getelementptr float, ptr %xstep, i64 %xrow.o",
           "  %rcp = getelementptr i32, ptr %rowc, i64 %b"]
     if u8:
@@ -450,10 +451,6 @@ _PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, 
 _FUNCTIONS: dict[str, object] = {}
 
 
-def unavailable(mode: str = "u8") -> str | None:
-    return jit.why_unavailable(INT8_REQUIRES if mode == "u8" else FLOAT_REQUIRES)
-
-
 _MODULES = {"lstm_u8": module_ir_u8, "lstm_f32": module_ir_f32, "gru_f32": module_ir_gru}
 
 
@@ -493,7 +490,6 @@ def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
 class _Recurrence:
     """What both products share: the gate factors and ``run``'s checks and call."""
 
-    mode = ""
     gates = 4  # an LSTM's i, o, f, c~; a GRU's z, r, h: 3 (and no cell state)
     H = 0
     width = 0
@@ -533,8 +529,6 @@ class Int8Recurrence(_Recurrence):
     uint8 with zero points) with its scale (scalar or per column); ``half`` the factor of the
     gates' pre-activations (1/2 for i, o, f), ``clip`` the cell clip or None."""
 
-    mode = "u8"
-
     def __init__(self, packed: PackedB, r_scale, half: np.ndarray, clip: float | None) -> None:
         if packed.N % 4 or packed.K != packed.N // 4 or half.shape != (packed.N,):
             raise ValueError(f"LSTM R must be [H, 4H], got [{packed.K}, {packed.N}]")
@@ -562,8 +556,6 @@ class Float32Recurrence(_Recurrence):
     of 32 columns. ``kind`` "lstm": R^T of i, o, f, c~ with i, o, f already halved, as
     rnn.LSTM prepares it; "gru": R^T of z, r, h as it is, with ``rbh`` (Rbh, [H]) and
     linear_before_reset semantics."""
-
-    mode = "f32"
 
     def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None,
                  kind: str = "lstm", rbh: np.ndarray | None = None) -> None:
@@ -606,4 +598,4 @@ BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, 
           "gru_f32": (module_ir_gru, FLOAT_REQUIRES)}
 
 __all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
-           "module_ir_gru", "module_ir_u8", "unavailable"]
+           "module_ir_gru", "module_ir_u8"]
