@@ -153,11 +153,22 @@ def run_ranges(fn: Callable[[int, int], Any], ranges: list[tuple[int, int]]) -> 
     return job.results
 
 
+def run_each(fn: Callable[[int], Any], n: int, threads: int) -> None:
+    """``fn(i)`` for i in range(n), each on a thread of its own when ``threads`` > 1 (for a
+    few independent pieces of compiled work that release the GIL, such as a recurrent layer's
+    directions), else in turn."""
+    if threads > 1 and n > 1:
+        run_ranges(lambda i, _: fn(i), [(i, i + 1) for i in range(n)])
+    else:
+        for i in range(n):
+            fn(i)
+
+
 def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,
                  bytes_per_item: int = 1 << 20) -> list[Any]:
     """Run ``fn(start, stop)`` over [0, n) on up to ``threads`` threads."""
     return run_ranges(fn, ranges_for(n, threads, bytes_per_item))
 
 
-__all__ = ["MIN_BYTES_PER_RANGE", "parallel_for", "ranges_for", "run_ranges", "split",
+__all__ = ["MIN_BYTES_PER_RANGE", "parallel_for", "ranges_for", "run_each", "run_ranges", "split",
            "split_threads", "threads_for", "usable_cores"]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelContext, op
-from ..parallel import run_ranges, threads_for
+from ..parallel import run_each, threads_for
 
 # -- activations -----------------------------------------------------------------------------------
 
@@ -316,14 +316,10 @@ class _Recurrent:
         h = np.array(states[0], order="C")  # written in place: [D, B, H]
         c = np.array(states[1], order="C") if len(states) > 1 else None  # a GRU has none
 
-        def run(d0: int, d1: int) -> None:
-            for d in range(d0, d1):
-                recurrences[d].run(xs[:, d], h[d], None if c is None else c[d], ys[:, d])
+        def run(d: int) -> None:
+            recurrences[d].run(xs[:, d], h[d], None if c is None else c[d], ys[:, d])
 
-        if self.threads > 1 and len(recurrences) > 1:
-            run_ranges(run, [(d, d + 1) for d in range(len(recurrences))])
-        else:
-            run(0, len(recurrences))
+        run_each(run, len(recurrences), self.threads)
         return [h] if c is None else [h, c]
 
     def _outputs(self, dtype: np.dtype, ys: np.ndarray | None, states: list[np.ndarray]
@@ -439,18 +435,27 @@ class LSTM(_Recurrent):
 COMPILED_MAX_ROWS = 64
 
 
-def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None) -> list | None:
-    """One compiled float32 recurrence per direction of ``RT`` [D, H, 4H] (halved), or None
-    where they cannot run here (not float32, no llvmlite, a CPU without AVX-512)."""
+def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None,
+                          kind: str = "lstm", rbh: np.ndarray | None = None) -> list | None:
+    """One compiled float32 recurrence per direction of ``RT`` [D, H, gates*H] (an LSTM's
+    halved; a GRU's as it is, with ``rbh`` [D, H]), or None where they cannot run here (not
+    float32, no llvmlite, a CPU without AVX-512)."""
     if RT.dtype != np.float32:
         return None
     from ..compiled import lstm
     from ..compiled.jit import Unavailable
 
     try:
-        return [lstm.Float32Recurrence(R, half, clip) for R in RT]
+        return [lstm.Float32Recurrence(R, half, clip, kind, None if rbh is None else rbh[d])
+                for d, R in enumerate(RT)]
     except (Unavailable, ValueError):
         return None
+
+
+def _dense_weights(w: dict[str, Any]) -> np.ndarray:
+    """R^T [D, H, gates*H] back from the compiled recurrences' panels, where those hold the
+    only copy: for the numpy cell, on the first run that needs it (sequence_lens, many rows)."""
+    return np.stack([r.dense() for r in w["recurrences"]])
 
 
 def _recurrent_weights(w: dict[str, Any]) -> np.ndarray:
@@ -459,7 +464,7 @@ def _recurrent_weights(w: dict[str, Any]) -> np.ndarray:
     rows)."""
     RT = w["RT"]
     if RT is None:
-        RT = w["RT"] = np.stack([r.dense() for r in w["recurrences"]])
+        RT = w["RT"] = _dense_weights(w)
     return RT
 
 
@@ -521,7 +526,8 @@ class GRU(_Recurrent):
         recurrences = None
         usual = all([a.name for a in acts] == ["sigmoid", "tanh"] for acts in self.acts)
         if self.linear_before_reset and usual:
-            recurrences = _compiled_gru(RT, rb[:, 2 * H:], self.clip)
+            half = np.concatenate((np.full(2 * H, 0.5, dt), np.ones(H, dt)))
+            recurrences = _compiled_recurrences(RT, half, self.clip, "gru", rb[:, 2 * H:])
         return {"dtype": dt, "WT": _wt(W, dt), "bias": bias.reshape(-1), "H": H,
                 # the compiled recurrences' panels hold R; _gru_weights rebuilds it if needed
                 "RT_zr": None if recurrences else np.ascontiguousarray(RT[..., :2 * H]),
@@ -563,28 +569,11 @@ class GRU(_Recurrent):
         return self._outputs(X.dtype, ys, [hT])
 
 
-def _compiled_gru(RT: np.ndarray, rbh: np.ndarray, clip: float | None) -> list | None:
-    """One compiled float32 GRU recurrence (linear_before_reset) per direction of ``RT``
-    [D, H, 3H], or None where they cannot run here."""
-    if RT.dtype != np.float32:
-        return None
-    from ..compiled import lstm
-    from ..compiled.jit import Unavailable
-
-    H = RT.shape[1]
-    half = np.concatenate((np.full(2 * H, 0.5, np.float32), np.ones(H, np.float32)))
-    try:
-        return [lstm.Float32Recurrence(R, half, clip, "gru", b) for R, b in zip(RT, rbh,
-                                                                                 strict=True)]
-    except (Unavailable, ValueError):
-        return None
-
-
 def _gru_weights(w: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(R^T of z|r, R^T of h) for the numpy cell; rebuilt once from the compiled recurrences'
     panels where those hold the only copy."""
     if w["RT_zr"] is None:
-        RT = np.stack([r.dense() for r in w["recurrences"]])
+        RT = _dense_weights(w)
         H = RT.shape[1]
         w["RT_h"] = np.ascontiguousarray(RT[..., 2 * H:])
         w["RT_zr"] = np.ascontiguousarray(RT[..., :2 * H])

@@ -19,7 +19,7 @@ from onnx import TensorProto
 
 from .....dtypes import np_dtype
 from ...kernels import KernelContext, op
-from ...parallel import split_threads, threads_for
+from ...parallel import run_each, split_threads, threads_for
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
@@ -719,19 +719,14 @@ class DynamicQuantizeLSTM:
     def _run_compiled(self, jobs, Y, Yh, Yc) -> None:
         """Each direction's whole recurrence in one compiled call; directions run on
         ``threads`` threads at once (the calls release the GIL)."""
-        def run(k0: int, k1: int) -> None:
-            for d, direction, xw, h, c in jobs[k0:k1]:
-                ys = np.empty(xw.shape[:2] + h.shape[1:], F32)
-                direction.run(xw, h, c, ys)
-                Y[:, d] = ys[::-1] if self.reverse[d] else ys
-                Yh[d], Yc[d] = h, c
+        def run(k: int) -> None:
+            d, direction, xw, h, c = jobs[k]
+            ys = np.empty(xw.shape[:2] + h.shape[1:], F32)
+            direction.run(xw, h, c, ys)
+            Y[:, d] = ys[::-1] if self.reverse[d] else ys
+            Yh[d], Yc[d] = h, c
 
-        if self.threads > 1 and len(jobs) > 1:
-            from ...parallel import run_ranges
-
-            run_ranges(run, [(k, k + 1) for k in range(len(jobs))])
-        else:
-            run(0, len(jobs))
+        run_each(run, len(jobs), self.threads)
 
     def _usual(self, d: int) -> bool:
         """Sigmoid, tanh, tanh and no coupled input-forget gate: the fast cell applies."""
