@@ -133,11 +133,7 @@ def _kernel(kh: int, kw: int) -> str:
           f"  %bv = load {_VF}, ptr %bp, align 4"]
     for i in range(kh):
         L.append(f"  %mr{i} = select i1 %rv{i}, <16 x i1> %mask, <16 x i1> zeroinitializer")
-    for t in range(T):
-        L += [f"  %wr{t} = mul i64 {t}, %Cp",
-              f"  %wx{t} = add i64 %wr{t}, %c0",
-              f"  %wp{t} = getelementptr float, ptr %W, i64 %wx{t}",
-              f"  %w{t} = load {_VF}, ptr %wp{t}, align 64"]
+    L += ir.tap_weights(T, align=64)
     L += ["  %xc = add i64 %in0, %c0",
           "  %yc = add i64 %out0, %c0",
           "  br label %left.pre",
@@ -159,10 +155,6 @@ def module_ir(kh: int, kw: int) -> str:
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, *([_I] * 16))
-
-
-def unavailable() -> str | None:
-    return jit.why_unavailable(REQUIRES)
 
 
 class DepthwiseFloat:
@@ -230,4 +222,4 @@ class DepthwiseFloat:
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"depthwise_f32_3x3": (lambda: module_ir(3, 3), REQUIRES)}
 
-__all__ = ["BUNDLE", "DepthwiseFloat", "MAX_TAPS", "REQUIRES", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "DepthwiseFloat", "MAX_TAPS", "REQUIRES", "module_ir"]

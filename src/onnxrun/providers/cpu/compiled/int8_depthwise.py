@@ -70,11 +70,7 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
     if mode != "q8":
         L += ["  %bp = getelementptr float, ptr %yq, i64 %c0",
               f"  %bv = load {_VF}, ptr %bp, align 4"]
-    for t in range(T):
-        L += [f"  %wr{t} = mul i64 {t}, %Cp",
-              f"  %wx{t} = add i64 %wr{t}, %c0",
-              f"  %wp{t} = getelementptr float, ptr %W, i64 %wx{t}",
-              f"  %w{t} = load {_VF}, ptr %wp{t}, align 4"]
+    L += ir.tap_weights(T, align=4)
     L += ["  %xc = add i64 %in0, %c0",
           "  %yc = add i64 %out0, %c0",
           "  br label %wloop",

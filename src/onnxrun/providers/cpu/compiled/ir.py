@@ -63,6 +63,18 @@ def requantize(result: str, value: str, zero_point: str, lo: str, hi: str) -> li
             f"  {result} = trunc {V} {t}i to {VB}"]
 
 
+def tap_weights(T: int, align: int) -> list[str]:
+    """``%w0``..``%w{T-1}``: the depthwise kernels' T tap weight vectors of the channel chunk
+    ``%c0``, row t of the float32 weights ``%W`` (rows ``%Cp`` floats apart)."""
+    lines = []
+    for t in range(T):
+        lines += [f"  %wr{t} = mul i64 {t}, %Cp",
+                  f"  %wx{t} = add i64 %wr{t}, %c0",
+                  f"  %wp{t} = getelementptr float, ptr %W, i64 %wx{t}",
+                  f"  %w{t} = load {VF}, ptr %wp{t}, align {align}"]
+    return lines
+
+
 def chunk_and_row_loop_end() -> list[str]:
     """The end of the depthwise kernels' loops: the next 16-channel chunk (``%c0`` of
     ``%C``, back to ``%cloop``), else the next output row (``%r`` up to ``%r1``, back to
@@ -146,4 +158,4 @@ def tanh_function() -> list[str]:
 
 
 __all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "lane_mask",
-           "load_params", "requantize", "splat", "tanh_function"]
+           "load_params", "requantize", "splat", "tanh_function", "tap_weights"]

@@ -39,29 +39,4 @@ def aligned_zeros(shape, dtype, align: int = 64) -> np.ndarray:
     return raw[start:start + n].view(dtype).reshape(shape)
 
 
-def padded_windows(xt: np.ndarray, heads, outs, kernel, strides, dilations,
-                   fill=0) -> np.ndarray:
-    """A channels-last (N, H, W, C) input padded with ``fill`` to exactly the rows and columns
-    the windows read (``heads`` pads before; tails cut to what is read), C-contiguous: the
-    buffer the depthwise kernels and the 8-bit im2col read. No copy when nothing is padded."""
-    N, H, W, C = xt.shape
-    need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
-            zip(outs, strides, kernel, dilations, strict=True)]
-    if not any(heads) and need[0] <= H and need[1] <= W:
-        return np.ascontiguousarray(xt)
-    Xp = np.full((N, need[0], need[1], C), fill, xt.dtype)
-    h1, w1 = min(heads[0] + H, need[0]), min(heads[1] + W, need[1])
-    Xp[:, heads[0]:h1, heads[1]:w1] = xt[:, : h1 - heads[0], : w1 - heads[1]]
-    return Xp
-
-
-def window_offsets(kernel, dilations, Wp: int, C: int) -> np.ndarray:
-    """Each tap's offset (in elements) from its window's first pixel in a channels-last
-    buffer of rows ``Wp`` pixels wide (int64, row-major taps)."""
-    (dh, dw) = dilations
-    return np.array([(i * dh * Wp + j * dw) * C for i in range(kernel[0])
-                     for j in range(kernel[1])], np.int64)
-
-
-__all__ = ["aligned_zeros", "dense_order", "flat", "padded_windows", "shaped_like",
-           "window_offsets"]
+__all__ = ["aligned_zeros", "dense_order", "flat", "shaped_like"]

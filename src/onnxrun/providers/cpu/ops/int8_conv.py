@@ -22,7 +22,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..compiled import int8_depthwise, int8_gemm
-from ..compiled.layout import padded_windows, window_offsets
 from ..parallel import split_threads
 from .conv import layout_changes_allowed, window_geometry
 
@@ -107,7 +106,10 @@ class CompiledQLinearConv:
         xt = x.transpose(0, 2, 3, 1)  # channels-last view: free when x came from here
         if self.depthwise:
             Xp = self._padded(xt, heads, outs, xzp)
-            offsets = window_offsets(self.kernel, self.dilations, Xp.shape[2], C)
+            Wp = Xp.shape[2]
+            (dh, dw) = self.dilations
+            offsets = np.array([(i * dh * Wp + j * dw) * C for i in range(self.kernel[0])
+                                for j in range(self.kernel[1])], np.int64)
             y = self.dw.run(Xp, offsets, (Ho, Wo), self.strides, xzp, bias, mult, yzp,
                             out_dtype, self.threads, float_bias, clip)
         else:
@@ -126,7 +128,17 @@ class CompiledQLinearConv:
         return y if self.channels_last else np.ascontiguousarray(y)
 
     def _padded(self, xt: np.ndarray, heads, outs, fill: int) -> np.ndarray:
-        return padded_windows(xt, heads, outs, self.kernel, self.strides, self.dilations, fill)
+        """The channels-last input padded with its zero point to exactly what the windows read,
+        C-contiguous."""
+        N, H, W, C = xt.shape
+        need = [(o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
+                zip(outs, self.strides, self.kernel, self.dilations, strict=True)]
+        if not any(heads) and need[0] <= H and need[1] <= W:
+            return np.ascontiguousarray(xt)
+        Xp = np.full((N, need[0], need[1], C), fill, xt.dtype)
+        h1, w1 = min(heads[0] + H, need[0]), min(heads[1] + W, need[1])
+        Xp[:, heads[0]:h1, heads[1]:w1] = xt[:, : h1 - heads[0], : w1 - heads[1]]
+        return Xp
 
     def _im2col(self, Xp: np.ndarray, outs) -> np.ndarray:
         """(N*Ho*Wo, kh*kw*C) rows of window bytes, ordered (kh, kw, C) like the weight rows."""
