@@ -830,6 +830,24 @@ def test_damaged_kernel_cache_is_compiled_afresh(tmp_path):
     json.loads(entry.read_text())  # rewritten whole
 
 
+def test_no_compiler_process_without_llvmlite(monkeypatch):
+    """Where llvmlite is not installed the answer is known without starting a process."""
+    import importlib.util
+
+    from onnxrun.providers.cpu.compiled import jit
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llvmlite" else real(name, *a))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a compiler process was started")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    answer = jit._compile({"m": ("define void @f() {\n  ret void\n}", ())})
+    assert answer["objects"] == {} and "llvmlite" in answer["error"]
+
+
 def test_kernel_cache_switched_off_writes_nothing(tmp_path, monkeypatch):
     from onnxrun.providers.cpu.compiled import jit
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import ctypes
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -55,7 +56,12 @@ _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm"
 
 
 def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
-    """One request to a compiler process; its answer (see _compiler.py)."""
+    """One request to a compiler process; its answer (see _compiler.py). Without llvmlite
+    the answer is known without starting one (every float model with an LSTM or a depthwise
+    convolution asks once per process)."""
+    if importlib.util.find_spec("llvmlite") is None:  # locates it; does not import it
+        return {"features": [], "error": "ModuleNotFoundError: No module named 'llvmlite'",
+                "objects": {}, "errors": {}}
     request = json.dumps({"modules": {name: {"ir": ir, "requires": sorted(req)}
                                       for name, (ir, req) in modules.items()}})
     try:
@@ -80,8 +86,6 @@ def _compile_bundle() -> None:
     Failures are remembered."""
     if _state:
         return
-    import importlib
-
     modules = {}
     for short in _BUNDLE:
         bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
