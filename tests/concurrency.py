@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 
 def run_on_threads(work: Callable[[int], object], count: int) -> None:
@@ -24,3 +26,19 @@ def run_on_threads(work: Callable[[int], object], count: int) -> None:
         t.join()
     if errors:
         raise errors[0]
+
+
+def assert_threads_match_serial(sess, inputs: Sequence[dict], repeats: int) -> None:
+    """Thread k runs ``sess`` on ``inputs[k]`` ``repeats`` times, all threads at once; every
+    output must equal, bit for bit, what one run on this thread gave first."""
+    want = [sess.run(None, f) for f in inputs]
+    got: list = [None] * len(inputs)
+
+    def work(k: int) -> None:
+        for _ in range(repeats):
+            got[k] = sess.run(None, inputs[k])
+
+    run_on_threads(work, len(inputs))
+    for g, w in zip(got, want, strict=True):
+        for a, b in zip(g, w, strict=True):
+            np.testing.assert_array_equal(a, b)

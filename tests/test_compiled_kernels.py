@@ -16,7 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from concurrency import run_on_threads
+from concurrency import assert_threads_match_serial
 from one_node_harness import one_node
 from onnx import TensorProto as TP
 
@@ -485,6 +485,18 @@ def test_float_lstm_recurrence_on_strided_steps():
     assert not ys[:, 0].any()  # the other direction's slots untouched
 
 
+def _float_rnn_inputs(gates: int, D: int, T: int, batch: int, I: int, H: int,
+                      bias: bool = True) -> list:
+    """X, W, R (and B) of a float32 LSTM (4 gates) or GRU (3), weights scaled to keep the
+    gates off saturation."""
+    inputs = [RNG.standard_normal((T, batch, I)).astype(np.float32),
+              (RNG.standard_normal((D, gates * H, I)) * 0.3).astype(np.float32),
+              (RNG.standard_normal((D, gates * H, H)) * 0.3).astype(np.float32)]
+    if bias:
+        inputs.append((RNG.standard_normal((D, 2 * gates * H)) * 0.3).astype(np.float32))
+    return inputs
+
+
 @pytest.mark.parametrize("direction,batch,threads", [("forward", 1, 1), ("reverse", 5, 1),
                                                      ("bidirectional", 2, 2),
                                                      ("bidirectional", 7, 1)])
@@ -493,10 +505,7 @@ def test_float_lstm_takes_the_compiled_recurrence(direction, batch, threads, mon
     numpy loop's but for tanh's and the products' last bits; both directions on 2 threads."""
     T, I, H = 6, 10, 20
     D = 2 if direction == "bidirectional" else 1
-    inputs = [RNG.standard_normal((T, batch, I)).astype(np.float32),
-              (RNG.standard_normal((D, 4 * H, I)) * 0.3).astype(np.float32),
-              (RNG.standard_normal((D, 4 * H, H)) * 0.3).astype(np.float32),
-              (RNG.standard_normal((D, 8 * H)) * 0.3).astype(np.float32)]
+    inputs = _float_rnn_inputs(4, D, T, batch, I, H)
     model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2, 3),
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
     counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
@@ -515,9 +524,7 @@ def test_float_lstm_falls_back_on_the_weights_rebuilt_from_the_panels(monkeypatc
     recurrences' panels (the session keeps one copy of R), gives the numpy session's outputs
     exactly."""
     T, B, I, H = 5, 3, 7, 12
-    inputs = [RNG.standard_normal((T, B, I)).astype(np.float32),
-              (RNG.standard_normal((2, 4 * H, I)) * 0.3).astype(np.float32),
-              (RNG.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32), None,
+    inputs = [*_float_rnn_inputs(4, 2, T, B, I, H, bias=False), None,
               np.array([5, 2, 4], np.int32)]
     model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2),
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction="bidirectional")
@@ -574,10 +581,7 @@ def test_float_gru_takes_the_compiled_recurrence(direction, batch, threads, lbr,
     sequences of different lengths take the numpy loop on R rebuilt from the panels, exactly."""
     T, I, H = 6, 10, 20
     D = 2 if direction == "bidirectional" else 1
-    inputs = [RNG.standard_normal((T, batch, I)).astype(np.float32),
-              (RNG.standard_normal((D, 3 * H, I)) * 0.3).astype(np.float32),
-              (RNG.standard_normal((D, 3 * H, H)) * 0.3).astype(np.float32),
-              (RNG.standard_normal((D, 6 * H)) * 0.3).astype(np.float32)]
+    inputs = _float_rnn_inputs(3, D, T, batch, I, H)
     model, feeds = one_node("GRU", inputs, opset=14, n_out=2, const=(1, 2, 3),
                             out_types=[TP.FLOAT] * 2, hidden_size=H, direction=direction,
                             linear_before_reset=lbr)
@@ -698,10 +702,8 @@ def test_one_session_on_four_threads(threads):
                  RNG.uniform(0.001, 0.01, (200,)).astype(np.float32), _ints(np.int8, (200,))]
     dq, dq_feeds = one_node("DynamicQuantizeMatMul", dq_inputs, opset=21, const=(1, 2, 3),
                             domain=MS, out_types=[TP.FLOAT])
-    float_inputs = [RNG.standard_normal((6, 2, 30)).astype(np.float32),
-                    (RNG.standard_normal((2, 4 * H, 30)) * 0.3).astype(np.float32),
-                    (RNG.standard_normal((2, 4 * H, H)) * 0.3).astype(np.float32)]
-    float_lstm, float_feeds = one_node("LSTM", float_inputs, opset=14, n_out=3, const=(1, 2),
+    float_lstm, float_feeds = one_node("LSTM", _float_rnn_inputs(4, 2, 6, 2, 30, H, bias=False),
+                                       opset=14, n_out=3, const=(1, 2),
                                        out_types=[TP.FLOAT] * 3, hidden_size=H,
                                        direction="bidirectional")
     for model, feeds in ((lstm_model, lstm_feeds), (dq, dq_feeds), (float_lstm, float_feeds)):
@@ -709,18 +711,8 @@ def test_one_session_on_four_threads(threads):
         so.intra_op_num_threads = threads
         sess = onnxrun.InferenceSession(model, so)
         name = next(iter(feeds))
-        inputs = [{**feeds, name: feeds[name] * (1 + k)} for k in range(4)]
-        want = [sess.run(None, f) for f in inputs]
-        got: list = [None] * 4
-
-        def work(k, sess=sess, inputs=inputs, got=got):
-            for _ in range(5):
-                got[k] = sess.run(None, inputs[k])
-
-        run_on_threads(work, 4)
-        for g, w in zip(got, want, strict=True):
-            for a, b in zip(g, w, strict=True):
-                np.testing.assert_array_equal(a, b)
+        assert_threads_match_serial(
+            sess, [{**feeds, name: feeds[name] * (1 + k)} for k in range(4)], 5)
 
 
 # -- float32 depthwise convolution ----------------------------------------------------------------

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnx
 import pytest
-from concurrency import run_on_threads
+from concurrency import assert_threads_match_serial
 
 import onnxrun
 
@@ -50,17 +50,7 @@ def test_parallel_from_several_threads():
     sess = _session(BRANCHES, onnxrun.ExecutionMode.ORT_PARALLEL)
     cases = [{"x": rng.standard_normal((4, 64)).astype(np.float32),
               "w": rng.standard_normal((64, 64)).astype(np.float32) / 8} for _ in range(4)]
-    expected = [sess.run(None, c) for c in cases]
-    results: list = [None] * 4
-
-    def work(i: int) -> None:
-        for _ in range(10):
-            results[i] = sess.run(None, cases[i])
-
-    run_on_threads(work, 4)
-    for got, want in zip(results, expected, strict=True):
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_array_equal(a, b)
+    assert_threads_match_serial(sess, cases, 10)
 
 
 @onnxrun.register_custom_op("Boom", "test.parallel")
