@@ -364,7 +364,7 @@ class LSTM(_Recurrent):
                 and all([a.name for a in acts] == usual for acts in self.acts))
         recurrences = None
         if fast:
-            half = np.concatenate((np.full(3 * H, 0.5, dt), np.ones(H, dt)))
+            half = sigmoid_halves(H, 4, dt)
             WT = WT * np.tile(half, D)
             bias = bias * np.tile(half, D)
             RT = RT * half
@@ -468,6 +468,12 @@ def _recurrent_weights(w: dict[str, Any]) -> np.ndarray:
     return RT
 
 
+def sigmoid_halves(H: int, gates: int, dt=np.float32) -> np.ndarray:
+    """Per gate column: 1/2 for the sigmoid gates (all but the last: an LSTM's i, o, f, a
+    GRU's z, r), whose sigmoid is computed as tanh(x / 2) / 2 + 1/2; 1 for the last (tanh)."""
+    return np.concatenate((np.full((gates - 1) * H, 0.5, dt), np.ones(H, dt)))
+
+
 def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None):
     """The usual LSTM cell (sigmoid, tanh, tanh; no peepholes) in ten numpy calls a step, on
     gates whose i, o, f parts come halved (input part and ``recurrent(h, out)``, which writes
@@ -526,7 +532,7 @@ class GRU(_Recurrent):
         recurrences = None
         usual = all([a.name for a in acts] == ["sigmoid", "tanh"] for acts in self.acts)
         if self.linear_before_reset and usual:
-            half = np.concatenate((np.full(2 * H, 0.5, dt), np.ones(H, dt)))
+            half = sigmoid_halves(H, 3, dt)
             recurrences = _compiled_recurrences(RT, half, self.clip, "gru", rb[:, 2 * H:])
         return {"dtype": dt, "WT": _wt(W, dt), "bias": bias.reshape(-1), "H": H,
                 # the compiled recurrences' panels hold R; _gru_weights rebuilds it if needed

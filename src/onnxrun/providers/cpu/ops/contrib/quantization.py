@@ -705,9 +705,10 @@ class DynamicQuantizeLSTM:
             return self._directions[d]
         from ...compiled.jit import Unavailable
         from ...compiled.lstm import Int8Recurrence
+        from ..rnn import sigmoid_halves
 
         H = rq.mat.q.shape[1] // 4
-        half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
+        half = sigmoid_halves(H, 4)
         try:
             direction = Int8Recurrence(rq.packed, rq.scale, half, self.clip)
         except (ValueError, Unavailable):
@@ -738,10 +739,10 @@ class DynamicQuantizeLSTM:
         cell: the halving of i, o, f folded into the input part (once for all steps) and into
         the per-step scale of h's product, which stays the exact integer one onnxruntime
         computes: on the compiled GEMM, or one float32 GEMM (R fits it for any |h| code)."""
-        from ..rnn import fast_lstm_cell
+        from ..rnn import fast_lstm_cell, sigmoid_halves
 
         H = rq.mat.q.shape[1] // 4
-        half = np.concatenate((np.full(3 * H, 0.5, F32), np.ones(H, F32)))
+        half = sigmoid_halves(H, 4)
         r_scale = (np.asarray(rq.scale, F32) * half).astype(F32)
         packed = rq.packed
         if packed is not None:  # codes of h, then one call for product and scale
