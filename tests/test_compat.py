@@ -194,3 +194,69 @@ def test_compat_command_line(tmp_path: Path):
     assert done.returncode == 2 and "usage" in done.stderr
     done = _run(["-m", "onnxrun.compat", str(tmp_path / "missing.py")])
     assert done.returncode == 2 and "missing.py" in done.stderr
+
+
+def test_submodules_resolve_to_onnxruntime_names(clean_modules):
+    import onnxrun.backend
+    import onnxrun.quantization
+    import onnxrun.quantization.calibrate
+    import onnxrun.tools
+    import onnxrun.transformers.float16
+
+    compat.install()
+    import onnxruntime.backend
+    import onnxruntime.quantization
+    import onnxruntime.quantization.calibrate
+    import onnxruntime.tools
+    import onnxruntime.transformers.float16
+    from onnxruntime import quantization
+    from onnxruntime.quantization import calibrate
+
+    assert onnxruntime.quantization is quantization is onnxrun.quantization
+    assert calibrate is onnxruntime.quantization.calibrate is onnxrun.quantization.calibrate
+    assert onnxruntime.backend is onnxrun.backend and onnxruntime.tools is onnxrun.tools
+    assert onnxruntime.transformers.float16 is onnxrun.transformers.float16
+    assert sys.modules["onnxruntime.quantization"] is onnxrun.quantization
+    # The module keeps its own identity: reload, pickle and tracebacks see onnxrun's.
+    assert quantization.__name__ == quantization.__spec__.name == "onnxrun.quantization"
+    importlib.reload(calibrate)
+
+
+def test_missing_submodule_raises_module_not_found_naming_it(clean_modules):
+    compat.install()
+    for name in ("onnxruntime.no_such_module", "onnxruntime.quantization.no_such_module",
+                 "onnxruntime.capi.no_such_module", "onnxruntime.training"):
+        with pytest.raises(ModuleNotFoundError, match=name.replace(".", r"\.")) as info:
+            importlib.import_module(name)
+        assert info.value.name == name
+        assert importlib.util.find_spec(name) is None  # probes for optional parts answer None
+    with pytest.raises(ImportError, match="no_such_name"):
+        exec("from onnxruntime.quantization import no_such_name", {})
+
+
+def test_uninstall_restores_the_real_submodules(clean_modules, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    real_quant = importlib.import_module("onnxruntime.quantization")
+    monkeypatch.setitem(sys.modules, "onnxruntime.quantization", real_quant)
+    compat.install()
+    import onnxruntime.quantization
+
+    assert onnxruntime.quantization is not real_quant
+    compat.uninstall()
+    assert not any(isinstance(f, type(compat._AliasFinder())) for f in sys.meta_path)
+    assert sys.modules["onnxruntime.quantization"] is real_quant
+    assert importlib.import_module("onnxruntime.quantization") is real_quant
+
+
+def test_importing_onnxruntime_imports_no_submodule():
+    # Laziness: a fresh process that imports onnxruntime through the alias loads none of the
+    # submodules (quantization, transformers, tools, backend) until they are asked for.
+    done = _run(["-c", (
+        "import sys, onnxrun.compat; onnxrun.compat.install(); import onnxruntime\n"
+        "subs = ('quantization', 'transformers', 'tools', 'backend')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[1:2] and m.split('.')[1] in subs"
+        " and m.split('.')[0] in ('onnxrun', 'onnxruntime')))\n"
+        "import onnxruntime.quantization\n"
+        "print('onnxrun.quantization' in sys.modules)\n")])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "True"]

@@ -15,23 +15,29 @@ From the command line, for a script or module that imports onnxruntime::
     python -m onnxrun.compat script.py [args...]
     python -m onnxrun.compat -m package.module [args...]
 
-``install()`` puts modules in ``sys.modules`` under onnxruntime's names: ``onnxruntime``,
-``onnxruntime.capi``, ``onnxruntime.capi._pybind_state``,
-``onnxruntime.capi.onnxruntime_pybind11_state`` (the exception classes: Fail, InvalidArgument,
-NoSuchFile, InvalidProtobuf, InvalidGraph, NotImplemented, RuntimeException, EPFail...) and
-``onnxruntime.capi.onnxruntime_inference_collection`` (InferenceSession, IOBinding, OrtValue).
+``install()`` puts onnxruntime's package in ``sys.modules`` and a finder on ``sys.meta_path``:
+``onnxruntime``, ``onnxruntime.capi``, ``onnxruntime.capi._pybind_state``,
+``onnxruntime.capi.onnxruntime_pybind11_state`` (the native classes and the exception classes:
+Fail, InvalidArgument, NoSuchFile, InvalidProtobuf, InvalidGraph, NotImplemented,
+RuntimeException, EPFail...) and ``onnxruntime.capi.onnxruntime_inference_collection``
+(InferenceSession, IOBinding, OrtValue) are built at install; every other
+``onnxruntime.X.Y`` is onnxrun's ``onnxrun.X.Y`` module itself, imported only when first asked
+for (``onnxruntime.quantization``, ``onnxruntime.transformers.float16``, ``onnxruntime.tools``...).
+A submodule onnxrun does not have raises ``ModuleNotFoundError`` naming it.
 It works whether or not the real onnxruntime is installed or already imported: after
 ``install()`` onnxrun wins, and ``uninstall()`` puts the previous modules back. Modules that
 bound the old ``onnxruntime`` before ``install()`` keep their reference to it.
-Only the inference API is provided: ``onnxruntime.quantization``, ``onnxruntime.transformers``
-and the training packages are not. ``onnxruntime.__version__`` is onnxrun's version. Child
-processes started with the ``spawn`` method re-import the script without the alias: call
-``install()`` at the top of the script instead if it uses them.
+``onnxruntime.__version__`` is onnxrun's version. Child processes started with the ``spawn``
+method re-import the script without the alias: call ``install()`` at the top of the script
+instead if it uses them.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import runpy
 import sys
@@ -42,6 +48,7 @@ import onnxrun
 
 from . import errors
 
+_TOP = "onnxruntime"
 _NAMES = (
     "onnxruntime",
     "onnxruntime.capi",
@@ -49,10 +56,20 @@ _NAMES = (
     "onnxruntime.capi.onnxruntime_pybind11_state",
     "onnxruntime.capi.onnxruntime_inference_collection",
 )
-_MISSING = object()
-# What sys.modules held under each name before install(); None while not installed.
-_saved: dict[str, Any] | None = None
+# What sys.modules held under onnxruntime's names before install(); None while not installed.
+_saved: dict[str, types.ModuleType] | None = None
 _modules: dict[str, types.ModuleType] | None = None
+_finder: _AliasFinder | None = None
+
+# onnxruntime's native module: the exception classes (below) and these names of onnxrun's top
+# level, which onnxruntime's pybind module defines and its package re-exports.
+_NATIVE = (
+    "SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode", "ExecutionOrder",
+    "ModelMetadata", "NodeArg", "get_available_providers", "get_all_providers", "get_device",
+    "get_version_string", "get_build_info", "set_default_logger_severity",
+    "set_default_logger_verbosity", "set_seed", "enable_telemetry_events",
+    "disable_telemetry_events",
+)
 
 
 def _exception(name: str) -> type[Exception]:
@@ -66,7 +83,9 @@ def _module(name: str, doc: str, attrs: dict[str, Any], package: bool = False
     mod = types.ModuleType(name, doc)
     mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=package)
     if package:
-        mod.__path__ = []  # a package with no files: only the submodules installed here exist
+        # Submodules come from the finder, never from a folder.
+        mod.__path__ = []
+        mod.__spec__.submodule_search_locations = []
     mod.__file__ = onnxrun.__file__ if name == "onnxruntime" else __file__
     mod.__dict__.update(attrs)
     return mod
@@ -90,12 +109,9 @@ def _build() -> dict[str, types.ModuleType]:
         exceptions[n] = _exception(n)
     # _pybind_state re-exports the native module: the exceptions and the C++-level classes.
     native = dict(exceptions)
-    for n in ("SessionOptions", "RunOptions", "GraphOptimizationLevel", "ExecutionMode",
-              "ExecutionOrder", "ModelMetadata", "NodeArg", "get_available_providers",
-              "get_all_providers", "get_device", "get_version_string", "get_build_info",
-              "set_default_logger_severity", "set_default_logger_verbosity", "set_seed",
-              "enable_telemetry_events", "disable_telemetry_events"):
-        native[n] = public[n]
+    for n in _NATIVE:
+        if n in public:
+            native[n] = public[n]
     native["OrtValue"] = OrtValue
 
     pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
@@ -130,32 +146,86 @@ def _preload_dlls(*args: Any, **kwargs: Any) -> None:
     """onnxruntime loads CUDA libraries here; onnxrun needs none."""
 
 
-def install() -> types.ModuleType:
-    """Make ``import onnxruntime`` (and its ``capi`` submodules) resolve to onnxrun.
+def _ours(name: str) -> str:
+    """onnxrun's name for the module ``name`` of onnxruntime's package."""
+    return "onnxrun" + name[len(_TOP):]
 
-    Idempotent. Returns the ``onnxruntime`` module installed.
+
+class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``onnxruntime.X.Y`` -> the module ``onnxrun.X.Y`` itself, imported when first asked for.
+
+    The import system files the module under both names; its own name, spec and file stay
+    onnxrun's, so pickles, tracebacks and ``importlib.reload`` see onnxrun's module.
     """
-    global _saved, _modules
+
+    def __init__(self) -> None:
+        self._specs: dict[str, importlib.machinery.ModuleSpec] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(_TOP + "."):
+            return None
+        if fullname.startswith(_NAMES[1] + "."):
+            return None  # onnxruntime.capi holds only the modules built at install
+        try:
+            spec = importlib.util.find_spec(_ours(fullname))
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:
+            # None, as any finder: the import raises ModuleNotFoundError naming `fullname`,
+            # and importlib.util.find_spec("onnxruntime.X") probes answer None.
+            return None
+        return importlib.machinery.ModuleSpec(
+            fullname, self, origin=spec.origin,
+            is_package=spec.submodule_search_locations is not None)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = importlib.import_module(_ours(spec.name))
+        # The import system sets __spec__ to ours between create_module and exec_module.
+        self._specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
+
+
+def _onnxruntime_names() -> list[str]:
+    return [n for n in sys.modules if n == _TOP or n.startswith(_TOP + ".")]
+
+
+def install() -> types.ModuleType:
+    """Make ``import onnxruntime`` and its submodules resolve to onnxrun.
+
+    Idempotent. Returns the ``onnxruntime`` module installed. Submodules
+    (``onnxruntime.quantization``...) are imported only when asked for.
+    """
+    global _saved, _modules, _finder
     if _modules is None:
         _modules = _build()
     if _saved is None:
-        _saved = {n: sys.modules.get(n, _MISSING) for n in _NAMES}
+        # Whatever was imported under onnxruntime's names (the real package, its submodules)
+        # steps aside until uninstall().
+        _saved = {n: sys.modules.pop(n) for n in _onnxruntime_names()}
+        _finder = _AliasFinder()
+        sys.meta_path.insert(0, _finder)
+    elif _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
     sys.modules.update(_modules)
     return _modules["onnxruntime"]
 
 
 def uninstall() -> None:
     """Undo ``install()``: restore the previous ``onnxruntime`` modules (or their absence)."""
-    global _saved
+    global _saved, _finder
     if _saved is None:
         return
-    for name, previous in _saved.items():
-        if previous is _MISSING:
-            if sys.modules.get(name) is (_modules or {}).get(name):
-                sys.modules.pop(name, None)
-        else:
-            sys.modules[name] = previous
+    while _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+    for name in _onnxruntime_names():
+        del sys.modules[name]
+    sys.modules.update(_saved)
     _saved = None
+    _finder = None
 
 
 def is_installed() -> bool:
