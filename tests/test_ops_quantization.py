@@ -543,6 +543,103 @@ def test_matmul_to_float_vs_ort(btype, per_column):
            {"a": aq})
 
 
+
+# -- non-finite inputs on the dynamically quantized paths ----------------------------------------
+
+
+def _non_finite(rng, n: int, pattern: str) -> np.ndarray:
+    """n floats with NaN / infinities placed by ``pattern`` (MLAS's min/max lanes see a NaN
+    differently depending on where it sits: in a block of 32, of 8, or in the scalar tail)."""
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    if pattern == "all-nan":
+        x[:] = np.nan
+    elif pattern == "all-inf":
+        x[:] = np.inf
+    elif pattern == "all--inf":
+        x[:] = -np.inf
+    elif pattern == "zeros":
+        x[:] = 0
+    elif pattern == "inf-and--inf":
+        x[::2], x[1::2] = np.inf, -np.inf
+    else:  # scattered NaN / +-inf at a given rate
+        kinds, rate = {"nan": ([np.nan], 0.1), "nan-dense": ([np.nan], 0.7),
+                       "inf": ([np.inf], 0.1), "-inf": ([-np.inf], 0.1),
+                       "mixed": ([np.nan, np.inf, -np.inf], 0.2)}[pattern]
+        hit = rng.random(n) < rate
+        hit[rng.integers(n)] = True
+        x[hit] = rng.choice(kinds, int(hit.sum()))
+    return x
+
+
+_NON_FINITE = ["all-nan", "all-inf", "all--inf", "zeros", "inf-and--inf", "nan", "nan-dense",
+               "inf", "-inf", "mixed"]
+
+
+@pytest.mark.parametrize("pattern", _NON_FINITE)
+@pytest.mark.parametrize("n", [1, 3, 8, 13, 32, 45, 77, 128])
+def test_dynamic_quantize_linear_non_finite_vs_ort(pattern, n):
+    """Scale, zero point and every code as onnxruntime's, NaN and infinities included (e.g.
+    all NaN: scale 1; a NaN in the last lanes: a NaN scale, zero point 255; -inf: an infinite
+    scale, zero point 255, NaN codes 0)."""
+    rng = np.random.default_rng(n * 31 + _NON_FINITE.index(pattern))
+    for _ in range(4):
+        x = _non_finite(rng, n, pattern)
+        node = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"])
+        model = _model([node], [_vi("x", TP.FLOAT, [n])],
+                       [_vi("q", TP.UINT8), _vi("s", TP.FLOAT), _vi("z", TP.UINT8)], ms=False)
+        _check(model, {"x": x})
+
+
+def _dynamic_matmuls(b, bs, bz, bias):
+    """The three ways a dynamically quantized MatMul reaches the int8 kernels."""
+    inits = [_init("b", b), _init("bs", bs), _init("bz", bz)]
+    a = [_vi("a", TP.FLOAT, None)]
+    y = [_vi("y", TP.FLOAT)]
+    dql = helper.make_node("DynamicQuantizeLinear", ["a"], ["q", "s", "z"])
+    yield "DynamicQuantizeLinear+MatMulInteger", _model(
+        [dql, helper.make_node("MatMulInteger", ["q", "b", "z", "bz"], ["i"]),
+         helper.make_node("Cast", ["i"], ["f"], to=TP.FLOAT),
+         helper.make_node("Mul", ["s", "bs"], ["m"]),
+         helper.make_node("Mul", ["f", "m"], ["y"])], a, y, inits)
+    yield "DynamicQuantizeMatMul", _model(
+        [helper.make_node("DynamicQuantizeMatMul", ["a", "b", "bs", "bz", "bias"], ["y"],
+                          domain=MS)], a, y, [*inits, _init("bias", bias)])
+    yield "DynamicQuantizeLinear+MatMulIntegerToFloat", _model(
+        [dql, helper.make_node("MatMulIntegerToFloat", ["q", "b", "s", "bs", "z", "bz", "bias"],
+                               ["y"], domain=MS)], a, y, [*inits, _init("bias", bias)])
+
+
+@pytest.mark.parametrize("btype", [np.int8, np.uint8])
+def test_dynamic_matmuls_non_finite_rows_vs_ort(btype):
+    """Rows of NaN or +-inf in A: onnxruntime's NaN / inf / finite results, element for
+    element, on every route (with and without onnxruntime's own fusions)."""
+    rng = np.random.default_rng(12)
+    K, N = 40, 6
+    # int8 weights within +-63: MLAS's AVX2 u8s8 kernel saturates int16 pairs beyond
+    b = rng.integers(-63, 64, (K, N)).astype(np.int8) if btype == np.int8 else \
+        _ints(rng, np.uint8, (K, N))
+    bz = btype(3 if btype == np.int8 else 131)
+    bias = rng.standard_normal(N).astype(np.float32)
+    rows = []
+    for M, fill in [(3, np.nan), (3, np.inf), (4, -np.inf)]:
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        a[1] = fill
+        rows.append(a)
+    a = rng.standard_normal((5, K)).astype(np.float32)
+    a[0, ::3], a[1, 1::5], a[2, 2::7] = np.nan, np.inf, -np.inf
+    rows.append(a)
+    a = rng.standard_normal((3, K)).astype(np.float32)
+    a.reshape(-1)[31] = np.nan  # the last lane of the first block of 32
+    rows.append(a)
+    for name, model in _dynamic_matmuls(b, np.float32(0.02), bz, bias):
+        outcomes = set()
+        for a in rows:
+            for optimize in (False, True):
+                (y,) = _check(model, {"a": a}, optimize=optimize)
+                outcomes.add(bool(np.isfinite(y).all()))
+        assert outcomes == {True, False}, name  # NaN / inf results and finite ones
+
+
 def _pack(q: np.ndarray, bits: int) -> np.ndarray:
     """Pack unsigned values along the last axis, low bits first (MatMulNBits' layout)."""
     per = 8 // bits

@@ -101,7 +101,7 @@ def load_params(pointer: str, names: tuple[str, ...]) -> list[str]:
     return lines
 
 
-def _hex(x: float) -> str:
+def float_constant(x: float) -> str:
     """A float32 constant as LLVM writes it (the double whose value it is, in hex)."""
     import struct
 
@@ -110,7 +110,7 @@ def _hex(x: float) -> str:
 
 
 def _vconst(x: float) -> str:
-    return "<" + ", ".join([f"float {_hex(x)}"] * 16) + ">"
+    return "<" + ", ".join([f"float {float_constant(x)}"] * 16) + ">"
 
 
 def tanh_function() -> list[str]:
@@ -157,5 +157,5 @@ def tanh_function() -> list[str]:
     return L
 
 
-__all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "lane_mask",
-           "load_params", "requantize", "splat", "tanh_function", "tap_weights"]
+__all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "float_constant",
+           "lane_mask", "load_params", "requantize", "splat", "tanh_function", "tap_weights"]

@@ -47,6 +47,163 @@ def declarations() -> list[str]:
             "declare float @llvm.minnum.f32(float, float)"]
 
 
+_V8 = "<8 x float>"
+_V32 = "<32 x float>"
+_F32_MAX = ir.float_constant(float(np.finfo(np.float32).max))
+_F32_LOWEST = ir.float_constant(-float(np.finfo(np.float32).max))
+
+
+def _lanes(kind: str, a: str, b: str, out: str, vector: str) -> list[str]:
+    """x86 MAXPS/MINPS lane by lane: ``a > b ? a : b`` (``a < b``), so b when either is NaN —
+    what MLAS's min/max kernel computes; ordered compares and a select keep exactly that."""
+    cmp = "ogt" if kind == "max" else "olt"
+    n = vector[1:vector.index(" x")]
+    return [f"  {out}.c = fcmp {cmp} {vector} {a}, {b}",
+            f"  {out} = select <{n} x i1> {out}.c, {vector} {a}, {vector} {b}"]
+
+
+def _halves(v: str, out: str, width: int) -> list[str]:
+    """``out.lo``/``out.hi``: the low and high halves of the ``width``-lane vector ``v``."""
+    half = width // 2
+    vec = f"<{width} x float>"
+    lo = ", ".join(f"i32 {i}" for i in range(half))
+    hi = ", ".join(f"i32 {i}" for i in range(half, width))
+    return [f"  {out}.lo = shufflevector {vec} {v}, {vec} poison, <{half} x i32> <{lo}>",
+            f"  {out}.hi = shufflevector {vec} {v}, {vec} poison, <{half} x i32> <{hi}>"]
+
+
+def _reduce(kind: str, v8: str, out: str) -> list[str]:
+    """MLAS's reduction of its 8-lane accumulator to a float: halves, then lanes (2, 3), then
+    lane 1 against lane 0, each step a MAXPS (MINPS) with the same operand order."""
+    v4 = "<4 x float>"
+    return [*_halves(v8, f"{out}.h", 8),
+            *_lanes(kind, f"{out}.h.lo", f"{out}.h.hi", f"{out}.a", v4),
+            f"  {out}.s = shufflevector {v4} {out}.a, {v4} poison, <4 x i32> "
+            "<i32 2, i32 3, i32 2, i32 3>",
+            *_lanes(kind, f"{out}.a", f"{out}.s", f"{out}.b", v4),
+            f"  {out}.b0 = extractelement {v4} {out}.b, i64 0",
+            f"  {out}.b1 = extractelement {v4} {out}.b, i64 1",
+            f"  {out}.bc = fcmp {'ogt' if kind == 'max' else 'olt'} float {out}.b0, {out}.b1",
+            f"  {out} = select i1 {out}.bc, float {out}.b0, float {out}.b1"]
+
+
+def _params_function() -> list[str]:
+    """``@dq_params(x, n, params, flat_scale)``: onnxruntime's range, scale and zero point,
+    NaN and infinities included (see ``dynamic_params`` in ops/quantization.py, the numpy
+    twin): MLAS's min/max kernel step for step — four 8-lane accumulators over blocks of 32
+    (one 32-lane vector here), folded into one, which continues over blocks of 8, a 4-lane
+    reduction, then std::max/std::min over the last n % 8 elements — and C++'s std::min/max
+    (ordered compares) for the rest, so a NaN lands where it lands in onnxruntime."""
+    def splat(value: str, width: int) -> str:
+        return "<" + ", ".join([f"float {value}"] * width) + ">"
+
+    big, low, big8, low8 = (splat(_F32_MAX, 32), splat(_F32_LOWEST, 32), splat(_F32_MAX, 8),
+                            splat(_F32_LOWEST, 8))
+    return [
+        "define internal void @dq_params(ptr %x, i64 %n, ptr %params, float %flat_scale) "
+        "nounwind {",
+        "entry:",
+        "  %c32 = lshr i64 %n, 5",
+        "  %vec = icmp uge i64 %n, 8",
+        "  %has32 = icmp ne i64 %c32, 0",
+        "  br i1 %vec, label %vstart, label %scalar",
+        "vstart:",
+        "  br i1 %has32, label %l32, label %pre8",
+        "l32:",
+        "  %i = phi i64 [0, %vstart], [%in, %l32]",
+        f"  %hi32 = phi {_V32} [{low}, %vstart], [%hi32n, %l32]",
+        f"  %lo32 = phi {_V32} [{big}, %vstart], [%lo32n, %l32]",
+        "  %o32 = shl i64 %i, 5",
+        "  %p32 = getelementptr float, ptr %x, i64 %o32",
+        f"  %v32 = load {_V32}, ptr %p32, align 4",
+        *_lanes("max", "%hi32", "%v32", "%hi32n", _V32),
+        *_lanes("min", "%lo32", "%v32", "%lo32n", _V32),
+        "  %in = add i64 %i, 1",
+        "  %more32 = icmp ult i64 %in, %c32",
+        "  br i1 %more32, label %l32, label %fold32",
+        "fold32:",  # acc0..acc3 = lanes 0-7, 8-15, 16-23, 24-31
+        *_halves("%hi32n", "%H", 32),
+        *_halves("%H.lo", "%H0", 16), *_halves("%H.hi", "%H1", 16),
+        *_lanes("max", "%H0.lo", "%H0.hi", "%H01", _V8),
+        *_lanes("max", "%H1.lo", "%H1.hi", "%H23", _V8),
+        *_lanes("max", "%H01", "%H23", "%Hf", _V8),
+        *_halves("%lo32n", "%L", 32),
+        *_halves("%L.lo", "%L0", 16), *_halves("%L.hi", "%L1", 16),
+        *_lanes("min", "%L0.lo", "%L0.hi", "%L01", _V8),
+        *_lanes("min", "%L1.lo", "%L1.hi", "%L23", _V8),
+        *_lanes("min", "%L01", "%L23", "%Lf", _V8),
+        "  br label %pre8",
+        "pre8:",
+        f"  %hi8s = phi {_V8} [{low8}, %vstart], [%Hf, %fold32]",
+        f"  %lo8s = phi {_V8} [{big8}, %vstart], [%Lf, %fold32]",
+        "  %s8 = shl i64 %c32, 5",
+        "  %r8 = sub i64 %n, %s8",
+        "  %c8 = lshr i64 %r8, 3",
+        "  %has8 = icmp ne i64 %c8, 0",
+        "  br i1 %has8, label %l8, label %red",
+        "l8:",
+        "  %j = phi i64 [0, %pre8], [%jn, %l8]",
+        f"  %hi8 = phi {_V8} [%hi8s, %pre8], [%hi8n, %l8]",
+        f"  %lo8 = phi {_V8} [%lo8s, %pre8], [%lo8n, %l8]",
+        "  %j8 = shl i64 %j, 3",
+        "  %o8 = add i64 %s8, %j8",
+        "  %p8 = getelementptr float, ptr %x, i64 %o8",
+        f"  %v8 = load {_V8}, ptr %p8, align 4",
+        *_lanes("max", "%hi8", "%v8", "%hi8n", _V8),
+        *_lanes("min", "%lo8", "%v8", "%lo8n", _V8),
+        "  %jn = add i64 %j, 1",
+        "  %more8 = icmp ult i64 %jn, %c8",
+        "  br i1 %more8, label %l8, label %red",
+        "red:",
+        f"  %hiv = phi {_V8} [%hi8s, %pre8], [%hi8n, %l8]",
+        f"  %lov = phi {_V8} [%lo8s, %pre8], [%lo8n, %l8]",
+        *_reduce("max", "%hiv", "%hir"),
+        *_reduce("min", "%lov", "%lor"),
+        "  %t8 = shl i64 %c8, 3",
+        "  %tstart = add i64 %s8, %t8",
+        "  br label %scalar",
+        # std::max(hi, t) = hi < t ? t : hi; std::min(lo, t) = t < lo ? t : lo
+        "scalar:",
+        "  %k = phi i64 [0, %entry], [%tstart, %red], [%kn, %sbody]",
+        f"  %hs = phi float [{_F32_LOWEST}, %entry], [%hir, %red], [%hsn, %sbody]",
+        f"  %ls = phi float [{_F32_MAX}, %entry], [%lor, %red], [%lsn, %sbody]",
+        "  %sdone = icmp uge i64 %k, %n",
+        "  br i1 %sdone, label %range_done, label %sbody",
+        "sbody:",
+        "  %tp = getelementptr float, ptr %x, i64 %k",
+        "  %t = load float, ptr %tp, align 4",
+        "  %hlt = fcmp olt float %hs, %t",
+        "  %hsn = select i1 %hlt, float %t, float %hs",
+        "  %llt = fcmp olt float %t, %ls",
+        "  %lsn = select i1 %llt, float %t, float %ls",
+        "  %kn = add i64 %k, 1",
+        "  br label %scalar",
+        # the range includes 0: std::min(lo, 0), std::max(hi, 0) (a NaN stays)
+        "range_done:",
+        "  %lpos = fcmp olt float 0.0, %ls",
+        "  %lo = select i1 %lpos, float 0.0, float %ls",
+        "  %hneg = fcmp olt float %hs, 0.0",
+        "  %hi = select i1 %hneg, float 0.0, float %hs",
+        "  %span = fsub float %hi, %lo",
+        "  %flat = fcmp oeq float %hi, %lo",
+        "  %sc0 = fdiv float %span, 255.0",
+        "  %scale = select i1 %flat, float %flat_scale, float %sc0",
+        "  %lq = fdiv float %lo, %scale",
+        "  %iz = fsub float 0.0, %lq",
+        # std::max(0, std::min(255, iz)): a NaN iz becomes 255
+        "  %zlt = fcmp olt float %iz, 255.0",
+        "  %z1 = select i1 %zlt, float %iz, float 255.0",
+        "  %zgt = fcmp olt float 0.0, %z1",
+        "  %z2 = select i1 %zgt, float %z1, float 0.0",
+        "  %zpf = call float @llvm.rint.f32(float %z2)",
+        "  store float %scale, ptr %params, align 4",
+        "  %pz = getelementptr float, ptr %params, i64 1",
+        "  store float %zpf, ptr %pz, align 4",
+        "  ret void",
+        "}",
+    ]
+
+
 def functions() -> list[str]:
     """Internal functions other modules include (the LSTM quantizes h at every step):
     ``@dq_params(x, n, params, flat_scale)`` writes (scale, zero point) of ``x[:n]`` to
@@ -54,57 +211,7 @@ def functions() -> list[str]:
     sum (the row sums a nonzero weight zero point needs)."""
     zeros = "zeroinitializer"
     return [
-        "define internal void @dq_params(ptr %x, i64 %n, ptr %params, float %flat_scale) "
-        "nounwind {",
-        "entry:",
-        "  %chunks = lshr i64 %n, 4",
-        "  %tail = and i64 %n, 15",
-        "  %hasfull = icmp ne i64 %chunks, 0",
-        "  br i1 %hasfull, label %rloop, label %rtail",
-        # the range, starting from 0 (so 0 is always inside it; masked lanes read 0)
-        "rloop:",
-        "  %ri = phi i64 [0, %entry], [%rin, %rloop]",
-        f"  %lo = phi {_VF} [{zeros}, %entry], [%lon, %rloop]",
-        f"  %hi = phi {_VF} [{zeros}, %entry], [%hin, %rloop]",
-        "  %ro = shl i64 %ri, 4",
-        "  %rp = getelementptr float, ptr %x, i64 %ro",
-        f"  %rv = load {_VF}, ptr %rp, align 4",
-        f"  %lt = fcmp olt {_VF} %rv, %lo",
-        f"  %lon = select <16 x i1> %lt, {_VF} %rv, {_VF} %lo",
-        f"  %gt = fcmp ogt {_VF} %rv, %hi",
-        f"  %hin = select <16 x i1> %gt, {_VF} %rv, {_VF} %hi",
-        "  %rin = add i64 %ri, 1",
-        "  %rmore = icmp ult i64 %rin, %chunks",
-        "  br i1 %rmore, label %rloop, label %rtail",
-        "rtail:",
-        f"  %lo1 = phi {_VF} [{zeros}, %entry], [%lon, %rloop]",
-        f"  %hi1 = phi {_VF} [{zeros}, %entry], [%hin, %rloop]",
-        "  %to = shl i64 %chunks, 4",
-        "  %tp = getelementptr float, ptr %x, i64 %to",
-        *ir.lane_mask("%tm", "%tail"),
-        f"  %tv = call {_VF} @llvm.masked.load.v16f32.p0(ptr %tp, i32 4, <16 x i1> %tm, "
-        f"{_VF} {zeros})",
-        f"  %tlt = fcmp olt {_VF} %tv, %lo1",
-        f"  %lo2 = select <16 x i1> %tlt, {_VF} %tv, {_VF} %lo1",
-        f"  %tgt = fcmp ogt {_VF} %tv, %hi1",
-        f"  %hi2 = select <16 x i1> %tgt, {_VF} %tv, {_VF} %hi1",
-        f"  %lo_s = call float @llvm.vector.reduce.fmin.v16f32({_VF} %lo2)",
-        f"  %hi_s = call float @llvm.vector.reduce.fmax.v16f32({_VF} %hi2)",
-        # scale and zero point, in float32 as numpy computes them
-        "  %span = fsub float %hi_s, %lo_s",
-        "  %flat = fcmp oeq float %hi_s, %lo_s",
-        "  %sc0 = fdiv float %span, 255.0",
-        "  %scale = select i1 %flat, float %flat_scale, float %sc0",
-        "  %lq = fdiv float %lo_s, %scale",
-        "  %nl = fsub float 0.0, %lq",
-        "  %c0 = call float @llvm.maxnum.f32(float %nl, float 0.0)",
-        "  %c1 = call float @llvm.minnum.f32(float %c0, float 255.0)",
-        "  %zpf = call float @llvm.rint.f32(float %c1)",
-        "  store float %scale, ptr %params, align 4",
-        "  %pz = getelementptr float, ptr %params, i64 1",
-        "  store float %zpf, ptr %pz, align 4",
-        "  ret void",
-        "}",
+        *_params_function(),
         "",
         "define internal i32 @dq_codes(ptr %x, i64 %n, ptr %out, float %scale, float %zpf) "
         "nounwind {",

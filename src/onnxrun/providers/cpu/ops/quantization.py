@@ -276,7 +276,112 @@ class DequantizeLinear:
         return dequantize(x, x_scale, x_zero_point, out, self.axis, self.block_size)
 
 
-_FLAT_SCALE = float(np.float32(1) / np.float32(255))  # the scale when x is all zeros
+# -- dynamic quantization ---------------------------------------------------------------------
+#
+# onnxruntime's range of x is MLAS's min/max kernel (MlasReduceMinimumMaximumF32KernelAvx), whose
+# x86 MAXPS/MINPS return their second operand when either is NaN: a NaN is not simply skipped
+# or propagated, what comes out depends on where it sits. Every later step is C++'s
+# std::min/std::max (``b < a ? b : a``), which keep a NaN first operand and ignore a NaN second
+# one. The numpy path below reproduces both exactly, and so does the compiled quantizer
+# (compiled/quantize.py); on finite inputs they reduce to the plain min and max. (onnxruntime's
+# DynamicQuantizeLinear with more than one intra-op thread splits the range over blocks whose
+# partition depends on its thread pool; this is its one-thread order, which its
+# DynamicQuantizeMatMul, MatMulIntegerToFloat and DynamicQuantizeLSTM always use.)
+
+_F32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def _maxps(a, b):
+    """x86 MAXPS lane by lane: ``a > b ? a : b`` (b when either is NaN)."""
+    return np.where(a > b, a, b)
+
+
+def _minps(a, b):
+    return np.where(a < b, a, b)
+
+
+def _lanes(acc: np.ndarray, rows: np.ndarray, take_max: bool) -> np.ndarray:
+    """``acc = MAXPS(acc, row)`` (or MINPS) over ``rows`` (k, lanes), without a loop: a NaN row
+    element makes its lane NaN and the next element replaces it, so each lane ends NaN (NaN
+    last), or as the plain extreme of what follows its last NaN (``acc`` included if none)."""
+    k = rows.shape[0]
+    if k == 0:
+        return acc
+    nan = np.isnan(rows)
+    start = np.where(nan.any(axis=0), k - np.argmax(nan[::-1], axis=0), 0)  # after the last NaN
+    clean = np.where(np.arange(k)[:, None] >= start, rows,
+                     np.float32(-np.inf if take_max else np.inf))
+    extreme = clean.max(axis=0) if take_max else clean.min(axis=0)
+    with_acc = _maxps(acc, extreme) if take_max else _minps(acc, extreme)
+    out = np.where(start == 0, with_acc, extreme)
+    return np.where(start == k, np.float32(np.nan), out).astype(F32)
+
+
+def _mlas_min_max(x: np.ndarray) -> tuple[np.float32, np.float32]:
+    """MLAS's (min, max) of the float32 vector ``x``, NaN handling included: four 8-lane
+    accumulators over blocks of 32, one over the blocks of 8 left, a 4-lane reduction, then a
+    scalar std::min/std::max over the last few elements; accumulators start at -+FLT_MAX."""
+    n = x.size
+    lo, hi = _F32_MAX, -_F32_MAX
+    i = 0
+    if n >= 8:
+        vlo, vhi = np.full(8, _F32_MAX, F32), np.full(8, -_F32_MAX, F32)
+        if n >= 32:
+            i = n // 32 * 32
+            blocks = x[:i].reshape(-1, 4, 8)
+            his = [_lanes(vhi, blocks[:, v], True) for v in range(4)]
+            los = [_lanes(vlo, blocks[:, v], False) for v in range(4)]
+            vhi = _maxps(_maxps(his[0], his[1]), _maxps(his[2], his[3]))
+            vlo = _minps(_minps(los[0], los[1]), _minps(los[2], los[3]))
+        j = i + (n - i) // 8 * 8
+        vhi = _lanes(vhi, x[i:j].reshape(-1, 8), True)
+        vlo = _lanes(vlo, x[i:j].reshape(-1, 8), False)
+        i = j
+        h = _maxps(vhi[:4], vhi[4:])
+        h = _maxps(h, h[[2, 3, 2, 3]])
+        hi = np.float32(_maxps(h[0], h[1]))
+        m = _minps(vlo[:4], vlo[4:])
+        m = _minps(m, m[[2, 3, 2, 3]])
+        lo = np.float32(_minps(m[0], m[1]))
+    for t in x[i:]:
+        hi = t if hi < t else hi
+        lo = t if t < lo else lo
+    return np.float32(lo), np.float32(hi)
+
+
+def dynamic_params(x: np.ndarray) -> tuple[np.float32, int, bool]:
+    """onnxruntime's per-tensor uint8 (scale, zero point) of a float32 tensor, for the range
+    [min(x, 0), max(x, 0)] (scale 1 when it is empty), and whether x / scale may hold NaN (a NaN
+    or infinite x). A NaN or infinite range gives onnxruntime's non-finite scale."""
+    if x.size == 0:
+        return np.float32(1), 0, False
+    lo, hi = np.float32(x.min()), np.float32(x.max())
+    non_finite = not (np.isfinite(lo) and np.isfinite(hi))
+    if np.isnan(lo) or np.isnan(hi):  # numpy propagates NaN; MLAS depends on where it is
+        lo, hi = _mlas_min_max(np.ravel(x))
+    lo = np.float32(0) if np.float32(0) < lo else lo  # std::min(lo, 0): NaN stays
+    hi = np.float32(0) if hi < np.float32(0) else hi
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        scale = np.float32(1) if hi == lo else np.float32((hi - lo) / np.float32(255))
+        initial = np.float32(np.float32(0) - lo / scale)
+    zp = initial if initial < np.float32(255) else np.float32(255)  # std::min(255, NaN) is 255
+    zp = zp if np.float32(0) < zp else np.float32(0)
+    return scale, int(np.rint(zp)), non_finite
+
+
+def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
+    """onnxruntime's dynamic uint8 quantization of a float tensor: (``q - zp`` as float32
+    whole numbers, scale, zero point). MLAS clamps x / scale before rounding, and a NaN
+    quotient clamps to the low end (code 0): MAXPS(NaN, lo) is lo."""
+    x = x.astype(F32, copy=False)
+    scale, zp, non_finite = dynamic_params(x)
+    with np.errstate(invalid="ignore"):
+        y = np.asarray(np.true_divide(x, scale, dtype=F32))
+    if non_finite:
+        np.copyto(y, np.float32(-zp), where=np.isnan(y))
+    np.rint(y, out=y)
+    np.clip(y, -zp, np.float32(255) - zp, out=y)  # zp is whole: same as clipping y + zp
+    return y, scale, zp
 
 
 @op("DynamicQuantizeLinear", 11)
@@ -289,16 +394,10 @@ def DynamicQuantizeLinear(x):
 
         order = layout.dense_order(x)  # channels-last views too: the codes keep x's layout
         if order is not None and not compiled.unavailable():
-            q, scale, zp = compiled.dynamic_quantize_u8(layout.flat(x, order), _FLAT_SCALE)
+            q, scale, zp = compiled.dynamic_quantize_u8(layout.flat(x, order), 1.0)
             return (layout.shaped_like(q, x, order), np.array(scale, F32),
                     np.array(zp, np.uint8))
-    lo = np.float32(min(0.0, float(x.min()))) if x.size else np.float32(0)
-    hi = np.float32(max(0.0, float(x.max()))) if x.size else np.float32(0)
-    scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
-    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
-    y = np.asarray(np.true_divide(x, scale))
-    np.rint(y, out=y)
-    np.clip(y, -zp, np.float32(255) - zp, out=y)  # zp is whole: same as clipping y + zp
+    y, scale, zp = dynamic_quantize(x)
     q = np.add(y, zp, out=np.empty(y.shape, np.uint8), casting="unsafe")  # add and narrow
     return q, np.array(scale, F32), np.array(zp, np.uint8)
 

@@ -30,6 +30,7 @@ from ..quantization import (
     centered,
     centered_absmax,
     compiled_matmul,
+    dynamic_quantize,
     int_matmul,
     int_range,
     mm,
@@ -400,19 +401,6 @@ class QGemm:
             return Y
         out = y_zero_point.dtype if y_zero_point is not None else np.dtype(np.uint8)
         return requantize(acc, mult, y_zero_point, out)
-
-
-def dynamic_quantize(A: np.ndarray) -> tuple[np.ndarray, np.float32, int]:
-    """onnxruntime's dynamic uint8 quantization of a float tensor, returned as ``q - zp``."""
-    A = A.astype(F32, copy=False)
-    lo = np.float32(min(float(A.min()), 0.0)) if A.size else np.float32(0)
-    hi = np.float32(max(float(A.max()), 0.0)) if A.size else np.float32(0)
-    scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255))
-    zp = int(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
-    q = np.asarray(np.true_divide(A, scale, dtype=F32))
-    np.rint(q, out=q)
-    np.clip(q, -zp, 255 - zp, out=q)
-    return q, scale, zp
 
 
 def dynamic_quantize_codes(A: np.ndarray, out: np.ndarray | None = None
