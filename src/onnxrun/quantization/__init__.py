@@ -25,6 +25,8 @@ from .calibrate import (
     TensorData,
     TensorsData,
     create_calibrator,
+    load_tensors_data,
+    save_tensors_data,
 )
 from .dynamic import quantize_dynamic
 from .preprocess import quant_pre_process
@@ -40,6 +42,7 @@ from .quant_types import (
     quantize_data,
     quantize_nparray,
 )
+from .quant_utils import write_calibration_table
 from .static import (
     DynamicQuantConfig,
     QuantConfig,
@@ -53,6 +56,6 @@ __all__ = [
     "EntropyCalibrater", "FeedsDataReader", "HistogramCalibrater", "MinMaxCalibrater",
     "OperatorQuantizer", "PercentileCalibrater", "QDQQuantizer", "QuantConfig", "QuantFormat",
     "QuantType", "QuantizationMode", "StaticQuantConfig", "TensorData", "TensorsData",
-    "compute_scale_zp", "create_calibrator", "get_qmin_qmax_for_qType", "quant_pre_process",
-    "quantize", "quantize_data", "quantize_dynamic", "quantize_nparray", "quantize_static",
+    "compute_scale_zp", "create_calibrator", "load_tensors_data", "get_qmin_qmax_for_qType", "quant_pre_process",
+    "quantize", "quantize_data", "quantize_dynamic", "quantize_nparray", "quantize_static", "save_tensors_data", "write_calibration_table",
 ]

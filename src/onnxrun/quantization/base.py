@@ -22,6 +22,7 @@ from .quant_types import (
     qtype_of,
     quantize_data,
     quantize_nparray,
+    snap_zero_point_to_uint8,
 )
 
 logger = logging.getLogger("onnxrun.quantization")
@@ -107,6 +108,8 @@ class QuantizerBase:
         self.weight_symmetric = self.extra.get("WeightSymmetric",
                                                default_weight_symmetric(self.weight_qtype))
         self.activation_symmetric = bool(self.extra.get("ActivationSymmetric", False))
+        # uint8 activations with their zero point at 0 or 128 only
+        self.restricted_asymmetric = bool(self.extra.get("ActivationRestrictedAsymmetric", False))
         self.min_real_range = self.extra.get("MinimumRealRange")
         self.force_no_input_check = bool(self.extra.get("ForceQuantizeNoInputCheck", False))
         self.matmul_const_b_only = bool(self.extra.get("MatMulConstBOnly", False))
@@ -184,10 +187,19 @@ class QuantizerBase:
         self.names.add(name)
         return name
 
-    def add_initializer(self, base: str, value: np.ndarray, exact: bool = False) -> str:
+    def add_initializer(self, base: str, value: np.ndarray, exact: bool = False,
+                        as_list: bool = False) -> str:
+        """A new initializer; ``as_list`` stores the values in the typed fields (int32_data,
+        float_data...) rather than raw bytes, as onnxruntime's tool stores scales and zero
+        points (scripts read ``zero_point.int32_data[0]``)."""
         name = base if exact else self.unique(base)
         self.names.add(name)
-        t = numpy_helper.from_array(np.asarray(value), name)
+        value = np.asarray(value)
+        if as_list:
+            t = helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(value.dtype),
+                                   value.shape, value.ravel().tolist())
+        else:
+            t = numpy_helper.from_array(value, name)
         self.new_initializers.append(t)
         self.initializers[name] = t
         self._arrays[name] = np.asarray(value)
@@ -240,10 +252,16 @@ class QuantizerBase:
             lo, hi = r
             fdt = np.dtype(np.float32) if self.value_types.get(name) != TensorProto.FLOAT16 \
                 else np.dtype(np.float16)
-            zp, scale = compute_scale_zp(lo.astype(fdt), hi.astype(fdt), qmin, qmax,
-                                         self.activation_symmetric, self.min_real_range)
-        qv = QValue(name, self.add_initializer(f"{name}_scale", scale),
-                    self.add_initializer(f"{name}_zero_point", zp), qtype, scale, zp)
+            if self.restricted_asymmetric and qtype == TensorProto.UINT8 \
+                    and not self.activation_symmetric:
+                zp, scale = snap_zero_point_to_uint8(lo, hi, int(qmin), int(qmax),
+                                                     self.min_real_range)
+            else:
+                zp, scale = compute_scale_zp(lo.astype(fdt), hi.astype(fdt), qmin, qmax,
+                                             self.activation_symmetric, self.min_real_range)
+        zp_name = self.add_initializer(f"{name}_zero_point", zp, as_list=True)  # onnxruntime's order
+        qv = QValue(name, self.add_initializer(f"{name}_scale", scale, as_list=True), zp_name, qtype,
+                    scale, zp)
         self.activation_params[name] = qv
         return qv
 
@@ -274,10 +292,11 @@ class QuantizerBase:
                 q = quantize_nparray(qtype, data, scale.reshape(shape) if shape else scale,
                                      zp.reshape(shape) if shape else zp)
         suffix = "" if len([k for k in self.weights if k[0] == name]) == 0 else f"_{qtype}"
-        qv = QValue(self.add_initializer(f"{name}{suffix}_quantized", q),
-                    self.add_initializer(f"{name}{suffix}_scale", scale),
-                    self.add_initializer(f"{name}{suffix}_zero_point", zp), qtype, scale, zp,
-                    axis)
+        # onnxruntime's order of the new initializers: zero point, scale, quantized values
+        zp_name = self.add_initializer(f"{name}{suffix}_zero_point", zp, as_list=True)
+        scale_name = self.add_initializer(f"{name}{suffix}_scale", scale, as_list=True)
+        qv = QValue(self.add_initializer(f"{name}{suffix}_quantized", q), scale_name, zp_name,
+                    qtype, scale, zp, axis)
         self.weights[key] = qv
         return qv
 
@@ -315,8 +334,8 @@ class QuantizerBase:
         q = np.clip(q, _INT32.min, _INT32.max).astype(np.int32)
         zp = np.zeros(scale.shape if per_channel else (), np.int32)
         return QValue(self.add_initializer(f"{bias}_quantized", q),
-                      self.add_initializer(f"{bias}_quantized_scale", scale),
-                      self.add_initializer(f"{bias}_quantized_zero_point", zp),
+                      self.add_initializer(f"{bias}_quantized_scale", scale, as_list=True),
+                      self.add_initializer(f"{bias}_quantized_zero_point", zp, as_list=True),
                       TensorProto.INT32, scale, zp, 0 if per_channel else None)
 
     # -- assembly -----------------------------------------------------------------------------

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import abc
 import itertools
+import json
 import math
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -121,7 +124,12 @@ class TensorData:
         return self.avg, self.std
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._attrs}
+        return {**{k: getattr(self, k) for k in self._attrs}, "CLS": type(self).__name__}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TensorData:
+        """The inverse of :meth:`to_dict` after a JSON round trip (``save_tensors_data``)."""
+        return cls(**{k: _from_json(v) for k, v in d.items() if k != "CLS"})
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={getattr(self, k)!r}" for k in self._attrs
@@ -162,6 +170,97 @@ class TensorsData(Mapping):
 
     def __contains__(self, key: object) -> bool:
         return key in self.data
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"CLS": type(self).__name__, "data": self.data,
+                "calibration_method": self.calibration_method}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TensorsData:
+        method = d["calibration_method"]
+        if isinstance(method, Mapping):  # {"CLS": "CalibrationMethod", "value": "...MinMax"}
+            method = CalibrationMethod[str(method["value"]).split(".")[-1]]
+        elif isinstance(method, str):
+            method = CalibrationMethod[method.split(".")[-1]]
+        return cls(method, {k: TensorData.from_dict(v) for k, v in d["data"].items()})
+
+
+class CalibrationCacheEncoder(json.JSONEncoder):
+    """JSON for calibration results: arrays keep their dtype, enums their name."""
+
+    def default(self, obj: Any) -> Any:
+        if isinstance(obj, (TensorData, TensorsData)):
+            return obj.to_dict()
+        if isinstance(obj, np.ndarray):
+            return {"data": obj.tolist(), "dtype": str(obj.dtype), "CLS": "numpy.array"}
+        if isinstance(obj, CalibrationMethod):
+            return {"CLS": type(obj).__name__, "value": str(obj)}
+        if isinstance(obj, np.integer):
+            return int(obj)
+        if isinstance(obj, np.floating):
+            return float(obj)
+        return super().default(obj)
+
+
+def _from_json(v: Any) -> Any:
+    if isinstance(v, Mapping) and v.get("CLS") == "numpy.array":
+        return np.array(v["data"], dtype=np.dtype(v["dtype"]))
+    if isinstance(v, float):
+        return np.array(v, dtype=np.float32)
+    return v
+
+
+def save_tensors_data(tensors_data: TensorsData, path: str | Path, *,
+                      smooth_quant: bool = False) -> None:
+    """Write calibration results as JSON (atomically: a temporary file, then renamed), with
+    ``smooth_quant`` recorded so that a run with another setting does not reuse them."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {**tensors_data.to_dict(), "smooth_quant": bool(smooth_quant)}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".calibcache_", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, cls=CalibrationCacheEncoder)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_tensors_data(path: str | Path) -> TensorsData:
+    """Calibration results written by :func:`save_tensors_data`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Calibration cache not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"Calibration cache path is not a file: {path}")
+    with path.open() as f:
+        return TensorsData.from_dict(json.load(f))
+
+
+def rel_entr(pk: np.ndarray, qk: np.ndarray) -> np.ndarray:
+    """Element-wise ``pk * log(pk / qk)`` (0 where pk is 0, inf where only qk is 0)."""
+    pk, qk = np.asarray(pk), np.asarray(qk)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(pk > 0, pk * np.log(pk / np.where(qk > 0, qk, 1)), 0.0)
+    return np.where((pk > 0) & (qk <= 0), np.inf, np.where((pk < 0) | (qk < 0), np.inf, out))
+
+
+def entropy(pk: np.ndarray, qk: np.ndarray, base: float | None = None, axis: int = 0
+            ) -> np.ndarray:
+    """Kullback-Leibler divergence of the normalized ``pk`` from the normalized ``qk`` (as
+    ``scipy.stats.entropy(pk, qk)``, without depending on scipy)."""
+    if base is not None and base <= 0:
+        raise ValueError(f"base={base} must be a positive number or None")
+    pk = np.asarray(pk, dtype=np.float32)
+    pk = pk / np.sum(pk, axis=axis, keepdims=True)
+    qk = np.asarray(qk, dtype=np.float32)
+    pk, qk = np.broadcast_arrays(pk, qk)
+    qk = qk / np.sum(qk, axis=axis, keepdims=True)
+    s = np.sum(rel_entr(pk, qk), axis=axis)
+    if base is not None:
+        s = s / np.log(base)
+    return np.asarray(s).astype(pk.dtype)
 
 
 # -- progress -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from onnx import ModelProto, NodeProto
 
-from .base import QuantizerBase, QValue, attributes, weight_axis
+from .base import MS_DOMAIN, QuantizerBase, QValue, attributes, weight_axis
 
 # Operators whose output keeps their input's quantization parameters.
 DIRECT_8BIT = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Resize", "MaxPool",
@@ -46,6 +46,15 @@ class QDQQuantizer(QuantizerBase):
         self.keep_activations = bool(self.extra.get("QDQKeepRemovableActivations", False))
         self.no_output_types = set(self.extra.get("OpTypesToExcludeOutputQuantization", ()))
         self.add_qdq_to_weight = bool(self.extra.get("AddQDQPairToWeight", False))
+        self.dedicated_pairs = bool(self.extra.get("DedicatedQDQPair", False))
+        self.quantize_biases = bool(self.extra.get("QuantizeBias", True))
+        self.channel_axes = dict(self.extra.get("QDQOpTypePerChannelSupportToAxis", {}))
+        # onnxruntime's contrib QuantizeLinear / DequantizeLinear, on request
+        self.qdq_domain = MS_DOMAIN if self.extra.get("UseQDQContribOps", False) else ""
+
+    def qdq_node(self, op_type: str, inputs: list[str], outputs: list[str], name: str,
+                 axis: int | None = None) -> NodeProto:
+        return self.make_node(op_type, inputs, outputs, name, domain=self.qdq_domain, axis=axis)
 
     # -- marking ------------------------------------------------------------------------------
 
@@ -81,6 +90,8 @@ class QDQQuantizer(QuantizerBase):
                   ) -> None:
         if len(node.input) > index and node.input[index]:
             bias = node.input[index]
+            if not self.quantize_biases:
+                return
             if self.is_float_weight(bias) and self.is_float_weight(node.input[weight_index]):
                 self.biases.append((node, bias, node.input[0], node.input[weight_index], beta))
             elif not self.is_initializer(bias):
@@ -89,7 +100,13 @@ class QDQQuantizer(QuantizerBase):
     def _weight(self, node: NodeProto, index: int) -> None:
         name = node.input[index]
         if self.is_float_weight(name):
-            axis = weight_axis(node, index, self.array(name).ndim) if self.per_channel else None
+            axis = None
+            if self.per_channel:
+                rank = self.array(name).ndim
+                # onnxruntime's QDQ default for MatMul is axis 1, whatever the rank
+                default = 1 if node.op_type == "MatMul" else weight_axis(node, index, rank)
+                axis = self.channel_axes.get(node.op_type, default)
+                axis = axis % rank if axis is not None and -rank <= axis < rank else None
             self.mark_weight(name, axis)
         else:
             self.mark(name)
@@ -206,6 +223,7 @@ class QDQQuantizer(QuantizerBase):
         front: list[NodeProto] = []
         after: dict[int, list[NodeProto]] = {}  # by id() of the producer
         replace: dict[str, str] = {}
+        reader_replace: dict[tuple[int, str], str] = {}  # (id(consumer), name): dedicated pairs
         # weights first wait for the floors the int32 biases put on their scales
         floors: dict[str, np.ndarray] = {}
         bias_inputs: dict[int, QValue] = {}
@@ -226,17 +244,31 @@ class QDQQuantizer(QuantizerBase):
                 src = qv.name
                 if self.add_qdq_to_weight:  # the float weight kept, quantized by the graph
                     src = self.unique(f"{name}_QuantizeLinear_Output")
-                    front.append(self.make_node("QuantizeLinear", [name, qv.scale, qv.zero_point],
+                    front.append(self.qdq_node("QuantizeLinear", [name, qv.scale, qv.zero_point],
                                                 [src], f"{name}_QuantizeLinear", axis=qv.axis))
-                front.append(self.make_node("DequantizeLinear", [src, qv.scale, qv.zero_point],
+                front.append(self.qdq_node("DequantizeLinear", [src, qv.scale, qv.zero_point],
                                             [out], f"{name}_DequantizeLinear", axis=qv.axis))
                 replace[name] = out
                 continue
             qv = self._params(name)
             if qv is None:
                 continue
-            q_out = self.unique(f"{name}_QuantizeLinear_Output")
             producer = self.producer.get(name)
+            readers = self.consumers.get(name, [])
+            if self.dedicated_pairs and len(readers) > 1 and name not in self.graph_outputs:
+                # one pair per consumer (onnxruntime's DedicatedQDQPair), suffixed _1, _2...
+                pairs = []
+                for k, reader in enumerate(readers, 1):
+                    q_out = self.unique(f"{name}_QuantizeLinear_Output_{k}")
+                    dq_out = self.unique(f"{name}_DequantizeLinear_Output_{k}")
+                    pairs += [self.qdq_node("QuantizeLinear", [name, qv.scale, qv.zero_point],
+                                            [q_out], f"{name}_QuantizeLinear_{k}"),
+                              self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point],
+                                            [dq_out], f"{name}_DequantizeLinear_{k}")]
+                    reader_replace[(id(reader), name)] = dq_out
+                (front if producer is None else after.setdefault(id(producer), [])).extend(pairs)
+                continue
+            q_out = self.unique(f"{name}_QuantizeLinear_Output")
             if name in self.graph_outputs and producer is not None:
                 q_in = self.unique(f"{name}_QuantizeLinear_Input")
                 for i, o in enumerate(producer.output):
@@ -247,9 +279,9 @@ class QDQQuantizer(QuantizerBase):
                 q_in = name
                 dq_out = self.unique(f"{name}_DequantizeLinear_Output")
                 replace[name] = dq_out
-            pair = [self.make_node("QuantizeLinear", [q_in, qv.scale, qv.zero_point], [q_out],
+            pair = [self.qdq_node("QuantizeLinear", [q_in, qv.scale, qv.zero_point], [q_out],
                                    f"{name}_QuantizeLinear"),
-                    self.make_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq_out],
+                    self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq_out],
                                    f"{name}_DequantizeLinear")]
             if producer is None:
                 front.extend(pair)
@@ -266,7 +298,7 @@ class QDQQuantizer(QuantizerBase):
                 self.mark(bias)
                 continue
             out = self.unique(f"{bias}_DequantizeLinear_Output")
-            front.append(self.make_node("DequantizeLinear", [bq.name, bq.scale, bq.zero_point],
+            front.append(self.qdq_node("DequantizeLinear", [bq.name, bq.scale, bq.zero_point],
                                         [out], f"{bias}_DequantizeLinear", axis=bq.axis))
             for i, x in enumerate(node.input):
                 if x == bias and i == 2:
@@ -278,7 +310,7 @@ class QDQQuantizer(QuantizerBase):
         for name in [b for _, b, *_ in self.biases if b in self.marks and b not in replace]:
             qv = self.quantize_weight(name)  # a bias left as a plain weight
             out = self.unique(f"{name}_DequantizeLinear_Output")
-            front.append(self.make_node("DequantizeLinear", [qv.name, qv.scale, qv.zero_point],
+            front.append(self.qdq_node("DequantizeLinear", [qv.name, qv.scale, qv.zero_point],
                                         [out], f"{name}_DequantizeLinear"))
             replace[name] = out
 
@@ -287,7 +319,9 @@ class QDQQuantizer(QuantizerBase):
             if id(node) in self.removed:
                 continue
             for i, x in enumerate(node.input):
-                if x in replace:
+                if (id(node), x) in reader_replace:
+                    node.input[i] = reader_replace[(id(node), x)]
+                elif x in replace:
                     node.input[i] = replace[x]
             nodes.append(node)
             nodes.extend(after.get(id(node), ()))

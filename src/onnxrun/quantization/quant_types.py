@@ -162,6 +162,31 @@ def compute_scale_zp(rmin, rmax, qmin, qmax, symmetric: bool = False,
     return np.asarray(zp.astype(qdt)), np.asarray(stored.astype(fdt))
 
 
+def snap_zero_point_to_uint8(rmin, rmax, qmin: int = 0, qmax: int = 255,
+                             min_real_range: float | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
+    """A uint8 zero point snapped to ``qmin`` (rmin >= 0) or to the middle of the range, with
+    the smallest scale that still covers [rmin, rmax] (the ActivationRestrictedAsymmetric option).
+    Returns ``(zero_point uint8, scale float32)``."""
+    lo_q, hi_q = int(qmin), int(qmax)
+    mid = (lo_q + hi_q + 1) // 2
+    lo = min(float(np.squeeze(rmin)), 0.0)
+    hi = max(float(np.squeeze(rmax)), 0.0)
+    if min_real_range is not None and min_real_range > 0:
+        hi = max(hi, lo + float(min_real_range))
+    floor = float(min_real_range) / (hi_q - lo_q) if min_real_range is not None else 0.0
+    if hi <= lo:  # a degenerate range: a scale from its magnitude, not 1.0
+        zp = lo_q if lo >= 0.0 else mid
+        span = (hi_q - lo_q) if zp == lo_q else max(1, (hi_q - lo_q) // 2)
+        mag = max(abs(lo), abs(hi)) or 1.0
+        scale = max(mag / max(1, span), floor)
+    elif lo >= 0.0:
+        zp, scale = lo_q, max(hi / (hi_q - lo_q), floor)
+    else:
+        zp, scale = mid, max(-lo / (mid - lo_q), hi / (hi_q - mid), floor)
+    return np.array(zp, dtype=np.uint8), np.array(scale, dtype=np.float32)
+
+
 def quantize_nparray(qtype, arr: np.ndarray, scale, zero_point, low=None, high=None
                      ) -> np.ndarray:
     """round_half_even(arr / scale) + zero_point, clipped to the type's range (or low/high)."""

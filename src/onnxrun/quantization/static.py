@@ -16,7 +16,13 @@ import onnx
 from onnx import ModelProto
 
 from .base import ensure_opset
-from .calibrate import CalibrationDataReader, TensorsData, create_calibrator
+from .calibrate import (
+    CalibrationDataReader,
+    TensorsData,
+    create_calibrator,
+    load_tensors_data,
+    save_tensors_data,
+)
 from .qdq import QDQ_OPS, QDQQuantizer
 from .qoperator import QLINEAR_OPS, OperatorQuantizer
 from .quant_types import CalibrationMethod, QuantFormat, QuantType
@@ -109,7 +115,8 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
                     weight_type: QuantType = QuantType.QInt8, nodes_to_quantize=None,
                     nodes_to_exclude=None, use_external_data_format: bool = False,
                     calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
-                    calibration_providers=None, extra_options=None) -> None:
+                    calibration_providers=None, extra_options=None,
+                    calibration_cache_path: str | Path | None = None) -> None:
     """Quantize weights and activations with ranges calibrated on ``calibration_data_reader``.
 
     Same arguments as ``onnxruntime.quantization.quantize_static``. The ``extra_options`` read:
@@ -120,6 +127,10 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
     ``CalibMovingAverageConstant``, ``CalibMaxIntermediateOutputs``, ``CalibPercentile``,
     ``CalibNumBins``, ``CalibNumQuantizedBins``, ``CalibStridedMinMax`` and
     ``CalibShowProgress`` (the progress bar on stderr, default True).
+
+    ``calibration_cache_path``: calibration results are read from this JSON file when it holds
+    results of the same method (then ``calibration_data_reader`` may be None), else computed
+    and written there.
     """
     extra = dict(extra_options or {})
     ops = set(op_types_to_quantize or (QLINEAR_OPS | QDQ_OPS))
@@ -127,8 +138,17 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
     model = load_model(model_input)
     model = ensure_opset(model, _required_opset(quant_format, per_channel, activation_type,
                                                 weight_type), "the quantization types")
-    ranges = calibrate(model, calibration_data_reader, list(ops), calibrate_method, extra,
-                       calibration_providers)
+    smooth = bool(extra.get("SmoothQuant", False))
+    ranges = _cached_ranges(calibration_cache_path, calibrate_method, smooth,
+                            calibration_data_reader is None)
+    if ranges is None:
+        if calibration_data_reader is None:
+            raise ValueError("quantize_static needs a calibration_data_reader (or a "
+                             "calibration_cache_path holding calibration results)")
+        ranges = calibrate(model, calibration_data_reader, list(ops), calibrate_method, extra,
+                           calibration_providers)
+        if calibration_cache_path is not None:
+            save_tensors_data(ranges, calibration_cache_path, smooth_quant=smooth)
     args = (model, per_channel, reduce_range, weight_type, activation_type, ranges,
             nodes_to_quantize, nodes_to_exclude, ops, extra)
     if quant_format == QuantFormat.QOperator:
@@ -136,6 +156,31 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
     else:
         quantizer = QDQQuantizer(*args)
     save_model(quantizer.quantize_model(), model_output, use_external_data_format)
+
+
+def _cached_ranges(path: str | Path | None, method: CalibrationMethod, smooth_quant: bool,
+                   required: bool) -> TensorsData | None:
+    """The calibration results cached at ``path`` if they were computed the same way."""
+    if path is None or not Path(path).is_file():
+        return None
+    import json
+
+    with open(path) as f:
+        cached_smooth = bool(json.load(f).get("smooth_quant", False))
+    cached = load_tensors_data(path)
+    why = None
+    if cached.calibration_method != method:
+        why = (f"the calibration cache {path} holds {cached.calibration_method} results, not "
+               f"{method}")
+    elif cached_smooth != smooth_quant:
+        why = (f"the calibration cache {path} was computed with smooth_quant={cached_smooth}, "
+               f"this run uses smooth_quant={smooth_quant}")
+    if why is None:
+        return cached
+    if required:
+        raise ValueError(why + " and no calibration_data_reader was given")
+    logger.warning("%s: calibrating again", why)
+    return None
 
 
 # -- configuration objects, as onnxruntime's quantize() takes them ------------------------------

@@ -1,0 +1,204 @@
+"""onnxruntime.quantization's module-level API on onnxrun: quant_utils, the calibration cache,
+static_quantize_runner and the QDQ extra options that onnxruntime's own tests read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxrun
+from onnxrun.quantization import (
+    CalibrationMethod,
+    FeedsDataReader,
+    QuantFormat,
+    QuantType,
+    TensorData,
+    TensorsData,
+    load_tensors_data,
+    quantize_static,
+    save_tensors_data,
+)
+from onnxrun.quantization import quant_utils as qu
+from onnxrun.quantization import static_quantize_runner
+from onnxrun.quantization.calibrate import entropy
+
+
+def _conv_model(relu: bool = False) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.random((4, 3, 3, 3), dtype=np.float32), "w")
+    b = numpy_helper.from_array(rng.random(4, dtype=np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], name="conv")]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"], name="relu"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", 1, None)], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _two_adds() -> onnx.ModelProto:
+    vi = [helper.make_tensor_value_info(n, 1, [2, 3]) for n in ("a", "b", "c", "y0", "y1")]
+    g = helper.make_graph([helper.make_node("Add", ["a", "b"], ["y0"], name="add0"),
+                           helper.make_node("Add", ["b", "c"], ["y1"], name="add1")],
+                          "g", vi[:3], vi[3:])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _run_runner(tmp_path: Path, model: onnx.ModelProto, args: list[str], monkeypatch
+                ) -> onnx.ModelProto:
+    onnx.save(model, tmp_path / "model.onnx")
+    rng = np.random.default_rng(1)
+    folder = tmp_path / "test_data_set_0"
+    folder.mkdir()
+    for k, i in enumerate(model.graph.input):
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        t = numpy_helper.from_array(rng.random(shape, dtype=np.float32))
+        (folder / f"input_{k}.pb").write_bytes(t.SerializeToString())
+    out = tmp_path / "q.onnx"
+    monkeypatch.setattr(sys, "argv", ["runner", "-i", str(tmp_path / "model.onnx"), "-o",
+                                      str(out), *args])
+    static_quantize_runner.main()
+    return onnx.load(out)
+
+
+def test_runner_dedicated_pairs_and_contrib_domain(tmp_path, monkeypatch):
+    m = _run_runner(tmp_path, _two_adds(), [], monkeypatch)
+    assert len(m.graph.node) == 12  # 3 input pairs, 2 Adds, 2 output pairs
+    (tmp_path / "d").mkdir()
+    m = _run_runner(tmp_path / "d", _two_adds(), ["--dedicated_qdq_pair", "--use_qdq_contrib_ops"],
+                    monkeypatch)
+    assert len(m.graph.node) == 14  # b, read by both Adds, gets one pair each
+    qdq = [n for n in m.graph.node if "QuantizeLinear" in n.op_type]
+    assert qdq and all(n.domain == "com.microsoft" for n in qdq)
+    assert any(o.domain == "com.microsoft" for o in m.opset_import)
+    adds = [n for n in m.graph.node if n.op_type == "Add"]
+    assert adds[0].input[1] != adds[1].input[0]  # each Add reads its own pair
+
+
+def test_runner_disable_bias_quantization(tmp_path, monkeypatch):
+    m = _run_runner(tmp_path, _conv_model(), [], monkeypatch)
+    assert len(m.graph.node) == 7
+    (tmp_path / "b").mkdir()
+    m = _run_runner(tmp_path / "b", _conv_model(), ["--disable_quantize_bias"], monkeypatch)
+    assert len(m.graph.node) == 6
+    conv = next(n for n in m.graph.node if n.op_type == "Conv")
+    assert conv.input[2] == "b"  # the float bias, read as it is
+
+
+def test_qdq_parameters_stored_as_onnxruntime_stores_them(tmp_path):
+    """Zero point before scale, values in the typed fields: scripts read int32_data[0]."""
+    model = _conv_model()
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.random((1, 3, 8, 8), dtype=np.float32)} for _ in range(2)]
+    quantize_static(model, tmp_path / "q.onnx", FeedsDataReader(feeds),
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    q = onnx.load(tmp_path / "q.onnx")
+    names = [t.name for t in q.graph.initializer]
+    assert names.index("x_zero_point") < names.index("x_scale")
+    assert names.index("w_zero_point") < names.index("w_scale") < names.index("w_quantized")
+    zp = next(t for t in q.graph.initializer if t.name == "x_zero_point")
+    assert len(zp.int32_data) == 1 and not zp.raw_data
+
+
+def test_restricted_asymmetric_activations(tmp_path):
+    model = _conv_model()
+    feeds = [{"x": np.full((1, 3, 8, 8), v, np.float32)} for v in (-1.0, 2.0)]
+    for restricted, want in ((True, 128), (False, 85)):
+        quantize_static(model, tmp_path / "q.onnx", FeedsDataReader(feeds),
+                        quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QUInt8,
+                        extra_options={"ActivationRestrictedAsymmetric": restricted})
+        q = onnx.load(tmp_path / "q.onnx")
+        zp = next(t for t in q.graph.initializer if t.name == "x_zero_point")
+        assert zp.int32_data[0] == want
+
+
+def test_snap_zero_point_to_uint8():
+    zp, scale = qu.snap_zero_point_to_uint8(np.float32(-1.0), np.float32(2.0))
+    assert (zp.dtype, int(zp)) == (np.uint8, 128)
+    assert np.isclose(scale, 2.0 / 127)  # covers rmax from the midpoint without clipping
+    zp, scale = qu.snap_zero_point_to_uint8(0.0, 3.0, 0, 127)
+    assert int(zp) == 0 and np.isclose(scale, 3.0 / 127)
+    zp, scale = qu.snap_zero_point_to_uint8(-1e-9, 1e-9, min_real_range=1e-4)
+    assert float(scale) >= 1e-4 / 255
+
+
+def test_pack_bytes_to_4bit_and_blocked_scales():
+    vals = np.arange(-8, 7).astype(np.int8)
+    packed = qu.pack_bytes_to_4bit(vals.tobytes())
+    assert bytes(packed) == onnx.numpy_helper.from_array(
+        vals.astype(ml_dtypes.int4)).raw_data
+    w = np.arange(24, dtype=np.float32).reshape(6, 4) - 10
+    zp, scale = qu.compute_scale_zp_blocked(w, TensorProto.INT8, axis=0, block_size=4,
+                                            symmetric=True)
+    assert zp.shape == scale.shape == (2, 4)
+    assert np.allclose(scale[0], np.abs(w[:4]).max(axis=0) / 127)
+    with pytest.raises(NotImplementedError):
+        qu.compute_scale_zp_blocked(w.reshape(2, 3, 4), TensorProto.INT8, 0, 2, True)
+    q = qu.quantize_onnx_initializer(numpy_helper.from_array(w, "w"), TensorProto.INT8, zp,
+                                     scale, axis=0, block_size=4)
+    back = numpy_helper.to_array(q).astype(np.float32) * np.repeat(scale, 4, axis=0)[:6]
+    assert np.abs(back - w).max() <= scale.max() / 2 + 1e-6
+
+
+def test_update_opset_version_and_metadata(tmp_path):
+    g = helper.make_graph([], "g", [], [])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    assert qu.get_opset_version(qu.update_opset_version(m, QuantType.QInt16)) == 21
+    assert qu.get_opset_version(qu.update_opset_version(m, QuantType.QInt8,
+                                                        QuantType.QUInt8)) == 20
+    onnx.save(_conv_model(), tmp_path / "m.onnx")
+    loaded = qu.load_model_with_shape_infer(tmp_path / "m.onnx")
+    assert qu.model_has_infer_metadata(loaded) and not qu.model_has_infer_metadata(m)
+    assert not (tmp_path / "m-inferred.onnx").exists()
+
+
+def test_entropy_is_kl_divergence():
+    p, q = np.array([1.0, 2.0, 3.0]), np.array([2.0, 2.0, 2.0])
+    pn, qn = p / p.sum(), q / q.sum()
+    assert np.isclose(entropy(p, q), np.sum(pn * np.log(pn / qn)), rtol=1e-6)
+    assert np.isinf(entropy([1.0, 1.0], [1.0, 0.0]))
+
+
+def test_calibration_cache_round_trip_and_reuse(tmp_path, caplog):
+    td = TensorsData(CalibrationMethod.Entropy, {"x": TensorData(
+        lowest=np.float32(-0.5), highest=np.float32(0.5), hist=np.array([1, 2]),
+        hist_edges=np.array([0.0, 1.0, 2.0], np.float32), bins=np.int64(5))})
+    save_tensors_data(td, tmp_path / "deep" / "c.json", smooth_quant=True)
+    raw = json.loads((tmp_path / "deep" / "c.json").read_text())
+    assert raw["smooth_quant"] is True
+    back = load_tensors_data(tmp_path / "deep" / "c.json")
+    assert back.calibration_method == CalibrationMethod.Entropy and back["x"].bins == 5
+    assert np.array_equal(back["x"].hist_edges, td["x"].hist_edges)
+    with pytest.raises(FileNotFoundError):
+        load_tensors_data(tmp_path / "missing.json")
+
+    model, cache = _conv_model(), tmp_path / "cache.json"
+    feeds = [{"x": np.ones((1, 3, 8, 8), np.float32)}]
+    with pytest.raises(ValueError, match="calibration_data_reader"):
+        quantize_static(model, tmp_path / "q.onnx", None)
+    quantize_static(model, tmp_path / "q1.onnx", FeedsDataReader(feeds),
+                    calibration_cache_path=cache)
+    quantize_static(model, tmp_path / "q2.onnx", None, calibration_cache_path=cache)
+    assert (tmp_path / "q1.onnx").read_bytes() == (tmp_path / "q2.onnx").read_bytes()
+    with pytest.raises(ValueError, match="MinMax"):  # cached by another method, no reader
+        quantize_static(model, tmp_path / "q3.onnx", None,
+                        calibrate_method=CalibrationMethod.Entropy,
+                        calibration_cache_path=cache)
+
+
+def test_negative_dim_value_is_free():
+    """onnx.helper writes -1 for a free dimension; onnxruntime accepts any size there."""
+    vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 2])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [vi],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    s = onnxrun.InferenceSession(m.SerializeToString())
+    (y,) = s.run(None, {"x": -np.ones((5, 2), np.float32)})
+    assert y.shape == (5, 2) and not y.any()
