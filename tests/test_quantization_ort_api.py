@@ -202,3 +202,90 @@ def test_negative_dim_value_is_free():
     s = onnxrun.InferenceSession(m.SerializeToString())
     (y,) = s.run(None, {"x": -np.ones((5, 2), np.float32)})
     assert y.shape == (5, 2) and not y.any()
+
+
+def _sigmoid_conv() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.array([[[-1.0, -2.0], [1.0, 2.0]], [[-0.5, -1.5], [0.5, 1.5]]],
+                                         np.float32), "WGT")
+    b = numpy_helper.from_array(np.array([0.0, 1.0], np.float32), "BIAS")
+    g = helper.make_graph([helper.make_node("Sigmoid", ["INP"], ["SIG_OUT"], name="sig"),
+                           helper.make_node("Conv", ["SIG_OUT", "WGT", "BIAS"], ["OUT"],
+                                            name="conv")], "g",
+                          [helper.make_tensor_value_info("INP", 1, [1, 2, 3])],
+                          [helper.make_tensor_value_info("OUT", 1, None)], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def _quantize_overrides(tmp_path, overrides, per_channel=False, **kw) -> dict:
+    feeds = [{"INP": np.arange(1, 7, dtype=np.float32).reshape(1, 2, 3)}]
+    quantize_static(_sigmoid_conv(), tmp_path / "q.onnx", FeedsDataReader(feeds),
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QUInt8,
+                    per_channel=per_channel, op_types_to_quantize=["Conv", "Sigmoid"],
+                    extra_options={"TensorQuantOverrides": overrides, **kw})
+    q = onnx.load(tmp_path / "q.onnx")
+    return {t.name: t for t in q.graph.initializer} | {"__model__": q}
+
+
+def test_tensor_overrides_parameters_types_and_ranges(tmp_path):
+    inits = _quantize_overrides(tmp_path, {
+        "SIG_OUT": [{"scale": np.float32(1.0), "zero_point": np.uint8(127)}],
+        "WGT": [{"quant_type": QuantType.QInt8, "symmetric": True, "reduce_range": True}],
+        "BIAS": [{"rmin": np.float32(-2.0), "rmax": np.float32(2.0)}]})
+    assert inits["SIG_OUT_zero_point"].int32_data[0] == 127
+    assert inits["SIG_OUT_scale"].float_data[0] == 1.0
+    assert inits["WGT_zero_point"].data_type == TensorProto.INT8
+    assert np.isclose(inits["WGT_scale"].float_data[0], 2.0 / 64)  # reduced symmetric int8
+    # an overridden bias is quantized as a weight (its own range), not as int32
+    assert inits["BIAS_zero_point"].data_type == TensorProto.UINT8
+    assert np.isclose(inits["BIAS_scale"].float_data[0], 4.0 / 255)
+
+
+def test_tensor_overrides_per_channel_and_convert(tmp_path):
+    inits = _quantize_overrides(tmp_path, {
+        "WGT": [{"axis": 0, "scale": np.float32(0.5), "zero_point": np.uint8(2)},
+                {"scale": np.float32(0.2), "zero_point": np.uint8(4)}],
+        "SIG_OUT": [{"quant_type": QuantType.QUInt8,
+                     "convert": {"quant_type": QuantType.QUInt16, "recv_nodes": {"conv"}}}]},
+        per_channel=True)
+    assert list(inits["WGT_zero_point"].int32_data) == [2, 4]
+    assert np.allclose(inits["WGT_scale"].float_data, [0.5, 0.2])
+    q = inits["__model__"]
+    assert q.opset_import[0].version >= 21  # a 16-bit conversion: opset 21's Q/DQ
+    assert inits["SIG_OUT_convert_zero_point"].data_type == TensorProto.UINT16
+    conv = next(n for n in q.graph.node if n.op_type == "Conv")
+    assert conv.input[0] == "SIG_OUT_convert_DequantizeLinear_Output"
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"NOPE": [{"rmin": np.float32(0)}]}, "is not present in the model"),
+    ({"SIG_OUT": [{"scale": np.float32(1)}]}, "Must provide both 'scale' and 'zero_point'"),
+    ({"SIG_OUT": [{"scale": np.float32(1), "zero_point": np.uint8(0), "rmax": 1.0}]},
+     r"option\(s\) \[rmax\] are invalid with 'scale' and 'zero_point'"),
+])
+def test_tensor_overrides_validation(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        _quantize_overrides(tmp_path, override)
+
+
+def test_get_qdq_config_and_qnn_config():
+    from onnxrun.quantization import get_qdq_config
+    from onnxrun.quantization.execution_providers.qnn import get_qnn_qdq_config
+
+    m = _sigmoid_conv()
+    cfg = get_qdq_config(m, FeedsDataReader([]), nodes_to_exclude=lambda _m, n: n.name == "sig",
+                         weight_type=QuantType.QInt4)
+    assert cfg.op_types_to_quantize == ["Conv"] and cfg.nodes_to_exclude == ["sig"]
+    assert cfg.extra_options["ForceQuantizeNoInputCheck"] is True
+    assert cfg.extra_options["UseQDQContribOps"] is True  # 4-bit below opset 21
+    cfg = get_qnn_qdq_config(m, FeedsDataReader([]), activation_type=QuantType.QUInt16)
+    sig = cfg.extra_options["TensorQuantOverrides"]["SIG_OUT"][0]
+    assert sig["quant_type"] == QuantType.QUInt16 and sig["scale"] == np.float32(1 / 65536)
+    # a uint16 Sigmoid output in a uint8 model: its producer and consumer run in uint16, the
+    # model input is converted for the Sigmoid (onnxruntime's overrides, checked against it)
+    cfg = get_qnn_qdq_config(m, FeedsDataReader([]),
+                             init_overrides={"SIG_OUT": [{"quant_type": QuantType.QUInt16}]})
+    ov = cfg.extra_options["TensorQuantOverrides"]
+    assert ov["INP"] == [{"quant_type": QuantType.QUInt8,
+                          "convert": {"quant_type": QuantType.QUInt16, "recv_nodes": {"sig"}}}]
+    assert ov["OUT"] == [{"quant_type": QuantType.QUInt16}]
+    assert cfg.extra_options["UseQDQContribOps"] is True  # 16-bit below opset 21

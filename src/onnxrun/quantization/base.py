@@ -24,6 +24,7 @@ from .quant_types import (
     quantize_nparray,
     snap_zero_point_to_uint8,
 )
+from .tensor_quant_overrides import TensorQuantOverridesHelper
 
 logger = logging.getLogger("onnxrun.quantization")
 
@@ -112,6 +113,7 @@ class QuantizerBase:
         self.restricted_asymmetric = bool(self.extra.get("ActivationRestrictedAsymmetric", False))
         self.min_real_range = self.extra.get("MinimumRealRange")
         self.force_no_input_check = bool(self.extra.get("ForceQuantizeNoInputCheck", False))
+        self.overrides = TensorQuantOverridesHelper(self.extra.get("TensorQuantOverrides"))
         self.matmul_const_b_only = bool(self.extra.get("MatMulConstBOnly", False))
         self.opset = opset_of(model)
 
@@ -146,6 +148,12 @@ class QuantizerBase:
             self.outer_refs |= refs
             for r in refs:
                 self.consumers.setdefault(r, []).append(n)
+        if self.overrides:
+            tensors = self.graph_inputs | self.graph_outputs | set(self.producer) \
+                | set(self.consumers)
+            ok, why = self.overrides.is_valid(self.initializers, tensors)
+            if not ok:
+                raise ValueError(why)
         self.new_initializers: list[TensorProto] = []
         self.weights: dict[tuple, QValue] = {}
         self.activation_params: dict[str, QValue] = {}
@@ -240,40 +248,62 @@ class QuantizerBase:
         ``fixed`` (scale, zero point)); None when the tensor was not calibrated."""
         if name in self.activation_params:
             return self.activation_params[name]
+        ov = self.overrides.get_per_tensor_overrides(name) or {}
+        qv = self.activation_params_for(name, ov, qtype, fixed)
+        if qv is not None:
+            self.activation_params[name] = qv
+        return qv
+
+    def activation_params_for(self, name: str, ov: Mapping[str, Any], qtype: int | None = None,
+                              fixed=None, suffix: str = "") -> QValue | None:
+        """New scale / zero point initializers for activation ``name`` under the overrides
+        ``ov`` (quant_type, scale + zero_point, rmin / rmax, symmetric)."""
         qtype = self.activation_qtype if qtype is None else qtype
+        if "quant_type" in ov:
+            qtype = qtype_of(ov["quant_type"])
+        if "scale" in ov:
+            fixed = (ov["scale"], ov["zero_point"])
+        symmetric = bool(ov.get("symmetric", self.activation_symmetric))
         if fixed is not None:
             scale = np.array(fixed[0], np.float32)
-            zp = np.array(fixed[1], NP_TYPES[qtype])
+            zp = np.array(fixed[1]).astype(NP_TYPES[qtype])
         else:
             r = self.tensor_range(name)
+            if "rmin" in ov or "rmax" in ov:
+                base = r if r is not None else (np.float32(0), np.float32(0))
+                r = (np.asarray(ov.get("rmin", base[0])), np.asarray(ov.get("rmax", base[1])))
             if r is None:
                 return None
-            qmin, qmax = get_qmin_qmax_for_qType(qtype, symmetric=self.activation_symmetric)
+            qmin, qmax = get_qmin_qmax_for_qType(qtype, symmetric=symmetric)
             lo, hi = r
             fdt = np.dtype(np.float32) if self.value_types.get(name) != TensorProto.FLOAT16 \
                 else np.dtype(np.float16)
-            if self.restricted_asymmetric and qtype == TensorProto.UINT8 \
-                    and not self.activation_symmetric:
+            if self.restricted_asymmetric and qtype == TensorProto.UINT8 and not symmetric:
                 zp, scale = snap_zero_point_to_uint8(lo, hi, int(qmin), int(qmax),
                                                      self.min_real_range)
             else:
-                zp, scale = compute_scale_zp(lo.astype(fdt), hi.astype(fdt), qmin, qmax,
-                                             self.activation_symmetric, self.min_real_range)
-        zp_name = self.add_initializer(f"{name}_zero_point", zp, as_list=True)  # onnxruntime's order
-        qv = QValue(name, self.add_initializer(f"{name}_scale", scale, as_list=True), zp_name, qtype,
-                    scale, zp)
-        self.activation_params[name] = qv
-        return qv
+                zp, scale = compute_scale_zp(np.asarray(lo).astype(fdt),
+                                             np.asarray(hi).astype(fdt), qmin, qmax, symmetric,
+                                             self.min_real_range)
+        # onnxruntime's order: zero point first
+        zp_name = self.add_initializer(f"{name}{suffix}_zero_point", zp, as_list=True)
+        return QValue(name, self.add_initializer(f"{name}{suffix}_scale", scale, as_list=True),
+                      zp_name, qtype, scale, zp)
 
     def quantize_weight(self, name: str, qtype: int | None = None, axis: int | None = None,
                         reduce_range: bool | None = None, symmetric: bool | None = None,
                         min_scale: np.ndarray | float | None = None, keep_name: bool = False
                         ) -> QValue:
-        """A float initializer quantized per tensor, or per channel along ``axis``; cached."""
+        """A float initializer quantized per tensor, or per channel along ``axis``; cached.
+        Tensor overrides, when the weight has some, decide the type, axis and parameters."""
         qtype = self.weight_qtype if qtype is None else qtype
         key = (name, qtype, axis)
         if key in self.weights:
             return self.weights[key]
+        if name in self.overrides:
+            qv = self._overridden_weight(name, qtype, reduce_range, symmetric)
+            self.weights[key] = qv
+            return qv
         data = self.array(name)
         if axis is not None:
             axis = axis % data.ndim
@@ -299,6 +329,48 @@ class QuantizerBase:
                     qtype, scale, zp, axis)
         self.weights[key] = qv
         return qv
+
+    def _overridden_weight(self, name: str, qtype: int, reduce_range: bool | None,
+                           symmetric: bool | None) -> QValue:
+        data = self.array(name)
+        if self.overrides.has_per_channel_overrides(name):
+            dicts = self.overrides.get_per_channel_overrides(name)
+            axis = dicts[0]["axis"] % data.ndim
+            n = data.shape[axis]
+            dicts = dicts * n if len(dicts) == 1 else dicts
+        else:
+            dicts, axis = [self.overrides.get_per_tensor_overrides(name)], None
+        first = dicts[0]
+        qtype = qtype_of(first.get("quant_type", qtype))
+        if symmetric is None:
+            symmetric = axis is not None or (self.weight_symmetric if qtype == self.weight_qtype
+                                             else default_weight_symmetric(qtype))
+        symmetric = bool(first.get("symmetric", symmetric))
+        rr = bool(first.get("reduce_range", self.reduce_range if reduce_range is None
+                            else reduce_range))
+        if "scale" in first:
+            scale = np.array([d["scale"] for d in dicts], np.float32).reshape(-1)
+            zp = np.array([d["zero_point"] for d in dicts]).reshape(-1).astype(NP_TYPES[qtype])
+        else:
+            others = tuple(i for i in range(data.ndim) if i != axis) if axis is not None \
+                else None
+            lo = data.min(axis=others) if data.size else np.zeros(1, data.dtype)
+            hi = data.max(axis=others) if data.size else np.zeros(1, data.dtype)
+            lo = np.array([d.get("rmin", v) for d, v in zip(dicts, np.reshape(lo, -1))])
+            hi = np.array([d.get("rmax", v) for d, v in zip(dicts, np.reshape(hi, -1))])
+            qmin, qmax = get_qmin_qmax_for_qType(qtype, rr, symmetric)
+            zp, scale = compute_scale_zp(lo.astype(np.float32), hi.astype(np.float32), qmin,
+                                         qmax, symmetric, self.min_real_range)
+        if axis is None:
+            scale, zp = scale.reshape(()), zp.reshape(())
+            q = quantize_nparray(qtype, data, scale, zp)
+        else:
+            shape = [-1 if i == axis else 1 for i in range(data.ndim)]
+            q = quantize_nparray(qtype, data, scale.reshape(shape), zp.reshape(shape))
+        zp_name = self.add_initializer(f"{name}_zero_point", zp, as_list=True)
+        scale_name = self.add_initializer(f"{name}_scale", scale, as_list=True)
+        return QValue(self.add_initializer(f"{name}_quantized", q), scale_name, zp_name, qtype,
+                      scale, zp, axis)
 
     def bias_weight_floor(self, bias: str, input_scale: np.ndarray, per_channel: bool
                           ) -> np.ndarray | None:
@@ -334,8 +406,11 @@ class QuantizerBase:
         q = np.clip(q, _INT32.min, _INT32.max).astype(np.int32)
         zp = np.zeros(scale.shape if per_channel else (), np.int32)
         return QValue(self.add_initializer(f"{bias}_quantized", q),
-                      self.add_initializer(f"{bias}_quantized_scale", scale, as_list=True),
-                      self.add_initializer(f"{bias}_quantized_zero_point", zp, as_list=True),
+                      # per channel as raw bytes, per tensor in the typed fields (onnxruntime)
+                      self.add_initializer(f"{bias}_quantized_scale", scale,
+                                           as_list=not per_channel),
+                      self.add_initializer(f"{bias}_quantized_zero_point", zp,
+                                           as_list=not per_channel),
                       TensorProto.INT32, scale, zp, 0 if per_channel else None)
 
     # -- assembly -----------------------------------------------------------------------------

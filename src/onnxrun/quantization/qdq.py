@@ -92,6 +92,9 @@ class QDQQuantizer(QuantizerBase):
             bias = node.input[index]
             if not self.quantize_biases:
                 return
+            if bias in self.overrides:  # overridden: quantized as a weight, as onnxruntime does
+                self.mark_weight(bias, None)
+                return
             if self.is_float_weight(bias) and self.is_float_weight(node.input[weight_index]):
                 self.biases.append((node, bias, node.input[0], node.input[weight_index], beta))
             elif not self.is_initializer(bias):
@@ -174,6 +177,29 @@ class QDQQuantizer(QuantizerBase):
                 self.mark(i)
             self.mark_outputs(node)
 
+    def _convert(self, name: str, dq_out: str, readers: list[NodeProto],
+                 reader_replace: dict[tuple[int, str], str]) -> list[NodeProto]:
+        """A ``convert`` override: the dequantized tensor quantized again in another type for
+        its ``recv_nodes`` (every consumer when it names none)."""
+        if not self.overrides.has_per_tensor_overrides(name):
+            return []
+        conv = self.overrides.get_per_tensor_overrides(name).get("convert")
+        if not conv:
+            return []
+        cq = self.activation_params_for(name, conv, suffix="_convert")
+        if cq is None:
+            return []
+        q_out = self.unique(f"{name}_convert_QuantizeLinear_Output")
+        out = self.unique(f"{name}_convert_DequantizeLinear_Output")
+        recv = conv.get("recv_nodes")
+        for reader in readers:
+            if recv is None or reader.name in recv:
+                reader_replace[(id(reader), name)] = out
+        return [self.qdq_node("QuantizeLinear", [dq_out, cq.scale, cq.zero_point], [q_out],
+                              f"{name}_convert_QuantizeLinear"),
+                self.qdq_node("DequantizeLinear", [q_out, cq.scale, cq.zero_point], [out],
+                              f"{name}_convert_DequantizeLinear")]
+
     def _replace_upstream(self, upstream: str, output: str) -> bool:
         """Drop an activation by having the upstream node write its output directly."""
         producer = self.producer.get(upstream)
@@ -233,6 +259,8 @@ class QDQQuantizer(QuantizerBase):
             if iq is None or wm is None or wm.kind != "weight" or wm.as_activation:
                 continue
             bias_inputs[k] = iq
+            if w in self.overrides:  # the user's parameters stay as given
+                continue
             floor = self.bias_weight_floor(bias, iq.scale_value, self.marks[w].axis is not None)
             if floor is not None:
                 floors[w] = np.maximum(floors[w], floor) if w in floors else floor
@@ -283,6 +311,7 @@ class QDQQuantizer(QuantizerBase):
                                    f"{name}_QuantizeLinear"),
                     self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq_out],
                                    f"{name}_DequantizeLinear")]
+            pair += self._convert(name, dq_out, readers, reader_replace)
             if producer is None:
                 front.extend(pair)
             else:

@@ -26,6 +26,7 @@ from .calibrate import (
 from .qdq import QDQ_OPS, QDQQuantizer
 from .qoperator import QLINEAR_OPS, OperatorQuantizer
 from .quant_types import CalibrationMethod, QuantFormat, QuantType
+from .tensor_quant_overrides import TensorQuantOverridesHelper
 
 logger = logging.getLogger("onnxrun.quantization")
 
@@ -79,8 +80,9 @@ def check_static_quant_arguments(quant_format: QuantFormat, activation_type: Qua
 
 
 def _required_opset(quant_format: QuantFormat, per_channel: bool, activation_type: QuantType,
-                    weight_type: QuantType) -> int:
-    if activation_type in _SIXTEEN or weight_type in (*_SIXTEEN, *_FOUR):
+                    weight_type: QuantType, override_types=frozenset()) -> int:
+    wide = {*_SIXTEEN, *_FOUR}
+    if activation_type in _SIXTEEN or weight_type in wide or wide & set(override_types):
         return 21
     if per_channel and quant_format == QuantFormat.QDQ:
         return 13  # DequantizeLinear's axis
@@ -136,8 +138,11 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
     ops = set(op_types_to_quantize or (QLINEAR_OPS | QDQ_OPS))
     check_static_quant_arguments(quant_format, activation_type, weight_type)
     model = load_model(model_input)
+    override_types = TensorQuantOverridesHelper(extra.get("TensorQuantOverrides")
+                                                ).get_quant_types()
     model = ensure_opset(model, _required_opset(quant_format, per_channel, activation_type,
-                                                weight_type), "the quantization types")
+                                                weight_type, override_types),
+                         "the quantization types")
     smooth = bool(extra.get("SmoothQuant", False))
     ranges = _cached_ranges(calibration_cache_path, calibrate_method, smooth,
                             calibration_data_reader is None)
@@ -225,6 +230,79 @@ class DynamicQuantConfig(QuantConfig):
         self.extra_options = extra_options or {}
 
 
+def get_qdq_config(model_input: str | Path | ModelProto,
+                   calibration_data_reader: CalibrationDataReader,
+                   calibrate_method: CalibrationMethod = CalibrationMethod.MinMax,
+                   calibrate_args: dict[str, Any] | None = None,
+                   activation_type: QuantType = QuantType.QUInt8,
+                   weight_type: QuantType = QuantType.QInt8, activation_symmetric: bool = False,
+                   weight_symmetric: bool | None = None, per_channel: bool = False,
+                   reduce_range: bool = False, keep_removable_activations: bool = False,
+                   min_real_range: float | None = None,
+                   tensor_quant_overrides: dict[str, list[dict[str, Any]]] | None = None,
+                   calibration_providers: list[str] | None = None,
+                   op_types_to_quantize: list[str] | None = None,
+                   nodes_to_exclude=None, extra_options: dict | None = None
+                   ) -> StaticQuantConfig:
+    """A QDQ configuration that quantizes every operator of the model (onnxruntime's helper).
+
+    ``nodes_to_exclude`` is a list of node names or a function ``(model, node) -> bool``;
+    ``calibrate_args`` takes ``symmetric``, ``moving_average``, ``averaging_constant``,
+    ``max_intermediate_outputs`` and ``percentile``; ``extra_options`` override the rest.
+    """
+    model = model_input if isinstance(model_input, ModelProto) \
+        else onnx.load_model(str(model_input), load_external_data=False)
+    overrides = TensorQuantOverridesHelper(copy.deepcopy(tensor_quant_overrides or {}))
+    external = any(onnx.external_data_helper.uses_external_data(t)
+                   for t in model.graph.initializer)
+    wanted = set(op_types_to_quantize) if op_types_to_quantize else None
+    excluded = set(nodes_to_exclude) if isinstance(nodes_to_exclude, list) else set()
+    op_types = set()
+    for node in model.graph.node:
+        if (wanted and node.op_type not in wanted) or node.name in excluded:
+            continue
+        if callable(nodes_to_exclude) and nodes_to_exclude(model, node):
+            excluded.add(node.name)
+        else:
+            op_types.add(node.op_type)
+    options: dict[str, Any] = {
+        "MinimumRealRange": min_real_range,
+        "QDQKeepRemovableActivations": keep_removable_activations,
+        "ActivationSymmetric": activation_symmetric,
+        "WeightSymmetric": weight_symmetric,
+        "ForceQuantizeNoInputCheck": True,
+        "TensorQuantOverrides": overrides.get_dict(),
+    }
+    calib_keys = (("symmetric", "CalibTensorRangeSymmetric"),
+                  ("moving_average", "CalibMovingAverage"),
+                  ("averaging_constant", "CalibMovingAverageConstant"),
+                  ("max_intermediate_outputs", "CalibMaxIntermediateOutputs"),
+                  ("percentile", "CalibPercentile"))
+    for arg, key in calib_keys:
+        if calibrate_args and arg in calibrate_args:
+            options[key] = calibrate_args[arg]
+    # below opset 21, 4-bit Q/DQ need onnxruntime's contrib operators, unless a 16-bit type
+    # makes quantize_static move the model to opset 21 anyway
+    override_types = overrides.get_quant_types()
+    if _opset(model) < 21 and not ({activation_type, weight_type, *override_types}
+                                   & set(_SIXTEEN)) \
+            and {activation_type, weight_type, *override_types} & set(_FOUR):
+        options["UseQDQContribOps"] = True
+    options.update(extra_options or {})
+    return StaticQuantConfig(
+        calibration_data_reader, calibrate_method=calibrate_method, quant_format=QuantFormat.QDQ,
+        activation_type=activation_type, weight_type=weight_type,
+        op_types_to_quantize=op_types_to_quantize or sorted(
+            op_types - {"Cast", "DequantizeLinear", "QuantizeLinear"}),
+        nodes_to_exclude=sorted(excluded), per_channel=per_channel, reduce_range=reduce_range,
+        use_external_data_format=external or model.ByteSize() >= 2147483648,
+        calibration_providers=calibration_providers, extra_options=options)
+
+
+def _opset(model: ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
              quant_config: QuantConfig) -> None:
     """Quantize with a StaticQuantConfig or a DynamicQuantConfig."""
@@ -254,5 +332,5 @@ def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
 
 
 __all__ = ["DynamicQuantConfig", "QuantConfig", "StaticQuantConfig",
-           "check_static_quant_arguments", "load_model", "quantize", "quantize_static",
+           "check_static_quant_arguments", "get_qdq_config", "load_model", "quantize", "quantize_static",
            "save_model"]

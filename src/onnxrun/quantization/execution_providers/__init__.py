@@ -1,0 +1,1 @@
+"""Quantization configurations for other execution providers' QDQ models (``qnn``)."""

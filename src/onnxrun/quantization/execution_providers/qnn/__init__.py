@@ -1,0 +1,8 @@
+"""QDQ models for onnxruntime's QNN execution provider: ``get_qnn_qdq_config`` (tensor overrides
+that QNN's operators need, mixed precision fixed up)."""
+
+from __future__ import annotations
+
+from .quant_config import get_qnn_qdq_config
+
+__all__ = ["get_qnn_qdq_config"]
