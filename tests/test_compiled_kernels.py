@@ -806,29 +806,33 @@ def test_kernel_cache_is_written_then_used(tmp_path):
     """The first process stores the bundle's objects; the next loads them without a compiler."""
     cache = tmp_path / "kernels"
     assert _gemm_in_a_process(str(cache)) == "False"
-    entries = list(cache.glob("*.json"))
+    entries = list(cache.glob("*.kernels"))
     assert len(entries) == 1
     assert _gemm_in_a_process(str(cache), "--no-compiler") == "False"
     assert not list(cache.glob(".tmp-*"))  # written atomically: no temporary file left
 
 
 def test_damaged_kernel_cache_is_compiled_afresh(tmp_path):
-    """A cache entry that is not JSON, or whose objects do not load, costs a compile, never a
-    wrong result or a crash."""
+    """A cache entry whose objects were changed (its tag no longer matches), or that is not an
+    entry at all, costs a compile, never a wrong result or a crash; the next process is served
+    by the entry written again."""
     import json
+
+    from onnxrun.providers.cpu.compiled.cache import _MAGIC
 
     cache = tmp_path / "kernels"
     _gemm_in_a_process(str(cache))
-    (entry,) = cache.glob("*.json")
-    stored = json.loads(entry.read_text())
+    (entry,) = cache.glob("*.kernels")
+    head = len(_MAGIC) + 65  # the tag and its newline
+    data = entry.read_bytes()
+    stored = json.loads(data[head:])
     stored["objects"] = {name: "AAAA" for name in stored["objects"]}  # not an ELF object
-    entry.write_text(json.dumps(stored))
+    entry.write_bytes(data[:head] + json.dumps(stored).encode())
     assert _gemm_in_a_process(str(cache)) == "False"
-    assert not entry.exists()  # discarded: the next process stores a good one
-    _gemm_in_a_process(str(cache))
+    assert _gemm_in_a_process(str(cache), "--no-compiler") == "False"  # stored afresh
     entry.write_bytes(b"\x00garbage")
     assert _gemm_in_a_process(str(cache)) == "False"
-    json.loads(entry.read_text())  # rewritten whole
+    assert _gemm_in_a_process(str(cache), "--no-compiler") == "False"
 
 
 def test_no_compiler_process_without_llvmlite(monkeypatch):
@@ -850,14 +854,14 @@ def test_no_compiler_process_without_llvmlite(monkeypatch):
 
 
 def test_kernel_cache_switched_off_writes_nothing(tmp_path, monkeypatch):
-    from onnxrun.providers.cpu.compiled import jit
+    from onnxrun.providers.cpu.compiled import cache
 
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", "0")
-    assert jit._cache_dir() is None
-    assert jit._cache_key({"m": ("ir", ())}) is None
+    assert cache.folder() is None
+    assert cache.key({"m": ("ir", ())}) is None
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", str(tmp_path))
-    key = jit._cache_key({"m": ("ir", ())})
-    assert key is None or key != jit._cache_key({"m": ("other ir", ())})
+    key = cache.key({"m": ("ir", ())})
+    assert key is None or key != cache.key({"m": ("other ir", ())})
 
 
 def test_object_calling_outside_itself_is_refused():

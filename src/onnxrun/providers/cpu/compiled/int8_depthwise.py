@@ -133,7 +133,10 @@ MAX_TAPS = 49  # unrolled up to 7x7 (and 49 * 255 * 255 < 2**24); larger ones ta
 
 
 def unavailable() -> str | None:
-    return jit.why_unavailable(REQUIRES)
+    """None when the kernel can run here (the 3x3 window's object loaded; ``DepthwiseWeights``
+    raises ``jit.Unavailable`` for a window whose object cannot be had), else why not."""
+    return jit.why_unavailable(REQUIRES) or \
+        jit.why_not_loaded("int8_depthwise_9", lambda: _module(9))
 
 
 _MODES = ("q8", "f32", "f32c")

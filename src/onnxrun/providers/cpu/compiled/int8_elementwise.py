@@ -67,7 +67,12 @@ _compiled: dict = {}
 
 
 def unavailable() -> str | None:
-    return jit.why_unavailable(REQUIRES)
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("int8_elementwise", _module)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("int8_elementwise", module_ir(),
+                              {"add_u8": _PROTO, "add_s8": _PROTO}, REQUIRES)
 
 
 def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | None:
@@ -77,8 +82,7 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | Non
             a.strides != b.strides or dense_order(a) is None:  # one shape, one dense layout
         return None
     if not _compiled:
-        module = jit.compile_module("int8_elementwise", module_ir(),
-                                    {"add_u8": _PROTO, "add_s8": _PROTO}, REQUIRES)
+        module = _module()
         _compiled.update({False: module.add_u8, True: module.add_s8})
     info = np.iinfo(a.dtype)
     k = np.array([rp, rq, fixed, info.min, info.max], np.float32)

@@ -264,8 +264,8 @@ def _module() -> jit.Module:
 
 
 def unavailable() -> str | None:
-    """None when the kernel can run here, else why not."""
-    return jit.why_unavailable(REQUIRES)
+    """None when the kernel can run here (its object loaded), else why not."""
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("int8_gemm", _module)
 
 
 def _padded(v: np.ndarray, n: int, dtype) -> np.ndarray:

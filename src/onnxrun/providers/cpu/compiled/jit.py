@@ -7,9 +7,9 @@ on first use, for the host CPU's own instruction set — in a child process (``_
 whose ELF object ``elf.py`` loads into executable memory here: the engine's process never loads
 LLVM, which would cost it 60-80 MB of resident memory for good (more than an int8 model saves).
 A compile costs ~0.3-0.7 s (the child's start included), once per module and process; the
-bundle's objects are kept on disk (``ONNXRUN_KERNEL_CACHE``, default
-``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the CPU's identity, so a
-later process loads them in milliseconds.
+objects are kept on disk (``cache.py``: ``ONNXRUN_KERNEL_CACHE``, default
+``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the CPU's identity and
+tagged with a per-user HMAC, so a later process loads them in milliseconds.
 
 ctypes releases the GIL for the duration of a call, so compiled kernels run truly in parallel
 on the intra-op threads and under concurrent ``run`` calls. The generated functions only read
@@ -20,19 +20,16 @@ from __future__ import annotations
 
 import base64
 import ctypes
-import hashlib
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import elf
+from . import cache, elf
 
 
 class Unavailable(RuntimeError):
@@ -46,6 +43,7 @@ _COMPILE_TIMEOUT_S = 120
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # the first compiler process's answer: features, error, objects
 _modules: dict[str, Any] = {}
+_failed: dict[str, str] = {}  # module name -> why it could not be had (not retried)
 _forced_off = 0  # depth of `disabled()` blocks
 
 
@@ -81,6 +79,20 @@ def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
     return {"features": [], "error": None, "objects": {}, "errors": {}, **answer}
 
 
+def _obtain(modules: dict[str, tuple[str, Iterable[str]]],
+            fresh: bool = False) -> tuple[dict, str | None, bool]:
+    """The compiler's answer for ``modules``, its cache key, and whether it came from the cache
+    (a verified entry; ``fresh`` skips it). A fresh answer is stored for later processes."""
+    key = cache.key(modules)
+    answer = None if fresh else cache.read(key)
+    if answer is not None:
+        return answer, key, True
+    answer = _compile(modules)
+    if not answer["error"]:
+        cache.write(key, answer)
+    return answer, key, False
+
+
 def _compile_bundle() -> None:
     """Compile the bundle in one compiler process, once: it also reports the host's features.
     Failures are remembered."""
@@ -90,100 +102,9 @@ def _compile_bundle() -> None:
     for short in _BUNDLE:
         bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
         modules.update({name: (factory(), req) for name, (factory, req) in bundle.items()})
-    key = _cache_key(modules)
-    answer = _cache_read(key)
-    if answer is None:
-        answer = _compile(modules)
-        if not answer["error"]:
-            _cache_write(key, answer)
+    answer, key, cached = _obtain(modules)
     _state.update(features=set(answer["features"]), error=answer["error"],
-                  objects=answer["objects"], errors=answer["errors"], key=key)
-
-
-# -- the on-disk cache of the bundle's objects ---------------------------------------------------
-
-_CACHE_ENV = "ONNXRUN_KERNEL_CACHE"
-_CACHE_VERSION = 1
-
-
-def _cache_dir() -> str | None:
-    configured = os.environ.get(_CACHE_ENV)
-    if configured is not None:
-        return None if configured in ("", "0") else configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxrun", "kernels")
-
-
-def _cpu_identity() -> str | None:
-    """What the compiled code depends on besides its IR: the CPU model and its feature flags
-    (Linux's /proc/cpuinfo); None where they cannot be read (then nothing is cached)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            head = f.read(1 << 16).split("\n\n", 1)[0]
-    except OSError:
-        return None
-    wanted = {k: v.strip() for k, _, v in (line.partition(":") for line in head.splitlines())
-              if k.strip() in ("vendor_id", "model name", "cpu family", "model", "flags")}
-    if "flags" not in " ".join(wanted):
-        return None
-    return f"{platform.machine()}|{sorted(wanted.items())}"
-
-
-def _cache_key(modules: dict[str, tuple[str, Iterable[str]]]) -> str | None:
-    cpu = _cpu_identity()
-    if cpu is None or _cache_dir() is None:
-        return None
-    digest = hashlib.sha256(f"v{_CACHE_VERSION}|{cpu}".encode())
-    for name in sorted(modules):
-        ir_text, requires = modules[name]
-        digest.update(f"|{name}|{sorted(requires)}|".encode())
-        digest.update(ir_text.encode())
-    return digest.hexdigest()
-
-
-def _cache_read(key: str | None) -> dict | None:
-    """A stored answer for ``key``, or None (missing, unreadable or not one of ours)."""
-    folder = _cache_dir()
-    if key is None or folder is None:
-        return None
-    try:
-        with open(os.path.join(folder, f"{key}.json"), encoding="utf-8") as f:
-            answer = json.load(f)
-        if answer.get("key") != key or not isinstance(answer.get("objects"), dict):
-            return None
-        return {"features": list(answer["features"]), "error": None,
-                "objects": dict(answer["objects"]), "errors": dict(answer.get("errors", {}))}
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _cache_discard(key: str | None) -> None:
-    folder = _cache_dir()
-    if key is not None and folder is not None:
-        try:
-            os.unlink(os.path.join(folder, f"{key}.json"))
-        except OSError:
-            pass
-
-
-def _cache_write(key: str | None, answer: dict) -> None:
-    """Store an answer atomically (a temporary file renamed); failures only cost the cache."""
-    folder = _cache_dir()
-    if key is None or folder is None:
-        return
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump({"key": key, "features": answer["features"],
-                           "objects": answer["objects"], "errors": answer["errors"]}, f)
-            os.replace(tmp, os.path.join(folder, f"{key}.json"))
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    except OSError:
-        pass
+                  objects=answer["objects"], errors=answer["errors"], key=key, cached=cached)
 
 
 def enabled() -> bool:
@@ -207,6 +128,21 @@ def why_unavailable(requires: Iterable[str] = ()) -> str | None:
         return f"llvmlite unusable: {_state['error']}"
     missing = sorted(set(requires) - _state["features"])
     return f"the CPU lacks {', '.join(missing)}" if missing else None
+
+
+def why_not_loaded(name: str, get: Callable[[], Module]) -> str | None:
+    """None when module ``name`` is loaded or ``get()`` (its ``compile_module`` call) loads it,
+    else why not: a kernel asks before it takes its compiled path, so an object that cannot be
+    had (damaged, refused by the loader) leaves it on its numpy path. Cheap once answered."""
+    if name in _modules:
+        return None
+    if name in _failed:
+        return _failed[name]
+    try:
+        get()
+    except Unavailable as exc:
+        return str(exc)
+    return None
 
 
 _char, _addressof = ctypes.c_char, ctypes.addressof
@@ -233,37 +169,64 @@ class Module:
 def compile_module(name: str, ir: str, signatures: dict[str, Any],
                    requires: Iterable[str] = ()) -> Module:
     """Compile ``ir`` (LLVM assembly) once per process under ``name``; ``signatures`` maps each
-    exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``)."""
+    exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``). Raises
+    ``Unavailable`` (remembered: not retried) where the object cannot be had."""
     reason = why_unavailable(requires)
     if reason:
         raise Unavailable(reason)
     with _lock:
         module = _modules.get(name)
         if module is None:
-            code = None
-            obj = _state["objects"].pop(name, None)  # compiled with the bundle, or cached
-            if obj is not None:
-                try:
-                    code = elf.load(base64.b64decode(obj))
-                except (elf.ObjectError, OSError, ValueError):
-                    code = None  # a damaged cache entry: compile afresh, rebuild it next time
-                    _cache_discard(_state.get("key"))
-            if code is None:
-                answer = _compile({name: (ir, requires)})
-                obj = answer["objects"].get(name)
-                if obj is None:
-                    raise Unavailable(f"compiling {name}: "
-                                      f"{answer['error'] or answer['errors'].get(name)}")
-                try:
-                    code = elf.load(base64.b64decode(obj))
-                except (elf.ObjectError, OSError) as exc:  # e.g. no executable mappings
-                    raise Unavailable(f"loading {name}: {exc}") from exc
-            missing = set(signatures) - set(code.address)
-            if missing:
-                raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
+            if name in _failed:
+                raise Unavailable(_failed[name])
+            try:
+                code = _code(name, ir, requires)
+                missing = set(signatures) - set(code.address)
+                if missing:
+                    raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
+            except Unavailable as exc:
+                _failed[name] = str(exc)
+                raise
             functions = {fn: proto(code.address[fn]) for fn, proto in signatures.items()}
             module = _modules[name] = Module(code, functions)
         return module
+
+
+def _code(name: str, ir: str, requires: Iterable[str]) -> elf.LoadedCode:
+    """The loaded object of ``name``: the bundle's, else its own request's (cached like the
+    bundle). An object that does not load is discarded with its cache entry and compiled
+    afresh once."""
+    obj = _state["objects"].pop(name, None)
+    if obj is not None:
+        try:
+            return _load(name, obj)
+        except elf.ObjectError:
+            if _state["cached"]:  # the next process compiles the bundle afresh and stores it
+                cache.discard(_state["key"])
+    fresh = False
+    while True:
+        answer, key, cached = _obtain({name: (ir, requires)}, fresh)
+        obj = answer["objects"].get(name)
+        if obj is None:
+            raise Unavailable(f"compiling {name}: {answer['error'] or answer['errors'].get(name)}")
+        try:
+            return _load(name, obj)
+        except elf.ObjectError as exc:
+            if not cached:
+                raise Unavailable(f"loading {name}: {exc}") from exc
+        cache.discard(key)
+        fresh = True
+
+
+def _load(name: str, obj: str) -> elf.LoadedCode:
+    try:
+        data = base64.b64decode(obj, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise elf.ObjectError(f"not base64: {exc}") from exc
+    try:
+        return elf.load(data)
+    except OSError as exc:  # e.g. no executable mappings allowed here
+        raise Unavailable(f"loading {name}: {exc}") from exc
 
 
 class disabled:
@@ -281,4 +244,4 @@ class disabled:
 
 
 __all__ = ["Module", "Unavailable", "address", "compile_module", "disabled", "enabled",
-           "host_features", "why_unavailable"]
+           "host_features", "why_not_loaded", "why_unavailable"]

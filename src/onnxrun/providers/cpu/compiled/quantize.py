@@ -286,7 +286,11 @@ _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p
 
 
 def unavailable() -> str | None:
-    return jit.why_unavailable(REQUIRES)
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("quantize", _module)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("quantize", module_ir(), {"dynamic_quantize_u8": _PROTO}, REQUIRES)
 
 
 _compiled: list = []
@@ -294,9 +298,7 @@ _compiled: list = []
 
 def _function():
     if not _compiled:
-        _compiled.append(jit.compile_module("quantize", module_ir(),
-                                            {"dynamic_quantize_u8": _PROTO},
-                                            REQUIRES).dynamic_quantize_u8)
+        _compiled.append(_module().dynamic_quantize_u8)
     return _compiled[0]
 
 

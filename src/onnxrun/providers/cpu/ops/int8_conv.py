@@ -22,6 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..compiled import int8_depthwise, int8_gemm
+from ..compiled.jit import Unavailable
 from ..parallel import split_threads
 from .conv import layout_changes_allowed, window_geometry
 
@@ -69,7 +70,10 @@ class CompiledQLinearConv:
         depthwise = g > 1 and Cg == 1 and M == g
         if g != 1 and not depthwise:
             return None
-        return cls(ctx, conv, W, w_zero_point, depthwise, float_output)
+        try:
+            return cls(ctx, conv, W, w_zero_point, depthwise, float_output)
+        except Unavailable:  # this window's object cannot be had: the numpy kernel serves
+            return None
 
     def __init__(self, ctx, conv, W: np.ndarray, w_zero_point, depthwise: bool,
                  float_output: bool) -> None:
