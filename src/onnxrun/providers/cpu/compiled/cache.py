@@ -220,14 +220,13 @@ def read(entry_key: str | None) -> dict | None:
             with os.fdopen(fd, "rb") as file:
                 data = file.read(_MAX_ENTRY + 1)
             secret = f.secret(create=False)
-        except _Refused:
-            return None
-        except OSError:
+        except (_Refused, OSError):
             return None
         answer = _verified(data, secret, entry_key)
         if answer is None:
-            try:
-                os.unlink(name, dir_fd=f.fd)
+            try:  # unless another process has just replaced it
+                if os.stat(name, dir_fd=f.fd, follow_symlinks=False).st_ino == st.st_ino:
+                    os.unlink(name, dir_fd=f.fd)
             except OSError:
                 pass
         return answer

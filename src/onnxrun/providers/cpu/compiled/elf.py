@@ -195,7 +195,8 @@ class LoadedCode:
 
     def __init__(self, base: int, size: int, address: dict[str, int]) -> None:
         self.base, self.size, self.address = base, size, address
-        weakref.finalize(self, _unmap, base, size)
+        # not at exit: a daemon thread may still be running the code while the process ends
+        weakref.finalize(self, _unmap, base, size).atexit = False
 
 
 def load(obj: bytes) -> LoadedCode:
