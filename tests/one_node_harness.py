@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 import onnxrun
+from onnxrun.errors import OnnxRunError
 
 
 def _elem(a: np.ndarray) -> int:
@@ -89,6 +90,50 @@ def check(op, inputs, *, opset, n_out=1, const=(), rtol=1e-5, atol=1e-6, **attrs
     model, feeds = one_node(op, inputs, opset=opset, n_out=n_out, const=const, **attrs)
     got = onnxrun.InferenceSession(model).run(None, feeds)
     compare(got, oracle(model, feeds), rtol, atol)
+    return got
+
+
+# What a kernel that stumbles over an empty tensor raises before onnxrun wraps it: an error
+# whose cause is one of these is a crash in disguise, not a refusal.
+_INTERNAL_ERRORS = ("IndexError", "ZeroDivisionError", "KeyError", "AttributeError",
+                    "UnboundLocalError", "TypeError", "zero-size array", "division by zero",
+                    "MemoryError", "RecursionError")
+
+
+def check_zero_size(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None,
+                    oracle="onnxruntime", rtol=1e-5, atol=1e-6, **attrs):
+    """The zero-size variant of ``check``: ``inputs`` hold a 0 dimension (an empty batch,
+    sequence, channel or reduced axis). Where the oracle answers, onnxrun must give the same
+    dtypes, shapes and values; where it refuses, onnxrun must refuse with one of its own errors
+    (onnxrun.errors) whose cause is not a kernel tripping over the empty tensor. ``oracle`` is
+    onnxruntime, or "reference" (onnx's evaluator) for the few cases onnxruntime cannot judge:
+    it aborts the process (its RNNs on an empty batch) or refuses for a reason of its own (no
+    kernel, a locale missing on the machine, a shape-inference error in its function body).
+    Returns onnxrun's outputs, or None when both refused."""
+    model, feeds = one_node(op, inputs, opset=opset, n_out=n_out, const=const, domain=domain,
+                            out_types=out_types, **attrs)
+    try:
+        if oracle == "reference":
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                want = ReferenceEvaluator(onnx.load_from_string(model)).run(None, feeds)
+        else:
+            so = ort.SessionOptions()
+            so.log_severity_level = 4
+            want = ort.InferenceSession(model, so).run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - the oracle refuses: so must onnxrun
+        refused = exc
+    else:
+        refused = None
+    try:
+        got = onnxrun.InferenceSession(model).run(None, feeds)
+    except OnnxRunError as exc:
+        assert refused is not None, f"{op}: the oracle answers, onnxrun raised {exc}"
+        internal = [name for name in _INTERNAL_ERRORS if name in str(exc)]
+        assert not internal, f"{op}: not a clean refusal: {exc}"
+        return None
+    assert refused is None, f"{op}: the oracle refuses ({refused}), onnxrun answered"
+    compare(got, want, rtol, atol)
     return got
 
 

@@ -244,6 +244,8 @@ def _coerced(fn):
     """Versions 1 and 11: the input is seen as 2-D [prod(shape[:axis]), prod(shape[axis:])]."""
 
     def kernel(input, *, axis=1):  # noqa: A002 - the schema's name
+        if input.size == 0:  # an empty axis or batch: nothing to normalize
+            return np.empty(input.shape, input.dtype)
         if input.ndim == 0:
             return fn(input.reshape(1, 1), 1).reshape(())
         axis = axis if axis >= 0 else axis + input.ndim
@@ -258,6 +260,8 @@ def _coerced(fn):
 
 def _per_axis(fn):
     def kernel(input, *, axis=-1):  # noqa: A002 - the schema's name
+        if input.size == 0:  # an empty axis or batch: nothing to normalize
+            return np.empty(input.shape, input.dtype)
         return fn(input, axis)
 
     return kernel

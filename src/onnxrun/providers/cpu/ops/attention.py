@@ -264,6 +264,8 @@ class Attention:
 
     def __call__(self, Q, K, V, attn_mask=None, past_key=None, past_value=None,
                  nonpad_kv_seqlen=None):
+        if Q.shape[0] == 0:  # as onnxruntime, which refuses an empty batch
+            raise ValueError("Attention: the batch size must be greater than 0")
         three_d = Q.ndim == 3
         if three_d:
             if self.q_heads is None or self.kv_heads is None:

@@ -523,6 +523,8 @@ def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1) -> np.ndarray:
     ranges of rows (axis 2) for the intra-op threads."""
     if Y is None:
         Y = np.empty(src.shape, src.dtype)
+    if Y.size == 0:  # an empty batch or output: nothing to add or activate
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
     if Z is not None and Z.shape != Y.shape:
         Z = np.broadcast_to(Z, Y.shape)
     if Y.ndim < 3:
@@ -896,6 +898,10 @@ class Conv(_ConvBase):
             b = b.reshape((M,) + (1,) * nd)
         if Z is not None and Z.dtype != cdt:
             Z = Z.astype(cdt)
+        if X.size == 0 or W.size == 0 or 0 in outs:
+            # an empty batch, no input channels, or an empty output: no kernel has work (and
+            # the compiled ones are never handed empty buffers); the sum over no taps is 0
+            return _finish(np.zeros((N, M) + outs, cdt), None, b, Z, act, out_dtype)
         depthwise = self._is_depthwise(W.shape) and X.shape[1] == M
         if depthwise and nd == 2:
             Y = self._depthwise_2d(X, W, b, Z, act, heads, outs, kernel, strides, dilations,
@@ -1076,6 +1082,11 @@ class ConvTranspose(_ConvBase):
         heads, outs = self._geometry(in_shape, kernel, strides, dilations)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
+        if X.size == 0 or W.size == 0:  # an empty batch or no channels: only the bias
+            Y = np.zeros((N, M) + tuple(outs), cdt)
+            if B is not None:
+                Y += B.astype(cdt, copy=False).reshape((M,) + (1,) * nd)
+            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
         cols = np.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
         cols = cols.reshape((N, M) + tuple(kernel) + tuple(in_shape))

@@ -96,7 +96,7 @@ def _standardize_rows(X: np.ndarray, rows: int, eps: float, sd: np.dtype):
 
     Returns (standardized rows, mean, 1 / std); the variance is one fused sum of squares.
     """
-    x = X.astype(sd, copy=False).reshape(rows, -1)
+    x = X.astype(sd, copy=False).reshape(rows, X.size // rows if rows else 0)  # rows may be 0
     n = x.shape[1]
     if x.size and n <= _BLAS_ROW_SUM_MAX:
         mean = x @ np.ones(n, sd)
@@ -136,6 +136,9 @@ class LayerNormalization:
         axis = self.axis + X.ndim if self.axis < 0 else self.axis
         sd = _stat_dtype(X.dtype)
         outer = X.shape[:axis]
+        if 0 in X.shape[axis:]:  # as onnxruntime: nothing to normalize over
+            raise ValueError(f"LayerNormalization: the size of X.shape[axis:] "
+                             f"{list(X.shape[axis:])} must be at least 1, got 0")
         Y, mean, inv_std = _standardize_rows(X, int(np.prod(outer)), self.epsilon, sd)
         Y = Y.reshape(X.shape)
         Y *= Scale.astype(sd, copy=False)

@@ -64,6 +64,8 @@ def max_last(x):
 
 
 def _mean(x, axes, keep):
+    if x.size == 0:  # onnxruntime's mean of nothing is 0 (the empty sum), not 0 / 0
+        return np.sum(x, axis=axes, keepdims=keep)
     if x.dtype.kind in "iu":
         s = np.sum(x, axis=axes, dtype=x.dtype, keepdims=keep)
         n = x.size // max(s.size, 1) if x.size else 1

@@ -367,7 +367,8 @@ class MultiHeadAttention(_Exp2Attention):
         if not self.want_qk:  # the fast path; scale * log2(e) goes onto q (a copy)
             qs = q * cdt.type(_scale(self.scale, q.shape[-1]) * LOG2E)
             out = self._attend(qs, k, v, key_padding_mask, attention_bias, P, cdt)
-            return (out.reshape(B, S, -1).astype(dt, copy=False), k.astype(dt, copy=False),
+            return (out.reshape(B, S, N * v.shape[-1]).astype(dt, copy=False),
+                    k.astype(dt, copy=False),
                     v.astype(dt, copy=False), None)
         T = k.shape[2]
         bias_ = _mask_bias(key_padding_mask, B, S, T, P, self.causal, self.filter, cdt)
