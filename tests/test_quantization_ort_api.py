@@ -251,9 +251,9 @@ def test_tensor_overrides_per_channel_and_convert(tmp_path):
     assert np.allclose(inits["WGT_scale"].float_data, [0.5, 0.2])
     q = inits["__model__"]
     assert q.opset_import[0].version >= 21  # a 16-bit conversion: opset 21's Q/DQ
-    assert inits["SIG_OUT_convert_zero_point"].data_type == TensorProto.UINT16
+    assert inits["SIG_OUT_zero_point_convert"].data_type == TensorProto.UINT16
     conv = next(n for n in q.graph.node if n.op_type == "Conv")
-    assert conv.input[0] == "SIG_OUT_convert_DequantizeLinear_Output"
+    assert conv.input[0] == "SIG_OUT_DequantizeLinear_Output_convert"
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -289,3 +289,35 @@ def test_get_qdq_config_and_qnn_config():
                           "convert": {"quant_type": QuantType.QUInt16, "recv_nodes": {"sig"}}}]
     assert ov["OUT"] == [{"quant_type": QuantType.QUInt16}]
     assert cfg.extra_options["UseQDQContribOps"] is True  # 16-bit below opset 21
+
+
+def _fp16_model(op: str) -> onnx.ModelProto:
+    rng = np.random.default_rng(3)
+    shape = (2, 3, 1, 1) if op == "Conv" else (3, 2, 1, 1)
+    w = numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), "W")
+    b = numpy_helper.from_array(rng.standard_normal(2).astype(np.float16), "B")
+    g = helper.make_graph([helper.make_node(op, ["x", "W", "B"], ["y"], name="op")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 3, 4, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, None)], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_float16_models_quantize_to_valid_graphs(tmp_path):
+    """float16 Conv (dynamic: ConvInteger) and ConvTranspose (QDQ: a float16 bias scale)."""
+    from onnxrun.quantization import quantize_dynamic
+
+    x = np.random.default_rng(4).random((1, 3, 4, 4)).astype(np.float16)
+    for op in ("Conv", "ConvTranspose"):
+        m = _fp16_model(op)
+        ref = onnxrun.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+        out = tmp_path / f"{op}.onnx"
+        if op == "Conv":
+            quantize_dynamic(m, out, weight_type=QuantType.QUInt8)
+        else:
+            quantize_static(m, out, FeedsDataReader([{"x": x}]))
+        q = onnx.load(out)
+        onnx.checker.check_model(q, full_check=True)
+        if op == "Conv":
+            assert [n.op_type for n in q.graph.node].count("ConvInteger") == 1
+        (y,) = onnxrun.InferenceSession(str(out)).run(None, {"x": x})
+        assert y.dtype == np.float16 and np.abs(y - ref).max() < 0.1

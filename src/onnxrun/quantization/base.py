@@ -286,8 +286,8 @@ class QuantizerBase:
                                              np.asarray(hi).astype(fdt), qmin, qmax, symmetric,
                                              self.min_real_range)
         # onnxruntime's order: zero point first
-        zp_name = self.add_initializer(f"{name}{suffix}_zero_point", zp, as_list=True)
-        return QValue(name, self.add_initializer(f"{name}{suffix}_scale", scale, as_list=True),
+        zp_name = self.add_initializer(f"{name}_zero_point{suffix}", zp, as_list=True)
+        return QValue(name, self.add_initializer(f"{name}_scale{suffix}", scale, as_list=True),
                       zp_name, qtype, scale, zp)
 
     def quantize_weight(self, name: str, qtype: int | None = None, axis: int | None = None,
@@ -399,7 +399,9 @@ class QuantizerBase:
         per_channel = ws.size > 1
         if per_channel and (data.ndim != 1 or data.size != ws.size):
             return None
-        scale = (float(np.asarray(input_scale).reshape(-1)[0]) * ws).astype(np.float32)
+        # the scale has the model's float type: a float16 model's bias dequantizes to float16
+        fdt = np.float16 if self.array(bias).dtype == np.float16 else np.float32
+        scale = (float(np.asarray(input_scale).reshape(-1)[0]) * ws).astype(fdt)
         s = scale.astype(np.float64) if per_channel else np.float64(scale[0])
         with np.errstate(divide="ignore", invalid="ignore"):
             q = np.where(s != 0, np.round(data / np.where(s != 0, s, 1)), 0)

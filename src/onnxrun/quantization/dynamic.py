@@ -81,32 +81,48 @@ class DynamicQuantizer(OperatorQuantizer):
         """``DynamicQuantizeLinear(name)`` once per tensor: (quantized, scale, zero point)."""
         if name not in self.dynamic_inputs:
             self.need_float(name)
+            src = name
+            if self.value_types.get(name) == TensorProto.FLOAT16:
+                # DynamicQuantizeLinear reads float32 only: a float16 model casts first
+                src = self.unique(f"{name}_float32")
+                self.out.append(self.make_node("Cast", [name], [src], f"{name}_Cast",
+                                               to=TensorProto.FLOAT))
             outs = [self.unique(f"{name}_quantized"), self.unique(f"{name}_scale"),
                     self.unique(f"{name}_zero_point")]
-            self.out.append(self.make_node("DynamicQuantizeLinear", [name], outs,
+            self.out.append(self.make_node("DynamicQuantizeLinear", [src], outs,
                                            f"{name}_QuantizeLinear"))
             self.dynamic_inputs[name] = (outs[0], outs[1], outs[2])
         return self.dynamic_inputs[name]
 
     def integer_output(self, op_type: str, inputs: list[str], output: str, w: QValue,
                        x_scale: str, channel_shape: list[int] | None, bias: str | None,
-                       name: str, **attrs: Any) -> None:
-        """``op_type`` in int32, then Cast to float, times x_scale * w_scale (+ bias)."""
+                       name: str, float_type: int = TensorProto.FLOAT, **attrs: Any) -> None:
+        """``op_type`` in int32, then Cast to float, times x_scale * w_scale, (in a float16
+        model, Cast to float16), + bias."""
         acc = self.unique(f"{output}_output_quantized")
         self.out.append(self.make_node(op_type, inputs, [acc], f"{name}_quant", **attrs))
         cast = self.unique(f"{output}_output_quantized_cast_output")
         self.out.append(self.make_node("Cast", [acc], [cast], f"{output}_cast",
                                        to=TensorProto.FLOAT))
         w_scale = w.scale
-        if channel_shape is not None and np.asarray(w.scale_value).size > 1:
-            w_scale = self.add_initializer(f"{w.scale}_reshaped",
-                                           np.asarray(w.scale_value).reshape(channel_shape))
+        ws = np.asarray(w.scale_value)
+        reshape = channel_shape is not None and ws.size > 1
+        if reshape or ws.dtype != np.float32:  # the scales are multiplied in float32
+            w_scale = self.add_initializer(f"{w.scale}_reshaped" if reshape else
+                                           f"{w.scale}_float32",
+                                           (ws.reshape(channel_shape) if reshape else ws
+                                            ).astype(np.float32))
         scales = self.unique(f"{output}_scales_mul_output")
         self.out.append(self.make_node("Mul", [x_scale, w_scale], [scales],
                                        f"{output}_scales_mul"))
         target = self.unique(f"{output}_scaled") if bias else output
-        self.out.append(self.make_node("Mul", [cast, scales], [target],
+        narrow = float_type != TensorProto.FLOAT
+        scaled = self.unique(f"{output}_scaled_float32") if narrow else target
+        self.out.append(self.make_node("Mul", [cast, scales], [scaled],
                                        f"{output}_output_scale_mul"))
+        if narrow:
+            self.out.append(self.make_node("Cast", [scaled], [target], f"{output}_cast_back",
+                                           to=float_type))
         if bias:
             self.out.append(self.make_node("Add", [target, bias], [output], f"{output}_bias_add"))
 
@@ -128,8 +144,10 @@ def _matmul(self: DynamicQuantizer, node: NodeProto) -> bool:
 @register(INTEGER, "Conv")
 def _conv(self: DynamicQuantizer, node: NodeProto) -> bool:
     x, wname = node.input[0], node.input[1]
-    if not self.is_float_weight(wname) or self.value_types.get(x, TensorProto.FLOAT) \
-            != TensorProto.FLOAT:
+    # float16 too, as onnxruntime's tool: DynamicQuantizeLinear takes float16 since opset 19
+    float_type = self.value_types.get(x, TensorProto.FLOAT)
+    if not self.is_float_weight(wname) or float_type not in (TensorProto.FLOAT,
+                                                             TensorProto.FLOAT16):
         return False
     bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
     if bias is not None and not self.is_float_weight(bias):
@@ -150,7 +168,7 @@ def _conv(self: DynamicQuantizer, node: NodeProto) -> bool:
                                          b.reshape((1, -1) + (1,) * (rank - 2)))
     self.integer_output("ConvInteger", [xq, w.name, xzp, zp], node.output[0], w, xs,
                         [1, -1] + [1] * (rank - 2), bias_name, node.name or node.output[0],
-                        **attributes(node))
+                        float_type=float_type, **attributes(node))
     return True
 
 

@@ -177,28 +177,53 @@ class QDQQuantizer(QuantizerBase):
                 self.mark(i)
             self.mark_outputs(node)
 
-    def _convert(self, name: str, dq_out: str, readers: list[NodeProto],
-                 reader_replace: dict[tuple[int, str], str]) -> list[NodeProto]:
-        """A ``convert`` override: the dequantized tensor quantized again in another type for
-        its ``recv_nodes`` (every consumer when it names none)."""
+    def _convert_params(self, name: str) -> tuple[QValue, set[str] | None] | None:
+        """A ``convert`` override's parameters and receiving nodes (None: every consumer)."""
         if not self.overrides.has_per_tensor_overrides(name):
-            return []
+            return None
         conv = self.overrides.get_per_tensor_overrides(name).get("convert")
         if not conv:
-            return []
+            return None
         cq = self.activation_params_for(name, conv, suffix="_convert")
         if cq is None:
-            return []
-        q_out = self.unique(f"{name}_convert_QuantizeLinear_Output")
-        out = self.unique(f"{name}_convert_DequantizeLinear_Output")
+            return None
         recv = conv.get("recv_nodes")
-        for reader in readers:
-            if recv is None or reader.name in recv:
-                reader_replace[(id(reader), name)] = out
-        return [self.qdq_node("QuantizeLinear", [dq_out, cq.scale, cq.zero_point], [q_out],
-                              f"{name}_convert_QuantizeLinear"),
-                self.qdq_node("DequantizeLinear", [q_out, cq.scale, cq.zero_point], [out],
-                              f"{name}_convert_DequantizeLinear")]
+        return cq, set(recv) if recv is not None else None
+
+    def _converted(self, name: str, qv: QValue, q_out: str, conv, is_output: bool,
+                   readers: list[NodeProto], replace: dict[str, str],
+                   reader_replace: dict[tuple[int, str], str]) -> list[NodeProto]:
+        """The DequantizeLinear nodes after ``name``'s QuantizeLinear when some consumers read
+        it re-quantized in another type (a ``convert`` override), as onnxruntime writes them:
+        ``Q -> DQ -> Q' -> DQ'`` when every consumer converts (the graph output too), else
+        ``Q -> DQ`` for the others and a second ``DQ -> Q' -> DQ'`` branch for the converted."""
+        cq, recv = conv
+        to_all = recv is None or all(r.name in recv for r in readers)
+        nodes = []
+        dq1 = name if is_output and not to_all else self.unique(f"{name}_DequantizeLinear_Output")
+        nodes.append(self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq1],
+                                   f"{name}_DequantizeLinear"))
+        if to_all:
+            src = dq1
+            final = name if is_output else self.unique(f"{name}_DequantizeLinear_Output_convert")
+            if not is_output:
+                replace[name] = final
+        else:
+            if not is_output:
+                replace[name] = dq1
+            src = self.unique(f"{name}_DequantizeLinear_Output_1")
+            nodes.append(self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point],
+                                       [src], f"{name}_DequantizeLinear_1"))
+            final = self.unique(f"{name}_DequantizeLinear_Output_convert")
+            for reader in readers:
+                if reader.name in recv:
+                    reader_replace[(id(reader), name)] = final
+        cq_out = self.unique(f"{name}_QuantizeLinear_Output_convert")
+        nodes += [self.qdq_node("QuantizeLinear", [src, cq.scale, cq.zero_point], [cq_out],
+                                f"{name}_QuantizeLinear_convert"),
+                  self.qdq_node("DequantizeLinear", [cq_out, cq.scale, cq.zero_point], [final],
+                                f"{name}_DequantizeLinear_convert")]
+        return nodes
 
     def _replace_upstream(self, upstream: str, output: str) -> bool:
         """Drop an activation by having the upstream node write its output directly."""
@@ -297,21 +322,26 @@ class QDQQuantizer(QuantizerBase):
                 (front if producer is None else after.setdefault(id(producer), [])).extend(pairs)
                 continue
             q_out = self.unique(f"{name}_QuantizeLinear_Output")
-            if name in self.graph_outputs and producer is not None:
+            is_output = name in self.graph_outputs and producer is not None
+            if is_output:
                 q_in = self.unique(f"{name}_QuantizeLinear_Input")
                 for i, o in enumerate(producer.output):
                     if o == name:
                         producer.output[i] = q_in
-                dq_out = name
             else:
                 q_in = name
-                dq_out = self.unique(f"{name}_DequantizeLinear_Output")
-                replace[name] = dq_out
             pair = [self.qdq_node("QuantizeLinear", [q_in, qv.scale, qv.zero_point], [q_out],
-                                   f"{name}_QuantizeLinear"),
-                    self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point], [dq_out],
-                                   f"{name}_DequantizeLinear")]
-            pair += self._convert(name, dq_out, readers, reader_replace)
+                                  f"{name}_QuantizeLinear")]
+            conv = self._convert_params(name)
+            if conv is None:
+                dq_out = name if is_output else self.unique(f"{name}_DequantizeLinear_Output")
+                pair.append(self.qdq_node("DequantizeLinear", [q_out, qv.scale, qv.zero_point],
+                                          [dq_out], f"{name}_DequantizeLinear"))
+                if not is_output:
+                    replace[name] = dq_out
+            else:
+                pair += self._converted(name, qv, q_out, conv, is_output, readers, replace,
+                                        reader_replace)
             if producer is None:
                 front.extend(pair)
             else:
