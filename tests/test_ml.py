@@ -657,6 +657,25 @@ def test_linear_classifier_input_types_and_errors():
                           {"X": np.ones((1, 2), np.float32)})
 
 
+def test_linear_models_with_more_coefficients_than_input_features():
+    """onnxruntime reads the coefficients as [targets, the input's features] and uses the
+    leading values (its iris example model holds 4 features' weights and takes 2 columns);
+    too few coefficients for the input is an error in both."""
+    coefficients = [0.4, 1.4, -2.1, -1.0, 0.6, -1.7, 0.5, -1.4, -1.7, -1.2, 2.2, 2.4]
+    node = ml_node("LinearClassifier", outputs=("Y", "Z"), coefficients=coefficients,
+                   intercepts=[0.25, 0.58, -0.94], classlabels_ints=[0, 1, 2],
+                   post_transform="LOGISTIC")
+    m = ml_model(node, [("X", F)], [("Y", I64), ("Z", F)])
+    X = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float32)
+    check_vs_ort(m, {"X": X})
+    check_vs_ort(m, {"X": np.ones((2, 4), np.float32)})
+    with pytest.raises(onnxrun.RuntimeException, match="need 15 coefficients"):
+        run_onnxrun(m, {"X": np.ones((2, 5), np.float32)})
+    reg = ml_node("LinearRegressor", coefficients=coefficients[:6], intercepts=[0.5, -1.0],
+                  targets=2)
+    check_vs_ort(ml_model(reg, [("X", F)], [("Y", F)]), {"X": X})
+
+
 @pytest.mark.parametrize("post", _POSTS + ["PROBIT"])
 @pytest.mark.parametrize("targets", [1, 2])
 def test_linear_regressor(targets, post):

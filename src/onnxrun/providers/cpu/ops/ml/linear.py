@@ -19,22 +19,38 @@ from ._common import (
 )
 
 
-def _weights(coefficients, n_targets: int) -> np.ndarray:
-    """[features, targets] float32 weights from the row-per-target coefficients attribute."""
-    coef = np.asarray(coefficients, dtype=np.float32)
-    if n_targets <= 0 or coef.size == 0 or coef.size % n_targets:
-        raise ValueError(
-            f"coefficients has {coef.size} values: not a whole number of rows for {n_targets} "
-            f"targets"
-        )
-    return np.ascontiguousarray(coef.reshape(n_targets, -1).T)
+class _Weights:
+    """The [features, targets] float32 weights for an input's feature count. onnxruntime reads
+    the coefficients attribute as a row-major [targets, features] matrix of the *input's*
+    feature count, so a model whose attribute holds more values than that (e.g. a classifier
+    fed fewer columns than it was trained on) uses the leading ones; fewer values is an error."""
+
+    def __init__(self, coefficients, n_targets: int) -> None:
+        coef = np.asarray(coefficients, dtype=np.float32).reshape(-1)
+        if n_targets <= 0 or coef.size == 0:
+            raise ValueError(
+                f"coefficients has {coef.size} values: not enough for {n_targets} targets")
+        self.coef, self.n_targets = coef, n_targets
+        self._by_features: dict[int, np.ndarray] = {}
+        if coef.size % n_targets == 0:
+            self.for_features(coef.size // n_targets)  # the usual case, prepared once
+
+    def for_features(self, n_features: int) -> np.ndarray:
+        W = self._by_features.get(n_features)
+        if W is None:
+            need = n_features * self.n_targets
+            if need > self.coef.size:
+                raise ValueError(
+                    f"{n_features} input features need {need} coefficients ({self.n_targets} "
+                    f"targets), the attribute has {self.coef.size}")
+            W = np.ascontiguousarray(self.coef[:need].reshape(self.n_targets, n_features).T)
+            self._by_features[n_features] = W
+        return W
 
 
-def _gemm(X: np.ndarray, W: np.ndarray, intercepts: np.ndarray | None) -> np.ndarray:
+def _gemm(X: np.ndarray, weights: _Weights, intercepts: np.ndarray | None) -> np.ndarray:
     X = rows_2d(as_float_input(X))
-    if X.shape[1] != W.shape[0]:
-        raise ValueError(f"expected {W.shape[0]} features, got {X.shape[1]}")
-    scores = X @ W
+    scores = X @ weights.for_features(X.shape[1])
     if intercepts is not None:
         scores += intercepts
     return scores
@@ -57,7 +73,7 @@ class LinearClassifier:
         self.n_targets = len(self.intercepts)
         if self.n_targets == 0:
             raise ValueError("LinearClassifier needs intercepts (one per class score)")
-        self.weights = _weights(coefficients, self.n_targets)
+        self.weights = _Weights(coefficients, self.n_targets)
         if self.n_targets == 1 and len(self.labels) != 2:
             raise ValueError(
                 "LinearClassifier: one score (binary classification) needs exactly 2 class labels"
@@ -94,7 +110,7 @@ class LinearRegressor:
         if coefficients is None:
             raise ValueError("LinearRegressor needs coefficients")
         self.n_targets = int(targets)
-        self.weights = _weights(coefficients, self.n_targets)
+        self.weights = _Weights(coefficients, self.n_targets)
         inter = np.asarray(intercepts or [], dtype=np.float32)
         # onnxruntime ignores intercepts whose count is not the number of targets
         self.intercepts = inter if len(inter) == self.n_targets else None
