@@ -2,15 +2,19 @@
 
 External data is read here, under one rule: a tensor's ``location`` must name a file inside the
 model's folder. Absolute paths, ``..`` escapes and symlinks leading out are refused before any
-byte is read, and offset/length are checked against the file's size.
+byte is read, and offset/length are checked against the file's size. A caller may also hand
+the files' bytes, or the tensors themselves, from memory (SessionOptions'
+``add_external_initializers*``).
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx.inliner
 from google.protobuf.message import DecodeError
@@ -23,14 +27,30 @@ ModelSource = str | os.PathLike | bytes | bytearray | memoryview | onnx.ModelPro
 
 
 class ExternalDataReader:
-    """Reads tensors' external data from files under ``base_dir`` and nowhere else."""
+    """Reads tensors' external data from files under ``base_dir`` and nowhere else, or from the
+    caller's buffers: ``files`` (location -> the file's bytes, onnxruntime's
+    ``add_external_initializers_from_files_in_memory``) and ``provided`` (tensor name -> the
+    array that replaces it, ``add_external_initializers``: its file is never opened)."""
 
-    def __init__(self, base_dir: str | os.PathLike | None) -> None:
+    def __init__(self, base_dir: str | os.PathLike | None,
+                 files: Mapping[str, memoryview] | None = None,
+                 provided: Mapping[str, np.ndarray] | None = None) -> None:
         self.base_dir = Path(base_dir).resolve() if base_dir is not None else None
+        self.files = {os.path.normpath(k): v for k, v in (files or {}).items()}
+        self.provided = provided or {}
 
-    def __call__(self, tensor: TensorProto) -> bytes:
+    def __call__(self, tensor: TensorProto) -> bytes | memoryview:
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
+        given = self.provided.get(tensor.name)
+        if given is not None:
+            # the user's array replaces the tensor after loading; here its bytes stand in, so
+            # the declared type and shape are still checked against it
+            return memoryview(np.ascontiguousarray(given)).cast("B")
+        if location and os.path.normpath(location) in self.files:
+            data = self.files[os.path.normpath(location)]
+            offset, length = self._range(tensor, info, len(data), location)
+            return data[offset:len(data) if length is None else offset + length]
         if self.base_dir is None:
             raise InvalidGraph(
                 f"tensor '{tensor.name}' keeps its data in external file '{location}', but the "
@@ -52,6 +72,17 @@ class ExternalDataReader:
             )
         if not path.is_file():
             raise NoSuchFile(f"tensor '{tensor.name}': external data file '{path}' not found")
+        size = path.stat().st_size
+        offset, length = self._range(tensor, info, size, path.name)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(size - offset if length is None else length)
+        return data
+
+    @staticmethod
+    def _range(tensor: TensorProto, info: dict[str, str], size: int, file: str
+               ) -> tuple[int, int | None]:
+        """The (offset, length) of the tensor's bytes, checked against the file's size."""
         try:
             offset = int(info.get("offset", "0") or 0)
             length = int(info["length"]) if info.get("length") else None
@@ -59,7 +90,6 @@ class ExternalDataReader:
             raise InvalidGraph(
                 f"tensor '{tensor.name}': malformed external data offset/length"
             ) from None
-        size = path.stat().st_size
         if (
             offset < 0
             or offset > size
@@ -67,12 +97,9 @@ class ExternalDataReader:
         ):
             raise InvalidGraph(
                 f"tensor '{tensor.name}': external data range offset={offset} length={length} "
-                f"exceeds the {size} bytes of '{path.name}'"
+                f"exceeds the {size} bytes of '{file}'"
             )
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(size - offset if length is None else length)
-        return data
+        return offset, length
 
 
 def parse_model(source: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
@@ -274,9 +301,12 @@ def _parse_bytes(data: bytes, origin: str) -> onnx.ModelProto:
 
 
 def load_model(
-    source: ModelSource, external_data_dir: str | os.PathLike | None = None
+    source: ModelSource, external_data_dir: str | os.PathLike | None = None,
+    files: Mapping[str, memoryview] | None = None,
+    provided: Mapping[str, np.ndarray] | None = None,
 ) -> tuple[onnx.ModelProto, Model]:
-    """Parse and convert a model. Returns the proto (for validation) and the IR."""
+    """Parse and convert a model. Returns the proto (for validation) and the IR.
+    ``files`` and ``provided``: external data the caller holds in memory (ExternalDataReader)."""
     mp, folder, raw = _parse_source(source)
     if len(mp.functions):
         # Model-local functions run by expansion: inline them once, at load.
@@ -284,5 +314,6 @@ def load_model(
             mp = onnx.inliner.inline_local_functions(mp)
         except Exception as e:
             raise InvalidGraph(f"model-local functions could not be inlined: {e}") from None
-    reader = ExternalDataReader(external_data_dir if external_data_dir is not None else folder)
+    reader = ExternalDataReader(external_data_dir if external_data_dir is not None else folder,
+                                files, provided)
     return mp, model_from_proto(mp, reader, raw)

@@ -40,10 +40,10 @@ def _type_shape(value: Any) -> dict[str, list[int]]:
 
 
 class Profiler:
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, start: tuple[int, int] | None = None) -> None:
+        """``start``: when profiling began, (perf_counter_ns, time_ns); default now."""
         self.prefix = prefix
-        self.start_ns = time.perf_counter_ns()
-        self.start_wall_ns = time.time_ns()
+        self.start_ns, self.start_wall_ns = start or (time.perf_counter_ns(), time.time_ns())
         self.pid = os.getpid()
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()

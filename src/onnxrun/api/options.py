@@ -58,6 +58,8 @@ class SessionOptions:
         self._free_dim_by_name: dict[str, int] = {}
         self._free_dim_by_denotation: dict[str, int] = {}
         self._initializers: dict[str, Any] = {}
+        self._external_initializers: set[str] = set()  # names among _initializers
+        self._external_files: dict[str, memoryview] = {}  # location -> the file's bytes
         self._custom_op_libraries: list[str] = []
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -102,8 +104,30 @@ class SessionOptions:
         self._initializers[str(name)] = arr
 
     def add_external_initializers(self, names: list[str], values: list[Any]) -> None:
+        """Supply initializers whose data the model keeps in external files: the session uses
+        these values (OrtValues or arrays) and never opens those files."""
+        if len(names) != len(values):
+            raise ValueError(f"add_external_initializers: {len(names)} names and "
+                             f"{len(values)} values")
         for n, v in zip(names, values, strict=True):
             self.add_initializer(n, v)
+            self._external_initializers.add(str(n))
+
+    def add_external_initializers_from_files_in_memory(
+            self, file_names: list[str], buffers: list[Any], lengths: list[int]) -> None:
+        """Give the contents of external-data files from memory: a tensor whose ``location``
+        is one of ``file_names`` reads from the first ``lengths[i]`` bytes of ``buffers[i]``
+        (not copied until the session loads them)."""
+        if not len(file_names) == len(buffers) == len(lengths):
+            raise ValueError(
+                f"add_external_initializers_from_files_in_memory: {len(file_names)} file names, "
+                f"{len(buffers)} buffers and {len(lengths)} lengths")
+        for name, buffer, length in zip(file_names, buffers, lengths, strict=True):
+            view = memoryview(buffer).cast("B")
+            if not 0 <= int(length) <= len(view):
+                raise ValueError(f"file '{name}': length {length} but the buffer holds "
+                                 f"{len(view)} bytes")
+            self._external_files[str(name)] = view[:int(length)]
 
     def register_custom_ops_library(self, library_path: str) -> None:
         raise RuntimeError(
@@ -138,3 +162,49 @@ class RunOptions:
             return self._config[key]
         except KeyError:
             raise RuntimeError(f"RunOptions does not have configuration with key: {key}") from None
+
+
+# The session options a model may carry (metadata "ort_config" = {"session_options": {...}}),
+# each an integer, with the values onnxruntime accepts.
+_MODEL_OPTIONS = {
+    "intra_op_num_threads": lambda v: v >= 0,
+    "inter_op_num_threads": lambda v: v >= 0,
+    "execution_mode": lambda v: v in (0, 1),
+    "graph_optimization_level": lambda v: v in (0, 1, 2, 99),
+    "enable_profiling": lambda v: v in (0, 1),
+}
+
+
+def options_from_model(options: SessionOptions, metadata: dict[str, str]) -> SessionOptions:
+    """``options`` with the session options stored in the model's metadata
+    (``ORT_LOAD_CONFIG_FROM_MODEL=1``, as onnxruntime reads them): a copy when there are any,
+    the caller's object stays as it was. Other keys in the JSON are ignored, as in onnxruntime;
+    a malformed JSON or value raises InvalidArgument."""
+    import copy
+    import json
+
+    from ..errors import InvalidArgument
+
+    text = metadata.get("ort_config")
+    if text is None:
+        return options
+    try:
+        config = json.loads(text)
+    except ValueError as e:
+        raise InvalidArgument(
+            f"Json stored in the `ort_config` key cannot be parsed. Error message: {e}") from None
+    stored = config.get("session_options") if isinstance(config, dict) else None
+    if not isinstance(stored, dict):
+        return options
+    options = copy.copy(options)
+    for key, value in stored.items():
+        valid = _MODEL_OPTIONS.get(key)
+        if valid is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgument(f"{key} option in the model file must be an integer")
+        if not valid(value):
+            raise InvalidArgument(f"Unsupported value for {key} in the model's ORT config: "
+                                  f"{value}")
+        setattr(options, key, bool(value) if key == "enable_profiling" else value)
+    return options

@@ -101,8 +101,72 @@ class OrtValue:
             )
         np.copyto(self._value, src)
 
+    # -- array and DLPack protocols ---------------------------------------------------------------
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``np.asarray(value)``: the tensor's own memory (no copy) unless ``dtype`` differs or
+        ``copy`` is True."""
+        arr = self._tensor("np.asarray")
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"cannot convert a {arr.dtype} tensor to {np.dtype(dtype)} "
+                                 "without a copy")
+            return arr.astype(dtype)
+        return arr.copy() if copy else arr
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """A DLPack capsule over the tensor's memory (CPU, no copy)."""
+        if stream is not None:
+            raise BufferError("a CPU tensor takes no stream")
+        return self._tensor("__dlpack__").__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DLPACK_CPU, 0)
+
+    def to_dlpack(self) -> Any:
+        """The tensor as a DLPack capsule (onnxruntime's ``OrtValue.to_dlpack``)."""
+        return self.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(data: Any, is_bool_tensor: bool = False) -> OrtValue:
+        """An OrtValue over the memory of a DLPack capsule or of an object with ``__dlpack__``
+        (a numpy array, an OrtValue, a CPU torch tensor...), without a copy. ``is_bool_tensor``:
+        the data is bool stored as uint8 (producers that predate DLPack's bool type)."""
+        source = _Capsule(data) if type(data).__name__ == "PyCapsule" else data
+        if not hasattr(source, "__dlpack__"):
+            raise TypeError(
+                f"from_dlpack expects a DLPack capsule or an object with __dlpack__, got "
+                f"{type(data).__name__}")
+        try:
+            arr = np.from_dlpack(source)
+        except (BufferError, RuntimeError, TypeError) as e:
+            raise RuntimeError(f"from_dlpack: {e}") from e
+        if is_bool_tensor and arr.dtype == np.uint8:
+            arr = arr.view(np.bool_)
+        return OrtValue(arr)
+
+    def _tensor(self, what: str) -> np.ndarray:
+        if not isinstance(self._value, np.ndarray):
+            raise RuntimeError(f"{what} needs a tensor, this OrtValue holds {self.data_type()}")
+        return self._value
+
     def __repr__(self) -> str:
         return f"OrtValue({self.data_type()}, shape={getattr(self._value, 'shape', None)})"
+
+
+_DLPACK_CPU = 1  # DLPack's kDLCPU
+
+
+class _Capsule:
+    """A bare DLPack capsule, given the protocol numpy's from_dlpack consumes."""
+
+    def __init__(self, capsule: Any) -> None:
+        self._capsule = capsule
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (_DLPACK_CPU, 0)
 
 
 def array_from_pointer(buffer_ptr: int, shape: Any, element_type: Any) -> np.ndarray:

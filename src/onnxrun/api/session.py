@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import external_data_helper
 
 from .. import dtypes
-from ..errors import InvalidArgument, InvalidGraph, InvalidProtobuf
+from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf
 from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
 from ..load import load_model
@@ -30,7 +31,13 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..validate import validate
 from .iobinding import IOBinding
-from .options import ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions
+from .options import (
+    ExecutionMode,
+    GraphOptimizationLevel,
+    RunOptions,
+    SessionOptions,
+    options_from_model,
+)
 from .ortvalue import OrtValue
 
 logger = logging.getLogger("onnxrun")
@@ -71,6 +78,38 @@ class ModelMetadata:
         self.custom_metadata_map = dict(model.metadata_props)
 
 
+_RECORD_ASSIGNMENT = "session.record_ep_graph_assignment_info"
+
+
+class OrtEpAssignedNode:
+    """A node as get_provider_graph_assignment_info reports it."""
+
+    __slots__ = ("domain", "name", "op_type")
+
+    def __init__(self, domain: str, name: str, op_type: str) -> None:
+        self.domain, self.name, self.op_type = domain, name, op_type
+
+    def __repr__(self) -> str:
+        return f"OrtEpAssignedNode(domain='{self.domain}', op_type='{self.op_type}', " \
+               f"name='{self.name}')"
+
+
+class OrtEpAssignedSubgraph:
+    """Nodes an execution provider runs (get_provider_graph_assignment_info)."""
+
+    __slots__ = ("ep_name", "_nodes")
+
+    def __init__(self, ep_name: str, nodes: list[OrtEpAssignedNode]) -> None:
+        self.ep_name = ep_name
+        self._nodes = nodes
+
+    def get_nodes(self) -> list[OrtEpAssignedNode]:
+        return list(self._nodes)
+
+    def __repr__(self) -> str:
+        return f"OrtEpAssignedSubgraph(ep_name='{self.ep_name}', nodes={self._nodes})"
+
+
 class _InputSpec:
     """What run() checks a fed value against."""
 
@@ -106,9 +145,7 @@ class InferenceSession:
         self._sess_options = sess_options if sess_options is not None else SessionOptions()
         self._model_path = path_or_bytes if isinstance(path_or_bytes, str | os.PathLike) else None
         self._providers = self._create_providers(providers, provider_options)
-        opts = self._sess_options
-        self._profiler = Profiler(opts.profile_file_prefix) if opts.enable_profiling else None
-        t_start = time.perf_counter_ns()
+        t_start, t_start_wall = time.perf_counter_ns(), time.time_ns()
 
         try:
             with _collector_paused():
@@ -116,7 +153,10 @@ class InferenceSession:
         except UnicodeDecodeError as e:
             # protobuf decodes string fields when they are first read, anywhere in the pipeline
             raise InvalidProtobuf(f"Failed to load model: a string field is not UTF-8 ({e})") from e
-        if self._profiler is not None:
+        opts = self._sess_options  # the model's own options may have replaced them
+        self._profiler = None
+        if opts.enable_profiling:
+            self._profiler = Profiler(opts.profile_file_prefix, (t_start, t_start_wall))
             kind = "uri" if self._model_path is not None else "array"
             self._profiler.session_event(f"model_loading_{kind}", t_start, t_loaded)
             self._profiler.session_event("session_initialization", t_start,
@@ -144,8 +184,12 @@ class InferenceSession:
         opts = self._sess_options
         # 1. load
         ext_dir = opts._config.get("session.model_external_initializers_file_folder_path")
-        proto, model = load_model(path_or_bytes, ext_dir)
+        proto, model = load_model(
+            path_or_bytes, ext_dir, opts._external_files,
+            {n: opts._initializers[n] for n in opts._external_initializers})
         t_loaded = time.perf_counter_ns()
+        if os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1":
+            opts = self._sess_options = options_from_model(opts, model.metadata_props)
         self._apply_option_overrides(model)
         if opts._free_dim_by_name or opts._free_dim_by_denotation:
             proto = _with_overridden_dims(proto, model)
@@ -158,10 +202,17 @@ class InferenceSession:
             model, int(opts.graph_optimization_level), opts, disabled_optimizers
         )
         if opts.optimized_model_filepath:
-            onnx.save(model_to_proto(model), opts.optimized_model_filepath)
+            _save_optimized(model, opts.optimized_model_filepath, opts._config)
         # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
         expand_functions(model, self._providers)
         assignment = partition(model, self._providers)
+        self._assignment_info = None
+        if opts._config.get(_RECORD_ASSIGNMENT) == "1":
+            # onnxruntime reports each node the CPU provider runs as a subgraph of its own
+            self._assignment_info = [
+                OrtEpAssignedSubgraph(assignment[id(n)].name,
+                                      [OrtEpAssignedNode(n.domain, n.name, n.op_type)])
+                for n in model.graph.nodes]
         self._pool = None
         if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
             workers = opts.inter_op_num_threads or os.cpu_count() or 2
@@ -181,26 +232,16 @@ class InferenceSession:
 
     # -- construction helpers ---------------------------------------------------------------------
     def _create_providers(self, providers: Any, provider_options: Any) -> list[ExecutionProvider]:
-        if not providers:
-            return [create_provider(CPU)]
-        if provider_options is not None and len(provider_options) != len(providers):
-            raise ValueError("'providers' and 'provider_options' should be the same length")
+        available = available_providers()
+        names, options = check_and_normalize_provider_args(providers, provider_options, available)
         chosen: list[ExecutionProvider] = []
-        for i, entry in enumerate(providers):
-            name, options = (entry if isinstance(entry, tuple) else (entry, None))
-            if provider_options is not None:
-                options = provider_options[i]
-            if name in available_providers():
-                if all(p.name != name for p in chosen):
-                    chosen.append(create_provider(name, options))
-            elif name in _KNOWN_PROVIDERS:
-                warnings.warn(
-                    f"Specified provider '{name}' is not in available provider names. "
-                    f"Available providers: '{', '.join(available_providers())}'",
-                    stacklevel=3,
-                )
-            else:
-                raise ValueError(f"Unknown Provider Type: {name}")
+        for name, opts in zip(names, options, strict=True):
+            if name in available:
+                chosen.append(create_provider(name, opts))
+            elif name not in _KNOWN_PROVIDERS:
+                # RuntimeError as in onnxruntime, and ValueError: it is a bad argument
+                raise InvalidArgument(f"Unknown Provider Type: {name}")
+            # else: a provider this build lacks (warned about above): the CPU provider runs
         if all(p.name != CPU for p in chosen):
             chosen.append(create_provider(CPU))  # CPU is always the fallback
         return chosen
@@ -272,6 +313,15 @@ class InferenceSession:
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
         return {p.name: {k: str(v) for k, v in p.options.items()} for p in self._providers}
+
+    def get_provider_graph_assignment_info(self) -> list[OrtEpAssignedSubgraph]:
+        """The nodes of the optimized graph each execution provider runs, one subgraph per
+        node. Needs the session config entry "session.record_ep_graph_assignment_info" = "1"."""
+        if self._assignment_info is None:
+            raise Fail(
+                f"Session configuration entry '{_RECORD_ASSIGNMENT}' must be set to \"1\" to "
+                "retrieve EP graph assignment information.")
+        return list(self._assignment_info)
 
     def get_session_options(self) -> SessionOptions:
         return self._sess_options
@@ -416,6 +466,82 @@ class InferenceSession:
         return feeds
 
 
+def check_and_normalize_provider_args(
+    providers: Sequence[str | tuple[str, dict[Any, Any]]] | None,
+    provider_options: Sequence[dict[Any, Any]] | None,
+    available_provider_names: Sequence[str],
+) -> tuple[list[str], list[dict[str, str]]]:
+    """onnxruntime's check of the ``providers`` / ``provider_options`` arguments: returns the
+    provider names in order and one options dict each (keys and values as strings). A provider
+    is a name or a ``(name, options)`` tuple; ``provider_options``, when given, pairs with names
+    only. Malformed arguments raise ValueError; a name not in ``available_provider_names``
+    warns, a repeated one warns and is dropped."""
+    if providers is None:
+        return [], []
+    if not isinstance(providers, Sequence) or isinstance(providers, str):
+        raise ValueError("'providers' should be a sequence of provider names or "
+                         "(name, options) tuples.")
+    pairs: list[tuple[str, Any]] = []
+    if provider_options is not None:
+        if not isinstance(provider_options, Sequence) or isinstance(provider_options, str):
+            raise ValueError("'provider_options' should be a sequence.")
+        if len(providers) != len(provider_options):
+            raise ValueError("'providers' and 'provider_options' should be the same length if "
+                             "both are given.")
+        if not all(isinstance(p, str) for p in providers):
+            raise ValueError("Only string values for 'providers' are supported if "
+                             "'provider_options' is given.")
+        if not all(isinstance(o, dict) for o in provider_options):
+            raise ValueError("'provider_options' values must be dicts.")
+        pairs = list(zip(providers, provider_options, strict=True))
+    else:
+        for p in providers:
+            if isinstance(p, str):
+                pairs.append((p, {}))
+            elif (isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                  and isinstance(p[1], dict)):
+                pairs.append(p)
+            else:
+                raise ValueError("'providers' values must be either strings or (string, dict) "
+                                 f"tuples, got {p!r}.")
+    normalized: dict[str, dict[str, str]] = {}
+    for name, options in pairs:
+        if name not in available_provider_names:
+            warnings.warn(f"Specified provider '{name}' is not in available provider names. "
+                          f"Available providers: '{', '.join(available_provider_names)}'",
+                          stacklevel=3)
+        if name in normalized:
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=3)
+            continue
+        normalized[name] = {str(k): str(v) for k, v in options.items()}
+    return list(normalized), list(normalized.values())
+
+
+def _save_optimized(model: Model, path: str | os.PathLike, config: dict[str, str]) -> None:
+    """``optimized_model_filepath``: the optimized model, its initializers of at least
+    "session.optimized_model_external_initializers_min_size_in_bytes" (1024) bytes in the file
+    "session.optimized_model_external_initializers_file_name" beside it when that is set."""
+    proto = model_to_proto(model)
+    name = config.get("session.optimized_model_external_initializers_file_name")
+    if name:
+        if os.path.isabs(name) or os.path.normpath(name).startswith(".."):
+            raise InvalidArgument(
+                f"session.optimized_model_external_initializers_file_name '{name}': a file name "
+                "relative to the optimized model's folder is expected")
+        min_size = int(config.get(
+            "session.optimized_model_external_initializers_min_size_in_bytes", "1024"))
+        data_path = os.path.join(os.path.dirname(os.fspath(path)), name)
+        with open(data_path, "wb") as f:
+            for t in proto.graph.initializer:
+                if t.HasField("raw_data") and len(t.raw_data) >= min_size:
+                    offset = f.tell()
+                    f.write(t.raw_data)
+                    external_data_helper.set_external_data(t, name, offset, len(t.raw_data))
+                    t.ClearField("raw_data")
+                    t.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save(proto, path)
+
+
 def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelProto:
     """A weightless copy of the model whose inputs and outputs carry the free-dimension
     overrides, so shape inference (and then constant folding of Shape subgraphs) sees them."""
@@ -435,6 +561,8 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
         value = value.numpy()
     if spec.kind != "tensor_type":
         return value  # sequences, maps, optionals: checked by the kernels that read them
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        value = OrtValue.from_dlpack(value).numpy()  # a tensor of another library, not copied
     if not isinstance(value, np.ndarray):
         try:
             value = np.asarray(value, dtype=spec.dtype)  # lists and scalars take the model's type
@@ -447,6 +575,8 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
     if expected is not None and value.dtype != expected:
         if expected.kind == "O" and value.dtype.kind in "US":
             value = value.astype(object)
+        elif expected.kind == "O" and value.dtype.kind == "V":
+            value = _void_as_strings(spec.name, value)
         else:
             raise InvalidArgument(
                 f"Unexpected input data type for '{spec.name}'. Actual: "
@@ -472,6 +602,20 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
                 f"{'; '.join(bad)} (expected shape {shape}, got {list(value.shape)})"
             )
     return value
+
+
+def _void_as_strings(name: str, value: np.ndarray) -> np.ndarray:
+    """np.void items fed to a string input: each item's bytes are one UTF-8 string, as
+    onnxruntime reads them."""
+    out = np.empty(value.shape, dtype=object)
+    flat = out.reshape(-1)
+    for i, item in enumerate(value.reshape(-1)):
+        try:
+            flat[i] = bytes(item).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(
+                f"input '{name}': item {i} of the np.void array is not UTF-8 text: {e}") from None
+    return out
 
 
 def _as_output(value: Any) -> Any:
