@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from ._version import __version__
+from .api.adapters import AdapterFormat, LoraAdapter
 from .api.iobinding import IOBinding
 from .api.options import (
     ExecutionMode,
@@ -94,11 +95,12 @@ def set_seed(seed: int) -> None:
 
 
 __all__ = [
-    "EPFail", "ExecutionMode", "ExecutionOrder", "Fail", "GraphOptimizationLevel", "IOBinding",
-    "InferenceSession", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "ModelMetadata",
-    "NoSuchFile", "NodeArg", "NotImplemented", "OnnxRunError", "OrtValue", "RunOptions",
-    "RuntimeException", "SessionOptions", "__version__", "disable_telemetry_events",
-    "enable_telemetry_events", "get_all_providers", "get_available_providers", "get_build_info",
-    "get_device", "get_version_string", "register_custom_op", "set_default_logger_severity",
-    "set_default_logger_verbosity", "set_seed", "version",
+    "AdapterFormat", "EPFail", "ExecutionMode", "ExecutionOrder", "Fail",
+    "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InvalidArgument", "InvalidGraph",
+    "InvalidProtobuf", "LoraAdapter", "ModelMetadata", "NoSuchFile", "NodeArg", "NotImplemented",
+    "OnnxRunError", "OrtValue", "RunOptions", "RuntimeException", "SessionOptions", "__version__",
+    "disable_telemetry_events", "enable_telemetry_events", "get_all_providers",
+    "get_available_providers", "get_build_info", "get_device", "get_version_string",
+    "register_custom_op", "set_default_logger_severity", "set_default_logger_verbosity",
+    "set_seed", "version",
 ]

@@ -153,9 +153,20 @@ class RunOptions:
         self.terminate = False
         self.only_execute_path_to_fetches = False
         self._config: dict[str, str] = {}
+        self._active_adapters: list[Any] = []
 
     def add_run_config_entry(self, key: str, value: str) -> None:
         self._config[str(key)] = str(value)
+
+    def add_active_adapter(self, adapter: Any) -> None:
+        """Run with a loaded LoraAdapter: its parameters are fed to the model inputs of the
+        same names (several adapters may be active; their parameter names must differ)."""
+        from .adapters import LoraAdapter
+
+        if not isinstance(adapter, LoraAdapter):
+            raise TypeError(f"add_active_adapter expects a LoraAdapter, got "
+                            f"{type(adapter).__name__}")
+        self._active_adapters.append(adapter)
 
     def get_run_config_entry(self, key: str) -> str:
         try:

@@ -356,6 +356,8 @@ class InferenceSession:
             raise InvalidArgument(
                 f"input_feed must be a dict of input name -> value, got {type(input_feed).__name__}"
             )
+        if run_options is not None and run_options._active_adapters:
+            input_feed = _with_adapter_parameters(input_feed, run_options._active_adapters)
         feeds = self._check_feeds(input_feed)
         fetches = self._fetch_slots(output_names)
         # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
@@ -540,6 +542,20 @@ def _save_optimized(model: Model, path: str | os.PathLike, config: dict[str, str
                     t.ClearField("raw_data")
                     t.data_location = onnx.TensorProto.EXTERNAL
     onnx.save(proto, path)
+
+
+def _with_adapter_parameters(input_feed: Mapping[str, Any], adapters: list[Any]
+                             ) -> dict[str, Any]:
+    """The feed and the active LoRA adapters' parameters; a name given twice is an error."""
+    feed = dict(input_feed)
+    for adapter in adapters:
+        for name, value in adapter.parameters().items():
+            if name in feed:
+                raise InvalidArgument(
+                    f"input '{name}' is given twice: by the feed or another adapter, and by an "
+                    "active LoRA adapter")
+            feed[name] = value
+    return feed
 
 
 def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelProto:
