@@ -63,6 +63,8 @@ class OrtValue:
         return list(self._value.shape)
 
     def data_type(self) -> str:
+        if self.is_sparse_tensor():
+            return self._value.data_type()
         return value_type_string(self._value)
 
     def element_type(self) -> int:
@@ -80,7 +82,23 @@ class OrtValue:
         return isinstance(self._value, list)
 
     def is_sparse_tensor(self) -> bool:
-        return False
+        from .sparse import SparseTensor
+
+        return isinstance(self._value, SparseTensor)
+
+    @staticmethod
+    def ort_value_from_sparse_tensor(sparse_tensor: Any) -> OrtValue:
+        from .sparse import SparseTensor
+
+        if not isinstance(sparse_tensor, SparseTensor):
+            raise TypeError(f"expected a SparseTensor, got {type(sparse_tensor).__name__}")
+        return OrtValue(sparse_tensor)
+
+    def as_sparse_tensor(self) -> Any:
+        """The SparseTensor this value holds."""
+        if not self.is_sparse_tensor():
+            raise RuntimeError(f"this OrtValue holds {self.data_type()}, not a sparse tensor")
+        return self._value
 
     def has_value(self) -> bool:
         return self._value is not None

@@ -38,7 +38,9 @@ from .options import (
     SessionOptions,
     options_from_model,
 )
+from . import sparse
 from .ortvalue import OrtValue
+from .sparse import SparseTensor
 
 logger = logging.getLogger("onnxrun")
 
@@ -113,10 +115,11 @@ class OrtEpAssignedSubgraph:
 class _InputSpec:
     """What run() checks a fed value against."""
 
-    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default")
+    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default", "sparse")
 
-    def __init__(self, value: Value, slot: int, has_default: bool) -> None:
+    def __init__(self, value: Value, slot: int, has_default: bool, sparse: bool = False) -> None:
         self.name = value.name
+        self.sparse = sparse  # declared sparse: takes a SparseTensor, densified
         self.slot = slot
         self.has_default = has_default
         tp = value.type
@@ -165,9 +168,10 @@ class InferenceSession:
         g = model.graph
         initializer_ids = {id(v) for v in g.initializers.values()}
         self._input_specs = [
-            _InputSpec(v, s, id(v) in initializer_ids)
+            _InputSpec(v, s, id(v) in initializer_ids, v.name in self._sparse_types)
             for v, s in zip(g.inputs, self._program.input_slots, strict=True)
         ]
+        self._sparse_outputs = {v.name for v in g.outputs if v.name in self._sparse_types}
         self._inputs_by_name = {spec.name: spec for spec in self._input_specs}
         self._output_slot = {
             v.name: s for v, s in zip(g.outputs, self._program.output_slots, strict=True)
@@ -190,6 +194,12 @@ class InferenceSession:
         t_loaded = time.perf_counter_ns()
         if os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1":
             opts = self._sess_options = options_from_model(opts, model.metadata_props)
+        self._sparse_types: dict[str, onnx.TypeProto] = {}
+        if sparse.has_sparse_io(proto):
+            if proto is path_or_bytes:  # the caller's ModelProto: left as it is
+                proto = onnx.ModelProto()
+                proto.CopyFrom(path_or_bytes)
+            self._sparse_types = sparse.densify_io(proto, model)
         self._apply_option_overrides(model)
         if opts._free_dim_by_name or opts._free_dim_by_denotation:
             proto = _with_overridden_dims(proto, model)
@@ -295,11 +305,11 @@ class InferenceSession:
     def get_outputs(self) -> list[NodeArg]:
         return [self._node_arg(v) for v in self._model.graph.outputs]
 
-    @staticmethod
-    def _node_arg(v: Value) -> NodeArg:
-        shape = dtypes.type_shape(v.type)
+    def _node_arg(self, v: Value) -> NodeArg:
+        tp = self._sparse_types.get(v.name, v.type)  # as declared: sparse I/O run dense
+        shape = dtypes.type_shape(tp)
         # onnxruntime reports an unknown rank as [] (and an unknown dimension as None).
-        return NodeArg(v.name, dtypes.type_string(v.type), [] if shape is None else shape)
+        return NodeArg(v.name, dtypes.type_string(tp), [] if shape is None else shape)
 
     def get_optimization_report(self) -> OptimizationReport:
         """What the graph optimizer did to this session's model (onnxrun extension)."""
@@ -368,6 +378,10 @@ class InferenceSession:
             else:
                 results = self._run_profiled(fetches, feeds, run_options)
         outputs = [_as_output(r) for r in results]
+        if self._sparse_outputs:
+            for i, name in enumerate(output_names or self._output_names):
+                if name in self._sparse_outputs and isinstance(outputs[i], np.ndarray):
+                    outputs[i] = SparseTensor.from_dense(outputs[i])
         # An output may be a view of a fed array (Identity, Reshape of an input): hand back a
         # buffer of its own, as onnxruntime does, so writing to one never changes the other.
         fed = [v for _, v in feeds if isinstance(v, np.ndarray)]
@@ -575,6 +589,11 @@ def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelPro
 def _check_value(spec: _InputSpec, value: Any) -> Any:
     if isinstance(value, OrtValue):
         value = value.numpy()
+    if isinstance(value, SparseTensor):
+        if not spec.sparse:
+            raise InvalidArgument(
+                f"input '{spec.name}' is a dense tensor, a SparseTensor was given")
+        value = value.to_dense()
     if spec.kind != "tensor_type":
         return value  # sequences, maps, optionals: checked by the kernels that read them
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):

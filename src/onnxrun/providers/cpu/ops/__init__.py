@@ -92,7 +92,8 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
     "com.microsoft": {
         "contrib.fused": (
             "BiasAdd", "BiasGelu", "BiasSoftmax", "BiasSplitGelu", "FastGelu", "FusedConv",
-            "FusedGemm", "FusedMatMul", "Gelu", "NhwcMaxPool", "QuickGelu"),
+            "FusedGemm", "FusedMatMul", "Gelu", "NhwcMaxPool", "QuickGelu",
+            "SparseToDenseMatMul"),
         "contrib.quantization": (
             "DequantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
             "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd", "QLinearAveragePool",

@@ -1,6 +1,7 @@
 """com.microsoft fused elementwise / linear-algebra operators that onnxruntime's graph
 optimizer writes: FusedConv, FusedGemm, FusedMatMul, the Gelu family (Gelu, FastGelu,
-BiasGelu, QuickGelu, BiasSplitGelu), BiasSoftmax, BiasAdd and NhwcMaxPool.
+BiasGelu, QuickGelu, BiasSplitGelu), BiasSoftmax, BiasAdd and NhwcMaxPool; and
+SparseToDenseMatMul.
 """
 
 from __future__ import annotations
@@ -188,6 +189,28 @@ class FusedMatMul:
         Y = np.asarray(Y)
         if self.alpha != 1.0:
             Y = Y * cdt.type(self.alpha)
+        return Y.astype(A.dtype, copy=False)
+
+
+@op("SparseToDenseMatMul", 1, domain=MS)
+class SparseToDenseMatMul:
+    """Y = alpha * op(A) @ op(B), A a sparse 2-D matrix (given dense: a session densifies
+    sparse inputs as they are fed), B dense."""
+
+    def __init__(self, ctx: KernelContext, *, alpha=1.0, transA=0, transB=0) -> None:
+        self.alpha, self.transA, self.transB = float(alpha), bool(transA), bool(transB)
+
+    def __call__(self, A, B):
+        if A.ndim != 2 or B.ndim != 2:
+            raise ValueError(f"A and B must be 2-D, got {list(A.shape)} and {list(B.shape)}")
+        a = A.T if self.transA else A
+        b = B.T if self.transB else B
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(f"inner dimensions differ: op(A) {list(a.shape)}, op(B) "
+                             f"{list(b.shape)}")
+        Y = np.matmul(a, b)
+        if self.alpha != 1.0:
+            Y = Y * Y.dtype.type(self.alpha)
         return Y.astype(A.dtype, copy=False)
 
 
