@@ -24,6 +24,7 @@ from .api.options import (
 )
 from .api.ortvalue import OrtValue
 from .api.session import InferenceSession, ModelMetadata, NodeArg
+from .api.sparse import OrtSparseFormat, SparseTensor
 from .custom_ops import register_custom_op
 from .errors import (
     EPFail,
@@ -98,7 +99,8 @@ __all__ = [
     "AdapterFormat", "EPFail", "ExecutionMode", "ExecutionOrder", "Fail",
     "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InvalidArgument", "InvalidGraph",
     "InvalidProtobuf", "LoraAdapter", "ModelMetadata", "NoSuchFile", "NodeArg", "NotImplemented",
-    "OnnxRunError", "OrtValue", "RunOptions", "RuntimeException", "SessionOptions", "__version__",
+    "OnnxRunError", "OrtSparseFormat", "OrtValue", "RunOptions", "RuntimeException",
+    "SessionOptions", "SparseTensor", "__version__",
     "disable_telemetry_events", "enable_telemetry_events", "get_all_providers",
     "get_available_providers", "get_build_info", "get_device", "get_version_string",
     "register_custom_op", "set_default_logger_severity", "set_default_logger_verbosity",
