@@ -657,6 +657,30 @@ def test_linear_classifier_input_types_and_errors():
                           {"X": np.ones((1, 2), np.float32)})
 
 
+def test_string_categories_match_exactly_trailing_nuls_included():
+    """numpy's str arrays drop trailing NULs; onnxruntime's std::string keys keep them."""
+    node = ml_node("OneHotEncoder", cats_strings=["A\0A", "B", "C\0"], zeros=1)
+    m = ml_model(node, [("X", S)], [("Y", F)])
+    for items in (["A\0A", "B", "C\0"], ["A\0A\0", "B\0", "C"], ["A", "A\0A", "C\0\0"]):
+        check_vs_ort(m, {"X": np.array([items], dtype=object)})
+
+
+def test_map_input_keys_must_have_the_map_key_type():
+    node = ml_node("DictVectorizer", int64_vocabulary=[0, 1, 2])
+    m_type = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(
+        TensorProto.FLOAT, []))
+    graph = helper.make_graph([node], "g", [helper.make_value_info("X", m_type)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid("ai.onnx.ml", 1)])
+    for x in ({0: 1.5, 2: -3.0}, {np.int64(1): np.float32(2.0)}, {np.int32(2): np.float64(1)}):
+        check_vs_ort(m, {"X": x})
+    for engine in (onnxrun, ort):
+        with pytest.raises(RuntimeError, match="Unexpected key type  <class 'str'>, it cannot "
+                                               "be linked to C type int64_t"):
+            engine.InferenceSession(m.SerializeToString()).run(None, {"X": {0: 1.0, "a": 2.0}})
+
+
 def test_linear_models_with_more_coefficients_than_input_features():
     """onnxruntime reads the coefficients as [targets, the input's features] and uses the
     leading values (its iris example model holds 4 features' weights and takes 2 columns);

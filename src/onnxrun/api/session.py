@@ -115,7 +115,7 @@ class OrtEpAssignedSubgraph:
 class _InputSpec:
     """What run() checks a fed value against."""
 
-    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default", "sparse")
+    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default", "sparse", "map_key")
 
     def __init__(self, value: Value, slot: int, has_default: bool, sparse: bool = False) -> None:
         self.name = value.name
@@ -124,6 +124,7 @@ class _InputSpec:
         self.has_default = has_default
         tp = value.type
         self.kind = tp.WhichOneof("value") if tp is not None else None
+        self.map_key = tp.map_type.key_type if self.kind == "map_type" else None
         self.dtype: np.dtype | None = None
         self.shape: list[int | str | None] | None = None
         if self.kind == "tensor_type":
@@ -594,6 +595,8 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
             raise InvalidArgument(
                 f"input '{spec.name}' is a dense tensor, a SparseTensor was given")
         value = value.to_dense()
+    if spec.kind == "map_type":
+        _check_map_keys(spec, value)
     if spec.kind != "tensor_type":
         return value  # sequences, maps, optionals: checked by the kernels that read them
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
@@ -637,6 +640,24 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
                 f"{'; '.join(bad)} (expected shape {shape}, got {list(value.shape)})"
             )
     return value
+
+
+# Python key types a map input takes, by its ONNX key type, and onnxruntime's C++ type name.
+_MAP_KEYS = {onnx.TensorProto.INT64: ((int, np.integer), "int64_t"),
+             onnx.TensorProto.STRING: ((str,), "std::string")}
+
+
+def _check_map_keys(spec: _InputSpec, value: Any) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(
+            f"input '{spec.name}' is a map: a dict was expected, got {type(value).__name__}")
+    accepted, c_type = _MAP_KEYS.get(spec.map_key, ((object,), ""))
+    for key in value:
+        if not isinstance(key, accepted) or isinstance(key, bool):
+            # onnxruntime's words (a RuntimeError there; InvalidArgument is one)
+            raise InvalidArgument(
+                f"Unexpected key type  {type(key)}, it cannot be linked to C type {c_type} "
+                f"(input '{spec.name}')")
 
 
 def _void_as_strings(name: str, value: np.ndarray) -> np.ndarray:

@@ -135,6 +135,9 @@ class Lookup:
 
     def __init__(self, keys, values, *, first_wins: bool = True, nan_keys: bool = False,
                  key_dtype=None, value_dtype=None) -> None:
+        # numpy's str arrays drop trailing NULs, which onnxruntime's std::string keys keep:
+        # string keys are matched on those arrays, then checked exactly (see __call__)
+        exact = _object_array([str(k) for k in keys]) if key_dtype in (object, str) else None
         keys = _key_array(keys, key_dtype)
         values = np.asarray(values, dtype=value_dtype) if value_dtype is not object else \
             _object_array(values)
@@ -144,14 +147,18 @@ class Lookup:
             )
         if not first_wins:
             keys, values = keys[::-1], values[::-1]
+            exact = exact[::-1] if exact is not None else None
         order = np.argsort(keys, kind="stable")
         keys, values = keys[order], values[order]
+        exact = exact[order] if exact is not None else None
         if len(keys) > 1:
             dup = np.zeros(len(keys), dtype=bool)
             dup[1:] = _same(keys[1:], keys[:-1]) if nan_keys or keys.dtype.kind != "f" else \
                 keys[1:] == keys[:-1]
             keys, values = keys[~dup], values[~dup]
+            exact = exact[~dup] if exact is not None else None
         self.keys = keys
+        self.exact = exact
         self.values = values
         self.nan_keys = nan_keys and keys.dtype.kind == "f"
 
@@ -170,6 +177,8 @@ class Lookup:
         else:
             pos = np.minimum(np.searchsorted(keys, Xk), len(keys) - 1)
             found = _same(keys[pos], Xk) if self.nan_keys else keys[pos] == Xk
+            if self.exact is not None and X.dtype == object and found.any():
+                found[found] = self.exact[pos[found]] == X[found]
         if values.dtype == object:
             out = np.empty(X.shape, dtype=object)
             out[...] = default
