@@ -288,3 +288,18 @@ def test_optimized_model_keeps_large_initializers_in_an_external_file(tmp_path, 
                                 "../escape.bin")
     with pytest.raises(onnxrun.InvalidArgument, match="relative to the optimized model"):
         InferenceSession(model.SerializeToString(), so)
+
+
+# -- IOBinding ----------------------------------------------------------------------------------
+
+def test_binding_a_raw_buffer_as_a_string_tensor_is_refused():
+    scratch = np.zeros(4, np.uint8)
+    for engine in (onnxrun, ort):
+        binding = engine.InferenceSession(MUL.SerializeToString()).io_binding()
+        for element_type in (int(TensorProto.STRING), np.dtype("U1"), np.dtype("S1"),
+                             np.dtype(object)):
+            with pytest.raises(RuntimeError, match="Only binding non-string Tensors"):
+                binding.bind_input("X", "cpu", 0, element_type, [1], scratch.ctypes.data)
+    binding = InferenceSession(MUL.SerializeToString()).io_binding()
+    with pytest.raises(RuntimeError, match="Only binding non-string Tensors"):
+        binding.bind_output("Y", "cpu", 0, np.dtype(object), [3, 2], scratch.ctypes.data)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 
+from ..errors import InvalidArgument
 from .ortvalue import OrtValue, _check_cpu, array_from_pointer
 
 if TYPE_CHECKING:
@@ -27,6 +29,7 @@ class IOBinding:
     def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any,
                    shape: Any, buffer_ptr: int) -> None:
         _check_cpu(device_type)
+        _check_not_string(name, element_type)
         self._inputs[name] = array_from_pointer(buffer_ptr, shape, element_type)
 
     def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
@@ -43,6 +46,7 @@ class IOBinding:
         if buffer_ptr is not None:
             if element_type is None or shape is None:
                 raise ValueError("bind_output with buffer_ptr needs element_type and shape")
+            _check_not_string(name, element_type)
             self._outputs[name] = array_from_pointer(buffer_ptr, shape, element_type)
         else:
             self._outputs[name] = None
@@ -88,3 +92,14 @@ class IOBinding:
                 value = target
             results.append(OrtValue(value))
         self._results = results
+
+
+def _check_not_string(name: str, element_type: Any) -> None:
+    """A raw buffer holds no Python strings: binding one as a string tensor would read
+    arbitrary memory as object pointers. Refused as onnxruntime refuses it (RuntimeError)."""
+    is_string = (element_type == onnx.TensorProto.STRING if isinstance(element_type, int)
+                 else np.dtype(element_type).kind in "USO")
+    if is_string:
+        raise InvalidArgument(
+            f"'{name}': Only binding non-string Tensors is supported through a buffer pointer; "
+            "bind a string tensor with bind_cpu_input or bind_ortvalue_input")
