@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -158,15 +159,22 @@ def test_summarize_trace_skips_warmup(tmp_path: Path) -> None:
     assert p.by_node[0] == ("a", "Conv", 2, 40.0)
 
 
+def test_threadpoolctl_is_a_dependency() -> None:
+    # intra_op_num_threads holds only through threadpoolctl: it must come with onnxrun.
+    from importlib.metadata import requires
+
+    assert any(re.match(r"threadpoolctl\b", r) and "extra ==" not in r
+               for r in requires("onnxrun") or [])
+
+
 def test_intra_op_threads_limit_blas_during_runs(model_path: Path) -> None:
-    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import threadpoolctl
 
     def blas_threads() -> list[int]:
         return [i["num_threads"] for i in threadpoolctl.threadpool_info()
                 if i["user_api"] == "blas"]
 
-    before = blas_threads()
-    if not before:
+    if not blas_threads():
         pytest.skip("no BLAS library found by threadpoolctl")
     so = onnxrun.SessionOptions()
     so.intra_op_num_threads = 1
@@ -179,9 +187,13 @@ def test_intra_op_threads_limit_blas_during_runs(model_path: Path) -> None:
         return program_run(*args, **kwargs)
 
     sess._program.run = spy
-    sess.run(None, {"X": np.ones((2, 8), dtype=np.float32)})
-    assert seen == [[1] * len(before)]
-    assert blas_threads() == before  # restored after the run
+    # The host's own setting (3, not any library's default) is what comes back after the run.
+    with threadpoolctl.threadpool_limits(3, user_api="blas"):
+        host = blas_threads()
+        assert set(host) == {3}
+        sess.run(None, {"X": np.ones((2, 8), dtype=np.float32)})
+        assert seen == [[1] * len(host)]
+        assert blas_threads() == host  # restored after the run
 
 
 def test_suite_writes_between_markers(tmp_path: Path) -> None:

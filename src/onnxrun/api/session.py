@@ -754,24 +754,22 @@ _blas_found: tuple[int, list[Any]] | None = None  # (len(sys.modules) then, the 
 
 
 def _blas_libraries() -> list[Any]:
-    """The BLAS libraries of the process, through threadpoolctl (optional: not a dependency).
-    Its scan of every loaded shared library is redone only when modules were imported since:
-    an import may load another BLAS (scipy's, torch's)."""
+    """The BLAS libraries of the process, through threadpoolctl (a dependency: without it
+    ``intra_op_num_threads`` could not hold). Imported and scanned at the first run that needs
+    it; the scan of every loaded shared library is redone only when modules were imported
+    since: an import may load another BLAS (scipy's, torch's)."""
     global _blas_found
     if _blas_found is None or _blas_found[0] != len(sys.modules):
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            libs: list[Any] = []
-        else:
-            libs = ThreadpoolController().select(user_api="blas").lib_controllers
+        from threadpoolctl import ThreadpoolController
+
+        libs = ThreadpoolController().select(user_api="blas").lib_controllers
         _blas_found = (len(sys.modules), libs)
     return _blas_found[1]
 
 
 class _BlasThreads:
     """``intra_op_num_threads`` (> 0) applied to BLAS, the one multi-threaded part of the CPU
-    kernels, for the duration of each run, through threadpoolctl when it is installed. BLAS's
+    kernels, for the duration of each run, through threadpoolctl. BLAS's
     thread count is process-wide: overlapping runs keep the first one's limit until the last one
     ends, then the previous count comes back."""
 
