@@ -321,3 +321,53 @@ def test_float16_models_quantize_to_valid_graphs(tmp_path):
             assert [n.op_type for n in q.graph.node].count("ConvInteger") == 1
         (y,) = onnxrun.InferenceSession(str(out)).run(None, {"x": x})
         assert y.dtype == np.float16 and np.abs(y - ref).max() < 0.1
+
+
+def test_onnx_model_topological_sort_as_onnxruntime():
+    from onnxrun.quantization.onnx_model import ONNXModel
+
+    g = helper.make_graph(
+        [helper.make_node("Add", ["c", "x"], ["y"], name="add"),
+         helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(np.float32(1))),
+         helper.make_node("Relu", ["x"], ["r"], name="relu"),
+         # reads y only inside its branch: must come after the Add all the same
+         helper.make_node("If", ["cond"], ["z"], then_branch=helper.make_graph(
+             [helper.make_node("Identity", ["y"], ["t"])], "t", [],
+             [helper.make_tensor_value_info("t", 1, None)]), else_branch=helper.make_graph(
+             [helper.make_node("Identity", ["r"], ["e"])], "e", [],
+             [helper.make_tensor_value_info("e", 1, None)]))],
+        "g", [helper.make_tensor_value_info("x", 1, [1]),
+              helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("z", 1, None)])
+    m = ONNXModel(helper.make_model(g))
+    m.topological_sort()
+    assert [n.op_type for n in m.nodes()] == ["Constant", "Relu", "Add", "If"]
+    assert m.get_children(m.nodes()[0])[0].op_type == "Add"
+    assert m.find_graph_output("z") is not None and m.is_graph_input("x")
+
+
+def test_qdq_respects_prequantized_weights_and_untyped_models(tmp_path):
+    """A weight the model already dequantizes keeps its parameters (the bias is quantized with
+    them); a model without value_info is typed before quantizing (QDQQuantizer used directly)."""
+    from onnxrun.quantization import QDQQuantizer
+
+    wq = numpy_helper.from_array(np.array([[[[3]]], [[[-5]]]], np.int8), "wq")
+    ws = numpy_helper.from_array(np.float32(0.1), "ws")
+    wz = numpy_helper.from_array(np.int8(0), "wz")
+    b = numpy_helper.from_array(np.array([0.5, -0.5], np.float32), "b")
+    g = helper.make_graph([helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"]),
+                           helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv")], "g",
+                          [helper.make_tensor_value_info("x", 1, [1, 1, 2, 2])],
+                          [helper.make_tensor_value_info("y", 1, [1, 2, 2, 2])], [wq, ws, wz, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    ranges = {n: TensorData(lowest=np.float32(-1), highest=np.float32(1)) for n in ("x", "y")}
+    quantizer = QDQQuantizer(m, False, False, QuantType.QInt8, QuantType.QUInt8, ranges, [], [],
+                             ["Conv"], {})
+    quantizer.quantize_model()
+    q = quantizer.model.model
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 4
+    dq_w = next(n for n in q.graph.node if n.output[0] == "w")
+    assert list(dq_w.input) == ["wq", "ws", "wz"]
+    bias_scale = next(t for t in q.graph.initializer if t.name == "b_quantized_scale")
+    assert np.isclose(numpy_helper.to_array(bias_scale).reshape(-1)[0], 0.1 * 2 / 255)

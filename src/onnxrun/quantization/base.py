@@ -24,6 +24,7 @@ from .quant_types import (
     quantize_nparray,
     snap_zero_point_to_uint8,
 )
+from .onnx_model import ONNXModel, subgraph_references
 from .tensor_quant_overrides import TensorQuantOverridesHelper
 
 logger = logging.getLogger("onnxrun.quantization")
@@ -49,22 +50,6 @@ class QValue:
 
 def attributes(node: NodeProto) -> dict[str, Any]:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def subgraph_references(node: NodeProto) -> set[str]:
-    """Names a node's subgraphs (If/Loop/Scan bodies, nested too) read from outer scopes."""
-    refs: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.HasField("g") else list(a.graphs)
-        for g in graphs:
-            defined = {i.name for i in g.input} | {t.name for t in g.initializer}
-            for n in g.node:
-                defined.update(n.output)
-            for n in g.node:
-                refs.update(i for i in n.input if i and i not in defined)
-                refs.update(r for r in subgraph_references(n) if r not in defined)
-            refs.update(o.name for o in g.output if o.name not in defined)
-    return refs
 
 
 def opset_of(model: ModelProto, domain: str = "") -> int:
@@ -95,7 +80,13 @@ class QuantizerBase:
                  tensors_range: Mapping[str, Any] | None, nodes_to_quantize: Iterable[str] | None,
                  nodes_to_exclude: Iterable[str] | None, op_types_to_quantize: Iterable[str],
                  extra_options: Mapping[str, Any] | None) -> None:
-        self.model = model
+        if _untyped_outputs(model):  # a model given without value_info: type every tensor
+            try:
+                model = onnx.shape_inference.infer_shapes(model)
+            except Exception as e:  # noqa: BLE001 - quantize what can be typed
+                logger.warning("shape inference failed (%s); quantizing without it", e)
+        self.model_proto = model
+        self.model = ONNXModel(model)  # onnxruntime's attribute: scripts call model.nodes()...
         self.graph = model.graph
         self.per_channel = per_channel
         self.reduce_range = reduce_range
@@ -441,16 +432,23 @@ class QuantizerBase:
         keep_vi = [vi for vi in g.value_info if vi.name in produced and self._same_type(vi)]
         del g.value_info[:]
         g.value_info.extend(keep_vi)
-        if self.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in self.model.opset_import):
-            self.model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
-        self.model.producer_name = PRODUCER
+        if self.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in self.model_proto.opset_import):
+            self.model_proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+        self.model.topological_sort()  # onnxruntime's node order (its tests compare it)
+        self.model_proto.producer_name = PRODUCER
         from .._version import __version__
 
-        self.model.producer_version = __version__
-        return self.model
+        self.model_proto.producer_version = __version__
+        return self.model_proto
 
     def _same_type(self, vi: onnx.ValueInfoProto) -> bool:
         return self.value_types.get(vi.name) == vi.type.tensor_type.elem_type
+
+
+def _untyped_outputs(model: ModelProto) -> bool:
+    g = model.graph
+    typed = {vi.name for vi in [*g.value_info, *g.output]}
+    return any(o and o not in typed for n in g.node for o in n.output)
 
 
 def weight_axis(node: NodeProto, input_index: int, rank: int) -> int | None:

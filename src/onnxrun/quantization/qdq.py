@@ -64,10 +64,24 @@ class QDQQuantizer(QuantizerBase):
 
     def mark(self, name: str) -> None:
         """Quantize ``name`` with its own parameters (an initializer: as a weight)."""
-        if not self._quantizable(name) or name in self.marks:
+        if not self._quantizable(name) or name in self.marks or self.prequantized(name):
             return
         self.marks[name] = _Mark("weight", as_activation=True) if self.is_initializer(name) \
             else _Mark("act")
+
+    def prequantized(self, name: str) -> QValue | None:
+        """The parameters of a tensor the model already dequantizes (a DequantizeLinear with
+        constant scale and zero point writes it): left as it is, onnxruntime does the same."""
+        dq = self.producer.get(name)
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+            return None
+        scale = dq.input[1]
+        zp = dq.input[2] if len(dq.input) > 2 else ""
+        if not self.is_initializer(scale) or (zp and not self.is_initializer(zp)):
+            return None
+        zv = self.array(zp) if zp else None
+        return QValue(name, scale, zp, self.initializers[zp].data_type if zp else 0,
+                      self.array(scale), zv, attributes(dq).get("axis"))
 
     def mark_weight(self, name: str, axis: int | None) -> None:
         if not self.is_float_weight(name):
@@ -95,7 +109,10 @@ class QDQQuantizer(QuantizerBase):
             if bias in self.overrides:  # overridden: quantized as a weight, as onnxruntime does
                 self.mark_weight(bias, None)
                 return
-            if self.is_float_weight(bias) and self.is_float_weight(node.input[weight_index]):
+            w = node.input[weight_index]
+            # the weight: a constant, already dequantized by the model, or an activation
+            if self.is_float_weight(bias) and (self.is_float_weight(w) or self.prequantized(w)
+                                               or self._quantizable(w)):
                 self.biases.append((node, bias, node.input[0], node.input[weight_index], beta))
             elif not self.is_initializer(bias):
                 self.mark(bias)
@@ -279,8 +296,11 @@ class QDQQuantizer(QuantizerBase):
         floors: dict[str, np.ndarray] = {}
         bias_inputs: dict[int, QValue] = {}
         for k, (_, bias, inp, w, _) in enumerate(self.biases):
-            iq = self._params(inp)
+            iq = self._params(inp) or self.prequantized(inp)
             wm = self.marks.get(w)
+            if iq is not None and (self.prequantized(w) or (wm and wm.kind != "weight")):
+                bias_inputs[k] = iq  # the weight's parameters: the model's or an activation's
+                continue
             if iq is None or wm is None or wm.kind != "weight" or wm.as_activation:
                 continue
             bias_inputs[k] = iq
@@ -351,7 +371,12 @@ class QDQQuantizer(QuantizerBase):
             if k not in bias_inputs:
                 self.mark(bias)  # not quantizable as int32: a weight like any other
                 continue
-            wq = self.weights[(w, self.weight_qtype, self.marks[w].axis)]
+            wm = self.marks.get(w)
+            wq = self.prequantized(w) or (self._params(w) if wm and wm.kind != "weight" else
+                                          self.weights[(w, self.weight_qtype, wm.axis)])
+            if wq is None:
+                self.mark(bias)
+                continue
             bq = self.quantize_bias(bias, bias_inputs[k].scale_value, wq, beta)
             if bq is None:
                 self.mark(bias)
