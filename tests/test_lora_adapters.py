@@ -160,3 +160,24 @@ def test_run_with_active_adapters(tmp_path):
 
 
 LORA_MODEL_W = np.arange(1, 17, dtype=np.float32).reshape(4, 4)
+
+
+def test_mutated_files_raise_invalid_argument_only():
+    import random
+
+    from onnxrun.api.adapters import _values
+
+    params = [adapter_format.parameter_from_array("p", np.arange(10, dtype=np.float32), 1),
+              adapter_format.parameter_from_array("q", np.arange(6, dtype=np.int64), 7)]
+    good = adapter_format.write(adapter_format.Adapter(1, 1, 1, params))
+    rng = random.Random(0)
+    for _ in range(2000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            data = data[:rng.randrange(len(data))]
+        try:
+            _values(adapter_format.read(bytes(data)))
+        except onnxrun.InvalidArgument:
+            pass
