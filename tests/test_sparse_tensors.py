@@ -86,6 +86,9 @@ def test_csr_and_block_sparse_tensors():
     want[0:2, 2:4], want[2:4, 0:2] = blocks[0], blocks[1]
     np.testing.assert_array_equal(bs.to_dense(), want)
     np.testing.assert_array_equal(bs.as_blocksparse_view().indices(), [[0, 1], [1, 0]])
+    with pytest.raises(onnxrun.InvalidArgument, match="block indices outside"):
+        SparseTensor.blocksparse_from_numpy([4, 4], blocks, np.array([[0, 2], [1, 0]], np.int64),
+                                            CPU)
 
 
 def _sparse_type(elem: int, shape: list[int]):

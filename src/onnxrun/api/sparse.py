@@ -158,6 +158,10 @@ class SparseTensor:
             raise InvalidArgument(
                 f"block sparse needs values [blocks, rows, cols] and indices [2, blocks], got "
                 f"{list(vals.shape)} and {list(idx.shape)}")
+        rows, cols = vals.shape[1:3]
+        if idx.size and ((idx < 0).any() or ((idx[0] + 1) * rows > shape[0]).any()
+                         or ((idx[1] + 1) * cols > shape[1]).any()):
+            raise InvalidArgument(f"block indices outside the dense shape {shape}")
         return SparseTensor(OrtSparseFormat.ORT_SPARSE_BLOCK_SPARSE, shape, vals, (idx,))
 
     @staticmethod
