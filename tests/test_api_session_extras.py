@@ -303,3 +303,25 @@ def test_binding_a_raw_buffer_as_a_string_tensor_is_refused():
     binding = InferenceSession(MUL.SerializeToString()).io_binding()
     with pytest.raises(RuntimeError, match="Only binding non-string Tensors"):
         binding.bind_output("Y", "cpu", 0, np.dtype(object), [3, 2], scratch.ctypes.data)
+
+
+def test_outputs_are_views_of_their_owner_as_in_onnxruntime():
+    data = MUL.SerializeToString()
+    got = InferenceSession(data).run(None, {"X": X})[0]
+    want = ort.InferenceSession(data).run(None, {"X": X})[0]
+    assert got.base is not None and want.base is not None
+    assert not got.flags.owndata and got.flags.writeable
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ortvalue_device_may_be_an_ort_device():
+    class Device:  # what is read of an OrtDevice (capi's or onnxruntime's wrapper)
+        def __init__(self, device_type: int) -> None:
+            self._type = device_type
+
+        def device_type(self) -> int:
+            return self._type
+
+    np.testing.assert_array_equal(OrtValue.ortvalue_from_numpy(X, Device(0)).numpy(), X)
+    with pytest.raises(ValueError, match="not available"):
+        OrtValue.ortvalue_from_numpy(X, Device(1))

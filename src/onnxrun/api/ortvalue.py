@@ -10,7 +10,13 @@ import numpy as np
 from ..dtypes import elem_type, np_dtype, value_type_string
 
 
-def _check_cpu(device_type: str) -> None:
+def _check_cpu(device_type: Any) -> None:
+    """``device_type``: a name ("cpu") or an OrtDevice (capi's or onnxruntime's wrapper)."""
+    if hasattr(device_type, "device_type"):
+        if device_type.device_type() != 0:  # OrtDevice.cpu()
+            raise ValueError(f"device {device_type!r} is not available: onnxrun's providers run "
+                             "on the CPU")
+        return
     if str(device_type).lower() != "cpu":
         raise ValueError(
             f"device '{device_type}' is not available: onnxrun's providers run on the CPU"

@@ -677,7 +677,10 @@ def _void_as_strings(name: str, value: np.ndarray) -> np.ndarray:
 def _as_output(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         # Constants are read-only and may be shared by the plan: hand the caller its own copy.
-        return value if value.flags.writeable else value.copy()
+        value = value if value.flags.writeable else value.copy()
+        # As onnxruntime's outputs (views of the OrtValue that owns the memory), an output is a
+        # view whose base owns the data (``out.base``; resizing it in place is refused).
+        return value.view() if value.base is None else value
     if isinstance(value, np.generic):
         return np.asarray(value)
     if isinstance(value, list):
