@@ -371,3 +371,42 @@ def test_qdq_respects_prequantized_weights_and_untyped_models(tmp_path):
     assert list(dq_w.input) == ["wq", "ws", "wz"]
     bias_scale = next(t for t in q.graph.initializer if t.name == "b_quantized_scale")
     assert np.isclose(numpy_helper.to_array(bias_scale).reshape(-1)[0], 0.1 * 2 / 255)
+
+
+def test_float8_qdq(tmp_path):
+    """E4M3FN QDQ: scales from the Distribution calibration's standard deviations, zero points
+    0 in float 8, the bias left float (Cast), opset 19."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((4, 8)).astype(np.float32), "w")
+    b = numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b")
+    g = helper.make_graph([helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "g",
+                          [helper.make_tensor_value_info("x", 1, [3, 8])],
+                          [helper.make_tensor_value_info("y", 1, [3, 4])], [w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = [{"x": rng.standard_normal((3, 8)).astype(np.float32)} for _ in range(4)]
+    out = tmp_path / "f8.onnx"
+    quantize_static(m, out, FeedsDataReader(feeds), activation_type=QuantType.QFLOAT8E4M3FN,
+                    weight_type=QuantType.QFLOAT8E4M3FN,
+                    calibrate_method=CalibrationMethod.Distribution)
+    q = onnx.load(out)
+    assert q.opset_import[0].version >= 19
+    ops = [n.op_type for n in q.graph.node]
+    assert ops.count("QuantizeLinear") == 2 and ops.count("DequantizeLinear") == 3
+    assert ops.count("Cast") == 1
+    inits = {t.name: t for t in q.graph.initializer}
+    assert inits["w_quantized"].data_type == TensorProto.FLOAT8E4M3FN
+    assert inits["x_zero_point"].data_type == TensorProto.FLOAT8E4M3FN
+    wv = numpy_helper.to_array(w)
+    assert np.isclose(numpy_helper.to_array(inits["w_scale"]), np.std(wv) / _f8_std(),
+                      rtol=1e-5)
+    (y,) = onnxrun.InferenceSession(str(out)).run(None, feeds[0])
+    ref = feeds[0]["x"] @ wv.T + numpy_helper.to_array(b)
+    assert np.abs(y - ref).max() < 0.25 * np.abs(ref).max()
+    with pytest.raises(ValueError, match="Distribution"):
+        quantize_static(m, out, FeedsDataReader(feeds), activation_type=QuantType.QFLOAT8E4M3FN,
+                        weight_type=QuantType.QFLOAT8E4M3FN)
+
+
+def _f8_std() -> float:
+    v = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    return float(np.std(v[np.isfinite(v)]))

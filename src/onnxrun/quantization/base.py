@@ -17,6 +17,7 @@ from .quant_types import (
     NP_TYPES,
     QuantType,
     compute_scale_zp,
+    compute_scale_zp_float8,
     default_weight_symmetric,
     get_qmin_qmax_for_qType,
     qtype_of,
@@ -258,6 +259,17 @@ class QuantizerBase:
         if fixed is not None:
             scale = np.array(fixed[0], np.float32)
             zp = np.array(fixed[1]).astype(NP_TYPES[qtype])
+        elif qtype == TensorProto.FLOAT8E4M3FN:
+            td = None if self.tensors_range is None else self.tensors_range.get(name)
+            if td is None:
+                return None
+            if not hasattr(td, "avg_std") or "std" not in getattr(td, "_attrs", ("std",)):
+                raise ValueError(f"float 8 quantization of {name!r} needs its standard "
+                                 "deviation: calibrate with CalibrationMethod.Distribution")
+            std = np.asarray(td.avg_std[1])
+            if self.value_types.get(name) == TensorProto.FLOAT16:
+                std = std.astype(np.float16)
+            zp, scale = compute_scale_zp_float8(qtype, std)
         else:
             r = self.tensor_range(name)
             if "rmin" in ov or "rmax" in ov:

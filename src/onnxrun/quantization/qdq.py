@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import ModelProto, NodeProto
+from onnx import ModelProto, NodeProto, TensorProto, helper
 
 from .base import MS_DOMAIN, QuantizerBase, QValue, attributes, weight_axis
 
@@ -368,6 +368,15 @@ class QDQQuantizer(QuantizerBase):
                 after.setdefault(id(producer), []).extend(pair)
 
         for k, (node, bias, _, w, beta) in enumerate(self.biases):
+            if self.weight_qtype == TensorProto.FLOAT8E4M3FN:
+                # no float 8 bias: onnxruntime keeps it as float32 data Cast to the model's type
+                data = self.array(bias)
+                src = self.add_initializer(f"{bias}_quantized", data.astype(np.float32))
+                out = self.unique(f"{bias}_Cast_Output")
+                front.append(self.make_node("Cast", [src], [out], f"{bias}_Cast",
+                                            to=helper.np_dtype_to_tensor_dtype(data.dtype)))
+                node.input[2] = out
+                continue
             if k not in bias_inputs:
                 self.mark(bias)  # not quantizable as int32: a weight like any other
                 continue

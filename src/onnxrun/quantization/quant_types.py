@@ -91,6 +91,7 @@ NP_TYPES = {
     TensorProto.INT16: np.dtype(np.int16), TensorProto.UINT16: np.dtype(np.uint16),
     TensorProto.INT4: np.dtype(ml_dtypes.int4), TensorProto.UINT4: np.dtype(ml_dtypes.uint4),
     TensorProto.INT32: np.dtype(np.int32),
+    TensorProto.FLOAT8E4M3FN: np.dtype(ml_dtypes.float8_e4m3fn),
 }
 
 # (qmin, qmax) per type: full, symmetric (signed types drop their lowest value so that the
@@ -187,10 +188,36 @@ def snap_zero_point_to_uint8(rmin, rmax, qmin: int = 0, qmax: int = 255,
     return np.array(zp, dtype=np.uint8), np.array(scale, dtype=np.float32)
 
 
+_F8 = np.dtype(ml_dtypes.float8_e4m3fn)
+_F8_MAX = 448.0  # the largest finite E4M3FN value: QuantizeLinear saturates to it
+
+
+def compute_scale_zp_float8(element_type: int, std) -> tuple[np.ndarray, np.ndarray]:
+    """Float 8 (E4M3FN) parameters from a tensor's standard deviation: the scale maps it onto the
+    standard deviation of the finite float 8 values (both taken as gaussian); zero point 0."""
+    if qtype_of(element_type) != TensorProto.FLOAT8E4M3FN:
+        raise ValueError(f"float 8 quantization to element type {element_type} is not supported")
+    std = np.asarray(std)
+    scale = np.asarray(std / _float8_std(), dtype=std.dtype if std.dtype.kind == "f"
+                       else np.float32)
+    return np.zeros((), _F8), scale
+
+
+def _float8_std() -> np.float32:
+    values = np.arange(256, dtype=np.uint8).view(_F8).astype(np.float32)
+    return np.std(values[np.isfinite(values)])
+
+
 def quantize_nparray(qtype, arr: np.ndarray, scale, zero_point, low=None, high=None
                      ) -> np.ndarray:
-    """round_half_even(arr / scale) + zero_point, clipped to the type's range (or low/high)."""
+    """round_half_even(arr / scale) + zero_point, clipped to the type's range (or low/high);
+    float 8: arr / scale rounded to the nearest E4M3FN value, saturated at +-448."""
     qtype = qtype_of(qtype)
+    if qtype == TensorProto.FLOAT8E4M3FN:
+        if np.any(np.asarray(zero_point).astype(np.float32) != 0):
+            raise NotImplementedError("float 8 quantization takes a zero point of 0 only")
+        v = np.asarray(arr, np.float32) / np.asarray(scale, np.float32)
+        return np.clip(v, -_F8_MAX, _F8_MAX).astype(_F8)
     qmin, qmax = get_qmin_qmax_for_qType(qtype)
     lo = float(qmin) if low is None else max(float(qmin), float(low))
     hi = float(qmax) if high is None else min(float(qmax), float(high))
@@ -208,6 +235,17 @@ def quantize_data(data: np.ndarray, qtype, symmetric: bool, reduce_range: bool =
     Returns ``(zero_point, scale, quantized)``: scalars per tensor, 1-D arrays per channel.
     """
     qtype = qtype_of(qtype)
+    if qtype == TensorProto.FLOAT8E4M3FN:
+        if reduce_range:
+            raise ValueError("reduce_range is not supported for float 8")
+        if axis is not None:
+            others = tuple(i for i in range(data.ndim) if i != axis % data.ndim)
+            zp, scale = compute_scale_zp_float8(qtype, np.std(data, axis=others))
+            zp = np.zeros(scale.shape, _F8)
+            shape = [-1 if i == axis % data.ndim else 1 for i in range(data.ndim)]
+            return zp, scale, quantize_nparray(qtype, data, scale.reshape(shape), 0)
+        zp, scale = compute_scale_zp_float8(qtype, np.std(data))
+        return zp, scale, quantize_nparray(qtype, data, scale, zp)
     qmin, qmax = get_qmin_qmax_for_qType(qtype, reduce_range, symmetric)
     if axis is None:
         rmin = data.min() if data.size else np.zeros((), data.dtype)
@@ -232,5 +270,6 @@ def default_weight_symmetric(qtype) -> bool:
 
 __all__ = [
     "CalibrationMethod", "QuantFormat", "QuantType", "QuantizationMode", "compute_scale_zp",
+    "compute_scale_zp_float8",
     "get_qmin_qmax_for_qType", "quantize_data", "quantize_nparray",
 ]

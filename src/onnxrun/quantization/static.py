@@ -70,8 +70,9 @@ def check_static_quant_arguments(quant_format: QuantFormat, activation_type: Qua
     if activation_type == QuantType.QInt8 and weight_type == QuantType.QUInt8:
         raise ValueError("ONNXRuntime quantization doesn't support data format:"
                          "activation_type=QuantType.QInt8, weight_type=QuantType.QUInt8")
-    if QuantType.QFLOAT8E4M3FN in (activation_type, weight_type):
-        raise ValueError("float 8 quantization is not supported by onnxrun's quantizer")
+    if (activation_type == QuantType.QFLOAT8E4M3FN) != (weight_type == QuantType.QFLOAT8E4M3FN):
+        raise ValueError("float 8 quantization needs both activation_type and weight_type "
+                         "QFLOAT8E4M3FN")
     wide = (*_SIXTEEN, *_FOUR)
     if (activation_type in wide or weight_type in wide) and quant_format != QuantFormat.QDQ:
         raise ValueError("Only QuantFormat.QDQ supports 16-bit and 4-bit quantization types.")
@@ -84,6 +85,8 @@ def _required_opset(quant_format: QuantFormat, per_channel: bool, activation_typ
     wide = {*_SIXTEEN, *_FOUR}
     if activation_type in _SIXTEEN or weight_type in wide or wide & set(override_types):
         return 21
+    if QuantType.QFLOAT8E4M3FN in (activation_type, weight_type):
+        return 19  # QuantizeLinear's float 8 types
     if per_channel and quant_format == QuantFormat.QDQ:
         return 13  # DequantizeLinear's axis
     return 11
