@@ -20,11 +20,14 @@ def _elem(a: np.ndarray) -> int:
     return TensorProto.STRING if a.dtype == object else helper.np_dtype_to_tensor_dtype(a.dtype)
 
 
-def one_node(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None, **attrs):
+def one_node(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None,
+             attributes=None, **attrs):
     """A model with one node. ``inputs``: arrays (None = missing optional input); indices in
     ``const`` become initializers, the others graph inputs. Output types are ``out_types`` when
     given ("like input": the first input's type), else what onnx's shape inference finds.
-    Returns (model bytes, feeds)."""
+    ``attributes``: more attributes, as a dict (names such as "opset" clash with the
+    parameters). Returns (model bytes, feeds)."""
+    attrs.update(attributes or {})
     if out_types == "like input":
         out_types = [_elem(inputs[0])] * n_out
     names, graph_inputs, inits, feeds = [], [], [], {}
@@ -73,6 +76,10 @@ def oracle(model: bytes, feeds):
 def compare(got, want, rtol=1e-5, atol=1e-6):
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
+        if isinstance(w, list):  # a sequence
+            assert isinstance(g, list), type(g)
+            compare(g, w, rtol, atol)
+            continue
         w = np.asarray(w)
         assert isinstance(g, np.ndarray), type(g)
         assert g.dtype == w.dtype, (g.dtype, w.dtype)
@@ -101,7 +108,7 @@ _INTERNAL_ERRORS = ("IndexError", "ZeroDivisionError", "KeyError", "AttributeErr
 
 
 def check_zero_size(op, inputs, *, opset, n_out=1, const=(), domain="", out_types=None,
-                    oracle="onnxruntime", rtol=1e-5, atol=1e-6, **attrs):
+                    oracle="onnxruntime", rtol=1e-5, atol=1e-6, attributes=None, **attrs):
     """The zero-size variant of ``check``: ``inputs`` hold a 0 dimension (an empty batch,
     sequence, channel or reduced axis). Where the oracle answers, onnxrun must give the same
     dtypes, shapes and values; where it refuses, onnxrun must refuse with one of its own errors
@@ -109,9 +116,10 @@ def check_zero_size(op, inputs, *, opset, n_out=1, const=(), domain="", out_type
     onnxruntime, or "reference" (onnx's evaluator) for the few cases onnxruntime cannot judge:
     it aborts the process (its RNNs on an empty batch) or refuses for a reason of its own (no
     kernel, a locale missing on the machine, a shape-inference error in its function body).
-    Returns onnxrun's outputs, or None when both refused."""
+    ``attributes``: the node's attributes as a dict (for names such as "opset" that clash with
+    this function's own). Returns onnxrun's outputs, or None when both refused."""
     model, feeds = one_node(op, inputs, opset=opset, n_out=n_out, const=const, domain=domain,
-                            out_types=out_types, **attrs)
+                            out_types=out_types, attributes=attributes, **attrs)
     try:
         if oracle == "reference":
             with warnings.catch_warnings():
@@ -126,7 +134,9 @@ def check_zero_size(op, inputs, *, opset, n_out=1, const=(), domain="", out_type
     else:
         refused = None
     try:
-        got = onnxrun.InferenceSession(model).run(None, feeds)
+        with warnings.catch_warnings():  # numpy's "mean of empty slice" & co: a kernel that
+            warnings.simplefilter("error", RuntimeWarning)  # did not expect the empty tensor
+            got = onnxrun.InferenceSession(model).run(None, feeds)
     except OnnxRunError as exc:
         assert refused is not None, f"{op}: the oracle answers, onnxrun raised {exc}"
         internal = [name for name in _INTERNAL_ERRORS if name in str(exc)]

@@ -39,7 +39,9 @@ def s(*values):
 
 
 def case(op, inputs, opset=21, *, domain="", const=(), n_out=1, out_types=None, id=None,
-         oracle="onnxruntime", **attrs):
+         oracle="onnxruntime", named=None, **attrs):
+    """One zero-size case; ``named``: attributes whose names clash with these parameters."""
+    attrs.update(named or {})
     inputs = [None if x is None else np.asarray(x) for x in inputs]  # numpy scalars: 0-d
     return pytest.param(op, inputs, opset, domain, const, n_out, out_types, oracle, attrs,
                         id=id or op)
@@ -262,13 +264,103 @@ CASES = [
                                  np.float32(0.1), np.int8(0), np.float32(0.1), np.int8(0)],
          11, domain=MS, n_out=3, const=(1, 2, 8, 9, 10, 11), out_types=[TP.FLOAT] * 3,
          hidden_size=2),
+
+    # -- second batch: the rest of each family
+    case("Col2Im", [r(0, 4, 9), i64(4, 4), i64(2, 2)], 18),
+    case("MaxUnpool", [r(0, 3, 2, 2), np.zeros((0, 3, 2, 2), np.int64)], 11,
+         kernel_shape=[2, 2], strides=[2, 2]),
+    case("DeformConv", [_X0, _W, r(0, 18, 2, 2)], 19, oracle="reference"),  # no ORT kernel
+    case("Multinomial", [r(0, 3)], 7, sample_size=2),
+    case("RandomNormal", [], 1, shape=[0, 3], out_types=[TP.FLOAT]),
+    case("RandomUniform", [], 1, shape=[3, 0], out_types=[TP.FLOAT]),
+    case("Constant", [], 13, value=helper.make_tensor("v", TP.FLOAT, [0, 3], [])),
+    case("Upsample", [_X0, np.array([1, 1, 2, 2], np.float32)], 9),
+    case("STFT", [r(0, 16, 1), i64(4)[0], None, i64(8)[0]], 17),
+    case("Scatter", [r(4, 3), np.zeros((0, 3), np.int64), r(0, 3)], 10),
+    case("TfIdfVectorizer", [np.zeros((0, 3), np.int64)], 9, mode="TF", min_gram_length=1,
+         max_gram_length=1, max_skip_count=0, ngram_counts=[0], ngram_indexes=[0, 1],
+         pool_int64s=[1, 2]),
+    case("Swish", [r(0, 3)], 24, oracle="reference"),
+    case("SequenceConstruct", [r(0, 3), r(0, 3)], 11),
+    case("SequenceEmpty", [], 11),
+    case("Loop", [i64(0)[0], np.array(True), r(0, 3)], 16, body=helper.make_graph(
+        [helper.make_node("Identity", ["c"], ["c_out"]),
+         helper.make_node("Identity", ["v"], ["v_out"])], "body",
+        [helper.make_tensor_value_info("i", TP.INT64, []),
+         helper.make_tensor_value_info("c", TP.BOOL, []),
+         helper.make_tensor_value_info("v", TP.FLOAT, None)],
+        [helper.make_tensor_value_info("c_out", TP.BOOL, []),
+         helper.make_tensor_value_info("v_out", TP.FLOAT, None)])),
+    case("If", [np.array(True)], 16, then_branch=helper.make_graph(
+        [helper.make_node("Constant", [], ["t"],
+                          value=helper.make_tensor("e", TP.FLOAT, [0, 2], []))], "then",
+        [], [helper.make_tensor_value_info("t", TP.FLOAT, None)]),
+        else_branch=helper.make_graph(
+        [helper.make_node("Constant", [], ["e"],
+                          value=helper.make_tensor("e", TP.FLOAT, [1, 2], [1.0, 2.0]))],
+        "else", [], [helper.make_tensor_value_info("e", TP.FLOAT, None)]),
+        out_types=[TP.FLOAT]),
+    case("Adagrad", [np.float32(0.1), i64(0)[0], r(0), r(0), r(0)], 18,
+         domain="ai.onnx.preview.training", n_out=2, oracle="reference",
+         out_types=[TP.FLOAT] * 2),
+    case("Momentum", [np.float32(0.1), i64(0)[0], r(0), r(0), r(0)], 18,
+         domain="ai.onnx.preview.training", n_out=2, oracle="reference", alpha=0.9, beta=1.0,
+         mode="standard", norm_coefficient=0.0, out_types=[TP.FLOAT] * 2),
+    # ai.onnx.ml
+    case("CategoryMapper", [s()], 13, domain=ML, cats_strings=["a", "b"], cats_int64s=[0, 1]),
+    case("LabelEncoder", [s()], 13, domain=ML, keys_strings=["a", "b"], values_int64s=[0, 1]),
+    case("OneHotEncoder", [np.zeros((0,), np.int64)], 13, domain=ML, cats_int64s=[1, 2]),
+    case("FeatureVectorizer", [r(0, 2), r(0, 3)], 13, domain=ML, inputdimensions=[2, 3],
+         oracle="reference"),  # onnxruntime aborts on an empty batch
+    case("SVMClassifier", [r(0, 2)], 13, domain=ML, n_out=2, coefficients=[1.0, -1.0],
+         support_vectors=[0.0, 1.0, 1.0, 0.0], vectors_per_class=[1, 1], rho=[0.1],
+         kernel_type="LINEAR", classlabels_ints=[0, 1], kernel_params=[0.1, 0.0, 2.0]),
+    case("TreeEnsembleClassifier", [r(0, 2)], 13, domain=ML, n_out=2,
+         nodes_treeids=[0, 0, 0], nodes_nodeids=[0, 1, 2], nodes_featureids=[0, 0, 0],
+         nodes_values=[0.5, 0.0, 0.0], nodes_modes=["BRANCH_LEQ", "LEAF", "LEAF"],
+         nodes_truenodeids=[1, 0, 0], nodes_falsenodeids=[2, 0, 0],
+         class_treeids=[0, 0], class_nodeids=[1, 2], class_ids=[0, 1],
+         class_weights=[1.0, 1.0], classlabels_int64s=[0, 1]),
+    # com.microsoft
+    case("QuantizeLinear", [r(0, 3), _SCALE, _ZP], 13, domain=MS, id="QuantizeLinear-ms",
+         out_types=[TP.UINT8]),
+    case("DequantizeLinear", [np.zeros((0, 3), np.uint8), _SCALE, _ZP], 13, domain=MS,
+         id="DequantizeLinear-ms", out_types=[TP.FLOAT]),
+    case("QLinearMul", [np.zeros((0, 3), np.uint8), _SCALE, _ZP, np.zeros((1, 3), np.uint8),
+                        _SCALE, _ZP, _SCALE, _ZP], 11, domain=MS, out_types=[TP.UINT8]),
+    case("QLinearLeakyRelu", [np.zeros((0, 3), np.uint8), _SCALE, _ZP, _SCALE, _ZP], 11,
+         domain=MS, out_types=[TP.UINT8]),
+    case("QLinearSoftmax", [np.zeros((0, 3), np.uint8), _SCALE, _ZP, np.float32(1 / 256),
+                            np.uint8(0)], 13, domain=MS, out_types=[TP.UINT8], axis=-1,
+         named={"opset": 13}),
+    case("QLinearConcat", [_SCALE, _ZP, np.zeros((0, 3), np.uint8), _SCALE, _ZP,
+                           np.zeros((0, 3), np.uint8), _SCALE, _ZP], 11, domain=MS,
+         out_types=[TP.UINT8], axis=1),
+    case("QLinearAveragePool", [_U8, _SCALE, _ZP, _SCALE, _ZP], 11, domain=MS,
+         out_types=[TP.UINT8], kernel_shape=[2, 2]),
+    case("QGemm", [np.zeros((0, 4), np.uint8), _SCALE, _ZP, r(4, 3, dtype=np.uint8), _SCALE,
+                   _ZP], 11, domain=MS, out_types=[TP.FLOAT]),
+    case("MatMulNBits", [r(0, 32), np.zeros((3, 1, 16), np.uint8), np.ones(3, np.float32)],
+         11, domain=MS, const=(1, 2), out_types=[TP.FLOAT], K=32, N=3, bits=4,
+         block_size=32),
+    case("NhwcMaxPool", [np.zeros((0, 4, 4, 3), np.uint8)], 11, domain=MS,
+         kernel_shape=[2, 2], out_types=[TP.UINT8]),
+    case("Attention", [r(0, 3, 8), r(8, 24), r(24)], 11, domain=MS, id="Attention-ms-batch0",
+         num_heads=2, out_types=[TP.FLOAT]),
+    case("RotaryEmbedding", [r(0, 3, 8), np.zeros((0, 3), np.int64), r(10, 2), r(10, 2)], 11,
+         domain=MS, id="RotaryEmbedding-ms", out_types=[TP.FLOAT]),
+    case("EmbedLayerNormalization", [np.zeros((0, 3), np.int32), np.zeros((0, 3), np.int32),
+                                     r(20, 8), r(16, 8), r(2, 8), r(8), r(8)], 11, domain=MS,
+         n_out=2, out_types=[TP.FLOAT, TP.INT32]),
+    case("LayerNormalization", [r(0, 4), r(4), r(4)], 1, id="LayerNormalization-v1-batch0",
+         out_types=[TP.FLOAT]),
 ]
 
 
 @pytest.mark.parametrize("op,inputs,opset,domain,const,n_out,out_types,oracle,attrs", CASES)
 def test_zero_size(op, inputs, opset, domain, const, n_out, out_types, oracle, attrs):
     check_zero_size(op, inputs, opset=opset, domain=domain, const=const, n_out=n_out,
-                    out_types=out_types, oracle=oracle, **attrs)
+                    out_types=out_types, oracle=oracle, attributes=attrs)
 
 
 def _covered() -> set[tuple[str, str]]:

@@ -553,6 +553,11 @@ class DeformConv:
         kp = int(np.prod(ks))
         p = int(np.prod(out_sp))
         ct = _compute_dtype(X.dtype)
+        if X.size == 0 or p == 0 or W.size == 0:  # an empty batch or output: the bias only
+            out = np.zeros((n, oc, *out_sp), ct)
+            if B is not None:
+                out += B.astype(ct, copy=False).reshape(oc, *([1] * r))
+            return out.astype(X.dtype, copy=False)
         # sampling points are ordered (output position, kernel tap) so that the gathered
         # columns reshape to (n, p, kp * C) for the final matmul without a transpose
         off = offset.reshape(n, og, kp, r, p).astype(ct, copy=False).transpose(0, 1, 4, 2, 3)

@@ -96,7 +96,9 @@ def _standardize_rows(X: np.ndarray, rows: int, eps: float, sd: np.dtype):
 
     Returns (standardized rows, mean, 1 / std); the variance is one fused sum of squares.
     """
-    x = X.astype(sd, copy=False).reshape(rows, X.size // rows if rows else 0)  # rows may be 0
+    if rows == 0:  # an empty batch: no rows, no statistics
+        return np.empty((0, 0), sd), np.empty(0, sd), np.empty(0, sd)
+    x = X.astype(sd, copy=False).reshape(rows, -1)
     n = x.shape[1]
     if x.size and n <= _BLAS_ROW_SUM_MAX:
         mean = x @ np.ones(n, sd)
@@ -201,6 +203,8 @@ def LRN(X, *, alpha=1e-4, beta=0.75, bias=1.0, size):
 @op("MeanVarianceNormalization", 9, 13)
 def MeanVarianceNormalization(X, *, axes=(0, 2, 3)):
     axes = tuple(int(a) for a in axes)
+    if X.size == 0:  # nothing to normalize (numpy would warn about an empty mean)
+        return np.empty(X.shape, X.dtype)
     sd = _stat_dtype(X.dtype)
     Xs = X.astype(sd, copy=False)
     centered = Xs - Xs.mean(axis=axes, keepdims=True)

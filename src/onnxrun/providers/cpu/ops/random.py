@@ -114,6 +114,8 @@ class Multinomial(_Seeded):
     def __call__(self, input):
         if input.ndim != 2:
             raise ValueError(f"Multinomial: input must be [batch, classes], got {input.shape}")
+        if input.shape[0] < 1:  # as onnxruntime
+            raise ValueError(f"Multinomial: batch_size is < 1 (input {list(input.shape)})")
         logits = input.astype(np.float64)
         logits = logits - logits.max(axis=1, keepdims=True)
         cdf = np.cumsum(np.exp(logits), axis=1)

@@ -251,6 +251,9 @@ class TfIdfVectorizer:
             X = X.reshape(1)
         if X.ndim not in (1, 2):
             raise ValueError(f"TfIdfVectorizer: input must be [C] or [B, C], got {X.shape}")
+        if X.ndim == 2 and X.shape[0] == 0:  # as onnxruntime
+            raise ValueError("TfIdfVectorizer: input shape must be [C] or [B, C] with B > 0, "
+                             f"got {list(X.shape)}")
         rows = X.reshape(1, -1) if X.ndim == 1 else X
         b, c = rows.shape
         freq = None

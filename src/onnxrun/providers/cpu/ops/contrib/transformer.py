@@ -286,7 +286,8 @@ class Attention(_Exp2Attention):
         cdt = compute_dtype(X.dtype)
         W = self.W if self.W is not None else self._scaled(weights.astype(cdt, copy=False))
         # one GEMM over every token
-        qkv = np.dot(X.astype(cdt, copy=False).reshape(B * S, -1), W).reshape(B, S, -1)
+        qkv = np.dot(X.astype(cdt, copy=False).reshape(B * S, X.shape[2]), W).reshape(
+            B, S, W.shape[1])  # explicit sizes: B or S may be 0
         if bias is not None:
             qkv += self.b if self.b is not None else self._scaled(bias.astype(cdt, copy=False))
         dq, dk, dv = self._split(W.shape[1])

@@ -8,6 +8,8 @@ arithmetic follows onnxruntime's element types (most outputs are float32).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .....dtypes import np_dtype
@@ -304,7 +306,8 @@ def FeatureVectorizer(*X, inputdimensions=()):
     out = np.zeros((N, sum(dims)), dtype=np.float32)
     offset = 0
     for x, size in zip(X, dims, strict=True):
-        rows = x.reshape(1, -1) if x.ndim <= 1 else x.reshape(x.shape[0], -1)
+        rows = x.reshape(1, -1) if x.ndim <= 1 else \
+            x.reshape(x.shape[0], math.prod(x.shape[1:]))  # an empty batch too
         if rows.shape[0] != N:
             raise ValueError("all FeatureVectorizer inputs must have the same batch size")
         width = min(rows.shape[1], size)  # extra features are dropped, missing ones are 0
