@@ -410,3 +410,39 @@ def test_float8_qdq(tmp_path):
 def _f8_std() -> float:
     v = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     return float(np.std(v[np.isfinite(v)]))
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat.QOperator, QuantFormat.QDQ])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("wshape", [(40, 6), (1, 40, 6)])
+def test_matmul_nbits_quantizer(fmt, symmetric, wshape):
+    from onnxrun.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    rng = np.random.default_rng(6)
+    # integers on each block's 4-bit grid: block quantization is exact
+    grid = rng.integers(-8, 8, size=wshape) if symmetric else rng.integers(0, 16, size=wshape)
+    grid.reshape(-1, wshape[-1])[0] = -8 if symmetric else 15  # every block spans the range
+    grid.reshape(-1, wshape[-1])[32] = -8 if symmetric else 15
+    w = numpy_helper.from_array(grid.astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", 1, [3, 40])],
+                          [helper.make_tensor_value_info("y", 1, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    x = rng.standard_normal((3, 40)).astype(np.float32)
+    ref = onnxrun.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    q = MatMulNBitsQuantizer(m, algo_config=DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=symmetric, quant_format=fmt))
+    q.process()
+    ops = [n.op_type for n in q.model.nodes()]
+    assert ("MatMulNBits" in ops) == (fmt == QuantFormat.QOperator)
+    assert ("Reshape" in ops) == (len(wshape) == 3)  # the MatMul's output rank restored
+    if fmt == QuantFormat.QDQ:
+        dq = next(n for n in q.model.nodes() if n.op_type == "DequantizeLinear")
+        assert q.model.get_initializer(dq.input[0]).data_type == (
+            TensorProto.INT4 if symmetric else TensorProto.UINT4)
+        assert q.model.opset_import()[0].version == 21
+    (y,) = onnxrun.InferenceSession(q.model.model.SerializeToString()).run(None, {"x": x})
+    assert y.shape == ref.shape and np.allclose(y, ref, rtol=1e-5, atol=1e-4)
