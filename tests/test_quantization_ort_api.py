@@ -446,3 +446,27 @@ def test_matmul_nbits_quantizer(fmt, symmetric, wshape):
         assert q.model.opset_import()[0].version == 21
     (y,) = onnxrun.InferenceSession(q.model.model.SerializeToString()).run(None, {"x": x})
     assert y.shape == ref.shape and np.allclose(y, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_quantize_nparray_scalar_and_dynamic_weight_shared_with_float_consumer(tmp_path):
+    from onnxrun.quantization import quantize_dynamic, quantize_nparray
+
+    q = quantize_nparray(TensorProto.UINT8, np.float32(3.0), np.float32(0.5), np.uint8(10))
+    assert q.dtype == np.uint8 and int(q) == 16  # a 0-d value (crashed in np.clip's out=)
+    w = numpy_helper.from_array(np.random.default_rng(7).standard_normal((4, 8)).astype(
+        np.float32), "weight")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["y"]),
+                           helper.make_node("Identity", ["weight"], ["w_out"])], "g",
+                          [helper.make_tensor_value_info("x", 1, [5, 4])],
+                          [helper.make_tensor_value_info("y", 1, [5, 8]),
+                           helper.make_tensor_value_info("w_out", 1, [4, 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    quantize_dynamic(m, tmp_path / "q.onnx", per_channel=True, weight_type=QuantType.QInt8)
+    qm = onnx.load(tmp_path / "q.onnx")
+    onnx.checker.check_model(qm, full_check=True)
+    dq = next(n for n in qm.graph.node if n.op_type == "DequantizeLinear")
+    assert dq.output[0] == "weight" and helper.get_attribute_value(dq.attribute[0]) == -1
+    assert "weight" not in {t.name for t in qm.graph.initializer}  # no float copy kept
+    (_, w_out) = onnxrun.InferenceSession(qm.SerializeToString()).run(
+        None, {"x": np.ones((5, 4), np.float32)})
+    assert np.abs(w_out - numpy_helper.to_array(w)).max() < 0.01

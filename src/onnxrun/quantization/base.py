@@ -148,6 +148,9 @@ class QuantizerBase:
                 raise ValueError(why)
         self.new_initializers: list[TensorProto] = []
         self.weights: dict[tuple, QValue] = {}
+        # weight -> its first quantized form and the axis as the quantizer asked for it (the
+        # DequantizeLinear that float consumers read writes it so)
+        self.weight_axis_attr: dict[str, tuple[QValue, int | None]] = {}
         self.activation_params: dict[str, QValue] = {}
         self.uses_ms_domain = False
 
@@ -308,6 +311,7 @@ class QuantizerBase:
             self.weights[key] = qv
             return qv
         data = self.array(name)
+        requested_axis = axis
         if axis is not None:
             axis = axis % data.ndim
         if symmetric is None:
@@ -331,6 +335,7 @@ class QuantizerBase:
         qv = QValue(self.add_initializer(f"{name}{suffix}_quantized", q), scale_name, zp_name,
                     qtype, scale, zp, axis)
         self.weights[key] = qv
+        self.weight_axis_attr.setdefault(name, (qv, requested_axis))
         return qv
 
     def _overridden_weight(self, name: str, qtype: int, reduce_range: bool | None,
@@ -429,8 +434,10 @@ class QuantizerBase:
         for n in nodes:
             used.update(n.input)
             used.update(subgraph_references(n))
+        produced = {o for n in nodes for o in n.output}
+        # a weight a node now computes (dequantized from its quantized form) is no initializer
         keep = [t for t in [*g.initializer, *self.new_initializers]
-                if t.name in used or t.name in self.graph_inputs]
+                if (t.name in used or t.name in self.graph_inputs) and t.name not in produced]
         seen: set[str] = set()
         unique = []
         for t in keep:
@@ -440,7 +447,6 @@ class QuantizerBase:
         del g.initializer[:]
         g.initializer.extend(unique)
         # value_info of tensors whose type changed (quantized in place) would be stale
-        produced = {o for n in nodes for o in n.output}
         keep_vi = [vi for vi in g.value_info if vi.name in produced and self._same_type(vi)]
         del g.value_info[:]
         g.value_info.extend(keep_vi)

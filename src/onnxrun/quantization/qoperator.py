@@ -108,9 +108,22 @@ class OperatorQuantizer(QuantizerBase):
                                            axis=qv.axis if qv.axis is not None else None))
             self.dequantized.add(name)
 
+    def float_weight(self, name: str) -> None:
+        """A float consumer of a weight this quantizer stored quantized reads it through a
+        DequantizeLinear (onnxruntime's tool drops the float copy the same way)."""
+        if name not in self.weight_axis_attr or name in self.dequantized or self.static:
+            return
+        qv, axis = self.weight_axis_attr[name]
+        self.out.append(self.make_node("DequantizeLinear", [qv.name, qv.scale, qv.zero_point],
+                                       [name], f"{name}_DequantizeLinear",
+                                       axis=axis if np.asarray(qv.scale_value).size > 1
+                                       else None))
+        self.dequantized.add(name)
+
     def keep_float(self, node: NodeProto) -> None:
         for i in node.input:
             self.need_float(i)
+            self.float_weight(i)
         for r in _outer(node):
             self.need_float(r)
         self.out.append(node)

@@ -221,10 +221,10 @@ def quantize_nparray(qtype, arr: np.ndarray, scale, zero_point, low=None, high=N
     qmin, qmax = get_qmin_qmax_for_qType(qtype)
     lo = float(qmin) if low is None else max(float(qmin), float(low))
     hi = float(qmax) if high is None else min(float(qmax), float(high))
-    v = np.asarray(arr.astype(np.float32) / scale)
-    v = np.round(v) + np.asarray(zero_point).astype(np.float32)
-    np.clip(v, lo, hi, out=v)
-    return v.astype(NP_TYPES[qtype])
+    # 0-d inputs too: arithmetic on 0-d arrays gives numpy scalars, which clip(out=) rejects
+    v = np.round(np.asarray(arr, np.float32) / scale)
+    v = np.asarray(v + np.asarray(zero_point).astype(np.float32))
+    return np.clip(v, lo, hi).astype(NP_TYPES[qtype])
 
 
 def quantize_data(data: np.ndarray, qtype, symmetric: bool, reduce_range: bool = False,
