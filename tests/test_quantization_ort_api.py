@@ -470,3 +470,35 @@ def test_quantize_nparray_scalar_and_dynamic_weight_shared_with_float_consumer(t
     (_, w_out) = onnxrun.InferenceSession(qm.SerializeToString()).run(
         None, {"x": np.ones((5, 4), np.float32)})
     assert np.abs(w_out - numpy_helper.to_array(w)).max() < 0.01
+
+
+def test_qdq_loss_debug_matches_activations_and_weights(tmp_path):
+    from onnxrun.quantization.qdq_loss_debug import (
+        collect_activations,
+        compute_activation_error,
+        compute_weight_error,
+        create_activation_matching,
+        create_weight_matching,
+        modify_model_output_intermediate_tensors,
+    )
+
+    m = _conv_model(relu=True)
+    onnx.save(m, tmp_path / "f.onnx")
+    rng = np.random.default_rng(8)
+    feeds = [{"x": rng.random((1, 3, 8, 8), dtype=np.float32)} for _ in range(2)]
+    quantize_static(m, tmp_path / "q.onnx", FeedsDataReader(feeds))
+    acts = {}
+    for kind in ("f", "q"):
+        modify_model_output_intermediate_tensors(tmp_path / f"{kind}.onnx",
+                                                 tmp_path / f"{kind}_aug.onnx")
+        acts[kind] = collect_activations(tmp_path / f"{kind}_aug.onnx", FeedsDataReader(feeds))
+    ref = onnxrun.InferenceSession(m.SerializeToString()).run(None, feeds[0])[0]
+    assert np.array_equal(acts["f"]["y"][0], ref.reshape(-1))
+    match = create_activation_matching(acts["q"], acts["f"])
+    assert {"x", "y"} <= set(match) and len(match["x"]["float"]) == 2
+    errs = compute_activation_error(match)
+    assert errs["x"]["qdq_err"] > 30 and isinstance(errs["y"]["xmodel_err"], float)
+    weights = create_weight_matching(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"))
+    assert set(weights) == {"w", "b"}
+    assert weights["w"]["dequantized"].shape == weights["w"]["float"].shape
+    assert compute_weight_error(weights)["w"] > 30  # dB
