@@ -53,9 +53,9 @@ from onnxrun.tools.bench import (
     bench,
     create_session,
     fmt_time,
-    make_feeds,
     time_alternating,
 )
+from onnxrun.tools.common import make_feeds
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "PERFORMANCE.md"

@@ -132,7 +132,7 @@ def test_run_dims_inputs_and_output_dir(model_path: Path, tmp_path: Path, capsys
                                     f"X={tmp_path / 'x.npy'}", "--output-dir", str(out_dir),
                                     "-r", "0", "--seed", "7")
     assert code == 0, err
-    assert "X: float32 [2, 3]  (from" in out
+    assert "X: float32 [2, 3] (from" in out
     # batch comes from the given X only where the model says so: generated ids use --dim/1.
     assert output_line(out, "ids_out").startswith("ids_out: int64 [1, 5]")
     assert "median" not in out  # -r 0: the first run only

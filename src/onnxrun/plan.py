@@ -30,7 +30,6 @@ from .ir import Graph, Model, Node, Value
 from .ir.toposort import stable_topological_order
 from .partition import Assignment
 from .providers import KernelContext
-from .specialize import ShapeSpecializer
 
 # The RunOptions of the run in progress on this thread, so that subgraph bodies (Loop, Scan, If)
 # check RunOptions.terminate between their nodes too.
@@ -75,7 +74,6 @@ class Program:
         session_options: Any = None,
         outer: Sequence[Value] = (),
         pool: Any = None,
-        specialize: bool = False,
     ) -> None:
         self.graph = graph
         self.model = model
@@ -142,10 +140,9 @@ class Program:
         # sequentially inside the node that owns them).
         self.pool = pool
         self.full_plan = self.plan(tuple(self.output_slots))
-        self.specializer: ShapeSpecializer | None = None
-        if specialize and not outer:
-            specializer = ShapeSpecializer(self)
-            self.specializer = specializer if specializer.active else None
+        # A top-level program's plans per input-shape signature: set by specialize.attach
+        # (which reads the program, so this module does not import it).
+        self.specializer: Any = None
 
     def slot_of(self, v: Value) -> int:
         return self._slot[id(v)]

@@ -26,14 +26,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .dtypes import type_shape
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .plan import Plan, Program
+from .plan import Plan, Program
 
 MAX_SIGNATURES = 8  # specializations kept per program
 # Larger frontier values are not worth the memory: the steps run every time. Also the bound on
@@ -163,4 +161,11 @@ def _same(a: list[tuple[int, Any]], b: list[tuple[int, Any]]) -> bool:
     return True
 
 
-__all__ = ["MAX_SIGNATURES", "ShapeSpecializer"]
+def attach(program: Program) -> None:
+    """Let a top-level program's runs use specialized plans, when it has shape-only steps."""
+    specializer = ShapeSpecializer(program)
+    if specializer.active:
+        program.specializer = specializer
+
+
+__all__ = ["MAX_SIGNATURES", "ShapeSpecializer", "attach"]

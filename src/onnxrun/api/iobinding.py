@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import onnx
@@ -10,12 +10,17 @@ import onnx
 from ..errors import InvalidArgument
 from .ortvalue import OrtValue, _check_cpu, array_from_pointer
 
-if TYPE_CHECKING:
-    from .session import InferenceSession
+
+class _Session(Protocol):
+    """What a binding needs of its InferenceSession (which imports this module)."""
+
+    def get_outputs(self) -> list[Any]: ...
+
+    def run(self, output_names: Any, input_feed: Any, run_options: Any = None) -> list[Any]: ...
 
 
 class IOBinding:
-    def __init__(self, session: InferenceSession) -> None:
+    def __init__(self, session: _Session) -> None:
         self._session = session
         self._inputs: dict[str, Any] = {}
         # name -> preallocated array (results are written into it) or None (engine allocates)

@@ -29,6 +29,7 @@ from ..partition import partition
 from ..plan import Program
 from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
+from ..specialize import attach as specialize_shapes
 from ..validate import validate
 from .iobinding import IOBinding
 from .options import (
@@ -231,8 +232,9 @@ class InferenceSession:
                                             thread_name_prefix="onnxrun-inter-op")
         specialize = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL and \
             opts._config.get("onnxrun.shape_specialization", "1") != "0"
-        self._program = Program(model.graph, model, assignment, opts, pool=self._pool,
-                                specialize=specialize)
+        self._program = Program(model.graph, model, assignment, opts, pool=self._pool)
+        if specialize:
+            specialize_shapes(self._program)
         self._model = model
         return model, t_loaded
 

@@ -7,6 +7,7 @@ import copy
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -484,3 +485,26 @@ def weight_axis(node: NodeProto, input_index: int, rank: int) -> int | None:
     else:
         axis = 1
     return axis if 0 <= axis < rank else None
+
+
+def load_model(model_input: str | Path | ModelProto) -> ModelProto:
+    """A copy of the model with onnx's shape inference applied (types of every tensor)."""
+    if isinstance(model_input, ModelProto):
+        model = copy.deepcopy(model_input)
+    else:
+        model = onnx.load(str(model_input))
+    try:
+        return onnx.shape_inference.infer_shapes(model)
+    except Exception as e:  # noqa: BLE001 - quantize what can be typed
+        logger.warning("shape inference failed (%s); quantizing without it", e)
+        return model
+
+
+def save_model(model: ModelProto, path: str | Path, use_external_data_format: bool = False
+               ) -> None:
+    path = Path(path)
+    if use_external_data_format:
+        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save(model, str(path))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto, helper
 
-from .base import MS_DOMAIN, QValue, attributes, ensure_opset
+from .base import MS_DOMAIN, QValue, attributes, ensure_opset, load_model, save_model
 from .qoperator import DIRECT_8BIT, OperatorQuantizer, direct_8bit, register
 from .quant_types import QuantType, quantize_data
 
@@ -242,8 +242,6 @@ def quantize_dynamic(model_input: str | Path | ModelProto, model_output: str | P
     ``MatMulConstBOnly`` (default True), ``WeightSymmetric``, ``MinimumRealRange``,
     ``ForceQuantizeNoInputCheck``.
     """
-    from .static import load_model, save_model
-
     extra = dict(extra_options or {})
     extra.setdefault("MatMulConstBOnly", True)
     ops = set(op_types_to_quantize or INTEGER_OPS)

@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 from onnx import ModelProto
 
-from .base import ensure_opset
+from .base import ensure_opset, load_model, save_model
 from .calibrate import (
     CalibrationDataReader,
     TensorsData,
@@ -23,6 +23,7 @@ from .calibrate import (
     load_tensors_data,
     save_tensors_data,
 )
+from .dynamic import quantize_dynamic
 from .qdq import QDQ_OPS, QDQQuantizer
 from .qoperator import QLINEAR_OPS, OperatorQuantizer
 from .quant_types import CalibrationMethod, QuantFormat, QuantType
@@ -40,29 +41,6 @@ _CALIB_OPTIONS = [("CalibTensorRangeSymmetric", "symmetric"),
                   ("CalibShowProgress", "show_progress")]
 _SIXTEEN = (QuantType.QInt16, QuantType.QUInt16)
 _FOUR = (QuantType.QInt4, QuantType.QUInt4)
-
-
-def load_model(model_input: str | Path | ModelProto) -> ModelProto:
-    """A copy of the model with onnx's shape inference applied (types of every tensor)."""
-    if isinstance(model_input, ModelProto):
-        model = copy.deepcopy(model_input)
-    else:
-        model = onnx.load(str(model_input))
-    try:
-        return onnx.shape_inference.infer_shapes(model)
-    except Exception as e:  # noqa: BLE001 - quantize what can be typed
-        logger.warning("shape inference failed (%s); quantizing without it", e)
-        return model
-
-
-def save_model(model: ModelProto, path: str | Path, use_external_data_format: bool = False
-               ) -> None:
-    path = Path(path)
-    if use_external_data_format:
-        onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                  location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save(model, str(path))
 
 
 def check_static_quant_arguments(quant_format: QuantFormat, activation_type: QuantType,
@@ -322,8 +300,6 @@ def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
                         calibration_providers=c.calibration_providers,
                         extra_options=c.extra_options)
     elif isinstance(c, DynamicQuantConfig):
-        from .dynamic import quantize_dynamic
-
         quantize_dynamic(model_input, model_output, op_types_to_quantize=c.op_types_to_quantize,
                          per_channel=c.per_channel, reduce_range=c.reduce_range,
                          weight_type=c.weight_type, nodes_to_quantize=c.nodes_to_quantize,

@@ -1,1 +1,2 @@
-"""Command-line tools: ``onnxrun info`` and ``onnxrun run`` (see ``onnxrun.tools.cli``)."""
+"""The ``onnxrun`` command line: ``cli.py`` dispatches to one module per subcommand; what
+they share is in ``common.py``."""

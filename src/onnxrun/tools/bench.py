@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from . import cli
+from .common import CliError, describe, make_feeds, one_line, parse_assignments, parse_dims
 
 ENGINE = "onnxrun"
 REFERENCE = "onnxruntime"
@@ -66,7 +66,7 @@ _LEVEL_WORD = {0: "disable", 1: "basic", 2: "extended", 3: "layout", 99: "all"}
 def parse_level(text: str) -> int:
     level = _LEVELS.get(str(text).strip().lower())
     if level is None:
-        raise cli.CliError(f"-o {text}: expected 0/1/2/99 or disable/basic/extended/all")
+        raise CliError(f"-o {text}: expected 0/1/2/99 or disable/basic/extended/all")
     return level
 
 
@@ -183,11 +183,11 @@ def import_engine(name: str) -> Any:
 
         return onnxrun
     if name != REFERENCE:
-        raise cli.CliError(f"--vs {name}: the only engine to compare with is {REFERENCE}")
+        raise CliError(f"--vs {name}: the only engine to compare with is {REFERENCE}")
     try:
         import onnxruntime
     except ImportError:
-        raise cli.CliError(
+        raise CliError(
             "--vs onnxruntime needs the onnxruntime package, which is not installed "
             "(pip install onnxruntime); onnxrun never needs it, it is only the reference to "
             "compare with"
@@ -217,35 +217,6 @@ def create_session(rt: Any, model: str, opts: BenchOptions,
     sess = rt.InferenceSession(model, session_options(rt, opts, profile_prefix),
                                providers=["CPUExecutionProvider"])
     return sess, time.perf_counter() - t0
-
-
-def make_feeds(session: Any, files: Mapping[str, str] | None = None,
-               dims: Mapping[str, int] | None = None, seed: int = 0
-               ) -> tuple[dict[str, Any], list[str]]:
-    """Inputs as ``onnxrun run`` makes them: read from files, else random (see cli)."""
-    files, dims = dict(files or {}), dict(dims or {})
-    inputs = session.get_inputs()
-    known = {a.name for a in [*inputs, *session.get_overridable_initializers()]}
-    unknown = [n for n in files if n not in known]
-    if unknown:
-        raise cli.CliError(f"--input {unknown[0]}: the model has no input of that name; its "
-                           f"inputs are {[a.name for a in inputs]}")
-    rng = np.random.default_rng(seed)
-    feeds: dict[str, Any] = {}
-    lines = []
-    for name, path in files.items():
-        feeds[name] = cli.load_input(path)
-        lines.append(f"{name}: {cli.describe(feeds[name])} (from {path})")
-    for a in inputs:
-        if a.name in feeds:
-            continue
-        element = cli._element_name(a.type)
-        if element is None or element not in cli._DTYPE_BY_NAME:
-            raise cli.CliError(f"input '{a.name}' has type {a.type}, which cannot be generated: "
-                               f"give it with --input {a.name}=FILE.npy")
-        feeds[a.name] = cli.generate_input(element, cli._resolve_shape(a.shape, dims), rng)
-        lines.append(f"{a.name}: {cli.describe(feeds[a.name])} (random)")
-    return feeds, lines
 
 
 # ------------------------------------------------------------------------------------------------
@@ -419,7 +390,7 @@ def _profile(rt: Any, engine: str, model: str, feeds: dict[str, Any], opts: Benc
         sess.run(None, feeds)
     trace = sess.end_profiling()
     if not trace:
-        raise cli.CliError(f"--profile: this {engine} session wrote no profile")
+        raise CliError(f"--profile: this {engine} session wrote no profile")
     return summarize_trace(trace, opts.warmup, opts.top)
 
 
@@ -446,7 +417,7 @@ def bench(model: str, opts: BenchOptions, *, feeds: Mapping[str, Any] | None = N
         feeds, input_lines = make_feeds(sessions[0], files, dims, seed)
     else:
         feeds = dict(feeds)
-        input_lines = [f"{k}: {cli.describe(v)} (given)" for k, v in feeds.items()]
+        input_lines = [f"{k}: {describe(v)} (given)" for k, v in feeds.items()]
     if opts.inter_op_threads and not opts.parallel:
         notes.append("-y (inter-op threads) matters only with -P (ORT_PARALLEL), in both engines")
 
@@ -473,7 +444,7 @@ def bench(model: str, opts: BenchOptions, *, feeds: Mapping[str, Any] | None = N
                 try:
                     r.isolated = measure_isolated(r.name, model, feeds_file, isolate_opts or opts)
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    r.isolated_error = cli._one_line(e)
+                    r.isolated_error = one_line(e)
     return BenchResult(model, opts, input_lines, results, diff, notes)
 
 
@@ -661,17 +632,10 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Arg
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    dims: dict[str, int] = {}
-    for name, text in cli._parse_assignments(args.dim, "--dim").items():
-        try:
-            dims[name] = int(text)
-        except ValueError:
-            raise cli.CliError(f"--dim {name}={text}: the value must be an integer") from None
-        if dims[name] < 0:
-            raise cli.CliError(f"--dim {name}={text}: the value must be >= 0")
-    files = cli._parse_assignments(args.input, "--input")
+    dims = parse_dims(args.dim)
+    files = parse_assignments(args.input, "--input")
     if not Path(args.model).is_file():
-        raise cli.CliError(f"model file '{args.model}' does not exist")
+        raise CliError(f"model file '{args.model}' does not exist")
     opts = BenchOptions(
         warmup=args.warmup, repeat=args.repeat, duration=args.duration,
         intra_op_threads=args.intra_op_threads, inter_op_threads=args.inter_op_threads,

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from . import cli
+from .common import (
+    DTYPE_BY_NAME,
+    CliError,
+    element_name,
+    format_bytes,
+    generate_input,
+    parse_dims,
+    resolve_shape,
+    table,
+)
 
 LEVELS = {"disable": 0, "basic": 1, "extended": 2, "layout": 3, "all": 99,
           "0": 0, "1": 1, "2": 2, "3": 3, "99": 99}
@@ -77,15 +86,15 @@ def check_saved(model: str, output: str, dims: dict[str, int], seed: int) -> lis
     rng = np.random.default_rng(seed)
     feeds = {}
     for a in reference.get_inputs():
-        element = cli._element_name(a.type)
-        if element is None or element not in cli._DTYPE_BY_NAME:
+        element = element_name(a.type)
+        if element is None or element not in DTYPE_BY_NAME:
             return [*lines, f"check: outputs not compared (input '{a.name}' is {a.type})"]
-        feeds[a.name] = cli.generate_input(element, cli._resolve_shape(a.shape or [], dims), rng)
+        feeds[a.name] = generate_input(element, resolve_shape(a.shape or [], dims), rng)
     worst = max((_difference(e, g) for e, g in zip(reference.run(None, feeds),
                                                    reloaded.run(None, feeds), strict=True)),
                 default=0.0)
     if worst > TOLERANCE:
-        raise cli.CliError(f"the optimized model's outputs differ from the original's "
+        raise CliError(f"the optimized model's outputs differ from the original's "
                            f"(largest difference {worst:.3g}, relative to the output's largest "
                            "magnitude)")
     lines.append(f"check: the saved model reloads and its outputs match the unoptimized "
@@ -98,16 +107,11 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from ..api.options import SessionOptions
     from ..api.session import InferenceSession
 
-    dims: dict[str, int] = {}
-    for name, text in cli._parse_assignments(args.dim, "--dim").items():
-        try:
-            dims[name] = int(text)
-        except ValueError:
-            raise cli.CliError(f"--dim {name}={text}: the value must be an integer") from None
+    dims = parse_dims(args.dim)
     if not os.path.isfile(args.model):
-        raise cli.CliError(f"model file '{args.model}' does not exist")
+        raise CliError(f"model file '{args.model}' does not exist")
     if os.path.abspath(args.output) == os.path.abspath(args.model):
-        raise cli.CliError("-o/--output names the model itself: write the result elsewhere")
+        raise CliError("-o/--output names the model itself: write the result elsewhere")
     options = SessionOptions()
     options.graph_optimization_level = LEVELS[args.level]
     options.optimized_model_filepath = args.output
@@ -127,8 +131,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
                      key=lambda op: (-abs(before[op] - after[op]), op))
     if changed:
         out.append("nodes per operator (before -> after):")
-        out.extend(cli._table([(op, str(before[op]), "->", str(after[op])) for op in changed]))
-    out.append(f"saved: {args.output} ({cli._format_bytes(os.path.getsize(args.output))}), "
+        out.extend(table([(op, str(before[op]), "->", str(after[op])) for op in changed]))
+    out.append(f"saved: {args.output} ({format_bytes(os.path.getsize(args.output))}), "
                f"{sum(before.values())} -> {sum(after.values())} nodes")
     if args.check:
         out.extend(check_saved(args.model, args.output, dims, args.seed))

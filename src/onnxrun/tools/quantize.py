@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from .common import CliError, format_bytes, table
+
 _TYPES = {"int8": "QInt8", "uint8": "QUInt8", "int16": "QInt16", "uint16": "QUInt16",
           "int4": "QInt4", "uint4": "QUInt4"}
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
@@ -31,8 +33,6 @@ def _file_stem(name: str) -> str:
 
 def calibration_feeds(folder: str | Path, input_names: list[str]) -> list[dict[str, np.ndarray]]:
     """The batches of ``folder``: ``<input>.npy`` and ``<input>_<i>.npy`` files, by batch index."""
-    from ..tools.cli import CliError
-
     folder = Path(folder)
     if not folder.is_dir():
         raise CliError(f"calibration folder '{folder}' does not exist")
@@ -77,8 +77,7 @@ def _op_counts(path: str) -> collections.Counter:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ..tools import cli
-    from . import (
+    from ..quantization import (
         CalibrationMethod,
         FeedsDataReader,
         QuantFormat,
@@ -89,13 +88,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     )
 
     if not os.path.isfile(args.model):
-        raise cli.CliError(f"model file '{args.model}' does not exist")
+        raise CliError(f"model file '{args.model}' does not exist")
     if os.path.abspath(args.output) == os.path.abspath(args.model):
-        raise cli.CliError("-o/--output names the model itself: write the result elsewhere")
+        raise CliError("-o/--output names the model itself: write the result elsewhere")
     if args.calibration_dir and not args.static:
-        raise cli.CliError("--calibration-dir is for --static quantization")
+        raise CliError("--calibration-dir is for --static quantization")
     if args.static and not args.calibration_dir:
-        raise cli.CliError("--static needs --calibration-dir DIR (a folder of .npy inputs)")
+        raise CliError("--static needs --calibration-dir DIR (a folder of .npy inputs)")
     op_types = [t for t in (args.op_types or "").split(",") if t] or None
     weight_type = QuantType[_TYPES[args.weight_type]]
     model: Any = args.model
@@ -129,14 +128,14 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     before, after = os.path.getsize(args.model), os.path.getsize(args.output)
     out = [f"quantized ({what}, weights {args.weight_type}"
            f"{', per channel' if args.per_channel else ''}) in {elapsed:.2f} s",
-           f"saved: {args.output}: {cli._format_bytes(after)} "
-           f"({100.0 * after / max(before, 1):.1f}% of {cli._format_bytes(before)})"]
+           f"saved: {args.output}: {format_bytes(after)} "
+           f"({100.0 * after / max(before, 1):.1f}% of {format_bytes(before)})"]
     old, new = _op_counts(args.model), _op_counts(args.output)
     changed = sorted((op for op in {*old, *new} if old[op] != new[op]),
                      key=lambda op: (-abs(old[op] - new[op]), op))
     if changed:
         out.append("nodes per operator (before -> after):")
-        out.extend(cli._table([(op, str(old[op]), "->", str(new[op])) for op in changed]))
+        out.extend(table([(op, str(old[op]), "->", str(new[op])) for op in changed]))
     print("\n".join(out))
     return 0
 
