@@ -29,8 +29,6 @@ EXPECTED_FAILURES: dict[str, str] = {
     # onnx's runner calls len() on each element of a sequence output and fails on a 0-d tensor;
     # onnxrun's outputs equal the reference (test_loop16_seq_none_outputs below).
     r"^test_loop16_seq_none_": "onnx test-runner cannot compare sequences of 0-d tensors",
-    # WebP needs libwebp's ~3,000 fixed tables; no dependency may provide them.
-    r"^test_image_decoder_decode_webp_rgb_": "WebP decoding is not implemented",
 }
 
 # Not failures: cases that are not about onnxrun (downloads, or models run elsewhere).

@@ -8,7 +8,9 @@ coarse statistics and seeded reproducibility.
 
 from __future__ import annotations
 
+import io
 import struct
+import sys
 import warnings
 import zlib
 
@@ -96,7 +98,6 @@ _MY_OPS = {
 }
 _RANDOM_OPS = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                "Bernoulli", "Multinomial"}
-_UNSUPPORTED = {"test_image_decoder_decode_webp_rgb"}  # lossy WebP (VP8) is not implemented
 
 
 def _conformance_cases():
@@ -122,10 +123,6 @@ _CASES = _conformance_cases()
 def test_conformance(case):
     names = [i.name for i in case.model.graph.input]
     ops = {n.op_type for n in case.model.graph.node}
-    if case.name in _UNSUPPORTED:
-        with pytest.raises(OnnxRunError, match="not supported"):
-            _run(case.model, dict(zip(names, case.data_sets[0][0], strict=True)))
-        return
     sess = onnxrun.InferenceSession(case.model.SerializeToString())
     for inputs, expected in case.data_sets:
         got = sess.run(None, dict(zip(names, inputs, strict=True)))
@@ -524,37 +521,62 @@ def test_tiff_decoder(compression, predictor):
     np.testing.assert_array_equal(_decode(_tiff(big, 5, predictor)), big)
 
 
-def _fdwt53(x: np.ndarray, i0: int) -> np.ndarray:
-    """Forward reversible 5/3 lifting (T.800 F.4.8.2) of a 1-D signal starting at ``i0``,
-    returned interleaved (even coordinates low-pass)."""
-    n = x.size
-    if n == 1:
-        return x.copy() if i0 % 2 == 0 else x * 2
-    period = 2 * (n - 1)
+def _pillow_encoded(img: np.ndarray, fmt: str, **params) -> bytes:
+    from PIL import Image
 
-    def at(a, k):
-        k %= period
-        return a[period - k if k >= n else k]
-
-    y = x.astype(np.int64).copy()
-    for k in range(n):
-        if (i0 + k) % 2:
-            y[k] = x[k] - (at(x, k - 1) + at(x, k + 1)) // 2
-    out = y.copy()
-    for k in range(n):
-        if (i0 + k) % 2 == 0:
-            out[k] = y[k] + (at(y, k - 1) + at(y, k + 1) + 2) // 4
-    return out
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, fmt, **params)
+    return buf.getvalue()
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 8, 13])
-@pytest.mark.parametrize("i0", [0, 1])
-def test_jpeg2000_wavelet_roundtrip(n, i0):
-    from onnxrun.providers.cpu.ops._jpeg2000 import _idwt53_1d
+@pytest.mark.parametrize("params", [{"lossless": True}, {"quality": 80}])
+def test_webp(params):
+    """WebP, lossless and lossy (onnxruntime has no ImageDecoder): Pillow's own decode, with
+    the operator's pixel formats (Grayscale: Pillow's luma of the RGB image)."""
+    from PIL import Image
 
-    x = rng.integers(-300, 300, n)
-    y = _fdwt53(x, i0)
-    np.testing.assert_array_equal(_idwt53_1d(y[None], i0)[0], x)
+    img = rng.integers(0, 256, (21, 34, 3)).astype(np.uint8)
+    data = _pillow_encoded(img, "WEBP", **params)
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    if params.get("lossless"):
+        np.testing.assert_array_equal(want, img)
+    np.testing.assert_array_equal(_decode(data), want)
+    np.testing.assert_array_equal(_decode(data, "BGR"), want[:, :, ::-1])
+    gray = _decode(data, "Grayscale")
+    assert gray.shape == (21, 34, 1)
+    c = want.astype(np.uint32)  # ITU-R 601-2 luma in Pillow's fixed point
+    luma = (c[..., 0] * 19595 + c[..., 1] * 38470 + c[..., 2] * 7471 + 0x8000) >> 16
+    np.testing.assert_array_equal(gray[..., 0], luma)
+
+
+def test_sixteen_bit_png_keeps_the_high_byte():
+    from PIL import Image
+
+    img = (np.arange(35, dtype=np.uint16).reshape(5, 7) * 1873).astype(np.uint16)
+    data = _pillow_encoded(img, "PNG")
+    assert Image.open(io.BytesIO(data)).mode.startswith("I")  # 16-bit gray on Pillow's side
+    np.testing.assert_array_equal(_decode(data), np.repeat((img >> 8)[..., None], 3, 2))
+    np.testing.assert_array_equal(_decode(data, "Grayscale")[..., 0], img >> 8)
+
+
+def test_image_decoder_refuses_bad_data_and_other_formats():
+    img = rng.integers(0, 256, (6, 5, 3)).astype(np.uint8)
+    png = _pillow_encoded(img, "PNG")
+    with pytest.raises(OnnxRunError, match="not an image in a supported format"):
+        _decode(b"not an image at all")
+    # GIF decodes in Pillow, but is not a format of the operator's specification
+    with pytest.raises(OnnxRunError, match="not an image in a supported format"):
+        _decode(_pillow_encoded(img, "GIF"))
+    with pytest.raises(OnnxRunError, match="cannot decode the image"):
+        _decode(png[: len(png) // 2])  # truncated
+    np.testing.assert_array_equal(_decode(png), img)
+
+
+def test_image_decoder_without_pillow_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)  # makes the import fail
+    with pytest.raises(OnnxRunError, match="pip install pillow") as info:
+        _decode(_png(rng.integers(0, 256, (2, 2, 3)).astype(np.uint8), [0]))
+    assert "ImageDecoder" in str(info.value)
 
 
 # -- text -------------------------------------------------------------------------------------

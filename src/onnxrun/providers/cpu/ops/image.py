@@ -11,12 +11,13 @@ bilinear corners of all samples at once; NonMaxSuppression works on blocks of Io
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import numpy as np
 
+from .... import errors
 from ..kernels import KernelContext, op
-from . import _image_codecs
 
 # -- shared interpolation helpers --------------------------------------------------------------
 
@@ -662,18 +663,51 @@ def MaxUnpool(X, I, output_shape=None, *, kernel_shape, pads=None, strides=None)
 
 # -- ImageDecoder -----------------------------------------------------------------------------
 
+# The formats the operator's specification lists, under Pillow's names. Pillow opens many more
+# (EPS through Ghostscript among them); a model's bytes get only these decoders.
+_IMAGE_FORMATS = ("BMP", "JPEG", "JPEG2000", "TIFF", "PNG", "WEBP", "PPM")
+
+
+def _pillow_image():
+    """Pillow's Image module: images are decoded by Pillow, an optional dependency."""
+    try:
+        from PIL import Image
+    except ImportError:
+        raise errors.NotImplemented(
+            "ImageDecoder decodes images with Pillow, which is not installed: "
+            "pip install pillow (or pip install onnxrun[image])") from None
+    return Image
+
 
 @op("ImageDecoder", 20)
 class ImageDecoder:
+    """Decodes with Pillow into uint8 (H, W, 3) RGB or BGR, or (H, W, 1) Grayscale: the RGB
+    image's ITU-R 601-2 luma as Pillow computes it (``convert("L")``). 16-bit images keep their
+    high byte (as libpng's 8-bit reduction does), where Pillow's own conversion would clip."""
+
     def __init__(self, ctx: KernelContext, *, pixel_format="RGB"):
         if pixel_format not in ("RGB", "BGR", "Grayscale"):
             raise ValueError(f"ImageDecoder: unsupported pixel_format '{pixel_format}'")
         self.pixel_format = pixel_format
+        self._image = _pillow_image()
 
     def __call__(self, encoded_stream):
-        rgb = _image_codecs.decode(np.asarray(encoded_stream, dtype=np.uint8).tobytes())
-        if self.pixel_format == "RGB":
-            return rgb
-        if self.pixel_format == "BGR":
-            return np.ascontiguousarray(rgb[:, :, ::-1])
-        return _image_codecs.to_grayscale(rgb)
+        Image = self._image
+        data = np.asarray(encoded_stream, dtype=np.uint8).tobytes()
+        try:
+            with Image.open(io.BytesIO(data), formats=_IMAGE_FORMATS) as img:
+                if img.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N"):
+                    high = np.right_shift(np.clip(np.asarray(img), 0, 0xFFFF), 8)
+                    rgb = Image.fromarray(high.astype(np.uint8), "L").convert("RGB")
+                else:
+                    rgb = img.convert("RGB")
+        except Image.UnidentifiedImageError:
+            raise ValueError("ImageDecoder: the encoded stream is not an image in a supported "
+                             f"format ({', '.join(_IMAGE_FORMATS)})") from None
+        except Exception as e:  # truncated or corrupt data, a decompression bomb...
+            raise ValueError(f"ImageDecoder: cannot decode the image: {type(e).__name__}: "
+                             f"{e}") from None
+        if self.pixel_format == "Grayscale":
+            return np.asarray(rgb.convert("L"))[:, :, None]
+        out = np.asarray(rgb)
+        return np.ascontiguousarray(out[:, :, ::-1]) if self.pixel_format == "BGR" else out
