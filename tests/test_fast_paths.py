@@ -6,8 +6,7 @@
 - elementwise nodes of a known type run their ufunc directly; the run loop reports errors with
   the node's context;
 - blocked float32 erf / Gelu / BiasGelu, FusedGemm with a constant B (no copy), the layer
-  normalization of SkipLayerNormalization;
-- ``enable_cpu_mem_arena`` keeps freed memory in the process (glibc).
+  normalization of SkipLayerNormalization.
 """
 
 from __future__ import annotations
@@ -317,11 +316,3 @@ def test_skip_layer_normalization(want_sum: bool):
     if want_sum:
         np.testing.assert_allclose(got[3], s, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got[1], mean, rtol=1e-5, atol=1e-5)
-
-
-def test_freed_memory_setting_applies_once():
-    from onnxrun.api import session
-
-    applied = session._keep_freed_memory()
-    assert isinstance(applied, bool)
-    assert session._keep_freed_memory() is applied  # once per process

@@ -181,8 +181,8 @@ class InferenceSession:
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
         self._blas_threads = _BlasThreads.for_session(opts.intra_op_num_threads)
-        if opts.enable_cpu_mem_arena:
-            _keep_freed_memory()
+        # enable_cpu_mem_arena is stored, not acted on: glibc's malloc settings belong to the host
+        # process (docs/PERFORMANCE.md, "Memory": the GLIBC_TUNABLES opt-in and its figures).
 
     def _prepare(self, path_or_bytes: Any, disabled_optimizers: Any) -> tuple[Model, int]:
         """Steps 1-5: load, validate, optimize, partition, plan (sets the program and model).
@@ -721,38 +721,6 @@ def _async_workers() -> ThreadPoolExecutor:
     """The threads run_async runs on, shared by every session (created on first use)."""
     return ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2),
                               thread_name_prefix="onnxrun-async")
-
-
-# glibc's mallopt parameters, and the values set: no mmap for blocks up to 32 MiB (glibc's
-# maximum), and no trimming until 256 MiB lie free at the top of the heap.
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD = 32 << 20
-_TRIM_THRESHOLD = 256 << 20
-
-
-@functools.cache
-def _keep_freed_memory() -> bool:
-    """``enable_cpu_mem_arena`` (on by default, as in onnxruntime): onnxruntime keeps the memory a
-    run frees in an arena for the next run. onnxrun's arrays come from malloc, and glibc's
-    defaults hand large freed blocks back to the kernel (mmap'd blocks, heap trimming), so every
-    run page-faults its activations in again: 8,000 faults and a fifth of BERT's run time on a
-    virtual machine. This tells glibc to keep them instead, once per process (it is a setting of
-    the process). Returns whether it was applied (glibc only)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        if not hasattr(libc, "gnu_get_libc_version"):
-            return False  # musl and others: their malloc has other knobs
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(
-        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
 _blas_found: tuple[int, list[Any]] | None = None  # (len(sys.modules) then, the libraries)
