@@ -323,5 +323,18 @@ def test_ortvalue_device_may_be_an_ort_device():
             return self._type
 
     np.testing.assert_array_equal(OrtValue.ortvalue_from_numpy(X, Device(0)).numpy(), X)
-    with pytest.raises(ValueError, match="not available"):
+    with pytest.raises(RuntimeError, match="not available"):
         OrtValue.ortvalue_from_numpy(X, Device(1))
+
+
+def test_bad_devices_and_severities_raise_runtime_errors_as_in_onnxruntime():
+    x = np.ones(2, np.float32)
+    for engine in (onnxrun, ort):
+        with pytest.raises(RuntimeError):
+            engine.OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+        with pytest.raises(RuntimeError):
+            engine.set_default_logger_severity(7)
+    with pytest.raises(ValueError):  # a bad argument, for callers that catch that
+        OrtValue.ortvalue_from_numpy(x, "cuda", 0)
+    onnxrun.set_default_logger_severity(2)
+    ort.set_default_logger_severity(2)

@@ -72,7 +72,8 @@ def get_build_info() -> str:
 def set_default_logger_severity(severity: int) -> None:
     """Set the process-wide log level (0 verbose ... 4 fatal) of the ``onnxrun`` logger."""
     if severity not in _SEVERITY_TO_LEVEL:
-        raise ValueError(f"severity must be between 0 and 4, got {severity}")
+        # RuntimeError as onnxruntime raises it, and ValueError: a bad argument
+        raise InvalidArgument(f"severity must be between 0 and 4, got {severity}")
     logging.getLogger("onnxrun").setLevel(_SEVERITY_TO_LEVEL[severity])
 
 

@@ -8,17 +8,19 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import elem_type, np_dtype, value_type_string
+from ..errors import InvalidArgument
 
 
 def _check_cpu(device_type: Any) -> None:
     """``device_type``: a name ("cpu") or an OrtDevice (capi's or onnxruntime's wrapper)."""
     if hasattr(device_type, "device_type"):
         if device_type.device_type() != 0:  # OrtDevice.cpu()
-            raise ValueError(f"device {device_type!r} is not available: onnxrun's providers run "
-                             "on the CPU")
+            raise InvalidArgument(
+                f"device {device_type!r} is not available: onnxrun's providers run on the CPU")
         return
     if str(device_type).lower() != "cpu":
-        raise ValueError(
+        # RuntimeError as onnxruntime raises it, and ValueError: a bad argument
+        raise InvalidArgument(
             f"device '{device_type}' is not available: onnxrun's providers run on the CPU"
         )
 
