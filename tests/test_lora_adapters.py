@@ -12,8 +12,14 @@ import pytest
 from ml_dtypes import bfloat16
 
 import onnxrun
-from onnxrun import AdapterFormat, InferenceSession, LoraAdapter, OrtValue, RunOptions
-from onnxrun import adapter_format
+from onnxrun import (
+    AdapterFormat,
+    InferenceSession,
+    LoraAdapter,
+    OrtValue,
+    RunOptions,
+    adapter_format,
+)
 
 ort = pytest.importorskip("onnxruntime")
 

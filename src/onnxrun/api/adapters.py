@@ -35,7 +35,7 @@ def _values(adapter: adapter_format.Adapter) -> dict[str, OrtValue]:
                 f"adapter parameter '{p.name}' has an unknown element type {p.data_type}"
             ) from None
         count = int(np.prod(p.dims, dtype=np.int64))
-        if (dtype == object or min(p.dims, default=0) < 0
+        if (dtype.kind == "O" or min(p.dims, default=0) < 0
                 or count * dtype.itemsize != len(p.raw_data)):
             raise InvalidArgument(
                 f"adapter parameter '{p.name}': {len(p.raw_data)} bytes do not hold "

@@ -31,6 +31,7 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
+from . import sparse
 from .iobinding import IOBinding
 from .options import (
     ExecutionMode,
@@ -39,7 +40,6 @@ from .options import (
     SessionOptions,
     options_from_model,
 )
-from . import sparse
 from .ortvalue import OrtValue
 from .sparse import SparseTensor
 
