@@ -405,6 +405,33 @@ def test_dynamic_quantize_lstm(T, batch, I, H, direction, wtype, per_channel, ex
         assert all(w.packed is None for w in d_weights)
 
 
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("clip", [None, 0.9])
+def test_dynamic_quantize_lstm_non_finite(with_bias, clip, monkeypatch):
+    """NaN / inf in X through the compiled recurrence: its quantizer (MLAS's NaN lanes) and
+    gate clip (a biased LSTM's NaN gate becomes +clip) as the numpy path's, which
+    test_ops_quantization checks against onnxruntime."""
+    inputs = _lstm_inputs(6, 3, 5, 8, "bidirectional", np.int8, False)
+    inputs[0][1, 0] = np.nan
+    inputs[0][2, 1, 0], inputs[0][3, 2, 1] = np.inf, -np.inf
+    if not with_bias:
+        inputs[3] = None
+    attrs = {"hidden_size": 8, "direction": "bidirectional"}
+    if clip is not None:
+        attrs["clip"] = clip
+    model, feeds = one_node("DynamicQuantizeLSTM", inputs, opset=21, n_out=3,
+                            const=(1, 2, 3, 7, 8, 9, 10, 11), domain=MS,
+                            out_types=[TP.FLOAT] * 3, **attrs)
+    recurrences = _Counting(monkeypatch, lstm.Int8Recurrence, "run")
+    ref, sess = _sessions(model)
+    want = ref.run(None, feeds)
+    got = sess.run(None, feeds)
+    assert recurrences.calls == 2
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)  # NaN where NaN
+    assert np.isnan(got[0]).any() != with_bias
+
+
 def _fast_cell_reference(xw, R, zb, r_scale, half, h, c, clip):
     """The numpy recurrence the compiled one replaces (rnn.fast_lstm_cell on the GEMM)."""
     packed = int8_gemm.PackedB(R, zb)

@@ -789,6 +789,38 @@ def test_dynamic_quantize_lstm_vs_ort(T, batch, direction, per_channel, wtype, l
     _check(model, feeds, atol=1e-5)
 
 
+@pytest.mark.parametrize("wtype", [np.int8, np.uint8])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("clip", [None, 0.9])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_dynamic_quantize_lstm_non_finite_vs_ort(wtype, bias, clip, direction):
+    """NaN and +-inf in X reach both quantized GEMMs (X's and, through h, R's): onnxruntime's
+    scale and codes, then its gate clip, which with a B turns a NaN gate into +clip (finite
+    outputs), without one keeps it (NaN outputs)."""
+    rng = np.random.default_rng(31)
+    T, batch, I, H = 5, 3, 6, 8
+    D = 2 if direction == "bidirectional" else 1
+    lo, hi, zp = (-63, 64, 0) if wtype == np.int8 else (0, 256, 128)  # no u8s8 saturation
+    inits = [_init("W", rng.integers(lo, hi, (D, I, 4 * H)).astype(wtype)),
+             _init("R", rng.integers(lo, hi, (D, H, 4 * H)).astype(wtype)),
+             _init("ws", np.full(D, 0.004, np.float32)), _init("wz", np.full(D, zp, wtype)),
+             _init("rs", np.full(D, 0.003, np.float32)), _init("rz", np.full(D, zp, wtype))]
+    if bias:
+        inits.append(_init("B", (rng.standard_normal((D, 8 * H)) * 0.3).astype(np.float32)))
+    x = rng.standard_normal((T, batch, I)).astype(np.float32)
+    x[1, 0], x[2, 1, 0], x[3, 2, 1] = np.nan, np.inf, -np.inf
+    attrs = {"hidden_size": H, "direction": direction}
+    if clip is not None:
+        attrs["clip"] = clip
+    node = helper.make_node("DynamicQuantizeLSTM", ["X", "W", "R", "B" if bias else "", "", "",
+                                                    "", "", "ws", "wz", "rs", "rz"],
+                            ["Y", "Y_h", "Y_c"], domain=MS, **attrs)
+    model = _model([node], [_vi("X", TP.FLOAT, [T, batch, I])],
+                   [_vi("Y", TP.FLOAT), _vi("Y_h", TP.FLOAT), _vi("Y_c", TP.FLOAT)], inits)
+    got = _check(model, {"X": x}, atol=1e-5)
+    assert np.isnan(got[0]).any() != bias
+
+
 # -- models written by onnxruntime's quantization tool -------------------------------------------
 
 

@@ -118,6 +118,33 @@ def test_lstm_peepholes_clip_input_forget(direction, clip, input_forget):
     _compare(model, feeds)
 
 
+def _non_finite_x(x: np.ndarray) -> np.ndarray:
+    """X with a NaN time step of one sequence, an inf and a -inf element."""
+    x = x.copy()
+    x[1, 0] = np.nan
+    x[2, 1, 0] = np.inf
+    x[3, 2, 1] = -np.inf
+    return x
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("clip", [None, 0.7])
+@pytest.mark.parametrize("peepholes", [False, True])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_lstm_non_finite_inputs(bias, clip, peepholes, direction):
+    """onnxruntime clips a biased LSTM's gates with std::min/max, which turn a NaN into +clip
+    (FLT_MAX without one): a NaN input gives finite outputs there, NaN without B."""
+    rng = np.random.default_rng(17)
+    inputs = _inputs("LSTM", rng, direction, peepholes=peepholes, bias=bias)
+    inputs["X"] = _non_finite_x(inputs["X"])
+    attrs = {"hidden_size": H, "direction": direction}
+    if clip is not None:
+        attrs["clip"] = clip
+    model, feeds = _model("LSTM", inputs, attrs, constant=("W", "R", "B", "P"))
+    got = _compare(model, feeds)  # NaN where onnxruntime has NaN, values elsewhere
+    assert np.isnan(got[0]).any() != bias
+
+
 @pytest.mark.parametrize("direction", DIRECTIONS)
 @pytest.mark.parametrize("linear_before_reset", [0, 1])
 @pytest.mark.parametrize("clip", [None, 0.5])

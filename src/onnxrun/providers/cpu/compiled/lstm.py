@@ -110,7 +110,8 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
          "  %c_half = getelementptr float, ptr %cols, i64 %width",
          "  %c_shift = getelementptr float, ptr %c_half, i64 %width",
          "  %c_bound = getelementptr float, ptr %c_shift, i64 %width",
-         "  %c_act = getelementptr float, ptr %c_bound, i64 %width"]
+         "  %c_act = getelementptr float, ptr %c_bound, i64 %width",
+         "  %c_nan = getelementptr float, ptr %c_act, i64 %width"]
     for r in range(rows):
         L += [f"  %ro{r} = mul i64 %lda, {r}",
               f"  %xo{r} = mul i64 %HG, {r}",
@@ -191,6 +192,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
     for c, at in enumerate(("%col", "%col16")):
         L += [*_vector_at(f"%bd{c}", "%c_bound", at),
               f"  %nbd{c} = fneg {_VF} %bd{c}",
+              *_vector_at(f"%nv{c}", "%c_nan", at),
               *_vector_at(f"%hf{c}", "%c_half", at),
               *_vector_at(f"%sh{c}", "%c_shift", at)]
         if gru:  # cols[0]: Rbh on h's columns; cols[4]: 1 on the activated (z, r) columns
@@ -213,7 +215,11 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
                 product = f"%acc{r}_{c}"
             L += [f"  {t}.xo = add i64 %xo{r}, {at}",
                   *_vector_at(f"{t}.x", "%xrow", f"{t}.xo", mask=f"%mk{c}"),
-                  f"  {t}.g = fadd {_VF} {product}, {t}.x",
+                  f"  {t}.g0 = fadd {_VF} {product}, {t}.x",
+                  # a NaN becomes cols[5]: the bound where onnxruntime's std::min/max clip
+                  # applies (a biased LSTM, see rnn.clip_gates), NaN (kept) elsewhere
+                  f"  {t}.un = fcmp uno {_VF} {t}.g0, zeroinitializer",
+                  f"  {t}.g = select <16 x i1> {t}.un, {_VF} %nv{c}, {_VF} {t}.g0",
                   # numpy's clip: NaN stays NaN
                   f"  {t}.lt = fcmp olt {_VF} {t}.g, %nbd{c}",
                   f"  {t}.gl = select <16 x i1> {t}.lt, {_VF} %nbd{c}, {_VF} {t}.g",
@@ -470,10 +476,13 @@ def _function(name: str):
 
 
 def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
-                  gru: bool = False) -> np.ndarray:
-    """[5, width] float32: the step's scale factor (8-bit) or Rbh (GRU), half, shift, clip
-    bound (inf: no clip; halved where the LSTM's inputs come halved), activated columns (GRU)."""
-    cols = np.zeros((5, width), np.float32)
+                  gru: bool = False, biased: bool = False) -> np.ndarray:
+    """[6, width] float32: the step's scale factor (8-bit) or Rbh (GRU), half, shift, clip
+    bound (inf: no clip; halved where the LSTM's inputs come halved), activated columns (GRU),
+    what a NaN pre-activation becomes: with ``biased`` (an LSTM with B) onnxruntime's clip
+    makes it +bound (its FLT_MAX, halved, when no clip is set: inf here, the same after tanh),
+    else it stays NaN."""
+    cols = np.zeros((6, width), np.float32)
     n = half.size
     if scale is not None:
         cols[0, :n] = scale
@@ -484,6 +493,7 @@ def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
         cols[3, :n] = np.float32(clip) if gru else half * np.float32(clip)
     if gru:
         cols[4, : 2 * (n // 3)] = 1
+    cols[5] = cols[3] if biased else np.nan
     return cols
 
 
@@ -527,16 +537,19 @@ class _Recurrence:
 class Int8Recurrence(_Recurrence):
     """DynamicQuantizeLSTM's recurrence for one direction: R packed (a ``PackedB``, int8 or
     uint8 with zero points) with its scale (scalar or per column); ``half`` the factor of the
-    gates' pre-activations (1/2 for i, o, f), ``clip`` the cell clip or None."""
+    gates' pre-activations (1/2 for i, o, f), ``clip`` the cell clip or None, ``biased``
+    whether the LSTM has a B (onnxruntime's clip turns NaN gates into +clip then)."""
 
-    def __init__(self, packed: PackedB, r_scale, half: np.ndarray, clip: float | None) -> None:
+    def __init__(self, packed: PackedB, r_scale, half: np.ndarray, clip: float | None,
+                 biased: bool = False) -> None:
         if packed.N % 4 or packed.K != packed.N // 4 or half.shape != (packed.N,):
             raise ValueError(f"LSTM R must be [H, 4H], got [{packed.K}, {packed.N}]")
         if packed._slope32 is None:  # noqa: SLF001 - the zero-point terms must fit int32
             raise ValueError("LSTM R: zero-point terms overflow int32")
         self.packed, self.H, self.half, self.width = packed, packed.K, half, packed.width
         scale = np.broadcast_to(np.asarray(r_scale, np.float32).reshape(-1), half.shape)
-        self.cols = _gate_columns(packed.width, half, clip, (scale * half).astype(np.float32))
+        self.cols = _gate_columns(packed.width, half, clip, (scale * half).astype(np.float32),
+                                  biased=biased)
         self.fn = _function("lstm_u8")
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
@@ -555,10 +568,11 @@ class Float32Recurrence(_Recurrence):
     """A float32 recurrence for one direction on ``RT`` [H, gates*H], laid out once in panels
     of 32 columns. ``kind`` "lstm": R^T of i, o, f, c~ with i, o, f already halved, as
     rnn.LSTM prepares it; "gru": R^T of z, r, h as it is, with ``rbh`` (Rbh, [H]) and
-    linear_before_reset semantics."""
+    linear_before_reset semantics. ``biased``: an LSTM with B (see Int8Recurrence)."""
 
     def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None,
-                 kind: str = "lstm", rbh: np.ndarray | None = None) -> None:
+                 kind: str = "lstm", rbh: np.ndarray | None = None,
+                 biased: bool = False) -> None:
         H = RT.shape[0]
         self.gates = 3 if kind == "gru" else 4
         n = self.gates * H
@@ -576,7 +590,8 @@ class Float32Recurrence(_Recurrence):
         if rbh is not None:  # added to h's columns of the product (cols[0])
             raw = np.zeros(n, np.float32)
             raw[2 * H:] = np.asarray(rbh, np.float32).reshape(-1)
-        self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru")
+        self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru",
+                                  biased=biased and kind == "lstm")
         self.fn = _function(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:

@@ -126,8 +126,19 @@ def _apply(acts: list[_Act], x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _clip(x: np.ndarray, clip: float | None) -> None:
-    if clip is not None:
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def clip_gates(x: np.ndarray, clip: float | None, biased: bool = False) -> None:
+    """onnxruntime's clip of a gate's pre-activation, in place. With a bias B it is
+    ``max(-b, min(b, x))`` in C++'s std::min/max, which turn a NaN into +b, b the clip or
+    FLT_MAX when none is set (so a NaN input gives finite outputs); without B a plain clip,
+    which keeps NaN (and none without a clip)."""
+    if biased:
+        bound = F32_MAX if clip is None else clip
+        np.fmin(x, bound, out=x)  # fmin/fmax ignore NaN: NaN -> bound, as std::min(b, NaN)
+        np.fmax(x, -bound, out=x)
+    elif clip is not None:
         np.clip(x, -clip, clip, out=x)
 
 
@@ -368,17 +379,18 @@ class LSTM(_Recurrent):
             WT = WT * np.tile(half, D)
             bias = bias * np.tile(half, D)
             RT = RT * half
-            recurrences = _compiled_recurrences(RT, half, self.clip)
+            recurrences = _compiled_recurrences(RT, half, self.clip, biased=B is not None)
             if recurrences is not None:
                 RT = None  # the recurrences' panels hold R; _recurrent_weights rebuilds it
         return {"dtype": dt, "WT": WT, "bias": bias, "RT": RT, "P": peep, "H": H, "fast": fast,
-                "half": half if fast else None, "recurrences": recurrences}
+                "half": half if fast else None, "recurrences": recurrences,
+                "biased": B is not None}
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                  P=None):
         dt = _compute_dtype(X.dtype)
         w = self._weights(dt, W, R, B, P)
-        H, peep, clip = w["H"], w["P"], self.clip
+        H, peep, clip, biased = w["H"], w["P"], self.clip, w["biased"]
         f_act, g_act, h_act = ([a[k] for a in self.acts] for k in range(3))
         input_forget = self.input_forget
         Xc = np.asarray(X, dt)
@@ -388,7 +400,7 @@ class LSTM(_Recurrent):
 
         if w["fast"]:
             cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, _recurrent_weights(w), out=out),
-                                  w["half"], clip)
+                                  w["half"], clip, biased)
             # the compiled recurrence streams R once per step and group of 4 rows: while that
             # beats one GEMM of all rows per step
             whole = w["recurrences"] if batch <= COMPILED_MAX_ROWS else None
@@ -402,15 +414,15 @@ class LSTM(_Recurrent):
             g = np.matmul(h, RT)  # [D, B, 4H]; gate order i, o, f, c
             g += x
             if peep is None:
-                _clip(g, clip)
+                clip_gates(g, clip, biased)
                 iof = _apply(f_act, g[..., :3 * H])  # i, o, f in one pass
                 i, o, f = iof[..., :H], iof[..., H:2 * H], iof[..., 2 * H:]
             else:
                 i, f = g[..., :H], g[..., 2 * H:3 * H]
                 i += peep[0] * c
                 f += peep[2] * c
-                _clip(i, clip)
-                _clip(g[..., 2 * H:], clip)  # f and c; o waits for its peephole on C_t
+                clip_gates(i, clip, biased)
+                clip_gates(g[..., 2 * H:], clip, biased)  # f, c; o waits for its peephole
                 i, f = _apply(f_act, i), _apply(f_act, f)
             if input_forget:
                 f = 1 - i
@@ -420,7 +432,7 @@ class LSTM(_Recurrent):
             if peep is not None:
                 o = g[..., H:2 * H]
                 o += peep[1] * c_new
-                _clip(o, clip)
+                clip_gates(o, clip, biased)
                 o = _apply(f_act, o)
             h_new = _apply(h_act, c_new.copy())
             h_new *= o
@@ -436,7 +448,8 @@ COMPILED_MAX_ROWS = 64
 
 
 def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None,
-                          kind: str = "lstm", rbh: np.ndarray | None = None) -> list | None:
+                          kind: str = "lstm", rbh: np.ndarray | None = None,
+                          biased: bool = False) -> list | None:
     """One compiled float32 recurrence per direction of ``RT`` [D, H, gates*H] (an LSTM's
     halved; a GRU's as it is, with ``rbh`` [D, H]), or None where they cannot run here (not
     float32, no llvmlite, a CPU without AVX-512)."""
@@ -446,7 +459,8 @@ def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None,
     from ..compiled.jit import Unavailable
 
     try:
-        return [lstm.Float32Recurrence(R, half, clip, kind, None if rbh is None else rbh[d])
+        return [lstm.Float32Recurrence(R, half, clip, kind, None if rbh is None else rbh[d],
+                                       biased=biased)
                 for d, R in enumerate(RT)]
     except (Unavailable, ValueError):
         return None
@@ -474,12 +488,17 @@ def sigmoid_halves(H: int, gates: int, dt=np.float32) -> np.ndarray:
     return np.concatenate((np.full((gates - 1) * H, 0.5, dt), np.ones(H, dt)))
 
 
-def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None):
+def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None,
+                   biased: bool = False):
     """The usual LSTM cell (sigmoid, tanh, tanh; no peepholes) in ten numpy calls a step, on
     gates whose i, o, f parts come halved (input part and ``recurrent(h, out)``, which writes
-    h's product into ``out``): those gates' tanh, times 1/2 plus 1/2, is their sigmoid."""
+    h's product into ``out``): those gates' tanh, times 1/2 plus 1/2, is their sigmoid.
+    ``biased``: the LSTM has a B, and its gates are clipped as onnxruntime does then (clip_gates)."""
     shift = 1 - half  # 1/2 for i, o, f; 0 for c
-    bound = None if clip is None else half * clip
+    if biased:
+        bound = half * np.float32(F32_MAX if clip is None else clip)
+    else:
+        bound = None if clip is None else half * clip
     buffers: list[np.ndarray] = []  # gates [..., B, 4H] and its i, o, f, c views; scratch
 
     def cell(x, h, c, out=None):
@@ -490,7 +509,11 @@ def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None):
         g, i, o, f, cc, t = buffers
         recurrent(h, g)  # gate order i, o, f, c
         g += x
-        if bound is not None:
+        if biased:  # clip_gates' NaN -> +bound, halved where the gates are
+            np.fmin(g, bound, out=g)
+            if clip is not None:  # (without a clip, -inf and -FLT_MAX have the same tanh)
+                np.fmax(g, -bound, out=g)
+        elif bound is not None:
             np.clip(g, -bound, bound, out=g)
         np.tanh(g, out=g)
         g *= half
@@ -557,7 +580,7 @@ class GRU(_Recurrent):
             RT_zr, RT_h = _gru_weights(w)
             zr = np.matmul(h, RT_zr)  # [D, B, 2H]; gate order z, r
             zr += x[..., :2 * H]
-            _clip(zr, clip)
+            clip_gates(zr, clip)
             zr = _apply(f_act, zr)
             if lbr:
                 hh = np.matmul(h, RT_h)
@@ -566,7 +589,7 @@ class GRU(_Recurrent):
             else:
                 hh = np.matmul(zr[..., H:] * h, RT_h)
             hh += x[..., 2 * H:]
-            _clip(hh, clip)
+            clip_gates(hh, clip)
             hh = _apply(g_act, hh)
             return [_blend(zr[..., :H], hh, h)]
 
@@ -624,7 +647,7 @@ class RNN(_Recurrent):
         def cell(x, h, out=None):
             a = np.matmul(h, RT)
             a += x
-            _clip(a, clip)
+            clip_gates(a, clip)
             return [_apply(f_act, a)]
 
         ys, (hT,) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0], cell)

@@ -645,13 +645,14 @@ class DynamicQuantizeLSTM:
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
             c = np.zeros((batch, H), F32) if initial_c is None else initial_c[d].astype(F32)
             if lens is None and peep is None and self._usual(d):
-                direction = self._compiled_direction(d, rq)
+                direction = self._compiled_direction(d, rq, B is not None)
                 if direction is not None:
                     compiled.append((d, direction, (xw + bias[d]) * direction.half,
                                      np.array(h, F32, order="C"), np.array(c, F32, order="C")))
                     continue
                 if len(rq.mat.ranges(H, 255.0)) == 1:
-                    ys, h, c = self._fast_direction(xw, bias[d], rq, rf, h, c)
+                    ys, h, c = self._fast_direction(xw, bias[d], rq, rf, h, c,
+                                                    B is not None)
                     if self.reverse[d]:
                         ys = ys[::-1]
                     Y[:, d] = ys
@@ -662,7 +663,7 @@ class DynamicQuantizeLSTM:
             for t in range(steps):
                 g = xw[t] + _qgemm_dynamic(h_in, rq, rf)
                 h_new, c_new = self._cell(g, c, bias[d], None if peep is None else peep[d],
-                                          f_act, g_act, h_act, self.apply, H)
+                                          f_act, g_act, h_act, self.apply, H, B is not None)
                 if lens is not None:
                     active = (t < lens)[:, None]
                     h = np.where(active, h_new, h)
@@ -684,7 +685,7 @@ class DynamicQuantizeLSTM:
             self._run_compiled(compiled, Y, Yh, Yc)
         return (Y if self.want_y else None), Yh, Yc
 
-    def _compiled_direction(self, d: int, rq: _QuantWeights):
+    def _compiled_direction(self, d: int, rq: _QuantWeights, biased: bool):
         """The compiled recurrence for direction ``d`` (a ``compiled.lstm.Int8Recurrence``), or
         None where it cannot run (R not packed, zero-point terms past int32)."""
         if rq.packed is None:
@@ -698,7 +699,7 @@ class DynamicQuantizeLSTM:
         H = rq.mat.q.shape[1] // 4
         half = sigmoid_halves(H, 4)
         try:
-            direction = Int8Recurrence(rq.packed, rq.scale, half, self.clip)
+            direction = Int8Recurrence(rq.packed, rq.scale, half, self.clip, biased)
         except (ValueError, Unavailable):
             return None
         if self.weights is not None:  # constant weights: prepared once per session
@@ -722,7 +723,7 @@ class DynamicQuantizeLSTM:
         return not self.input_forget and [a.name for a in self.acts[d]] == [
             "sigmoid", "tanh", "tanh"]
 
-    def _fast_direction(self, xw, bias, rq: _QuantWeights, rf, h, c):
+    def _fast_direction(self, xw, bias, rq: _QuantWeights, rf, h, c, biased: bool):
         """One direction of the usual cell with every sequence at full length, on rnn's fast
         cell: the halving of i, o, f folded into the input part (once for all steps) and into
         the per-step scale of h's product, which stays the exact integer one onnxruntime
@@ -748,7 +749,7 @@ class DynamicQuantizeLSTM:
                 out *= a_scale * r_scale
 
         cell = fast_lstm_cell(H, recurrent, half, None if self.clip is None else
-                              F32.type(self.clip))
+                              F32.type(self.clip), biased)
         xw = (xw + bias) * half  # every step's input part, biased and halved
         ys = np.empty((xw.shape[0],) + h.shape, F32)
         for s, x in enumerate(xw):
@@ -775,7 +776,9 @@ class DynamicQuantizeLSTM:
         out[:steps] = ys[idx, np.arange(ys.shape[1])]
         return out
 
-    def _cell(self, g, c, bias, peep, f_act, g_act, h_act, apply, H):
+    def _cell(self, g, c, bias, peep, f_act, g_act, h_act, apply, H, biased):
+        from ..rnn import clip_gates
+
         gi, go, gf, gc = (g[:, k * H:(k + 1) * H] for k in range(4))
         clip = self.clip
 
@@ -783,7 +786,8 @@ class DynamicQuantizeLSTM:
             if p is not None:
                 x = x + p
             x = x + b
-            return x if clip is None else np.clip(x, -clip, clip)
+            clip_gates(x, clip, biased)
+            return x
 
         i = apply(f_act, pre(gi, bias[:H], None if peep is None else peep[0] * c))
         if self.input_forget:
