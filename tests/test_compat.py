@@ -260,3 +260,30 @@ def test_importing_onnxruntime_imports_no_submodule():
         "print('onnxrun.quantization' in sys.modules)\n")])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", "True"]
+
+
+def test_native_module_names(clean_modules):
+    # The names whole onnxruntime test modules import from the native module, and where they
+    # come from in onnxrun.
+    from onnxrun.api import devices, thread_pools
+    from onnxrun.api.ortvalue_vector import OrtValueVector
+
+    compat.install()
+    import onnxruntime
+    from onnxruntime.capi import _pybind_state as C
+    from onnxruntime.capi import onnxruntime_pybind11_state as C11
+
+    for mod in (C, C11):
+        assert mod.OrtValueVector is OrtValueVector and mod.OrtDevice is devices.NativeOrtDevice
+        assert mod.OrtCompiledModelCompatibility is devices.OrtCompiledModelCompatibility
+        assert mod.set_global_thread_pool_sizes is thread_pools.set_global_thread_pool_sizes
+        assert mod.OrtMemoryInfo is devices.OrtMemoryInfo
+        assert mod.kSameAsRequested == 1 and isinstance(mod.get_default_session_options(),
+                                                         onnxrun.SessionOptions)
+    assert onnxruntime.OrtDevice is devices.OrtDevice
+    assert onnxruntime.OrtDevice.make("cpu", 0)._get_c_device().device_type() == C.OrtDevice.cpu()
+    for name in ("OrtArenaCfg", "OrtAllocatorType", "OrtMemType", "OrtDeviceMemoryType",
+                 "OrtDeviceVendorId", "create_and_register_allocator",
+                 "set_global_thread_pool_sizes"):
+        assert getattr(onnxruntime, name) is getattr(onnxrun, name), name
+    assert "Build Info" in onnxruntime.get_build_info()

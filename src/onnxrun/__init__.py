@@ -14,6 +14,19 @@ import logging
 
 from ._version import __version__
 from .api.adapters import AdapterFormat, LoraAdapter
+from .api.devices import (
+    OrtAllocatorType,
+    OrtArenaCfg,
+    OrtDevice,
+    OrtDeviceMemoryType,
+    OrtDeviceVendorId,
+    OrtHardwareDeviceType,
+    OrtMemoryInfo,
+    OrtMemoryInfoDeviceType,
+    OrtMemType,
+    create_and_register_allocator,
+    create_and_register_allocator_v2,
+)
 from .api.iobinding import IOBinding
 from .api.options import (
     ExecutionMode,
@@ -25,6 +38,7 @@ from .api.options import (
 from .api.ortvalue import OrtValue
 from .api.session import InferenceSession, ModelMetadata, NodeArg
 from .api.sparse import OrtSparseFormat, SparseTensor
+from .api.thread_pools import set_global_thread_pool_sizes
 from .custom_ops import register_custom_op
 from .errors import (
     EPFail,
@@ -66,7 +80,7 @@ def get_version_string() -> str:
 
 
 def get_build_info() -> str:
-    return f"onnxrun {__version__} (pure Python, numpy backend)"
+    return f"onnxrun Build Info: version={__version__}, pure Python, numpy backend"
 
 
 def set_default_logger_severity(severity: int) -> None:
@@ -100,10 +114,12 @@ __all__ = [
     "AdapterFormat", "EPFail", "ExecutionMode", "ExecutionOrder", "Fail",
     "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InvalidArgument", "InvalidGraph",
     "InvalidProtobuf", "LoraAdapter", "ModelMetadata", "NoSuchFile", "NodeArg", "NotImplemented",
-    "OnnxRunError", "OrtSparseFormat", "OrtValue", "RunOptions", "RuntimeException",
-    "SessionOptions", "SparseTensor", "__version__",
-    "disable_telemetry_events", "enable_telemetry_events", "get_all_providers",
-    "get_available_providers", "get_build_info", "get_device", "get_version_string",
-    "register_custom_op", "set_default_logger_severity", "set_default_logger_verbosity",
-    "set_seed", "version",
+    "OnnxRunError", "OrtAllocatorType", "OrtArenaCfg", "OrtDevice", "OrtDeviceMemoryType",
+    "OrtDeviceVendorId", "OrtHardwareDeviceType", "OrtMemType", "OrtMemoryInfo",
+    "OrtMemoryInfoDeviceType", "OrtSparseFormat", "OrtValue", "RunOptions", "RuntimeException",
+    "SessionOptions", "SparseTensor", "__version__", "create_and_register_allocator",
+    "create_and_register_allocator_v2", "disable_telemetry_events", "enable_telemetry_events",
+    "get_all_providers", "get_available_providers", "get_build_info", "get_device",
+    "get_version_string", "register_custom_op", "set_default_logger_severity",
+    "set_default_logger_verbosity", "set_global_thread_pool_sizes", "set_seed", "version",
 ]

@@ -68,7 +68,10 @@ _NATIVE = (
     "ModelMetadata", "NodeArg", "get_available_providers", "get_all_providers", "get_device",
     "get_version_string", "get_build_info", "set_default_logger_severity",
     "set_default_logger_verbosity", "set_seed", "enable_telemetry_events",
-    "disable_telemetry_events",
+    "disable_telemetry_events", "OrtAllocatorType", "OrtArenaCfg", "OrtDeviceMemoryType",
+    "OrtHardwareDeviceType", "OrtMemType", "OrtMemoryInfo", "OrtMemoryInfoDeviceType",
+    "create_and_register_allocator", "create_and_register_allocator_v2",
+    "set_global_thread_pool_sizes",
 )
 
 
@@ -92,7 +95,9 @@ def _module(name: str, doc: str, attrs: dict[str, Any], package: bool = False
 
 
 def _build() -> dict[str, types.ModuleType]:
+    from .api import devices
     from .api.ortvalue import OrtValue
+    from .api.ortvalue_vector import OrtValueVector
 
     public = {n: v for n, v in vars(onnxrun).items()
               if not n.startswith("_") and not isinstance(v, types.ModuleType)}
@@ -113,13 +118,21 @@ def _build() -> dict[str, types.ModuleType]:
         if n in public:
             native[n] = public[n]
     native["OrtValue"] = OrtValue
+    # Names only the native module has; its OrtDevice is the class onnxruntime.OrtDevice wraps.
+    native.update(OrtDevice=devices.NativeOrtDevice, OrtValueVector=OrtValueVector,
+                  OrtCompiledModelCompatibility=devices.OrtCompiledModelCompatibility,
+                  ArenaExtendStrategy=devices.ArenaExtendStrategy,
+                  kNextPowerOfTwo=devices.ArenaExtendStrategy.kNextPowerOfTwo,
+                  kSameAsRequested=devices.ArenaExtendStrategy.kSameAsRequested,
+                  get_default_session_options=onnxrun.SessionOptions)
 
     pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
     pybind = _module(_NAMES[2], "Re-exports onnxruntime_pybind11_state.", native)
     collection = _module(
         _NAMES[4], "onnxruntime's Python classes, from onnxrun.",
         {"InferenceSession": onnxrun.InferenceSession, "Session": onnxrun.InferenceSession,
-         "IOBinding": onnxrun.IOBinding, "OrtValue": OrtValue, "C": pybind},
+         "IOBinding": onnxrun.IOBinding, "OrtValue": OrtValue, "OrtDevice": devices.OrtDevice,
+         "OrtDeviceVendorId": devices.OrtDeviceVendorId, "C": pybind},
     )
     capi = _module(
         _NAMES[1], "onnxruntime.capi, from onnxrun.",

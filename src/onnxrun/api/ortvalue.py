@@ -54,8 +54,16 @@ class OrtValue:
 
     @staticmethod
     def ortvalue_from_shape_and_type(shape: Any, element_type: Any, device_type: str = "cpu",
-                                     device_id: int = 0) -> OrtValue:
-        _check_cpu(device_type)
+                                     device_id: int = 0, vendor_id: int = -1,
+                                     memory_info: Any = None) -> OrtValue:
+        """An uninitialized tensor. ``memory_info`` (an OrtMemoryInfo) allocates with the
+        allocator registered for its device (create_and_register_allocator) instead."""
+        if memory_info is not None:
+            from .devices import registered_allocator
+
+            registered_allocator(memory_info)  # only CPU ones can be registered: numpy's memory
+        else:
+            _check_cpu(device_type)
         dtype = np_dtype(element_type) if isinstance(element_type, int) else np.dtype(element_type)
         return OrtValue(np.empty(tuple(int(d) for d in shape), dtype=dtype))
 

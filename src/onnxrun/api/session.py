@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import gc
 import logging
@@ -31,7 +32,7 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
-from . import sparse
+from . import sparse, thread_pools
 from .iobinding import IOBinding
 from .options import (
     ExecutionMode,
@@ -180,7 +181,7 @@ class InferenceSession:
         }
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
-        self._blas_threads = _BlasThreads.for_session(opts.intra_op_num_threads)
+        self._blas_threads = _BlasThreads.for_session(self._threads.intra_op_num_threads)
         # enable_cpu_mem_arena is stored, not acted on: glibc's malloc settings belong to the host
         # process (docs/PERFORMANCE.md, "Memory": the GLIBC_TUNABLES opt-in and its figures).
 
@@ -196,6 +197,7 @@ class InferenceSession:
         t_loaded = time.perf_counter_ns()
         if os.environ.get("ORT_LOAD_CONFIG_FROM_MODEL") == "1":
             opts = self._sess_options = options_from_model(opts, model.metadata_props)
+        self._threads = thread_pools.for_session(opts)
         self._sparse_types: dict[str, onnx.TypeProto] = {}
         if sparse.has_sparse_io(proto):
             if proto is path_or_bytes:  # the caller's ModelProto: left as it is
@@ -225,21 +227,28 @@ class InferenceSession:
                 OrtEpAssignedSubgraph(assignment[id(n)].name,
                                       [OrtEpAssignedNode(n.domain, n.name, n.op_type)])
                 for n in model.graph.nodes]
-        self._pool = None
+        self._pool = self._own_pool = None
         if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
-            workers = opts.inter_op_num_threads or os.cpu_count() or 2
-            self._pool = ThreadPoolExecutor(max_workers=workers,
-                                            thread_name_prefix="onnxrun-inter-op")
+            self._pool = self._threads.pool  # the global inter-op pool
+            if self._pool is None:
+                workers = self._threads.inter_op_num_threads or os.cpu_count() or 2
+                self._pool = self._own_pool = ThreadPoolExecutor(
+                    max_workers=workers, thread_name_prefix="onnxrun-inter-op")
         specialize = opts.graph_optimization_level != GraphOptimizationLevel.ORT_DISABLE_ALL and \
             opts._config.get("onnxrun.shape_specialization", "1") != "0"
-        self._program = Program(model.graph, model, assignment, opts, pool=self._pool)
+        kernel_opts = opts
+        if self._threads.intra_op_num_threads != opts.intra_op_num_threads:
+            # Kernels read their thread count from the options: the global pool's here.
+            kernel_opts = copy.copy(opts)
+            kernel_opts.intra_op_num_threads = self._threads.intra_op_num_threads
+        self._program = Program(model.graph, model, assignment, kernel_opts, pool=self._pool)
         if specialize:
             specialize_shapes(self._program)
         self._model = model
         return model, t_loaded
 
     def __del__(self) -> None:
-        pool = getattr(self, "_pool", None)
+        pool = getattr(self, "_own_pool", None)
         if pool is not None:
             pool.shutdown(wait=False)
 
