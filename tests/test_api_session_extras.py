@@ -338,3 +338,19 @@ def test_bad_devices_and_severities_raise_runtime_errors_as_in_onnxruntime():
         OrtValue.ortvalue_from_numpy(x, "cuda", 0)
     onnxrun.set_default_logger_severity(2)
     ort.set_default_logger_severity(2)
+# -- memory infos -------------------------------------------------------------------------------
+
+def test_input_and_output_memory_infos_like_onnxruntime():
+    data = MUL.SerializeToString()
+    for arena in (True, False):
+        ours_so, theirs_so = SessionOptions(), ort.SessionOptions()
+        ours_so.enable_cpu_mem_arena = theirs_so.enable_cpu_mem_arena = arena
+        ours, theirs = InferenceSession(data, ours_so), ort.InferenceSession(data, theirs_so)
+        for mine, want in ((ours.get_input_memory_infos(), theirs.get_input_memory_infos()),
+                           (ours.get_output_memory_infos(), theirs.get_output_memory_infos())):
+            assert len(mine) == len(want) == 1
+            for field in ("name", "device_id"):
+                assert getattr(mine[0], field) == getattr(want[0], field)
+            for field in ("allocator_type", "mem_type"):
+                assert int(getattr(mine[0], field)) == int(getattr(want[0], field))
+        assert len(ours.get_input_epdevices()) == len(theirs.get_input_epdevices())

@@ -71,7 +71,8 @@ _NATIVE = (
     "disable_telemetry_events", "OrtAllocatorType", "OrtArenaCfg", "OrtDeviceMemoryType",
     "OrtHardwareDeviceType", "OrtMemType", "OrtMemoryInfo", "OrtMemoryInfoDeviceType",
     "create_and_register_allocator", "create_and_register_allocator_v2",
-    "set_global_thread_pool_sizes",
+    "set_global_thread_pool_sizes", "SparseTensor", "OrtSparseFormat", "AdapterFormat",
+    "LoraAdapter",
 )
 
 
@@ -98,6 +99,7 @@ def _build() -> dict[str, types.ModuleType]:
     from .api import devices
     from .api.ortvalue import OrtValue
     from .api.ortvalue_vector import OrtValueVector
+    from .api.session import check_and_normalize_provider_args
 
     public = {n: v for n, v in vars(onnxrun).items()
               if not n.startswith("_") and not isinstance(v, types.ModuleType)}
@@ -120,6 +122,7 @@ def _build() -> dict[str, types.ModuleType]:
     native["OrtValue"] = OrtValue
     # Names only the native module has; its OrtDevice is the class onnxruntime.OrtDevice wraps.
     native.update(OrtDevice=devices.NativeOrtDevice, OrtValueVector=OrtValueVector,
+                  SessionIOBinding=onnxrun.IOBinding,
                   OrtCompiledModelCompatibility=devices.OrtCompiledModelCompatibility,
                   ArenaExtendStrategy=devices.ArenaExtendStrategy,
                   kNextPowerOfTwo=devices.ArenaExtendStrategy.kNextPowerOfTwo,
@@ -132,7 +135,9 @@ def _build() -> dict[str, types.ModuleType]:
         _NAMES[4], "onnxruntime's Python classes, from onnxrun.",
         {"InferenceSession": onnxrun.InferenceSession, "Session": onnxrun.InferenceSession,
          "IOBinding": onnxrun.IOBinding, "OrtValue": OrtValue, "OrtDevice": devices.OrtDevice,
-         "OrtDeviceVendorId": devices.OrtDeviceVendorId, "C": pybind},
+         "OrtDeviceVendorId": devices.OrtDeviceVendorId, "SparseTensor": onnxrun.SparseTensor,
+         "AdapterFormat": onnxrun.AdapterFormat,
+         "check_and_normalize_provider_args": check_and_normalize_provider_args, "C": pybind},
     )
     capi = _module(
         _NAMES[1], "onnxruntime.capi, from onnxrun.",

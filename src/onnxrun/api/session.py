@@ -32,7 +32,7 @@ from ..profile import Profiler
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
-from . import sparse, thread_pools
+from . import devices, sparse, thread_pools
 from .iobinding import IOBinding
 from .options import (
     ExecutionMode,
@@ -322,6 +322,25 @@ class InferenceSession:
         shape = dtypes.type_shape(tp)
         # onnxruntime reports an unknown rank as [] (and an unknown dimension as None).
         return NodeArg(v.name, dtypes.type_string(tp), [] if shape is None else shape)
+
+    def get_input_memory_infos(self) -> list[devices.OrtMemoryInfo]:
+        """Where each input of get_inputs() is expected: CPU memory, from the session's arena
+        when enable_cpu_mem_arena is on (as onnxruntime reports it)."""
+        return [self._cpu_memory_info() for _ in self.get_inputs()]
+
+    def get_output_memory_infos(self) -> list[devices.OrtMemoryInfo]:
+        """Where each output of get_outputs() is produced (see get_input_memory_infos)."""
+        return [self._cpu_memory_info() for _ in self.get_outputs()]
+
+    def get_input_epdevices(self) -> list[None]:
+        """The plugin-EP device of each input: None, onnxrun registers no EP devices."""
+        return [None for _ in self.get_inputs()]
+
+    def _cpu_memory_info(self) -> devices.OrtMemoryInfo:
+        allocator = (devices.OrtAllocatorType.ORT_ARENA_ALLOCATOR
+                     if self._sess_options.enable_cpu_mem_arena
+                     else devices.OrtAllocatorType.ORT_DEVICE_ALLOCATOR)
+        return devices.OrtMemoryInfo("Cpu", allocator, 0, devices.OrtMemType.DEFAULT)
 
     def get_optimization_report(self) -> OptimizationReport:
         """What the graph optimizer did to this session's model (onnxrun extension)."""
