@@ -5,7 +5,8 @@ scikit-learn's 8x8 digits, an MLP on the breast cancer table) are quantized dyna
 statically (QDQ and QOperator) and must keep their test accuracy within one point; the models
 onnxrun writes must run on onnxruntime with the same outputs, and those onnxruntime's tool writes
 on onnxrun. onnxruntime (the test oracle) also checks the arithmetic: scales and zero points,
-calibration ranges, the entropy threshold search.
+calibration ranges, the entropy threshold search. It runs the quantized models in its exact 8-bit
+mode (``ort_int8.session``): by default its uint8 x int8 products saturate on CPUs without VNNI.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime import quantization as oq
+from ort_int8 import session as ort_exact
 
 import onnxrun
 from onnxrun.quantization import (
@@ -62,8 +64,7 @@ class Data:
         return [{self.input: self.calib[i:i + size]} for i in range(0, len(self.calib), size)]
 
     def run(self, path: str, engine: str = "onnxrun") -> np.ndarray:
-        sess = onnxrun.InferenceSession(path) if engine == "onnxrun" else \
-            ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        sess = onnxrun.InferenceSession(path) if engine == "onnxrun" else ort_exact(path)
         return sess.run(None, {self.input: self.x})[0]
 
     def accuracy(self, path: str, engine: str = "onnxrun") -> float:
@@ -367,6 +368,20 @@ def _npz_feeds(name: str) -> dict[str, np.ndarray]:
     return {k.split("/", 1)[1]: d[k] for k in d if k.startswith("0/")}
 
 
+def assert_matches_onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> None:
+    """onnxrun's outputs on a dynamically quantized model are onnxruntime's, each within 1e-4 of
+    what onnxruntime gives on the graph as written (ORT_DISABLE_ALL) or on its fused graph.
+    The two differ in the last bits of their floats, and dynamic quantization turns such a bit
+    into a whole step (1/255 of an activation row's range) where a value lies on a rounding
+    boundary: bert_tiny's per-channel model moves by 7.7e-4 between them on AVX2."""
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    runs = [ort_exact(path, o).run(None, feeds) for o in (unfused, None)]
+    for g, *theirs in zip(onnxrun.InferenceSession(path).run(None, feeds), *runs, strict=True):
+        off = np.minimum(*(np.abs(g - o) - 1e-4 * np.abs(o) for o in theirs))
+        assert off.max() <= 1e-4, off.max()
+
+
 def test_bert_dynamic_per_channel_against_onnxruntime(tmp_path):
     src = str(HERE / "models" / "bert_tiny.onnx")
     feeds = _npz_feeds("bert_tiny")
@@ -375,17 +390,15 @@ def test_bert_dynamic_per_channel_against_onnxruntime(tmp_path):
     quantize_dynamic(src, mine, per_channel=True)
     oq.quantize_dynamic(src, theirs, per_channel=True)
     got = onnxrun.InferenceSession(mine).run(None, feeds)
-    other = ort.InferenceSession(theirs).run(None, feeds)
+    other = ort_exact(theirs).run(None, feeds)
     for r, g, o in zip(ref, got, other, strict=True):
         assert cosine(r, g) >= cosine(r, o) - 1e-7
-    for g, o in zip(got, ort.InferenceSession(mine).run(None, feeds), strict=True):
-        np.testing.assert_allclose(g, o, rtol=1e-4, atol=1e-4)
+    assert_matches_onnxruntime(mine, feeds)
     # embeddings and projections are int8: 38% of the float file here (the embeddings'
     # share grows with the vocabulary: 25% for MiniLM-L6, see test_minilm_size)
     assert os.path.getsize(mine) <= 0.40 * os.path.getsize(src)
     # the same on onnxruntime's model
-    for g, o in zip(onnxrun.InferenceSession(theirs).run(None, feeds), other, strict=True):
-        np.testing.assert_allclose(g, o, rtol=1e-4, atol=1e-4)
+    assert_matches_onnxruntime(theirs, feeds)
 
 
 def _bench_cache() -> Path:
@@ -410,7 +423,7 @@ def test_lstm_dynamic(tmp_path):
     ref = ort.InferenceSession(src).run(None, feeds)[0]
     got = onnxrun.InferenceSession(out).run(None, feeds)[0]
     assert cosine(ref, got) > 0.9999
-    np.testing.assert_allclose(got, ort.InferenceSession(out).run(None, feeds)[0], atol=3e-3)
+    np.testing.assert_allclose(got, ort_exact(out).run(None, feeds)[0], atol=3e-3)
 
 
 # -- options ------------------------------------------------------------------------------------
@@ -560,7 +573,7 @@ def test_many_operators_as_onnxruntime_tool(fmt, per_channel, tmp_path):
     ref = onnxrun.InferenceSession(path).run(None, x)[0]
     for model in (mine, theirs):
         a = onnxrun.InferenceSession(model).run(None, x)[0]
-        b = ort.InferenceSession(model).run(None, x)[0]
+        b = ort_exact(model).run(None, x)[0]
         # QOperator: the same integer kernels; QDQ: onnxruntime fuses the pairs into integer
         # kernels where onnxrun computes in float, a rounding may flip a step or a few
         assert np.abs(a - b).max() <= (0 if fmt == QuantFormat.QOperator else 5 / 255)

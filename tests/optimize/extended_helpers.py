@@ -1,5 +1,6 @@
 """What the extended-level fusion tests share: build a model from onnx text, optimize it at a
-level, check the outputs against the unoptimized run and onnxruntime on the saved file."""
+level, check the outputs against the unoptimized run and onnxruntime on the saved file (with
+exact 8-bit products: ``ort_int8``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import onnx
 import onnx.numpy_helper
 import onnx.parser
 import onnxruntime as ort
+import ort_int8
 
 import onnxrun
 
@@ -32,8 +34,7 @@ def optimized(model: onnx.ModelProto, feeds: dict, tmp_path, level=EXTENDED):
     sess = onnxrun.InferenceSession(model.SerializeToString(), opts)
     ort_opts = ort.SessionOptions()
     ort_opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    ort_sess = ort.InferenceSession(opts.optimized_model_filepath, ort_opts,
-                                    providers=["CPUExecutionProvider"])
+    ort_sess = ort_int8.session(opts.optimized_model_filepath, ort_opts)
     for outputs in (sess.run(None, feeds), ort_sess.run(None, feeds)):
         for got, want in zip(outputs, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
