@@ -102,12 +102,32 @@ def signature(report) -> tuple:
                         for name, rep in report.passes.items() if rep.changes))
 
 
-def assert_close(got: list, expected: list, rtol: float = RTOL, err: str = "") -> None:
+@functools.cache
+def softmax_output(name: str) -> int | None:
+    """Which output is the final Softmax of the logits that _expose_logits appends (last)."""
+    model = onnx.load(str(LIGHT / f"light_{name}.onnx"), load_external_data=False)
+    softmax = [n.output[0] for n in model.graph.node if n.op_type == "Softmax"]
+    outputs = [o.name for o in model.graph.output]
+    return outputs.index(softmax[-1]) if softmax and softmax[-1] in outputs else None
+
+
+def assert_close(got: list, expected: list, rtol: float = RTOL, err: str = "",
+                 softmax: int | None = None) -> None:
+    """Output by output; ``softmax``, the index of the Softmax of the last output (the logits),
+    also within what the logits' difference allows: Softmax(l + d) / Softmax(l) lies within
+    exp(+-2 max|d|), so the two differ by at most the larger times 1 - exp(-2 max|d|). (The
+    shipped SqueezeNet's equal logits of 7e9 come out of a convolution a last bit apart, an ulp
+    being 512, as some BLAS and MLAS kernels round channels: any distribution can follow.)"""
     assert len(got) == len(expected), err
-    for g, e in zip(got, expected, strict=True):
+    drift = float(np.abs(got[-1].astype(np.float64) - expected[-1]).max())
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g.dtype == e.dtype and g.shape == e.shape, err
         scale = float(np.abs(e).max())
-        np.testing.assert_allclose(g, e, rtol=rtol, atol=ATOL + rtol * scale, err_msg=err)
+        bound = rtol * np.abs(e) + ATOL + rtol * scale
+        if i == softmax:
+            bound = bound - np.maximum(np.abs(g), np.abs(e)) * np.expm1(-2 * drift)
+        assert (np.abs(g - e) <= bound).all(), (
+            f"{err}: output {i} off by {np.abs(g - e).max():g}, logits by {drift:g}")
 
 
 def has_batchnorm(name: str) -> bool:
@@ -140,7 +160,7 @@ def check_levels(name: str, variant: str, tmp_path: Path) -> None:
             sess = run(name, variant, level, str(path))
         got = sess.run(None, inputs)
         del sess
-        assert_close(got, expected, err=f"level {level}")
+        assert_close(got, expected, err=f"level {level}", softmax=softmax_output(name))
         onnx.checker.check_model(str(path))
         if name == "resnet50":
             assert saved_ops(path)["BatchNormalization"] == 0, f"level {level}"
@@ -156,4 +176,5 @@ def check_levels(name: str, variant: str, tmp_path: Path) -> None:
         if "ai.onnxrun" in str(e):
             return
         raise
-    assert_close(ort_sess.run(None, inputs), expected, 1e-3, err="onnxruntime")
+    assert_close(ort_sess.run(None, inputs), expected, 1e-3, err="onnxruntime",
+                 softmax=softmax_output(name))
