@@ -502,3 +502,27 @@ def test_qdq_loss_debug_matches_activations_and_weights(tmp_path):
     assert set(weights) == {"w", "b"}
     assert weights["w"]["dequantized"].shape == weights["w"]["float"].shape
     assert compute_weight_error(weights)["w"] > 30  # dB
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_minmax_calibrator_reduces_in_the_graph(tmp_path, per_channel):
+    from onnxrun.quantization import create_calibrator
+
+    onnx.save(_conv_model(relu=True), tmp_path / "m.onnx")
+    cal = create_calibrator(tmp_path / "m.onnx", ["Conv", "Relu"], tmp_path / "aug.onnx",
+                            extra_options={"per_channel": per_channel})
+    aug = cal.get_augment_model()
+    names = [n.name for n in aug.graph.node]
+    for t in ("x", "c", "y"):  # graph input, intermediate, graph output
+        assert {f"{t}_ReduceMin", f"{t}_ReduceMax_Reshape"} <= set(names)
+        assert f"{t}_ReduceMax" in {o.name for o in aug.graph.output}
+    assert len(names) == 2 + 4 * 3
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((1, 3, 8, 8)).astype(np.float32) for _ in range(3)]
+    cal.collect_data(FeedsDataReader([{"x": x} for x in xs]))
+    lo, hi = cal.compute_data()["x"].range_value
+    allx = np.concatenate(xs)
+    if per_channel:
+        assert np.allclose(lo, allx.min(axis=(0, 2, 3))) and hi.shape == (3,)
+    else:
+        assert lo.shape == () and np.isclose(lo, allx.min()) and np.isclose(hi, allx.max())

@@ -450,14 +450,55 @@ class MinMaxCalibrater(CalibraterBase):
         self.max_intermediate_outputs = max_intermediate_outputs
         self.calibrate_tensors_range: TensorsData | None = None
 
-    def _extremes(self, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if v.size == 0:
-            z = np.zeros((), v.dtype)
+    def augment_graph(self) -> None:
+        """Each tensor to calibrate gets ``ReduceMin`` / ``ReduceMax`` (over all axes but the
+        channel axis 1 with ``per_channel``) and a flattening Reshape, whose outputs
+        ``<tensor>_ReduceMin`` / ``<tensor>_ReduceMax`` become graph outputs: the session
+        returns the extremes, not the tensors (onnxruntime's augmented graph)."""
+        tensors, value_infos = self.select_tensors_to_calibrate(self.model)
+        g = self.model.graph
+        taken = {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+        shape = "ReduceMinMax_flat_shape"
+        while shape in taken:
+            shape += "_"
+        g.initializer.append(onnx.numpy_helper.from_array(np.array([-1], np.int64), shape))
+        opset = next((o.version for o in self.model.opset_import
+                      if o.domain in ("", "ai.onnx")), 13)
+        self.tensors_to_calibrate = []
+        self._from_inputs = []
+        for t in sorted(tensors):
+            vi = value_infos[t].type.tensor_type
+            axes = None
+            if self.per_channel and vi.HasField("shape") and len(vi.shape.dim) > 1:
+                axes = [0, *range(2, len(vi.shape.dim))]
+            for op in ("ReduceMin", "ReduceMax"):
+                out = f"{t}_{op}"
+                inputs, attrs = [t], {"keepdims": 1}
+                if axes is not None and opset >= 18:
+                    axes_name = f"{out}_axes"
+                    g.initializer.append(onnx.numpy_helper.from_array(
+                        np.array(axes, np.int64), axes_name))
+                    inputs.append(axes_name)
+                elif axes is not None:
+                    attrs["axes"] = axes
+                g.node.append(onnx.helper.make_node(op, inputs, [f"{out}_Reshape"], out, **attrs))
+                g.node.append(onnx.helper.make_node("Reshape", [f"{out}_Reshape", shape], [out],
+                                                    f"{out}_Reshape"))
+                g.output.append(onnx.helper.make_tensor_value_info(out, vi.elem_type, [None]))
+                self.tensors_to_calibrate.append(out)
+        if self.augmented_model_path:
+            onnx.save(self.model, str(self.augmented_model_path),
+                      save_as_external_data=self.use_external_data_format)
+
+    def _extremes(self, name: str, batch: dict) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.asarray(batch[f"{name}_ReduceMin"])
+        hi = np.asarray(batch[f"{name}_ReduceMax"])
+        if lo.size and np.all(np.isposinf(lo)) and np.all(np.isneginf(hi)):
+            z = np.zeros((), lo.dtype)  # an empty tensor: the reductions' identities
             return z, z
-        if self.per_channel and v.ndim > 1:  # one range per channel (axis 1)
-            axes = tuple(i for i in range(v.ndim) if i != 1)
-            return np.nanmin(v, axis=axes), np.nanmax(v, axis=axes)
-        return np.nanmin(v), np.nanmax(v)
+        if not self.per_channel:
+            return lo.reshape(()), hi.reshape(())
+        return (lo.reshape(()) if lo.size == 1 else lo), (hi.reshape(()) if hi.size == 1 else hi)
 
     def collect_data(self, data_reader: CalibrationDataReader) -> None:
         lo: dict[str, np.ndarray] = {}
@@ -466,8 +507,10 @@ class MinMaxCalibrater(CalibraterBase):
         count = 0
         for batch in self._batches(data_reader):
             count += 1
-            for name, v in batch.items():
-                bmin, bmax = self._extremes(np.asarray(v))
+            names = [k[:-len("_ReduceMin")] for k in batch if k.endswith("_ReduceMin")]
+            for name in names:
+                bmin, bmax = self._extremes(name, batch)
+                v = bmin
                 if name not in lo:
                     dtypes[name] = np.asarray(v).dtype
                     lo[name], hi[name] = bmin.astype(np.float64), bmax.astype(np.float64)
