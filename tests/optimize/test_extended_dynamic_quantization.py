@@ -12,15 +12,6 @@ from onnxrun.quantization import quantize_dynamic
 
 F = onnx.TensorProto.FLOAT
 
-# onnxruntime's uint8 x int8 GEMM on AVX2 (and on AVX-512 without VNNI) multiplies with
-# vpmaddubsw, which adds each pair of products a[k] * w[k] + a[k+1] * w[k+1] into a saturating
-# int16: with full-range weights (|w| up to 127) and activations up to 255 a pair can pass 32767,
-# and onnxruntime's result is then not the exact sum that onnxrun and VNNI machines compute
-# (onnxruntime's quantization docs give reduce_range as the remedy). The weights here are
-# therefore 7-bit (|w| <= 64: a pair is at most 2 * 255 * 64 = 32640), so every machine computes
-# exact sums and the outputs are compared at the helpers' tight tolerance.
-
-
 def _mlp(shared_input: bool = False) -> onnx.ModelProto:
     """y = relu(x @ W1 + b1) @ W2 + b2 (and, shared_input, a second product z = x @ W3 + b3)."""
     rng = np.random.default_rng(0)  # the same weights whichever tests run before
@@ -46,7 +37,7 @@ def _mlp(shared_input: bool = False) -> onnx.ModelProto:
 def _quantized(tmp_path, per_channel=False, **kw) -> onnx.ModelProto:
     src, dst = tmp_path / "f32.onnx", tmp_path / "int8.onnx"
     onnx.save(_mlp(**kw), src)
-    quantize_dynamic(src, dst, per_channel=per_channel, reduce_range=True)  # 7-bit: see above
+    quantize_dynamic(src, dst, per_channel=per_channel)
     return onnx.load(dst)
 
 
@@ -85,7 +76,7 @@ HAND_FEEDS = {"x": FEEDS["x"][0, :4], "b_scale_in": np.array(0.02, np.float32)}
 
 
 def _hand_written(b_scale: str):
-    B = np.random.default_rng(2).integers(-64, 65, (16, 8)).astype(np.int8)  # 7-bit: see above
+    B = np.random.default_rng(2).integers(-127, 128, (16, 8)).astype(np.int8)
     return build(TEXT % b_scale, B=B,
                  b_zp=np.array(0, np.int8), b_scale=np.array(0.02, np.float32),
                  row_scale=np.full((4, 1), 0.02, np.float32))
