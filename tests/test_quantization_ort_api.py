@@ -526,3 +526,41 @@ def test_minmax_calibrator_reduces_in_the_graph(tmp_path, per_channel):
         assert np.allclose(lo, allx.min(axis=(0, 2, 3))) and hi.shape == (3,)
     else:
         assert lo.shape == () and np.isclose(lo, allx.min()) and np.isclose(hi, allx.max())
+
+
+@pytest.mark.parametrize(("mode", "value", "shared"), [("constant", None, True),
+                                                       ("constant", 0.0, True),
+                                                       ("constant", 3.75, False),
+                                                       ("edge", None, True)])
+def test_pad_quantized_as_onnxruntime(tmp_path, mode, value, shared):
+    """QDQ: Pad's input is quantized, its output shares the input's parameters unless a non-zero
+    constant is padded in; QOperator: a non-zero constant is quantized on the input's scale."""
+    inits = [numpy_helper.from_array(np.array([0, 1, 0, 0], np.int64), "pads")]
+    inputs = ["x", "pads"]
+    if value is not None:
+        inits.append(numpy_helper.from_array(np.float32(value), "v"))
+        inputs.append("v")
+    g = helper.make_graph([helper.make_node("Pad", inputs, ["y"], mode=mode, name="pad")], "g",
+                          [helper.make_tensor_value_info("x", 1, [3, 2])],
+                          [helper.make_tensor_value_info("y", 1, [3, 3])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = [{"x": np.array([[1.0, 1.2], [2.3, 3.4], [4.5, 5.7]], np.float32)}]
+    quantize_static(m, tmp_path / "q.onnx", FeedsDataReader(feeds),
+                    activation_type=QuantType.QUInt8)
+    q = onnx.load(tmp_path / "q.onnx")
+    pad = next(n for n in q.graph.node if n.op_type == "Pad")
+    dq_in = next(n for n in q.graph.node if n.output[0] == pad.input[0])
+    q_out = next(n for n in q.graph.node if n.input and n.input[0] == pad.output[0])
+    assert (dq_in.op_type, q_out.op_type) == ("DequantizeLinear", "QuantizeLinear")
+    assert (dq_in.input[1] == q_out.input[1]) == shared
+    ref = onnxrun.InferenceSession(m.SerializeToString()).run(None, feeds[0])[0]
+    (y,) = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds[0])
+    assert np.abs(y - ref).max() < 0.05
+    if value:
+        quantize_static(m, tmp_path / "qo.onnx", FeedsDataReader(feeds),
+                        quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                        extra_options={"ForceQuantizeNoInputCheck": True})
+        qo = onnx.load(tmp_path / "qo.onnx")
+        assert next(n for n in qo.graph.node if n.op_type == "Pad").input[2] == "v_quantized"
+        (yo,) = onnxrun.InferenceSession(str(tmp_path / "qo.onnx")).run(None, feeds[0])
+        assert np.abs(yo - ref).max() < 0.05

@@ -164,6 +164,8 @@ class QDQQuantizer(QuantizerBase):
             else:
                 self.mark(node.input[0])
             self.mark(node.output[0])
+        elif op == "Pad":
+            self._pad(node)
         elif op in DIRECT_8BIT:
             if op == "MaxPool" and self.opset < 12 or op == "Resize" and self.opset < 11:
                 return
@@ -193,6 +195,29 @@ class QDQQuantizer(QuantizerBase):
             for i in node.input:
                 self.mark(i)
             self.mark_outputs(node)
+
+    def _pad(self, node: NodeProto) -> None:
+        """Pad's input is quantized; its output shares the input's parameters unless a non-zero
+        constant is padded in (then its own; the constant value is quantized too)."""
+        src = node.input[0]
+        self.mark(src)
+        if src not in self.marks or node.op_type in self.no_output_types:
+            return
+        attrs = attributes(node)
+        mode = attrs.get("mode", b"constant")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        value = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        nonzero = False
+        if mode == "constant":
+            if value is not None:
+                self.mark(value)
+                nonzero = not (self.is_initializer(value) and not np.any(self.array(value)))
+            else:
+                nonzero = float(attrs.get("value", 0.0)) != 0.0  # Pad-2's attribute
+        if nonzero:
+            self.mark(node.output[0])
+        else:
+            self.mark_shared(node.output[0], src)
 
     def _convert_params(self, name: str) -> tuple[QValue, set[str] | None] | None:
         """A ``convert`` override's parameters and receiving nodes (None: every consumer)."""

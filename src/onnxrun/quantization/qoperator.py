@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto
 
+from .quant_types import quantize_nparray
 from .base import (
     MS_DOMAIN,
     QuantizerBase,
@@ -364,17 +365,26 @@ def direct_8bit(self: OperatorQuantizer, node: NodeProto) -> bool:
         mode = mode.decode() if isinstance(mode, bytes) else mode
         if self.opset < 11:
             return False
-        if mode == "constant" and len(inputs) > 2 and inputs[2]:
-            if not self.is_float_weight(inputs[2]) or np.any(self.array(inputs[2]) != 0):
-                return False
+        value = inputs[2] if mode == "constant" and len(inputs) > 2 and inputs[2] else None
+        if value is not None and not (self.is_float_weight(value) or self.is_float(value)):
+            return False
     qv = self.quantize_input(src)
     if qv is None:
         return False
     inputs[0] = qv.name
-    if op == "Pad" and mode == "constant":  # zero pads as the zero point
+    if op == "Pad" and mode == "constant":
         while len(inputs) < 3:
             inputs.append("")
-        inputs[2] = qv.zero_point
+        if value is None or (self.is_float_weight(value) and not np.any(self.array(value))):
+            inputs[2] = qv.zero_point  # zero pads as the zero point
+        elif self.is_float_weight(value):  # the constant on the input's scale
+            inputs[2] = self.add_initializer(f"{value}_quantized", quantize_nparray(
+                qv.qtype, self.array(value), qv.scale_value, qv.zp_value))
+        else:  # a padding value fed at run time, quantized with the input's parameters
+            self.need_float(value)
+            inputs[2] = self.unique(f"{value}_quantized")
+            self.out.append(self.make_node("QuantizeLinear", [value, qv.scale, qv.zero_point],
+                                           [inputs[2]], f"{value}_QuantizeLinear"))
     node.input[:] = inputs
     if op == "ArgMax":
         self.out.append(node)

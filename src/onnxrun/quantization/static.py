@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 from onnx import ModelProto
 
-from .base import ensure_opset, load_model, save_model
+from .base import ensure_opset, load_model, opset_of, save_model
 from .calibrate import (
     CalibrationDataReader,
     TensorsData,
@@ -67,7 +67,7 @@ def _required_opset(quant_format: QuantFormat, per_channel: bool, activation_typ
         return 19  # QuantizeLinear's float 8 types
     if per_channel and quant_format == QuantFormat.QDQ:
         return 13  # DequantizeLinear's axis
-    return 11
+    return 10  # QuantizeLinear / DequantizeLinear exist from opset 10 on
 
 
 def calibrate(model: ModelProto, calibration_data_reader: CalibrationDataReader,
@@ -121,9 +121,10 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
     model = load_model(model_input)
     override_types = TensorQuantOverridesHelper(extra.get("TensorQuantOverrides")
                                                 ).get_quant_types()
-    model = ensure_opset(model, _required_opset(quant_format, per_channel, activation_type,
-                                                weight_type, override_types),
-                         "the quantization types")
+    required = _required_opset(quant_format, per_channel, activation_type, weight_type,
+                               override_types)
+    if opset_of(model) < required:  # as onnxruntime: an opset below 10 goes to 11
+        model = ensure_opset(model, max(required, 11), "the quantization types")
     smooth = bool(extra.get("SmoothQuant", False))
     ranges = _cached_ranges(calibration_cache_path, calibrate_method, smooth,
                             calibration_data_reader is None)
