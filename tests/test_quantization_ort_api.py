@@ -564,3 +564,27 @@ def test_pad_quantized_as_onnxruntime(tmp_path, mode, value, shared):
         assert next(n for n in qo.graph.node if n.op_type == "Pad").input[2] == "v_quantized"
         (yo,) = onnxrun.InferenceSession(str(tmp_path / "qo.onnx")).run(None, feeds[0])
         assert np.abs(yo - ref).max() < 0.05
+
+
+def test_block_size_option_quantizes_weights_per_block(tmp_path):
+    b = np.random.default_rng(10).uniform(-1, 1, (64, 32)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["A", "B"], ["Y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("A", 1, [1, 64])],
+                          [helper.make_tensor_value_info("Y", 1, None)],
+                          [numpy_helper.from_array(b, "B")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    feeds = [{"A": np.random.default_rng(11).uniform(-1, 1, (1, 64)).astype(np.float32)}]
+    quantize_static(m, tmp_path / "q.onnx", FeedsDataReader(feeds),
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"BlockSize": 32, "WeightSymmetric": True})
+    q = onnx.load(tmp_path / "q.onnx")
+    assert q.opset_import[0].version == 21
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] ==
+              "B_quantized")
+    assert {a.name: a.i for a in dq.attribute} == {"axis": 0, "block_size": 32}
+    scale = numpy_helper.to_array(next(t for t in q.graph.initializer if t.name == "B_scale"))
+    assert scale.shape == (2, 32)
+    assert np.allclose(scale[1], np.abs(b[32:]).max(axis=0) / 127)
+    ref = feeds[0]["A"] @ b
+    (y,) = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds[0])
+    assert np.abs(y - ref).max() < 0.1

@@ -18,6 +18,7 @@ from .quant_types import (
     NP_TYPES,
     QuantType,
     compute_scale_zp,
+    compute_scale_zp_blocked,
     compute_scale_zp_float8,
     default_weight_symmetric,
     get_qmin_qmax_for_qType,
@@ -47,7 +48,8 @@ class QValue:
     qtype: int
     scale_value: np.ndarray | None = None
     zp_value: np.ndarray | None = None
-    axis: int | None = None  # per-channel axis of a weight
+    axis: int | None = None  # per-channel axis of a weight (the blocked axis with block_size)
+    block_size: int | None = None  # block-wise parameters (opset 21) along ``axis``
 
 
 def attributes(node: NodeProto) -> dict[str, Any]:
@@ -380,6 +382,24 @@ class QuantizerBase:
         scale_name = self.add_initializer(f"{name}_scale", scale, as_list=True)
         return QValue(self.add_initializer(f"{name}_quantized", q), scale_name, zp_name, qtype,
                       scale, zp, axis)
+
+    def quantize_weight_blocked(self, name: str, block_size: int) -> QValue:
+        """A rank-2 weight quantized per block of ``block_size`` values along axis 0 (the
+        ``BlockSize`` extra option): parameters of shape [ceil(K / block_size), N]."""
+        key = (name, self.weight_qtype, ("block", block_size))
+        if key in self.weights:
+            return self.weights[key]
+        data = self.array(name)
+        zp, scale = compute_scale_zp_blocked(data, self.weight_qtype, 0, block_size,
+                                             bool(self.weight_symmetric))
+        q = quantize_nparray(self.weight_qtype, data, np.repeat(scale, block_size, 0)[
+            :data.shape[0]], np.repeat(zp, block_size, 0)[:data.shape[0]])
+        zp_name = self.add_initializer(f"{name}_zero_point", zp, as_list=True)
+        scale_name = self.add_initializer(f"{name}_scale", scale, as_list=True)
+        qv = QValue(self.add_initializer(f"{name}_quantized", q), scale_name, zp_name,
+                    self.weight_qtype, scale, zp, 0, block_size)
+        self.weights[key] = qv
+        return qv
 
     def bias_weight_floor(self, bias: str, input_scale: np.ndarray, per_channel: bool
                           ) -> np.ndarray | None:

@@ -51,10 +51,12 @@ class QDQQuantizer(QuantizerBase):
         self.channel_axes = dict(self.extra.get("QDQOpTypePerChannelSupportToAxis", {}))
         # onnxruntime's contrib QuantizeLinear / DequantizeLinear, on request
         self.qdq_domain = MS_DOMAIN if self.extra.get("UseQDQContribOps", False) else ""
+        self.block_size = int(self.extra.get("BlockSize", 0) or 0)  # block-wise weights
 
     def qdq_node(self, op_type: str, inputs: list[str], outputs: list[str], name: str,
-                 axis: int | None = None) -> NodeProto:
-        return self.make_node(op_type, inputs, outputs, name, domain=self.qdq_domain, axis=axis)
+                 axis: int | None = None, block_size: int | None = None) -> NodeProto:
+        return self.make_node(op_type, inputs, outputs, name, domain=self.qdq_domain, axis=axis,
+                              block_size=block_size)
 
     # -- marking ------------------------------------------------------------------------------
 
@@ -303,6 +305,8 @@ class QDQQuantizer(QuantizerBase):
         return None
 
     def _weight_qvalue(self, name: str, m: _Mark, floor=None) -> QValue:
+        if self.block_size and not m.as_activation and name not in self.overrides:
+            return self.quantize_weight_blocked(name, self.block_size)
         if m.as_activation:
             return self.quantize_weight(name, self.activation_qtype, reduce_range=False,
                                         symmetric=self.activation_symmetric)
@@ -329,7 +333,7 @@ class QDQQuantizer(QuantizerBase):
             if iq is None or wm is None or wm.kind != "weight" or wm.as_activation:
                 continue
             bias_inputs[k] = iq
-            if w in self.overrides:  # the user's parameters stay as given
+            if w in self.overrides or self.block_size:  # parameters stay as given / blocked
                 continue
             floor = self.bias_weight_floor(bias, iq.scale_value, self.marks[w].axis is not None)
             if floor is not None:
@@ -343,9 +347,11 @@ class QDQQuantizer(QuantizerBase):
                 if self.add_qdq_to_weight:  # the float weight kept, quantized by the graph
                     src = self.unique(f"{name}_QuantizeLinear_Output")
                     front.append(self.qdq_node("QuantizeLinear", [name, qv.scale, qv.zero_point],
-                                                [src], f"{name}_QuantizeLinear", axis=qv.axis))
+                                                [src], f"{name}_QuantizeLinear", axis=qv.axis,
+                                                block_size=qv.block_size))
                 front.append(self.qdq_node("DequantizeLinear", [src, qv.scale, qv.zero_point],
-                                            [out], f"{name}_DequantizeLinear", axis=qv.axis))
+                                            [out], f"{name}_DequantizeLinear", axis=qv.axis,
+                                            block_size=qv.block_size))
                 replace[name] = out
                 continue
             qv = self._params(name)

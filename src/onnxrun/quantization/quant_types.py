@@ -188,6 +188,28 @@ def snap_zero_point_to_uint8(rmin, rmax, qmin: int = 0, qmax: int = 255,
     return np.array(zp, dtype=np.uint8), np.array(scale, dtype=np.float32)
 
 
+def compute_scale_zp_blocked(weight: np.ndarray, quant_type: int, axis: int, block_size: int,
+                             symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block ``(zero_point, scale)`` of a rank-2 weight: blocks of ``block_size`` along
+    ``axis``; both results have the weight's shape with ``ceil(shape[axis] / block_size)`` at
+    ``axis`` (opset 21's blocked QuantizeLinear)."""
+    if weight.ndim != 2:
+        raise NotImplementedError(
+            f"block-wise quantization takes rank-2 weights, got shape {weight.shape}")
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    axis = axis % 2
+    moved = np.moveaxis(weight, axis, 0)
+    k = moved.shape[0]
+    nblocks = -(-k // block_size)
+    pad = nblocks * block_size - k
+    padded = np.concatenate([moved, np.repeat(moved[-1:], pad, axis=0)]) if pad else moved
+    blocks = padded.reshape(nblocks, block_size, -1)
+    qmin, qmax = get_qmin_qmax_for_qType(quant_type, symmetric=symmetric)
+    zp, scale = compute_scale_zp(blocks.min(axis=1), blocks.max(axis=1), qmin, qmax, symmetric)
+    return np.moveaxis(zp, 0, axis), np.moveaxis(scale, 0, axis)
+
+
 _F8 = np.dtype(ml_dtypes.float8_e4m3fn)
 _F8_MAX = 448.0  # the largest finite E4M3FN value: QuantizeLinear saturates to it
 
@@ -270,6 +292,6 @@ def default_weight_symmetric(qtype) -> bool:
 
 __all__ = [
     "CalibrationMethod", "QuantFormat", "QuantType", "QuantizationMode", "compute_scale_zp",
-    "compute_scale_zp_float8",
+    "compute_scale_zp_blocked", "compute_scale_zp_float8",
     "get_qmin_qmax_for_qType", "quantize_data", "quantize_nparray",
 ]

@@ -24,6 +24,7 @@ from .quant_types import (
     QuantizationMode,
     QuantType,
     compute_scale_zp,
+    compute_scale_zp_blocked,
     get_qmin_qmax_for_qType,
     qtype_of,
     quantize_data,
@@ -74,28 +75,6 @@ def pack_bytes_to_4bit(src_8bit: bytes) -> bytearray:
     if a.size % 2:
         a = np.append(a, np.uint8(0))
     return bytearray((a[0::2] | (a[1::2] << 4)).astype(np.uint8).tobytes())
-
-
-def compute_scale_zp_blocked(weight: np.ndarray, quant_type: int, axis: int, block_size: int,
-                             symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block ``(zero_point, scale)`` of a rank-2 weight: blocks of ``block_size`` along
-    ``axis``; both results have the weight's shape with ``ceil(shape[axis] / block_size)`` at
-    ``axis`` (opset 21's blocked QuantizeLinear)."""
-    if weight.ndim != 2:
-        raise NotImplementedError(
-            f"block-wise quantization takes rank-2 weights, got shape {weight.shape}")
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    axis = axis % 2
-    moved = np.moveaxis(weight, axis, 0)
-    k = moved.shape[0]
-    nblocks = -(-k // block_size)
-    pad = nblocks * block_size - k
-    padded = np.concatenate([moved, np.repeat(moved[-1:], pad, axis=0)]) if pad else moved
-    blocks = padded.reshape(nblocks, block_size, -1)
-    qmin, qmax = get_qmin_qmax_for_qType(quant_type, symmetric=symmetric)
-    zp, scale = compute_scale_zp(blocks.min(axis=1), blocks.max(axis=1), qmin, qmax, symmetric)
-    return np.moveaxis(zp, 0, axis), np.moveaxis(scale, 0, axis)
 
 
 def tensor_proto_to_array(initializer: TensorProto) -> np.ndarray:

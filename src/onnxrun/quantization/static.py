@@ -123,6 +123,8 @@ def quantize_static(model_input: str | Path | ModelProto, model_output: str | Pa
                                                 ).get_quant_types()
     required = _required_opset(quant_format, per_channel, activation_type, weight_type,
                                override_types)
+    if extra.get("BlockSize"):
+        required = 21  # block-wise QuantizeLinear / DequantizeLinear
     if opset_of(model) < required:  # as onnxruntime: an opset below 10 goes to 11
         model = ensure_opset(model, max(required, 11), "the quantization types")
     smooth = bool(extra.get("SmoothQuant", False))
