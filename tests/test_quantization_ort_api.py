@@ -588,3 +588,19 @@ def test_block_size_option_quantizes_weights_per_block(tmp_path):
     ref = feeds[0]["A"] @ b
     (y,) = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds[0])
     assert np.abs(y - ref).max() < 0.1
+
+
+def test_quant_pre_process_moves_old_opsets_to_11(tmp_path):
+    from onnxrun.quantization.shape_inference import quant_pre_process
+
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 3], np.float32), "scales")
+    g = helper.make_graph([helper.make_node("Upsample", ["x", "scales"], ["y"], name="up")], "g",
+                          [helper.make_tensor_value_info("x", 1, [1, 1, 2, 2])],
+                          [helper.make_tensor_value_info("y", 1, None)], [scales])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 9)])
+    out = quant_pre_process(m, tmp_path / "p.onnx", skip_symbolic_shape=True)
+    assert [n.op_type for n in out.graph.node] == ["Resize"]
+    assert out.opset_import[0].version == 11
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    (y,) = onnxrun.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"x": x})
+    assert np.array_equal(y, x.repeat(2, axis=2).repeat(3, axis=3))  # Upsample's nearest

@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import ModelProto
 
@@ -57,6 +58,11 @@ def quant_pre_process(input_model_path: str | Path | ModelProto | None = None,
         raise ValueError("input_model_path is required")
     model = input_model_path if isinstance(input_model_path, ModelProto) \
         else onnx.load(str(input_model_path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 11)
+    if opset < 11:  # as onnxruntime: the quantizer's operators (Resize, Clip's inputs) need 11
+        from onnx import version_converter
+
+        model = _upsample_as_resize(version_converter.convert_version(model, 11))
     if not skip_optimization:
         model = optimize_model(model)
     if not skip_onnx_shape:
@@ -78,6 +84,30 @@ def quant_pre_process(input_model_path: str | Path | ModelProto | None = None,
                       size_threshold=external_data_size_threshold)
         else:
             onnx.save(model, str(path))
+    return model
+
+
+def _upsample_as_resize(model: ModelProto) -> ModelProto:
+    """Upsample (deprecated, no opset-11 form) as the Resize that computes the same:
+    asymmetric coordinates, nearest rounding down."""
+    g = model.graph
+    taken = {t.name for t in g.initializer} | {o for n in g.node for o in n.output}
+    for node in g.node:
+        if node.op_type != "Upsample" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        mode = attrs.get("mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else mode
+        roi = f"{node.name or node.output[0]}_roi"
+        while roi in taken:
+            roi += "_"
+        taken.add(roi)
+        g.initializer.append(onnx.numpy_helper.from_array(np.zeros(0, np.float32), roi))
+        resize = onnx.helper.make_node(
+            "Resize", [node.input[0], roi, node.input[1]], list(node.output), node.name or None,
+            mode=mode, coordinate_transformation_mode="asymmetric",
+            **({"nearest_mode": "floor"} if mode == "nearest" else {}))
+        node.CopyFrom(resize)
     return model
 
 
