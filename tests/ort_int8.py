@@ -8,11 +8,13 @@ everywhere, but onnxruntime's x86 build turns int8 QDQ activations into uint8, s
 meet the u8s8 kernels as well. An int8 model's outputs on onnxruntime therefore depend on the CPU
 (up to whole-percent differences on the models of tests/models/quant).
 
-onnxruntime's own remedy is the session option ``session.x64quantprecision = 1``: at the extended
-level its Avx2WeightS8ToU8Transformer stores constant int8 weights of the 8-bit product operators
-as uint8 (x ^ 0x80, zero point + 128), the same products on the exact u8u8 kernels; a CPU with
-VNNI needs nothing. ``session`` sets it, and below the extended level (where onnxruntime runs the
-graph as written) makes the same change to the model first (``weights_to_uint8``).
+onnxruntime's own remedy, the session option ``session.x64quantprecision = 1``, stores constant
+int8 weights as uint8 (x ^ 0x80, zero point + 128) at the extended level, but not for every
+operator version (opset 21's QLinearMatMul keeps saturating), and it gives a QLinearConv with
+int8 activations uint8 weights that no kernel takes. ``session`` makes the same change to the
+model itself, where it is right, at every level: the weights of the products whose other
+operand is uint8, and the int8 initializers that DequantizeLinear reads (QDQ weights, which
+onnxruntime fuses into integer operators). The products stay the same integers, now exact.
 """
 
 from __future__ import annotations
@@ -22,22 +24,41 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
-# operator -> [(weight input, weight zero point input)], as in onnxruntime's transformer
+# operator -> (activation input and its zero point, or None: quantized to uint8 inside;
+#              [(weight input, weight zero point input)])
 WEIGHTS = {
-    "MatMulInteger": [(1, 3)], "QLinearMatMul": [(3, 5)], "QLinearConv": [(3, 5)],
-    "MatMulIntegerToFloat": [(1, 5)], "DynamicQuantizeMatMul": [(1, 3)], "QGemm": [(3, 5)],
-    "QAttention": [(1, 7)], "DynamicQuantizeLSTM": [(1, 9), (2, 11)],
+    "MatMulInteger": ((0, 2), [(1, 3)]), "QLinearMatMul": ((0, 2), [(3, 5)]),
+    "QLinearConv": ((0, 2), [(3, 5)]), "MatMulIntegerToFloat": ((0, 4), [(1, 5)]),
+    "QGemm": ((0, 2), [(3, 5)]), "QAttention": ((0, 6), [(1, 7)]),
+    "DequantizeLinear": (None, [(0, 2)]), "DynamicQuantizeMatMul": (None, [(1, 3)]),
+    "DynamicQuantizeLSTM": (None, [(1, 9), (2, 11)]),
 }
 
 
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - contrib operators onnx cannot infer: what is declared
+        inferred = model
+    g = inferred.graph
+    types = {v.name: v.type.tensor_type.elem_type
+             for v in [*g.input, *g.value_info, *g.output]}
+    types.update({t.name: t.data_type for t in g.initializer})
+    for node in g.node:  # what onnx's inference may not know: these write uint8
+        if node.op_type in ("DynamicQuantizeLinear",):
+            types[node.output[0]] = TensorProto.UINT8
+    return types
+
+
 def weights_to_uint8(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the constant int8 weights (and zero points) of its 8-bit products stored as
-    uint8 + 128: the same integer products, which onnxruntime computes exactly on every CPU."""
+    """``model`` with the constant int8 weights (and zero points) of its uint8 x int8 products
+    stored as uint8 + 128: the same integer products, which onnxruntime computes exactly."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
+    types = _elem_types(model)
     done: dict[str, str] = {}
 
     def as_uint8(name: str) -> str:
@@ -48,15 +69,21 @@ def weights_to_uint8(model: onnx.ModelProto) -> onnx.ModelProto:
             done[name] = f"{name}_as_uint8"
         return done[name]
 
+    def int8_constant(name: str) -> bool:
+        return name in inits and inits[name].data_type == TensorProto.INT8
+
     for node in graph.node:
-        for w, zp in WEIGHTS.get(node.op_type, []):
-            inputs = node.input
-            if len(inputs) <= w or inputs[w] not in inits or \
-                    inits[inputs[w]].data_type != onnx.TensorProto.INT8:
+        activation, weights = WEIGHTS.get(node.op_type, (None, []))
+        inputs = node.input
+        if activation is not None:
+            known = [types.get(inputs[i]) for i in activation if i < len(inputs) and inputs[i]]
+            if TensorProto.UINT8 not in known:
+                continue  # int8 x int8 (or unknown): exact already, no kernel takes int8 x uint8
+        for w, zp in weights:
+            if len(inputs) <= w or not int8_constant(inputs[w]):
                 continue
             has_zp = len(inputs) > zp and inputs[zp]
-            if has_zp and (inputs[zp] not in inits or
-                           inits[inputs[zp]].data_type != onnx.TensorProto.INT8):
+            if has_zp and not int8_constant(inputs[zp]):
                 continue  # a runtime zero point: left as it is (onnxruntime does the same)
             inputs[w] = as_uint8(inputs[w])
             if has_zp:
@@ -88,16 +115,8 @@ def _nodes(graph: onnx.GraphProto):
 def session(model: str | Path | bytes | onnx.ModelProto,
             options: ort.SessionOptions | None = None) -> ort.InferenceSession:
     """An onnxruntime CPU session on ``model`` whose 8-bit products are exact on every CPU."""
-    options = options or ort.SessionOptions()
-    options.add_session_config_entry("session.x64quantprecision", "1")
-    extended = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    if int(options.graph_optimization_level) < int(extended):
-        if not isinstance(model, onnx.ModelProto):
-            model = onnx.load_from_string(model) if isinstance(model, bytes) else \
-                onnx.load(str(model))
-        model = weights_to_uint8(model)
-    if isinstance(model, onnx.ModelProto):
-        model = model.SerializeToString()
-    elif isinstance(model, Path):
-        model = str(model)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load_from_string(model) if isinstance(model, bytes) else \
+            onnx.load(str(model))
+    return ort.InferenceSession(weights_to_uint8(model).SerializeToString(),
+                                options or ort.SessionOptions(), providers=["CPUExecutionProvider"])
