@@ -493,7 +493,7 @@ def fast_lstm_cell(H: int, recurrent, half: np.ndarray, clip: float | None,
     """The usual LSTM cell (sigmoid, tanh, tanh; no peepholes) in ten numpy calls a step, on
     gates whose i, o, f parts come halved (input part and ``recurrent(h, out)``, which writes
     h's product into ``out``): those gates' tanh, times 1/2 plus 1/2, is their sigmoid.
-    ``biased``: the LSTM has a B, and its gates are clipped as onnxruntime does then (clip_gates)."""
+    ``biased``: the LSTM has a B, and its gates are clipped as onnxruntime's are (clip_gates)."""
     shift = 1 - half  # 1/2 for i, o, f; 0 for c
     if biased:
         bound = half * np.float32(F32_MAX if clip is None else clip)
