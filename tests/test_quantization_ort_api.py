@@ -604,3 +604,25 @@ def test_quant_pre_process_moves_old_opsets_to_11(tmp_path):
     x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
     (y,) = onnxrun.InferenceSession(str(tmp_path / "p.onnx")).run(None, {"x": x})
     assert np.array_equal(y, x.repeat(2, axis=2).repeat(3, axis=3))  # Upsample's nearest
+
+
+def test_where_quantizes_to_qlinearwhere_matching_onnxruntime(tmp_path):
+    import onnxruntime
+
+    vi = [helper.make_tensor_value_info("c", TensorProto.BOOL, [2, 3]),
+          *[helper.make_tensor_value_info(n, 1, [2, 3]) for n in ("x", "y", "z")]]
+    g = helper.make_graph([helper.make_node("Where", ["c", "x", "y"], ["z"], name="w")], "g",
+                          vi[:3], vi[3:])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 16)])
+    rng = np.random.default_rng(12)
+    feeds = [{"c": rng.random((2, 3)) > 0.5, "x": rng.standard_normal((2, 3)).astype(np.float32),
+              "y": 3 * rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(3)]
+    quantize_static(m, tmp_path / "q.onnx", FeedsDataReader(feeds),
+                    quant_format=QuantFormat.QOperator, activation_type=QuantType.QUInt8,
+                    extra_options={"ForceQuantizeNoInputCheck": True})
+    q = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in q.graph.node].count("QLinearWhere") == 1
+    ours = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds[0])[0]
+    theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
+                                          providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+    assert np.array_equal(ours, theirs)

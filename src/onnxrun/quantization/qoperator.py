@@ -318,6 +318,29 @@ def _softmax(self: OperatorQuantizer, node: NodeProto) -> bool:
                                opset=self.opset, **_copy_attrs(node))
 
 
+@register(QLINEAR, "Where")
+def _where(self: OperatorQuantizer, node: NodeProto) -> bool:
+    """QLinearWhere when both branches are quantized (or ForceQuantizeNoInputCheck)."""
+    x, y = node.input[1], node.input[2]
+    if not self.force_no_input_check and not (x in self.qmap and y in self.qmap):
+        return False
+    if not (self.can_quantize(x) and self.can_quantize(y)):
+        return False
+    out = self.output_qvalue(node.output[0])
+    if out is None:
+        return False
+    xq, yq = self.quantize_input(x), self.quantize_input(y)
+    if xq is None or yq is None:
+        return False
+    self.need_float(node.input[0])
+    self.out.append(self.make_node(
+        "QLinearWhere", [node.input[0], xq.name, xq.scale, xq.zero_point, yq.name, yq.scale,
+                         yq.zero_point, out.scale, out.zero_point],
+        [self.set_output(node.output[0], out)], f"{node.name}_quant" if node.name else "",
+        domain=MS_DOMAIN))
+    return True
+
+
 @register(QLINEAR, "GlobalAveragePool")
 def _global_average_pool(self: OperatorQuantizer, node: NodeProto) -> bool:
     if node.input[0] not in self.qmap:  # onnxruntime: only after a quantized producer

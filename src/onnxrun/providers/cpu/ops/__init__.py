@@ -98,7 +98,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
             "DequantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
             "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd", "QLinearAveragePool",
             "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu", "QLinearMul",
-            "QLinearSigmoid", "QLinearSoftmax", "QuantizeLinear"),
+            "QLinearSigmoid", "QLinearSoftmax", "QLinearWhere", "QuantizeLinear"),
         "contrib.transformer": (
             "Attention", "EmbedLayerNormalization", "GroupQueryAttention", "LayerNormalization",
             "MultiHeadAttention", "RotaryEmbedding", "SimplifiedLayerNormalization",

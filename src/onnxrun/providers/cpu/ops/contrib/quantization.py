@@ -220,6 +220,32 @@ class QLinearConcat:
         return np.concatenate(parts, axis=self.axis)
 
 
+@op("QLinearWhere", 1, domain=MS)
+class QLinearWhere:
+    """Where on quantized X and Y: each requantized to Z's parameters through a lookup table
+    (a copy when they share them; built once for constant parameters)."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        self.tables: list[Any] = [None, None]
+        z = ctx.constants_of((7, 8))
+        if z is None or z[1] is None:
+            return
+        for k, idx in enumerate(((2, 3), (5, 6))):
+            p = ctx.constants_of(idx)
+            if p is not None and p[1] is not None:
+                self.tables[k] = QLinearConcat._table(z[1].dtype, p[0], p[1], z[0], z[1])
+
+    def __call__(self, condition, X, x_scale, x_zero_point, Y, y_scale, y_zero_point, z_scale,
+                 z_zero_point):
+        parts = []
+        for k, (v, s, zp) in enumerate(((X, x_scale, x_zero_point), (Y, y_scale, y_zero_point))):
+            table = self.tables[k]
+            if table is None:
+                table = QLinearConcat._table(z_zero_point.dtype, s, zp, z_scale, z_zero_point)
+            parts.append(v if isinstance(table, str) else table[v.view(np.uint8)])
+        return np.where(condition, parts[0], parts[1])
+
+
 # -- pooling ------------------------------------------------------------------------------------
 
 
