@@ -27,13 +27,13 @@ import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
 # operator -> (activation input and its zero point, or None: quantized to uint8 inside;
-#              [(weight input, weight zero point input)])
+#              [(weight input, its scale, its zero point)])
 WEIGHTS = {
-    "MatMulInteger": ((0, 2), [(1, 3)]), "QLinearMatMul": ((0, 2), [(3, 5)]),
-    "QLinearConv": ((0, 2), [(3, 5)]), "MatMulIntegerToFloat": ((0, 4), [(1, 5)]),
-    "QGemm": ((0, 2), [(3, 5)]), "QAttention": ((0, 6), [(1, 7)]),
-    "DequantizeLinear": (None, [(0, 2)]), "DynamicQuantizeMatMul": (None, [(1, 3)]),
-    "DynamicQuantizeLSTM": (None, [(1, 9), (2, 11)]),
+    "MatMulInteger": ((0, 2), [(1, None, 3)]), "QLinearMatMul": ((0, 2), [(3, 4, 5)]),
+    "QLinearConv": ((0, 2), [(3, 4, 5)]), "MatMulIntegerToFloat": ((0, 4), [(1, 3, 5)]),
+    "QGemm": ((0, 2), [(3, 4, 5)]), "QAttention": ((0, 6), [(1, 4, 7)]),
+    "DequantizeLinear": (None, [(0, 1, 2)]), "DynamicQuantizeMatMul": (None, [(1, 2, 3)]),
+    "DynamicQuantizeLSTM": (None, [(1, 8, 9), (2, 10, 11)]),
 }
 
 
@@ -79,7 +79,7 @@ def weights_to_uint8(model: onnx.ModelProto) -> onnx.ModelProto:
             known = [types.get(inputs[i]) for i in activation if i < len(inputs) and inputs[i]]
             if TensorProto.UINT8 not in known:
                 continue  # int8 x int8 (or unknown): exact already, no kernel takes int8 x uint8
-        for w, zp in weights:
+        for w, scale, zp in weights:
             if len(inputs) <= w or not int8_constant(inputs[w]):
                 continue
             has_zp = len(inputs) > zp and inputs[zp]
@@ -88,10 +88,12 @@ def weights_to_uint8(model: onnx.ModelProto) -> onnx.ModelProto:
             inputs[w] = as_uint8(inputs[w])
             if has_zp:
                 inputs[zp] = as_uint8(inputs[zp])
-            else:
+            else:  # zero points of 128, shaped as the scales (per tensor or per channel)
+                shape = list(inits[inputs[scale]].dims) if scale is not None and \
+                    len(inputs) > scale and inputs[scale] in inits else []
                 zero = f"{inputs[w]}_zero_point"
                 if zero not in inits:
-                    inits[zero] = numpy_helper.from_array(np.array(128, np.uint8), zero)
+                    inits[zero] = numpy_helper.from_array(np.full(shape, 128, np.uint8), zero)
                     graph.initializer.append(inits[zero])
                 while len(inputs) < zp:
                     inputs.append("")

@@ -60,3 +60,19 @@ def test_weights_to_uint8_keeps_the_products():
     assert sorted(inits) == sorted(["azp", node.input[1], node.input[3]])  # no int8 copy left
     got = onnxrun.InferenceSession(converted.SerializeToString()).run(None, {"A": A})[0]
     np.testing.assert_array_equal(got, EXACT)
+
+
+def test_per_column_weights_without_zero_points():
+    """A missing zero point becomes 128s shaped as the scales (one per column here)."""
+    b_scale = np.linspace(0.01, 0.05, 5).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("DynamicQuantizeMatMul", ["X", "B", "bs"], ["Y"], domain=MS)], "g",
+        [helper.make_tensor_value_info("X", TP.FLOAT, [3, 64])],
+        [helper.make_tensor_value_info("Y", TP.FLOAT, [3, 5])],
+        [numpy_helper.from_array(B, "B"), numpy_helper.from_array(b_scale, "bs")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid(MS, 1)], ir_version=8)
+    x = np.tile(np.linspace(0.0, 1.0, 64, dtype=np.float32), (3, 1))  # codes up to 255
+    got = session(model.SerializeToString()).run(None, {"X": x})[0]
+    want = onnxrun.InferenceSession(model.SerializeToString()).run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
