@@ -626,3 +626,46 @@ def test_where_quantizes_to_qlinearwhere_matching_onnxruntime(tmp_path):
     theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
                                           providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
     assert np.array_equal(ours, theirs)
+
+
+def _const(name, v):
+    return numpy_helper.from_array(np.asarray(v, np.float32), name)
+
+
+def test_fusions_gelu_layernorm_lpnorm_and_channel_last(tmp_path):
+    from onnxrun.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    n = helper.make_node
+    nodes = [n("Mul", ["x", "r2"], ["s"]), n("Erf", ["s"], ["e"]), n("Add", ["e", "one"], ["a"]),
+             n("Mul", ["a", "half"], ["h"]), n("Mul", ["h", "x"], ["g"]),          # GELU
+             n("ReduceL2", ["g", "axes"], ["l2"], keepdims=1), n("Clip", ["l2", "eps"], ["c"]),
+             n("Shape", ["g"], ["gs"]), n("Expand", ["c", "gs"], ["ex"]),
+             n("Div", ["g", "ex"], ["ln"]),                                       # L2 norm
+             n("ReduceMean", ["ln", "axes"], ["m"]), n("Sub", ["ln", "m"], ["d"]),
+             n("Mul", ["d", "d"], ["sq"]), n("ReduceMean", ["sq", "axes"], ["v"]),
+             n("Add", ["v", "eps"], ["ve"]), n("Sqrt", ["ve"], ["sd"]),
+             n("Div", ["d", "sd"], ["nd"]), n("Mul", ["nd", "sc"], ["ns"]),
+             n("Add", ["ns", "bi"], ["y"])]                                       # layer norm
+    inits = [_const("r2", 1 / np.sqrt(2)), _const("one", 1.0), _const("half", 0.5),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes"), _const("eps", 1e-6),
+             _const("sc", [1.5, 2.0, 0.5, 1.0]), _const("bi", [0.1, 0.2, 0.3, 0.4])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 2, 3, 4])],
+                          [helper.make_tensor_value_info("y", 1, [1, 2, 3, 4])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(13).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    ref = onnxrun.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+    assert qnn_preprocess_model(m, tmp_path / "p.onnx", fuse_layernorm=True,
+                                inputs_to_make_channel_last=["x"],
+                                outputs_to_make_channel_last=["y"])
+    p = onnx.load(tmp_path / "p.onnx")
+    ops = sorted(nd.op_type for nd in p.graph.node)
+    assert ops == ["Gelu", "LayerNormalization", "LpNormalization", "Transpose", "Transpose"]
+    (y,) = onnxrun.InferenceSession(str(tmp_path / "p.onnx")).run(
+        None, {"x": x.transpose(0, 2, 3, 1)})
+    assert np.allclose(y, ref.transpose(0, 2, 3, 1), atol=1e-4)
+    with pytest.raises(ValueError, match="rank >= 3"):
+        g2 = helper.make_graph([n("Relu", ["a"], ["b"])], "g",
+                               [helper.make_tensor_value_info("a", 1, [2, 2])],
+                               [helper.make_tensor_value_info("b", 1, [2, 2])])
+        qnn_preprocess_model(helper.make_model(g2), tmp_path / "q.onnx",
+                             inputs_to_make_channel_last=["a"])
