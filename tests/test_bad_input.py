@@ -267,19 +267,24 @@ def _external_model(folder: Path, location: str, offset: int = 0,
 
 
 class _OpenRecorder:
-    """Records every file opened through open()/io.open() (Path.read_bytes uses io.open)."""
+    """Records every file opened by name through os.open or open()/io.open()."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.paths: list[str] = []
-        real = io.open
+        real, real_os_open = io.open, os.open
 
         def recording_open(file, *args, **kwargs):
             if isinstance(file, str | os.PathLike):
                 self.paths.append(os.path.realpath(os.fspath(file)))
             return real(file, *args, **kwargs)
 
+        def recording_os_open(file, *args, **kwargs):
+            self.paths.append(os.path.realpath(os.fspath(file)))
+            return real_os_open(file, *args, **kwargs)
+
         monkeypatch.setattr(builtins, "open", recording_open)
         monkeypatch.setattr(io, "open", recording_open)
+        monkeypatch.setattr(os, "open", recording_os_open)
 
 
 @pytest.mark.parametrize("how", ["dotdot", "absolute", "symlink"])
@@ -350,8 +355,9 @@ def test_valid_external_data_loads(tmp_path: Path, location: str):
     want = x * np.arange(1, 7, dtype=np.float32).reshape(2, 3) + np.array([-1, 0, 1], np.float32)
     for source in (str(path), path):
         np.testing.assert_allclose(InferenceSession(source).run(None, {"X": x})[0], want)
-    # As bytes there is no folder to read from, unless the session is told where it is.
-    with pytest.raises(onnxrun.InvalidGraph, match="external"):
+    # As bytes, locations are read from the working directory (as onnxruntime does), unless the
+    # session is told where they are.
+    with pytest.raises(onnxrun.NoSuchFile, match="working directory"):
         InferenceSession(path.read_bytes())
     so = onnxrun.SessionOptions()
     so.add_session_config_entry("session.model_external_initializers_file_folder_path",

@@ -14,9 +14,9 @@ from ..errors import InvalidGraph
 from .core import Attribute, Graph, Model, Node, Value
 from .toposort import stable_topological_order
 
-# Reads the bytes of a tensor stored outside the model file; supplied by the loader, which
-# owns the policy of which files may be read.
-ExternalReader = Callable[[TensorProto], bytes]
+# Reads the bytes of a tensor stored outside the model file (bytes, or a uint8 array the tensor
+# may keep); supplied by the loader, which owns the policy of which files may be read.
+ExternalReader = Callable[[TensorProto], bytes | memoryview | np.ndarray]
 
 
 def _no_external(tensor: TensorProto) -> bytes:
@@ -67,12 +67,13 @@ def _plain_dtype(elem: int) -> np.dtype | None:
 
 def tensor_to_array(
     tensor: TensorProto, read_external: ExternalReader = _no_external,
-    raw_data: bytes | memoryview | None = None,
+    raw_data: bytes | memoryview | np.ndarray | None = None,
 ) -> np.ndarray:
     """Turn a TensorProto into a numpy array, refusing tensors whose data does not match dims.
 
-    ``raw_data``: the tensor's raw_data, when the loader kept it out of the proto (a view of the
-    file's bytes, which the array then shares)."""
+    ``raw_data``: the tensor's raw_data, when the loader kept it out of the proto: a view of the
+    model's bytes (copied once, into an aligned array), or the bytes read from the file into a
+    uint8 array of their own (which the result then is, retyped)."""
     dims = tuple(int(d) for d in tensor.dims)
     if any(d < 0 for d in dims):
         raise InvalidGraph(f"tensor '{tensor.name}' has a negative dimension: {list(dims)}")
@@ -80,7 +81,7 @@ def tensor_to_array(
     if tensor.data_type == TensorProto.UNDEFINED:
         raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
     # Every read of ``raw_data`` copies the whole buffer out of the protobuf: read it once.
-    raw: bytes | memoryview | None = raw_data
+    raw: bytes | memoryview | np.ndarray | None = raw_data
     if raw is None:
         if tensor.data_location == TensorProto.EXTERNAL:
             raw = read_external(tensor)
@@ -98,11 +99,13 @@ def tensor_to_array(
         if dtype is not None:
             # What numpy_helper.to_array does for these types, without copying raw again.
             if isinstance(raw, memoryview):
-                # A slice of the file's bytes: at any offset, and numpy's and BLAS's fast paths
-                # need aligned data. One copy into an array of its own also lets the file's
-                # bytes go once the model is loaded.
+                # A slice of the model's bytes: at any offset, and numpy's and BLAS's fast
+                # paths need aligned data. One copy into an array of its own also lets the
+                # model's bytes go once it is loaded.
                 arr = np.empty(dims, dtype=dtype)
                 arr.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
+            elif isinstance(raw, np.ndarray):
+                arr = raw.view(dtype).reshape(dims)
             else:
                 arr = np.frombuffer(raw, dtype=dtype).reshape(dims)
             arr.flags.writeable = False
@@ -172,7 +175,8 @@ class _Scope:
 
 class _Reader:
     def __init__(self, read_external: ExternalReader, ir_version: int = 99,
-                 raw_data: Sequence[bytes | memoryview | None] | None = None) -> None:
+                 raw_data: Sequence[bytes | memoryview | np.ndarray | None] | None = None,
+                 ) -> None:
         self.read_external = read_external
         # Per top-level initializer: its raw_data, when the loader left it out of the proto.
         self.raw_data = raw_data
@@ -311,7 +315,7 @@ def _decode(s: bytes) -> str | bytes:
 
 def model_from_proto(
     mp: onnx.ModelProto, read_external: ExternalReader = _no_external,
-    raw_data: Sequence[bytes | memoryview | None] | None = None,
+    raw_data: Sequence[bytes | memoryview | np.ndarray | None] | None = None,
 ) -> Model:
     """``raw_data``: per top-level initializer, its raw_data when the proto was parsed without
     it (see load.py), else None."""
