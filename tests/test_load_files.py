@@ -118,6 +118,20 @@ def test_file_rewritten_while_it_loads_gives_errors_not_a_crash(tmp_path):
         assert loads + errors > 0
 
 
+def test_file_shrinking_after_the_scan_is_invalid_protobuf(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    _model(path)
+    real = load._parse_stripped
+
+    def parse_then_truncate(*args):  # between the scan and the weights' reads
+        os.truncate(path, path.stat().st_size // 2)
+        return real(*args)
+
+    monkeypatch.setattr(load, "_parse_stripped", parse_then_truncate)
+    with pytest.raises(onnxrun.InvalidProtobuf, match="ends inside a tensor's data"):
+        load.load_model(str(path))
+
+
 # -- external data ----------------------------------------------------------------------------
 
 INSIDE = np.arange(1, 9, dtype=np.float32)
@@ -290,6 +304,22 @@ def test_folder_swapped_for_a_symlink_while_loading_never_redirects_a_read(tmp_p
         swapper.join()
         sys.setswitchinterval(interval)
     assert outcomes["inside"] and outcomes["refused"], outcomes  # both states were seen
+
+
+def test_external_data_file_shrinking_while_loading_is_a_clean_error(tmp_path, monkeypatch):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_external_model("w.bin").SerializeToString())
+    (tmp_path / "w.bin").write_bytes(INSIDE.tobytes())
+    real = load.ExternalDataReader._open
+
+    def open_then_truncate(self, *args):  # after the size was taken
+        opened = real(self, *args)
+        os.truncate(tmp_path / "w.bin", 8)
+        return opened
+
+    monkeypatch.setattr(load.ExternalDataReader, "_open", open_then_truncate)
+    with pytest.raises(onnxrun.InvalidGraph, match="changed while loading"):
+        _loaded_w(path)
 
 
 def _vanish_on_open(monkeypatch, victim: Path) -> None:
