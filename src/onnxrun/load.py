@@ -237,14 +237,17 @@ def _external_reader(model_path: tuple[str, str | None] | None,
         folders, origin = [os.path.realpath(base)], (
             f"from the folder {base!r} of session config entry '{_CONFIG_FOLDER}'")
     elif model_path is None:
-        base = os.getcwd()
+        try:
+            base = os.getcwd()
+        except OSError:  # removed: only an external data file would need it
+            base = os.path.join(os.sep, "<the working directory, removed>")
         folders, origin = [os.path.realpath(base)], (
             "the model was given as bytes: locations are read from the working directory, or "
             f"from the folder of session config entry '{_CONFIG_FOLDER}'")
     else:
         given, real = model_path
         # Not normalized: 'link/../m.onnx' names what the OS opened, wherever link points.
-        base = os.path.dirname(os.path.join(os.getcwd(), given))
+        base = os.path.dirname(given if os.path.isabs(given) else os.path.join(os.getcwd(), given))
         folders = [os.path.realpath(base)] + ([os.path.dirname(real)] if real else [])
         origin = f"for model '{given}'"
     return ExternalDataReader(base, folders, origin, files, provided)
