@@ -669,3 +669,27 @@ def test_fusions_gelu_layernorm_lpnorm_and_channel_last(tmp_path):
                                [helper.make_tensor_value_info("b", 1, [2, 2])])
         qnn_preprocess_model(helper.make_model(g2), tmp_path / "q.onnx",
                              inputs_to_make_channel_last=["a"])
+
+
+def test_onnx_quantizer_untyped_tensors_need_default_tensor_type():
+    from onnxrun.quantization.onnx_quantizer import ONNXQuantizer
+    from onnxrun.quantization.quant_types import QuantizationMode
+
+    w = [numpy_helper.from_array(np.eye(4, dtype=np.float32), f"W{k}") for k in range(3)]
+    g = helper.make_graph([helper.make_node("MatMul", ["X", "W0"], ["T1"]),
+                           helper.make_node("FusedMatMul", ["T1", "W1"], ["T2"],
+                                            domain="com.microsoft"),
+                           helper.make_node("MatMul", ["T2", "W2"], ["Y"])], "g",
+                          [helper.make_tensor_value_info("X", 1, [1, 4])],
+                          [helper.make_tensor_value_info("Y", 1, [1, 4])], w)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
+                                            helper.make_opsetid("com.microsoft", 1)])
+
+    def quantizer(extra):
+        return ONNXQuantizer(m, False, False, QuantizationMode.IntegerOps, False,
+                             QuantType.QInt8, QuantType.QUInt8, None, [], [], ["MatMul"], extra)
+
+    with pytest.raises(RuntimeError, match="DefaultTensorType"):
+        quantizer({"MatMulConstBOnly": True}).quantize_model()
+    q = quantizer({"MatMulConstBOnly": True, "DefaultTensorType": 1}).quantize_model()
+    assert [n.op_type for n in q.graph.node].count("MatMulInteger") == 2

@@ -37,6 +37,7 @@ class DynamicQuantizer(OperatorQuantizer):
     """IntegerOps quantization: no calibration, activations quantized by the graph."""
 
     def __init__(self, *args, **kwargs) -> None:
+        self.strict_types = bool(kwargs.pop("strict_types", False))
         super().__init__(*args, static=False, **kwargs)
         self.dynamic_inputs: dict[str, tuple[str, str, str]] = {}
 
@@ -76,6 +77,20 @@ class DynamicQuantizer(OperatorQuantizer):
             self.producer[y] = add
             self.consumers[mm_out] = [add]
         return True
+
+    def activation_type_of(self, name: str) -> int:
+        """A tensor's element type; an untyped one (shape inference stopped at an operator it
+        does not know) is float, or ``DefaultTensorType``; ``strict_types`` (onnxruntime's
+        ONNXQuantizer) refuses it without that option, as onnxruntime does."""
+        if name in self.value_types:
+            return self.value_types[name]
+        if "DefaultTensorType" in self.extra:
+            return int(self.extra["DefaultTensorType"])
+        if self.strict_types:
+            raise RuntimeError(f"Unable to find data type for weight_name={name!r}: shape "
+                               "inference could not type it; set extra_options "
+                               "'DefaultTensorType' (e.g. onnx.TensorProto.FLOAT)")
+        return TensorProto.FLOAT
 
     def dynamic_quantize(self, name: str) -> tuple[str, str, str]:
         """``DynamicQuantizeLinear(name)`` once per tensor: (quantized, scale, zero point)."""
@@ -130,8 +145,7 @@ class DynamicQuantizer(OperatorQuantizer):
 @register(INTEGER, "MatMul")
 def _matmul(self: DynamicQuantizer, node: NodeProto) -> bool:
     a, b = node.input
-    if not self.is_float_weight(b) or self.value_types.get(a, TensorProto.FLOAT) \
-            != TensorProto.FLOAT:
+    if not self.is_float_weight(b) or self.activation_type_of(a) != TensorProto.FLOAT:
         return False
     w = self.quantize_weight(b, axis=-1 if self.per_channel else None,
                              symmetric=self.weight_symmetric)
