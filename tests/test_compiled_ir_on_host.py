@@ -1,5 +1,5 @@
 """Compiled kernels' IR on whatever CPU runs the tests: the dynamic quantizer
-(compiled/quantize.py) and the float32 LSTM recurrence (compiled/lstm.py).
+(compiled/quantize.py) and the float32 LSTM and GRU recurrences (compiled/lstm.py).
 
 The kernels use these modules only on AVX-512 CPUs, but their IR is made of LLVM's generic
 vector operations, which LLVM lowers for any x86-64 CPU: compiled here for the host, they must
@@ -81,23 +81,28 @@ def lstm_for_this_cpu(monkeypatch):
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("clip", [None, 1.5])
-def test_float_lstm_recurrence_non_finite(lstm_for_this_cpu, bias, clip):
-    """NaN / inf in X: a biased LSTM's NaN gates become +clip in the compiled recurrence too."""
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_float_recurrence_non_finite(lstm_for_this_cpu, bias, clip, op):
+    """NaN / inf in X: a biased LSTM's or GRU's NaN gates become +clip in the compiled
+    recurrence too (the GRU's with linear_before_reset, the one it compiles)."""
     rng = np.random.default_rng(4)
     T, batch, I, H = 4, 3, 5, 20
-    inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * H, I)) * 0.3)
+    G = 4 if op == "LSTM" else 3
+    inits = [numpy_helper.from_array((rng.standard_normal((1, G * H, I)) * 0.3)
                                      .astype(np.float32), "W"),
-             numpy_helper.from_array((rng.standard_normal((1, 4 * H, H)) * 0.3)
+             numpy_helper.from_array((rng.standard_normal((1, G * H, H)) * 0.3)
                                      .astype(np.float32), "R")]
     if bias:
-        inits.append(numpy_helper.from_array((rng.standard_normal((1, 8 * H)) * 0.3)
+        inits.append(numpy_helper.from_array((rng.standard_normal((1, 2 * G * H)) * 0.3)
                                              .astype(np.float32), "B"))
     attrs = {"hidden_size": H} if clip is None else {"hidden_size": H, "clip": clip}
-    node = helper.make_node("LSTM", ["X", "W", "R", "B" if bias else ""], ["Y", "Y_h", "Y_c"],
-                            **attrs)
+    outputs = ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
+    if op == "GRU":
+        attrs["linear_before_reset"] = 1
+    node = helper.make_node(op, ["X", "W", "R", "B" if bias else ""], outputs, **attrs)
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("X", TP.FLOAT, [T, batch, I])],
-        [helper.make_tensor_value_info(n, TP.FLOAT, None) for n in ("Y", "Y_h", "Y_c")], inits)
+        [helper.make_tensor_value_info(n, TP.FLOAT, None) for n in outputs], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     x = rng.standard_normal((T, batch, I)).astype(np.float32)
@@ -105,7 +110,7 @@ def test_float_lstm_recurrence_non_finite(lstm_for_this_cpu, bias, clip):
     with compiled.disabled():
         want = onnxrun.InferenceSession(model.SerializeToString()).run(None, {"X": x})
     got = onnxrun.InferenceSession(model.SerializeToString()).run(None, {"X": x})
-    assert "lstm_f32" in lstm_for_this_cpu  # the session took the compiled recurrence
+    assert f"{op.lower()}_f32" in lstm_for_this_cpu  # the session took the compiled recurrence
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)  # NaN where NaN
     assert np.isnan(got[0]).any() != bias

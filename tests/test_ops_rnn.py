@@ -129,18 +129,21 @@ def _non_finite_x(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("clip", [None, 0.7])
-@pytest.mark.parametrize("peepholes", [False, True])
+@pytest.mark.parametrize("op,variant", [("LSTM", "plain"), ("LSTM", "peepholes"),
+                                        ("GRU", "plain"), ("GRU", "linear_before_reset")])
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
-def test_lstm_non_finite_inputs(bias, clip, peepholes, direction):
-    """onnxruntime clips a biased LSTM's gates with std::min/max, which turn a NaN into +clip
-    (FLT_MAX without one): a NaN input gives finite outputs there, NaN without B."""
+def test_non_finite_inputs(bias, clip, op, variant, direction):
+    """onnxruntime clips a biased LSTM's or GRU's gates with std::min/max, which turn a NaN
+    into +clip (FLT_MAX without one): a NaN input gives finite outputs there, NaN without B."""
     rng = np.random.default_rng(17)
-    inputs = _inputs("LSTM", rng, direction, peepholes=peepholes, bias=bias)
+    inputs = _inputs(op, rng, direction, peepholes=variant == "peepholes", bias=bias)
     inputs["X"] = _non_finite_x(inputs["X"])
     attrs = {"hidden_size": H, "direction": direction}
     if clip is not None:
         attrs["clip"] = clip
-    model, feeds = _model("LSTM", inputs, attrs, constant=("W", "R", "B", "P"))
+    if variant == "linear_before_reset":
+        attrs["linear_before_reset"] = 1
+    model, feeds = _model(op, inputs, attrs, constant=("W", "R", "B", "P"))
     got = _compare(model, feeds)  # NaN where onnxruntime has NaN, values elsewhere
     assert np.isnan(got[0]).any() != bias
 

@@ -308,7 +308,8 @@ def _gru_cells(rows: int) -> list[str]:
                 *(["  %H2 = shl i64 %H, 1"] if r == 0 else []),
                 f"  %xh{r}.o = add i64 %xo{r}, %H2",
                 f"  %xh{r} = getelementptr float, ptr %xrow, i64 %xh{r}.o",
-                f"  %bh{r} = getelementptr float, ptr %c_bound, i64 %H2"]
+                f"  %bh{r} = getelementptr float, ptr %c_bound, i64 %H2",
+                f"  %nh{r} = getelementptr float, ptr %c_nan, i64 %H2"]
 
     def unit_lines(r, u, m):
         return [*_vector_at(f"{u}z", f"%gz{r}", u, mask=m),
@@ -317,8 +318,12 @@ def _gru_cells(rows: int) -> list[str]:
                 *_vector_at(f"{u}x", f"%xh{r}", u, mask=m),
                 *_vector_at(f"{u}b", f"%bh{r}", u, mask=m),
                 *_vector_at(f"{u}old", f"%hr{r}", u, mask=m),
+                *_vector_at(f"{u}nv", f"%nh{r}", u, mask=m),
                 f"  {u}hr = fmul {_VF} {u}h, {u}r",
-                f"  {u}p = fadd {_VF} {u}hr, {u}x",
+                f"  {u}p0 = fadd {_VF} {u}hr, {u}x",
+                # a NaN becomes cols[5] (the bound with B, NaN without), as in the gates
+                f"  {u}un = fcmp uno {_VF} {u}p0, zeroinitializer",
+                f"  {u}p = select <16 x i1> {u}un, {_VF} {u}nv, {_VF} {u}p0",
                 f"  {u}nb = fneg {_VF} {u}b",
                 f"  {u}lt = fcmp olt {_VF} {u}p, {u}nb",
                 f"  {u}pl = select <16 x i1> {u}lt, {_VF} {u}nb, {_VF} {u}p",
@@ -479,7 +484,7 @@ def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
                   gru: bool = False, biased: bool = False) -> np.ndarray:
     """[6, width] float32: the step's scale factor (8-bit) or Rbh (GRU), half, shift, clip
     bound (inf: no clip; halved where the LSTM's inputs come halved), activated columns (GRU),
-    what a NaN pre-activation becomes: with ``biased`` (an LSTM with B) onnxruntime's clip
+    what a NaN pre-activation becomes: with ``biased`` (an LSTM or GRU with B) onnxruntime's clip
     makes it +bound (its FLT_MAX, halved, when no clip is set: inf here, the same after tanh),
     else it stays NaN."""
     cols = np.zeros((6, width), np.float32)
@@ -568,7 +573,7 @@ class Float32Recurrence(_Recurrence):
     """A float32 recurrence for one direction on ``RT`` [H, gates*H], laid out once in panels
     of 32 columns. ``kind`` "lstm": R^T of i, o, f, c~ with i, o, f already halved, as
     rnn.LSTM prepares it; "gru": R^T of z, r, h as it is, with ``rbh`` (Rbh, [H]) and
-    linear_before_reset semantics. ``biased``: an LSTM with B (see Int8Recurrence)."""
+    linear_before_reset semantics. ``biased``: the LSTM or GRU has a B (see Int8Recurrence)."""
 
     def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None,
                  kind: str = "lstm", rbh: np.ndarray | None = None,
@@ -591,7 +596,7 @@ class Float32Recurrence(_Recurrence):
             raw = np.zeros(n, np.float32)
             raw[2 * H:] = np.asarray(rbh, np.float32).reshape(-1)
         self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru",
-                                  biased=biased and kind == "lstm")
+                                  biased=biased)
         self.fn = _function(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:

@@ -556,18 +556,19 @@ class GRU(_Recurrent):
         usual = all([a.name for a in acts] == ["sigmoid", "tanh"] for acts in self.acts)
         if self.linear_before_reset and usual:
             half = sigmoid_halves(H, 3, dt)
-            recurrences = _compiled_recurrences(RT, half, self.clip, "gru", rb[:, 2 * H:])
+            recurrences = _compiled_recurrences(RT, half, self.clip, "gru", rb[:, 2 * H:],
+                                                biased=B is not None)
         return {"dtype": dt, "WT": _wt(W, dt), "bias": bias.reshape(-1), "H": H,
                 # the compiled recurrences' panels hold R; _gru_weights rebuilds it if needed
                 "RT_zr": None if recurrences else np.ascontiguousarray(RT[..., :2 * H]),
                 "RT_h": None if recurrences else np.ascontiguousarray(RT[..., 2 * H:]),
                 "Rbh": np.ascontiguousarray(rb[:, 2 * H:]).reshape(D, 1, H),
-                "recurrences": recurrences}
+                "recurrences": recurrences, "biased": B is not None}
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None):
         dt = _compute_dtype(X.dtype)
         w = self._weights(dt, W, R, B)
-        H, clip = w["H"], self.clip
+        H, clip, biased = w["H"], self.clip, w["biased"]
         f_act, g_act = ([a[k] for a in self.acts] for k in range(2))
         Xc = np.asarray(X, dt)
         h0 = self._states_in(initial_h, Xc.shape[0 if self.layout else 1], H, dt)
@@ -580,7 +581,7 @@ class GRU(_Recurrent):
             RT_zr, RT_h = _gru_weights(w)
             zr = np.matmul(h, RT_zr)  # [D, B, 2H]; gate order z, r
             zr += x[..., :2 * H]
-            clip_gates(zr, clip)
+            clip_gates(zr, clip, biased)
             zr = _apply(f_act, zr)
             if lbr:
                 hh = np.matmul(h, RT_h)
@@ -589,7 +590,7 @@ class GRU(_Recurrent):
             else:
                 hh = np.matmul(zr[..., H:] * h, RT_h)
             hh += x[..., 2 * H:]
-            clip_gates(hh, clip)
+            clip_gates(hh, clip, biased)
             hh = _apply(g_act, hh)
             return [_blend(zr[..., :H], hh, h)]
 
