@@ -693,3 +693,33 @@ def test_onnx_quantizer_untyped_tensors_need_default_tensor_type():
         quantizer({"MatMulConstBOnly": True}).quantize_model()
     q = quantizer({"MatMulConstBOnly": True, "DefaultTensorType": 1}).quantize_model()
     assert [n.op_type for n in q.graph.node].count("MatMulInteger") == 2
+
+
+def test_embed_layer_norm_quantizes_to_qembedlayernorm_matching_onnxruntime(tmp_path):
+    import onnxruntime
+
+    from onnxrun.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(14)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("word", (32, 4)), ("pos", (16, 4)), ("seg", (2, 4)),
+                          ("gamma", (4,)), ("beta", (4,)))]
+    node = helper.make_node("EmbedLayerNormalization",
+                            ["ids", "sids", "word", "pos", "seg", "gamma", "beta"],
+                            ["out", "mask_index"], domain="com.microsoft", epsilon=1e-5)
+    ids = [helper.make_tensor_value_info(n, TensorProto.INT32, [1, 4]) for n in ("ids", "sids")]
+    g = helper.make_graph([node], "g", ids,
+                          [helper.make_tensor_value_info("out", 1, [1, 4, 4]),
+                           helper.make_tensor_value_info("mask_index", TensorProto.INT32, [1])],
+                          inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    quantize_dynamic(m, tmp_path / "q.onnx")
+    q = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in q.graph.node] == ["QEmbedLayerNormalization"]
+    feeds = {"ids": rng.integers(0, 32, (1, 4)).astype(np.int32),
+             "sids": rng.integers(0, 2, (1, 4)).astype(np.int32)}
+    ours = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds)
+    theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
+                                          providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert np.allclose(ours[0], theirs[0], atol=1e-5) and np.array_equal(ours[1], theirs[1])

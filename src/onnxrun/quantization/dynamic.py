@@ -241,6 +241,33 @@ def _gather(self: DynamicQuantizer, node: NodeProto) -> bool:
     return True
 
 
+@register(INTEGER, "EmbedLayerNormalization")
+def _embed_layer_norm(self: DynamicQuantizer, node: NodeProto) -> bool:
+    """QEmbedLayerNormalization: the embedding tables, gamma and beta stored as 8-bit (the
+    activation type, per tensor), as onnxruntime's tool writes it."""
+    ins = list(node.input) + [""] * (8 - len(node.input))
+    if len(node.input) > 8 and node.input[8]:
+        return False  # position_ids: QEmbedLayerNormalization has no such input
+    if len(node.output) > 2 and node.output[2] and self.consumers.get(node.output[2]):
+        return False  # the embedding sum: not an output of the quantized operator
+    weights = [ins[2], ins[3], ins[4], ins[5], ins[6]]  # word, position, segment, gamma, beta
+    if not all(self.is_float_weight(w) for k, w in enumerate(weights) if w or k != 2):
+        return False
+    qs = [self.quantize_weight(w, self.activation_qtype, reduce_range=False, symmetric=False)
+          if w else None for w in weights]
+    names = [q.name if q else "" for q in qs]
+    scales = [q.scale if q else "" for q in qs]
+    zps = [q.zero_point if q else "" for q in qs]
+    for i in (0, 1, 7):
+        if ins[i]:
+            self.need_float(ins[i])
+    self.out.append(self.make_node(
+        "QEmbedLayerNormalization", [ins[0], ins[1], *names, ins[7], *scales, *zps],
+        list(node.output[:2]), f"{node.name}_quant" if node.name else "", domain=MS_DOMAIN,
+        **attributes(node)))
+    return True
+
+
 for _t in DIRECT_8BIT & INTEGER_OPS - set(INTEGER):
     INTEGER[_t] = direct_8bit
 

@@ -101,7 +101,8 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
             "QLinearSigmoid", "QLinearSoftmax", "QLinearWhere", "QuantizeLinear"),
         "contrib.transformer": (
             "Attention", "EmbedLayerNormalization", "GroupQueryAttention", "LayerNormalization",
-            "MultiHeadAttention", "RotaryEmbedding", "SimplifiedLayerNormalization",
+            "MultiHeadAttention", "QEmbedLayerNormalization", "RotaryEmbedding",
+            "SimplifiedLayerNormalization",
             "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"),
     },
 }

@@ -571,3 +571,25 @@ class EmbedLayerNormalization:
         else:
             mask_index = np.zeros(B, dtype=np.int32)
         return Y.astype(dt, copy=False), mask_index, total
+
+
+def _dq(q, scale, zp) -> np.ndarray | None:
+    if q is None:
+        return None
+    return ((q.astype(np.float32) - np.asarray(zp, np.float32)) * np.asarray(scale, np.float32))
+
+
+@op("QEmbedLayerNormalization", 1, domain=MS)
+class QEmbedLayerNormalization(EmbedLayerNormalization):
+    """EmbedLayerNormalization over 8-bit embedding tables, gamma and beta (dequantized)."""
+
+    def __call__(self, input_ids, segment_ids, word_embedding, position_embedding,
+                 segment_embedding, gamma, beta, mask, word_scale, position_scale,
+                 segment_scale, gamma_scale, beta_scale, word_zp, position_zp, segment_zp,
+                 gamma_zp, beta_zp):
+        Y, mask_index, _ = super().__call__(
+            input_ids, segment_ids, _dq(word_embedding, word_scale, word_zp),
+            _dq(position_embedding, position_scale, position_zp),
+            _dq(segment_embedding, segment_scale, segment_zp), _dq(gamma, gamma_scale, gamma_zp),
+            _dq(beta, beta_scale, beta_zp), mask)
+        return Y, mask_index
