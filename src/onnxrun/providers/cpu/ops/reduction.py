@@ -224,6 +224,9 @@ for _name, (_fn, _attr_versions, _input_versions) in _REDUCERS.items():
 
 def _arg(fn):
     def kernel(data, *, axis=0, keepdims=1, select_last_index=0):
+        if data.ndim and data.shape[axis] == 0:  # no element to point at (onnxruntime refuses)
+            raise ValueError(f"{fn.__name__}: axis {axis} of the input {list(data.shape)} is "
+                             "empty")
         if select_last_index:
             n = data.shape[axis]
             flipped = np.flip(data, axis=axis)

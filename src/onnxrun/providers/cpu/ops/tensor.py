@@ -51,6 +51,15 @@ def Size(data):
 # -- Reshape, Flatten, Squeeze, Unsqueeze -----------------------------------------------------
 
 
+def _reshaped(data: np.ndarray, target) -> np.ndarray:
+    """``data.reshape(target)``, or an error naming both shapes (numpy's speaks of arrays)."""
+    try:
+        return data.reshape(target)
+    except ValueError:
+        raise ValueError(f"Reshape: an input of shape {list(data.shape)} ({data.size} "
+                         f"elements) cannot take the shape {list(target)}") from None
+
+
 def _reshape_target(data_shape, shape, allowzero):
     if not allowzero and 0 in shape:
         shape = [data_shape[i] if d == 0 else d for i, d in enumerate(shape)]
@@ -71,13 +80,13 @@ class Reshape:
 
     def __call__(self, data, shape):
         if self.shape is not None:
-            return data.reshape(self.shape)
-        return data.reshape(_reshape_target(data.shape, _ints(shape), self.allowzero))
+            return _reshaped(data, self.shape)
+        return _reshaped(data, _reshape_target(data.shape, _ints(shape), self.allowzero))
 
 
 @op("Reshape", 1)
 def Reshape_1(data, *, shape):
-    return data.reshape(_reshape_target(data.shape, list(shape), 0))
+    return _reshaped(data, _reshape_target(data.shape, list(shape), 0))
 
 
 @op("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)

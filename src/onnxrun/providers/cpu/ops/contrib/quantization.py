@@ -665,7 +665,7 @@ class DynamicQuantizeLSTM:
             rf = _float_r(rq)
             f_act, g_act, h_act = ([a] for a in self.acts[d])
             xs = self._inputs(Xf, lens, steps, self.reverse[d])
-            xw = _qgemm_dynamic(xs.reshape(steps * batch, -1), wq, _float_r(wq)).reshape(
+            xw = _qgemm_dynamic(xs.reshape(steps * batch, xs.shape[2]), wq, _float_r(wq)).reshape(
                 steps, batch, 4 * H) \
                 if steps else np.zeros((0, batch, 4 * H), F32)
             h = np.zeros((batch, H), F32) if initial_h is None else initial_h[d].astype(F32)
