@@ -723,3 +723,27 @@ def test_embed_layer_norm_quantizes_to_qembedlayernorm_matching_onnxruntime(tmp_
     theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
                                           providers=["CPUExecutionProvider"]).run(None, feeds)
     assert np.allclose(ours[0], theirs[0], atol=1e-5) and np.array_equal(ours[1], theirs[1])
+
+
+def test_attention_quantizes_to_qattention_matching_onnxruntime(tmp_path):
+    import onnxruntime
+
+    from onnxrun.quantization import quantize_dynamic
+
+    rng = np.random.default_rng(15)
+    inits = [numpy_helper.from_array(rng.standard_normal((10, 30)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(30).astype(np.float32), "b")]
+    node = helper.make_node("Attention", ["x", "w", "b"], ["y"], domain="com.microsoft",
+                            num_heads=5)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", 1, [1, 3, 10])],
+                          [helper.make_tensor_value_info("y", 1, [1, 3, 10])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 14),
+                                            helper.make_opsetid("com.microsoft", 1)])
+    quantize_dynamic(m, tmp_path / "q.onnx")
+    q = onnx.load(tmp_path / "q.onnx")
+    assert [n.op_type for n in q.graph.node] == ["DynamicQuantizeLinear", "QAttention"]
+    feeds = {"x": rng.standard_normal((1, 3, 10)).astype(np.float32)}
+    ours = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds)[0]
+    theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
+                                          providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.allclose(ours, theirs, atol=1e-4)

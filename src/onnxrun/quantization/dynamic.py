@@ -241,6 +241,29 @@ def _gather(self: DynamicQuantizer, node: NodeProto) -> bool:
     return True
 
 
+@register(INTEGER, "Attention")
+def _attention(self: DynamicQuantizer, node: NodeProto) -> bool:
+    """QAttention: the input quantized at run time, the packed QKV weight stored 8-bit (per
+    tensor), as onnxruntime's tool writes it."""
+    ins = list(node.input) + [""] * (5 - len(node.input))
+    if len(node.input) > 5 and any(node.input[5:]):
+        return False  # attention_bias / past_sequence_length: not QAttention inputs
+    x, w = ins[0], ins[1]
+    if not self.is_float_weight(w) or self.array(w).ndim != 2 \
+            or self.activation_type_of(x) != TensorProto.FLOAT:
+        return False
+    wq = self.quantize_weight(w, symmetric=self.weight_symmetric)
+    xq, xs, xzp = self.dynamic_quantize(x)
+    for i in (2, 3, 4):
+        if ins[i]:
+            self.need_float(ins[i])
+    self.out.append(self.make_node(
+        "QAttention", [xq, wq.name, ins[2], xs, wq.scale, ins[3], xzp, wq.zero_point, ins[4]],
+        list(node.output), f"{node.name}_quant" if node.name else "", domain=MS_DOMAIN,
+        **attributes(node)))
+    return True
+
+
 @register(INTEGER, "EmbedLayerNormalization")
 def _embed_layer_norm(self: DynamicQuantizer, node: NodeProto) -> bool:
     """QEmbedLayerNormalization: the embedding tables, gamma and beta stored as 8-bit (the

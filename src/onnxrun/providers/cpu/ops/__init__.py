@@ -101,7 +101,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
             "QLinearSigmoid", "QLinearSoftmax", "QLinearWhere", "QuantizeLinear"),
         "contrib.transformer": (
             "Attention", "EmbedLayerNormalization", "GroupQueryAttention", "LayerNormalization",
-            "MultiHeadAttention", "QEmbedLayerNormalization", "RotaryEmbedding",
+            "MultiHeadAttention", "QAttention", "QEmbedLayerNormalization", "RotaryEmbedding",
             "SimplifiedLayerNormalization",
             "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"),
     },

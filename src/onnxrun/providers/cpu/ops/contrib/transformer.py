@@ -579,6 +579,32 @@ def _dq(q, scale, zp) -> np.ndarray | None:
     return ((q.astype(np.float32) - np.asarray(zp, np.float32)) * np.asarray(scale, np.float32))
 
 
+@op("QAttention", 1, domain=MS)
+class QAttention(Attention):
+    """Attention over an 8-bit input and packed QKV weight (dequantized; a constant weight once,
+    at session creation)."""
+
+    def __init__(self, ctx: KernelContext, *, num_heads, qkv_hidden_sizes=None, unidirectional=0,
+                 scale=0.0, mask_filter_value=-10000.0, past_present_share_buffer=0,
+                 do_rotary=0, rotary_embedding_dim=0) -> None:
+        super().__init__(ctx, num_heads=num_heads, qkv_hidden_sizes=qkv_hidden_sizes,
+                         unidirectional=unidirectional, scale=scale,
+                         mask_filter_value=mask_filter_value,
+                         past_present_share_buffer=past_present_share_buffer,
+                         do_rotary=do_rotary, rotary_embedding_dim=rotary_embedding_dim)
+        c = ctx.constants_of((1, 4, 7))
+        self.W = None
+        if c is not None and all(v is not None for v in c):
+            self.W = self._scaled(_dq(c[0], c[1], c[2]))
+
+    def __call__(self, input, weight, bias, input_scale, weight_scale, mask_index=None,  # noqa: A002
+                 input_zero_point=None, weight_zero_point=None, past=None):
+        izp = 0 if input_zero_point is None else input_zero_point
+        wzp = 0 if weight_zero_point is None else weight_zero_point
+        W = weight if self.W is not None else _dq(weight, weight_scale, wzp)
+        return super().__call__(_dq(input, input_scale, izp), W, bias, mask_index, past)
+
+
 @op("QEmbedLayerNormalization", 1, domain=MS)
 class QEmbedLayerNormalization(EmbedLayerNormalization):
     """EmbedLayerNormalization over 8-bit embedding tables, gamma and beta (dequantized)."""
