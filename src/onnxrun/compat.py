@@ -96,7 +96,7 @@ def _module(name: str, doc: str, attrs: dict[str, Any], package: bool = False
 
 
 def _build() -> dict[str, types.ModuleType]:
-    from .api import devices
+    from .api import blockwise, devices
     from .api.ortvalue import OrtValue
     from .api.ortvalue_vector import OrtValueVector
     from .api.session import check_and_normalize_provider_args
@@ -127,7 +127,10 @@ def _build() -> dict[str, types.ModuleType]:
                   ArenaExtendStrategy=devices.ArenaExtendStrategy,
                   kNextPowerOfTwo=devices.ArenaExtendStrategy.kNextPowerOfTwo,
                   kSameAsRequested=devices.ArenaExtendStrategy.kSameAsRequested,
-                  get_default_session_options=onnxrun.SessionOptions)
+                  get_default_session_options=onnxrun.SessionOptions,
+                  quantize_matmul_2bits=blockwise.quantize_matmul_2bits,
+                  quantize_matmul_4bits=blockwise.quantize_matmul_4bits,
+                  quantize_matmul_8bits=blockwise.quantize_matmul_8bits)
 
     pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
     pybind = _module(_NAMES[2], "Re-exports onnxruntime_pybind11_state.", native)
