@@ -747,3 +747,32 @@ def test_attention_quantizes_to_qattention_matching_onnxruntime(tmp_path):
     theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
                                           providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     assert np.allclose(ours, theirs, atol=1e-4)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_gather_block_quantized_matches_onnxruntime(tmp_path, symmetric):
+    import onnxruntime
+
+    from onnxrun.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    rng = np.random.default_rng(16)
+    table = numpy_helper.from_array(rng.standard_normal((50, 40)).astype(np.float32), "emb")
+    g = helper.make_graph([helper.make_node("Gather", ["emb", "ids"], ["y"], name="g")], "g",
+                          [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])],
+                          [helper.make_tensor_value_info("y", 1, [2, 3, 40])], [table])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    q = MatMulNBitsQuantizer(m, algo_config=DefaultWeightOnlyQuantConfig(
+        block_size=16, is_symmetric=symmetric, op_types_to_quantize=("Gather",)))
+    q.process()
+    assert [n.op_type for n in q.model.nodes()] == ["GatherBlockQuantized"]
+    onnx.save(q.model.model, tmp_path / "q.onnx")
+    feeds = {"ids": np.array([[0, 5, 49], [-1, 7, 7]], np.int64)}
+    ours = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, feeds)[0]
+    theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
+                                          providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert np.allclose(ours, theirs, atol=1e-6)
+    ref = numpy_helper.to_array(table)[feeds["ids"]]
+    assert np.abs(ours - ref).max() < 0.5

@@ -153,9 +153,8 @@ class MatMulNBitsQuantizer:
             raise NotImplementedError(
                 f"the {algo_config.algorithm} weight-only algorithm is not implemented by "
                 "onnxrun; use DefaultWeightOnlyQuantConfig")
-        if "Gather" in algo_config.op_types_to_quantize:
-            raise NotImplementedError("Gather -> GatherBlockQuantized is not implemented by "
-                                      "onnxrun's quantizer; quantize MatMul weights only")
+        if "Gather" in algo_config.op_types_to_quantize and algo_config.bits != 4:
+            raise NotImplementedError("Gather -> GatherBlockQuantized is 4-bit only")
         self.bits = algo_config.bits
         self.block_size = algo_config.block_size
         self.is_symmetric = algo_config.is_symmetric
@@ -187,13 +186,16 @@ class MatMulNBitsQuantizer:
         self.model.clean_initializers()
 
     def _selected(self, node: NodeProto) -> bool:
-        if node.op_type not in self.algo_config.op_types_to_quantize or node.op_type != "MatMul":
+        if node.op_type not in self.algo_config.op_types_to_quantize \
+                or node.op_type not in ("MatMul", "Gather"):
             return False
         if node.name in self.nodes_to_exclude:
             return False
         return self.nodes_to_include is None or node.name in self.nodes_to_include
 
     def _quantize(self, node: NodeProto) -> list[NodeProto] | None:
+        if node.op_type == "Gather":
+            return self._gather(node)
         init = self.model.get_initializer(node.input[1])
         if init is None or init.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16):
             return None
@@ -223,6 +225,34 @@ class MatMulNBitsQuantizer:
         if rank_b > 2:
             nodes += self._restore_rank(node.input[0], mm_out, y, rank_b, N, helper_prefix)
         return nodes
+
+    def _gather(self, node: NodeProto) -> list[NodeProto] | None:
+        """A constant [rows, cols] table gathered along axis 0 -> com.microsoft
+        GatherBlockQuantized with 4-bit blocks along the quantize axis (1)."""
+        init = self.model.get_initializer(node.input[0])
+        if init is None or init.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16):
+            return None
+        data = numpy_helper.to_array(init)
+        qaxis = self.algo_config.quant_axes.get("Gather", 1)
+        gaxis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if data.ndim != 2 or qaxis % 2 != 1 or gaxis % 2 != 0:
+            return None  # rows gathered, blocks along the columns only
+        rows, cols = data.shape
+        q, scale, zp = quantize_blocks(data.T.astype(np.float32), self.block_size, 4,
+                                       self.is_symmetric)  # per row, blocks of columns
+        vals = q.reshape(rows, -1)[:, :cols].astype(np.int16)
+        w = init.name
+        if self.is_symmetric:
+            inputs = [self._add(f"{w}_Q4", (vals - 8).astype(ml_dtypes.int4)), node.input[1],
+                      self._add(f"{w}_scales", scale.astype(data.dtype))]
+        else:
+            inputs = [self._add(f"{w}_Q4", vals.astype(ml_dtypes.uint4)), node.input[1],
+                      self._add(f"{w}_scales", scale.astype(data.dtype)),
+                      self._add(f"{w}_zero_points", zp.astype(ml_dtypes.uint4))]
+        name = node.name or node.output[0]
+        return [helper.make_node("GatherBlockQuantized", inputs, list(node.output),
+                                 f"{name}_Q4", domain=MS_DOMAIN, block_size=self.block_size,
+                                 gather_axis=gaxis % 2, quantize_axis=qaxis % 2)]
 
     def _nbits_node(self, node, w, K, N, q, scale, zp, sdt, out) -> list[NodeProto]:
         name = node.name or out

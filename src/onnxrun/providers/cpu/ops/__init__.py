@@ -96,6 +96,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
             "SparseToDenseMatMul"),
         "contrib.quantization": (
             "DequantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
+            "GatherBlockQuantized",
             "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd", "QLinearAveragePool",
             "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu", "QLinearMul",
             "QLinearSigmoid", "QLinearSoftmax", "QLinearWhere", "QuantizeLinear"),

@@ -567,6 +567,40 @@ class MatMulNBits:
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
+@op("GatherBlockQuantized", 1, domain=MS)
+class GatherBlockQuantized:
+    """Gather from a block-quantized table: (data - zero_point) * scale per block of
+    ``block_size`` along ``quantize_axis`` (zero point 0 for int4 data and 8 for uint4 without
+    one), dequantized once for a constant table."""
+
+    def __init__(self, ctx: KernelContext, *, block_size=128, gather_axis=0, quantize_axis=1,
+                 bits=4) -> None:
+        self.block_size = int(block_size)
+        self.gather_axis, self.quantize_axis = int(gather_axis), int(quantize_axis)
+        self.table = None
+        c = ctx.constants_of((0, 2, 3))
+        if c is not None and c[0] is not None and c[1] is not None:
+            self.table = self._dequantize(c[0], c[1], c[2])
+
+    def _dequantize(self, data, scales, zero_points) -> np.ndarray:
+        ax = self.quantize_axis % data.ndim
+        n = data.shape[ax]
+        s = np.repeat(scales, self.block_size, axis=ax).take(range(n), axis=ax)
+        if zero_points is None:
+            z = 8.0 if str(data.dtype) == "uint4" else 0.0
+        else:
+            z = np.repeat(zero_points.astype(F32), self.block_size, axis=ax).take(range(n),
+                                                                                  axis=ax)
+        return ((data.astype(F32) - z) * s.astype(F32)).astype(scales.dtype)
+
+    def __call__(self, data, indices, scales, zero_points=None):
+        table = self.table if self.table is not None else self._dequantize(data, scales,
+                                                                           zero_points)
+        ax = self.gather_axis % table.ndim
+        idx = np.where(indices < 0, indices + table.shape[ax], indices)
+        return np.take(table, idx, axis=ax)
+
+
 # -- DynamicQuantizeLSTM ------------------------------------------------------------------------
 
 
