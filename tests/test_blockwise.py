@@ -66,3 +66,29 @@ def test_bad_buffers_are_refused_naming_them():
         q(dst, m, np.zeros((2, 4), np.float32).T, zp, 16, 4, 32, True)
     with pytest.raises(ValueError, match="zero_point must be a numpy array"):
         q(dst, m, scale, [0, 0, 0, 0], 16, 4, 32, False)
+
+
+@pytest.mark.parametrize("quant_type", [blockwise.FP4, blockwise.NF4])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_bnb4_same_bytes_as_onnxruntime(quant_type, dtype):
+    rng = np.random.default_rng(quant_type)
+    for (N, K), block_size in [((128, 32), 16), ((73, 13), 64), ((7, 3), 128)]:
+        m = (rng.uniform(-1, 1, (N, K)) * rng.uniform(0.1, 5)).astype(dtype)
+        m[0, :3] = 0  # a zero and a block that is not all zeros
+        numel, nb = N * K, -(-N * K // block_size)
+        results = []
+        for fn in (blockwise.quantize_matmul_bnb4, C.quantize_matmul_bnb4):
+            packed, absmax = np.zeros((numel + 1) // 2, np.uint8), np.zeros(nb, dtype)
+            fn(packed, m, absmax, block_size, quant_type, N, K)
+            results.append((packed, absmax))
+        for a, b in zip(*results, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"N={N} K={K} bs={block_size}")
+
+
+def test_bnb4_refusals():
+    m = np.ones((4, 8), np.float32)
+    q = blockwise.quantize_matmul_bnb4
+    with pytest.raises(ValueError, match="quant_type must be 0"):
+        q(np.zeros(16, np.uint8), m, np.zeros(2, np.float32), 16, 2, 4, 8)
+    with pytest.raises(ValueError, match="absmax must hold 2 elements"):
+        q(np.zeros(16, np.uint8), m, np.zeros(3, np.float32), 16, 0, 4, 8)

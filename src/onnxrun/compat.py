@@ -130,7 +130,8 @@ def _build() -> dict[str, types.ModuleType]:
                   get_default_session_options=onnxrun.SessionOptions,
                   quantize_matmul_2bits=blockwise.quantize_matmul_2bits,
                   quantize_matmul_4bits=blockwise.quantize_matmul_4bits,
-                  quantize_matmul_8bits=blockwise.quantize_matmul_8bits)
+                  quantize_matmul_8bits=blockwise.quantize_matmul_8bits,
+                  quantize_matmul_bnb4=blockwise.quantize_matmul_bnb4)
 
     pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
     pybind = _module(_NAMES[2], "Re-exports onnxruntime_pybind11_state.", native)

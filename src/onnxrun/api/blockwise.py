@@ -1,5 +1,6 @@
 """onnxruntime's native block-wise weight quantizers (``onnxruntime.capi._pybind_state``):
-``quantize_matmul_2bits``, ``quantize_matmul_4bits``, ``quantize_matmul_8bits``.
+``quantize_matmul_2bits``, ``quantize_matmul_4bits``, ``quantize_matmul_8bits`` and the
+bitsandbytes 4-bit ``quantize_matmul_bnb4`` (at the end).
 
 Each quantizes a float weight ``src [K, N]`` in blocks of ``block_size`` along K into the buffers
 the caller allocated, in the layout of com.microsoft MatMulNBits: ``dst [N, K blocks,
@@ -127,3 +128,57 @@ def quantize_matmul_8bits(dst: np.ndarray, src: np.ndarray, scale: np.ndarray,
                           is_symmetric: bool) -> None:
     """8-bit MatMulNBits weights of ``src [K, N]`` into ``dst``, ``scale``, ``zero_point``."""
     _quantize_matmul(8, dst, src, scale, zero_point, block_size, N, K, is_symmetric)
+
+
+# bitsandbytes' 4-bit codes, as the upper bounds of each code's interval over values scaled to
+# [-1, 1] (a value takes the first code whose bound it does not exceed). FP4 is sign-magnitude:
+# the bounds are over |x|, the sign is the code's bit 3.
+_FP4_BOUNDS = np.array([0.00260417, 0.0859375, 0.20833333, 0.29166667, 0.4166667, 0.583333,
+                        0.8333333, 1], np.float32)
+_FP4_CODES = np.array([0, 1, 6, 7, 4, 5, 2, 3], np.uint8)
+_NF4_BOUNDS = np.array([-0.8480964004993439, -0.6106329262256622, -0.4599952697753906,
+                        -0.33967943489551544, -0.23460740596055984, -0.13791173323988914,
+                        -0.045525018125772476, 0.03979014977812767, 0.1202552504837513,
+                        0.2035212516784668, 0.2920137718319893, 0.3893125355243683,
+                        0.5016634166240692, 0.6427869200706482, 0.8614784181118011, 1.0],
+                       np.float32)
+FP4, NF4 = 0, 1
+
+
+def _first_bound(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Index of the first bound >= x; 0 past the last (as the reference's argmax)."""
+    i = np.searchsorted(bounds, x, side="left")
+    return np.where(i == len(bounds), 0, i)
+
+
+def quantize_matmul_bnb4(dst: np.ndarray, src: np.ndarray, absmax: np.ndarray, block_size: int,
+                         quant_type: int, N: int, K: int) -> None:
+    """bitsandbytes 4-bit (FP4 = 0 or NF4 = 1) quantization of ``src [N, K]`` (already
+    transposed) in blocks of ``block_size`` consecutive values: ``absmax`` gets each block's
+    largest magnitude, ``dst`` the codes, two a byte, the first in the high nibble."""
+    block_size, N, K, quant_type = int(block_size), int(N), int(K), int(quant_type)
+    if block_size < 16 or block_size & (block_size - 1):
+        raise InvalidArgument(f"block_size must be a power of 2 and >= 16, got {block_size}")
+    if quant_type not in (FP4, NF4):
+        raise InvalidArgument(f"quant_type must be 0 (FP4) or 1 (NF4), got {quant_type}")
+    if N <= 0 or K <= 0:
+        raise InvalidArgument(f"N and K must be positive, got N={N}, K={K}")
+    numel = N * K
+    nb = -(-numel // block_size)
+    _check("src", src, (N, K), (np.float32, np.float16), output=False)
+    _check("dst", dst, ((numel + 1) // 2,), (np.uint8,))
+    _check("absmax", absmax, (nb,), (src.dtype,))
+    blocks = np.zeros(nb * block_size, np.float32)
+    blocks[:numel] = src.reshape(-1)
+    blocks = blocks.reshape(nb, block_size)
+    peak = np.abs(blocks).max(axis=1)
+    with np.errstate(divide="ignore"):
+        reciprocal = np.where(peak != 0, np.float32(1) / peak, np.float32(0))
+    x = (blocks * reciprocal[:, None]).reshape(-1)
+    if quant_type == FP4:
+        codes = _FP4_CODES[_first_bound(np.abs(x), _FP4_BOUNDS)] + (x < 0).astype(np.uint8) * 8
+    else:
+        codes = _first_bound(x, _NF4_BOUNDS).astype(np.uint8)
+    packed = (codes[0::2] << np.uint8(4)) | codes[1::2]
+    dst.reshape(-1)[...] = packed[: (numel + 1) // 2]
+    absmax.reshape(-1)[...] = peak.astype(absmax.dtype)
