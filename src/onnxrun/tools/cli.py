@@ -21,6 +21,10 @@
     Quantize a model to 8 bits (dynamic by default; static with calibration inputs) and print
     the size and operator changes; see ``onnxrun.tools.quantize``.
 
+``onnxrun serve MODEL_REPOSITORY [--http-port 8000] [--host 127.0.0.1]``
+    Serve a Triton-style model repository (or one ``.onnx``) on the KServe v2 inference protocol
+    over HTTP, with Triton's dynamic batcher; see ``onnxrun.serve``.
+
 Each command is a module of this package (``quantize`` included) with ``add_parser`` and its
 ``cmd_*`` function; what they share lives in ``onnxrun.tools.common``. This module only builds
 the parser and dispatches.
@@ -37,10 +41,10 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import OnnxRunError
-from . import bench, info, optimize, quantize, run
+from . import bench, info, optimize, quantize, run, serve
 from .common import PROG, CliError, one_line
 
-COMMANDS = (info, run, bench, optimize, quantize)  # each adds its subcommand, in this order
+COMMANDS = (info, run, bench, optimize, quantize, serve)  # each adds its subcommand, in this order
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,333 @@
+"""The KServe v2 REST endpoint (what Triton's HTTP endpoint speaks), on Starlette + uvicorn.
+
+It only translates: a request's JSON and binary tensors become numpy arrays handed to the
+model's scheduler, and its outputs become JSON or binary tensors again (Triton's binary-tensor
+extension: a JSON header of ``Inference-Header-Content-Length`` bytes, then each binary tensor's
+``binary_data_size`` bytes in order). A request the protocol or the model cannot take is a 400
+whose ``error`` names what is wrong; the server and the other requests are unaffected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._version import __version__
+from ..errors import InvalidArgument, OnnxRunError
+from .repository import Model, Repository
+from .scheduler import Unavailable
+from .tensors import DATATYPES, datatype_of_array, element_count, from_bytes, to_bytes
+
+log = logging.getLogger("onnxrun.serve")
+
+MAX_REQUEST_BYTES = 256 << 20  # a larger body is refused (413) before it is read whole
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
+
+
+class BadRequest(InvalidArgument):
+    """A request that breaks the protocol (the endpoint answers 400 with this message)."""
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+# -- request decoding ---------------------------------------------------------------------
+
+_JSON_TYPES = {"b": (bool,), "i": (int,), "u": (int,), "f": (int, float)}
+
+
+def _flatten(data: Any, out: list) -> None:
+    if isinstance(data, list):
+        for item in data:
+            _flatten(item, out)
+    else:
+        out.append(data)
+
+
+def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    flat: list = []
+    _flatten(data, flat)
+    if len(flat) != element_count(shape):
+        raise BadRequest(f"input '{name}': {len(flat)} values for shape {shape} "
+                         f"({element_count(shape)} elements)")
+    dtype = DATATYPES[datatype]
+    if datatype == "BYTES":
+        if not all(isinstance(x, str) for x in flat):
+            raise BadRequest(f"input '{name}': BYTES data must be strings")
+        return np.array([x.encode() for x in flat], dtype=object).reshape(shape)
+    allowed = _JSON_TYPES[dtype.kind]
+    for x in flat:
+        if not isinstance(x, allowed) or (dtype.kind != "b" and isinstance(x, bool)):
+            raise BadRequest(f"input '{name}': {x!r} is not a {datatype} value")
+    try:
+        return np.array(flat, dtype=dtype.newbyteorder("=")).reshape(shape)
+    except OverflowError:
+        raise BadRequest(f"input '{name}': a value is out of the range of {datatype}") from None
+
+
+def _decode(header: Any, binary: bytes) -> tuple[dict[str, np.ndarray], dict[str, bool] | None,
+                                                  bool]:
+    """The inputs, the requested outputs ({name: binary?} or None: all) and the default
+    binary flag of an inference request."""
+    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
+        raise BadRequest("the request must be a JSON object with an 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in header["inputs"]:
+        if not isinstance(item, dict):
+            raise BadRequest("each input must be a JSON object")
+        name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
+        if not isinstance(name, str):
+            raise BadRequest("an input has no 'name'")
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        if datatype not in DATATYPES:
+            raise BadRequest(f"input '{name}': unknown datatype {datatype!r} (one of "
+                             f"{', '.join(DATATYPES)})")
+        if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise BadRequest(f"input '{name}': 'shape' must be a list of integers >= 0, "
+                             f"not {shape!r}")
+        params = item.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise BadRequest(f"input '{name}': binary_data_size must be an integer >= 0")
+            if offset + size > len(binary):
+                raise BadRequest(f"input '{name}': binary_data_size {size} runs past the "
+                                 f"{len(binary) - offset} binary bytes left in the request")
+            inputs[name] = from_bytes(binary[offset:offset + size], datatype, shape, name)
+            offset += size
+        elif "data" in item:
+            inputs[name] = _json_tensor(name, datatype, shape, item["data"])
+        else:
+            raise BadRequest(f"input '{name}' has neither 'data' nor a binary_data_size")
+    if offset != len(binary):
+        raise BadRequest(f"the inputs' binary_data_size add up to {offset} bytes, but "
+                         f"{len(binary)} binary bytes follow the JSON header")
+    params = header.get("parameters") or {}
+    binary_default = bool(params.get("binary_data_output", False)) if isinstance(
+        params, dict) else False
+    outputs = header.get("outputs")
+    if outputs is None:
+        return inputs, None, binary_default
+    if not isinstance(outputs, list):
+        raise BadRequest("'outputs' must be a list")
+    requested: dict[str, bool] = {}
+    for item in outputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest("each requested output must be a JSON object with a 'name'")
+        oparams = item.get("parameters") or {}
+        if not isinstance(oparams, dict):
+            raise BadRequest(f"output '{item['name']}': 'parameters' must be an object")
+        if oparams.get("classification"):
+            raise BadRequest(f"output '{item['name']}': the classification extension is not "
+                             "supported")
+        requested[item["name"]] = bool(oparams.get("binary_data", binary_default))
+    return inputs, requested, binary_default
+
+
+def _encode(model: Model, header: dict, results: dict[str, np.ndarray],
+            binary: dict[str, bool]) -> Response:
+    outputs, chunks = [], []
+    for name, array in results.items():
+        array = np.asarray(array)
+        out: dict[str, Any] = {"name": name, "datatype": datatype_of_array(array),
+                               "shape": list(array.shape)}
+        if binary[name]:
+            raw = to_bytes(array)
+            out["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif out["datatype"] == "BYTES":
+            out["data"] = [x.decode() if isinstance(x, bytes) else str(x)
+                           for x in array.reshape(-1)]
+        else:
+            out["data"] = array.reshape(-1).tolist()
+        outputs.append(out)
+    reply: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    if "id" in header:
+        reply["id"] = header["id"]
+    reply["outputs"] = outputs
+    body = json.dumps(reply).encode()
+    if not chunks:
+        return Response(body, media_type="application/json")
+    return Response(body + b"".join(chunks), media_type="application/octet-stream",
+                    headers={"Inference-Header-Content-Length": str(len(body))})
+
+
+async def _read_body(request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_REQUEST_BYTES:
+        raise BadRequest(f"the request body of {length} bytes exceeds {MAX_REQUEST_BYTES}")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise BadRequest(f"the request body exceeds {MAX_REQUEST_BYTES} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+# -- the application ----------------------------------------------------------------------
+
+def _model_metadata(model: Model) -> dict[str, Any]:
+    def tensors(specs):
+        return [{"name": s.name, "datatype": s.datatype, "shape": model.shape_of(s)}
+                for s in specs]
+    return {"name": model.name, "versions": [model.version], "platform": "onnxruntime_onnx",
+            "inputs": tensors(model.inputs), "outputs": tensors(model.outputs)}
+
+
+def _model_config(model: Model) -> dict[str, Any]:
+    cfg = model.config
+
+    def tensors(specs):
+        return [{"name": s.name, "data_type": f"TYPE_{s.datatype.replace('BYTES', 'STRING')}",
+                 "dims": s.dims} for s in specs]
+    out: dict[str, Any] = {"name": model.name, "platform": "onnxruntime_onnx",
+                           "backend": "onnxruntime", "max_batch_size": cfg.max_batch_size,
+                           "input": tensors(model.inputs), "output": tensors(model.outputs),
+                           "instance_group": [{"count": cfg.instance_count, "kind": "KIND_CPU"}],
+                           "version_policy": {"latest": {"num_versions": 1}}}
+    if cfg.dynamic_batching:
+        out["dynamic_batching"] = {"preferred_batch_size": cfg.preferred_batch_size,
+                                   "max_queue_delay_microseconds": cfg.max_queue_delay_us}
+    return out
+
+
+def _model_stats(model: Model) -> dict[str, Any]:
+    s = model.scheduler.stats
+
+    def d(x):
+        return {"count": x.count, "ns": x.ns}
+    zero = {"count": 0, "ns": 0}
+    return {"name": model.name, "version": model.version,
+            "last_inference": s.last_inference_ms, "inference_count": s.inference_count,
+            "execution_count": s.execution_count,
+            "inference_stats": {"success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
+                                "compute_input": zero, "compute_infer": d(s.compute_infer),
+                                "compute_output": zero},
+            "batch_stats": [{"batch_size": b, "compute_input": zero,
+                             "compute_infer": d(x), "compute_output": zero}
+                            for b, x in sorted(s.batch_sizes.items())]}
+
+
+def create_app(repository: Repository) -> Starlette:
+    """The ASGI application serving ``repository``."""
+
+    def model_of(request: Request) -> Model:
+        p = request.path_params
+        return repository.model(p["name"], p.get("version"))
+
+    async def live(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def ready(request: Request) -> Response:
+        # Triton's strict readiness: ready when every model of the repository is.
+        ok = all(e.ready for e in repository.entries.values())
+        return Response(status_code=200 if ok else 400)
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": "onnxrun", "version": __version__,
+                             "extensions": EXTENSIONS})
+
+    async def model_ready(request: Request) -> Response:
+        try:
+            model_of(request)
+        except InvalidArgument:
+            return Response(status_code=400)
+        return Response(status_code=200)
+
+    async def model_metadata(request: Request) -> Response:
+        return JSONResponse(_model_metadata(model_of(request)))
+
+    async def model_config(request: Request) -> Response:
+        return JSONResponse(_model_config(model_of(request)))
+
+    async def model_stats(request: Request) -> Response:
+        if "name" in request.path_params:
+            models = [model_of(request)]
+        else:
+            models = [e.model for e in repository.entries.values() if e.model is not None]
+        return JSONResponse({"model_stats": [_model_stats(m) for m in models]})
+
+    async def repository_index(request: Request) -> Response:
+        return JSONResponse([
+            {"name": e.name, **({"version": e.version} if e.version else {}),
+             "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
+            for e in repository.entries.values()])
+
+    async def infer(request: Request) -> Response:
+        model = model_of(request)
+        body = await _read_body(request)
+        length = request.headers.get("inference-header-content-length")
+        if length is None:
+            head, binary = body, b""
+        else:
+            if not length.isdigit() or int(length) > len(body):
+                raise BadRequest(f"Inference-Header-Content-Length {length!r} is not a length "
+                                 f"within the {len(body)}-byte body")
+            head, binary = body[:int(length)], body[int(length):]
+        try:
+            header = json.loads(head)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BadRequest(f"the request's JSON is malformed: {e}") from None
+        except RecursionError:
+            raise BadRequest("the request's JSON is nested too deeply") from None
+        try:
+            inputs, requested, binary_default = _decode(header, binary)
+        except RecursionError:
+            raise BadRequest("an input's data is nested too deeply") from None
+        future = model.scheduler.submit(inputs, list(requested) if requested is not None
+                                        else None)
+        results = await asyncio.wrap_future(future)
+        binary_flags = requested or dict.fromkeys(results, binary_default)
+        return _encode(model, header, results, binary_flags)
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, Unavailable):
+            return _error(503, str(exc))
+        if isinstance(exc, InvalidArgument):
+            return _error(400, str(exc))
+        if isinstance(exc, OnnxRunError):  # the model failed on a request it accepted
+            log.warning("%s %s: %s", request.method, request.url.path, exc)
+            return _error(500, str(exc))
+        log.exception("%s %s failed", request.method, request.url.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    m = "/v2/models/{name}"
+    mv = "/v2/models/{name}/versions/{version}"
+    routes = [
+        Route("/v2/health/live", live), Route("/v2/health/ready", ready),
+        Route("/v2", server_metadata),
+        Route("/v2/models/stats", model_stats),
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+    ]
+    for base in (m, mv):
+        routes += [Route(base, model_metadata), Route(base + "/ready", model_ready),
+                   Route(base + "/config", model_config), Route(base + "/stats", model_stats),
+                   Route(base + "/infer", infer, methods=["POST"])]
+    # OnnxRunError's handler answers and is done; Exception's (a bug) also logs the traceback.
+    return Starlette(routes=routes,
+                     exception_handlers={OnnxRunError: on_error, Exception: on_error})
+
+
+def serve(repository: Repository, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info") -> None:
+    """Serve ``repository`` over HTTP until SIGINT / SIGTERM (uvicorn finishes the requests
+    in flight and refuses new connections), then stop the models' instances."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(repository), host=host, port=port, log_level=log_level)
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        repository.close()

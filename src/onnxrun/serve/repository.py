@@ -1,0 +1,198 @@
+"""The model repository: Triton's layout, ``<repository>/<name>/<version>/model.onnx`` with an
+optional ``<name>/config.pbtxt``; the highest numeric version is served (version policy
+``latest``). A single ``.onnx`` path serves one model, named after its file, as version 1.
+
+A model that fails to load is kept with its reason (not ready) and the others serve."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..api.session import InferenceSession
+from ..errors import InvalidArgument, OnnxRunError
+from .config import ModelConfig, read_config
+from .scheduler import Scheduler
+from .tensors import DATATYPES, datatype_of_ort_type
+
+log = logging.getLogger("onnxrun.serve")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input or output as the protocol shows it: the batch dimension is left out of
+    ``dims`` when the model batches (max_batch_size > 0), as Triton's config does."""
+
+    name: str
+    datatype: str
+    dims: list[int]  # -1: any size
+
+
+class ModelError(InvalidArgument):
+    """A request that the model cannot take (the endpoint answers 400 with this message)."""
+
+
+class Model:
+    """One served model: its metadata, its sessions (one per instance) and its scheduler."""
+
+    def __init__(self, name: str, version: str, path: Path, config: ModelConfig):
+        self.name, self.version, self.path, self.config = name, version, path, config
+        sessions = [InferenceSession(str(path)) for _ in range(config.instance_count)]
+        self.inputs = self._specs(name, sessions[0].get_inputs(), "input")
+        self.outputs = self._specs(name, sessions[0].get_outputs(), "output")
+        self.scheduler = Scheduler(self, sessions)
+
+    def _specs(self, model: str, args: list, kind: str) -> list[TensorSpec]:
+        specs = []
+        for arg in args:
+            datatype = datatype_of_ort_type(arg.type)
+            if datatype is None:
+                raise InvalidArgument(f"model '{model}': {kind} '{arg.name}' of type {arg.type} "
+                                      "has no KServe v2 data type")
+            dims = [d if isinstance(d, int) and d >= 0 else -1 for d in (arg.shape or [])]
+            if self.config.max_batch_size > 0:
+                if not dims or dims[0] != -1:
+                    raise InvalidArgument(
+                        f"model '{model}': max_batch_size {self.config.max_batch_size} needs a "
+                        f"dynamic first dimension, but {kind} '{arg.name}' has shape {arg.shape}")
+                dims = dims[1:]
+            specs.append(TensorSpec(arg.name, datatype, dims))
+        return specs
+
+    def shape_of(self, spec: TensorSpec) -> list[int]:
+        """The shape shown in metadata: -1 first for the batch dimension when batching."""
+        return ([-1] if self.config.max_batch_size > 0 else []) + list(spec.dims)
+
+    def check_inputs(self, inputs: dict[str, np.ndarray]) -> int:
+        """Check a request's tensors against the model; returns its batch size (1 when the
+        model does not batch). Every mismatch is a ModelError naming the input."""
+        expected = {s.name: s for s in self.inputs}
+        for name in inputs:
+            if name not in expected:
+                raise ModelError(f"model '{self.name}' has no input '{name}' (its inputs: "
+                                 f"{', '.join(expected)})")
+        missing = [n for n in expected if n not in inputs]
+        if missing:
+            raise ModelError(f"model '{self.name}': missing input(s) {', '.join(missing)}")
+        batch = None
+        for spec in self.inputs:
+            array = inputs[spec.name]
+            if array.dtype != DATATYPES[spec.datatype].newbyteorder("="):
+                if not (spec.datatype == "BYTES" and array.dtype == object):
+                    raise ModelError(f"model '{self.name}': input '{spec.name}' is {spec.datatype},"
+                                     f" not {array.dtype}")
+            shape = list(array.shape)
+            dims = shape
+            if self.config.max_batch_size > 0:
+                if not shape:
+                    raise ModelError(f"model '{self.name}': input '{spec.name}' needs a batch "
+                                     "dimension first")
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise ModelError(f"model '{self.name}': input '{spec.name}' has batch size "
+                                     f"{shape[0]}, the others {batch}")
+                dims = shape[1:]
+            if len(dims) != len(spec.dims) or any(
+                    d != e and e != -1 for d, e in zip(dims, spec.dims, strict=True)):
+                raise ModelError(f"model '{self.name}': input '{spec.name}' has shape {shape}, "
+                                 f"the model takes {self.shape_of(spec)}")
+        if self.config.max_batch_size > 0:
+            if batch is None or batch < 1:
+                raise ModelError(f"model '{self.name}': batch size must be >= 1, not {batch}")
+            if batch > self.config.max_batch_size:
+                raise ModelError(f"model '{self.name}': batch size {batch} exceeds its "
+                                 f"max_batch_size {self.config.max_batch_size}")
+            return batch
+        return 1
+
+    def check_outputs(self, names: list[str] | None) -> list[str]:
+        known = [s.name for s in self.outputs]
+        if names is None:
+            return known
+        for name in names:
+            if name not in known:
+                raise ModelError(f"model '{self.name}' has no output '{name}' (its outputs: "
+                                 f"{', '.join(known)})")
+        return list(names)
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+@dataclass
+class Entry:
+    """A model name in the repository: its model when loaded, else why not."""
+
+    name: str
+    version: str | None
+    model: Model | None
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.model is not None
+
+
+class Repository:
+    """The models of a repository folder (or of one ``.onnx`` file), loaded at start."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise InvalidArgument(f"model repository '{path}' does not exist")
+        self.entries: dict[str, Entry] = {}
+        if self.path.is_file():
+            if self.path.suffix != ".onnx":
+                raise InvalidArgument(f"'{path}' is neither a model repository folder nor an "
+                                      ".onnx file")
+            self._load(self.path.stem, "1", self.path, ModelConfig())
+        else:
+            for folder in sorted(p for p in self.path.iterdir() if p.is_dir()):
+                self._load_folder(folder)
+
+    def _load_folder(self, folder: Path) -> None:
+        name = folder.name
+        versions = sorted(int(p.name) for p in folder.iterdir()
+                           if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
+        if not versions:
+            self.entries[name] = Entry(name, None, None, "no <version>/model.onnx found")
+            return
+        try:
+            config_path = folder / "config.pbtxt"
+            config = (read_config(config_path.read_text()) if config_path.is_file()
+                      else ModelConfig())
+        except (OnnxRunError, OSError, UnicodeDecodeError) as e:
+            self.entries[name] = Entry(name, str(versions[-1]), None, str(e))
+            log.error("model '%s' not loaded: %s", name, e)
+            return
+        self._load(name, str(versions[-1]), folder / str(versions[-1]) / "model.onnx", config)
+
+    def _load(self, name: str, version: str, path: Path, config: ModelConfig) -> None:
+        try:
+            self.entries[name] = Entry(name, version, Model(name, version, path, config))
+            log.info("model '%s' version %s loaded from %s", name, version, path)
+        except (OnnxRunError, OSError, ValueError) as e:
+            self.entries[name] = Entry(name, version, None, str(e))
+            log.error("model '%s' not loaded: %s", name, e)
+
+    def model(self, name: str, version: str | None = None) -> Model:
+        """The ready model of that name (and version, when given), else a ModelError."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise ModelError(f"Request for unknown model: '{name}' is not found")
+        if entry.model is None:
+            raise ModelError(f"Request for unknown model: '{name}' is not ready: {entry.reason}")
+        if version not in (None, "", entry.version):
+            raise ModelError(f"Request for unknown model: '{name}' version {version} is not "
+                             f"found (served: {entry.version})")
+        return entry.model
+
+    def close(self) -> None:
+        for entry in self.entries.values():
+            if entry.model is not None:
+                entry.model.close()

@@ -1,0 +1,187 @@
+"""A model's scheduler: its request queue, its dynamic batcher and its instances.
+
+Each instance is one session run by one thread. Without ``dynamic_batching`` (or with
+``max_batch_size`` 0) an instance takes one request at a time. With it, an instance takes the
+oldest request and the later ones of the same signature (dtypes and non-batch dimensions:
+requests of different shapes are never merged), in arrival order, up to ``max_batch_size``; it
+runs them as soon as they reach the largest preferred batch size (else ``max_batch_size``), or
+when the oldest has waited ``max_queue_delay_microseconds``. The merged batch is one session
+call along dimension 0, and its outputs are split back. Requests are dicts of numpy arrays."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import Fail, OnnxRunError
+
+
+class Unavailable(Fail):
+    """The model is shutting down: the request was not queued (the endpoint answers 503)."""
+
+
+@dataclass
+class Request:
+    inputs: dict[str, np.ndarray]
+    outputs: list[str]
+    batch: int
+    signature: tuple
+    arrival_ns: int
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+
+@dataclass
+class Statistics:
+    """Triton's per-model statistics (what ``/v2/models/{name}/stats`` shows)."""
+
+    inference_count: int = 0  # batch items inferred
+    execution_count: int = 0  # session runs
+    last_inference_ms: int = 0
+    success: Duration = field(default_factory=Duration)
+    fail: Duration = field(default_factory=Duration)
+    queue: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    batch_sizes: dict[int, Duration] = field(default_factory=dict)  # executions by batch size
+
+
+class Scheduler:
+    """``model`` is the repository's Model (its name, config, outputs and request checks;
+    not imported here: the repository imports this module)."""
+
+    def __init__(self, model: Any, sessions: list[Any]):
+        self.model = model
+        cfg = model.config
+        self.batching = cfg.dynamic_batching and cfg.max_batch_size > 0
+        self.max_batch = cfg.max_batch_size
+        self.target = max(cfg.preferred_batch_size, default=cfg.max_batch_size)
+        self.delay_ns = cfg.max_queue_delay_us * 1000
+        self.stats = Statistics()
+        self._queue: list[Request] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True,
+                                          name=f"onnxrun-serve-{model.name}-{i}")
+                         for i, s in enumerate(sessions)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> Future:
+        """Queue a request; its future gets ``{output name: array}``. A request the model
+        cannot take raises here (a ModelError), before it is queued."""
+        batch = self.model.check_inputs(inputs)
+        names = self.model.check_outputs(outputs)
+        skip = 1 if self.model.config.max_batch_size > 0 else 0
+        signature = tuple((n, a.dtype.str, a.shape[skip:]) for n, a in sorted(inputs.items()))
+        request = Request(inputs, names, batch, signature, time.monotonic_ns())
+        with self._cond:
+            if self._closed:
+                raise Unavailable(f"model '{self.model.name}' is shutting down")
+            self._queue.append(request)
+            self._cond.notify()
+        return request.future
+
+    def close(self) -> None:
+        """Refuse new requests, finish the queued ones, stop the instances."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join()
+
+    # -- the instances --------------------------------------------------------------------
+
+    def _serve(self, session: Any) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                group = self._take()
+            self._run(session, group)
+
+    def _take(self) -> list[Request]:
+        """The next batch to run (called holding the lock, with a non-empty queue)."""
+        if not self.batching:
+            return [self._queue.pop(0)]
+        while True:
+            oldest = self._queue[0]
+            group, total = [], 0
+            for r in self._queue:
+                if r.signature == oldest.signature and total + r.batch <= self.max_batch:
+                    group.append(r)
+                    total += r.batch
+            wait_ns = oldest.arrival_ns + self.delay_ns - time.monotonic_ns()
+            if total >= self.target or wait_ns <= 0 or self._closed:
+                taken = {id(r) for r in group}
+                self._queue = [r for r in self._queue if id(r) not in taken]
+                if self._queue:
+                    self._cond.notify()  # another instance may take the rest
+                return group
+            self._cond.wait(wait_ns / 1e9)
+            if not self._queue:  # another instance took them
+                return []
+
+    def _run(self, session: Any, group: list[Request]) -> None:
+        if not group:
+            return
+        start = time.monotonic_ns()
+        names = [s.name for s in self.model.outputs
+                 if any(s.name in r.outputs for r in group)]
+        try:
+            if len(group) == 1:
+                feeds = group[0].inputs
+            else:
+                feeds = {n: np.concatenate([r.inputs[n] for r in group])
+                         for n in group[0].inputs}
+            results = dict(zip(names, session.run(names, feeds), strict=True))
+            total = sum(r.batch for r in group)
+            if len(group) > 1:
+                for n, v in results.items():
+                    if np.ndim(v) == 0 or v.shape[0] != total:
+                        raise Fail(f"model '{self.model.name}': output '{n}' has shape "
+                                   f"{list(np.shape(v))}, not a batch of {total} to split back")
+        except (OnnxRunError, ValueError, TypeError, MemoryError) as e:
+            end = time.monotonic_ns()
+            with self._cond:
+                for r in group:
+                    self.stats.fail.add(end - r.arrival_ns)
+            for r in group:
+                r.future.set_exception(e)
+            return
+        end = time.monotonic_ns()
+        offset = 0
+        replies = []
+        for r in group:
+            if len(group) == 1:
+                replies.append({n: results[n] for n in r.outputs})
+            else:
+                replies.append({n: results[n][offset:offset + r.batch] for n in r.outputs})
+            offset += r.batch
+        with self._cond:
+            s = self.stats
+            s.execution_count += 1
+            s.inference_count += total
+            s.last_inference_ms = time.time_ns() // 1_000_000
+            s.compute_infer.add(end - start)
+            s.batch_sizes.setdefault(total, Duration()).add(end - start)
+            for r in group:
+                s.queue.add(start - r.arrival_ns)
+                s.success.add(end - r.arrival_ns)
+        for r, reply in zip(group, replies, strict=True):
+            r.future.set_result(reply)

@@ -1,0 +1,44 @@
+"""``onnxrun serve MODEL_REPOSITORY [--http-port 8000] [--host 127.0.0.1]``: serve the models of
+a Triton-style model repository (or one ``.onnx`` file) on the KServe v2 inference protocol;
+see ``onnxrun.serve``. Needs ``pip install "onnxrun[serve]"``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from .common import CliError
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from ..serve.http import serve
+    except ImportError as e:
+        if e.name not in ("starlette", "uvicorn"):
+            raise
+        raise CliError(f"onnxrun serve needs its extra: pip install \"onnxrun[serve]\" ({e})") \
+            from None
+    from ..serve.repository import Repository
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    repository = Repository(args.model_repository)
+    if not repository.entries:
+        raise CliError(f"no model found in '{args.model_repository}' (expected "
+                       "<name>/<version>/model.onnx folders or an .onnx file)")
+    serve(repository, host=args.host, port=args.http_port, log_level=args.log_level)
+    return 0
+
+
+def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", parents=parents,
+                       help="serve models on the KServe v2 / Triton inference protocol")
+    p.add_argument("model_repository",
+                   help="a folder of <name>/<version>/model.onnx (+ config.pbtxt), or one .onnx")
+    p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)
+    return p

@@ -1,0 +1,296 @@
+"""``onnxrun serve``: the real server process on 127.0.0.1, driven by tritonclient unchanged
+(KServe v2 over HTTP, JSON and binary tensors), its dynamic batcher (checked through the
+server's statistics, never timing) and its 400s for bad requests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnx.parser
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+httpclient = pytest.importorskip("tritonclient.http")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+import onnxrun  # noqa: E402
+from onnxrun.errors import InvalidArgument  # noqa: E402
+from onnxrun.serve.config import read_config  # noqa: E402
+from onnxrun.serve.repository import Repository  # noqa: E402
+
+ADDMUL = """<ir_version: 8, opset_import: ["" : 17]>
+addmul (float[N, 4] x, float[N, 4] y) => (float[N, 4] sum, float[N, 4] prod) {
+  sum = Add(x, y)
+  prod = Mul(x, y)
+}"""
+# a dynamic non-batch dimension: requests of different M must never be merged
+SEQ = """<ir_version: 8, opset_import: ["" : 17]>
+seq (float[N, M] x) => (float[N] total, int64[N, M] positive) {
+  axes = Constant <value: tensor = int64[1] {1}> ()
+  total = ReduceSum <keepdims: int = 0> (x, axes)
+  zero = Constant <value: tensor = float {0}> ()
+  greater = Greater (x, zero)
+  positive = Cast <to: int = 7> (greater)
+}"""
+BATCHING = "dynamic_batching {{ preferred_batch_size: [ {0} ] max_queue_delay_microseconds: " \
+           "20000000 }}"  # 20 s: a group runs when it reaches its preferred size, not on time
+
+
+def _write(root, name, text, config=None, version=1):
+    os.makedirs(root / name / str(version), exist_ok=True)
+    onnx.save(onnx.parser.parse_model(text), str(root / name / str(version) / "model.onnx"))
+    if config is not None:
+        (root / name / "config.pbtxt").write_text(config)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repository")
+    _write(root, "addmul", ADDMUL, "max_batch_size: 8\ninstance_group [ { count: 2 } ]")
+    _write(root, "addmul", ADDMUL, "max_batch_size: 8", version=3)  # the latest is served
+    _write(root, "batched", ADDMUL, f"max_batch_size: 8\n{BATCHING.format(4)}")
+    _write(root, "seq", SEQ, f'name: "seq"\nmax_batch_size: 4\n{BATCHING.format(2)}')
+    _write(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
+    os.makedirs(root / "broken" / "1")
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    port = _free_port()
+    log = open(root / "server.log", "w+b")  # noqa: SIM115 - a file, not a pipe that could fill
+    proc = subprocess.Popen([sys.executable, "-m", "onnxrun", "serve", str(root), "--http-port",
+                             str(port), "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", concurrency=8)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if client.is_server_live():
+                break
+        except Exception:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            log.seek(0)
+            pytest.fail(f"the server did not start: {log.read().decode()}")
+        time.sleep(0.1)
+    yield client, port, root
+    client.close()
+    proc.terminate()  # graceful: uvicorn finishes, then exits by the signal it got
+    assert proc.wait(timeout=30) in (0, -15)
+    log.seek(0)
+    text = log.read().decode()
+    log.close()
+    assert "Traceback" not in text, text  # no request crashed a handler
+
+
+def _inputs(x, y, binary=True):
+    out = []
+    for name, v in (("x", x), ("y", y)):
+        i = httpclient.InferInput(name, list(v.shape), "FP32")
+        i.set_data_from_numpy(v, binary_data=binary)
+        out.append(i)
+    return out
+
+
+def _reference(name, feeds):
+    text = {"addmul": ADDMUL, "seq": SEQ}[name]
+    sess = onnxrun.InferenceSession(onnx.parser.parse_model(text).SerializeToString())
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+
+
+def test_health_and_metadata(server):
+    client, _, _ = server
+    assert client.is_server_live()
+    assert not client.is_server_ready()  # strict readiness: the broken model is not
+    assert client.is_model_ready("addmul")
+    assert client.is_model_ready("addmul", "3")
+    assert not client.is_model_ready("addmul", "1")
+    assert not client.is_model_ready("broken")
+    assert not client.is_model_ready("nosuch")
+    meta = client.get_model_metadata("addmul")
+    assert meta["versions"] == ["3"]
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+                              {"name": "y", "datatype": "FP32", "shape": [-1, 4]}]
+    assert [o["name"] for o in meta["outputs"]] == ["sum", "prod"]
+    assert client.get_model_metadata("fixed")["inputs"][0]["shape"] == [-1, 4]
+    assert client.get_server_metadata()["name"] == "onnxrun"
+    config = client.get_model_config("batched")
+    assert config["max_batch_size"] == 8
+    assert config["dynamic_batching"]["preferred_batch_size"] == [4]
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["addmul"]["state"] == "READY" and index["addmul"]["version"] == "3"
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "protobuf" in index["broken"]["reason"]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_infer_matches_session(server, binary):
+    client, _, _ = server
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((3, 4), dtype=np.float32) for _ in range(2))
+    expected = _reference("addmul", {"x": x, "y": y})
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("sum", "prod")]
+    result = client.infer("addmul", _inputs(x, y, binary), outputs=outputs, request_id="r7")
+    assert result.get_response()["id"] == "r7"
+    for name in ("sum", "prod"):
+        np.testing.assert_array_equal(result.as_numpy(name), expected[name])
+    # requested outputs: only those come back; no outputs named: all of them, binary
+    only = client.infer("fixed", _inputs(x[:1], y[:1], binary),
+                        outputs=[httpclient.InferRequestedOutput("prod", binary_data=binary)])
+    assert [o["name"] for o in only.get_response()["outputs"]] == ["prod"]
+    np.testing.assert_array_equal(only.as_numpy("prod"), expected["prod"][:1])
+    every = client.infer("addmul", _inputs(x, y, binary), model_version="3")
+    np.testing.assert_array_equal(every.as_numpy("sum"), expected["sum"])
+
+
+def _stats(client, name):
+    return client.get_inference_statistics(name)["model_stats"][0]
+
+
+def test_dynamic_batcher_merges_concurrent_requests(server):
+    client, _, _ = server
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1, 4), dtype=np.float32) for _ in range(4)]
+    before = _stats(client, "batched")
+    pending = [client.async_infer("batched", _inputs(x, x)) for x in xs]
+    for x, p in zip(xs, pending, strict=True):
+        np.testing.assert_array_equal(p.get_result().as_numpy("prod"), x * x)
+    after = _stats(client, "batched")
+    assert after["inference_count"] - before["inference_count"] == 4
+    assert after["execution_count"] - before["execution_count"] == 1  # one session call
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]} == {4: 1}
+
+
+def test_dynamic_batcher_never_merges_different_shapes(server):
+    client, _, _ = server
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((1, m), dtype=np.float32) for m in (3, 5, 3, 5)]
+    pending = []
+    for x in xs:
+        i = httpclient.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        pending.append(client.async_infer("seq", [i]))
+    for x, p in zip(xs, pending, strict=True):
+        result = p.get_result()
+        expected = _reference("seq", {"x": x})
+        np.testing.assert_array_equal(result.as_numpy("total"), expected["total"])
+        np.testing.assert_array_equal(result.as_numpy("positive"), expected["positive"])
+    stats = _stats(client, "seq")
+    assert stats["inference_count"] == 4 and stats["execution_count"] == 2
+    assert {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]} == {2: 2}
+
+
+def _post(port, path, body: bytes, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", path, body, headers or {})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _json_request(x_shape=(1, 4), x_type="FP32", x_data=None, name="x", y_batch=None):
+    data = x_data if x_data is not None else [0.5] * int(np.prod(x_shape))
+    y_batch = x_shape[0] if y_batch is None else y_batch
+    return {"inputs": [{"name": name, "datatype": x_type, "shape": list(x_shape), "data": data},
+                       {"name": "y", "datatype": "FP32", "shape": [y_batch, 4],
+                        "data": [1] * 4 * y_batch}]}
+
+
+@pytest.mark.parametrize("body, reason", [
+    (b'{"inputs": [', "malformed"),
+    (b'[1, 2]', "'inputs' list"),
+    (json.dumps(_json_request(name="z")).encode(), "no input 'z'"),
+    (json.dumps(_json_request(x_type="INT32", x_data=[1] * 4)).encode(), "input 'x' is FP32"),
+    (json.dumps(_json_request(x_type="FP99")).encode(), "unknown datatype"),
+    (json.dumps(_json_request(x_shape=(1, 5))).encode(), "shape [1, 5]"),
+    (json.dumps(_json_request(x_shape=(1, 4), x_data=[1.0] * 3)).encode(), "3 values"),
+    (json.dumps(_json_request(x_type="INT64", x_data=[1.5] * 4)).encode(), "not a INT64"),
+    (json.dumps(_json_request(x_shape=(9, 4))).encode(), "exceeds its max_batch_size 8"),
+    (json.dumps(_json_request(x_shape=(2, 4), y_batch=1)).encode(), "batch size 1, the others 2"),
+])
+def test_bad_json_requests_get_400(server, body, reason):
+    _, port, _ = server
+    status, reply = _post(port, "/v2/models/addmul/infer", body)
+    assert status == 400, reply
+    assert reason in json.loads(reply)["error"]
+
+
+def test_bad_binary_requests_get_400(server):
+    client, port, _ = server
+    x = np.ones((1, 4), np.float32)
+    header = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 4],
+                          "parameters": {"binary_data_size": 16}} for n in ("x", "y")]}
+    head = json.dumps(header).encode()
+    good = head + x.tobytes() * 2
+    hl = {"Inference-Header-Content-Length": str(len(head))}
+    status, reply = _post(port, "/v2/models/addmul/infer", good, hl)
+    assert status == 200, reply
+    for body, headers, reason in [
+        (good[:-1], hl, "runs past"),                       # truncated payload
+        (good + b"\0", hl, "add up to 32 bytes, but 33"),    # bytes left over
+        (good, {"Inference-Header-Content-Length": str(len(good) + 1)}, "not a length"),
+        (good, {"Inference-Header-Content-Length": "3"}, "malformed"),
+    ]:
+        status, reply = _post(port, "/v2/models/addmul/infer", body, headers)
+        assert status == 400, reply
+        assert reason in json.loads(reply)["error"]
+    with pytest.raises(InferenceServerException, match="exceeds its max_batch_size") as e:
+        big = np.ones((9, 4), np.float32)
+        client.infer("addmul", _inputs(big, big))
+    assert e.value.status() == "400"
+    with pytest.raises(InferenceServerException, match="unknown model") as e:
+        client.infer("broken", _inputs(x, x))
+    assert e.value.status() == "400"
+    assert client.is_server_live()  # and still serving
+    np.testing.assert_array_equal(client.infer("addmul", _inputs(x, x)).as_numpy("sum"), 2 * x)
+
+
+def test_single_onnx_file_is_one_model(tmp_path):
+    path = tmp_path / "mymodel.onnx"
+    onnx.save(onnx.parser.parse_model(ADDMUL), str(path))
+    repository = Repository(path)
+    try:
+        model = repository.model("mymodel")
+        assert model.version == "1" and model.config.max_batch_size == 0
+        x = np.ones((2, 4), np.float32)
+        result = model.scheduler.submit({"x": x, "y": x}, ["sum"]).result(timeout=30)
+        assert list(result) == ["sum"]
+        np.testing.assert_array_equal(result["sum"], 2 * x)
+    finally:
+        repository.close()
+
+
+def test_config_subset():
+    cfg = read_config("""
+        name: "m"  # a comment
+        max_batch_size: 16
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
+        dynamic_batching { preferred_batch_size: [ 8, 4 ] max_queue_delay_microseconds: 100 }
+        instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 } ]
+        version_policy: { latest: { num_versions: 1 } }
+    """)
+    assert (cfg.max_batch_size, cfg.preferred_batch_size, cfg.max_queue_delay_us,
+            cfg.instance_count) == (16, [4, 8], 100, 3)
+    with pytest.raises(InvalidArgument, match="preferred_batch_size 32"):
+        read_config("max_batch_size: 8 dynamic_batching { preferred_batch_size: 32 }")
+    with pytest.raises(InvalidArgument, match="needs max_batch_size"):
+        read_config("dynamic_batching { }")
+    with pytest.raises(InvalidArgument, match="version_policy"):
+        read_config("version_policy: { all: { } }")
+    with pytest.raises(InvalidArgument, match="missing"):
+        read_config("dynamic_batching { max_queue_delay_microseconds: 1")
