@@ -68,10 +68,11 @@ def server(tmp_path_factory):
     _write(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
     os.makedirs(root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     log = open(root / "server.log", "w+b")  # noqa: SIM115 - a file, not a pipe that could fill
-    proc = subprocess.Popen([sys.executable, "-m", "onnxrun", "serve", str(root), "--http-port",
-                             str(port), "--log-level", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "onnxrun", "serve", str(root),
+                             "--http-port", str(port), "--metrics-port", str(metrics_port),
+                             "--log-level", "warning"],
                             stdout=log, stderr=subprocess.STDOUT)
     client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", concurrency=8)
     deadline = time.monotonic() + 60
@@ -86,6 +87,7 @@ def server(tmp_path_factory):
             log.seek(0)
             pytest.fail(f"the server did not start: {log.read().decode()}")
         time.sleep(0.1)
+    client.metrics_port = metrics_port
     yield client, port, root
     client.close()
     proc.terminate()  # graceful: uvicorn finishes, then exits by the signal it got
@@ -258,6 +260,44 @@ def test_bad_binary_requests_get_400(server):
     assert e.value.status() == "400"
     assert client.is_server_live()  # and still serving
     np.testing.assert_array_equal(client.infer("addmul", _inputs(x, x)).as_numpy("sum"), 2 * x)
+
+
+def _metrics(port) -> dict[tuple[str, str], float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.status == 200
+        text = response.read().decode()
+    finally:
+        conn.close()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, labels = name_labels.split("{")
+        model = labels.split('model="')[1].split('"')[0]
+        values[name, model] = float(value)
+    assert "# TYPE nv_inference_count counter" in text
+    return values
+
+
+def test_metrics_in_triton_names(server):
+    client, port, _ = server
+    before = _metrics(client.metrics_port)
+    x = np.ones((1, 4), np.float32)
+    client.infer("fixed", _inputs(x, x))
+    with pytest.raises(InferenceServerException, match="shape"):
+        client.infer("fixed", _inputs(np.ones((1, 5), np.float32), x))
+    after = _metrics(client.metrics_port)
+    delta = {k: after[k] - before.get(k, 0) for k in after if k[1] == "fixed"}
+    assert delta["nv_inference_request_success", "fixed"] == 1
+    assert delta["nv_inference_request_failure", "fixed"] == 1  # rejected: counted as Triton does
+    assert delta["nv_inference_count", "fixed"] == 1
+    assert delta["nv_inference_exec_count", "fixed"] == 1
+    assert delta["nv_inference_queue_duration_us", "fixed"] >= 0
+    assert ("nv_inference_count", "broken") not in after  # not loaded: no series
 
 
 def test_single_onnx_file_is_one_model(tmp_path):

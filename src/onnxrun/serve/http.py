@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from .._version import __version__
 from ..errors import InvalidArgument, OnnxRunError
+from .metrics import start_metrics_server
 from .repository import Model, Repository
 from .scheduler import Unavailable
 from .tensors import DATATYPES, datatype_of_array, element_count, from_bytes, to_bytes
@@ -204,7 +205,7 @@ def _model_config(model: Model) -> dict[str, Any]:
 
 
 def _model_stats(model: Model) -> dict[str, Any]:
-    s = model.scheduler.stats
+    s = model.scheduler.statistics()
 
     def d(x):
         return {"count": x.count, "ns": x.ns}
@@ -321,13 +322,17 @@ def create_app(repository: Repository) -> Starlette:
 
 
 def serve(repository: Repository, host: str = "127.0.0.1", port: int = 8000,
-          log_level: str = "info") -> None:
-    """Serve ``repository`` over HTTP until SIGINT / SIGTERM (uvicorn finishes the requests
-    in flight and refuses new connections), then stop the models' instances."""
+          metrics_port: int = 0, log_level: str = "info") -> None:
+    """Serve ``repository`` over HTTP (and Prometheus metrics on ``metrics_port`` unless it is
+    0) until SIGINT / SIGTERM (uvicorn finishes the requests in flight and refuses new
+    connections), then stop the models' instances."""
     import uvicorn
 
     config = uvicorn.Config(create_app(repository), host=host, port=port, log_level=log_level)
+    metrics = start_metrics_server(repository, host, metrics_port) if metrics_port else None
     try:
         uvicorn.Server(config).run()
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         repository.close()

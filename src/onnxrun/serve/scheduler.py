@@ -10,6 +10,7 @@ call along dimension 0, and its outputs are split back. Requests are dicts of nu
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from concurrent.futures import Future
@@ -83,8 +84,13 @@ class Scheduler:
     def submit(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> Future:
         """Queue a request; its future gets ``{output name: array}``. A request the model
         cannot take raises here (a ModelError), before it is queued."""
-        batch = self.model.check_inputs(inputs)
-        names = self.model.check_outputs(outputs)
+        try:
+            batch = self.model.check_inputs(inputs)
+            names = self.model.check_outputs(outputs)
+        except OnnxRunError:
+            with self._cond:
+                self.stats.fail.add(0)  # rejected (Triton counts it a failure too)
+            raise
         skip = 1 if self.model.config.max_batch_size > 0 else 0
         signature = tuple((n, a.dtype.str, a.shape[skip:]) for n, a in sorted(inputs.items()))
         request = Request(inputs, names, batch, signature, time.monotonic_ns())
@@ -94,6 +100,11 @@ class Scheduler:
             self._queue.append(request)
             self._cond.notify()
         return request.future
+
+    def statistics(self) -> Statistics:
+        """A consistent copy of the model's statistics."""
+        with self._cond:
+            return copy.deepcopy(self.stats)
 
     def close(self) -> None:
         """Refuse new requests, finish the queued ones, stop the instances."""

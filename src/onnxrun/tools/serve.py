@@ -1,6 +1,7 @@
-"""``onnxrun serve MODEL_REPOSITORY [--http-port 8000] [--host 127.0.0.1]``: serve the models of
-a Triton-style model repository (or one ``.onnx`` file) on the KServe v2 inference protocol;
-see ``onnxrun.serve``. Needs ``pip install "onnxrun[serve]"``."""
+"""``onnxrun serve MODEL_REPOSITORY [--http-port 8000] [--metrics-port 8002] [--host HOST]``:
+serve the models of a Triton-style model repository (or one ``.onnx`` file) on the KServe v2
+inference protocol, with Prometheus metrics; see ``onnxrun.serve``.
+Needs ``pip install "onnxrun[serve]"``."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not repository.entries:
         raise CliError(f"no model found in '{args.model_repository}' (expected "
                        "<name>/<version>/model.onnx folders or an .onnx file)")
-    serve(repository, host=args.host, port=args.http_port, log_level=args.log_level)
+    serve(repository, host=args.host, port=args.http_port, metrics_port=args.metrics_port,
+          log_level=args.log_level)
     return 0
 
 
@@ -36,6 +38,8 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Arg
     p.add_argument("model_repository",
                    help="a folder of <name>/<version>/model.onnx (+ config.pbtxt), or one .onnx")
     p.add_argument("--http-port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--metrics-port", type=int, default=8002,
+                   help="Prometheus /metrics port (default 8002; 0 turns metrics off)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--log-level", default="info",
