@@ -776,3 +776,29 @@ def test_gather_block_quantized_matches_onnxruntime(tmp_path, symmetric):
     assert np.allclose(ours, theirs, atol=1e-6)
     ref = numpy_helper.to_array(table)[feeds["ids"]]
     assert np.abs(ours - ref).max() < 0.5
+
+
+@pytest.mark.parametrize("quant_type", [0, 1])
+def test_matmul_bnb4_matches_onnxruntime(tmp_path, quant_type):
+    import onnxruntime
+
+    from onnxrun.quantization.matmul_bnb4_quantizer import MatMulBnb4Quantizer
+
+    rng = np.random.default_rng(17)
+    w = numpy_helper.from_array(rng.standard_normal((52, 30)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", 1, [3, 52])],
+                          [helper.make_tensor_value_info("y", 1, [3, 30])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    q = MatMulBnb4Quantizer(m, quant_type, 64)
+    q.process()
+    node = q.model.nodes()[0]
+    assert node.op_type == "MatMulBnb4"
+    packed = numpy_helper.to_array(q.model.get_initializer(node.input[1]))
+    assert packed.shape == ((52 * 30 + 1) // 2,)
+    onnx.save(q.model.model, tmp_path / "q.onnx")
+    x = {"x": rng.standard_normal((3, 52)).astype(np.float32)}
+    ours = onnxrun.InferenceSession(str(tmp_path / "q.onnx")).run(None, x)[0]
+    theirs = onnxruntime.InferenceSession(str(tmp_path / "q.onnx"),
+                                          providers=["CPUExecutionProvider"]).run(None, x)[0]
+    assert np.allclose(ours, theirs, atol=1e-4)

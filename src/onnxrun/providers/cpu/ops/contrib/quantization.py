@@ -601,6 +601,47 @@ class GatherBlockQuantized:
         return np.take(table, idx, axis=ax)
 
 
+# bitsandbytes' code values: FP4 (e2m1, sign in the high bit) and NF4 (normal-float quantiles)
+FP4_CODE = np.array([0.0, 0.0052083333, 0.6666667, 1.0, 0.33333334, 0.5, 0.16666667, 0.25,
+                     -0.0, -0.0052083333, -0.6666667, -1.0, -0.33333334, -0.5, -0.16666667,
+                     -0.25], F32)
+NF4_CODE = np.array([-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                     -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                     0.07958029955625534, 0.16093020141124725, 0.24611230194568634,
+                     0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+                     0.7229568362236023, 1.0], F32)
+BNB4_CODES = {0: FP4_CODE, 1: NF4_CODE}
+
+
+@op("MatMulBnb4", 1, domain=MS)
+class MatMulBnb4:
+    """Y = A @ B with B in bitsandbytes' FP4 / NF4 blocks (the transposed weight flattened,
+    two 4-bit code indices a byte, high nibble first, times each block's absmax); a constant B
+    is dequantized once."""
+
+    def __init__(self, ctx: KernelContext, *, K, N, block_size, quant_type,
+                 training_mode=0, transB=1) -> None:
+        self.K, self.N, self.block_size = int(K), int(N), int(block_size)
+        if int(quant_type) not in BNB4_CODES:
+            raise ValueError(f"MatMulBnb4: quant_type={quant_type} is not 0 (FP4) or 1 (NF4)")
+        self.code = BNB4_CODES[int(quant_type)]
+        self.W = None
+        c = ctx.constants_of((1, 2))
+        if c is not None and c[0] is not None and c[1] is not None:
+            self.W = self._weight(c[0], c[1])
+
+    def _weight(self, B: np.ndarray, absmax: np.ndarray) -> np.ndarray:
+        n = self.N * self.K
+        q = np.stack([B >> 4, B & 0x0F], axis=-1).reshape(-1)[:n]
+        scale = np.repeat(absmax.astype(F32), self.block_size)[:n]
+        return np.ascontiguousarray((self.code[q] * scale).reshape(self.N, self.K).T)
+
+    def __call__(self, A, B, absmax):
+        W = self.W if self.W is not None else self._weight(B, absmax)
+        Y = np.matmul(A.astype(F32, copy=False), W)
+        return Y if A.dtype == F32 else Y.astype(A.dtype)
+
+
 # -- DynamicQuantizeLSTM ------------------------------------------------------------------------
 
 
