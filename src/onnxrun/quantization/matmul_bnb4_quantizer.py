@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from ..api.blockwise import quantize_matmul_bnb4  # bitsandbytes' rounding, one home
 # the code values live with the MatMulBnb4 kernel that decodes them
 from ..providers.cpu.ops.contrib.quantization import BNB4_CODES as CODES
 from ..providers.cpu.ops.contrib.quantization import FP4_CODE, NF4_CODE
@@ -27,20 +28,12 @@ def quantize_bnb4(W: np.ndarray, quant_type: int, block_size: int
     """``W [K, N]`` -> (packed uint8 [ceil(N*K / 2)], absmax float [ceil(N*K / block)])."""
     if quant_type not in CODES:
         raise ValueError(f"quant_type must be 0 (FP4) or 1 (NF4), got {quant_type}")
-    flat = np.ascontiguousarray(W.T, np.float32).reshape(-1)
-    n = flat.size
-    nblocks = -(-n // block_size)
-    padded = np.zeros(nblocks * block_size, np.float32)
-    padded[:n] = flat
-    blocks = padded.reshape(nblocks, block_size)
-    absmax = np.abs(blocks).max(axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        norm = np.where(absmax[:, None] > 0, blocks / absmax[:, None], 0.0).reshape(-1)[:n]
-    code = CODES[quant_type]
-    q = np.abs(norm[:, None] - code[None, :]).argmin(axis=1).astype(np.uint8)
-    if q.size % 2:
-        q = np.append(q, np.uint8(0))
-    return (q[0::2] << 4 | q[1::2]).astype(np.uint8), absmax.astype(W.dtype)
+    K, N = W.shape
+    n = N * K
+    packed = np.zeros((n + 1) // 2, np.uint8)
+    absmax = np.zeros(-(-n // block_size), W.dtype)
+    quantize_matmul_bnb4(packed, np.ascontiguousarray(W.T), absmax, block_size, quant_type, N, K)
+    return packed, absmax
 
 
 class MatMulBnb4Quantizer:

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from ..api.blockwise import quantize_blocks  # MLAS's block quantization, one home
 from .onnx_model import ONNXModel
 from .quant_types import QuantFormat
 
@@ -91,32 +92,6 @@ class HQQWeightOnlyQuantConfig(_UnsupportedAlgorithm):
                  op_types_to_quantize=None, quant_axes=None) -> None:
         super().__init__("HQQ", quant_format, op_types_to_quantize, block_size=block_size,
                          bits=bits)
-
-
-def quantize_blocks(W: np.ndarray, block_size: int, bits: int, symmetric: bool
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``W [K, N]`` -> (q [N, kb, block_size] unsigned, scales [N, kb], zero points [N, kb])."""
-    K, N = W.shape
-    kb = -(-K // block_size)
-    blocks = np.zeros((N, kb * block_size), np.float32)
-    blocks[:, :K] = W.T
-    blocks = blocks.reshape(N, kb, block_size)
-    top = (1 << bits) - 1
-    if symmetric:
-        lo, hi = blocks.min(axis=2), blocks.max(axis=2)
-        peak = np.where(np.abs(lo) >= np.abs(hi), lo, hi)
-        scale = (peak / -(1 << (bits - 1))).astype(np.float32)
-        zp = np.full(scale.shape, 1 << (bits - 1), np.float32)
-    else:
-        lo = np.minimum(blocks.min(axis=2), 0)
-        hi = np.maximum(blocks.max(axis=2), 0)
-        scale = ((hi - lo) / top).astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            zp = np.clip(np.round(np.where(scale != 0, -lo / scale, 0)), 0, top)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale[..., None] != 0, np.round(blocks / scale[..., None]), 0)
-    q = np.clip(q + zp[..., None], 0, top).astype(np.uint8)
-    return q, scale, zp.astype(np.uint8)
 
 
 def _pack(values: np.ndarray, bits: int) -> np.ndarray:
@@ -206,7 +181,8 @@ class MatMulNBitsQuantizer:
             return None
         K, N = W.shape[-2:]
         W2 = W.reshape(K, N).astype(np.float32)
-        q, scale, zp = quantize_blocks(W2, self.block_size, self.bits, self.is_symmetric)
+        q, scale, zp = quantize_blocks(W2, self.block_size, self.bits, self.is_symmetric,
+                                       W.dtype)
         sdt = W.dtype  # scales in the weight's float type
         rank_b = W.ndim
         a_type = self.model.get_tensor_type(node.input[0])
@@ -239,7 +215,7 @@ class MatMulNBitsQuantizer:
             return None  # rows gathered, blocks along the columns only
         rows, cols = data.shape
         q, scale, zp = quantize_blocks(data.T.astype(np.float32), self.block_size, 4,
-                                       self.is_symmetric)  # per row, blocks of columns
+                                       self.is_symmetric, data.dtype)  # blocks of columns
         vals = q.reshape(rows, -1)[:, :cols].astype(np.int16)
         w = init.name
         if self.is_symmetric:
@@ -335,4 +311,4 @@ class MatMulNBitsQuantizer:
 
 __all__ = ["DefaultWeightOnlyQuantConfig", "GPTQWeightOnlyQuantConfig",
            "HQQWeightOnlyQuantConfig", "MatMulNBitsQuantizer", "RTNWeightOnlyQuantConfig",
-           "WeightOnlyQuantConfig", "quantize_blocks"]
+           "WeightOnlyQuantConfig"]
