@@ -26,6 +26,7 @@ import onnxrun  # noqa: E402
 from onnxrun.errors import InvalidArgument  # noqa: E402
 from onnxrun.serve.config import read_config  # noqa: E402
 from onnxrun.serve.repository import Repository  # noqa: E402
+from onnxrun.serve.scheduler import Unavailable  # noqa: E402
 
 ADDMUL = """<ir_version: 8, opset_import: ["" : 17]>
 addmul (float[N, 4] x, float[N, 4] y) => (float[N, 4] sum, float[N, 4] prod) {
@@ -315,17 +316,38 @@ def test_single_onnx_file_is_one_model(tmp_path):
         repository.close()
 
 
+def test_full_queue_refuses_at_once(tmp_path):
+    _write(tmp_path, "m", ADDMUL, "max_batch_size: 8\ndynamic_batching { preferred_batch_size: 4 "
+           "max_queue_delay_microseconds: 20000000 default_queue_policy { max_queue_size: 2 } }")
+    repository = Repository(tmp_path)
+    x = np.ones((1, 4), np.float32)
+    try:
+        scheduler = repository.model("m").scheduler
+        waiting = [scheduler.submit({"x": x, "y": x}) for _ in range(2)]  # waiting for 4
+        with pytest.raises(Unavailable, match="queue is full"):
+            scheduler.submit({"x": x, "y": x})
+        assert scheduler.statistics().fail.count == 1
+    finally:
+        repository.close()  # runs what is queued, then stops
+    for future in waiting:
+        np.testing.assert_array_equal(future.result(timeout=30)["sum"], 2 * x)
+    with pytest.raises(Unavailable, match="shutting down"):
+        scheduler.submit({"x": x, "y": x})
+
+
 def test_config_subset():
     cfg = read_config("""
         name: "m"  # a comment
         max_batch_size: 16
         input [ { name: "x" data_type: TYPE_FP32 dims: [ -1, 3 ] } ]
-        dynamic_batching { preferred_batch_size: [ 8, 4 ] max_queue_delay_microseconds: 100 }
+        dynamic_batching { preferred_batch_size: [ 8, 4 ] max_queue_delay_microseconds: 100
+                           default_queue_policy { max_queue_size: 7 } }
         instance_group [ { count: 2 kind: KIND_CPU }, { count: 1 } ]
         version_policy: { latest: { num_versions: 1 } }
     """)
     assert (cfg.max_batch_size, cfg.preferred_batch_size, cfg.max_queue_delay_us,
-            cfg.instance_count) == (16, [4, 8], 100, 3)
+            cfg.instance_count, cfg.max_queue_size) == (16, [4, 8], 100, 3, 7)
+    assert read_config("").max_queue_size == 1024  # bounded even when unsaid
     with pytest.raises(InvalidArgument, match="preferred_batch_size 32"):
         read_config("max_batch_size: 8 dynamic_batching { preferred_batch_size: 32 }")
     with pytest.raises(InvalidArgument, match="needs max_batch_size"):

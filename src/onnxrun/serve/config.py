@@ -17,6 +17,9 @@ _TOKEN = re.compile(r"""\s*(?:\#[^\n]*                      # a comment
                            |([^\s{}\[\]:,;<>"'\#]+))          # a name or a number""", re.X)
 
 
+DEFAULT_MAX_QUEUE_SIZE = 1024
+
+
 @dataclass
 class ModelConfig:
     """What a model's ``config.pbtxt`` says (Triton's defaults where it is silent)."""
@@ -25,6 +28,10 @@ class ModelConfig:
     dynamic_batching: bool = False
     preferred_batch_size: list[int] = field(default_factory=list)
     max_queue_delay_us: int = 0
+    # requests waiting at most (dynamic_batching { default_queue_policy { max_queue_size } }):
+    # more are refused at once (503), so an overload never grows memory without bound. Triton's
+    # default, 0, is unbounded; onnxrun's is bounded.
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     instance_count: int = 1
     version_policy: str = "latest"  # only "latest { num_versions: 1 }" is supported
 
@@ -115,6 +122,11 @@ def read_config(text: str) -> ModelConfig:
         cfg.dynamic_batching = True
         cfg.preferred_batch_size = sorted(int(x) for x in batching.get("preferred_batch_size", []))
         cfg.max_queue_delay_us = int(_one(batching, "max_queue_delay_microseconds", 0))
+        policy = _one(batching, "default_queue_policy", {})
+        size = int(_one(policy, "max_queue_size", 0))
+        if size < 0:
+            raise InvalidArgument(f"config.pbtxt: max_queue_size must be >= 0, not {size}")
+        cfg.max_queue_size = size or DEFAULT_MAX_QUEUE_SIZE
         if cfg.max_batch_size == 0:
             raise InvalidArgument("config.pbtxt: dynamic_batching needs max_batch_size > 0")
         for size in cfg.preferred_batch_size:

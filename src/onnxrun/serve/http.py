@@ -148,8 +148,12 @@ def _encode(model: Model, header: dict, results: dict[str, np.ndarray],
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif out["datatype"] == "BYTES":
-            out["data"] = [x.decode() if isinstance(x, bytes) else str(x)
-                           for x in array.reshape(-1)]
+            try:
+                out["data"] = [x.decode() if isinstance(x, bytes) else str(x)
+                               for x in array.reshape(-1)]
+            except UnicodeDecodeError:
+                raise BadRequest(f"output '{name}' holds bytes that are not UTF-8: request it "
+                                 "with binary_data") from None
         else:
             out["data"] = array.reshape(-1).tolist()
         outputs.append(out)

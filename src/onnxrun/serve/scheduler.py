@@ -23,7 +23,8 @@ from ..errors import Fail, OnnxRunError
 
 
 class Unavailable(Fail):
-    """The model is shutting down: the request was not queued (the endpoint answers 503)."""
+    """The request was not queued: the model is shutting down, or its queue is full (the
+    endpoint answers 503 at once)."""
 
 
 @dataclass
@@ -97,6 +98,11 @@ class Scheduler:
         with self._cond:
             if self._closed:
                 raise Unavailable(f"model '{self.model.name}' is shutting down")
+            if len(self._queue) >= self.model.config.max_queue_size:
+                self.stats.fail.add(0)
+                raise Unavailable(f"model '{self.model.name}': its queue is full "
+                                  f"({self.model.config.max_queue_size} requests waiting); "
+                                  "retry later")
             self._queue.append(request)
             self._cond.notify()
         return request.future
