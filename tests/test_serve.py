@@ -42,6 +42,10 @@ seq (float[N, M] x) => (float[N] total, int64[N, M] positive) {
   greater = Greater (x, zero)
   positive = Cast <to: int = 7> (greater)
 }"""
+ECHO = """<ir_version: 8, opset_import: ["" : 17]>
+echo (string[N] text) => (string[N] same) {
+  same = Identity (text)
+}"""
 BATCHING = "dynamic_batching {{ preferred_batch_size: [ {0} ] max_queue_delay_microseconds: " \
            "20000000 }}"  # 20 s: a group runs when it reaches its preferred size, not on time
 
@@ -67,6 +71,7 @@ def server(tmp_path_factory):
     _write(root, "batched", ADDMUL, f"max_batch_size: 8\n{BATCHING.format(4)}")
     _write(root, "seq", SEQ, f'name: "seq"\nmax_batch_size: 4\n{BATCHING.format(2)}')
     _write(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
+    _write(root, "echo", ECHO)
     os.makedirs(root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
     port, metrics_port = _free_port(), _free_port()
@@ -157,6 +162,28 @@ def test_infer_matches_session(server, binary):
     np.testing.assert_array_equal(only.as_numpy("prod"), expected["prod"][:1])
     every = client.infer("addmul", _inputs(x, y, binary), model_version="3")
     np.testing.assert_array_equal(every.as_numpy("sum"), expected["sum"])
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_bytes_tensors(server, binary):
+    client, _, _ = server
+    text = np.array([b"hello", "w\u00f6rld".encode(), b""], dtype=object)
+    i = httpclient.InferInput("text", [3], "BYTES")
+    i.set_data_from_numpy(text, binary_data=binary)
+    result = client.infer("echo", [i], outputs=[
+        httpclient.InferRequestedOutput("same", binary_data=binary)])
+    # tritonclient gives JSON BYTES back as str, binary ones as bytes (as from Triton)
+    expected = text.tolist() if binary else [t.decode() for t in text]
+    assert result.as_numpy("same").tolist() == expected
+    # bytes that are not UTF-8 can only come back as binary data
+    i.set_shape([1])
+    i.set_data_from_numpy(np.array([b"\xff"], dtype=object), binary_data=True)
+    with pytest.raises(InferenceServerException, match="not UTF-8") as e:
+        client.infer("echo", [i], outputs=[
+            httpclient.InferRequestedOutput("same", binary_data=False)])
+    assert e.value.status() == "400"
+    same = client.infer("echo", [i]).as_numpy("same")
+    assert same.tolist() == [b"\xff"]
 
 
 def _stats(client, name):
