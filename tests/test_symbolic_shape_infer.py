@@ -1,0 +1,154 @@
+"""onnxrun.tools.symbolic_shape_infer: symbolic shapes as onnxruntime's tool writes them
+(onnxruntime's tool is the oracle where it is installed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import onnx
+import onnx.parser
+import pytest
+
+pytest.importorskip("sympy")
+
+from onnxrun.tools import symbolic_shape_infer as ssi  # noqa: E402
+from onnxrun.tools.symbolic_shape_infer import SymbolicShapeInference  # noqa: E402
+
+# Shape arithmetic done in the graph: Shape -> Slice -> Concat -> Reshape, a Concat of symbolic
+# dims, Unsqueeze/Gather of a shape vector, Expand, ConstantOfShape.
+SHAPE_MATH = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[batch, seq, 4, 8] x, float[batch, 3, 32] y) => (float[a, b, c] out, float[d, e] ones)
+<int64[1] k32 = {32}, int64[1] zero = {0}, int64[1] two = {2}, int64[1] one = {1},
+ int64[1] ax0 = {0}, int64 i1 = {1}>
+{
+    s = Shape(x)
+    head = Slice(s, zero, two)
+    target = Concat<axis=0>(head, k32)
+    r = Reshape(x, target)
+    out = Concat<axis=1>(r, y)
+    seq = Gather<axis=0>(s, i1)
+    seq1 = Unsqueeze(seq, ax0)
+    n = Mul(seq1, two)
+    dims = Concat<axis=0>(n, k32)
+    ones = ConstantOfShape(dims)
+}
+"""
+
+
+def shapes(model: onnx.ModelProto) -> dict[str, tuple]:
+    """name -> (elem_type, dims) of value_info and graph outputs."""
+    def dims(vi: onnx.ValueInfoProto) -> tuple:
+        t = vi.type.tensor_type
+        return (t.elem_type, tuple(d.dim_param or d.dim_value for d in t.shape.dim)
+                if t.HasField("shape") else None)
+    got = {vi.name: dims(vi) for vi in model.graph.value_info}
+    got.update({f"output:{vi.name}": dims(vi) for vi in model.graph.output})
+    return got
+
+
+def ort_tool() -> type:
+    pytest.importorskip("onnxruntime")
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference as theirs
+    return theirs
+
+
+def test_shape_arithmetic_gives_symbolic_dims() -> None:
+    out = SymbolicShapeInference.infer_shapes(onnx.parser.parse_model(SHAPE_MATH))
+    got = shapes(out)
+    assert got["r"] == (onnx.TensorProto.FLOAT, ("batch", "seq", 32))
+    assert got["output:out"] == (onnx.TensorProto.FLOAT, ("batch", "seq + 3", 32))
+    assert got["output:ones"] == (onnx.TensorProto.FLOAT, ("2*seq", 32))
+    assert got["s"] == (onnx.TensorProto.INT64, (4,))
+
+
+def test_shape_arithmetic_matches_onnxruntime(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # onnxruntime's tool writes a scratch model in the cwd
+    model = onnx.parser.parse_model(SHAPE_MATH)
+    theirs = ort_tool().infer_shapes(model, auto_merge=True)
+    ours = SymbolicShapeInference.infer_shapes(model, auto_merge=True)
+    assert shapes(ours) == shapes(theirs)
+
+
+def test_nodes_out_of_order_are_inferred() -> None:
+    model = onnx.parser.parse_model(SHAPE_MATH)
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(reversed(nodes))
+    got = shapes(SymbolicShapeInference.infer_shapes(model))
+    assert got["output:out"] == (onnx.TensorProto.FLOAT, ("batch", "seq + 3", 32))
+
+
+def test_slice_of_symbolic_dim_and_broadcast() -> None:
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[N, 6] x, float[M] z) => (float[p, q] out, float[r, t] sq)
+    <int64[2] st = {1, -5}, int64[2] en = {-1, 9223372036854775807}, int64[2] ax = {0, 1},
+     int64[2] step = {1, 2}>
+    {
+        out = Slice(x, st, en, ax, step)
+        zz = Unsqueeze(z, ax0)
+        sq = Add(out, zz)
+    }
+    """.replace("ax0)", "axz)").replace("int64[2] step = {1, 2}>",
+                                           "int64[2] step = {1, 2}, int64[1] axz = {1}>"))
+    got = shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True))
+    assert got["output:out"] == (onnx.TensorProto.FLOAT, ("N - 2", 3))
+    assert got["zz"] == (onnx.TensorProto.FLOAT, ("M", 1))
+    assert got["output:sq"] == (onnx.TensorProto.FLOAT, ("M", 3))
+
+
+def test_if_with_branches_of_different_types_names_the_node() -> None:
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (bool c) => (float out) {
+        out = If<then_branch = t () => (float a) { a = Constant<value = float {1.0}>() },
+                 else_branch = e () => (double b) { b = Constant<value = double {1.0}>() }>(c)
+    }
+    """)
+    model.graph.node[0].name = "pick"
+    with pytest.raises(ValueError, match=r"pick.*FLOAT.*DOUBLE"):
+        SymbolicShapeInference.infer_shapes(model)
+
+
+def test_old_opset_returns_none() -> None:
+    model = onnx.parser.parse_model("""
+    <ir_version: 3, opset_import: ["" : 6]>
+    g (float[N] x) => (float[N] y) { y = Relu(x) }
+    """)
+    assert SymbolicShapeInference.infer_shapes(model) is None
+
+
+def test_not_a_model_is_refused() -> None:
+    with pytest.raises(TypeError, match="ModelProto"):
+        SymbolicShapeInference.infer_shapes(b"not a model")
+
+
+def test_missing_sympy_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "sympy", None)
+    with pytest.raises(ImportError, match="pip install sympy"):
+        SymbolicShapeInference.infer_shapes(onnx.parser.parse_model(SHAPE_MATH))
+
+
+def test_command_line_writes_the_model(tmp_path) -> None:
+    src, dst = tmp_path / "m.onnx", tmp_path / "out.onnx"
+    onnx.save(onnx.parser.parse_model(SHAPE_MATH), src)
+    proc = subprocess.run([sys.executable, "-m", "onnxrun.tools.symbolic_shape_infer",
+                           "--input", str(src), "--output", str(dst), "--auto_merge"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert shapes(onnx.load(dst))["output:out"] == (onnx.TensorProto.FLOAT,
+                                                   ("batch", "seq + 3", 32))
+    assert ssi.main(["--input", str(src)]) == 0
+
+
+def test_compat_alias_resolves_to_onnxrun() -> None:
+    import onnxrun.compat
+
+    onnxrun.compat.install()
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference as aliased
+    finally:
+        onnxrun.compat.uninstall()
+    assert aliased is SymbolicShapeInference
