@@ -362,6 +362,23 @@ def test_full_queue_refuses_at_once(tmp_path):
         scheduler.submit({"x": x, "y": x})
 
 
+def test_request_timeout_in_queue(server):
+    client, port, _ = server
+    x = np.ones((1, 4), np.float32)
+    before = _stats(client, "batched")
+    # alone in "batched" it would wait 20 s for a batch of 4: its 1 ms timeout fails it first
+    with pytest.raises(InferenceServerException, match="timeout expired") as e:
+        client.infer("batched", _inputs(x, x), timeout=1000)
+    assert e.value.status() == "503"
+    after = _stats(client, "batched")
+    fails = [s["inference_stats"]["fail"]["count"] for s in (before, after)]
+    assert fails[1] == fails[0] + 1
+    assert after["execution_count"] == before["execution_count"]
+    request = _json_request() | {"parameters": {"timeout": "soon"}}
+    status, reply = _post(port, "/v2/models/fixed/infer", json.dumps(request).encode())
+    assert status == 400 and "'timeout' must be" in json.loads(reply)["error"]
+
+
 def test_config_subset():
     cfg = read_config("""
         name: "m"  # a comment

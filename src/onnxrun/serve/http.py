@@ -291,8 +291,13 @@ def create_app(repository: Repository) -> Starlette:
             inputs, requested, binary_default = _decode(header, binary)
         except RecursionError:
             raise BadRequest("an input's data is nested too deeply") from None
+        params = header.get("parameters") or {}
+        timeout = params.get("timeout") if isinstance(params, dict) else None
+        if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
+                                    or timeout < 0):
+            raise BadRequest(f"parameter 'timeout' must be microseconds >= 0, not {timeout!r}")
         future = model.scheduler.submit(inputs, list(requested) if requested is not None
-                                        else None)
+                                        else None, timeout_us=timeout)
         results = await asyncio.wrap_future(future)
         binary_flags = requested or dict.fromkeys(results, binary_default)
         return _encode(model, header, results, binary_flags)

@@ -34,6 +34,7 @@ class Request:
     batch: int
     signature: tuple
     arrival_ns: int
+    deadline_ns: int | None  # Triton's per-request "timeout": failed if still queued then
     future: Future = field(default_factory=Future)
 
 
@@ -82,9 +83,11 @@ class Scheduler:
         for t in self._threads:
             t.start()
 
-    def submit(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> Future:
-        """Queue a request; its future gets ``{output name: array}``. A request the model
-        cannot take raises here (a ModelError), before it is queued."""
+    def submit(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None,
+               timeout_us: int | None = None) -> Future:
+        """Queue a request; its future gets ``{output name: array}``, or Unavailable when it is
+        still queued ``timeout_us`` after now. A request the model cannot take raises here
+        (a ModelError), before it is queued."""
         try:
             batch = self.model.check_inputs(inputs)
             names = self.model.check_outputs(outputs)
@@ -94,7 +97,9 @@ class Scheduler:
             raise
         skip = 1 if self.model.config.max_batch_size > 0 else 0
         signature = tuple((n, a.dtype.str, a.shape[skip:]) for n, a in sorted(inputs.items()))
-        request = Request(inputs, names, batch, signature, time.monotonic_ns())
+        now = time.monotonic_ns()
+        deadline = None if not timeout_us else now + timeout_us * 1000
+        request = Request(inputs, names, batch, signature, now, deadline)
         with self._cond:
             if self._closed:
                 raise Unavailable(f"model '{self.model.name}' is shutting down")
@@ -125,18 +130,39 @@ class Scheduler:
     def _serve(self, session: Any) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closed:
-                    self._cond.wait()
-                if not self._queue:
-                    return
-                group = self._take()
+                group: list[Request] = []
+                while not group:
+                    while not self._queue and not self._closed:
+                        self._cond.wait()
+                    if not self._queue:
+                        return
+                    group = self._take()
             self._run(session, group)
 
+    def _expire(self) -> int | None:
+        """Fail the queued requests past their timeout (holding the lock); the nanoseconds
+        until the next one's, None when none has one."""
+        now = time.monotonic_ns()
+        expired = [r for r in self._queue if r.deadline_ns is not None and r.deadline_ns <= now]
+        if expired:
+            self._queue = [r for r in self._queue if r not in expired]
+            for r in expired:
+                self.stats.fail.add(now - r.arrival_ns)
+                r.future.set_exception(Unavailable(
+                    f"model '{self.model.name}': request timeout expired after "
+                    f"{(now - r.arrival_ns) // 1000} us in the queue"))
+        deadlines = [r.deadline_ns for r in self._queue if r.deadline_ns is not None]
+        return min(deadlines) - now if deadlines else None
+
     def _take(self) -> list[Request]:
-        """The next batch to run (called holding the lock, with a non-empty queue)."""
-        if not self.batching:
-            return [self._queue.pop(0)]
+        """The next batch to run (holding the lock, with a non-empty queue); [] when the
+        requests timed out or another instance took them."""
         while True:
+            until_timeout = self._expire()
+            if not self._queue:
+                return []
+            if not self.batching:
+                return [self._queue.pop(0)]
             oldest = self._queue[0]
             group, total = [], 0
             for r in self._queue:
@@ -150,9 +176,7 @@ class Scheduler:
                 if self._queue:
                     self._cond.notify()  # another instance may take the rest
                 return group
-            self._cond.wait(wait_ns / 1e9)
-            if not self._queue:  # another instance took them
-                return []
+            self._cond.wait(min(wait_ns, until_timeout or wait_ns) / 1e9)
 
     def _run(self, session: Any, group: list[Request]) -> None:
         if not group:
