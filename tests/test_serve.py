@@ -379,6 +379,30 @@ def test_request_timeout_in_queue(server):
     assert status == 400 and "'timeout' must be" in json.loads(reply)["error"]
 
 
+def test_load_and_unload(server):
+    client, _, root = server
+    text = np.array([b"a"], dtype=object)
+    i = httpclient.InferInput("text", [1], "BYTES")
+    i.set_data_from_numpy(text)
+    client.unload_model("echo")
+    assert not client.is_model_ready("echo")
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.infer("echo", [i])
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["echo"]["state"] == "UNAVAILABLE" and index["echo"]["reason"] == "unloaded"
+    _write(root, "echo", ECHO, version=2)  # a new version appears: a load serves it
+    client.load_model("echo")
+    assert client.is_model_ready("echo", "2")
+    assert client.infer("echo", [i]).as_numpy("same").tolist() == [b"a"]
+    with pytest.raises(InferenceServerException, match="failed to load 'broken': .*protobuf"):
+        client.load_model("broken")
+    with pytest.raises(InferenceServerException, match="no such model in the repository"):
+        client.load_model("nosuch")
+    with pytest.raises(InferenceServerException, match="not supported"):
+        client.load_model("echo", config='{"max_batch_size": 4}')
+    assert client.is_model_ready("fixed")  # the others kept serving
+
+
 def test_config_subset():
     cfg = read_config("""
         name: "m"  # a comment

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -270,6 +271,24 @@ def create_app(repository: Repository) -> Starlette:
              "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
             for e in repository.entries.values()])
 
+    async def load(request: Request) -> Response:
+        body = await _read_body(request)
+        if body.strip():
+            try:
+                params = json.loads(body).get("parameters") or {}
+            except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+                raise BadRequest("the load request's JSON is malformed") from None
+            if params:
+                raise BadRequest(f"load parameters ({', '.join(map(str, params))}) are not "
+                                 "supported: the model is loaded from the repository as it is")
+        # loading builds sessions: off the event loop, which keeps serving the other models
+        await run_in_threadpool(repository.load, request.path_params["name"])
+        return Response(status_code=200)
+
+    async def unload(request: Request) -> Response:
+        await run_in_threadpool(repository.unload, request.path_params["name"])
+        return Response(status_code=200)
+
     async def infer(request: Request) -> Response:
         model = model_of(request)
         body = await _read_body(request)
@@ -320,6 +339,8 @@ def create_app(repository: Repository) -> Starlette:
         Route("/v2", server_metadata),
         Route("/v2/models/stats", model_stats),
         Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{name}/load", load, methods=["POST"]),
+        Route("/v2/repository/models/{name}/unload", unload, methods=["POST"]),
     ]
     for base in (m, mv):
         routes += [Route(base, model_metadata), Route(base + "/ready", model_ready),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,46 +140,77 @@ class Entry:
 
 
 class Repository:
-    """The models of a repository folder (or of one ``.onnx`` file), loaded at start."""
+    """The models of a repository folder (or of one ``.onnx`` file), loaded at start; a model
+    can be loaded again (a new version, a new config) or unloaded while the others serve."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.exists():
             raise InvalidArgument(f"model repository '{path}' does not exist")
-        self.entries: dict[str, Entry] = {}
-        if self.path.is_file():
-            if self.path.suffix != ".onnx":
-                raise InvalidArgument(f"'{path}' is neither a model repository folder nor an "
-                                      ".onnx file")
-            self._load(self.path.stem, "1", self.path, ModelConfig())
-        else:
-            for folder in sorted(p for p in self.path.iterdir() if p.is_dir()):
-                self._load_folder(folder)
+        if self.path.is_file() and self.path.suffix != ".onnx":
+            raise InvalidArgument(f"'{path}' is neither a model repository folder nor an "
+                                  ".onnx file")
+        self._lock = threading.Lock()  # one load / unload at a time
+        self.entries: dict[str, Entry] = {name: self._read(name) for name in self._names()}
 
-    def _load_folder(self, folder: Path) -> None:
-        name = folder.name
+    def _names(self) -> list[str]:
+        if self.path.is_file():
+            return [self.path.stem]
+        return sorted(p.name for p in self.path.iterdir() if p.is_dir())
+
+    def _read(self, name: str) -> Entry:
+        """Load model ``name`` from the repository: its entry, with the reason if it failed."""
+        if self.path.is_file():
+            return self._load(name, "1", self.path, ModelConfig())
+        folder = self.path / name
         versions = sorted(int(p.name) for p in folder.iterdir()
-                           if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
+                          if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
         if not versions:
-            self.entries[name] = Entry(name, None, None, "no <version>/model.onnx found")
-            return
+            return Entry(name, None, None, "no <version>/model.onnx found")
         try:
             config_path = folder / "config.pbtxt"
             config = (read_config(config_path.read_text()) if config_path.is_file()
                       else ModelConfig())
         except (OnnxRunError, OSError, UnicodeDecodeError) as e:
-            self.entries[name] = Entry(name, str(versions[-1]), None, str(e))
             log.error("model '%s' not loaded: %s", name, e)
-            return
-        self._load(name, str(versions[-1]), folder / str(versions[-1]) / "model.onnx", config)
+            return Entry(name, str(versions[-1]), None, str(e))
+        return self._load(name, str(versions[-1]), folder / str(versions[-1]) / "model.onnx",
+                          config)
 
-    def _load(self, name: str, version: str, path: Path, config: ModelConfig) -> None:
+    def _load(self, name: str, version: str, path: Path, config: ModelConfig) -> Entry:
         try:
-            self.entries[name] = Entry(name, version, Model(name, version, path, config))
+            entry = Entry(name, version, Model(name, version, path, config))
             log.info("model '%s' version %s loaded from %s", name, version, path)
+            return entry
         except (OnnxRunError, OSError, ValueError) as e:
-            self.entries[name] = Entry(name, version, None, str(e))
             log.error("model '%s' not loaded: %s", name, e)
+            return Entry(name, version, None, str(e))
+
+    def load(self, name: str) -> Entry:
+        """(Re)load model ``name`` from the repository as it is now. The new model replaces
+        the old one only once it loaded; the old one then finishes its queue. A model that
+        fails to load is a ModelError with the reason (the old one, if any, keeps serving)."""
+        with self._lock:
+            if name not in self._names():  # only a model of the repository, never a path
+                raise ModelError(f"failed to load '{name}': no such model in the repository")
+            entry = self._read(name)
+            if entry.model is None:
+                raise ModelError(f"failed to load '{name}': {entry.reason}")
+            old = self.entries.get(name)
+            self.entries[name] = entry
+        if old is not None and old.model is not None:
+            old.model.close()
+        return entry
+
+    def unload(self, name: str) -> None:
+        """Stop serving model ``name``: new requests are refused, queued ones finish."""
+        with self._lock:
+            old = self.entries.get(name)
+            if old is None:
+                raise ModelError(f"failed to unload '{name}': no such model")
+            self.entries[name] = Entry(name, old.version, None, "unloaded")
+        if old.model is not None:
+            old.model.close()
 
     def model(self, name: str, version: str | None = None) -> Model:
         """The ready model of that name (and version, when given), else a ModelError."""
