@@ -4,6 +4,8 @@ by a 4-byte little-endian length)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..errors import InvalidArgument
@@ -40,7 +42,7 @@ def datatype_of_array(array: np.ndarray) -> str:
 
 
 def element_count(shape: list[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)  # Python integers: a huge shape cannot wrap around
 
 
 def from_bytes(data: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
