@@ -74,6 +74,13 @@ def server(tmp_path_factory):
     _write(root, "echo", ECHO)
     os.makedirs(root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
+    proc, client, log = _launch(root)
+    yield client, client.port, root
+    _stop(proc, client, log)
+
+
+def _launch(root):
+    """The real server process on free ports, once it answers."""
     port, metrics_port = _free_port(), _free_port()
     log = open(root / "server.log", "w+b")  # noqa: SIM115 - a file, not a pipe that could fill
     proc = subprocess.Popen([sys.executable, "-m", "onnxrun", "serve", str(root),
@@ -93,8 +100,11 @@ def server(tmp_path_factory):
             log.seek(0)
             pytest.fail(f"the server did not start: {log.read().decode()}")
         time.sleep(0.1)
-    client.metrics_port = metrics_port
-    yield client, port, root
+    client.port, client.metrics_port = port, metrics_port
+    return proc, client, log
+
+
+def _stop(proc, client, log):
     client.close()
     proc.terminate()  # graceful: uvicorn finishes, then exits by the signal it got
     assert proc.wait(timeout=30) in (0, -15)
@@ -329,6 +339,27 @@ def test_metrics_in_triton_names(server):
     assert delta["nv_inference_exec_count", "fixed"] == 1
     assert delta["nv_inference_queue_duration_us", "fixed"] >= 0
     assert ("nv_inference_count", "broken") not in after  # not loaded: no series
+
+
+def test_sigterm_finishes_queued_requests(tmp_path):
+    _write(tmp_path, "batched", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
+           "preferred_batch_size: 4 max_queue_delay_microseconds: 600000000 }")
+    proc, client, log = _launch(tmp_path)
+    x = np.full((1, 4), 3, np.float32)
+    pending = client.async_infer("batched", _inputs(x, x))  # alone: would wait 10 min for 3 more
+    deadline = time.monotonic() + 30
+    while _metrics(client.metrics_port)["nv_inference_pending_request_count", "batched"] != 1:
+        assert time.monotonic() < deadline, "the request never reached the queue"
+        time.sleep(0.02)
+    proc.terminate()
+    try:
+        # the queued request runs at once and its answer comes back before the process ends
+        np.testing.assert_array_equal(pending.get_result(timeout=60).as_numpy("prod"), x * x)
+        assert proc.wait(timeout=60) in (0, -15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    _stop(proc, client, log)
 
 
 def test_single_onnx_file_is_one_model(tmp_path):

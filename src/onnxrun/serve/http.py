@@ -358,10 +358,17 @@ def serve(repository: Repository, host: str = "127.0.0.1", port: int = 8000,
     connections), then stop the models' instances."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # At SIGTERM / SIGINT the models stop taking requests (503) and run what is queued
+            # at once, so uvicorn's wait for the requests in flight is not a batching delay.
+            repository.shutdown()
+            super().handle_exit(sig, frame)
+
     config = uvicorn.Config(create_app(repository), host=host, port=port, log_level=log_level)
     metrics = start_metrics_server(repository, host, metrics_port) if metrics_port else None
     try:
-        uvicorn.Server(config).run()
+        Server(config).run()
     finally:
         if metrics is not None:
             metrics.shutdown()

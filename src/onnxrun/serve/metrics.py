@@ -47,6 +47,12 @@ def exposition(repository: Repository) -> str:
         for m in models:
             v = value(stats[id(m)])
             lines.append(f'{name}{{model="{_label(m.name)}",version="{_label(m.version)}"}} {v}')
+    name = "nv_inference_pending_request_count"
+    lines += [f"# HELP {name} Instantaneous number of pending requests awaiting execution",
+              f"# TYPE {name} gauge"]
+    for m in models:
+        lines.append(f'{name}{{model="{_label(m.name)}",version="{_label(m.version)}"}} '
+                     f"{m.scheduler.pending()}")
     return "\n".join(lines) + "\n"
 
 

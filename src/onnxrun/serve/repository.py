@@ -224,6 +224,12 @@ class Repository:
                              f"found (served: {entry.version})")
         return entry.model
 
+    def shutdown(self) -> None:
+        """Every model refuses new requests and runs its queued ones at once."""
+        for entry in list(self.entries.values()):
+            if entry.model is not None:
+                entry.model.scheduler.shutdown()
+
     def close(self) -> None:
         for entry in self.entries.values():
             if entry.model is not None:

@@ -117,11 +117,20 @@ class Scheduler:
         with self._cond:
             return copy.deepcopy(self.stats)
 
-    def close(self) -> None:
-        """Refuse new requests, finish the queued ones, stop the instances."""
+    def pending(self) -> int:
+        """Requests waiting in the queue."""
+        with self._cond:
+            return len(self._queue)
+
+    def shutdown(self) -> None:
+        """Refuse new requests and run the queued ones now (no more waiting for a batch)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new requests, finish the queued ones, stop the instances."""
+        self.shutdown()
         for t in self._threads:
             t.join()
 
