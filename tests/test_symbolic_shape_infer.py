@@ -152,3 +152,41 @@ def test_compat_alias_resolves_to_onnxrun() -> None:
     finally:
         onnxrun.compat.uninstall()
     assert aliased is SymbolicShapeInference
+
+
+# onnxruntime's operators onnx cannot infer: LayerNormalization before opset 17 (defined by
+# onnxruntime in the onnx domain), com.microsoft FusedMatMul / Attention / FastGelu; a MatMul
+# whose contracted dims are two names (auto_merge makes them one); an input dim with no name.
+CONTRIB = """
+<ir_version: 8, opset_import: ["" : 13, "com.microsoft" : 1]>
+g (float[batch, seq, 16] x, float[k, 24] w, float[24] b, float[16] g, float[16] beta,
+   float[batch, seq, hidden] h, float[16, 16] u)
+   => (float[a, b2, c] att, float[a1, b1, c1] ln, float[p, q, r] mm)
+{
+    ln = LayerNormalization<axis = -1>(x, g, beta)
+    att = com.microsoft.Attention<num_heads = 2>(x, w, b)
+    gel = com.microsoft.FastGelu(att)
+    mm = MatMul(h, u)
+}
+"""
+
+
+def test_contrib_operators_match_onnxruntime(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = onnx.parser.parse_model(CONTRIB)
+    ours = shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True))
+    assert ours["output:att"] == (onnx.TensorProto.FLOAT, ("batch", "seq", 8))
+    assert ours["output:ln"] == (onnx.TensorProto.FLOAT, ("batch", "seq", 16))
+    assert ours["output:mm"] == (onnx.TensorProto.FLOAT, ("batch", "seq", 16))
+    assert ours == shapes(ort_tool().infer_shapes(model, auto_merge=True))
+
+
+def test_fused_matmul_transposes() -> None:
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+    g (float[m, 16] u, float[n, 8] v) => (float[e, f] fm) {
+        fm = com.microsoft.FusedMatMul<transA = 1>(u, v)
+    }
+    """)
+    got = shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True))
+    assert got["output:fm"] == (onnx.TensorProto.FLOAT, (16, 8))

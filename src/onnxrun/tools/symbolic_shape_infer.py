@@ -110,16 +110,21 @@ class _Graph:
         self.other_inferred: list[str] = []
 
     # ---- dimensions and values -----------------------------------------------------------------
-    def dim(self, d: onnx.TensorShapeProto.Dimension) -> Any:
+    def dim(self, d: onnx.TensorShapeProto.Dimension, hint: str | None = None) -> Any:
         if d.HasField("dim_value") and d.dim_value >= 0:  # some exporters write -1: unknown
             return self.sp.Integer(d.dim_value)
         if d.dim_param:
             return self.o.symbol(d.dim_param)
-        return self.o.fresh()
+        return self.o.fresh(hint)
 
-    def dims_of(self, tp: onnx.TypeProto) -> list | None:
+    def dims_of(self, tp: onnx.TypeProto, hint: str | None = None) -> list | None:
+        """The dims of a tensor type; an unnamed one is called ``{hint}{i}`` when a hint is
+        given (``X_d0`` for input X, ``node_o0__d1`` for an operator's output, as onnxruntime
+        names them), else ``unk__N``."""
         tt = tp.tensor_type
-        return [self.dim(d) for d in tt.shape.dim] if tt.HasField("shape") else None
+        if not tt.HasField("shape"):
+            return None
+        return [self.dim(d, f"{hint}{i}" if hint else None) for i, d in enumerate(tt.shape.dim)]
 
     def shape(self, name: str) -> list | None:
         t = self.types.get(name)
@@ -179,6 +184,8 @@ class _Graph:
         # symbol. With auto_merge, of two symbols one replaces the other everywhere in the
         # output (not a symbol met by a number: the symbol may still be 1 elsewhere).
         keep, drop = (a, b) if a.is_Integer or (a.is_Symbol and not b.is_Integer) else (b, a)
+        if keep.is_Symbol and drop.is_Symbol and str(drop) < str(keep):
+            keep, drop = drop, keep  # of two names, the first in sort order: deterministic
         if self.o.auto_merge and drop.is_Symbol and not keep.is_Integer:
             self.o.merged[drop] = keep
         return keep
@@ -202,7 +209,8 @@ class _Graph:
         g = self.graph
         for vi in g.input:
             if vi.type.HasField("tensor_type"):
-                self.types[vi.name] = (vi.type.tensor_type.elem_type, self.dims_of(vi.type))
+                self.types[vi.name] = (vi.type.tensor_type.elem_type,
+                                       self.dims_of(vi.type, f"{vi.name}_d"))
             elif vi.type.WhichOneof("value") is not None:
                 self.other[vi.name] = vi.type
         for init in g.initializer:
@@ -288,10 +296,11 @@ class _Graph:
             result = model
         found = {vi.name: vi for vi in result.graph.value_info}
         first = self.shape(node.input[0]) if node.input and node.input[0] else None
-        for name in node.output:
+        for k, name in enumerate(node.output):
             vi = found.get(name)
             if vi is not None and vi.type.HasField("tensor_type"):
-                self.set(name, vi.type.tensor_type.elem_type, self.dims_of(vi.type))
+                self.set(name, vi.type.tensor_type.elem_type,
+                         self.dims_of(vi.type, f"{node.name}_o{k}__d" if node.name else None))
             elif vi is not None and vi.type.WhichOneof("value") is not None:
                 self.other[name] = vi.type
                 self.other_inferred.append(name)
@@ -656,6 +665,127 @@ class _Graph:
                  v[tuple(index)] if v is not None and index is not None else None)
         return None
 
+    def equal(self, a: Any, b: Any) -> None:
+        """Two dims an operator needs equal (a MatMul's contracted dims): with auto_merge a
+        symbol found equal to a number or another symbol is replaced by it in the output."""
+        if self.o.auto_merge and a != b:
+            if a.is_Symbol and (b.is_Integer or b.is_Symbol):
+                self.o.merged[a] = b
+            elif b.is_Symbol and a.is_Integer:
+                self.o.merged[b] = a
+
+    def matmul(self, a: list | None, b: list | None, trans_a: int = 0, trans_b: int = 0
+               ) -> list | None:
+        if a is None or b is None or not a or not b:
+            return None
+        a, b = list(a), list(b)
+        if trans_a and len(a) >= 2:
+            a[-2:] = a[-1], a[-2]
+        if trans_b and len(b) >= 2:
+            b[-2:] = b[-1], b[-2]
+        one = self.sp.Integer(1)
+        va, vb = len(a) == 1, len(b) == 1
+        a, b = ([one] + a if va else a), (b + [one] if vb else b)
+        self.equal(a[-1], b[-2])
+        out = self.broadcast([a[:-2], b[:-2]]) + [a[-2], b[-1]]
+        if vb:
+            out.pop(-1)
+        if va:
+            out.pop(-2 if not vb else -1)
+        return out
+
+    def op_MatMul(self, node: onnx.NodeProto) -> Any:
+        out = self.matmul(self.shape(node.input[0]), self.shape(node.input[1]))
+        if out is None:
+            return NotImplemented
+        self.set(node.output[0], self.etype(node.input[0]), out)
+        return None
+
+    def op_MatMulInteger(self, node: onnx.NodeProto) -> Any:
+        out = self.matmul(self.shape(node.input[0]), self.shape(node.input[1]))
+        if out is None:
+            return NotImplemented
+        self.set(node.output[0], TensorProto.INT32, out)
+        return None
+
+    def ms_FusedMatMul(self, node: onnx.NodeProto) -> Any:
+        out = self.matmul(self.shape(node.input[0]), self.shape(node.input[1]),
+                          self.attr(node, "transA", 0), self.attr(node, "transB", 0))
+        self.set(node.output[0], self.etype(node.input[0]), out)
+        return None
+
+    def ms_MatMulIntegerToFloat(self, node: onnx.NodeProto) -> Any:
+        out = self.matmul(self.shape(node.input[0]), self.shape(node.input[1]))
+        self.set(node.output[0], self.etype(node.input[2]), out)
+        return None
+
+    def ms_DynamicQuantizeMatMul(self, node: onnx.NodeProto) -> Any:
+        out = self.matmul(self.shape(node.input[0]), self.shape(node.input[1]))
+        self.set(node.output[0], self.etype(node.input[0]), out)
+        return None
+
+    def _like_input(self, node: onnx.NodeProto) -> Any:
+        self.set(node.output[0], self.etype(node.input[0]), self.shape(node.input[0]))
+        return None
+
+    ms_Gelu = ms_FastGelu = ms_BiasGelu = ms_QuickGelu = ms_SkipLayerNormalization = \
+        ms_SkipSimplifiedLayerNormalization = ms_BiasAdd = _like_input
+
+    def op_LayerNormalization(self, node: onnx.NodeProto) -> Any:
+        # also before opset 17, where onnxruntime defines it in the onnx domain itself
+        x = self.shape(node.input[0])
+        if x is None:
+            return NotImplemented
+        self.set(node.output[0], self.etype(node.input[0]), x)
+        axis = self.attr(node, "axis", -1)
+        axis = axis + len(x) if axis < 0 else axis
+        stash = self.attr(node, "stash_type", TensorProto.FLOAT)
+        stats = x[:axis] + [self.sp.Integer(1)] * (len(x) - axis)
+        for out in node.output[1:]:
+            self.set(out, stash, stats)
+        return None
+
+    ms_LayerNormalization = ms_SimplifiedLayerNormalization = op_LayerNormalization
+    op_SimplifiedLayerNormalization = op_LayerNormalization
+
+    def op_SoftmaxCrossEntropyLoss(self, node: onnx.NodeProto) -> Any:
+        scores, labels = self.shape(node.input[0]), self.shape(node.input[1])
+        reduction = self.attr(node, "reduction", b"mean")
+        reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+        self.set(node.output[0], self.etype(node.input[0]),
+                 labels if reduction == "none" else [])
+        if len(node.output) > 1:
+            self.set(node.output[1], self.etype(node.input[0]), scores)
+        return None
+
+    ms_SoftmaxCrossEntropyLossInternal = op_SoftmaxCrossEntropyLoss
+
+    def ms_Attention(self, node: onnx.NodeProto) -> Any:
+        x, w = self.shape(node.input[0]), self.shape(node.input[1])
+        if x is None or w is None or len(x) != 3:
+            return NotImplemented
+        sizes = self.attr(node, "qkv_hidden_sizes")
+        hidden = self.sp.Integer(sizes[2]) if sizes else self.sp.simplify(w[1] / 3)
+        self.set(node.output[0], self.etype(node.input[0]), [x[0], x[1], hidden])
+        past = self.shape(node.input[4]) if len(node.input) > 4 and node.input[4] else None
+        if len(node.output) > 1 and past is not None and len(past) == 5:
+            self.set(node.output[1], self.etype(node.input[0]),
+                     past[:3] + [past[3] + x[1], past[4]])
+        return None
+
+    def ms_MultiHeadAttention(self, node: onnx.NodeProto) -> Any:
+        q = self.shape(node.input[0])
+        v = self.shape(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if q is None or len(q) != 3:
+            return NotImplemented
+        hidden = q[2]
+        if v is not None and len(v) == 3:
+            hidden = v[2]
+        elif v is not None and len(v) == 4:
+            hidden = v[1] * v[3]
+        self.set(node.output[0], self.etype(node.input[0]), [q[0], q[1], hidden])
+        return None
+
     def op_Einsum(self, node: onnx.NodeProto) -> Any:
         eq = self.attr(node, "equation").decode().replace(" ", "")
         lhs, arrow, rhs = eq.partition("->")
@@ -770,7 +900,9 @@ class SymbolicShapeInference:
             self.symbols[name] = self.sp.Symbol(name, integer=True, positive=True)
         return self.symbols[name]
 
-    def fresh(self) -> Any:
+    def fresh(self, name: str | None = None) -> Any:
+        if name and name not in self.symbols:
+            return self.symbol(name)
         while f"unk__{self.count}" in self.symbols:
             self.count += 1
         return self.symbol(f"unk__{self.count}")
