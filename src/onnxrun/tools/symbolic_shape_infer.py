@@ -39,8 +39,6 @@ _CMP = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or"
 _NUMERIC = {TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
             TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8,
             TensorProto.BOOL, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16}
-_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Mod", "Pow", "Where", "BitShift",
-           "PRelu", "Sum", "Mean", *_CMP - {"Not"}}
 
 
 def _sympy() -> Any:
@@ -424,25 +422,23 @@ class _Graph:
         self.set(node.output[0], etype, out, val)
         return None
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("op_") and name[3:] in _BINARY:
-            op = name[3:]
+    def _elementwise(self, node: onnx.NodeProto) -> Any:
+        """Broadcasting operators; arithmetic on shape values is carried out symbolically."""
+        op = node.op_type
+        if op == "Where":
+            if any(n not in self.types for n in node.input):
+                return NotImplemented
+            self.set(node.output[0], self.etype(node.input[1]),
+                     self.broadcast([self.shape(n) for n in node.input]))
+            return None
+        etype = TensorProto.BOOL if op in _CMP else self.etype(node.input[0])
+        b = node.input[1] if len(node.input) > 1 else node.input[0]
+        return self._binary(node, node.input[0], b, etype)
 
-            def handler(node: onnx.NodeProto) -> Any:
-                etype = (TensorProto.BOOL if op in _CMP else
-                         self.etype(node.input[1]) if op == "Where" else
-                         self.etype(node.input[0]))
-                if op == "Where":
-                    ins = [n for n in node.input]
-                    if any(n not in self.types for n in ins):
-                        return NotImplemented
-                    self.set(node.output[0], etype,
-                             self.broadcast([self.shape(n) for n in ins]))
-                    return None
-                return self._binary(node, node.input[0], node.input[1] if len(node.input) > 1
-                                    else node.input[0], etype)
-            return handler
-        raise AttributeError(name)
+    op_Add = op_Sub = op_Mul = op_Div = op_Max = op_Min = op_Mod = op_Pow = _elementwise
+    op_Where = op_BitShift = op_PRelu = op_Sum = op_Mean = _elementwise
+    op_Equal = op_Less = op_Greater = op_LessOrEqual = op_GreaterOrEqual = _elementwise
+    op_And = op_Or = op_Xor = _elementwise
 
     def op_Gather(self, node: onnx.NodeProto) -> Any:
         data, idx = self.shape(node.input[0]), self.shape(node.input[1])
