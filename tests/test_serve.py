@@ -437,6 +437,19 @@ def test_load_and_unload(server):
     assert client.is_model_ready("fixed")  # the others kept serving
 
 
+@pytest.mark.parametrize("make, reason", [
+    (lambda p: p / "nosuch", "does not exist"),
+    (lambda p: p, "no model found"),  # an empty folder
+    (lambda p: (p / "m.txt").write_text("x") and p / "m.txt", "neither a model repository"),
+])
+def test_cli_errors_are_one_line(tmp_path, make, reason):
+    result = subprocess.run([sys.executable, "-m", "onnxrun", "serve", str(make(tmp_path)),
+                             "--http-port", str(_free_port()), "--metrics-port", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert reason in result.stderr and "Traceback" not in result.stderr
+
+
 def test_config_subset():
     cfg = read_config("""
         name: "m"  # a comment
