@@ -196,6 +196,15 @@ def test_bytes_tensors(server, binary):
     assert same.tolist() == [b"\xff"]
 
 
+@pytest.mark.parametrize("binary", [True, False])
+def test_large_tensors(server, binary):
+    client, _, _ = server
+    x = np.random.default_rng(3).standard_normal((5000, 4), dtype=np.float32)  # 80 KB each
+    outputs = [httpclient.InferRequestedOutput("sum", binary_data=binary)]
+    result = client.infer("fixed", _inputs(x, x, binary), outputs=outputs)
+    np.testing.assert_array_equal(result.as_numpy("sum"), x + x)
+
+
 def _stats(client, name):
     return client.get_inference_statistics(name)["model_stats"][0]
 

@@ -29,7 +29,10 @@ from .tensors import DATATYPES, datatype_of_array, element_count, from_bytes, to
 
 log = logging.getLogger("onnxrun.serve")
 
-MAX_REQUEST_BYTES = 256 << 20  # a larger body is refused (413) before it is read whole
+MAX_REQUEST_BYTES = 256 << 20  # a larger body is refused (400) before it is read whole
+# tensors larger than this are converted in a worker thread, so that one large (JSON) request
+# does not stall the event loop and every other connection with it
+OFF_LOOP_BYTES = 1 << 16
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
 
 
@@ -307,7 +310,11 @@ def create_app(repository: Repository) -> Starlette:
         except RecursionError:
             raise BadRequest("the request's JSON is nested too deeply") from None
         try:
-            inputs, requested, binary_default = _decode(header, binary)
+            if len(body) > OFF_LOOP_BYTES:
+                inputs, requested, binary_default = await run_in_threadpool(
+                    _decode, header, binary)
+            else:
+                inputs, requested, binary_default = _decode(header, binary)
         except RecursionError:
             raise BadRequest("an input's data is nested too deeply") from None
         params = header.get("parameters") or {}
@@ -319,6 +326,8 @@ def create_app(repository: Repository) -> Starlette:
                                         else None, timeout_us=timeout)
         results = await asyncio.wrap_future(future)
         binary_flags = requested or dict.fromkeys(results, binary_default)
+        if sum(np.asarray(v).nbytes for v in results.values()) > OFF_LOOP_BYTES:
+            return await run_in_threadpool(_encode, model, header, results, binary_flags)
         return _encode(model, header, results, binary_flags)
 
     async def on_error(request: Request, exc: Exception) -> Response:
