@@ -190,3 +190,24 @@ def test_fused_matmul_transposes() -> None:
     """)
     got = shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True))
     assert got["output:fm"] == (onnx.TensorProto.FLOAT, (16, 8))
+
+
+def test_loop_scan_output_stacks_the_iterations(tmp_path, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    monkeypatch.chdir(tmp_path)
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64 trip, bool cond, float[N, 3] x) => (float[a] total, float[p, q, r] stacked) {
+        total, stacked = Loop(trip, cond, s0) <body = b (int64 i, bool c, float[1] acc)
+            => (bool c_out, float[1] acc_out, float[N, 3] y) {
+            c_out = Identity(c)
+            acc_out = Identity(acc)
+            y = Relu(x)
+        }>
+    }
+    """.replace("(trip, cond, s0)", "(trip, cond, x0)").replace(
+        "float[N, 3] x) =>", "float[N, 3] x, float[1] x0) =>"))
+    ours = shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True))
+    assert ours["output:stacked"] == (onnx.TensorProto.FLOAT, ("Loop_0_o0__d0", "N", 3))
+    assert ours["output:total"] == (onnx.TensorProto.FLOAT, (1,))
+    assert ours == shapes(ort_tool().infer_shapes(model, auto_merge=True))

@@ -105,6 +105,7 @@ class _Graph:
         # values that are not tensors (sequences, optionals, maps): their type as onnx gave it
         self.other: dict[str, onnx.TypeProto] = dict(outer.other) if outer else {}
         self.inferred: list[str] = []
+        self.position: dict[int, int] = {}
         self.other_inferred: list[str] = []
 
     # ---- dimensions and values -----------------------------------------------------------------
@@ -147,6 +148,11 @@ class _Graph:
             if value.size <= _MAX_VALUE_SIZE:
                 self.values[name] = value
         self.inferred.append(name)
+
+    def unnamed(self, node: onnx.NodeProto, k: int) -> str:
+        """The prefix of a name for output k's dims no rule gives: ``Loop_3_o0__d`` (operator,
+        its place in the graph, output), onnxruntime's names."""
+        return f"{node.op_type}_{self.position.get(id(node), 0)}_o{k}__d"
 
     def as_value(self, arr: np.ndarray) -> np.ndarray | None:
         if arr.size > _MAX_VALUE_SIZE or arr.dtype.kind not in "iubf":
@@ -203,10 +209,17 @@ class _Graph:
         return out
 
     # ---- the walk ------------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, given: dict[str, tuple[int, list | None]] | None = None) -> None:
+        """``given``: what the caller knows of inputs the graph leaves untyped or unshaped
+        (a Loop body's loop-carried values)."""
         g = self.graph
         for vi in g.input:
-            if vi.type.HasField("tensor_type"):
+            known = (given or {}).get(vi.name)
+            if known is not None and not (vi.type.HasField("tensor_type") and
+                                          vi.type.tensor_type.HasField("shape")):
+                etype = vi.type.tensor_type.elem_type if vi.type.HasField("tensor_type") else 0
+                self.types[vi.name] = (etype or known[0], known[1])
+            elif vi.type.HasField("tensor_type"):
                 self.types[vi.name] = (vi.type.tensor_type.elem_type,
                                        self.dims_of(vi.type, f"{vi.name}_d"))
             elif vi.type.WhichOneof("value") is not None:
@@ -220,6 +233,7 @@ class _Graph:
             self.types[init.name] = (init.data_type, [self.sp.Integer(d) for d in init.dims])
             if value is not None:
                 self.values[init.name] = value
+        self.position = {id(n): i for i, n in enumerate(g.node)}
         for node in _topological(g.node):
             self.node(node)
         self.write()
@@ -298,7 +312,7 @@ class _Graph:
             vi = found.get(name)
             if vi is not None and vi.type.HasField("tensor_type"):
                 self.set(name, vi.type.tensor_type.elem_type,
-                         self.dims_of(vi.type, f"{node.name}_o{k}__d" if node.name else None))
+                         self.dims_of(vi.type, self.unnamed(node, k)))
             elif vi is not None and vi.type.WhichOneof("value") is not None:
                 self.other[name] = vi.type
                 self.other_inferred.append(name)
@@ -810,6 +824,37 @@ class _Graph:
         else:
             out = ellipsis + [letters[c] for c in sorted(letters) if counts[c] == 1]
         self.set(node.output[0], self.etype(node.input[0]), out)
+        return None
+
+    def op_Loop(self, node: onnx.NodeProto) -> Any:
+        body = self.attr(node, "body")
+        carried = [n for n in node.input[2:]]
+        given = {}
+        for vi, name in zip(body.input[2:], carried, strict=False):
+            if name in self.types:
+                given[vi.name] = self.types[name]
+        if len(body.input) > 0:
+            given[body.input[0].name] = (TensorProto.INT64, [])
+        if len(body.input) > 1:
+            given[body.input[1].name] = (TensorProto.BOOL, [])
+        sub = _Graph(self.o, body, outer=self)
+        sub.run(given)
+        trip = self.ints_input(node, 0)
+        for k, name in enumerate(node.output):
+            got = sub.types.get(body.output[k + 1].name) if k + 1 < len(body.output) else None
+            if got is None:
+                continue
+            etype, dims = got
+            if k < len(carried):  # a loop-carried value: its dims may change per iteration
+                before = self.shape(carried[k]) if carried[k] else None
+                if dims is not None and before is not None and len(before) == len(dims):
+                    dims = [a if a == b else self.o.fresh(f"{self.unnamed(node, k)}{j}")
+                            for j, (a, b) in enumerate(zip(before, dims, strict=True))]
+            else:  # a scan output: the iterations stacked
+                count = trip[0] if trip and trip[0].is_Integer and len(node.input[1]) == 0 \
+                    else self.o.fresh(f"{self.unnamed(node, k - len(carried))}0")
+                dims = None if dims is None else [count] + dims
+            self.set(name, etype, dims)
         return None
 
     def op_If(self, node: onnx.NodeProto) -> Any:
