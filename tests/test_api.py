@@ -487,14 +487,37 @@ def test_iobinding_ortvalue_input_and_rebinding(sess):
         sess.run_with_iobinding(io)
 
 
-def test_iobinding_refuses_a_preallocated_buffer_of_the_wrong_shape(sess):
+@pytest.mark.parametrize("shape,dtype,ours,theirs", [
+    ([5, 3], np.float32, "Got invalid dimensions for output: Z for the following indices: "
+     "index: 0 Got: 5 Expected: 2", "ensure the pre-allocated shapes match"),
+    ([2, 3, 1], np.float32, "Invalid rank for output: Z Got: 3 Expected: 2",
+     "Invalid rank for output: Z Got: 3 Expected: 2"),
+    ([2, 3], np.float64, "Unexpected output data type for 'Z'. Actual: (tensor(double)) , "
+     "expected: (tensor(float))",
+     "Unexpected output data type. Actual: (tensor(double)) , expected: (tensor(float))"),
+])
+@pytest.mark.parametrize("how", ["ortvalue", "pointer"])
+def test_iobinding_refuses_a_preallocated_buffer_of_the_wrong_shape_or_type(
+        sess, ort_sess, shape, dtype, ours, theirs, how):
     f = feeds(2)
-    io = sess.io_binding()
-    io.bind_cpu_input("X", f["X"])
-    io.bind_cpu_input("Y", f["Y"])
-    io.bind_ortvalue_output("Z", OrtValue.ortvalue_from_shape_and_type([5, 3], np.float32))
-    with pytest.raises(ValueError, match="bound to"):
-        sess.run_with_iobinding(io)
+    errors = []
+    for s in (sess, ort_sess):
+        io = s.io_binding()
+        io.bind_cpu_input("X", f["X"])
+        io.bind_cpu_input("Y", f["Y"])
+        buffer = np.zeros(shape, dtype)
+        if how == "ortvalue":
+            io.bind_ortvalue_output("Z", (OrtValue if s is sess else ort.OrtValue)
+                                    .ortvalue_from_numpy(buffer))
+        else:
+            io.bind_output("Z", "cpu", 0, dtype, shape, buffer.ctypes.data)
+        with pytest.raises(RuntimeError) as info:  # what onnxruntime raises
+            s.run_with_iobinding(io)
+        errors.append(info.value)
+    assert theirs in str(errors[1])
+    # onnxrun: the same wording, naming the output, as an InvalidArgument (a ValueError too)
+    assert isinstance(errors[0], onnxrun.InvalidArgument) and isinstance(errors[0], ValueError)
+    assert ours in str(errors[0])
 
 
 # -- what runs, and stopping a run from another thread ------------------------------------------

@@ -97,6 +97,74 @@ def test_feed_that_is_not_a_mapping_or_not_convertible(sess):
         sess.run(None, feed)
 
 
+def _identity(elem: int, shape: list | None) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", elem, shape)
+    y = helper.make_tensor_value_info("y", elem, shape)
+    m = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                                            [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("elem,shape", [(TensorProto.FLOAT, []), (TensorProto.FLOAT, [2]),
+                                        (TensorProto.INT64, []), (TensorProto.STRING, []),
+                                        (TensorProto.BOOL, [1])])
+def test_none_fed_to_an_input_names_the_input(elem, shape):
+    # A float scalar used to compute NaN from it, a string scalar to pass None on.
+    s = InferenceSession(_identity(elem, shape).SerializeToString())
+    with pytest.raises(onnxrun.InvalidArgument, match="input 'x' was fed None"):
+        s.run(None, {"x": None})
+
+
+def test_none_fed_to_an_optional_input_is_an_absent_value():
+    ort = pytest.importorskip("onnxruntime")
+    x = helper.make_value_info(
+        "x", helper.make_optional_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    y = helper.make_tensor_value_info("y", TensorProto.BOOL, [])
+    m = helper.make_model(
+        helper.make_graph([helper.make_node("OptionalHasElement", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    for feed in (None, np.ones(2, np.float32)):
+        want = ort.InferenceSession(m.SerializeToString()).run(None, {"x": feed})
+        assert InferenceSession(m.SerializeToString()).run(None, {"x": feed}) == want
+
+
+@pytest.mark.parametrize("elem,value", [(TensorProto.INT64, 2**70), (TensorProto.INT64, [1, 2**63]),
+                                        (TensorProto.INT32, 2**40), (TensorProto.UINT64, -1),
+                                        (TensorProto.UINT8, 256)])
+def test_python_int_out_of_the_inputs_range_names_the_input(elem, value):
+    shape = [2] if isinstance(value, list) else []
+    s = InferenceSession(_identity(elem, shape).SerializeToString())
+    with pytest.raises(onnxrun.InvalidArgument, match=r"input 'x': cannot convert"):
+        s.run(None, {"x": value})
+
+
+@pytest.mark.parametrize("value", [
+    np.array(["a", 3, None], dtype=object), ["a", 3, None], ["a", 2.5, True],
+    np.array([b"xy", np.float32(1.5), np.int64(7)], dtype=object), np.array(["a", "é", "c"]),
+    np.array([b"a", b"bc", b"d"]), np.array([["a"], "b", 1.0], dtype=object),
+])
+def test_string_input_takes_mixed_objects_as_onnxruntime_does(value):
+    ort = pytest.importorskip("onnxruntime")
+    m = _identity(TensorProto.STRING, [3]).SerializeToString()
+    got = InferenceSession(m).run(None, {"x": value})[0]
+    if isinstance(value, np.ndarray) and value.dtype.kind == "S":
+        want = np.array([v.decode() for v in value], dtype=object)  # onnxruntime misreads these
+    else:
+        want = ort.InferenceSession(m).run(None, {"x": value})[0]
+    assert got.dtype == object and want.dtype == object
+    assert got.tolist() == want.tolist()
+    assert all(type(v) is str for v in got.tolist())
+
+
+def test_bytes_that_are_not_utf8_for_a_string_input_name_the_input():
+    s = InferenceSession(_identity(TensorProto.STRING, [2]).SerializeToString())
+    with pytest.raises(onnxrun.InvalidArgument, match="input 'x'.*UTF-8"):
+        s.run(None, {"x": np.array([b"ok", b"\xff"])})
+
+
 # -- model files -------------------------------------------------------------------------------
 
 
@@ -250,6 +318,140 @@ def test_typed_data_shorter_than_declared_shape():
 # -- external data -----------------------------------------------------------------------------
 
 WEIGHTS = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
+
+
+@pytest.mark.parametrize("data", ["raw", "typed", "empty"])
+def test_initializer_with_an_unknown_data_type(data):
+    t = TensorProto(name="W", data_type=99, dims=[0 if data == "empty" else 4])
+    if data == "raw":
+        t.raw_data = bytes(16)
+    elif data == "typed":
+        t.float_data.extend([1, 2, 3, 4])
+    with pytest.raises(onnxrun.InvalidGraph, match=r"tensor 'W' does not have a valid data type"):
+        InferenceSession(_model_with_initializer(t).SerializeToString())
+
+
+def test_graph_input_with_an_unknown_data_type():
+    m = _identity(TensorProto.FLOAT, [2])
+    m.graph.input[0].type.tensor_type.elem_type = 99
+    with pytest.raises(onnxrun.InvalidGraph, match=r"graph input 'x': invalid tensor data type 99"):
+        InferenceSession(m.SerializeToString())
+
+
+def _softmax_model_bytes() -> bytes:
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "my.dom" : 1]>
+        main (float[2] X) => (float[2] Y) { T = Softmax<axis = 0>(X)  Y = Identity(T) }
+    """)
+    m.graph.node[0].name = "soft"
+    return m.SerializeToString()
+
+
+@pytest.mark.parametrize("field,old,message", [
+    ("operator type", b"Softmax", r"node 'soft': its operator type is not valid UTF-8"),
+    ("attribute name", b"axis", r"an attribute name is not valid UTF-8"),
+])
+def test_strings_that_are_not_utf8_where_a_name_is_looked_up(field, old, message):
+    data = _softmax_model_bytes()
+    assert data.count(old) == 1
+    with pytest.raises(onnxrun.InvalidGraph, match=message):
+        InferenceSession(data.replace(old, old[:1] + b"\xff" + old[2:]))
+
+
+def test_node_domain_that_is_not_utf8():
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17, "my.dom" : 1]>
+        main (float[2] X) => (float[2] Y) { Y = my.dom.Op(X) }
+    """)
+    data = m.SerializeToString().replace(b"my.dom", b"my\xffdom")
+    with pytest.raises(onnxrun.InvalidGraph, match="its domain is not valid UTF-8"):
+        InferenceSession(data)
+
+
+def test_node_name_that_is_not_utf8_is_only_a_label():
+    # onnxruntime accepts it (a name looks nothing up): so does onnxrun, and runs the model.
+    data = _softmax_model_bytes().replace(b"soft", b"so\xfft")
+    s = InferenceSession(data)
+    np.testing.assert_allclose(s.run(None, {"X": np.zeros(2, np.float32)})[0], [0.5, 0.5])
+
+
+def _sparse_model(values: list, indices: list, dims: list[int]) -> bytes:
+    sparse = helper.make_sparse_tensor(
+        numpy_helper.from_array(np.array(values, np.float32), "S"),
+        numpy_helper.from_array(np.array(indices, np.int64), "S_indices"), dims)
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [dims[-1]])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Add", ["X", "S"], ["Y"])], "g", [x], [y])
+    graph.sparse_initializer.append(sparse)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def test_huge_sparse_initializer_is_refused_before_it_is_densified():
+    # One value that claims 4 PiB once dense: refused from its declared size, no MemoryError.
+    with pytest.raises(onnxrun.InvalidGraph,
+                       match=r"sparse tensor 'S' of shape \[1125899906842624\] would take "
+                             r"4503599627370496 bytes once dense"):
+        InferenceSession(_sparse_model([1.0], [5], [2**50]))
+    s = InferenceSession(_sparse_model([1.0], [2], [4]))  # a sane one still densifies
+    np.testing.assert_array_equal(s.run(None, {"X": np.zeros(4, np.float32)})[0], [0, 0, 1, 0])
+
+
+@pytest.mark.parametrize("values,indices,dims,message", [
+    ([1.0, 2.0], [1], [4], r"2 values .* indices of shape \[1\]"),
+    ([1.0], [[0, 1]], [4], r"indices of shape \[1, 2\] do not describe a tensor of shape \[4\]"),
+    ([1.0], [7], [4], r"index outside \[4\]"),
+    ([1.0], [[1, 9]], [2, 4], r"index outside \[2, 4\]"),
+])
+def test_malformed_sparse_initializer(values, indices, dims, message):
+    with pytest.raises(onnxrun.InvalidGraph, match=r"sparse tensor 'S'.*" + message):
+        InferenceSession(_sparse_model(values, indices, dims))
+
+
+@pytest.mark.parametrize("domain,version", [("", 29), ("", 99), ("ai.onnx.ml", 99),
+                                            ("com.microsoft", 99)])
+def test_opset_newer_than_supported_is_refused_as_onnxruntime_does(domain, version):
+    ort = pytest.importorskip("onnxruntime")
+    m = _identity(TensorProto.FLOAT, [2])
+    if domain:
+        m.opset_import.append(helper.make_opsetid(domain, version))
+    else:
+        m.opset_import[0].version = version
+    newest = {"": onnx.defs.onnx_opset_version(), "ai.onnx.ml": 5, "com.microsoft": 1}[domain]
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail,
+                       match=f"support for domain {domain or 'ai.onnx'} is till opset {newest}"):
+        ort.InferenceSession(m.SerializeToString())
+    with pytest.raises(onnxrun.InvalidGraph,
+                       match=rf"opset {version} of domain '{domain or 'ai.onnx'}', newer than "
+                             rf"onnxrun supports: the newest is opset {newest}"):
+        InferenceSession(m.SerializeToString())
+    # onnxruntime's switch to allow it anyway
+    so = onnxrun.SessionOptions()
+    so.add_session_config_entry("session.allow_released_opsets_only", "0")
+    s = InferenceSession(m.SerializeToString(), so)
+    assert s.run(None, {"x": np.ones(2, np.float32)})[0].tolist() == [1, 1]
+
+
+def test_custom_domain_at_any_version_is_accepted():
+    m = _identity(TensorProto.FLOAT, [2])
+    m.opset_import.append(helper.make_opsetid("my.domain", 99))
+    assert InferenceSession(m.SerializeToString()).run(None, {"x": np.ones(2, np.float32)})
+
+
+@pytest.mark.parametrize("version", [onnx.IR_VERSION + 1, 99])
+def test_ir_version_newer_than_supported_is_refused_as_onnxruntime_does(version):
+    ort = pytest.importorskip("onnxruntime")
+    m = _identity(TensorProto.FLOAT, [2])
+    m.ir_version = version
+    message = (f"Unsupported model IR version: {version}, max supported IR version: "
+               f"{onnx.IR_VERSION}")
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.Fail, match=message):
+        ort.InferenceSession(m.SerializeToString())
+    with pytest.raises(onnxrun.InvalidGraph, match=message):
+        InferenceSession(m.SerializeToString())
+    m.ir_version = onnx.IR_VERSION
+    assert InferenceSession(m.SerializeToString()).run(None, {"x": np.ones(2, np.float32)})
 
 
 def _external_model(folder: Path, location: str, offset: int = 0,

@@ -113,8 +113,42 @@ def type_shape(tp: onnx.TypeProto | None) -> list[int | str | None] | None:
     dims: list[int | str | None] = []
     for d in ttype.shape.dim:
         which = d.WhichOneof("value")
-        dims.append(d.dim_value if which == "dim_value" else d.dim_param if which else None)
+        if which == "dim_value":
+            # A negative size means "any" (Paddle2ONNX writes -1), as in onnxruntime.
+            dims.append(d.dim_value if d.dim_value >= 0 else None)
+        else:
+            dims.append(d.dim_param if which else None)
     return dims
+
+
+def has_negative_dim(tp: onnx.TypeProto) -> bool:
+    """Whether a (possibly nested) tensor type declares a negative dimension size."""
+    kind = tp.WhichOneof("value")
+    if kind in ("tensor_type", "sparse_tensor_type"):
+        return any(d.dim_value < 0 for d in getattr(tp, kind).shape.dim)
+    if kind in ("sequence_type", "optional_type"):
+        return has_negative_dim(getattr(tp, kind).elem_type)
+    if kind == "map_type":
+        return has_negative_dim(tp.map_type.value_type)
+    return False
+
+
+def without_negative_dims(tp: onnx.TypeProto) -> onnx.TypeProto:
+    """``tp`` itself, or a copy where each negative dimension size is an unknown dimension: the
+    meaning onnxruntime gives it, in the form onnx's shape inference and checker understand."""
+    if not has_negative_dim(tp):
+        return tp
+    copy = onnx.TypeProto()
+    copy.CopyFrom(tp)
+    inner = copy
+    while True:
+        kind = inner.WhichOneof("value")
+        if kind in ("tensor_type", "sparse_tensor_type"):
+            for d in getattr(inner, kind).shape.dim:
+                if d.WhichOneof("value") == "dim_value" and d.dim_value < 0:
+                    d.ClearField("dim_value")
+            return copy
+        inner = inner.map_type.value_type if kind == "map_type" else getattr(inner, kind).elem_type
 
 
 def value_type_string(value: object) -> str:

@@ -10,20 +10,32 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import onnx
 from onnx import helper
 
+from .dtypes import has_negative_dim, without_negative_dims
 from .errors import InvalidGraph
 from .ir import Graph, Model
 from .ir.toposort import stable_topological_order
 
 logger = logging.getLogger("onnxrun")
 
-# onnx's checker refuses IR versions newer than it knows; shape inference works regardless.
+# The newest IR version and operator sets onnxrun accepts: those of the onnx package it checks
+# and infers with (as onnxruntime accepts those of the onnx it was built with), and
+# onnxruntime's own com.microsoft set. Other domains are custom: any version.
 _MAX_IR = onnx.IR_VERSION
+_NEWEST_OPSETS = {
+    ("" if domain == "ai.onnx" else domain): versions[1]
+    for domain, versions in onnx.defs.C.schema_version_map().items()
+}
+_NEWEST_OPSETS["com.microsoft"] = 1
 _GENERATED = re.compile(r"unk__\d+")
+# A negative int64 is a 10-byte varint; after tag 0x08 (field 1, a varint) it is how a negative
+# TensorShapeProto.Dimension.dim_value is written. Looked for in the skeleton's bytes, so a model
+# without one pays no walk over its value types (a false match only costs that walk).
+_NEGATIVE_FIELD_1 = re.compile(rb"\x08[\x80-\xff]{9}\x01")
 
 
 def skeleton(mp: onnx.ModelProto, presorted: bool = False) -> onnx.ModelProto:
@@ -53,11 +65,6 @@ def skeleton(mp: onnx.ModelProto, presorted: bool = False) -> onnx.ModelProto:
             dst.input.append(
                 helper.make_tensor_value_info(sp.values.name, sp.values.data_type, list(sp.dims))
             )
-    if skel.ir_version > _MAX_IR:
-        skel.ir_version = _MAX_IR
-    if skel.ir_version < 4 and len(src.initializer):
-        # IR < 4 requires every initializer to be an input: true here by construction.
-        pass
     return skel
 
 
@@ -153,25 +160,33 @@ def validate(
     *,
     infer_shapes: bool = True,
     has_kernel: Callable[[str, int], bool] | None = None,
+    released_opsets_only: bool = True,
 ) -> None:
     """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR.
 
     ``has_kernel(op_type, opset)`` says whether a provider runs an ai.onnx operator that onnx
-    itself does not define at that opset (see _UNCHECKED_DOMAIN)."""
+    itself does not define at that opset (see _UNCHECKED_DOMAIN). ``released_opsets_only``
+    (onnxruntime's ``session.allow_released_opsets_only``): refuse operator sets newer than
+    onnxrun knows."""
+    check_versions(model, released_opsets_only)
     # The IR lists the proto's nodes in its order (unless the caller sorted the proto since).
     presorted = len(model.graph.nodes) == len(mp.graph.node) and _ir_sorted(model.graph)
     skel = skeleton(mp, presorted)
     _add_shape_constants(skel, model)
     if has_kernel is not None:
         _hide_unknown_ai_onnx_ops(skel, has_kernel)
+    data = skel.SerializeToString()  # once, for the checker and the inference
+    if _NEGATIVE_FIELD_1.search(data) and _unknown_negative_dims(skel, model):
+        data = skel.SerializeToString()
+    checked = _with_ranks(skel)
     try:
-        onnx.checker.check_model(_with_ranks(skel), full_check=False)
+        onnx.checker.check_model(data if checked is skel else checked, full_check=False)
     except onnx.checker.ValidationError as e:
         raise InvalidGraph(f"model failed validation: {_first_line(e)}") from None
     if not infer_shapes:
         return
     try:
-        inferred = onnx.shape_inference.infer_shapes(skel, check_type=True, strict_mode=True)
+        inferred = onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as e:
         if str(e).count("Inference error(s)") <= 1:
             raise InvalidGraph(f"type/shape inference failed: {_first_line(e)}") from None
@@ -180,7 +195,7 @@ def validate(
         # axes): a limit of the inference, not a fault of the model. Infer what can be inferred.
         logger.debug("strict shape inference failed inside a function body: %s", e)
         try:
-            inferred = onnx.shape_inference.infer_shapes(skel, check_type=True)
+            inferred = onnx.shape_inference.infer_shapes(data, check_type=True)
         except Exception as e2:
             logger.debug("shape inference skipped: %s", e2)
             return
@@ -188,6 +203,71 @@ def validate(
         logger.debug("shape inference skipped: %s", e)
         return
     _apply_value_info(model, inferred)
+
+
+def check_versions(model: Model, released_opsets_only: bool = True) -> None:
+    """Refuse an IR version or operator set newer than onnxrun knows, as onnxruntime does: a
+    newer version may change what an operator means, and running it with the older meaning
+    would give silently wrong results."""
+    if model.ir_version > _MAX_IR:
+        raise InvalidGraph(
+            f"Unsupported model IR version: {model.ir_version}, max supported IR version: "
+            f"{_MAX_IR}"
+        )
+    if not released_opsets_only:
+        return
+    for domain, version in model.opset_imports.items():
+        newest = _NEWEST_OPSETS.get(domain)
+        if newest is not None and version > newest:
+            raise InvalidGraph(
+                f"the model imports opset {version} of domain '{domain or 'ai.onnx'}', newer "
+                f"than onnxrun supports: the newest is opset {newest} (the session config "
+                "entry 'session.allow_released_opsets_only' = '0' lifts this check)"
+            )
+
+
+def unknown_negative_dims(graph: onnx.GraphProto) -> bool:
+    """A negative dimension size in a declared type means "any size" (Paddle2ONNX writes -1;
+    onnxruntime accepts any size there). Make each one in ``graph`` (inputs, outputs and
+    value_info, subgraphs included) an unknown dimension, in place, so onnx's shape inference
+    infers it rather than conflicting with it. Returns whether there was one."""
+    found = False
+    for gp in _graph_protos(graph):
+        for vi in [*gp.input, *gp.output, *gp.value_info]:
+            if has_negative_dim(vi.type):
+                vi.type.CopyFrom(without_negative_dims(vi.type))
+                found = True
+    return found
+
+
+def _unknown_negative_dims(skel: onnx.ModelProto, model: Model) -> bool:
+    """unknown_negative_dims on the skeleton, and the same in the IR, so feeds, reported
+    shapes, the optimizer and a saved model see unknown dimensions too."""
+    if not unknown_negative_dims(skel.graph):
+        return False
+    # The IR's types may be messages of the caller's proto: replaced, never changed.
+    for g in _graphs(model.graph):
+        for name, tp in g.value_info.items():
+            g.value_info[name] = without_negative_dims(tp)
+        for v in [*g.inputs, *g.outputs, *(v for n in g.nodes for v in n.outputs)]:
+            if v.type is not None:
+                v.type = without_negative_dims(v.type)
+    return True
+
+
+def _graph_protos(g: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield g
+    for node in g.node:
+        for a in node.attribute:
+            for sub in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _graph_protos(sub)
+
+
+def _graphs(g: Graph) -> Iterator[Graph]:
+    yield g
+    for node in g.nodes:
+        for sub in node.subgraphs():
+            yield from _graphs(sub)
 
 
 # Integer constants this small are shapes, axes, indices: shape inference reads their values
@@ -269,14 +349,22 @@ def _apply_value_info(model: Model, inferred: onnx.ModelProto) -> None:
 
 
 def _gains_shape(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
-    """A tensor declared without a shape (e.g. a graph output) takes the inferred one, as
-    onnxruntime reports it."""
-    return (
+    """Whether inference knows more of a tensor's shape than its declaration: a shape where none
+    was declared (e.g. a graph output), or sizes where the declaration left a dimension open
+    (unknown, symbolic or negative). onnxruntime reports the merged shape; so do we."""
+    if not (
         declared.HasField("tensor_type")
-        and not declared.tensor_type.HasField("shape")
         and inferred.HasField("tensor_type")
         and inferred.tensor_type.HasField("shape")
         and inferred.tensor_type.elem_type == declared.tensor_type.elem_type
+    ):
+        return False
+    if not declared.tensor_type.HasField("shape"):
+        return True
+    have, got = declared.tensor_type.shape.dim, inferred.tensor_type.shape.dim
+    return len(have) == len(got) and any(
+        i.WhichOneof("value") == "dim_value" and d.WhichOneof("value") != "dim_value"
+        for d, i in zip(have, got, strict=True)
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
+from ..dtypes import value_type_string
 from ..errors import InvalidArgument
 from .ortvalue import OrtValue, _check_cpu, array_from_pointer
 
@@ -88,11 +89,7 @@ class IOBinding:
         for name, value in zip(names, values, strict=True):
             target = self._outputs.get(name)
             if target is not None:
-                if target.shape != np.shape(value) or target.dtype != value.dtype:
-                    raise ValueError(
-                        f"output '{name}' is bound to a {target.dtype}{list(target.shape)} buffer "
-                        f"but the model produced {value.dtype}{list(np.shape(value))}"
-                    )
+                _check_bound_output(name, target, value)
                 np.copyto(target, value)
                 value = target
             results.append(OrtValue(value))
@@ -108,3 +105,33 @@ def _check_not_string(name: str, element_type: Any) -> None:
         raise InvalidArgument(
             f"'{name}': Only binding non-string Tensors is supported through a buffer pointer; "
             "bind a string tensor with bind_cpu_input or bind_ortvalue_input")
+
+
+def _check_bound_output(name: str, buffer: np.ndarray, value: Any) -> None:
+    """A bound output buffer must have the type and shape of what the model produced: an
+    InvalidArgument (a RuntimeError, as onnxruntime raises, and a ValueError) with
+    onnxruntime's wording, naming the output."""
+    if not isinstance(value, np.ndarray):
+        raise InvalidArgument(
+            f"output '{name}' is a {value_type_string(value)}, which cannot be written into a "
+            "bound tensor buffer"
+        )
+    if buffer.dtype != value.dtype:
+        raise InvalidArgument(
+            f"Unexpected output data type for '{name}'. Actual: ({value_type_string(buffer)}) , "
+            f"expected: ({value_type_string(value)})"
+        )
+    if buffer.ndim != value.ndim:
+        raise InvalidArgument(
+            f"Invalid rank for output: {name} Got: {buffer.ndim} Expected: {value.ndim} "
+            f"(bound buffer shape {list(buffer.shape)}, output shape {list(value.shape)})"
+        )
+    bad = [f"index: {i} Got: {got} Expected: {want}"
+           for i, (got, want) in enumerate(zip(buffer.shape, value.shape, strict=True))
+           if got != want]
+    if bad:
+        raise InvalidArgument(
+            f"Got invalid dimensions for output: {name} for the following indices: "
+            f"{'; '.join(bad)} (bound buffer shape {list(buffer.shape)}, output shape "
+            f"{list(value.shape)})"
+        )

@@ -209,7 +209,8 @@ class InferenceSession:
             proto = _with_overridden_dims(proto, model)
         # 2. validate
         validate(proto, model, has_kernel=lambda op_type, opset: any(
-            p.registry.lookup("", op_type, opset) is not None for p in self._providers))
+            p.registry.lookup("", op_type, opset) is not None for p in self._providers),
+            released_opsets_only=opts._config.get("session.allow_released_opsets_only") != "0")
         del proto
         # 3. optimize
         model, self._optimization_report = optimize(
@@ -620,6 +621,8 @@ def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelPro
 def _check_value(spec: _InputSpec, value: Any) -> Any:
     if isinstance(value, OrtValue):
         value = value.numpy()
+    if value is None and spec.kind != "optional_type":  # None is an absent optional's value
+        raise InvalidArgument(f"input '{spec.name}' was fed None: it needs a value")
     if isinstance(value, SparseTensor):
         if not spec.sparse:
             raise InvalidArgument(
@@ -631,19 +634,19 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
         return value  # sequences, maps, optionals: checked by the kernels that read them
     if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
         value = OrtValue.from_dlpack(value).numpy()  # a tensor of another library, not copied
+    expected = spec.dtype
     if not isinstance(value, np.ndarray):
         try:
-            value = np.asarray(value, dtype=spec.dtype)  # lists and scalars take the model's type
-        except (TypeError, ValueError) as e:
+            value = np.asarray(value, dtype=expected)  # lists and scalars take the model's type
+        except (TypeError, ValueError, OverflowError) as e:
             raise InvalidArgument(
                 f"input '{spec.name}': cannot convert {type(value).__name__} to "
-                f"{dtypes.tensor_type_string(dtypes.elem_type(spec.dtype))}: {e}"
+                f"{dtypes.tensor_type_string(dtypes.elem_type(expected))}: {e}"
             ) from None
-    expected = spec.dtype
-    if expected is not None and value.dtype != expected:
-        if expected.kind == "O" and value.dtype.kind in "US":
-            value = value.astype(object)
-        elif expected.kind == "O" and value.dtype.kind == "V":
+    if expected is not None and expected.kind == "O" and value.dtype.kind in "OUS":
+        value = _as_strings(spec, value)
+    elif expected is not None and value.dtype != expected:
+        if expected.kind == "O" and value.dtype.kind == "V":
             value = _void_as_strings(spec.name, value)
         else:
             raise InvalidArgument(
@@ -701,6 +704,25 @@ def _void_as_strings(name: str, value: np.ndarray) -> np.ndarray:
         except UnicodeDecodeError as e:
             raise InvalidArgument(
                 f"input '{name}': item {i} of the np.void array is not UTF-8 text: {e}") from None
+    return out
+
+
+def _as_strings(spec: _InputSpec, value: np.ndarray) -> np.ndarray:
+    """A string input as onnxruntime takes it: an array of str, each element that is not one
+    written as ``str()`` writes it (``['a', 3, None]`` -> ``['a', '3', 'None']``); bytes arrays
+    decoded as UTF-8."""
+    if value.dtype.kind == "U":
+        return value.astype(object)
+    if value.dtype.kind == "S":
+        try:
+            return np.char.decode(value, "utf-8").astype(object)
+        except UnicodeDecodeError as e:
+            raise InvalidArgument(f"input '{spec.name}': a string is not UTF-8 ({e})") from None
+    flat = value.reshape(-1)
+    if all(type(s) is str for s in flat):
+        return value
+    out = np.empty(value.shape, dtype=object)
+    out.reshape(-1)[:] = [s if type(s) is str else str(s) for s in flat]
     return out
 
 

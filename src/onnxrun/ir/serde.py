@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -49,6 +50,20 @@ _PACKED = set(_SUB_BYTE) | {
     getattr(TensorProto, n) for n in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, n)
 }
 _PLAIN_DTYPES: dict[int, np.dtype | None] = {}
+_KNOWN_DATA_TYPES: dict[int, bool] = {}
+
+
+def _known_data_type(elem: int) -> bool:
+    """Whether a TensorProto data type is one onnx (and so numpy, with ml_dtypes) can hold."""
+    known = _KNOWN_DATA_TYPES.get(elem)
+    if known is None:
+        try:
+            onnx.helper.tensor_dtype_to_np_dtype(elem)
+            known = True
+        except (KeyError, ValueError, TypeError):
+            known = False
+        _KNOWN_DATA_TYPES[elem] = known
+    return known
 
 
 def _plain_dtype(elem: int) -> np.dtype | None:
@@ -80,6 +95,10 @@ def tensor_to_array(
     count = math.prod(dims)
     if tensor.data_type == TensorProto.UNDEFINED:
         raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
+    if not _known_data_type(tensor.data_type):
+        raise InvalidGraph(
+            f"tensor '{tensor.name}' does not have a valid data type ({tensor.data_type})"
+        )
     # Every read of ``raw_data`` copies the whole buffer out of the protobuf: read it once.
     raw: bytes | memoryview | np.ndarray | None = raw_data
     if raw is None:
@@ -133,17 +152,55 @@ def tensor_to_array(
 
 
 def sparse_to_dense(sp: onnx.SparseTensorProto, read_external: ExternalReader) -> np.ndarray:
+    name = sp.values.name
     values = tensor_to_array(sp.values, read_external)
     indices = tensor_to_array(sp.indices, read_external).astype(np.int64)
-    dims = tuple(sp.dims)
-    dense = np.zeros(dims, dtype=values.dtype)
+    dims = tuple(int(d) for d in sp.dims)
+    if any(d < 0 for d in dims):
+        raise InvalidGraph(f"sparse tensor '{name}' has a negative dimension: {list(dims)}")
+    nnz = values.size
+    if values.ndim != 1 or not (
+        (indices.ndim == 1 and indices.shape[0] == nnz)
+        or (indices.ndim == 2 and indices.shape == (nnz, len(dims)))
+    ):
+        raise InvalidGraph(
+            f"sparse tensor '{name}': {nnz} values of shape {list(values.shape)} with indices "
+            f"of shape {list(indices.shape)} do not describe a tensor of shape {list(dims)} "
+            "(values must be [NNZ], indices [NNZ] or [NNZ, rank])"
+        )
+    # The dense size is declared, not backed by data: a few values may claim petabytes.
+    nbytes = math.prod(dims) * values.dtype.itemsize
+    limit = _memory_size()
+    if limit is not None and nbytes > limit:
+        raise InvalidGraph(
+            f"sparse tensor '{name}' of shape {list(dims)} would take {nbytes} bytes once dense, "
+            f"more than this machine's {limit} bytes of memory"
+        )
+    try:
+        dense = np.zeros(dims, dtype=values.dtype)
+    except (MemoryError, ValueError) as e:
+        raise InvalidGraph(
+            f"sparse tensor '{name}' of shape {list(dims)} ({nbytes} bytes once dense) cannot "
+            f"be allocated: {e}"
+        ) from None
     flat = dense.reshape(-1)
     if indices.ndim == 2:  # [NNZ, rank] coordinates
+        if indices.size and (indices.min() < 0 or (indices >= np.array(dims)).any()):
+            raise InvalidGraph(f"sparse tensor '{name}' has an index outside {list(dims)}")
         indices = np.ravel_multi_index(tuple(indices.T), dims) if indices.size else indices[:, 0]
     if indices.size and (indices.min() < 0 or indices.max() >= flat.size):
-        raise InvalidGraph(f"sparse tensor '{sp.values.name}' has an index outside {list(dims)}")
-    flat[indices] = values.reshape(-1)
+        raise InvalidGraph(f"sparse tensor '{name}' has an index outside {list(dims)}")
+    flat[indices] = values
     return dense
+
+
+def _memory_size() -> int | None:
+    """The machine's physical memory in bytes, where the platform says (no dense tensor can
+    be larger and still be used)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def tensor_type(arr: np.ndarray) -> onnx.TypeProto:
@@ -211,6 +268,7 @@ class _Reader:
             g.sparse_initializer_names.add(name)
             define(v)
         for vi in gp.input:
+            _check_elem_types(vi, "input")
             existing = g.initializers.get(vi.name)
             if existing is not None and self.initializers_are_inputs:
                 continue
@@ -247,19 +305,23 @@ class _Reader:
                         "is neither a graph input, an initializer, nor the output of any node"
                     )
                 inputs.append(v)
+            op_type, domain, name = np_.op_type, np_.domain, np_.name
+            if type(op_type) is not str or type(domain) is not str or type(name) is not str:
+                op_type, domain, name = _node_text(np_)
             attrs = {a.name: self.attribute(a, g, scope) for a in np_.attribute}
             node = Node(
-                np_.op_type,
+                op_type,
                 inputs,
                 outs,
                 attrs,
-                domain=np_.domain,
-                name=np_.name,
+                domain=domain,
+                name=name,
                 overload=getattr(np_, "overload", ""),
                 doc_string=np_.doc_string,
             )
             g.append(node)
         for vi in gp.output:
+            _check_elem_types(vi, "output")
             v = scope.lookup(vi.name)
             if v is None:
                 raise InvalidGraph(f"graph output '{vi.name}' is not produced by the graph")
@@ -270,6 +332,8 @@ class _Reader:
 
     def attribute(self, a: AttributeProto, g: Graph, scope: _Scope) -> Attribute:
         t = a.type
+        if type(a.name) is not str:
+            raise InvalidGraph(f"an attribute name is not valid UTF-8: {a.name!r}")
         if a.ref_attr_name:
             return Attribute(a.name, t, None, a.ref_attr_name)
         A = AttributeProto
@@ -304,6 +368,38 @@ class _Reader:
         else:
             raise InvalidGraph(f"attribute '{a.name}' has an undefined type ({t})")
         return Attribute(a.name, t, value)
+
+
+def _check_elem_types(vi: onnx.ValueInfoProto, what: str) -> None:
+    """A graph input's or output's tensor element types must be ones onnx defines."""
+    tp = vi.type
+    while True:
+        kind = tp.WhichOneof("value")
+        if kind in ("tensor_type", "sparse_tensor_type"):
+            elem = getattr(tp, kind).elem_type
+            if elem != TensorProto.UNDEFINED and not _known_data_type(elem):
+                raise InvalidGraph(f"graph {what} '{vi.name}': invalid tensor data type {elem}")
+            return
+        if kind in ("sequence_type", "optional_type"):
+            tp = getattr(tp, kind).elem_type
+        elif kind == "map_type":
+            tp = tp.map_type.value_type
+        else:
+            return
+
+
+def _node_text(np_: onnx.NodeProto) -> tuple[str, str, str]:
+    """A node's operator type, domain and name when protobuf handed back bytes (a string field
+    that is not UTF-8). An operator cannot be looked up by bytes: refused; a name only labels
+    the node (onnxruntime accepts any bytes there): kept, undecodable bytes escaped."""
+    name = np_.name if type(np_.name) is str else np_.name.decode("utf-8", "backslashreplace")
+    for what, text in (("operator type", np_.op_type), ("domain", np_.domain)):
+        if type(text) is not str:
+            raise InvalidGraph(
+                f"node '{name or (np_.output[0] if np_.output else '')}': its {what} is not "
+                f"valid UTF-8: {text!r}"
+            )
+    return np_.op_type, np_.domain, name
 
 
 def _decode(s: bytes) -> str | bytes:

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
+from ..validate import unknown_negative_dims
 from .quant_types import (
     NP_TYPES,
     QuantType,
@@ -513,6 +514,7 @@ def load_model(model_input: str | Path | ModelProto) -> ModelProto:
         model = copy.deepcopy(model_input)
     else:
         model = onnx.load(str(model_input))
+    unknown_negative_dims(model.graph)  # -1 sizes (Paddle2ONNX): inferred, not conflicting
     try:
         return onnx.shape_inference.infer_shapes(model)
     except Exception as e:  # noqa: BLE001 - quantize what can be typed
