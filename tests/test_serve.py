@@ -274,6 +274,8 @@ def _json_request(x_shape=(1, 4), x_type="FP32", x_data=None, name="x", y_batch=
     (json.dumps(_json_request(x_type="INT64", x_data=[1.5] * 4)).encode(), "not a INT64"),
     (json.dumps(_json_request(x_shape=(9, 4))).encode(), "exceeds its max_batch_size 8"),
     (json.dumps(_json_request(x_shape=(2, 4), y_batch=1)).encode(), "batch size 1, the others 2"),
+    (b'{"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["\\ud800"]}]}',
+     "not valid UTF-8"),
 ])
 def test_bad_json_requests_get_400(server, body, reason):
     _, port, _ = server

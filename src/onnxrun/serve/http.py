@@ -67,7 +67,12 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.nd
     if datatype == "BYTES":
         if not all(isinstance(x, str) for x in flat):
             raise BadRequest(f"input '{name}': BYTES data must be strings")
-        return np.array([x.encode() for x in flat], dtype=object).reshape(shape)
+        try:  # JSON may escape lone surrogates, which are no UTF-8 text
+            for x in flat:
+                x.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"input '{name}': BYTES data is not valid UTF-8 text") from None
+        return np.array(flat, dtype=object).reshape(shape)
     allowed = _JSON_TYPES[dtype.kind]
     for x in flat:
         if not isinstance(x, allowed) or (dtype.kind != "b" and isinstance(x, bool)):
@@ -152,10 +157,12 @@ def _encode(model: Model, header: dict, results: dict[str, np.ndarray],
             out["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif out["datatype"] == "BYTES":
-            try:
+            try:  # str holding escaped non-UTF-8 bytes (element_text) cannot be JSON text
                 out["data"] = [x.decode() if isinstance(x, bytes) else str(x)
                                for x in array.reshape(-1)]
-            except UnicodeDecodeError:
+                for x in out["data"]:
+                    x.encode("utf-8")
+            except (UnicodeDecodeError, UnicodeEncodeError):
                 raise BadRequest(f"output '{name}' holds bytes that are not UTF-8: request it "
                                  "with binary_data") from None
         else:

@@ -45,6 +45,13 @@ def element_count(shape: list[int]) -> int:
     return math.prod(shape)  # Python integers: a huge shape cannot wrap around
 
 
+def element_text(raw: bytes) -> str:
+    """A BYTES element as the str a string tensor holds. Sessions take strings as str (bytes
+    objects would be str()'d, "b'..'", as onnxruntime does); surrogateescape keeps bytes that
+    are not UTF-8, so any element round-trips through to_bytes."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
 def from_bytes(data: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
     """A tensor from its raw bytes; a size that does not fit the shape is an InvalidArgument."""
     count = element_count(shape)
@@ -57,7 +64,7 @@ def from_bytes(data: bytes, datatype: str, shape: list[int], name: str) -> np.nd
             if pos + 4 + size > len(data):
                 raise InvalidArgument(f"input '{name}': BYTES element of {size} bytes runs past "
                                       "the end of its data")
-            items.append(bytes(view[pos + 4:pos + 4 + size]))
+            items.append(element_text(bytes(view[pos + 4:pos + 4 + size])))
             pos += 4 + size
         if len(items) != count:
             raise InvalidArgument(f"input '{name}': {len(items)} BYTES elements for shape "
@@ -74,7 +81,7 @@ def to_bytes(array: np.ndarray) -> bytes:
     if array.dtype.kind in "OUS":
         parts = []
         for item in array.reshape(-1):
-            raw = item if isinstance(item, bytes) else str(item).encode()
+            raw = item if isinstance(item, bytes) else str(item).encode("utf-8", "surrogateescape")
             parts += [len(raw).to_bytes(4, "little"), raw]
         return b"".join(parts)
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
