@@ -407,6 +407,38 @@ def test_float8_qdq(tmp_path):
                         weight_type=QuantType.QFLOAT8E4M3FN)
 
 
+def test_float8_qoperator_matmul_is_com_microsoft_qlinearmatmul(tmp_path):
+    """E4M3FN QOperator MatMul: onnxruntime's quantizer writes com.microsoft's QLinearMatMul
+    (which no runtime defines: the default domain's takes float 8 only from opset 21); a session
+    refuses it with onnxruntime's words for an operator its domain does not define."""
+    ort_quantization = pytest.importorskip("onnxruntime.quantization")
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("x", 1, [3, 8])],
+                          [helper.make_tensor_value_info("y", 1, [3, 4])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = 8
+    src = tmp_path / "fp.onnx"
+    onnx.save(m, src)
+    feeds = [{"x": rng.standard_normal((3, 8)).astype(np.float32)} for _ in range(2)]
+    domains = {}
+    for name, mod in (("onnxrun", sys.modules["onnxrun.quantization"]),
+                      ("ort", ort_quantization)):
+        out = tmp_path / f"{name}.onnx"
+        mod.quantize_static(str(src), str(out), FeedsDataReader(feeds),
+                            quant_format=mod.QuantFormat.QOperator,
+                            activation_type=mod.QuantType.QFLOAT8E4M3FN,
+                            weight_type=mod.QuantType.QFLOAT8E4M3FN,
+                            calibrate_method=mod.CalibrationMethod.Distribution)
+        domains[name] = {n.domain for n in onnx.load(out).graph.node
+                         if n.op_type == "QLinearMatMul"}
+    assert domains["onnxrun"] == domains["ort"] == {"com.microsoft"}
+    with pytest.raises(onnxrun.Fail,
+                       match=r"com\.microsoft:QLinearMatMul\(-1\) is not a registered function/op"):
+        onnxrun.InferenceSession(str(tmp_path / "onnxrun.onnx"))
+
+
 def _f8_std() -> float:
     v = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     return float(np.std(v[np.isfinite(v)]))

@@ -252,7 +252,10 @@ def _matmul(self: OperatorQuantizer, node: NodeProto) -> bool:
     self.out.append(self.make_node(
         "QLinearMatMul", [aq.name, aq.scale, aq.zero_point, bq.name, bq.scale, bq.zero_point,
                           y.scale, y.zero_point],
-        [self.set_output(node.output[0], y)], f"{node.name}_quant" if node.name else ""))
+        [self.set_output(node.output[0], y)], f"{node.name}_quant" if node.name else "",
+        # float 8 weights: onnxruntime's quantizer writes com.microsoft's QLinearMatMul (no
+        # runtime defines it; the default domain's accepts float 8 only from opset 21)
+        domain=MS_DOMAIN if self.weight_qtype == TensorProto.FLOAT8E4M3FN else ""))
     return True
 
 
