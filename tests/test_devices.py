@@ -281,3 +281,88 @@ def test_ortvalue_with_memory_info_needs_a_shared_allocator(monkeypatch):
     assert v.shape() == [2, 3] and v.data_type() == "tensor(float16)"
     with pytest.raises(TypeError, match="OrtMemoryInfo"):
         onnxrun.OrtValue.ortvalue_from_shape_and_type([2], np.float32, memory_info="Cpu")
+
+
+def _model_bytes(metadata: dict[str, str]) -> bytes:
+    model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []),
+                                   opset_imports=[onnx.helper.make_opsetid("", 13)])
+    onnx.helper.set_model_props(model, metadata)
+    return model.SerializeToString()
+
+
+def test_hardware_and_ep_devices_match_onnxruntime(ort):
+    from onnxruntime.capi import _pybind_state as C
+
+    from onnxrun.api import ep_devices as E
+
+    assert _members(E.OrtDeviceEpIncompatibilityReason) == _members(
+        C.OrtDeviceEpIncompatibilityReason)
+    (ours,), (theirs,) = E.get_hardware_devices(), C.get_hardware_devices()
+    for attr in ("vendor", "vendor_id", "device_id", "metadata"):
+        assert getattr(ours, attr) == getattr(theirs, attr), attr
+    assert int(ours.type) == int(theirs.type) == 0 and ours.vendor  # the CPU, named
+    (ep,), (ort_ep,) = onnxrun.get_ep_devices(), ort.get_ep_devices()
+    assert ep.device is ours and ort_ep.device == theirs
+    for attr in ("ep_name", "ep_vendor", "ep_options"):
+        assert getattr(ep, attr) == getattr(ort_ep, attr), attr
+    assert ep.memory_info(onnxrun.OrtDeviceMemoryType.DEFAULT) is None
+    with pytest.raises(TypeError):
+        onnxrun.OrtEpDevice()
+    for mod in (E, C):
+        cpu = mod.get_hardware_devices()[0]
+        details = mod.get_hardware_device_ep_incompatibility_details("CPUExecutionProvider", cpu)
+        assert details == {"reasons_bitmask": 0, "notes": None, "error_code": 0}
+        with pytest.raises(Exception, match="No valid factory found for execution provider 'X'"):
+            mod.get_hardware_device_ep_incompatibility_details("X", cpu)
+        with pytest.raises(TypeError):
+            mod.get_hardware_device_ep_incompatibility_details("CPUExecutionProvider",
+                                                               mod.get_ep_devices()[0])
+        devs = mod.get_ep_devices()
+        assert mod.get_model_compatibility_for_ep_devices(devs, "anything").name == \
+            "EP_NOT_APPLICABLE"
+        with pytest.raises(RuntimeError, match="GetModelCompatibilityForEpDevices"):
+            mod.get_model_compatibility_for_ep_devices([], "info")
+        for bad in ((devs, None), ([cpu], "x"), (devs[0], "x")):
+            with pytest.raises(TypeError):
+                mod.get_model_compatibility_for_ep_devices(*bad)
+
+
+def test_compatibility_info_from_model_matches_onnxruntime(ort, tmp_path):
+    from onnxruntime.capi import _pybind_state as C
+
+    from onnxrun.api import ep_devices as E
+
+    data = _model_bytes({"ep_compatibility_info.X": "v1", "other": "o"})
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    for mod in (E, C):
+        for arg in (data, bytearray(data), memoryview(data)):
+            assert mod.get_compatibility_info_from_model_bytes(arg, "X") == "v1"
+        assert mod.get_compatibility_info_from_model_bytes(data, "other") is None
+        assert mod.get_compatibility_info_from_model(str(path), "X") == "v1"
+        assert mod.get_compatibility_info_from_model(str(path), "Y") is None
+        for bad in ((b"", "X"), (data, ""), (b"not a model", "X")):
+            with pytest.raises(RuntimeError):
+                mod.get_compatibility_info_from_model_bytes(*bad)
+        for bad in (("str", "X"), (data, None)):
+            with pytest.raises(TypeError):
+                mod.get_compatibility_info_from_model_bytes(*bad)
+        for bad in ((str(tmp_path / "missing.onnx"), "X"), ("", "X"), (str(path), ""),
+                    (str(tmp_path), "X")):
+            with pytest.raises(RuntimeError):
+                mod.get_compatibility_info_from_model(*bad)
+    with pytest.raises(onnxrun.NoSuchFile, match="missing.onnx"):
+        E.get_compatibility_info_from_model(str(tmp_path / "missing.onnx"), "X")
+
+
+def test_compat_exports_ep_device_names():
+    from onnxrun import compat
+
+    mods = compat._build()
+    native = mods["onnxruntime.capi.onnxruntime_pybind11_state"]
+    for name in ("OrtDeviceEpIncompatibilityReason", "get_compatibility_info_from_model",
+                 "get_compatibility_info_from_model_bytes", "get_ep_devices",
+                 "get_hardware_device_ep_incompatibility_details", "get_hardware_devices",
+                 "get_model_compatibility_for_ep_devices", "OrtEpDevice", "OrtHardwareDevice"):
+        assert hasattr(native, name), name
+    assert mods["onnxruntime"].get_ep_devices is onnxrun.get_ep_devices

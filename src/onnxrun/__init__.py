@@ -27,6 +27,7 @@ from .api.devices import (
     create_and_register_allocator,
     create_and_register_allocator_v2,
 )
+from .api.ep_devices import OrtEpDevice, OrtHardwareDevice, get_ep_devices
 from .api.iobinding import IOBinding
 from .api.options import (
     ExecutionMode,
@@ -115,11 +116,11 @@ __all__ = [
     "GraphOptimizationLevel", "IOBinding", "InferenceSession", "InvalidArgument", "InvalidGraph",
     "InvalidProtobuf", "LoraAdapter", "ModelMetadata", "NoSuchFile", "NodeArg", "NotImplemented",
     "OnnxRunError", "OrtAllocatorType", "OrtArenaCfg", "OrtDevice", "OrtDeviceMemoryType",
-    "OrtDeviceVendorId", "OrtHardwareDeviceType", "OrtMemType", "OrtMemoryInfo",
-    "OrtMemoryInfoDeviceType", "OrtSparseFormat", "OrtValue", "RunOptions", "RuntimeException",
+    "OrtDeviceVendorId", "OrtEpDevice", "OrtHardwareDevice", "OrtHardwareDeviceType",
+    "OrtMemType", "OrtMemoryInfo", "OrtMemoryInfoDeviceType", "OrtSparseFormat", "OrtValue", "RunOptions", "RuntimeException",
     "SessionOptions", "SparseTensor", "__version__", "create_and_register_allocator",
     "create_and_register_allocator_v2", "disable_telemetry_events", "enable_telemetry_events",
     "get_all_providers", "get_available_providers", "get_build_info", "get_device",
-    "get_version_string", "register_custom_op", "set_default_logger_severity",
+    "get_ep_devices", "get_version_string", "register_custom_op", "set_default_logger_severity",
     "set_default_logger_verbosity", "set_global_thread_pool_sizes", "set_seed", "version",
 ]

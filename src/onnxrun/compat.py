@@ -72,7 +72,7 @@ _NATIVE = (
     "OrtHardwareDeviceType", "OrtMemType", "OrtMemoryInfo", "OrtMemoryInfoDeviceType",
     "create_and_register_allocator", "create_and_register_allocator_v2",
     "set_global_thread_pool_sizes", "SparseTensor", "OrtSparseFormat", "AdapterFormat",
-    "LoraAdapter",
+    "LoraAdapter", "OrtEpDevice", "OrtHardwareDevice", "get_ep_devices",
 )
 
 
@@ -96,7 +96,7 @@ def _module(name: str, doc: str, attrs: dict[str, Any], package: bool = False
 
 
 def _build() -> dict[str, types.ModuleType]:
-    from .api import blockwise, devices
+    from .api import blockwise, devices, ep_devices
     from .api.ortvalue import OrtValue
     from .api.ortvalue_vector import OrtValueVector
     from .api.session import check_and_normalize_provider_args
@@ -132,6 +132,10 @@ def _build() -> dict[str, types.ModuleType]:
                   quantize_matmul_4bits=blockwise.quantize_matmul_4bits,
                   quantize_matmul_8bits=blockwise.quantize_matmul_8bits,
                   quantize_matmul_bnb4=blockwise.quantize_matmul_bnb4)
+    native.update({n: getattr(ep_devices, n) for n in (
+        "OrtDeviceEpIncompatibilityReason", "get_hardware_devices",
+        "get_hardware_device_ep_incompatibility_details", "get_model_compatibility_for_ep_devices",
+        "get_compatibility_info_from_model", "get_compatibility_info_from_model_bytes")})
 
     pybind11 = _module(_NAMES[3], "onnxrun's stand-in for onnxruntime's native module.", native)
     pybind = _module(_NAMES[2], "Re-exports onnxruntime_pybind11_state.", native)
