@@ -193,9 +193,9 @@ def test_ort_value_vector():
 
 
 def devices_capsule(capsule):
-    from onnxrun.api.ortvalue_vector import _Capsule
+    from onnxrun.api.ortvalue import DLPackCapsule
 
-    return _Capsule(capsule)
+    return DLPackCapsule(capsule)
 
 
 def _run_script(body: str) -> subprocess.CompletedProcess:

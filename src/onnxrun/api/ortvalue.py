@@ -165,7 +165,7 @@ class OrtValue:
         """An OrtValue over the memory of a DLPack capsule or of an object with ``__dlpack__``
         (a numpy array, an OrtValue, a CPU torch tensor...), without a copy. ``is_bool_tensor``:
         the data is bool stored as uint8 (producers that predate DLPack's bool type)."""
-        source = _Capsule(data) if type(data).__name__ == "PyCapsule" else data
+        source = DLPackCapsule(data) if type(data).__name__ == "PyCapsule" else data
         if not hasattr(source, "__dlpack__"):
             raise TypeError(
                 f"from_dlpack expects a DLPack capsule or an object with __dlpack__, got "
@@ -190,7 +190,7 @@ class OrtValue:
 _DLPACK_CPU = 1  # DLPack's kDLCPU
 
 
-class _Capsule:
+class DLPackCapsule:
     """A bare DLPack capsule, given the protocol numpy's from_dlpack consumes."""
 
     def __init__(self, capsule: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .ortvalue import OrtValue
+from .ortvalue import DLPackCapsule, OrtValue
 
 
 class OrtValueVector:
@@ -29,7 +29,7 @@ class OrtValueVector:
         elif hasattr(value, "__dlpack__"):
             self._values.append(OrtValue(np.from_dlpack(value)))
         elif type(value).__name__ == "PyCapsule":
-            self._values.append(OrtValue(np.from_dlpack(_Capsule(value))))
+            self._values.append(OrtValue(np.from_dlpack(DLPackCapsule(value))))
         else:
             raise TypeError(f"OrtValueVector.push_back(): expected an OrtValue or a DLPack "
                             f"tensor, got {type(value).__name__}")
@@ -78,16 +78,3 @@ def _tensor(value: OrtValue) -> np.ndarray:
     if not isinstance(arr, np.ndarray) or arr.dtype == object:
         raise RuntimeError(f"DLPack holds numeric tensors only, not {value.data_type()}")
     return arr
-
-
-class _Capsule:
-    """A bare DLPack capsule, as np.from_dlpack wants it: an object with __dlpack__."""
-
-    def __init__(self, capsule: Any) -> None:
-        self._capsule = capsule
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        return self._capsule
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU: the only device onnxrun's values live on

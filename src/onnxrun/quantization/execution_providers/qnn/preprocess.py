@@ -81,17 +81,22 @@ def _rank_checked(vi, what: str, name: str) -> int:
     return rank
 
 
+def _make_channel_last(vi, rank: int) -> list[int]:
+    """Rewrites value_info ``vi``'s [N, C, ...] shape as [N, ..., C]; returns that permutation."""
+    dims = list(vi.type.tensor_type.shape.dim)
+    order = [0, *range(2, rank), 1]
+    del vi.type.tensor_type.shape.dim[:]
+    vi.type.tensor_type.shape.dim.extend(dims[i] for i in order)
+    return order
+
+
 def _input_channel_last(model: ONNXModel, name: str) -> None:
     """Input ``name`` fed as [N, ..., C]; a Transpose gives the graph its [N, C, ...] tensor."""
     vi = model.find_graph_input(name)
     rank = _rank_checked(vi, "input", name)
     inner = f"{name}_channel_first"
     model.replace_input_of_all_nodes(name, inner)
-    dims = list(vi.type.tensor_type.shape.dim)
-    order = [0, *range(2, rank), 1]
-    new_dims = [dims[i] for i in order]
-    del vi.type.tensor_type.shape.dim[:]
-    vi.type.tensor_type.shape.dim.extend(new_dims)
+    _make_channel_last(vi, rank)
     model.add_node(helper.make_node("Transpose", [name], [inner], f"{name}_transpose",
                                     perm=[0, rank - 1, *range(1, rank - 1)]))
 
@@ -103,11 +108,7 @@ def _output_channel_last(model: ONNXModel, name: str) -> None:
     inner = f"{name}_channel_first"
     model.replace_output_of_all_nodes(name, inner)
     model.replace_input_of_all_nodes(name, inner)
-    dims = list(vi.type.tensor_type.shape.dim)
-    order = [0, *range(2, rank), 1]
-    new_dims = [dims[i] for i in order]
-    del vi.type.tensor_type.shape.dim[:]
-    vi.type.tensor_type.shape.dim.extend(new_dims)
+    order = _make_channel_last(vi, rank)
     model.add_node(helper.make_node("Transpose", [inner], [name], f"{name}_transpose",
                                     perm=order))
 
