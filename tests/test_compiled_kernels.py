@@ -22,7 +22,7 @@ from onnx import TensorProto as TP
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
-from onnxrun.providers.cpu.compiled import int8_gemm, ir, lstm, quantize
+from onnxrun.providers.cpu.compiled import int8_gemm, ir, lstm, quantize, targets
 from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
 from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
 from onnxrun.providers.cpu.ops.rnn import fast_lstm_cell
@@ -806,7 +806,7 @@ _GEMM_SCRIPT = textwrap.dedent("""
     import sys, numpy as np
     from onnxrun.providers.cpu.compiled import int8_gemm, jit
     if "--no-compiler" in sys.argv:  # every object must come from the cache
-        def refuse(modules):
+        def refuse(modules, target):
             raise AssertionError(f"compiler started for {sorted(modules)}")
         jit._compile = refuse
     B = np.arange(-60, 60, dtype=np.int8).reshape(12, 10)
@@ -876,7 +876,7 @@ def test_no_compiler_process_without_llvmlite(monkeypatch):
         raise AssertionError("a compiler process was started")
 
     monkeypatch.setattr(subprocess, "run", refuse)
-    answer = jit._compile({"m": ("define void @f() {\n  ret void\n}", ())})
+    answer = jit._compile({"m": "define void @f() {\n  ret void\n}"}, targets.get("avx2"))
     assert answer["objects"] == {} and "llvmlite" in answer["error"]
 
 
@@ -885,10 +885,12 @@ def test_kernel_cache_switched_off_writes_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", "0")
     assert cache.folder() is None
-    assert cache.key({"m": ("ir", ())}) is None
+    avx2 = targets.get("avx2")
+    assert cache.key({"m": "ir"}, avx2) is None
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", str(tmp_path))
-    key = cache.key({"m": ("ir", ())})
-    assert key is None or key != cache.key({"m": ("other ir", ())})
+    key = cache.key({"m": "ir"}, avx2)
+    assert key != cache.key({"m": "other ir"}, avx2)
+    assert key != cache.key({"m": "ir"}, targets.get("avx512"))  # the target is in the key
 
 
 def test_object_calling_outside_itself_is_refused():
@@ -899,7 +901,7 @@ def test_object_calling_outside_itself_is_refused():
     from onnxrun.providers.cpu.compiled import elf, jit
 
     ir = "declare void @ext()\ndefine void @f() {\n  call void @ext()\n  ret void\n}"
-    answer = jit._compile({"outside": (ir, ())})
+    answer = jit._compile({"outside": ir}, targets.get("avx2"))
     assert answer["error"] is None
     with pytest.raises(elf.ObjectError, match="outside itself"):
         elf.load(base64.b64decode(answer["objects"]["outside"]))

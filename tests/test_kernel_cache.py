@@ -25,23 +25,25 @@ import pytest
 from one_node_harness import one_node
 
 import onnxrun
-from onnxrun.providers.cpu.compiled import cache, elf, int8_gemm, jit
+from onnxrun.providers.cpu.compiled import cache, elf, int8_gemm, jit, targets
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llvmlite") is None,
-                                reason="llvmlite is not installed")
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llvmlite") is None,
+                                 reason="llvmlite is not installed"),
+              pytest.mark.skipif(targets.select()[0] is None, reason=str(targets.select()[1]))]
 
 NAME = "test_add"
 ADD_IR = "define i64 @add(i64 %a, i64 %b) {\n  %s = add i64 %a, %b\n  ret i64 %s\n}"
 # what a planted object would do instead: the same symbol, another result
 MUL_IR = "define i64 @add(i64 %a, i64 %b) {\n  %s = mul i64 %a, %b\n  ret i64 %s\n}"
 SIGNATURES = {"add": ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)}
-MODULES = {NAME: (ADD_IR, ())}
+MODULES = {NAME: ADD_IR}
+TARGET = targets.select()[0]  # the host's best: what compile_module uses here
 
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
     """A fresh cache folder for this test; modules compiled by earlier tests forgotten."""
-    jit.host_features()  # the bundle, once per process, wherever its cache is
+    jit.why_unavailable()  # the bundle, once per process, wherever its cache is
     path = tmp_path / "kernels"
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", str(path))
     monkeypatch.setattr(jit, "_modules", {})
@@ -56,9 +58,9 @@ def compiles(monkeypatch):
     seen = []
     real = jit._compile
 
-    def counting(modules):
+    def counting(modules, target):
         seen.append(sorted(modules))
-        return real(modules)
+        return real(modules, target)
 
     monkeypatch.setattr(jit, "_compile", counting)
     return seen
@@ -73,19 +75,19 @@ _COMPILE = jit._compile  # uncounted
 
 
 def _object(ir: str) -> str:
-    answer = _COMPILE({"m": (ir, ())})
+    answer = _COMPILE({"m": ir}, TARGET)
     assert answer["error"] is None, answer
     return answer["objects"]["m"]
 
 
 def _entry(folder):
-    return folder / cache.entry_name(cache.key(MODULES))
+    return folder / cache.entry_name(cache.key(MODULES, TARGET))
 
 
 def _plant(folder, obj_b64: str) -> None:
     """An answer holding ``obj_b64`` for the test module, tagged with the folder's own secret
     (as if our compiler had produced it)."""
-    cache.write(cache.key(MODULES), {"features": [], "objects": {NAME: obj_b64}, "errors": {}})
+    cache.write(cache.key(MODULES, TARGET), {"objects": {NAME: obj_b64}, "errors": {}})
 
 
 def _forget(monkeypatch) -> None:
@@ -94,7 +96,7 @@ def _forget(monkeypatch) -> None:
 
 
 def _is_good_entry(folder) -> bool:
-    answer = cache.read(cache.key(MODULES))
+    answer = cache.read(cache.key(MODULES, TARGET))
     return answer is not None and elf.load(base64.b64decode(answer["objects"][NAME])) is not None
 
 
@@ -107,7 +109,7 @@ def test_entry_is_written_tagged_with_a_private_secret(folder, compiles, monkeyp
     assert folder.stat().st_mode & 0o777 == 0o700
     secret = folder / "secret"
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.stat().st_size == 32
-    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 2\n")
+    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 3\n")
     _forget(monkeypatch)
     assert _add() == 5
     assert compiles == [[NAME]]  # the second load came from the cache
@@ -116,7 +118,7 @@ def test_entry_is_written_tagged_with_a_private_secret(folder, compiles, monkeyp
 def test_planted_entry_without_a_tag_is_refused_and_recompiled(folder, compiles):
     """Today's format, an untagged JSON answer with the right symbol, is never run."""
     folder.mkdir(mode=0o700)
-    planted = {"key": cache.key(MODULES), "features": [], "objects": {NAME: _object(MUL_IR)},
+    planted = {"key": cache.key(MODULES, TARGET), "objects": {NAME: _object(MUL_IR)},
                "errors": {}}
     _entry(folder).write_text(json.dumps(planted))
     assert _add() == 5
@@ -219,7 +221,9 @@ def test_session_falls_back_to_numpy_when_the_gemm_object_cannot_be_had(folder, 
     """The int8 GEMM asked for (as on a VNNI CPU) but its object does not load: the session is
     created and runs on the numpy path, like onnxruntime."""
     monkeypatch.setattr(jit, "why_unavailable", lambda requires=(): None)
-    monkeypatch.setattr(jit, "_state", {**jit._state, "objects": {}})
+    monkeypatch.setattr(jit, "_why", lambda requires=(): (TARGET, None))
+    monkeypatch.setattr(jit, "_state", {TARGET.name: {**jit._compile_bundle(TARGET),
+                                                      "objects": {}}})
 
     def refuse(data):
         raise elf.ObjectError("refused")
@@ -379,11 +383,11 @@ _SCRIPT = textwrap.dedent("""
     import ctypes, sys
     from onnxrun.providers.cpu.compiled import jit
     if "--no-compiler" in sys.argv:  # the object must come from the cache
-        def refuse(modules):
+        def refuse(modules, target):
             raise AssertionError(f"compiler started for {sorted(modules)}")
         jit._compile = refuse
-        jit._state.update(features=set(), error=None, objects={}, errors={}, key=None,
-                          cached=False)
+        jit._state[jit.target().name] = dict(error=None, objects={}, errors={}, key=None,
+                                             cached=False)
     fn = jit.compile_module("test_add", sys.argv[1],
                             {"add": ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64,
                                                      ctypes.c_int64)}).add

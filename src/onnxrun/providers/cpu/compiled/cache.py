@@ -1,6 +1,7 @@
 """The on-disk cache of compiled objects (``ONNXRUN_KERNEL_CACHE``, default
 ``~/.cache/onnxrun/kernels``; ``0`` turns it off): one entry per compiler request, keyed by
-the IR and the CPU's identity, so a later process loads the objects without a compiler.
+the IR and the target it was compiled for, so a later process loads the objects without a
+compiler.
 
 Whoever can write the cache decides the machine code every later process runs, so an entry
 is used only when:
@@ -25,15 +26,15 @@ import hashlib
 import hmac
 import json
 import os
-import platform
 import secrets
 import stat
 import warnings
-from collections.abc import Iterable
+
+from .targets import Target
 
 _CACHE_ENV = "ONNXRUN_KERNEL_CACHE"
-_VERSION = 2  # 2: entries carry an HMAC tag
-_MAGIC = b"onnxrun-kernels 2\n"
+_VERSION = 3  # 2: entries carry an HMAC tag; 3: objects compiled for a named target
+_MAGIC = b"onnxrun-kernels 3\n"
 _SECRET = "secret"
 _SECRET_BYTES = 32
 _MAX_ENTRY = 64 << 20
@@ -52,32 +53,16 @@ def folder() -> str | None:
     return os.path.join(base, "onnxrun", "kernels")
 
 
-def _cpu_identity() -> str | None:
-    """What the compiled code depends on besides its IR: the CPU model and its feature flags
-    (Linux's /proc/cpuinfo); None where they cannot be read (then nothing is cached)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            head = f.read(1 << 16).split("\n\n", 1)[0]
-    except OSError:
+def key(modules: dict[str, str], target: Target) -> str | None:
+    """The entry name of a compiler request (name -> IR text, compiled for ``target``); None
+    where nothing is cached. The objects depend on the IR and the target only (the compiler
+    is given the target's CPU level and features, never the host's)."""
+    if folder() is None:
         return None
-    wanted = {k: v.strip() for k, _, v in (line.partition(":") for line in head.splitlines())
-              if k.strip() in ("vendor_id", "model name", "cpu family", "model", "flags")}
-    if "flags" not in " ".join(wanted):
-        return None
-    return f"{platform.machine()}|{sorted(wanted.items())}"
-
-
-def key(modules: dict[str, tuple[str, Iterable[str]]]) -> str | None:
-    """The entry name of a compiler request: name -> (IR, required features); None where
-    nothing is cached."""
-    cpu = _cpu_identity()
-    if cpu is None or folder() is None:
-        return None
-    digest = hashlib.sha256(f"v{_VERSION}|{cpu}".encode())
+    digest = hashlib.sha256(f"v{_VERSION}|{target.identity}".encode())
     for name in sorted(modules):
-        ir_text, requires = modules[name]
-        digest.update(f"|{name}|{sorted(requires)}|".encode())
-        digest.update(ir_text.encode())
+        digest.update(f"|{name}|{len(modules[name])}|".encode())
+        digest.update(modules[name].encode())
     return digest.hexdigest()
 
 
@@ -244,8 +229,8 @@ def _verified(data: bytes, secret: bytes | None, entry_key: str) -> dict | None:
         answer = json.loads(payload)
         if answer["key"] != entry_key:
             return None
-        return {"features": list(answer["features"]), "error": None,
-                "objects": dict(answer["objects"]), "errors": dict(answer["errors"])}
+        return {"error": None, "objects": dict(answer["objects"]),
+                "errors": dict(answer["errors"])}
     except (ValueError, TypeError, KeyError):
         return None
 
@@ -255,8 +240,8 @@ def write(entry_key: str | None, answer: dict) -> None:
     cache."""
     if entry_key is None:
         return
-    payload = json.dumps({"key": entry_key, "features": answer["features"],
-                          "objects": answer["objects"], "errors": answer["errors"]}).encode()
+    payload = json.dumps({"key": entry_key, "objects": answer["objects"],
+                          "errors": answer["errors"]}).encode()
     with _Folder(create=True) as f:
         if f.fd is None:
             return

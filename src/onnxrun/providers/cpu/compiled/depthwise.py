@@ -220,6 +220,6 @@ class DepthwiseFloat:
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"depthwise_f32_3x3": (lambda: module_ir(3, 3), REQUIRES)}
+BUNDLE = {"depthwise_f32_3x3": (lambda target: module_ir(3, 3), REQUIRES)}
 
 __all__ = ["BUNDLE", "DepthwiseFloat", "MAX_TAPS", "REQUIRES", "module_ir"]

@@ -20,6 +20,8 @@ import struct
 import weakref
 
 EM_X86_64, ET_REL = 62, 1
+_MACHINES = {3: "i386", 40: "ARM", 183: "AArch64", 243: "RISC-V", 21: "PowerPC64",
+             22: "s390"}
 SHT_SYMTAB, SHT_STRTAB, SHT_RELA, SHT_NOBITS = 2, 3, 4, 8
 SHF_ALLOC = 0x2
 STT_FUNC = 2
@@ -56,8 +58,11 @@ def _sections(obj: bytes) -> list[_Section]:
     if ident != (b"\x7fELF", 2, 1):
         raise ObjectError("not a 64-bit little-endian ELF object")
     e_type, machine = _unpack("<HH", obj, 0x10, "the ELF header")
-    if e_type != ET_REL or machine != EM_X86_64:
-        raise ObjectError(f"not an x86-64 relocatable object (type {e_type}, machine {machine})")
+    if machine != EM_X86_64:  # another architecture's code: never mapped executable here
+        raise ObjectError(f"an object for {_MACHINES.get(machine, f'ELF machine {machine}')}: "
+                          "this loader links x86-64 code only")
+    if e_type != ET_REL:
+        raise ObjectError(f"not a relocatable object (ELF type {e_type})")
     shoff, = _unpack("<Q", obj, 0x28, "the ELF header")
     shentsize, shnum = _unpack("<HH", obj, 0x3A, "the ELF header")
     if shentsize != 64 or shnum == 0:

@@ -219,6 +219,6 @@ class DepthwiseWeights:
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"int8_depthwise_9": (lambda: module_ir(9), REQUIRES)}  # 3x3 windows
+BUNDLE = {"int8_depthwise_9": (lambda target: module_ir(9), REQUIRES)}  # 3x3 windows
 
 __all__ = ["BUNDLE", "DepthwiseWeights", "MAX_TAPS", "REQUIRES", "module_ir", "unavailable"]

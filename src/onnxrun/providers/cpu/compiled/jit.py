@@ -1,14 +1,16 @@
-"""LLVM IR text -> machine code for this CPU, callable through ctypes.
+"""LLVM IR text -> machine code for a named target CPU level, callable through ctypes.
 
 llvmlite (LLVM's Python binding, the compiler under numba) is an optional dependency: without
-it, or on a CPU without the instructions a module needs, ``compile_module`` raises
-``Unavailable`` and the kernels keep their numpy path. Modules are compiled once per process,
-on first use, for the host CPU's own instruction set — in a child process (``_compiler.py``),
-whose ELF object ``elf.py`` loads into executable memory here: the engine's process never loads
-LLVM, which would cost it 60-80 MB of resident memory for good (more than an int8 model saves).
-A compile costs ~0.3-0.7 s (the child's start included), once per module and process; the
-objects are kept on disk (``cache.py``: ``ONNXRUN_KERNEL_CACHE``, default
-``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the CPU's identity and
+it, on a host the loader does not handle (not x86-64 Linux), or where the selected target
+lacks the instructions a module needs, ``compile_module`` raises ``Unavailable`` and the
+kernels keep their numpy path. Each module is generated and compiled for one target
+(``targets.py``: avx512vnni, avx512, avxvnni, avx2), the best the host supports unless
+``ONNXRUN_COMPILED_TARGET`` or ``forced_target`` names another; once per process and target,
+on first use, in a child process (``_compiler.py``) whose ELF object ``elf.py`` loads into
+executable memory here: the engine's process never loads LLVM, which would cost it 60-80 MB of
+resident memory for good (more than an int8 model saves). A compile costs ~0.3-0.7 s (the
+child's start included); the objects are kept on disk (``cache.py``: ``ONNXRUN_KERNEL_CACHE``,
+default ``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the target and
 tagged with a per-user HMAC, so a later process loads them in milliseconds.
 
 ctypes releases the GIL for the duration of a call, so compiled kernels run truly in parallel
@@ -29,39 +31,45 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import cache, elf
+from . import cache, elf, targets
+from .targets import Target
 
 
 class Unavailable(RuntimeError):
-    """The compiled path cannot be used here (no llvmlite, switched off, or CPU lacks a feature)."""
+    """The compiled path cannot be used here (no llvmlite, switched off, a host the loader does
+    not handle, or a target without the features a module needs)."""
 
 
 # ONNXRUN_COMPILED_KERNELS=0 keeps every kernel on its numpy path (for comparison and debugging).
 _ENV_SWITCH = "ONNXRUN_COMPILED_KERNELS"
 _COMPILE_TIMEOUT_S = 120
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {}  # the first compiler process's answer: features, error, objects
-_modules: dict[str, Any] = {}
-_failed: dict[str, str] = {}  # module name -> why it could not be had (not retried)
+_lock = threading.RLock()
+_state: dict[str, dict] = {}  # target name -> its bundle's answer: error, objects, key, cached
+_modules: dict[tuple[str, str], Any] = {}  # (module name, target name) -> Module
+_failed: dict[tuple[str, str], str] = {}  # (module name, target name) -> why not (not retried)
 _forced_off = 0  # depth of `disabled()` blocks
+_forced_targets: list[str] = []  # `forced_target()` blocks, innermost last
 
+# A module's IR: text, or a generator called with the target it is compiled for.
+IR = str | Callable[[Target], str]
 
-# Modules compiled together, in the first compiler process of a process (their IR is cheap to
-# write; one process start instead of one per module): each lists ``BUNDLE``, name -> (IR
-# factory, required features).
+# Modules compiled together, in the first compiler process of a process and target (their IR
+# is cheap to write; one process start instead of one per module): each lists ``BUNDLE``,
+# name -> (IR generator taking the target, features the module needs of the target).
 _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise")
 
 
-def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
-    """One request to a compiler process; its answer (see _compiler.py). Without llvmlite
-    the answer is known without starting one (every float model with an LSTM or a depthwise
-    convolution asks once per process)."""
+def _compile(modules: dict[str, str], target: Target) -> dict:
+    """One request to a compiler process (name -> IR text, compiled for ``target``); its answer
+    (see _compiler.py). Without llvmlite the answer is known without starting one (every
+    float model with an LSTM or a depthwise convolution asks once per process)."""
     if importlib.util.find_spec("llvmlite") is None:  # locates it; does not import it
-        return {"features": [], "error": "ModuleNotFoundError: No module named 'llvmlite'",
-                "objects": {}, "errors": {}}
-    request = json.dumps({"modules": {name: {"ir": ir, "requires": sorted(req)}
-                                      for name, (ir, req) in modules.items()}})
+        return {"error": "ModuleNotFoundError: No module named 'llvmlite'", "objects": {},
+                "errors": {}}
+    request = json.dumps({"target": {"triple": targets.TRIPLE, "cpu": target.cpu,
+                                     "features": list(target.features)},
+                          "modules": modules})
     try:
         # the script by path: importing the package would import onnxrun, onnx, numpy first
         done = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
@@ -76,35 +84,38 @@ def _compile(modules: dict[str, tuple[str, Iterable[str]]]) -> dict:
             tail = (done.stderr or "").strip().splitlines()[-1:]
             answer = {"error": f"compiler process failed ({done.returncode}): "
                       f"{tail[0] if tail else 'no output'}"}
-    return {"features": [], "error": None, "objects": {}, "errors": {}, **answer}
+    return {"error": None, "objects": {}, "errors": {}, **answer}
 
 
-def _obtain(modules: dict[str, tuple[str, Iterable[str]]],
+def _obtain(modules: dict[str, str], target: Target,
             fresh: bool = False) -> tuple[dict, str | None, bool]:
-    """The compiler's answer for ``modules``, its cache key, and whether it came from the cache
-    (a verified entry; ``fresh`` skips it). A fresh answer is stored for later processes."""
-    key = cache.key(modules)
+    """The compiler's answer for ``modules`` on ``target``, its cache key, and whether it came
+    from the cache (a verified entry; ``fresh`` skips it). A fresh answer is stored for later
+    processes."""
+    key = cache.key(modules, target)
     answer = None if fresh else cache.read(key)
     if answer is not None:
         return answer, key, True
-    answer = _compile(modules)
+    answer = _compile(modules, target)
     if not answer["error"]:
         cache.write(key, answer)
     return answer, key, False
 
 
-def _compile_bundle() -> None:
-    """Compile the bundle in one compiler process, once: it also reports the host's features.
-    Failures are remembered."""
-    if _state:
-        return
-    modules = {}
-    for short in _BUNDLE:
-        bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
-        modules.update({name: (factory(), req) for name, (factory, req) in bundle.items()})
-    answer, key, cached = _obtain(modules)
-    _state.update(features=set(answer["features"]), error=answer["error"],
-                  objects=answer["objects"], errors=answer["errors"], key=key, cached=cached)
+def _compile_bundle(target: Target) -> dict:
+    """The bundle's modules that ``target`` can run, compiled in one compiler process, once per
+    target; its state (failures are remembered)."""
+    state = _state.get(target.name)
+    if state is None:
+        modules = {}
+        for short in _BUNDLE:
+            bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
+            modules.update({name: factory(target) for name, (factory, req) in bundle.items()
+                            if set(req) <= set(target.features)})
+        answer, key, cached = _obtain(modules, target)
+        state = _state[target.name] = dict(error=answer["error"], objects=answer["objects"],
+                                           errors=answer["errors"], key=key, cached=cached)
+    return state
 
 
 def enabled() -> bool:
@@ -112,32 +123,61 @@ def enabled() -> bool:
 
 
 def host_features() -> set[str]:
-    """LLVM's names of the host CPU's features (e.g. 'avx512vnni'); empty without llvmlite."""
+    """LLVM's names of the host CPU's features (e.g. 'avx512vnni'); empty where unreadable."""
+    return set(targets.host_features())
+
+
+def _selected() -> tuple[Target | None, str | None]:
+    name = _forced_targets[-1] if _forced_targets else os.environ.get(targets.ENV) or None
+    target, reason = targets.select(name)
+    if reason and name and not _forced_targets:
+        reason = f"{targets.ENV}={name}: {reason}"
+    return target, reason
+
+
+def target() -> Target:
+    """The target kernels prepared now are compiled for: the best the host supports, or the
+    one forced (``forced_target``, else ``ONNXRUN_COMPILED_TARGET``). Raises ``Unavailable``
+    where there is none."""
+    selected, reason = _selected()
+    if selected is None:
+        raise Unavailable(reason)
+    return selected
+
+
+def _why(requires: Iterable[str]) -> tuple[Target | None, str | None]:
+    if not enabled():
+        return None, f"switched off ({_ENV_SWITCH}=0 or compiled.disabled())"
+    selected, reason = _selected()
+    if selected is None:
+        return None, reason
+    missing = sorted(set(requires) - set(selected.features))
+    if missing:
+        return None, f"the {selected.name} target lacks {', '.join(missing)}"
     with _lock:
-        _compile_bundle()
-    return set(_state["features"])
+        state = _compile_bundle(selected)
+    if state["error"]:
+        return None, f"llvmlite unusable: {state['error']}"
+    return selected, None
 
 
 def why_unavailable(requires: Iterable[str] = ()) -> str | None:
-    """None when modules needing ``requires`` can be compiled here, else the reason."""
-    if not enabled():
-        return f"switched off ({_ENV_SWITCH}=0 or compiled.disabled())"
-    with _lock:
-        _compile_bundle()
-    if _state["error"]:
-        return f"llvmlite unusable: {_state['error']}"
-    missing = sorted(set(requires) - _state["features"])
-    return f"the CPU lacks {', '.join(missing)}" if missing else None
+    """None when modules needing the features ``requires`` (LLVM's names) can be compiled for
+    the selected target and loaded here, else the reason."""
+    return _why(requires)[1]
 
 
 def why_not_loaded(name: str, get: Callable[[], Module]) -> str | None:
-    """None when module ``name`` is loaded or ``get()`` (its ``compile_module`` call) loads it,
-    else why not: a kernel asks before it takes its compiled path, so an object that cannot be
-    had (damaged, refused by the loader) leaves it on its numpy path. Cheap once answered."""
-    if name in _modules:
-        return None
-    if name in _failed:
-        return _failed[name]
+    """None when module ``name`` is loaded for the selected target or ``get()`` (its
+    ``compile_module`` call) loads it, else why not: a kernel asks before it takes its
+    compiled path, so an object that cannot be had (damaged, refused by the loader) leaves it
+    on its numpy path. Cheap once answered."""
+    selected, _ = _selected()
+    if selected is not None:
+        if (name, selected.name) in _modules:
+            return None
+        if (name, selected.name) in _failed:
+            return _failed[name, selected.name]
     try:
         get()
     except Unavailable as exc:
@@ -158,57 +198,64 @@ def address(a) -> int:
 
 
 class Module:
-    """Compiled functions of one IR module, as ctypes callables named like the IR functions."""
+    """Compiled functions of one IR module, as ctypes callables named like the IR functions;
+    ``target``: what it was compiled for (a wrapper packs its operands for that target)."""
 
-    def __init__(self, code: elf.LoadedCode, functions: dict[str, Any]) -> None:
+    def __init__(self, code: elf.LoadedCode, functions: dict[str, Any], target: Target) -> None:
         self._code = code  # keeps the machine code mapped
+        self.target = target
         for name, fn in functions.items():
             setattr(self, name, fn)
 
 
-def compile_module(name: str, ir: str, signatures: dict[str, Any],
+def compile_module(name: str, ir: IR, signatures: dict[str, Any],
                    requires: Iterable[str] = ()) -> Module:
-    """Compile ``ir`` (LLVM assembly) once per process under ``name``; ``signatures`` maps each
-    exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``). Raises
-    ``Unavailable`` (remembered: not retried) where the object cannot be had."""
-    reason = why_unavailable(requires)
-    if reason:
+    """Module ``name`` compiled for the selected target, once per process and target: ``ir``
+    is its LLVM assembly, or a generator called with the target; ``signatures`` maps each
+    exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``); ``requires``: the
+    features (LLVM's names) the IR needs of the target. Raises ``Unavailable`` (remembered:
+    not retried) where the object cannot be had."""
+    selected, reason = _why(requires)
+    if selected is None:
         raise Unavailable(reason)
+    key = (name, selected.name)
     with _lock:
-        module = _modules.get(name)
+        module = _modules.get(key)
         if module is None:
-            if name in _failed:
-                raise Unavailable(_failed[name])
+            if key in _failed:
+                raise Unavailable(_failed[key])
             try:
-                code = _code(name, ir, requires)
+                code = _code(name, ir(selected) if callable(ir) else ir, selected)
                 missing = set(signatures) - set(code.address)
                 if missing:
                     raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
             except Unavailable as exc:
-                _failed[name] = str(exc)
+                _failed[key] = str(exc)
                 raise
             functions = {fn: proto(code.address[fn]) for fn, proto in signatures.items()}
-            module = _modules[name] = Module(code, functions)
+            module = _modules[key] = Module(code, functions, selected)
         return module
 
 
-def _code(name: str, ir: str, requires: Iterable[str]) -> elf.LoadedCode:
-    """The loaded object of ``name``: the bundle's, else its own request's (cached like the
-    bundle). An object that does not load is discarded with its cache entry and compiled
-    afresh once."""
-    obj = _state["objects"].pop(name, None)
+def _code(name: str, ir: str, target: Target) -> elf.LoadedCode:
+    """The loaded object of ``name`` for ``target``: the bundle's, else its own request's
+    (cached like the bundle). An object that does not load is discarded with its cache entry
+    and compiled afresh once."""
+    state = _compile_bundle(target)
+    obj = state["objects"].pop(name, None)
     if obj is not None:
         try:
             return _load(name, obj)
         except elf.ObjectError:
-            if _state["cached"]:  # the next process compiles the bundle afresh and stores it
-                cache.discard(_state["key"])
+            if state["cached"]:  # the next process compiles the bundle afresh and stores it
+                cache.discard(state["key"])
     fresh = False
     while True:
-        answer, key, cached = _obtain({name: (ir, requires)}, fresh)
+        answer, key, cached = _obtain({name: ir}, target, fresh)
         obj = answer["objects"].get(name)
         if obj is None:
-            raise Unavailable(f"compiling {name}: {answer['error'] or answer['errors'].get(name)}")
+            raise Unavailable(f"compiling {name} for {target.name}: "
+                              f"{answer['error'] or answer['errors'].get(name)}")
         try:
             return _load(name, obj)
         except elf.ObjectError as exc:
@@ -243,5 +290,25 @@ class disabled:
             _forced_off -= 1
 
 
-__all__ = ["Module", "Unavailable", "address", "compile_module", "disabled", "enabled",
-           "host_features", "why_not_loaded", "why_unavailable"]
+class forced_target:
+    """``with compiled.forced_target("avx2"):`` kernels prepared inside the block are compiled
+    for that target (for tests and benchmarks: a host runs the code of every target below its
+    best). Process-wide, like ``disabled``; an unknown name is a ValueError, a target the
+    host lacks leaves the kernels on their numpy path (``why_unavailable`` says why)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = targets.get(name).name
+
+    def __enter__(self) -> Target:
+        with _lock:
+            _forced_targets.append(self.name)
+        return targets.get(self.name)
+
+    def __exit__(self, *exc) -> None:
+        with _lock:
+            del _forced_targets[len(_forced_targets) - 1 - _forced_targets[::-1].index(self.name)]
+
+
+__all__ = ["IR", "Module", "Target", "Unavailable", "address", "compile_module", "disabled",
+           "enabled", "forced_target", "host_features", "target", "why_not_loaded",
+           "why_unavailable"]

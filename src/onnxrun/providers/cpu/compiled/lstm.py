@@ -459,7 +459,6 @@ def module_ir_gru() -> str:
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _P, _P, _P,
                           _P, _P, _P, ctypes.c_float)
-_FUNCTIONS: dict[str, object] = {}
 
 
 _MODULES = {"lstm_u8": module_ir_u8, "lstm_f32": module_ir_f32, "gru_f32": module_ir_gru}
@@ -473,11 +472,8 @@ def _function(name: str):
     reason = jit.why_unavailable(requires)
     if reason:
         raise jit.Unavailable(reason)
-    fn = _FUNCTIONS.get(name)
-    if fn is None:
-        fn = _FUNCTIONS[name] = getattr(
-            jit.compile_module(name, _MODULES[name](), {name: _PROTO}, requires), name)
-    return fn
+    return getattr(jit.compile_module(name, lambda target: _MODULES[name](), {name: _PROTO},
+                                      requires), name)
 
 
 def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
@@ -614,8 +610,9 @@ class Float32Recurrence(_Recurrence):
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, FLOAT_REQUIRES),
-          "gru_f32": (module_ir_gru, FLOAT_REQUIRES)}
+BUNDLE = {"lstm_u8": (lambda target: module_ir_u8(), INT8_REQUIRES),
+          "lstm_f32": (lambda target: module_ir_f32(), FLOAT_REQUIRES),
+          "gru_f32": (lambda target: module_ir_gru(), FLOAT_REQUIRES)}
 
 __all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
            "module_ir_gru", "module_ir_u8"]

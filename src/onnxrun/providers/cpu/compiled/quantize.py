@@ -319,7 +319,7 @@ def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"quantize": (module_ir, REQUIRES)}
+BUNDLE = {"quantize": (lambda target: module_ir(), REQUIRES)}
 
 __all__ = ["BUNDLE", "REQUIRES", "declarations", "dynamic_quantize_u8", "functions", "module_ir",
            "unavailable"]
