@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 import onnx
 from onnx import helper
 
-from .dtypes import has_negative_dim, without_negative_dims
+from .dtypes import has_negative_dim, type_shape, type_string, without_negative_dims
 from .errors import InvalidGraph
 from .ir import Graph, Model
 from .ir.toposort import stable_topological_order
@@ -186,7 +186,29 @@ def validate(
     if not infer_shapes:
         return
     try:
-        inferred = onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True)
+        inferred = _infer(data)
+    except InvalidGraph:
+        # Declared types that disagree with inference: onnxruntime warns and merges leniently,
+        # so a model it loads (the genai builder's value_info on a Constant among them) loads.
+        lenient = _without_conflicting_declarations(skel, model)
+        if lenient is None:
+            raise
+        lenient, reported = lenient
+        inferred = _infer(lenient.SerializeToString())
+    else:
+        reported = {}
+    if inferred is not None:
+        _apply_value_info(model, inferred)
+    for g in _graphs(model.graph):
+        for v in g.outputs:
+            if v.name in reported:
+                v.type = reported[v.name]
+
+
+def _infer(data: bytes) -> onnx.ModelProto | None:
+    """Strict type and shape inference on the skeleton's bytes; None where onnx cannot infer."""
+    try:
+        return onnx.shape_inference.infer_shapes(data, check_type=True, strict_mode=True)
     except onnx.shape_inference.InferenceError as e:
         if str(e).count("Inference error(s)") <= 1:
             raise InvalidGraph(f"type/shape inference failed: {_first_line(e)}") from None
@@ -195,14 +217,129 @@ def validate(
         # axes): a limit of the inference, not a fault of the model. Infer what can be inferred.
         logger.debug("strict shape inference failed inside a function body: %s", e)
         try:
-            inferred = onnx.shape_inference.infer_shapes(data, check_type=True)
+            return onnx.shape_inference.infer_shapes(data, check_type=True)
         except Exception as e2:
             logger.debug("shape inference skipped: %s", e2)
-            return
+            return None
     except Exception as e:  # shape inference itself can fail on exotic graphs: not fatal
         logger.debug("shape inference skipped: %s", e)
-        return
-    _apply_value_info(model, inferred)
+        return None
+
+
+def _without_conflicting_declarations(
+    skel: onnx.ModelProto, model: Model
+) -> tuple[onnx.ModelProto, dict[str, onnx.TypeProto]] | None:
+    """The skeleton without the declared shapes that contradict inference, or None if no
+    declaration does (the inference error is then the model's own).
+
+    What onnxruntime does: a value_info or graph output whose shape disagrees with the inferred
+    one (another rank, another size) is a warning, and its shape is merged leniently; a
+    Constant's declared type is ignored altogether (Constants become initializers); another
+    node output declared with another element type is an error. Here the conflicting
+    value_info is dropped (the IR takes the inferred type), and a graph output reports the
+    union of both shapes, as onnxruntime's ``get_outputs`` does (the returned dict)."""
+    bare = onnx.ModelProto()
+    bare.CopyFrom(skel)
+    for gp in _graph_protos(bare.graph):
+        del gp.value_info[:]
+        for vi in gp.output:
+            vi.ClearField("type")
+    try:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(bare, check_type=True, strict_mode=True)
+        except onnx.shape_inference.InferenceError:
+            inferred = onnx.shape_inference.infer_shapes(bare, check_type=True)
+    except Exception:
+        return None
+    types = {
+        vi.name: vi.type
+        for gp in _graph_protos(inferred.graph) for vi in [*gp.value_info, *gp.output]
+    }
+    producers = {
+        name: node for gp in _graph_protos(skel.graph) for node in gp.node for name in node.output
+    }
+    conflicts: dict[str, tuple[onnx.TypeProto, onnx.TypeProto]] = {}
+    for gp in _graph_protos(skel.graph):
+        for vi in [*gp.value_info, *gp.output]:
+            got = types.get(vi.name)
+            if got is None or not (vi.type.HasField("tensor_type") and got.HasField("tensor_type")):
+                continue
+            node = producers.get(vi.name)
+            have_elem, got_elem = vi.type.tensor_type.elem_type, got.tensor_type.elem_type
+            if have_elem and got_elem and have_elem != got_elem:
+                if node is not None and node.op_type != "Constant":
+                    raise InvalidGraph(
+                        f"Type Error: Type ({type_string(vi.type)}) of output arg ({vi.name}) "
+                        f"of node ({node.name}) does not match expected type "
+                        f"({type_string(got)})."
+                    )
+                conflicts[vi.name] = (vi.type, got)
+            elif _shapes_conflict(vi.type, got):
+                conflicts[vi.name] = (vi.type, got)
+    if not conflicts:
+        return None
+    names = list(conflicts)
+    logger.warning(
+        "%d declared type(s) disagree with type/shape inference and are replaced by the "
+        "inferred ones (onnxruntime merges them leniently): %s%s", len(names),
+        ", ".join(f"'{n}' declared {type_shape(conflicts[n][0])}, inferred "
+                  f"{type_shape(conflicts[n][1])}" for n in names[:5]),
+        " ..." if len(names) > 5 else "")
+    lenient = onnx.ModelProto()
+    lenient.CopyFrom(skel)
+    for gp in _graph_protos(lenient.graph):
+        kept = [vi for vi in gp.value_info if vi.name not in conflicts]
+        del gp.value_info[:]
+        gp.value_info.extend(kept)
+        for vi in gp.output:
+            if vi.name in conflicts and vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
+    reported: dict[str, onnx.TypeProto] = {}
+    for g in _graphs(model.graph):
+        outputs = {v.name for v in g.outputs}
+        for node in g.nodes:
+            for v in node.outputs:
+                if v.name in conflicts and v.name not in outputs:
+                    v.type = None  # the inferred type replaces it
+        for name in list(g.value_info):
+            if name in conflicts:
+                del g.value_info[name]
+        for v in g.outputs:
+            if v.name in conflicts:
+                reported[v.name] = _union(*conflicts[v.name])
+    return lenient, reported
+
+
+def _shapes_conflict(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
+    """Whether onnx's shape merge refuses the pair: another rank, or two different sizes."""
+    a, b = declared.tensor_type, inferred.tensor_type
+    if not (a.HasField("shape") and b.HasField("shape")):
+        return False
+    if len(a.shape.dim) != len(b.shape.dim):
+        return True
+    return any(
+        d.WhichOneof("value") == "dim_value" and i.WhichOneof("value") == "dim_value"
+        and d.dim_value != i.dim_value
+        for d, i in zip(a.shape.dim, b.shape.dim, strict=True)
+    )
+
+
+def _union(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> onnx.TypeProto:
+    """onnxruntime's lenient merge of a declared shape with an inferred one: another rank
+    leaves the rank unknown, a size on which they differ becomes unknown."""
+    tp = onnx.TypeProto()
+    tp.CopyFrom(inferred)
+    t = tp.tensor_type
+    have = declared.tensor_type.shape.dim
+    if len(have) != len(t.shape.dim):
+        t.ClearField("shape")
+        return tp
+    for d, i in zip(have, t.shape.dim, strict=True):
+        if d.WhichOneof("value") != i.WhichOneof("value") or (
+            d.dim_value != i.dim_value or d.dim_param != i.dim_param
+        ):
+            i.Clear()
+    return tp
 
 
 def check_versions(model: Model, released_opsets_only: bool = True) -> None:
