@@ -16,6 +16,10 @@ memory come from a fresh child process per engine (once per case, 1 thread). The
 - the models of scripts/generate_bench_models.py, if they are in the cache folder (run that
   script first; it needs torch): BERT (MiniLM-L6 configuration, 2 x 128 tokens), a GPT-style
   decoder (32 tokens), MobileNetV2 at batch 1 and 8, an LSTM tagger (128 tokens);
+- the model classes of issue #18, built by benchmarks/suite_models.py with onnx.helper (no
+  torch; written to the cache folder on first use): a YOLOv8n-style detector, a DBNet-style text
+  detector, CRNN and SVTR-style recognizers, a VAD-style streaming model (an If and one LSTM
+  step per 512-sample chunk), DenseNet-121-style dense blocks and GoogLeNet Inception modules;
 - a micro-benchmark: a chain of 1,000 tiny elementwise nodes (Add and Mul on 16 floats), whose
   median over 1,000 is the engine's cost per node.
 
@@ -64,6 +68,7 @@ LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 CHAIN_NODES = 1000
 
 QUICK_ZOO = {"squeezenet", "shufflenet", "resnet50"}
+QUICK_SUITE_MODELS = {"yolo_style", "crnn_style", "vad_style", "densenet_style"}
 
 
 @dataclass
@@ -86,6 +91,21 @@ def zoo_cases() -> list[Case]:
     for path in sorted(LIGHT.glob("light_*.onnx")):
         name = path.stem[len("light_"):]
         cases.append(Case(f"zoo {name}", str(path), "1x3x224x224", quick=name in QUICK_ZOO))
+    return cases
+
+
+def suite_model_cases(cache: Path) -> list[Case]:
+    """The models of suite_models.py, written to ``cache`` first where missing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import suite_models
+    finally:
+        sys.path.pop(0)
+    cases = []
+    for name, (_, label, shape) in suite_models.MODELS.items():
+        path = suite_models.ensure(name, cache)
+        files = {p.stem: str(p) for p in sorted(path.parent.glob("*.npy"))}
+        cases.append(Case(label, str(path), shape, files, quick=name in QUICK_SUITE_MODELS))
     return cases
 
 
@@ -231,6 +251,16 @@ def blas() -> str:
     return ", ".join(libs) or "none found"
 
 
+def compiled_status() -> str:
+    """The compiled kernels' target here, or why there is none (then every kernel is numpy)."""
+    from onnxrun.providers.cpu import compiled
+
+    reason = compiled.why_unavailable()
+    if reason:
+        return f"unavailable ({reason})"
+    return f"target {compiled.target().name}"
+
+
 def load() -> str:
     try:
         return "/".join(f"{x:.2f}" for x in os.getloadavg())
@@ -299,9 +329,16 @@ def latency_table(runs: list[tuple[Case, int, BenchResult]], threads: list[int])
     return markdown(header, rows)
 
 
+def compiled_cell(iso) -> str:
+    """The compiled modules onnxrun's child loaded for the case ('none': all numpy)."""
+    if iso is None or iso.compiled is None:
+        return "-"
+    return ", ".join(iso.compiled) or "none"
+
+
 def session_table(runs: list[tuple[Case, int, BenchResult]]) -> list[str]:
     header = ["model", "input", "create onnxrun", "create onnxruntime", "ratio",
-              "peak + onnxrun (MiB)", "peak + onnxruntime (MiB)", "ratio"]
+              "peak + onnxrun (MiB)", "peak + onnxruntime (MiB)", "ratio", "compiled kernels"]
     rows, create_ratios, mem_ratios = [], [], []
     for case, _, r in runs:
         a, b = r.engine(ENGINE), r.engine(REFERENCE)
@@ -315,9 +352,9 @@ def session_table(runs: list[tuple[Case, int, BenchResult]]) -> list[str]:
         rows.append([case.name, case.input, fmt_time(ia.create_s if ia else None),
                      fmt_time(ib.create_s if ib else None), ratio(cr),
                      mib(ia.delta_bytes if ia else None), mib(ib.delta_bytes if ib else None),
-                     ratio(mr)])
+                     ratio(mr), compiled_cell(ia)])
     rows.append(["**geometric mean**", "", "", "", f"**{ratio(geomean(create_ratios))}**", "", "",
-                 f"**{ratio(geomean(mem_ratios))}**"])
+                 f"**{ratio(geomean(mem_ratios))}**", ""])
     return markdown(header, rows)
 
 
@@ -469,7 +506,7 @@ def section(runs: list[tuple[Case, int, BenchResult]], threads: list[int], args:
         f"engine and case, engines alternating; intra-op threads "
         f"{' and '.join(map(str, threads))}.",
         "",
-        f"- Machine: {machine()}; BLAS: {blas()}.",
+        f"- Machine: {machine()}; BLAS: {blas()}; compiled kernels: {compiled_status()}.",
         f"- Load average (1/5/15 min) before: {load_before}, after: {load_after}.",
         f"- Versions: {versions()}.",
     ]
@@ -551,8 +588,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[tuple[Case, int, BenchResult]] = []
     if not args.only_quant:
         tmp = tempfile.TemporaryDirectory(prefix="onnxrun-suite-")
-        generated, missing = generated_cases(args.cache or default_cache())
-        cases = zoo_cases() + generated + [chain_model(Path(tmp.name) / "chain.onnx")]
+        cache = args.cache or default_cache()
+        generated, missing = generated_cases(cache)
+        cases = zoo_cases() + generated + suite_model_cases(cache)
+        cases.append(chain_model(Path(tmp.name) / "chain.onnx"))
         if args.quick:
             cases = [c for c in cases if c.quick]
         if words:

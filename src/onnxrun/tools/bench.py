@@ -124,6 +124,7 @@ class Isolated:
     first_run_s: float
     baseline_bytes: int  # peak RSS after the imports and the inputs, before the session
     peak_bytes: int  # peak RSS after creating the session and one run
+    compiled: list[str] | None = None  # onnxrun: the compiled modules loaded (name/target)
 
     @property
     def delta_bytes(self) -> int:
@@ -323,8 +324,12 @@ sess = rt.InferenceSession(cfg["model"], so, providers=["CPUExecutionProvider"])
 t1 = time.perf_counter()
 sess.run(None, feeds)
 t2 = time.perf_counter()
+compiled = None
+if cfg["engine"] == "onnxrun":
+    from onnxrun.providers.cpu import compiled as ck
+    compiled = ck.loaded()
 print("BENCH-CHILD " + json.dumps({"create_s": t1 - t0, "first_run_s": t2 - t1,
-                                   "baseline": baseline, "peak": peak()}))
+                                   "baseline": baseline, "peak": peak(), "compiled": compiled}))
 """
 
 
@@ -345,7 +350,8 @@ def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOption
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH-CHILD "):
             r = json.loads(line[len("BENCH-CHILD "):])
-            return Isolated(r["create_s"], r["first_run_s"], int(r["baseline"]), int(r["peak"]))
+            return Isolated(r["create_s"], r["first_run_s"], int(r["baseline"]), int(r["peak"]),
+                            r.get("compiled"))
     tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     raise RuntimeError(f"the {engine} child process failed: {tail}")
 

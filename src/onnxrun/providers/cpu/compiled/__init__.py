@@ -33,7 +33,16 @@ code (packed panels, vector-width padding) must follow ``module.target`` of the 
 calls, captured at preparation: the target can differ between sessions of one process.
 """
 
+from . import jit
 from .jit import Target, Unavailable, disabled, enabled, forced_target, target, why_unavailable
 
-__all__ = ["Target", "Unavailable", "disabled", "enabled", "forced_target", "target",
+
+def loaded() -> list[str]:
+    """The compiled modules this process has loaded, as ``name/target`` (e.g. 'lstm/avx2'):
+    which compiled kernels the sessions created so far took (the benchmarks report it)."""
+    with jit._lock:
+        return sorted(f"{name}/{target}" for name, target in jit._modules)
+
+
+__all__ = ["Target", "Unavailable", "disabled", "enabled", "forced_target", "loaded", "target",
            "why_unavailable"]
