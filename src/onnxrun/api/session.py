@@ -25,6 +25,7 @@ from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf
 from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
 from ..load import load_model
+from ..memcpy import insert_copies
 from ..optimize import OptimizationReport, optimize
 from ..partition import partition
 from ..plan import Program
@@ -150,7 +151,26 @@ class InferenceSession:
     ) -> None:
         self._sess_options = sess_options if sess_options is not None else SessionOptions()
         self._model_path = path_or_bytes if isinstance(path_or_bytes, str | os.PathLike) else None
-        self._providers = self._create_providers(providers, provider_options)
+        self._source = (path_or_bytes, kwargs)  # set_providers builds the session again
+        self._enable_fallback = True
+        self._create(providers, provider_options)
+
+    def _create(self, providers: Any, provider_options: Any) -> None:
+        """Create the session for these providers; if a device provider fails to start, fall
+        back to the CPU provider with onnxruntime's warning (unless disable_fallback())."""
+        try:
+            self._providers = self._create_providers(providers, provider_options)
+        except RuntimeError as e:
+            if not self._enable_fallback or isinstance(e, InvalidArgument) or not any(
+                    _provider_name(p) != CPU for p in providers or ()):
+                raise
+            fallback = [CPU]
+            warnings.warn(f"EP Error {e} when using {[_provider_name(p) for p in providers]}",
+                          RuntimeWarning, stacklevel=3)
+            warnings.warn(f"Falling back to {fallback} and retrying.", RuntimeWarning,
+                          stacklevel=3)
+            self._providers = self._create_providers(fallback, None)
+        path_or_bytes, kwargs = self._source
         t_start, t_start_wall = time.perf_counter_ns(), time.time_ns()
 
         try:
@@ -213,6 +233,10 @@ class InferenceSession:
             released_opsets_only=opts._config.get("session.allow_released_opsets_only") != "0")
         del proto
         # 3. optimize
+        self._device = next((p for p in self._providers if p.device != "cpu"), None)
+        if self._device is not None and getattr(self._device, "keeps_float16", False):
+            # a GPU computes float16 itself: no float32 rewrite for numpy's sake
+            disabled_optimizers = {*(disabled_optimizers or ()), "Float16ComputeInFloat32"}
         model, self._optimization_report = optimize(
             model, int(opts.graph_optimization_level), opts, disabled_optimizers
         )
@@ -221,6 +245,9 @@ class InferenceSession:
         # 4. partition (operators defined as ONNX functions are expanded first), 5. plan
         expand_functions(model, self._providers)
         assignment = partition(model, self._providers)
+        # 4b. copies between host and device, once
+        self._placement = insert_copies(model, assignment)
+        self._optimization_report.placement = self._placement
         self._assignment_info = None
         if opts._config.get(_RECORD_ASSIGNMENT) == "1":
             # onnxruntime reports each node the CPU provider runs as a subgraph of its own
@@ -245,6 +272,13 @@ class InferenceSession:
         self._program = Program(model.graph, model, assignment, kernel_opts, pool=self._pool)
         if specialize:
             specialize_shapes(self._program)
+        self._graphs = None
+        if self._device is not None and self._device.enable_cuda_graph:
+            from ..providers.cuda.graphs import GraphRunner, check_capturable
+
+            check_capturable(self._program.full_plan.steps, set(self._program.input_slots),
+                             {self._program.slot_of(v) for v in model.graph.initializers.values()})
+            self._graphs = GraphRunner(self._device.backend)
         self._model = model
         return model, t_loaded
 
@@ -369,13 +403,18 @@ class InferenceSession:
         return self._sess_options
 
     def set_providers(self, providers: Any = None, provider_options: Any = None) -> None:
-        self._providers = self._create_providers(providers, provider_options)
+        """Build the session again for these providers (onnxruntime does the same)."""
+        if self._model_path is None and not isinstance(self._source[0], bytes | onnx.ModelProto):
+            raise RuntimeError("set_providers needs the model the session was created from")
+        self._create(providers, provider_options)
 
     def disable_fallback(self) -> None:
-        """onnxrun always has the CPU provider behind the others; nothing to disable."""
+        """A device provider that fails to start raises instead of falling back to CPU."""
+        self._enable_fallback = False
 
     def enable_fallback(self) -> None:
-        """See disable_fallback."""
+        """A device provider that fails to start falls back to CPU, with a warning."""
+        self._enable_fallback = True
 
     def end_profiling(self) -> str:
         """Write the profile recorded so far and return its file name ("" when not profiling)."""
@@ -401,14 +440,9 @@ class InferenceSession:
         if run_options is not None and run_options._active_adapters:
             input_feed = _with_adapter_parameters(input_feed, run_options._active_adapters)
         feeds = self._check_feeds(input_feed)
-        fetches = self._fetch_slots(output_names)
-        # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
-        # onnxruntime does: numpy's floating-point warnings would only be noise here.
-        with np.errstate(all="ignore"), self._blas_threads:
-            if self._profiler is None:
-                results = self._program.run_fetches(fetches, feeds, run_options)
-            else:
-                results = self._run_profiled(fetches, feeds, run_options)
+        results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
+        if self._device is not None:
+            results = [self._device.to_host(r) for r in results]
         outputs = [_as_output(r) for r in results]
         if self._sparse_outputs:
             for i, name in enumerate(output_names or self._output_names):
@@ -422,6 +456,26 @@ class InferenceSession:
                 if isinstance(out, np.ndarray) and any(np.may_share_memory(out, f) for f in fed):
                     outputs[i] = out.copy()
         return outputs
+
+    def _run_feeds(self, fetches: tuple[int, ...], feeds: list[tuple[int, Any]],
+                   run_options: Any) -> list[Any]:
+        """The run itself: outputs a device provider produces stay on the device."""
+        # Kernels follow IEEE semantics (log(0) = -inf, a fully masked softmax row = nan), as
+        # onnxruntime does: numpy's floating-point warnings would only be noise here.
+        with np.errstate(all="ignore"), self._blas_threads:
+            if self._device is None:
+                if self._profiler is None:
+                    return self._program.run_fetches(fetches, feeds, run_options)
+                return self._run_profiled(fetches, feeds, run_options)
+            with self._device.backend.run_stream():
+                if self._profiler is not None:
+                    return self._run_profiled(fetches, feeds, run_options)
+                if self._graphs is not None:
+                    program = self._program
+                    plan = program.plan(fetches)
+                    return self._graphs.run(fetches, feeds, lambda f: program.run(
+                        plan, f, (), run_options))
+                return self._program.run_fetches(fetches, feeds, run_options)
 
     def _run_profiled(self, fetches: Any, feeds: Any, run_options: Any) -> list[Any]:
         profiler = self._profiler
@@ -462,9 +516,10 @@ class InferenceSession:
         input_dict_ort_values: Mapping[str, OrtValue],
         run_options: RunOptions | None = None,
     ) -> list[OrtValue]:
-        feed = {k: (v.numpy() if isinstance(v, OrtValue) else v)
-                for k, v in input_dict_ort_values.items()}
-        return [OrtValue(r) for r in self.run(output_names, feed, run_options)]
+        feeds = self._check_feeds(dict(input_dict_ort_values))
+        results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
+        return [OrtValue(r if self._device is not None and self._device.backend.is_device_array(r)
+                         else _as_output(r)) for r in results]
 
     def io_binding(self) -> IOBinding:
         return IOBinding(self)
@@ -496,13 +551,19 @@ class InferenceSession:
                     f"Invalid input name: '{name}'. The model's inputs are: {expected}"
                 )
 
+    def _device_for(self, spec: _InputSpec) -> tuple[Any, bool] | None:
+        """(device, whether a CPU node reads the input) for sessions with a device provider."""
+        if self._device is None:
+            return None
+        return self._device.backend, spec.name in self._placement.host_fed
+
     def _check_feeds(self, input_feed: Mapping[str, Any]) -> list[tuple[int, Any]]:
         feeds: list[tuple[int, Any]] = []
         for name, value in input_feed.items():
             spec = self._inputs_by_name.get(name)
             if spec is None:
                 self._check_feed_names(input_feed)  # raises, listing the expected names
-            feeds.append((spec.slot, _check_value(spec, value)))
+            feeds.append((spec.slot, _check_value(spec, value, self._device_for(spec))))
         if len(feeds) < len(self._input_specs):
             missing = [s.name for s in self._input_specs
                        if not s.has_default and s.name not in input_feed]
@@ -557,9 +618,9 @@ def check_and_normalize_provider_args(
         if name not in available_provider_names:
             warnings.warn(f"Specified provider '{name}' is not in available provider names. "
                           f"Available providers: '{', '.join(available_provider_names)}'",
-                          stacklevel=3)
+                          stacklevel=5)
         if name in normalized:
-            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=3)
+            warnings.warn(f"Duplicate provider '{name}' encountered, ignoring.", stacklevel=5)
             continue
         normalized[name] = {str(k): str(v) for k, v in options.items()}
     return list(normalized), list(normalized.values())
@@ -618,9 +679,24 @@ def _with_overridden_dims(proto: onnx.ModelProto, model: Model) -> onnx.ModelPro
     return skel
 
 
-def _check_value(spec: _InputSpec, value: Any) -> Any:
+def _check_value(spec: _InputSpec, value: Any, device: tuple[Any, bool] | None = None) -> Any:
     if isinstance(value, OrtValue):
-        value = value.numpy()
+        value = value._value  # a device tensor stays on its device
+    if device is not None and spec.kind == "tensor_type":
+        backend, host_read = device
+        if not backend.is_device_array(value) and not isinstance(value, np.ndarray) and \
+                hasattr(value, "__dlpack_device__") and value.__dlpack_device__()[0] != 1:
+            value = backend.from_dlpack(value)  # a CUDA tensor of another library: no copy
+        if backend.is_device_array(value):
+            _check_device_value(spec, value, backend)
+            if not host_read:
+                return value
+            value = backend.to_host(value)
+    elif isinstance(value, np.ndarray) or value is None:
+        pass
+    elif _is_foreign_device_array(value):
+        raise InvalidArgument(f"input '{spec.name}' is on a device, and this session has no "
+                              "device provider: feed a host array or add CUDAExecutionProvider")
     if value is None and spec.kind != "optional_type":  # None is an absent optional's value
         raise InvalidArgument(f"input '{spec.name}' was fed None: it needs a value")
     if isinstance(value, SparseTensor):
@@ -678,6 +754,33 @@ def _check_value(spec: _InputSpec, value: Any) -> Any:
 # Python key types a map input takes, by its ONNX key type, and onnxruntime's C++ type name.
 _MAP_KEYS = {onnx.TensorProto.INT64: ((int, np.integer), "int64_t"),
              onnx.TensorProto.STRING: ((str,), "std::string")}
+
+
+def _is_foreign_device_array(value: Any) -> bool:
+    try:
+        return hasattr(value, "__dlpack_device__") and value.__dlpack_device__()[0] != 1
+    except Exception:  # noqa: BLE001 - an object whose protocol fails is not a device array
+        return False
+
+
+def _check_device_value(spec: _InputSpec, value: Any, backend: Any) -> None:
+    """A device feed: the dtype and shape checks of host feeds, on its metadata."""
+    dtype = backend.dtype_of(value)
+    if spec.dtype is not None and dtype != spec.dtype:
+        raise InvalidArgument(
+            f"Unexpected input data type for '{spec.name}'. Actual: "
+            f"(tensor({dtypes.elem_name(dtypes.elem_type(dtype))})) , expected: "
+            f"({dtypes.tensor_type_string(dtypes.elem_type(spec.dtype))})")
+    shape = spec.shape
+    if shape is not None and (len(value.shape) != len(shape) or any(
+            isinstance(w, int) and w >= 0 and g != w
+            for g, w in zip(value.shape, shape, strict=False))):
+        raise InvalidArgument(f"Got invalid dimensions for input: {spec.name} (expected shape "
+                              f"{shape}, got {list(value.shape)})")
+
+
+def _provider_name(p: Any) -> str:
+    return p[0] if isinstance(p, tuple) else str(p)
 
 
 def _check_map_keys(spec: _InputSpec, value: Any) -> None:

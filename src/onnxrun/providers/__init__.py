@@ -8,10 +8,14 @@ from .base import ExecutionProvider
 from .registry import KernelContext, KernelRegistry
 
 CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
 
 
 def available_providers() -> list[str]:
-    return [CPU]
+    """CUDA only where CuPy finds a GPU (or inside the tests' stand-in), then CPU."""
+    from .cuda import device
+
+    return [CUDA, CPU] if device.available() else [CPU]
 
 
 def create_provider(name: str, options: dict[str, Any] | None = None) -> ExecutionProvider:
@@ -19,8 +23,12 @@ def create_provider(name: str, options: dict[str, Any] | None = None) -> Executi
         from .cpu import CPUExecutionProvider
 
         return CPUExecutionProvider(options)
+    if name == CUDA:
+        from .cuda import CUDAExecutionProvider
+
+        return CUDAExecutionProvider(options)
     raise ValueError(f"unknown execution provider '{name}'; available: {available_providers()}")
 
 
-__all__ = ["CPU", "ExecutionProvider", "KernelContext", "KernelRegistry", "available_providers",
-           "create_provider"]
+__all__ = ["CPU", "CUDA", "ExecutionProvider", "KernelContext", "KernelRegistry",
+           "available_providers", "create_provider"]

@@ -1,0 +1,79 @@
+"""The CUDA execution provider: kernels on the array API (``ops/``), device concerns in
+``device.py`` (CuPy on a GPU, array-api-strict's non-default device in CI), CuPy-only fast
+paths in ``cupy/``, CUDA graphs in ``graphs.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...dtypes import np_dtype
+from ...ir import Node
+from ..base import ExecutionProvider
+from . import device as _device
+from . import options as _options
+from .kernels import cuda_kernels
+
+
+class CUDAExecutionProvider(ExecutionProvider):
+    name = "CUDAExecutionProvider"
+    device = "cuda"
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        opts = _options.parse(options)
+        super().__init__(cuda_kernels, opts)
+        limit = int(opts["gpu_mem_limit"])
+        self.backend = _device.create(int(opts["device_id"]),
+                                      0 if limit == _options.SIZE_MAX else limit)
+        self.enable_cuda_graph = _options.flag(opts, "enable_cuda_graph")
+        self.fast = None
+        if isinstance(self.backend, _device.CuPyDevice):
+            from . import cupy as fast
+
+            self.fast = fast
+
+    def can_run(self, node: Node, opset: int) -> bool:
+        if node.graph is not None and node.graph.parent is not None:
+            return False  # If / Loop / Scan bodies run on the CPU provider with their node
+        if self.kernel_def(node, opset) is None or not self.registry.accepts(node):
+            return False
+        host = self.host_inputs(node)
+        values = [v for i, v in enumerate(node.inputs) if v is not None and i not in host]
+        values += [v for v in node.outputs if v.name]
+        return all(self._holds(v.type) for v in values)
+
+    def _holds(self, tp: Any) -> bool:
+        """Whether the device holds values of this type (unknown types: no)."""
+        if tp is None or not tp.HasField("tensor_type") or not tp.tensor_type.elem_type:
+            return False
+        try:
+            return self.backend.supports(np_dtype(tp.tensor_type.elem_type))
+        except (KeyError, TypeError, ValueError):
+            return False
+
+    def host_inputs(self, node: Node) -> tuple[int, ...]:
+        if node.op_type in ("MemcpyToHost",):
+            return ()
+        return self.registry.host_inputs_of(node.domain, node.op_type)
+
+    @property
+    def keeps_float16(self) -> bool:
+        return self.backend.supports(np.dtype(np.float16))
+
+    def to_device(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray) and self.backend.supports(value.dtype):
+            return self.backend.to_device(value)
+        return value
+
+    def to_host(self, value: Any) -> Any:
+        if self.backend.is_device_array(value):
+            return self.backend.to_host(value)
+        return value
+
+
+def available() -> bool:
+    return _device.available()
+
+
+__all__ = ["CUDAExecutionProvider", "available", "cuda_kernels"]

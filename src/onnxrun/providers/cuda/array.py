@@ -1,0 +1,27 @@
+"""What the CUDA provider's kernels share: the array namespace of a value, ONNX attribute
+helpers. Kernels get the namespace from their inputs, so one kernel serves CuPy and the
+array-api-strict stand-in alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import array_api_compat
+
+_namespaces: dict[type, Any] = {}
+
+
+def namespace(x: Any) -> Any:
+    """The array-API namespace of ``x`` (cached per array type: one dict lookup per call)."""
+    xp = _namespaces.get(type(x))
+    if xp is None:
+        xp = _namespaces[type(x)] = array_api_compat.array_namespace(x)
+    return xp
+
+
+def normalize_axis(axis: int, ndim: int) -> int:
+    return axis + ndim if axis < 0 else axis
+
+
+def is_float(xp: Any, x: Any) -> bool:
+    return xp.isdtype(x.dtype, "real floating")

@@ -1,0 +1,8 @@
+"""What only CuPy can do, each beside the generic kernel it speeds up: erf as a CUDA ufunc
+(``elementwise``), im2col as one strided copy (``conv``), attention with in-place softmax
+(``attention``), CUDA graph capture into a private memory pool (``graphs``). GEMMs need no
+module of their own: ``matmul`` of batched CuPy arrays is cuBLAS's strided-batched GEMM."""
+
+from . import attention, conv, elementwise, graphs
+
+__all__ = ["attention", "conv", "elementwise", "graphs"]

@@ -1,0 +1,69 @@
+"""MatMul, Gemm and com.microsoft's FusedMatMul / FusedGemm. On CuPy, ``xp.matmul`` of
+batched operands is cuBLAS's strided-batched GEMM (``cupy/gemm.py`` sets the math mode)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..array import namespace
+from ..kernels import KernelContext, op
+from .activation import make_activation
+
+MS = "com.microsoft"
+
+
+@op("MatMul", 1, 9, 13)
+def MatMul(A, B):
+    xp = namespace(A)
+    if A.ndim == 1 or B.ndim == 1:
+        return xp.matmul(A, B)
+    return xp.matmul(A, B)
+
+
+def _t(xp: Any, x: Any) -> Any:
+    return xp.matrix_transpose(x)
+
+
+@op("Gemm", 7, 9, 11, 13)
+def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    xp = namespace(A)
+    a = _t(xp, A) if transA else A
+    b = _t(xp, B) if transB else B
+    y = xp.matmul(a, b)
+    if alpha != 1.0:
+        y = y * alpha
+    if C is not None and beta != 0.0:
+        y = y + (C if beta == 1.0 else C * beta)
+    return y
+
+
+@op("FusedGemm", 1, domain=MS)
+class FusedGemm:
+    def __init__(self, ctx: KernelContext, *, activation="", activation_alpha=None,
+                 activation_beta=None, activation_gamma=None, alpha=1.0, beta=1.0, transA=0,
+                 transB=0) -> None:
+        self.gemm = dict(alpha=alpha, beta=beta, transA=transA, transB=transB)
+        self.act = make_activation(activation, activation_alpha, activation_beta,
+                                   activation_gamma)
+
+    def __call__(self, A, B, C=None):
+        y = Gemm(A, B, C, **self.gemm)
+        return y if self.act is None else self.act(y)
+
+
+@op("FusedMatMul", 1, domain=MS)
+def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatchB=0):
+    xp = namespace(A)
+    a = _batch_transposed(xp, A, transBatchA, transA)
+    b = _batch_transposed(xp, B, transBatchB, transB)
+    y = xp.matmul(a, b)
+    return y if alpha == 1.0 else y * alpha
+
+
+def _batch_transposed(xp: Any, x: Any, trans_batch: int, trans: int) -> Any:
+    """onnxruntime's FusedMatMul operand: transBatch moves the batch dims after the first
+    matrix dim ([b..., m, k] -> [m, b..., k]) before the transpose of the last two."""
+    if trans_batch and x.ndim > 2:
+        n = x.ndim
+        x = xp.permute_dims(x, (*range(1, n - 1), 0, n - 1))
+    return xp.matrix_transpose(x) if trans and x.ndim >= 2 else x
