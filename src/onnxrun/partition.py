@@ -39,6 +39,8 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
                 # onnxruntime's own tests among them, match on it)
                 entry += f": {node.domain}:{node.op_type}(-1) is not a registered function/op"
             missing.append(entry)
+    if not missing and any(getattr(p, "device", "cpu") != "cpu" for p in providers):
+        _shape_math_on_cpu(model, assignment, providers)
     if missing:
         names = ", ".join(p.name for p in providers)
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -47,3 +49,36 @@ def partition(model: Model, providers: list[ExecutionProvider]) -> Assignment:
             f"in providers [{names}]"
         )
     return assignment
+
+
+_SHAPE_OPS = frozenset({"Shape", "Size"})
+
+
+def _shape_math_on_cpu(model: Model, assignment: Assignment,
+                       providers: list[ExecutionProvider]) -> None:
+    """onnxruntime's CPU-preferred nodes: what computes on shapes (Shape / Size outputs, and
+    every node reading only those and constants) stays on the CPU, where its small integer
+    results are used as shapes, axes and indices, instead of going to the device and back."""
+    cpu = next((p for p in providers if getattr(p, "device", "cpu") == "cpu"), None)
+    if cpu is None:
+        return
+    g = model.graph
+    shape_values: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for node in g.nodes:
+            if all(id(v) in shape_values for v in node.outputs):
+                continue
+            if node.op_type in _SHAPE_OPS and node.domain == "":
+                ok = True
+            else:
+                reads = [v for v in node.inputs if v is not None]
+                ok = bool(reads) and not node.subgraphs() and any(
+                    id(v) in shape_values for v in reads) and all(
+                    id(v) in shape_values or v.is_initializer for v in reads)
+            opset = model.node_opset(node) or 0
+            if ok and (assignment[id(node)] is cpu or cpu.can_run(node, opset)):
+                assignment[id(node)] = cpu
+                shape_values.update(id(v) for v in node.outputs)
+                changed = True

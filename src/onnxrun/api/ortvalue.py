@@ -7,22 +7,50 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import elem_type, np_dtype, value_type_string
+from ..dtypes import elem_name, elem_type, np_dtype, value_type_string
 from ..errors import InvalidArgument
 
 
 def _check_cpu(device_type: Any) -> None:
     """``device_type``: a name ("cpu") or an OrtDevice (capi's or onnxruntime's wrapper)."""
+    if _device(device_type, 0) is not None:
+        raise InvalidArgument(f"device '{device_type}': a host buffer is needed here")
+
+
+def _device(device_type: Any, device_id: int) -> Any:
+    """None for the CPU, the CUDA device object for "cuda" (InvalidArgument where there is
+    none). ``device_type``: a name or an OrtDevice (capi's or onnxruntime's wrapper)."""
     if hasattr(device_type, "device_type"):
-        if device_type.device_type() != 0:  # OrtDevice.cpu()
-            raise InvalidArgument(
-                f"device {device_type!r} is not available: onnxrun's providers run on the CPU")
-        return
-    if str(device_type).lower() != "cpu":
-        # RuntimeError as onnxruntime raises it, and ValueError: a bad argument
-        raise InvalidArgument(
-            f"device '{device_type}' is not available: onnxrun's providers run on the CPU"
-        )
+        kind = device_type.device_type()
+        if kind == 0:  # OrtDevice.cpu()
+            return None
+        name = "cuda" if kind == 1 else repr(device_type)  # OrtDevice.cuda() is the GPU
+        device_id = device_type.device_id()
+    else:
+        name = str(device_type).lower()
+        if name == "cpu":
+            return None
+    if name in ("cuda", "gpu"):
+        from ..providers.cuda import device
+
+        if device.available():
+            try:
+                return device.shared(int(device_id))
+            except RuntimeError as e:
+                raise InvalidArgument(f"device 'cuda' {device_id}: {e}") from None
+    # RuntimeError as onnxruntime raises it, and ValueError: a bad argument
+    raise InvalidArgument(
+        f"device '{name}' is not available: onnxrun runs on the CPU here (CUDA needs CuPy and "
+        "a GPU: pip install onnxrun[cuda12] or onnxrun[cuda13])")
+
+
+def _owner(value: Any) -> Any:
+    """The device object of a device array (None for host values)."""
+    if isinstance(value, np.ndarray | list | dict) or value is None:
+        return None
+    from ..providers.cuda import device
+
+    return device.owner(value)
 
 
 class OrtValue:
@@ -38,11 +66,11 @@ class OrtValue:
     @staticmethod
     def ortvalue_from_numpy(numpy_obj: Any, device_type: str = "cpu", device_id: int = 0
                             ) -> OrtValue:
-        _check_cpu(device_type)
+        dev = _device(device_type, device_id)
         arr = np.asarray(numpy_obj)
         if arr.dtype.kind == "U":
             arr = arr.astype(object)
-        return OrtValue(arr)
+        return OrtValue(arr if dev is None else dev.to_device(arr))
 
     @staticmethod
     def ortvalue_from_numpy_with_onnx_type(numpy_obj: Any, onnx_element_type: int) -> OrtValue:
@@ -58,41 +86,49 @@ class OrtValue:
                                      memory_info: Any = None) -> OrtValue:
         """An uninitialized tensor. ``memory_info`` (an OrtMemoryInfo) allocates with the
         allocator registered for its device (create_and_register_allocator) instead."""
+        dev = None
         if memory_info is not None:
             from .devices import registered_allocator
 
             registered_allocator(memory_info)  # only CPU ones can be registered: numpy's memory
         else:
-            _check_cpu(device_type)
+            dev = _device(device_type, device_id)
         dtype = np_dtype(element_type) if isinstance(element_type, int) else np.dtype(element_type)
-        return OrtValue(np.empty(tuple(int(d) for d in shape), dtype=dtype))
+        shape = tuple(int(d) for d in shape)
+        return OrtValue(np.empty(shape, dtype=dtype) if dev is None else dev.empty(shape, dtype))
 
     # -- inspection ------------------------------------------------------------------------------
     def numpy(self) -> Any:
-        if not self.is_tensor() and not self.is_tensor_sequence():
-            return self._value
-        return self._value
+        """The value; a device tensor is copied to the host."""
+        dev = _owner(self._value)
+        return self._value if dev is None else dev.to_host(self._value)
 
     def shape(self) -> list[int]:
-        if not isinstance(self._value, np.ndarray):
+        if not self.is_tensor():
             raise RuntimeError("OrtValue.shape() is only defined for tensors")
         return list(self._value.shape)
+
+    def _dtype(self) -> np.dtype:
+        dev = _owner(self._value)
+        return self._value.dtype if dev is None else dev.dtype_of(self._value)
 
     def data_type(self) -> str:
         if self.is_sparse_tensor():
             return self._value.data_type()
+        if _owner(self._value) is not None:
+            return f"tensor({elem_name(elem_type(self._dtype()))})"
         return value_type_string(self._value)
 
     def element_type(self) -> int:
-        if not isinstance(self._value, np.ndarray):
+        if not self.is_tensor():
             raise RuntimeError("OrtValue.element_type() is only defined for tensors")
-        return elem_type(self._value.dtype)
+        return elem_type(self._dtype())
 
     def device_name(self) -> str:
-        return "cpu"
+        return "cpu" if _owner(self._value) is None else "cuda"
 
     def is_tensor(self) -> bool:
-        return isinstance(self._value, np.ndarray)
+        return isinstance(self._value, np.ndarray) or _owner(self._value) is not None
 
     def is_tensor_sequence(self) -> bool:
         return isinstance(self._value, list)
@@ -120,20 +156,28 @@ class OrtValue:
         return self._value is not None
 
     def tensor_size_in_bytes(self) -> int:
-        return int(self._value.nbytes)
+        dev = _owner(self._value)
+        if dev is None:
+            return int(self._value.nbytes)
+        return int(np.prod(self._value.shape, dtype=np.int64)) * self._dtype().itemsize
 
     def data_ptr(self) -> int:
-        return int(self._value.ctypes.data)
+        dev = _owner(self._value)
+        return int(self._value.ctypes.data) if dev is None else dev.data_ptr(self._value)
 
     def update_inplace(self, np_arr: Any) -> None:
         """Copy ``np_arr`` into this value's memory (same shape and dtype)."""
         src = np.asarray(np_arr)
-        if src.shape != self._value.shape or src.dtype != self._value.dtype:
+        if src.shape != tuple(self._value.shape) or src.dtype != self._dtype():
             raise ValueError(
-                f"update_inplace expects {self._value.dtype}{list(self._value.shape)}, "
+                f"update_inplace expects {self._dtype()}{list(self._value.shape)}, "
                 f"got {src.dtype}{list(src.shape)}"
             )
-        np.copyto(self._value, src)
+        dev = _owner(self._value)
+        if dev is None:
+            np.copyto(self._value, src)
+        else:
+            dev.copy_into(self._value, dev.to_device(src))
 
     # -- array and DLPack protocols ---------------------------------------------------------------
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -148,12 +192,16 @@ class OrtValue:
         return arr.copy() if copy else arr
 
     def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
-        """A DLPack capsule over the tensor's memory (CPU, no copy)."""
+        """A DLPack capsule over the tensor's memory (no copy)."""
+        if _owner(self._value) is not None:
+            return self._value.__dlpack__(stream=stream, **kwargs)
         if stream is not None:
             raise BufferError("a CPU tensor takes no stream")
         return self._tensor("__dlpack__").__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
+        if _owner(self._value) is not None:
+            return self._value.__dlpack_device__()
         return (_DLPACK_CPU, 0)
 
     def to_dlpack(self) -> Any:
@@ -165,6 +213,13 @@ class OrtValue:
         """An OrtValue over the memory of a DLPack capsule or of an object with ``__dlpack__``
         (a numpy array, an OrtValue, a CPU torch tensor...), without a copy. ``is_bool_tensor``:
         the data is bool stored as uint8 (producers that predate DLPack's bool type)."""
+        if isinstance(data, OrtValue):
+            return OrtValue(data._value)
+        dev = _owner(data)
+        if dev is not None:
+            return OrtValue(data)  # already on the device: shared, not copied
+        if hasattr(data, "__dlpack_device__") and data.__dlpack_device__()[0] == _DLPACK_CUDA:
+            return OrtValue(_device("cuda", data.__dlpack_device__()[1]).from_dlpack(data))
         source = DLPackCapsule(data) if type(data).__name__ == "PyCapsule" else data
         if not hasattr(source, "__dlpack__"):
             raise TypeError(
@@ -179,6 +234,9 @@ class OrtValue:
         return OrtValue(arr)
 
     def _tensor(self, what: str) -> np.ndarray:
+        dev = _owner(self._value)
+        if dev is not None:
+            return dev.to_host(self._value)
         if not isinstance(self._value, np.ndarray):
             raise RuntimeError(f"{what} needs a tensor, this OrtValue holds {self.data_type()}")
         return self._value
@@ -188,6 +246,7 @@ class OrtValue:
 
 
 _DLPACK_CPU = 1  # DLPack's kDLCPU
+_DLPACK_CUDA = 2  # kDLCUDA
 
 
 class DLPackCapsule:

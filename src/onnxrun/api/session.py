@@ -487,6 +487,14 @@ class InferenceSession:
             profiler.session_event("model_run", start, time.perf_counter_ns())
             profiler.deactivate(token)
 
+    def _run_bound(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+                   run_options: RunOptions | None) -> list[Any]:
+        """IOBinding's run: the outputs a device produces stay on the device."""
+        feeds = self._check_feeds(input_feed)
+        results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
+        return [_as_output(r) if isinstance(r, np.ndarray | list | np.generic) else r
+                for r in results]
+
     def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
                   callback: Any, user_data: Any, run_options: RunOptions | None = None) -> None:
         """Run on a worker thread, then call ``callback(results, user_data, err)``: the outputs

@@ -308,3 +308,26 @@ def stand_in() -> Iterator[None]:
     finally:
         with _lock:
             _stand_in_depth -= 1
+
+
+_shared: dict[tuple[bool, int], Device] = {}
+
+
+def shared(device_id: int = 0) -> Device:
+    """The process's device object for ``device_id`` (OrtValue and IOBinding use it)."""
+    key = (_stand_in_depth > 0, int(device_id))
+    dev = _shared.get(key)
+    if dev is None:
+        dev = _shared.setdefault(key, create(int(device_id)))
+    return dev
+
+
+def owner(x: Any) -> Device | None:
+    """The device an array lives on, or None for anything else (host arrays included)."""
+    module = type(x).__module__
+    if module.startswith("array_api_strict"):
+        dev = shared(0) if _stand_in_depth > 0 else None
+        return dev if dev is not None and dev.is_device_array(x) else None
+    if module.startswith("cupy") and cupy_gpu_count() > 0:
+        return shared(int(x.device.id))
+    return None
