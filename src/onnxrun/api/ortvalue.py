@@ -25,7 +25,7 @@ def _device(device_type: Any, device_id: int) -> Any:
         if kind == 0:  # OrtDevice.cpu()
             return None
         name = "cuda" if kind == 1 else repr(device_type)  # OrtDevice.cuda() is the GPU
-        device_id = device_type.device_id()
+        device_id = device_type.device_id() if hasattr(device_type, "device_id") else device_id
     else:
         name = str(device_type).lower()
         if name == "cpu":

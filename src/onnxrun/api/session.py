@@ -524,6 +524,10 @@ class InferenceSession:
         input_dict_ort_values: Mapping[str, OrtValue],
         run_options: RunOptions | None = None,
     ) -> list[OrtValue]:
+        if self._device is None:
+            feed = {k: (v.numpy() if isinstance(v, OrtValue) else v)
+                    for k, v in input_dict_ort_values.items()}
+            return [OrtValue(r) for r in self.run(output_names, feed, run_options)]
         feeds = self._check_feeds(dict(input_dict_ort_values))
         results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
         return [OrtValue(r if self._device is not None and self._device.backend.is_device_array(r)
