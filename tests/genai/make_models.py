@@ -1,8 +1,7 @@
 """Build onnxruntime-genai model folders offline, for the genai tests and benchmarks.
 
-A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a format
-(int4, fp32: onnxruntime-genai's model builder; optimum: a plain-ONNX export through torch with
-Hugging Face Optimum's ``past_key_values.*`` / ``present.*`` names). Each folder is built from:
+A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a precision
+(int4, fp32) for onnxruntime-genai's model builder. Each folder is built from:
 
 - a checkpoint with random weights saved by transformers (seeded, so the folder is the same on
   every machine with the same versions);
@@ -26,13 +25,12 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "phi3")
-FORMATS = ("int4", "fp32", "optimum")
+FORMATS = ("int4", "fp32")
 # Recipe format version: bump when the build below changes what it writes.
 _RECIPE_VERSION = 2
 
@@ -153,7 +151,8 @@ def _hf_config(arch: str, size: str, tok_dir: Path):
     if arch == "qwen2":
         return transformers.Qwen2Config(**common, rope_theta=1000000.0)
     if arch == "phi3":
-        return transformers.Phi3Config(**common, rope_theta=10000.0, original_max_position_embeddings=CONTEXT[size])
+        return transformers.Phi3Config(**common, rope_theta=10000.0,
+                                       original_max_position_embeddings=CONTEXT[size])
     raise ValueError(f"unknown architecture {arch!r}; expected one of {ARCHS}")
 
 
@@ -203,7 +202,8 @@ def run_builder(ckpt: Path, out: Path, precision: str, extra: dict | None = None
         finally:
             sys.argv = saved
         if not (out / "genai_config.json").exists():
-            raise RuntimeError(f"model builder wrote no genai_config.json:\n{log.getvalue()[-3000:]}")
+            raise RuntimeError("model builder wrote no genai_config.json:\n"
+                               f"{log.getvalue()[-3000:]}")
 
 
 def checkpoint(arch: str, size: str, root: Path) -> Path:
@@ -242,10 +242,7 @@ def build(arch: str, size: str = "tiny", fmt: str = "fp32", extra: dict | None =
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         out = work / "out"
-        if fmt == "optimum":
-            export_optimum(ckpt, out)
-        else:
-            run_builder(ckpt, out, fmt, extra)
+        run_builder(ckpt, out, fmt, extra)
         _publish(out, final, "genai_config.json")
     finally:
         shutil.rmtree(work, ignore_errors=True)

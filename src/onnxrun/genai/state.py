@@ -1,0 +1,108 @@
+"""The decoder's state between steps: the KV cache, the attention mask, the position ids.
+
+With ``past_present_share_buffer`` (and a GroupQueryAttention model) the cache is one buffer
+per layer of ``max_length`` positions, allocated once: GroupQueryAttention writes the new keys
+and values at each row's own length, so nothing grows or is concatenated. Otherwise (plain
+attention, Optimum's exports) the cache starts empty and each step's ``present`` is the next
+step's ``past``. A batch of prompts is padded on the right, as onnxruntime-genai pads it: the
+mask marks the pads, GroupQueryAttention packs each row's cache (seqlens_k), and the first
+logits of each row are those of its last real token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import errors
+from ..api.options import RunOptions
+from .model import Model
+
+
+class DecoderState:
+    def __init__(self, model: Model, params: dict, extra_inputs: dict[str, np.ndarray]) -> None:
+        self.m = model
+        self.rows = params["batch_size"] * params["num_beams"]
+        self.batch = params["batch_size"]
+        self.beams = params["num_beams"]
+        self.max_length = params["max_length"]
+        self.pad = int(model.config.model.get("pad_token_id", 0))
+        self.shared = bool(params["past_present_share_buffer"]) and model.gqa \
+            and params["num_beams"] == 1
+        self.extra = extra_inputs
+        self.run_options = RunOptions()
+        self.mask: np.ndarray | None = None  # (rows, tokens so far) int
+        self.kv: list[np.ndarray] = []  # past keys then past values, per layer
+        self.outputs: dict[str, np.ndarray] = {}
+        self.inputs: dict[str, np.ndarray] = {}
+        self._alloc_cache()
+
+    def _alloc_cache(self) -> None:
+        m = self.m
+        length = self.max_length if self.shared else 0
+        shape = (self.rows, m.kv_heads, length, m.head_size)
+        if not m.kv_heads or not m.head_size:
+            raise errors.InvalidArgument(
+                "genai_config.json: decoder.num_key_value_heads and head_size are needed")
+        self.kv = [np.zeros(shape, m.input_dtypes[n]) for n in m.past_keys + m.past_values]
+
+    def run(self, tokens: np.ndarray, beam_indices: np.ndarray | None) -> np.ndarray:
+        """One step on ``tokens`` ((batch, n) for a prompt, (rows,) for a decode step): the
+        logits of each row's last real token, (rows, vocab) float32."""
+        m = self.m
+        first = self.mask is None
+        if first:
+            ids = np.repeat(tokens, self.beams, axis=0) if self.beams > 1 else tokens
+            if self.batch > 1:
+                new_mask = (ids != self.pad).astype(np.int64)
+            else:
+                new_mask = np.ones(ids.shape, np.int64)
+            self.mask = new_mask
+        else:
+            ids = tokens.reshape(self.rows, -1)
+            if beam_indices is not None:
+                self.kv = [c[beam_indices] for c in self.kv]
+                self.mask = self.mask[beam_indices]
+            new_mask = np.ones(ids.shape, np.int64)
+            self.mask = np.concatenate([self.mask, new_mask], axis=1)
+        S = ids.shape[1]
+        feed: dict[str, Any] = {m.input_ids: ids.astype(m.input_dtypes[m.input_ids], copy=False)}
+        if m.attention_mask:
+            feed[m.attention_mask] = self.mask.astype(m.input_dtypes[m.attention_mask])
+        if m.position_ids:
+            if first:
+                pos = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0)
+            else:
+                pos = self.mask.sum(axis=1, keepdims=True) - 1 + np.arange(S) - (S - 1)
+            feed[m.position_ids] = pos.astype(m.input_dtypes[m.position_ids])
+        for name, c in zip(m.past_keys + m.past_values, self.kv, strict=True):
+            feed[name] = c
+        feed.update(self.extra)
+        self.inputs = feed
+        names = [m.logits, *m.present_keys, *m.present_values]
+        extra_out = [n for n in m.output_names if n not in names]
+        out = m.session.run(names + extra_out, feed, self.run_options)
+        self.outputs = dict(zip(names + extra_out, out, strict=True))
+        self.kv = list(out[1:1 + 2 * m.layers])
+        logits = out[0]
+        if logits.ndim == 2:  # (rows, vocab): the model keeps only the last position
+            logits = logits[:, None]
+        if logits.shape[1] == 1:
+            last = np.zeros(self.rows, np.int64)
+        elif first and self.batch > 1:
+            last = new_mask.sum(axis=1) - 1  # right padding: each row's last real token
+        else:
+            last = np.full(self.rows, logits.shape[1] - 1)
+        logits = logits[np.arange(self.rows), last]
+        self.outputs[m.logits] = logits[:, None]  # as genai's get_output: (rows, 1, vocab)
+        return logits.astype(np.float32, copy=False)
+
+    def rewind_to(self, length: int) -> None:
+        if length == 0:
+            self.mask = None
+            self._alloc_cache()
+            return
+        self.mask = self.mask[:, :length]
+        if not self.shared:
+            self.kv = [c[:, :, :length] for c in self.kv]
