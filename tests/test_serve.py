@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,16 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 httpclient = pytest.importorskip("tritonclient.http")
+from serve_harness import (  # noqa: E402
+    ADDMUL,
+    BATCHING,
+    ECHO,
+    SEQ,
+    free_port,
+    launch,
+    stop,
+    write_model,
+)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 import onnxrun  # noqa: E402
@@ -28,90 +37,21 @@ from onnxrun.serve.config import read_config  # noqa: E402
 from onnxrun.serve.repository import Repository  # noqa: E402
 from onnxrun.serve.scheduler import Unavailable  # noqa: E402
 
-ADDMUL = """<ir_version: 8, opset_import: ["" : 17]>
-addmul (float[N, 4] x, float[N, 4] y) => (float[N, 4] sum, float[N, 4] prod) {
-  sum = Add(x, y)
-  prod = Mul(x, y)
-}"""
-# a dynamic non-batch dimension: requests of different M must never be merged
-SEQ = """<ir_version: 8, opset_import: ["" : 17]>
-seq (float[N, M] x) => (float[N] total, int64[N, M] positive) {
-  axes = Constant <value: tensor = int64[1] {1}> ()
-  total = ReduceSum <keepdims: int = 0> (x, axes)
-  zero = Constant <value: tensor = float {0}> ()
-  greater = Greater (x, zero)
-  positive = Cast <to: int = 7> (greater)
-}"""
-ECHO = """<ir_version: 8, opset_import: ["" : 17]>
-echo (string[N] text) => (string[N] same) {
-  same = Identity (text)
-}"""
-BATCHING = "dynamic_batching {{ preferred_batch_size: [ {0} ] max_queue_delay_microseconds: " \
-           "20000000 }}"  # 20 s: a group runs when it reaches its preferred size, not on time
-
-
-def _write(root, name, text, config=None, version=1):
-    os.makedirs(root / name / str(version), exist_ok=True)
-    onnx.save(onnx.parser.parse_model(text), str(root / name / str(version) / "model.onnx"))
-    if config is not None:
-        (root / name / "config.pbtxt").write_text(config)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("repository")
-    _write(root, "addmul", ADDMUL, "max_batch_size: 8\ninstance_group [ { count: 2 } ]")
-    _write(root, "addmul", ADDMUL, "max_batch_size: 8", version=3)  # the latest is served
-    _write(root, "batched", ADDMUL, f"max_batch_size: 8\n{BATCHING.format(4)}")
-    _write(root, "seq", SEQ, f'name: "seq"\nmax_batch_size: 4\n{BATCHING.format(2)}')
-    _write(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
-    _write(root, "echo", ECHO)
+    write_model(root, "addmul", ADDMUL, "max_batch_size: 8\ninstance_group [ { count: 2 } ]")
+    write_model(root, "addmul", ADDMUL, "max_batch_size: 8", version=3)  # the latest is served
+    write_model(root, "batched", ADDMUL, f"max_batch_size: 8\n{BATCHING.format(4)}")
+    write_model(root, "seq", SEQ, f'name: "seq"\nmax_batch_size: 4\n{BATCHING.format(2)}')
+    write_model(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
+    write_model(root, "echo", ECHO)
     os.makedirs(root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
-    proc, client, log = _launch(root)
+    proc, client, log = launch(root)
     yield client, client.port, root
-    _stop(proc, client, log)
-
-
-def _launch(root):
-    """The real server process on free ports, once it answers."""
-    port, metrics_port = _free_port(), _free_port()
-    log = open(root / "server.log", "w+b")  # noqa: SIM115 - a file, not a pipe that could fill
-    proc = subprocess.Popen([sys.executable, "-m", "onnxrun", "serve", str(root),
-                             "--http-port", str(port), "--metrics-port", str(metrics_port),
-                             "--log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{port}", concurrency=8)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if client.is_server_live():
-                break
-        except Exception:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            log.seek(0)
-            pytest.fail(f"the server did not start: {log.read().decode()}")
-        time.sleep(0.1)
-    client.port, client.metrics_port = port, metrics_port
-    return proc, client, log
-
-
-def _stop(proc, client, log):
-    client.close()
-    proc.terminate()  # graceful: uvicorn finishes, then exits by the signal it got
-    assert proc.wait(timeout=30) in (0, -15)
-    log.seek(0)
-    text = log.read().decode()
-    log.close()
-    assert "Traceback" not in text, text  # no request crashed a handler
+    stop(proc, client, log)
 
 
 def _inputs(x, y, binary=True):
@@ -353,9 +293,9 @@ def test_metrics_in_triton_names(server):
 
 
 def test_sigterm_finishes_queued_requests(tmp_path):
-    _write(tmp_path, "batched", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
-           "preferred_batch_size: 4 max_queue_delay_microseconds: 600000000 }")
-    proc, client, log = _launch(tmp_path)
+    write_model(tmp_path, "batched", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
+                "preferred_batch_size: 4 max_queue_delay_microseconds: 600000000 }")
+    proc, client, log = launch(tmp_path)
     x = np.full((1, 4), 3, np.float32)
     pending = client.async_infer("batched", _inputs(x, x))  # alone: would wait 10 min for 3 more
     deadline = time.monotonic() + 30
@@ -370,7 +310,7 @@ def test_sigterm_finishes_queued_requests(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    _stop(proc, client, log)
+    stop(proc, client, log)
 
 
 def test_single_onnx_file_is_one_model(tmp_path):
@@ -389,8 +329,9 @@ def test_single_onnx_file_is_one_model(tmp_path):
 
 
 def test_full_queue_refuses_at_once(tmp_path):
-    _write(tmp_path, "m", ADDMUL, "max_batch_size: 8\ndynamic_batching { preferred_batch_size: 4 "
-           "max_queue_delay_microseconds: 20000000 default_queue_policy { max_queue_size: 2 } }")
+    write_model(tmp_path, "m", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
+                "preferred_batch_size: 4 max_queue_delay_microseconds: 20000000 "
+                "default_queue_policy { max_queue_size: 2 } }")
     repository = Repository(tmp_path)
     x = np.ones((1, 4), np.float32)
     try:
@@ -435,7 +376,7 @@ def test_load_and_unload(server):
         client.infer("echo", [i])
     index = {m["name"]: m for m in client.get_model_repository_index()}
     assert index["echo"]["state"] == "UNAVAILABLE" and index["echo"]["reason"] == "unloaded"
-    _write(root, "echo", ECHO, version=2)  # a new version appears: a load serves it
+    write_model(root, "echo", ECHO, version=2)  # a new version appears: a load serves it
     client.load_model("echo")
     assert client.is_model_ready("echo", "2")
     assert client.infer("echo", [i]).as_numpy("same").tolist() == [b"a"]
@@ -455,7 +396,8 @@ def test_load_and_unload(server):
 ])
 def test_cli_errors_are_one_line(tmp_path, make, reason):
     result = subprocess.run([sys.executable, "-m", "onnxrun", "serve", str(make(tmp_path)),
-                             "--http-port", str(_free_port()), "--metrics-port", "0"],
+                             "--http-port", str(free_port()), "--grpc-port", "0",
+                             "--metrics-port", "0"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert reason in result.stderr and "Traceback" not in result.stderr

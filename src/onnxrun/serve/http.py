@@ -20,20 +20,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .._version import __version__
 from ..errors import InvalidArgument, OnnxRunError
-from .metrics import start_metrics_server
+from . import describe
 from .repository import Model, Repository
 from .scheduler import Unavailable
-from .tensors import DATATYPES, datatype_of_array, element_count, from_bytes, to_bytes
+from .tensors import (
+    DATATYPES,
+    MAX_REQUEST_BYTES,
+    OFF_LOOP_BYTES,
+    datatype_of_array,
+    element_count,
+    from_bytes,
+    to_bytes,
+)
 
 log = logging.getLogger("onnxrun.serve")
 
-MAX_REQUEST_BYTES = 256 << 20  # a larger body is refused (400) before it is read whole
-# tensors larger than this are converted in a worker thread, so that one large (JSON) request
-# does not stall the event loop and every other connection with it
-OFF_LOOP_BYTES = 1 << 16
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
 
 
 class BadRequest(InvalidArgument):
@@ -194,48 +196,6 @@ async def _read_body(request: Request) -> bytes:
 
 # -- the application ----------------------------------------------------------------------
 
-def _model_metadata(model: Model) -> dict[str, Any]:
-    def tensors(specs):
-        return [{"name": s.name, "datatype": s.datatype, "shape": model.shape_of(s)}
-                for s in specs]
-    return {"name": model.name, "versions": [model.version], "platform": "onnxruntime_onnx",
-            "inputs": tensors(model.inputs), "outputs": tensors(model.outputs)}
-
-
-def _model_config(model: Model) -> dict[str, Any]:
-    cfg = model.config
-
-    def tensors(specs):
-        return [{"name": s.name, "data_type": f"TYPE_{s.datatype.replace('BYTES', 'STRING')}",
-                 "dims": s.dims} for s in specs]
-    out: dict[str, Any] = {"name": model.name, "platform": "onnxruntime_onnx",
-                           "backend": "onnxruntime", "max_batch_size": cfg.max_batch_size,
-                           "input": tensors(model.inputs), "output": tensors(model.outputs),
-                           "instance_group": [{"count": cfg.instance_count, "kind": "KIND_CPU"}],
-                           "version_policy": {"latest": {"num_versions": 1}}}
-    if cfg.dynamic_batching:
-        out["dynamic_batching"] = {"preferred_batch_size": cfg.preferred_batch_size,
-                                   "max_queue_delay_microseconds": cfg.max_queue_delay_us}
-    return out
-
-
-def _model_stats(model: Model) -> dict[str, Any]:
-    s = model.scheduler.statistics()
-
-    def d(x):
-        return {"count": x.count, "ns": x.ns}
-    zero = {"count": 0, "ns": 0}
-    return {"name": model.name, "version": model.version,
-            "last_inference": s.last_inference_ms, "inference_count": s.inference_count,
-            "execution_count": s.execution_count,
-            "inference_stats": {"success": d(s.success), "fail": d(s.fail), "queue": d(s.queue),
-                                "compute_input": zero, "compute_infer": d(s.compute_infer),
-                                "compute_output": zero},
-            "batch_stats": [{"batch_size": b, "compute_input": zero,
-                             "compute_infer": d(x), "compute_output": zero}
-                            for b, x in sorted(s.batch_sizes.items())]}
-
-
 def create_app(repository: Repository) -> Starlette:
     """The ASGI application serving ``repository``."""
 
@@ -247,13 +207,10 @@ def create_app(repository: Repository) -> Starlette:
         return Response(status_code=200)
 
     async def ready(request: Request) -> Response:
-        # Triton's strict readiness: ready when every model of the repository is.
-        ok = all(e.ready for e in repository.entries.values())
-        return Response(status_code=200 if ok else 400)
+        return Response(status_code=200 if describe.server_ready(repository) else 400)
 
     async def server_metadata(request: Request) -> Response:
-        return JSONResponse({"name": "onnxrun", "version": __version__,
-                             "extensions": EXTENSIONS})
+        return JSONResponse(describe.server_metadata())
 
     async def model_ready(request: Request) -> Response:
         try:
@@ -263,23 +220,22 @@ def create_app(repository: Repository) -> Starlette:
         return Response(status_code=200)
 
     async def model_metadata(request: Request) -> Response:
-        return JSONResponse(_model_metadata(model_of(request)))
+        return JSONResponse(describe.model_metadata(model_of(request)))
 
     async def model_config(request: Request) -> Response:
-        return JSONResponse(_model_config(model_of(request)))
+        return JSONResponse(describe.model_config(model_of(request)))
 
     async def model_stats(request: Request) -> Response:
-        if "name" in request.path_params:
-            models = [model_of(request)]
-        else:
-            models = [e.model for e in repository.entries.values() if e.model is not None]
-        return JSONResponse({"model_stats": [_model_stats(m) for m in models]})
+        p = request.path_params
+        return JSONResponse(describe.statistics(repository, p.get("name"), p.get("version")))
 
     async def repository_index(request: Request) -> Response:
-        return JSONResponse([
-            {"name": e.name, **({"version": e.version} if e.version else {}),
-             "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
-            for e in repository.entries.values()])
+        body = await _read_body(request)
+        try:
+            ready = bool(json.loads(body).get("ready", False)) if body.strip() else False
+        except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):
+            raise BadRequest("the index request's JSON is malformed") from None
+        return JSONResponse(describe.repository_index(repository, ready))
 
     async def load(request: Request) -> Response:
         body = await _read_body(request)
@@ -366,26 +322,3 @@ def create_app(repository: Repository) -> Starlette:
     return Starlette(routes=routes,
                      exception_handlers={OnnxRunError: on_error, Exception: on_error})
 
-
-def serve(repository: Repository, host: str = "127.0.0.1", port: int = 8000,
-          metrics_port: int = 0, log_level: str = "info") -> None:
-    """Serve ``repository`` over HTTP (and Prometheus metrics on ``metrics_port`` unless it is
-    0) until SIGINT / SIGTERM (uvicorn finishes the requests in flight and refuses new
-    connections), then stop the models' instances."""
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            # At SIGTERM / SIGINT the models stop taking requests (503) and run what is queued
-            # at once, so uvicorn's wait for the requests in flight is not a batching delay.
-            repository.shutdown()
-            super().handle_exit(sig, frame)
-
-    config = uvicorn.Config(create_app(repository), host=host, port=port, log_level=log_level)
-    metrics = start_metrics_server(repository, host, metrics_port) if metrics_port else None
-    try:
-        Server(config).run()
-    finally:
-        if metrics is not None:
-            metrics.shutdown()
-        repository.close()

@@ -37,6 +37,10 @@ class ModelError(InvalidArgument):
     """A request that the model cannot take (the endpoint answers 400 with this message)."""
 
 
+class UnknownModel(ModelError):
+    """No ready model of that name and version (HTTP 400, gRPC NOT_FOUND)."""
+
+
 class Model:
     """One served model: its metadata, its sessions (one per instance) and its scheduler."""
 
@@ -216,11 +220,12 @@ class Repository:
         """The ready model of that name (and version, when given), else a ModelError."""
         entry = self.entries.get(name)
         if entry is None:
-            raise ModelError(f"Request for unknown model: '{name}' is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not found")
         if entry.model is None:
-            raise ModelError(f"Request for unknown model: '{name}' is not ready: {entry.reason}")
+            raise UnknownModel(f"Request for unknown model: '{name}' is not ready: "
+                               f"{entry.reason}")
         if version not in (None, "", entry.version):
-            raise ModelError(f"Request for unknown model: '{name}' version {version} is not "
+            raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not "
                              f"found (served: {entry.version})")
         return entry.model
 

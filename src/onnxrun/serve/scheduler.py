@@ -23,8 +23,15 @@ from ..errors import Fail, OnnxRunError
 
 
 class Unavailable(Fail):
-    """The request was not queued: the model is shutting down, or its queue is full (the
-    endpoint answers 503 at once)."""
+    """The request was not run: the model is shutting down (HTTP 503, gRPC UNAVAILABLE)."""
+
+
+class QueueFull(Unavailable):
+    """The model's queue is full: refused at once (HTTP 503, gRPC RESOURCE_EXHAUSTED)."""
+
+
+class RequestTimeout(Unavailable):
+    """The request's timeout expired while it was queued (HTTP 503, gRPC DEADLINE_EXCEEDED)."""
 
 
 @dataclass
@@ -105,7 +112,7 @@ class Scheduler:
                 raise Unavailable(f"model '{self.model.name}' is shutting down")
             if len(self._queue) >= self.model.config.max_queue_size:
                 self.stats.fail.add(0)
-                raise Unavailable(f"model '{self.model.name}': its queue is full "
+                raise QueueFull(f"model '{self.model.name}': its queue is full "
                                   f"({self.model.config.max_queue_size} requests waiting); "
                                   "retry later")
             self._queue.append(request)
@@ -157,7 +164,7 @@ class Scheduler:
             self._queue = [r for r in self._queue if r not in expired]
             for r in expired:
                 self.stats.fail.add(now - r.arrival_ns)
-                r.future.set_exception(Unavailable(
+                r.future.set_exception(RequestTimeout(
                     f"model '{self.model.name}': request timeout expired after "
                     f"{(now - r.arrival_ns) // 1000} us in the queue"))
         deadlines = [r.deadline_ns for r in self._queue if r.deadline_ns is not None]

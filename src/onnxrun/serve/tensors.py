@@ -10,6 +10,12 @@ import numpy as np
 
 from ..errors import InvalidArgument
 
+# a larger request (HTTP body, gRPC message) is refused before it is read whole
+MAX_REQUEST_BYTES = 256 << 20
+# tensors larger than this are converted in a worker thread, so that one large request does
+# not stall the event loop and every other connection with it
+OFF_LOOP_BYTES = 1 << 16
+
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(bool), "UINT8": np.dtype("u1"), "UINT16": np.dtype("<u2"),
     "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"), "INT8": np.dtype("i1"),
