@@ -31,6 +31,10 @@ ECHO = """<ir_version: 8, opset_import: ["" : 17]>
 echo (string[N] text) => (string[N] same) {
   same = Identity (text)
 }"""
+SCORES = """<ir_version: 8, opset_import: ["" : 17]>
+scores (float[N, 5] x) => (float[N, 5] probs) {
+  probs = Softmax <axis: int = 1> (x)
+}"""
 BATCHING = "dynamic_batching {{ preferred_batch_size: [ {0} ] max_queue_delay_microseconds: " \
            "20000000 }}"  # 20 s: a group runs when it reaches its preferred size, not on time
 

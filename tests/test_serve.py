@@ -23,6 +23,7 @@ from serve_harness import (  # noqa: E402
     ADDMUL,
     BATCHING,
     ECHO,
+    SCORES,
     SEQ,
     free_port,
     launch,
@@ -34,7 +35,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 import onnxrun  # noqa: E402
 from onnxrun.errors import InvalidArgument  # noqa: E402
 from onnxrun.serve.config import read_config  # noqa: E402
-from onnxrun.serve.repository import Repository  # noqa: E402
+from onnxrun.serve.repository import Repository, UnknownModel  # noqa: E402
 from onnxrun.serve.scheduler import Unavailable  # noqa: E402
 
 
@@ -420,7 +421,141 @@ def test_config_subset():
         read_config("max_batch_size: 8 dynamic_batching { preferred_batch_size: 32 }")
     with pytest.raises(InvalidArgument, match="needs max_batch_size"):
         read_config("dynamic_batching { }")
-    with pytest.raises(InvalidArgument, match="version_policy"):
-        read_config("version_policy: { all: { } }")
+    assert read_config("version_policy: { all: { } }").version_policy == ("all",)
+    assert read_config("version_policy: { latest { num_versions: 2 } }").version_policy == (
+        "latest", 2)
+    assert read_config("version_policy: { specific { versions: [3, 1] } }").version_policy == (
+        "specific", [1, 3])
+    with pytest.raises(InvalidArgument, match="version_policy must be one of"):
+        read_config("version_policy: { newest: { } }")
+    with pytest.raises(InvalidArgument, match="names no versions"):
+        read_config("version_policy: { specific: { } }")
+    with pytest.raises(InvalidArgument, match="unknown data_type TYPE_FP99"):
+        read_config('input [ { name: "x" data_type: TYPE_FP99 dims: [ 4 ] } ]')
     with pytest.raises(InvalidArgument, match="missing"):
         read_config("dynamic_batching { max_queue_delay_microseconds: 1")
+
+
+# version v adds v: which version answered is in the numbers
+ADD_V = """<ir_version: 8, opset_import: ["" : 17]>
+add_v (float[N, 4] x) => (float[N, 4] y) {{
+  v = Constant <value: tensor = float {{{0}}}> ()
+  y = Add(x, v)
+}}"""
+
+
+@pytest.mark.parametrize("policy, served", [
+    ("", ["3"]),
+    ("version_policy: { latest: { num_versions: 2 } }", ["2", "3"]),
+    ("version_policy: { all: { } }", ["1", "2", "3"]),
+    ("version_policy: { specific: { versions: [1, 3] } }", ["1", "3"]),
+])
+def test_version_policies(tmp_path, policy, served):
+    for v in (1, 2, 3):
+        write_model(tmp_path, "m", ADD_V.format(v), f"max_batch_size: 4\n{policy}", version=v)
+    repository = Repository(tmp_path)
+    x = np.zeros((1, 4), np.float32)
+    try:
+        assert repository.entries["m"].versions == served
+        for v in ("1", "2", "3"):
+            if v in served:
+                model = repository.model("m", v)
+                np.testing.assert_array_equal(model.scheduler.submit({"x": x}).result(30)["y"],
+                                              x + int(v))
+            else:
+                with pytest.raises(UnknownModel, match=f"version {v} is not found"):
+                    repository.model("m", v)
+        assert repository.model("m").version == served[-1]  # no version: the highest
+    finally:
+        repository.close()
+
+
+def test_specific_version_missing_is_a_load_error(tmp_path):
+    write_model(tmp_path, "m", ADD_V.format(1), "version_policy: { specific: { versions: 2 } }")
+    write_model(tmp_path, "other", ADD_V.format(1))
+    repository = Repository(tmp_path)
+    try:
+        assert not repository.entries["m"].ready
+        assert "version(s) [2] not found" in repository.entries["m"].reason
+        assert repository.model("other").version == "1"
+    finally:
+        repository.close()
+
+
+@pytest.mark.parametrize("tensors, reason", [
+    ('input [ { name: "z" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "config.pbtxt input 'z' is not an input of the model (its inputs: x, y)"),
+    ('input [ { name: "x" data_type: TYPE_INT32 dims: [ 4 ] },'
+     ' { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "config.pbtxt input 'x' is INT32, the model's is FP32"),
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 5 ] },'
+     ' { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]',
+     "input 'x' has dims [5], the model's are [4] (without the batch dimension)"),
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 1, 4 ] },'
+     ' { name: "y" data_type: TYPE_FP32 dims: [ 4 ] } ]', "has dims [1, 4]"),
+    ('input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]', "missing: y"),
+    ('output [ { name: "sum" data_type: TYPE_FP16 dims: [ 4 ] } ]',
+     "config.pbtxt output 'sum' is FP16, the model's is FP32"),
+    ('output [ { name: "out" dims: [ 4 ] } ]', "output 'out' is not an output"),
+])
+def test_config_tensors_must_fit_the_model(tmp_path, tensors, reason):
+    write_model(tmp_path, "bad", ADDMUL, f"max_batch_size: 8\n{tensors}")
+    write_model(tmp_path, "good", ADDMUL, 'max_batch_size: 8\ninput [ { name: "x" data_type: '
+                'TYPE_FP32 dims: [ 4 ] }, { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+                'output [ { name: "prod" data_type: TYPE_FP32 dims: [ 4 ] } ]')
+    repository = Repository(tmp_path)
+    try:
+        assert not repository.entries["bad"].ready
+        assert reason in repository.entries["bad"].reason
+        good = repository.model("good")  # the other model serves
+        assert [o.name for o in good.outputs] == ["prod"]  # the outputs the config lists
+        x = np.ones((2, 4), np.float32)
+        assert list(good.scheduler.submit({"x": x, "y": x}).result(30)) == ["prod"]
+    finally:
+        repository.close()
+
+
+def _classes(probs, k, labels=None):
+    """Triton's classification strings of each row of ``probs``."""
+    out = []
+    for row in probs.reshape(probs.shape[0], -1):
+        best = np.argsort(-row.astype(np.float64), kind="stable")[:k]
+        out.append([f"{row[i]:f}:{i}" + (f":{labels[i]}" if labels else "") for i in best])
+    return out
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification_extension(tmp_path, binary):
+    write_model(tmp_path, "scores", SCORES, 'max_batch_size: 4\noutput [ { name: "probs" '
+                'data_type: TYPE_FP32 dims: [ 5 ] label_filename: "labels.txt" } ]')
+    labels = ["cat", "dog", "fox", "owl", "yak"]
+    (tmp_path / "scores" / "labels.txt").write_text("\n".join(labels) + "\n")
+    write_model(tmp_path, "plain", SCORES)  # no labels, not batched
+    proc, client, log = launch(tmp_path)
+    try:
+        x = np.array([[0.1, 2, -1, 3, 0.5], [5, 1, 1, 0, 2]], np.float32)
+        probs = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+        i = httpclient.InferInput("x", [2, 5], "FP32")
+        i.set_data_from_numpy(x, binary_data=binary)
+        out = [httpclient.InferRequestedOutput("probs", binary_data=binary, class_count=2)]
+        got = client.infer("scores", [i], outputs=out).as_numpy("probs")
+        assert got.shape == (2, 2)
+        as_text = [[v.decode() if isinstance(v, bytes) else v for v in row] for row in got]
+        expected = _classes(probs, 2, labels)
+        assert [[t.rsplit(":", 2)[1:] for t in row] for row in as_text] == [
+            [t.rsplit(":", 2)[1:] for t in row] for row in expected]  # indices and labels
+        for row, want in zip(as_text, expected, strict=True):
+            for t, w in zip(row, want, strict=True):
+                assert abs(float(t.split(":")[0]) - float(w.split(":")[0])) < 1e-5
+        out = [httpclient.InferRequestedOutput("probs", binary_data=binary, class_count=12)]
+        got = client.infer("plain", [i], outputs=out).as_numpy("probs")
+        assert got.shape == (10,)  # not batched: the whole output is one row; k clipped
+        best = got[0].decode() if isinstance(got[0], bytes) else got[0]
+        assert best.split(":")[1] == "5"
+        assert abs(float(best.split(":")[0]) - probs.max()) < 1e-5
+        status, reply = _post(client.port, "/v2/models/scores/infer", json.dumps(
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1] * 5}],
+             "outputs": [{"name": "probs", "parameters": {"classification": 0}}]}).encode())
+        assert status == 400 and "class count >= 1" in json.loads(reply)["error"]
+    finally:
+        stop(proc, client, log)

@@ -4,6 +4,7 @@ does not send (typed contents, malformed raw contents), and its status codes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -14,7 +15,7 @@ grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 pytest.importorskip("starlette")
 grpcclient = pytest.importorskip("tritonclient.grpc")
-from serve_harness import ADDMUL, BATCHING, ECHO, launch, stop, write_model  # noqa: E402
+from serve_harness import ADDMUL, BATCHING, ECHO, SCORES, launch, stop, write_model  # noqa: E402
 from tritonclient.grpc import service_pb2, service_pb2_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -39,6 +40,9 @@ def server(tmp_path_factory):
     write_model(root, "fixed", ADDMUL)
     write_model(root, "echo", ECHO)
     write_model(root, "half", F16)
+    write_model(root, "scores", SCORES, 'max_batch_size: 4\noutput [ { name: "probs" '
+                'label_filename: "labels.txt" } ]')
+    (root / "scores" / "labels.txt").write_text("cat\ndog\nfox\nowl\nyak\n")
     (root / "broken" / "1").mkdir(parents=True)
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
     proc, http, log = launch(root)
@@ -54,6 +58,17 @@ def _inputs(x, y):
     out = []
     for name, v in (("x", x), ("y", y)):
         i = grpcclient.InferInput(name, list(v.shape), "FP32")
+        i.set_data_from_numpy(v)
+        out.append(i)
+    return out
+
+
+def _http_inputs(x, y):
+    import tritonclient.http as httpclient
+
+    out = []
+    for name, v in (("x", x), ("y", y)):
+        i = httpclient.InferInput(name, list(v.shape), "FP32")
         i.set_data_from_numpy(v)
         out.append(i)
     return out
@@ -348,3 +363,41 @@ def _pending(http) -> bool:
                                 timeout=30) as r:
         text = r.read().decode()
     return 'nv_inference_pending_request_count{model="batched",version="1"} 1' in text
+
+
+def test_structured_access_log(tmp_path):
+    write_model(tmp_path, "fixed", ADDMUL)
+    proc, client, log = launch(tmp_path, "--log-level", "info", "--log-format", "json")
+    try:
+        x = np.ones((1, 4), np.float32)
+        client.infer("fixed", _http_inputs(x, x))
+        with pytest.raises(InferenceServerException):
+            client.infer("nosuch", _http_inputs(x, x))
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{client.grpc_port}") as g:
+            g.infer("fixed", _inputs(x, x))
+            with pytest.raises(InferenceServerException):
+                g.infer("fixed", _inputs(x, x[:, :2]))
+    finally:
+        stop(proc, client, log)
+    records = [json.loads(line) for line in (tmp_path / "server.log").read_text().splitlines()
+               if line.startswith("{")]
+    access = [r for r in records if r["logger"] == "onnxrun.serve.access"]
+    infer = [r for r in access if r["path"].endswith("/infer")]
+    assert [(r["protocol"], r["method"], r["model"], r["status"]) for r in infer] == [
+        ("http", "POST", "fixed", 200), ("http", "POST", "nosuch", 400)]
+    assert all(r["duration_ms"] >= 0 and r["client"].startswith("127.0.0.1:") for r in infer)
+    calls = [(r["path"], r["model"], r["status"]) for r in access if r["protocol"] == "grpc"]
+    infer = "/inference.GRPCInferenceService/ModelInfer"
+    assert calls[-2:] == [(infer, "fixed", "OK"), (infer, "fixed", "INVALID_ARGUMENT")]
+
+
+def test_classification(server):
+    client, _, _, _ = server
+    x = np.array([[0.1, 2, -1, 3, 0.5]], np.float32)
+    i = grpcclient.InferInput("x", [1, 5], "FP32")
+    i.set_data_from_numpy(x)
+    out = [grpcclient.InferRequestedOutput("probs", class_count=3)]
+    got = client.infer("scores", [i], outputs=out).as_numpy("probs")
+    assert got.shape == (1, 3)
+    assert [v.decode().split(":")[1:] for v in got[0]] == [["3", "owl"], ["1", "dog"],
+                                                            ["4", "yak"]]

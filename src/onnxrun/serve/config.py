@@ -18,6 +18,23 @@ _TOKEN = re.compile(r"""\s*(?:\#[^\n]*                      # a comment
 
 
 DEFAULT_MAX_QUEUE_SIZE = 1024
+# config.pbtxt's data types (Triton's ModelConfig DataType) -> the protocol's
+CONFIG_TYPES = {"TYPE_BOOL": "BOOL", "TYPE_UINT8": "UINT8", "TYPE_UINT16": "UINT16",
+                "TYPE_UINT32": "UINT32", "TYPE_UINT64": "UINT64", "TYPE_INT8": "INT8",
+                "TYPE_INT16": "INT16", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
+                "TYPE_FP16": "FP16", "TYPE_FP32": "FP32", "TYPE_FP64": "FP64",
+                "TYPE_STRING": "BYTES", "TYPE_BF16": "BF16"}
+
+
+@dataclass(frozen=True)
+class TensorConfig:
+    """An ``input`` / ``output`` entry of config.pbtxt; the protocol's data type; dims without
+    the batch dimension when the model batches, -1 for any size."""
+
+    name: str
+    datatype: str | None  # None: not said
+    dims: list[int] | None  # None: not said
+    label_filename: str = ""
 
 
 @dataclass
@@ -33,7 +50,10 @@ class ModelConfig:
     # default, 0, is unbounded; onnxrun's is bounded.
     max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     instance_count: int = 1
-    version_policy: str = "latest"  # only "latest { num_versions: 1 }" is supported
+    # the versions served: ("latest", n), ("all",) or ("specific", [versions])
+    version_policy: tuple = ("latest", 1)
+    inputs: list[TensorConfig] = field(default_factory=list)  # [] when not said
+    outputs: list[TensorConfig] = field(default_factory=list)
 
 
 def _tokens(text: str) -> list[str]:
@@ -140,9 +160,44 @@ def read_config(text: str) -> ModelConfig:
             raise InvalidArgument("config.pbtxt: instance_group count must be >= 1")
     policy = _one(fields, "version_policy", None)
     if policy is not None:
-        kinds = list(policy)
-        latest = _one(policy, "latest", None)
-        if kinds != ["latest"] or int(_one(latest, "num_versions", 1)) != 1:
-            raise InvalidArgument(f"config.pbtxt: version_policy {kinds} is not supported yet "
-                                  "(only latest { num_versions: 1 })")
+        cfg.version_policy = _version_policy(policy)
+    cfg.inputs = [_tensor(t, "input") for t in fields.get("input", [])]
+    cfg.outputs = [_tensor(t, "output") for t in fields.get("output", [])]
     return cfg
+
+
+def _version_policy(policy: Any) -> tuple:
+    kinds = list(policy) if isinstance(policy, dict) else []
+    if len(kinds) != 1 or kinds[0] not in ("latest", "all", "specific"):
+        raise InvalidArgument(f"config.pbtxt: version_policy must be one of latest, all, "
+                              f"specific, not {kinds}")
+    kind, body = kinds[0], _one(policy, kinds[0], {})
+    if kind == "latest":
+        n = int(_one(body, "num_versions", 1))
+        if n < 1:
+            raise InvalidArgument(f"config.pbtxt: version_policy latest num_versions must be "
+                                  f">= 1, not {n}")
+        return ("latest", n)
+    if kind == "all":
+        return ("all",)
+    versions = sorted({int(v) for v in body.get("versions", [])})
+    if not versions:
+        raise InvalidArgument("config.pbtxt: version_policy specific names no versions")
+    return ("specific", versions)
+
+
+def _tensor(entry: Any, kind: str) -> TensorConfig:
+    if not isinstance(entry, dict) or not isinstance(_one(entry, "name", None), str):
+        raise InvalidArgument(f"config.pbtxt: each {kind} needs a name")
+    name = _one(entry, "name", None)
+    data_type = _one(entry, "data_type", None)
+    if data_type is not None and data_type not in CONFIG_TYPES:
+        raise InvalidArgument(f"config.pbtxt: {kind} '{name}': unknown data_type {data_type}")
+    if "reshape" in entry:
+        raise InvalidArgument(f"config.pbtxt: {kind} '{name}': reshape is not supported")
+    dims = entry.get("dims")
+    if dims is not None and not all(isinstance(d, int) and d >= -1 for d in dims):
+        raise InvalidArgument(f"config.pbtxt: {kind} '{name}': dims must be integers >= -1, "
+                              f"not {dims}")
+    return TensorConfig(name, CONFIG_TYPES.get(data_type), dims,
+                        str(_one(entry, "label_filename", "")))

@@ -10,18 +10,20 @@ from typing import Any
 from .._version import __version__
 from .repository import Model, Repository
 
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_repository"]
+EXTENSIONS = ["classification", "binary_tensor_data", "statistics", "model_repository"]
 
 
 def server_metadata() -> dict[str, Any]:
     return {"name": "onnxrun", "version": __version__, "extensions": EXTENSIONS}
 
 
-def model_metadata(model: Model) -> dict[str, Any]:
+def model_metadata(repository: Repository, model: Model) -> dict[str, Any]:
     def tensors(specs):
         return [{"name": s.name, "datatype": s.datatype, "shape": model.shape_of(s)}
                 for s in specs]
-    return {"name": model.name, "versions": [model.version], "platform": "onnxruntime_onnx",
+    entry = repository.entries.get(model.name)
+    versions = entry.versions if entry is not None and entry.ready else [model.version]
+    return {"name": model.name, "versions": versions, "platform": "onnxruntime_onnx",
             "inputs": tensors(model.inputs), "outputs": tensors(model.outputs)}
 
 
@@ -31,11 +33,21 @@ def model_config(model: Model) -> dict[str, Any]:
     def tensors(specs):
         return [{"name": s.name, "data_type": f"TYPE_{s.datatype.replace('BYTES', 'STRING')}",
                  "dims": s.dims} for s in specs]
+    policy = cfg.version_policy
+    outputs = tensors(model.outputs)
+    for out in outputs:
+        label = next((t.label_filename for t in cfg.outputs if t.name == out["name"]), "")
+        if label:
+            out["label_filename"] = label
     out: dict[str, Any] = {"name": model.name, "platform": "onnxruntime_onnx",
                            "backend": "onnxruntime", "max_batch_size": cfg.max_batch_size,
-                           "input": tensors(model.inputs), "output": tensors(model.outputs),
+                           "input": tensors(model.inputs), "output": outputs,
                            "instance_group": [{"count": cfg.instance_count, "kind": "KIND_CPU"}],
-                           "version_policy": {"latest": {"num_versions": 1}}}
+                           "version_policy": {
+                               "latest": {"latest": {"num_versions": policy[-1]}},
+                               "all": {"all": {}},
+                               "specific": {"specific": {"versions": policy[-1]}},
+                           }[policy[0]]}
     if cfg.dynamic_batching:
         out["dynamic_batching"] = {"preferred_batch_size": cfg.preferred_batch_size,
                                    "max_queue_delay_microseconds": cfg.max_queue_delay_us}
@@ -62,17 +74,27 @@ def model_statistics(model: Model) -> dict[str, Any]:
 def statistics(repository: Repository, name: str | None = None,
                version: str | None = None) -> dict[str, Any]:
     """Statistics of model ``name`` (every loaded model when no name is given)."""
-    if name:
+    if name and version:
         models = [repository.model(name, version)]
+    elif name:  # every served version, as Triton
+        repository.model(name)
+        models = [m for m in repository.models() if m.name == name]
     else:
-        models = [e.model for e in repository.entries.values() if e.model is not None]
+        models = repository.models()
     return {"model_stats": [model_statistics(m) for m in models]}
 
 
 def repository_index(repository: Repository, ready_only: bool = False) -> list[dict[str, Any]]:
-    return [{"name": e.name, **({"version": e.version} if e.version else {}),
-             "state": "READY" if e.ready else "UNAVAILABLE", "reason": e.reason}
-            for e in repository.entries.values() if e.ready or not ready_only]
+    """One row per served version, and one per model name that is not served (with why)."""
+    rows = []
+    for e in list(repository.entries.values()):
+        if e.ready:
+            rows += [{"name": e.name, "version": v, "state": "READY", "reason": ""}
+                     for v in e.versions]
+        elif not ready_only:
+            rows.append({"name": e.name, **({"version": e.version} if e.version else {}),
+                         "state": "UNAVAILABLE", "reason": e.reason})
+    return rows
 
 
 def server_ready(repository: Repository) -> bool:

@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +30,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
 
 from ..errors import Fail, InvalidArgument, OnnxRunError
-from . import describe
+from . import access, describe
 from .repository import Model, Repository, UnknownModel
 from .scheduler import QueueFull, RequestTimeout, Unavailable
 from .tensors import (
@@ -171,16 +172,23 @@ def _rpc(fn: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]):
 
     @functools.wraps(fn)
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        start, status = time.perf_counter_ns(), grpc.StatusCode.OK
         try:
             return await fn(request, context)
         except OnnxRunError as e:
-            if status_of(e) is grpc.StatusCode.INTERNAL:  # the model failed on a request
+            status = status_of(e)
+            if status is grpc.StatusCode.INTERNAL:  # the model failed on a request
                 log.warning("%s: %s", fn.__name__, e)
-            await context.abort(status_of(e), str(e))
+            await context.abort(status, str(e))
         except Exception as e:  # a bug: answered, and logged with its traceback
+            status = grpc.StatusCode.INTERNAL
             log.exception("%s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"internal error: {type(e).__name__}: {e}")
+            await context.abort(status, f"internal error: {type(e).__name__}: {e}")
+        finally:
+            if access.enabled():
+                model = getattr(request, "model_name", None) or getattr(request, "name", "")
+                access.record("grpc", "POST", f"/{SERVICE}/{fn.__name__}", status.name, start,
+                              model, context.peer())
     return handler
 
 
@@ -205,7 +213,8 @@ def _service(repository: Repository) -> grpc.GenericRpcHandler:
 
     async def ModelMetadata(request, context):
         model = repository.model(request.name, request.version)
-        return json_format.ParseDict(describe.model_metadata(model), p.ModelMetadataResponse())
+        return json_format.ParseDict(describe.model_metadata(repository, model),
+                                     p.ModelMetadataResponse())
 
     async def ModelConfig(request, context):
         model = repository.model(request.name, request.version)
@@ -239,10 +248,8 @@ def _service(repository: Repository) -> grpc.GenericRpcHandler:
             inputs = await asyncio.to_thread(decode_inputs, request)
         else:
             inputs = decode_inputs(request)
-        for out in request.outputs:
-            if _parameter(out.parameters, "classification"):
-                raise InvalidArgument(f"output '{out.name}': the classification extension is "
-                                      "not supported")
+        classes = {o.name: _parameter(o.parameters, "classification") for o in request.outputs
+                   if "classification" in o.parameters}
         timeout = _parameter(request.parameters, "timeout")
         if timeout is not None and (not isinstance(timeout, int) or isinstance(timeout, bool)
                                     or timeout < 0):
@@ -255,6 +262,8 @@ def _service(repository: Repository) -> grpc.GenericRpcHandler:
         names = [o.name for o in request.outputs] or None
         future = model.scheduler.submit(inputs, names, timeout_us=timeout)
         results = await asyncio.wrap_future(future)
+        for name, count in classes.items():
+            results[name] = model.classify(name, results[name], count)
         if sum(np.asarray(v).nbytes for v in results.values()) > OFF_LOOP_BYTES:
             return await asyncio.to_thread(encode_outputs, p, model, request, results)
         return encode_outputs(p, model, request, results)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import InvalidArgument, OnnxRunError
-from . import describe
+from . import access, describe
 from .repository import Model, Repository
 from .scheduler import Unavailable
 from .tensors import (
@@ -86,9 +87,10 @@ def _json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> np.nd
 
 
 def _decode(header: Any, binary: bytes) -> tuple[dict[str, np.ndarray], dict[str, bool] | None,
-                                                  bool]:
-    """The inputs, the requested outputs ({name: binary?} or None: all) and the default
-    binary flag of an inference request."""
+                                                  bool, dict[str, Any]]:
+    """The inputs, the requested outputs ({name: binary?} or None: all), the default
+    binary flag and the outputs asked as classifications ({name: class count}) of an inference
+    request."""
     if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
         raise BadRequest("the request must be a JSON object with an 'inputs' list")
     inputs: dict[str, np.ndarray] = {}
@@ -130,21 +132,21 @@ def _decode(header: Any, binary: bytes) -> tuple[dict[str, np.ndarray], dict[str
         params, dict) else False
     outputs = header.get("outputs")
     if outputs is None:
-        return inputs, None, binary_default
+        return inputs, None, binary_default, {}
     if not isinstance(outputs, list):
         raise BadRequest("'outputs' must be a list")
     requested: dict[str, bool] = {}
+    classes: dict[str, Any] = {}  # the classification extension: output -> class count
     for item in outputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequest("each requested output must be a JSON object with a 'name'")
         oparams = item.get("parameters") or {}
         if not isinstance(oparams, dict):
             raise BadRequest(f"output '{item['name']}': 'parameters' must be an object")
-        if oparams.get("classification"):
-            raise BadRequest(f"output '{item['name']}': the classification extension is not "
-                             "supported")
+        if "classification" in oparams:
+            classes[item["name"]] = oparams["classification"]
         requested[item["name"]] = bool(oparams.get("binary_data", binary_default))
-    return inputs, requested, binary_default
+    return inputs, requested, binary_default, classes
 
 
 def _encode(model: Model, header: dict, results: dict[str, np.ndarray],
@@ -220,7 +222,7 @@ def create_app(repository: Repository) -> Starlette:
         return Response(status_code=200)
 
     async def model_metadata(request: Request) -> Response:
-        return JSONResponse(describe.model_metadata(model_of(request)))
+        return JSONResponse(describe.model_metadata(repository, model_of(request)))
 
     async def model_config(request: Request) -> Response:
         return JSONResponse(describe.model_config(model_of(request)))
@@ -274,10 +276,10 @@ def create_app(repository: Repository) -> Starlette:
             raise BadRequest("the request's JSON is nested too deeply") from None
         try:
             if len(body) > OFF_LOOP_BYTES:
-                inputs, requested, binary_default = await run_in_threadpool(
+                inputs, requested, binary_default, classes = await run_in_threadpool(
                     _decode, header, binary)
             else:
-                inputs, requested, binary_default = _decode(header, binary)
+                inputs, requested, binary_default, classes = _decode(header, binary)
         except RecursionError:
             raise BadRequest("an input's data is nested too deeply") from None
         params = header.get("parameters") or {}
@@ -288,6 +290,8 @@ def create_app(repository: Repository) -> Starlette:
         future = model.scheduler.submit(inputs, list(requested) if requested is not None
                                         else None, timeout_us=timeout)
         results = await asyncio.wrap_future(future)
+        for name, count in classes.items():
+            results[name] = model.classify(name, results[name], count)
         binary_flags = requested or dict.fromkeys(results, binary_default)
         if sum(np.asarray(v).nbytes for v in results.values()) > OFF_LOOP_BYTES:
             return await run_in_threadpool(_encode, model, header, results, binary_flags)
@@ -319,6 +323,35 @@ def create_app(repository: Repository) -> Starlette:
                    Route(base + "/config", model_config), Route(base + "/stats", model_stats),
                    Route(base + "/infer", infer, methods=["POST"])]
     # OnnxRunError's handler answers and is done; Exception's (a bug) also logs the traceback.
-    return Starlette(routes=routes,
-                     exception_handlers={OnnxRunError: on_error, Exception: on_error})
+    app = Starlette(routes=routes,
+                    exception_handlers={OnnxRunError: on_error, Exception: on_error})
+    return _AccessLog(app)
+
+
+class _AccessLog:
+    """ASGI middleware: an access record per HTTP request (see ``access.py``)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not access.enabled():
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter_ns(), [500]
+
+        async def send_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = scope.get("path", "")
+            parts = path.split("/")
+            model = parts[3] if len(parts) > 3 and parts[1:3] == ["v2", "models"] else ""
+            client = scope.get("client")
+            access.record("http", scope.get("method", ""), path, status[0], start,
+                          model if model != "stats" else "",
+                          f"{client[0]}:{client[1]}" if client else "")
 

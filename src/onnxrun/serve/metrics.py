@@ -39,7 +39,7 @@ def _label(value: str) -> str:
 
 def exposition(repository: Repository) -> str:
     """The Prometheus text format of every loaded model's counters."""
-    models = [e.model for e in repository.entries.values() if e.model is not None]
+    models = repository.models()
     stats = {id(m): m.scheduler.statistics() for m in models}
     lines = []
     for name, help_text, value in COUNTERS:

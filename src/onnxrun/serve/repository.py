@@ -1,8 +1,9 @@
 """The model repository: Triton's layout, ``<repository>/<name>/<version>/model.onnx`` with an
-optional ``<name>/config.pbtxt``; the highest numeric version is served (version policy
-``latest``). A single ``.onnx`` path serves one model, named after its file, as version 1.
+optional ``<name>/config.pbtxt``; its version policy picks the versions served (default: the
+highest). A single ``.onnx`` path serves one model, named after its file, as version 1.
 
-A model that fails to load is kept with its reason (not ready) and the others serve."""
+A model that fails to load (any of its versions, or a config.pbtxt that does not fit the model)
+is kept with its reason (not ready) and the others serve."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..api.session import InferenceSession
 from ..errors import InvalidArgument, OnnxRunError
-from .config import ModelConfig, read_config
+from .config import ModelConfig, TensorConfig, read_config
 from .scheduler import Scheduler
 from .tensors import DATATYPES, datatype_of_ort_type
 
@@ -47,8 +48,12 @@ class Model:
     def __init__(self, name: str, version: str, path: Path, config: ModelConfig):
         self.name, self.version, self.path, self.config = name, version, path, config
         sessions = [InferenceSession(str(path)) for _ in range(config.instance_count)]
-        self.inputs = self._specs(name, sessions[0].get_inputs(), "input")
-        self.outputs = self._specs(name, sessions[0].get_outputs(), "output")
+        self.inputs = self._configured(self._specs(name, sessions[0].get_inputs(), "input"),
+                                       config.inputs, "input")
+        self.outputs = self._configured(self._specs(name, sessions[0].get_outputs(), "output"),
+                                        config.outputs, "output")
+        self.labels = {t.name: _labels(path.parent.parent / t.label_filename)
+                       for t in config.outputs if t.label_filename}
         self.scheduler = Scheduler(self, sessions)
 
     def _specs(self, model: str, args: list, kind: str) -> list[TensorSpec]:
@@ -67,6 +72,40 @@ class Model:
                 dims = dims[1:]
             specs.append(TensorSpec(arg.name, datatype, dims))
         return specs
+
+    def _configured(self, specs: list[TensorSpec], configured: list[TensorConfig],
+                    kind: str) -> list[TensorSpec]:
+        """The model's tensors as config.pbtxt's ``input`` / ``output`` entries say: each must
+        name a tensor of the model with its data type and dims (a fixed size may narrow a
+        dynamic one). Inputs, when listed, are listed all; outputs may be a subset, the ones
+        served. An InvalidArgument naming the entry when they do not fit."""
+        if not configured:
+            return specs
+        by_name = {s.name: s for s in specs}
+        out = []
+        for c in configured:
+            spec = by_name.get(c.name)
+            where = f"model '{self.name}': config.pbtxt {kind} '{c.name}'"
+            if spec is None:
+                raise InvalidArgument(f"{where} is not an {kind} of the model (its {kind}s: "
+                                      f"{', '.join(by_name)})")
+            if c.datatype is not None and c.datatype != spec.datatype:
+                raise InvalidArgument(f"{where} is {c.datatype}, the model's is {spec.datatype}")
+            dims = spec.dims
+            if c.dims is not None:
+                if len(c.dims) != len(spec.dims) or any(
+                        d != m and -1 not in (d, m)
+                        for d, m in zip(c.dims, spec.dims, strict=True)):
+                    batch = " (without the batch dimension)" if self.config.max_batch_size else ""
+                    raise InvalidArgument(f"{where} has dims {c.dims}, the model's are "
+                                          f"{spec.dims}{batch}")
+                dims = [m if d == -1 else d for d, m in zip(c.dims, spec.dims, strict=True)]
+            out.append(TensorSpec(spec.name, spec.datatype, dims))
+        if kind == "input" and len(out) != len(specs):
+            missing = [s.name for s in specs if s.name not in {c.name for c in configured}]
+            raise InvalidArgument(f"model '{self.name}': config.pbtxt lists {len(out)} inputs, "
+                                  f"the model has {len(specs)} (missing: {', '.join(missing)})")
+        return out
 
     def shape_of(self, spec: TensorSpec) -> list[int]:
         """The shape shown in metadata: -1 first for the batch dimension when batching."""
@@ -125,22 +164,58 @@ class Model:
                                  f"{', '.join(known)})")
         return list(names)
 
+    def classify(self, name: str, array: np.ndarray, count: int) -> np.ndarray:
+        """The classification extension: output ``name`` as its ``count`` highest classes,
+        best first, each ``"value:index"`` (``":label"`` added when the output has a label
+        file), per batch item when the model batches."""
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ModelError(f"output '{name}': classification wants a class count >= 1, not "
+                             f"{count!r}")
+        array = np.asarray(array)
+        if array.dtype.kind not in "biuf":
+            raise ModelError(f"output '{name}' of {array.dtype} is not class scores")
+        batched = self.config.max_batch_size > 0
+        rows = array.reshape((array.shape[0] if batched and array.ndim else 1, -1))
+        labels = self.labels.get(name, [])
+        k = min(count, rows.shape[1])
+        order = np.argsort(-rows.astype(np.float64), axis=1, kind="stable")[:, :k]
+        out = np.empty(order.shape, dtype=object)
+        for b, row in enumerate(order):
+            for j, index in enumerate(row):
+                text = f"{rows[b, index]:f}:{index}"
+                if index < len(labels):
+                    text += f":{labels[index]}"
+                out[b, j] = text
+        return out if batched else out.reshape(k)
+
     def close(self) -> None:
         self.scheduler.close()
 
 
+def _labels(path: Path) -> list[str]:
+    """The lines of an output's label file (classification answers name the class)."""
+    try:
+        return path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"label file '{path.name}': {e}") from None
+
+
 @dataclass
 class Entry:
-    """A model name in the repository: its model when loaded, else why not."""
+    """A model name in the repository: its served versions when loaded, else why not."""
 
     name: str
-    version: str | None
-    model: Model | None
+    models: dict[str, Model]  # version -> model, in increasing version order
     reason: str = ""
+    version: str | None = None  # what failed to load, when it did
 
     @property
     def ready(self) -> bool:
-        return self.model is not None
+        return bool(self.models)
+
+    @property
+    def versions(self) -> list[str]:
+        return list(self.models)
 
 
 class Repository:
@@ -165,30 +240,36 @@ class Repository:
     def _read(self, name: str) -> Entry:
         """Load model ``name`` from the repository: its entry, with the reason if it failed."""
         if self.path.is_file():
-            return self._load(name, "1", self.path, ModelConfig())
+            return self._load(name, {"1": self.path}, ModelConfig())
         folder = self.path / name
-        versions = sorted(int(p.name) for p in folder.iterdir()
-                          if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
-        if not versions:
-            return Entry(name, None, None, "no <version>/model.onnx found")
+        found = sorted(int(p.name) for p in folder.iterdir()
+                       if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
+        if not found:
+            return Entry(name, {}, "no <version>/model.onnx found")
         try:
             config_path = folder / "config.pbtxt"
             config = (read_config(config_path.read_text()) if config_path.is_file()
                       else ModelConfig())
+            versions = _served(config.version_policy, found)
         except (OnnxRunError, OSError, UnicodeDecodeError) as e:
             log.error("model '%s' not loaded: %s", name, e)
-            return Entry(name, str(versions[-1]), None, str(e))
-        return self._load(name, str(versions[-1]), folder / str(versions[-1]) / "model.onnx",
+            return Entry(name, {}, str(e), str(found[-1]))
+        return self._load(name, {str(v): folder / str(v) / "model.onnx" for v in versions},
                           config)
 
-    def _load(self, name: str, version: str, path: Path, config: ModelConfig) -> Entry:
-        try:
-            entry = Entry(name, version, Model(name, version, path, config))
-            log.info("model '%s' version %s loaded from %s", name, version, path)
-            return entry
-        except (OnnxRunError, OSError, ValueError) as e:
-            log.error("model '%s' not loaded: %s", name, e)
-            return Entry(name, version, None, str(e))
+    def _load(self, name: str, paths: dict[str, Path], config: ModelConfig) -> Entry:
+        models: dict[str, Model] = {}
+        for version, path in paths.items():
+            try:
+                models[version] = Model(name, version, path, config)
+                log.info("model '%s' version %s loaded from %s", name, version, path)
+            except (OnnxRunError, OSError, ValueError) as e:
+                log.error("model '%s' version %s not loaded: %s", name, version, e)
+                for m in models.values():
+                    m.close()
+                reason = str(e) if len(paths) == 1 else f"version {version}: {e}"
+                return Entry(name, {}, reason, version)
+        return Entry(name, models)
 
     def load(self, name: str) -> Entry:
         """(Re)load model ``name`` from the repository as it is now. The new model replaces
@@ -198,12 +279,13 @@ class Repository:
             if name not in self._names():  # only a model of the repository, never a path
                 raise ModelError(f"failed to load '{name}': no such model in the repository")
             entry = self._read(name)
-            if entry.model is None:
+            if not entry.ready:
                 raise ModelError(f"failed to load '{name}': {entry.reason}")
             old = self.entries.get(name)
             self.entries[name] = entry
-        if old is not None and old.model is not None:
-            old.model.close()
+        if old is not None:
+            for model in old.models.values():
+                model.close()
         return entry
 
     def unload(self, name: str) -> None:
@@ -212,30 +294,48 @@ class Repository:
             old = self.entries.get(name)
             if old is None:
                 raise ModelError(f"failed to unload '{name}': no such model")
-            self.entries[name] = Entry(name, old.version, None, "unloaded")
-        if old.model is not None:
-            old.model.close()
+            self.entries[name] = Entry(name, {}, "unloaded", (old.versions or [old.version])[-1])
+        for model in old.models.values():
+            model.close()
 
     def model(self, name: str, version: str | None = None) -> Model:
-        """The ready model of that name (and version, when given), else a ModelError."""
+        """The ready model of that name and version (the highest served when not given),
+        else an UnknownModel."""
         entry = self.entries.get(name)
         if entry is None:
             raise UnknownModel(f"Request for unknown model: '{name}' is not found")
-        if entry.model is None:
+        if not entry.ready:
             raise UnknownModel(f"Request for unknown model: '{name}' is not ready: "
                                f"{entry.reason}")
-        if version not in (None, "", entry.version):
+        if version in (None, ""):
+            return entry.models[entry.versions[-1]]
+        if version not in entry.models:
             raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not "
-                             f"found (served: {entry.version})")
-        return entry.model
+                               f"found (served: {', '.join(entry.versions)})")
+        return entry.models[version]
+
+    def models(self) -> list[Model]:
+        """Every served model (each version of each name)."""
+        return [m for e in list(self.entries.values()) for m in e.models.values()]
 
     def shutdown(self) -> None:
         """Every model refuses new requests and runs its queued ones at once."""
-        for entry in list(self.entries.values()):
-            if entry.model is not None:
-                entry.model.scheduler.shutdown()
+        for model in self.models():
+            model.scheduler.shutdown()
 
     def close(self) -> None:
-        for entry in self.entries.values():
-            if entry.model is not None:
-                entry.model.close()
+        for model in self.models():
+            model.close()
+
+
+def _served(policy: tuple, found: list[int]) -> list[int]:
+    """The versions a version policy serves out of those found (increasing)."""
+    if policy[0] == "latest":
+        return found[-policy[1]:]
+    if policy[0] == "all":
+        return found
+    missing = [v for v in policy[1] if v not in found]
+    if missing:
+        raise InvalidArgument(f"version_policy specific: version(s) {missing} not found (the "
+                              f"repository has {found})")
+    return list(policy[1])

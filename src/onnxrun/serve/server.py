@@ -43,8 +43,9 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
             def capture_signals(self):
                 yield  # the signals stop both endpoints together: _serve's handlers
 
+        # access_log off: onnxrun.serve.access logs both protocols' requests alike
         http = HttpServer(uvicorn.Config(create_app(repository), host=host, port=http_port,
-                                         log_level=log_level))
+                                         log_level=log_level, access_log=False))
     grpc_server = None
     if grpc_port:
         from .grpc import start_server

@@ -24,10 +24,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise CliError(f"onnxrun serve needs its extra: pip install \"onnxrun[serve]\" ({e})") \
             from None
+    from ..serve.access import JsonFormatter
     from ..serve.repository import Repository
     from ..serve.server import serve
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    if not args.access_log:
+        logging.getLogger("onnxrun.serve.access").setLevel(logging.WARNING)
     repository = Repository(args.model_repository)
     if not repository.entries:
         raise CliError(f"no model found in '{args.model_repository}' (expected "
@@ -52,5 +60,9 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Arg
                    help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="log lines as text or as JSON objects (access logs with their fields)")
+    p.add_argument("--no-access-log", dest="access_log", action="store_false",
+                   help="no access log record per request (logger onnxrun.serve.access)")
     p.set_defaults(func=cmd_serve)
     return p
