@@ -694,11 +694,57 @@ def test_matmulnbits_vs_ort(K, N, block, bits, zp_kind):
     a = rng.standard_normal((3, 5, K)).astype(np.float32)
     model = _model([node], [_vi("A", TP.FLOAT, [3, 5, K])], [_vi("Y", TP.FLOAT)], inits)
     _check(model, {"A": a}, atol=2e-5, rtol=1e-5)
-    # accuracy_level=4 lets onnxruntime quantize A to int8: only close to the float result
+    # accuracy_level=4: A quantized to int8 per block as MLAS does (float zero points: float)
     node.attribute.append(helper.make_attribute("accuracy_level", 4))
     model = _model([node], [_vi("A", TP.FLOAT, [3, 5, K])], [_vi("Y", TP.FLOAT)], inits)
     expected, got = _ort(model, {"A": a})[0], _ours(model, {"A": a})[0]
-    assert np.abs(expected - got).max() <= 0.02 * np.abs(expected).max()
+    assert np.abs(expected - got).max() <= 2e-6 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("block", [16, 32, 64, 128, 256, 512])
+@pytest.mark.parametrize("zp_kind", [None, "packed", "float", "g_idx"])
+@pytest.mark.parametrize("level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_matmulnbits_accuracy_level_vs_ort(bits, block, zp_kind, level):
+    """Level 4 is MLAS's CompInt8 (A quantized to int8 per block, round-half-even of
+    a * 127 / amax) where MLAS has it: no zero points or packed ones, no g_idx. The int8
+    rounding moves results by ~5e-3 of their scale, float summation order by ~1e-7: the
+    tolerance tells the two apart. Weight blocks over 256 quantize A per 256. Levels 0-3 (and
+    level 4 elsewhere: float zero points, g_idx, 2 bits in blocks of 16 or 256) are float32."""
+    if level in (1, 2) and (bits != 4 or block not in (32, 512)):
+        pytest.skip("levels 1-3 read as level 0: a few cases suffice")
+    if bits == 2 and zp_kind == "g_idx":
+        pytest.skip("onnxruntime 1.32 gives other numbers for 2 bits with g_idx (its default "
+                    "zero point there is not 2); onnxrun follows the operator's definition")
+    rng = np.random.default_rng(block + level + bits)
+    K, N = 3 * block + (block // 2 if block < 256 else 0), 24  # K not always whole blocks
+    packed, scale, zp = _nbits_quantize(rng, K, N, block, bits)
+    inits = [_init("B", packed), _init("s", scale)]
+    names = ["A", "B", "s"]
+    if zp_kind == "packed":
+        inits.append(_init("z", _pack(zp, bits)))
+        names.append("z")
+    elif zp_kind == "float":
+        inits.append(_init("z", zp.astype(np.float32)))
+        names.append("z")
+    elif zp_kind == "g_idx":
+        inits.append(_init("g", (np.arange(K) // block).astype(np.int32)))
+        names += ["", "g"]
+    inits.append(_init("bias", rng.standard_normal(N).astype(np.float32)))
+    names += [""] * (5 - len(names)) + ["bias"]
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain=MS, K=K, N=N, block_size=block,
+                            bits=bits, accuracy_level=level)
+    for shape in ([1, K], [2, 7, K]):  # decode (one row) and a prompt
+        a = rng.standard_normal(shape).astype(np.float32)
+        a[..., :block] = 0  # an all-zero block: scale 0
+        model = _model([node], [_vi("A", TP.FLOAT, shape)], [_vi("Y", TP.FLOAT)], inits)
+        try:
+            expected = _ort(model, {"A": a})[0]
+        except Exception as e:  # 2 bits in blocks of 512; 8 bits with g_idx or float zp...
+            assert "MatMulNBits" in str(e)
+            pytest.skip(f"onnxruntime does not run this case: {str(e)[-90:]}")
+        got = _ours(model, {"A": a})[0]
+        assert np.abs(expected - got).max() <= 2e-6 * np.abs(expected).max()
 
 
 def test_matmulnbits_g_idx_and_runtime_weights():

@@ -534,10 +534,48 @@ def nbits_weight(B: np.ndarray, scales: np.ndarray, zero_points, g_idx, K: int, 
     return np.ascontiguousarray(W.T)
 
 
+def int8_blocks(A: np.ndarray, block_size: int) -> np.ndarray:
+    """A (float32, K last) as MLAS's CompInt8 path sees it: each block of ``block_size`` along K
+    quantized to int8 with a symmetric scale amax / 127 (codes round-half-even of a * (127 /
+    amax), an all-zero block gives zeros), and given back dequantized. A product with these
+    values equals MLAS's int8 block products summed in int32 and scaled, up to float rounding."""
+    K = A.shape[-1]
+    kb = -(-K // block_size)
+    pad = kb * block_size - K
+    blocks = A.reshape(-1, K)
+    if pad:
+        blocks = np.pad(blocks, ((0, 0), (0, pad)))
+    blocks = blocks.reshape(-1, kb, block_size)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(F32)
+    q = np.rint(blocks * inv)
+    q *= amax / np.float32(127)
+    return q.reshape(-1, kb * block_size)[:, :K].reshape(A.shape)
+
+
+def int8_a_block(bits: int, block_size: int) -> int | None:
+    """The block along K in which MLAS's CompInt8 path (onnxruntime 1.32, x86-64) quantizes A,
+    or None where it has no such path and the product is float32: 4 and 8 bits, A in blocks of
+    the weight's up to 256 (larger weight blocks still quantize A per 256); 2 bits in blocks of
+    32 to 128 only. Read off onnxruntime's results; tests/test_ops_quantization.py checks
+    every block size against it."""
+    if bits in (4, 8) and block_size >= 16:
+        return min(block_size, 256)
+    if bits == 2 and block_size in (32, 64, 128):
+        return block_size
+    return None
+
+
 @op("MatMulNBits", 1, domain=MS)
 class MatMulNBits:
     """Y = A @ dequantize(B) (+ bias); constant weights are dequantized once, at session
-    creation, and every run is one float32 GEMM."""
+    creation, and every run is one float32 GEMM.
+
+    ``accuracy_level`` as onnxruntime's CPU provider reads it: 4 (int8 compute) quantizes A to
+    int8 per block of K before the product, as MLAS's CompInt8 kernels do, wherever MLAS has
+    that path (int8_a_block; zero points absent or packed uint8, no g_idx); otherwise, and at
+    levels 0-3, the product is in float32."""
 
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
@@ -545,6 +583,8 @@ class MatMulNBits:
         self.block_size, self.bits = int(block_size), int(bits)
         if int(weight_prepacked):
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
+        self.a_block = int8_a_block(self.bits, self.block_size) if int(
+            accuracy_level) == 4 else None
         self.W = None
         c = ctx.constants_of((1, 2, 3, 4))
         if c is not None and c[0] is not None and c[1] is not None and c[0].size:
@@ -561,7 +601,9 @@ class MatMulNBits:
         else:
             W = self.W if self.W is not None else nbits_weight(
                 B, scales, zero_points, g_idx, self.K, self.N, self.block_size, self.bits)
-            Y = mm(Af, W)
+            int8 = self.a_block is not None and g_idx is None and (
+                zero_points is None or zero_points.dtype == np.uint8)
+            Y = mm(int8_blocks(Af, self.a_block) if int8 else Af, W)
         if bias is not None and bias.size:
             Y += bias.astype(F32)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
