@@ -20,7 +20,8 @@ From the command line, for a script or module that imports onnxruntime::
 ``onnxruntime.capi.onnxruntime_pybind11_state`` (the native classes and the exception classes:
 Fail, InvalidArgument, NoSuchFile, InvalidProtobuf, InvalidGraph, NotImplemented,
 RuntimeException, EPFail...) and ``onnxruntime.capi.onnxruntime_inference_collection``
-(InferenceSession, IOBinding, OrtValue) are built at install; every other
+(InferenceSession, IOBinding, OrtValue) are built at install, and ``onnxruntime_genai`` is
+``onnxrun.genai`` (onnxruntime-genai's API: its example scripts run unchanged); every other
 ``onnxruntime.X.Y`` is onnxrun's ``onnxrun.X.Y`` module itself, imported only when first asked
 for (``onnxruntime.quantization``, ``onnxruntime.transformers.float16``, ``onnxruntime.tools``...).
 A submodule onnxrun does not have raises ``ModuleNotFoundError`` naming it.
@@ -215,8 +216,12 @@ class _AliasFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = self._specs.pop(module.__spec__.name, module.__spec__)
 
 
+_GENAI = "onnxruntime_genai"
+
+
 def _onnxruntime_names() -> list[str]:
-    return [n for n in sys.modules if n == _TOP or n.startswith(_TOP + ".")]
+    return [n for n in sys.modules
+            if n in (_TOP, _GENAI) or n.startswith((_TOP + ".", _GENAI + "."))]
 
 
 def install() -> types.ModuleType:
@@ -228,6 +233,8 @@ def install() -> types.ModuleType:
     global _saved, _modules, _finder
     if _modules is None:
         _modules = _build()
+        # onnxruntime-genai's package is onnxrun.genai (its Python API, on onnxrun's sessions)
+        _modules[_GENAI] = importlib.import_module("onnxrun.genai")
     if _saved is None:
         # Whatever was imported under onnxruntime's names (the real package, its submodules)
         # steps aside until uninstall().

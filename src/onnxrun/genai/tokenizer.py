@@ -44,6 +44,10 @@ class Tokenizer:
         self._tok.no_padding()
         self._tok.no_truncation()
         self._settings: dict[str, Any] = {}
+        self._byte_alphabet: dict[str, int] | None | bool = False  # False: not looked at yet
+        added = self._tok.get_added_tokens_decoder()
+        self._special_ids = {i for i, t in added.items() if t.special}
+        self._added_ids = set(added)
         cfg = os.path.join(folder, "tokenizer_config.json")
         if os.path.isfile(cfg):
             with open(cfg, encoding="utf-8") as f:
@@ -109,21 +113,94 @@ class Tokenizer:
     def _decode_ids(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)
 
+    def _byte_level(self) -> dict[str, int] | None:
+        """The byte alphabet when tokens are byte-level BPE strings (GPT-2, Llama 3, Qwen, Phi
+        4...), else None."""
+        if self._byte_alphabet is False:
+            spec = json.loads(self._tok.to_str()).get("decoder") or {}
+            kinds = {spec.get("type")} | {d.get("type") for d in spec.get("decoders", []) or []}
+            self._byte_alphabet = _byte_level_alphabet() if "ByteLevel" in kinds else None
+        return self._byte_alphabet
+
+    def _token_bytes(self, token: int, alphabet: dict[str, int]) -> bytes | None:
+        if token in self._special_ids:
+            return None
+        text = self._tok.id_to_token(token)
+        if text is None:
+            raise errors.InvalidArgument(f"token id {token} is not in the vocabulary")
+        if token in self._added_ids:
+            return text.encode("utf-8")
+        return bytes(alphabet[c] for c in text)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte in a token."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+# bytes in the unit a lead byte starts, as genai's stream counts them (0xF8-0xFF as four too;
+# checked against it on random token runs); a stray continuation byte is alone
+_UNIT_LENGTH = [1] * 0xC0 + [2] * 32 + [3] * 16 + [4] * 16
+
+
+def _utf8_units(buf: bytearray) -> tuple[str, int]:
+    """The text of the whole UTF-8 units at the start of ``buf`` and how many bytes they take.
+    A unit is as long as its lead byte says; one that does not decode is dropped whole, and a
+    unit still missing bytes waits."""
+    out, i = [], 0
+    while i < len(buf):
+        b = buf[i]
+        n = _UNIT_LENGTH[b]
+        if i + n > len(buf):
+            break
+        try:
+            out.append(bytes(buf[i:i + n]).decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
+        i += n
+    return "".join(out), i
+
 
 class TokenizerStream:
-    """Decodes one token at a time: the text of the characters completed by this token, and a
-    multi-byte character split over tokens only once its last byte has arrived."""
+    """Decodes one token at a time: the text of the characters this token completes; a
+    multi-byte character split over tokens comes out once its last byte has arrived."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
         self._dec = tokenizer._decode_ids
+        self._byte_level = tokenizer._byte_level()
+        self._pending = bytearray()  # byte-level: bytes of an incomplete character
         self._ids: list[int] = []
-        self._emitted = 0  # characters of decode(self._ids) already returned
+        self._emitted = 0  # text mode: characters of decode(self._ids) already returned
 
     def decode(self, token: int) -> str:
-        self._ids.append(int(token))
+        if self._byte_level is not None:
+            out = self._decode_bytes(int(token))
+        else:
+            out = self._decode_text(int(token))
+        return out.split("\x00", 1)[0]  # genai hands back a C string
+
+    def _decode_bytes(self, token: int) -> str:
+        piece = self._tokenizer._token_bytes(token, self._byte_level)
+        if piece is None:  # a special token
+            return ""
+        self._pending += piece
+        text, used = _utf8_units(self._pending)
+        del self._pending[:used]
+        return text
+
+    def _decode_text(self, token: int) -> str:
+        self._ids.append(token)
         text = self._dec(self._ids)
         stable = text.rstrip("\ufffd")  # trailing bytes of an incomplete character wait
-        # bytes that can no longer form a character are dropped, as genai's stream drops them
         out = stable[self._emitted:].replace("\ufffd", "") if len(stable) > self._emitted else ""
         self._emitted = max(self._emitted, len(stable))
         if stable == text and len(self._ids) > 1:
