@@ -13,15 +13,6 @@ NEW = 64
 _TEXT = ("The model runs fast on the river city, café naïve 日本語のテキスト and 🙂 emoji. "
          "Attention heads read the key value cache; a quantized block weight is int4. ") * 40
 
-# int4 cases whose tokens differ today (the others agree by chance of the random weights)
-INT4_DIFFERS = {("llama", 17), ("llama", "batch3"), ("qwen2", 1), ("phi3", 1), ("phi3", 17),
-                ("phi3", "batch3")}
-INT4 = pytest.mark.xfail(
-    strict=True,
-    reason="MatMulNBits accuracy_level=4 (int8-quantized activations, as MLAS computes it) is "
-           "genai-kernels' part; onnxrun's float product drifts from onnxruntime's")
-
-
 def _prompt(mod, model, n: int) -> np.ndarray:
     ids = mod.Tokenizer(model).encode(_TEXT)
     assert len(ids) >= n
@@ -48,8 +39,7 @@ def _cases():
     for arch in ARCHS:
         for fmt in ("fp32", "int4"):
             for n in (1, 17, 300, "batch3"):
-                marks = [INT4] if fmt == "int4" and (arch, n) in INT4_DIFFERS else []
-                yield pytest.param(arch, fmt, n, id=f"{arch}-{fmt}-{n}", marks=marks)
+                yield pytest.param(arch, fmt, n, id=f"{arch}-{fmt}-{n}")
 
 
 @pytest.mark.parametrize("arch,fmt,n", list(_cases()))
