@@ -201,7 +201,8 @@ class InferenceSession:
         }
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
-        self._blas_threads = _BlasThreads.for_session(self._threads.intra_op_num_threads)
+        self._blas_threads = _BlasThreads.for_session(
+            1 if _compiled_products(self._program) else self._threads.intra_op_num_threads)
         # enable_cpu_mem_arena is stored, not acted on: glibc's malloc settings belong to the host
         # process (docs/PERFORMANCE.md, "Memory": the GLIBC_TUNABLES opt-in and its figures).
 
@@ -903,6 +904,17 @@ def _blas_libraries() -> list[Any]:
         libs = ThreadpoolController().select(user_api="blas").lib_controllers
         _blas_found = (len(sys.modules), libs)
     return _blas_found[1]
+
+
+def _compiled_products(program: Any) -> bool:
+    """Whether compiled GEMMs carry the products of the top-level graph: kernels say
+    ``uses_compiled_gemm`` True (a compiled GEMM, split over onnxrun's intra-op threads) or
+    False (BLAS); when the compiled ones are at least as many, BLAS is held to one thread, so
+    that its idle threads (which spin after each call) never take the cores those kernels'
+    ranges run on. A CNN whose only compiled product is its classifier keeps BLAS's threads."""
+    votes = [getattr(step.kernel, "uses_compiled_gemm", None) for step in program.steps]
+    compiled = votes.count(True)
+    return compiled > 0 and compiled >= votes.count(False)
 
 
 class _BlasThreads:

@@ -57,7 +57,8 @@ IR = str | Callable[[Target], str]
 # Modules compiled together, in the first compiler process of a process and target (their IR
 # is cheap to write; one process start instead of one per module): each lists ``BUNDLE``,
 # name -> (IR generator taking the target, features the module needs of the target).
-_BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise")
+_BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise",
+           "float_gemm")
 
 
 def _compile(modules: dict[str, str], target: Target) -> dict:

@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
 from ..kernels import KernelContext, op
-from ..parallel import parallel_for, split_threads, threads_for
+from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -406,14 +406,15 @@ _WINOGRAD_TILES = 64
 _WINOGRAD_THREADED_MACS = 1 << 24
 
 
-def _winograd_3x3(X, U, b, heads, outs, threads: int = 1) -> np.ndarray:
+def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.ndarray:
     """3x3 stride-1 convolution by Winograd F(2x2, 3x3): every 2x2 output tile is
     A^T [(G W G^T) * (B^T d B)] A over its 4x4 input tile d. The 16 products summed over the
     channels are 16 GEMMs with 9/4 fewer multiplications than im2col's; the transforms are
     sums and differences of strided slices, done channels-last so that their inner loops run
     along the channels, on the intra-op threads a range of tile rows each (the GEMMs use
-    BLAS's threads). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2), M) channels-last, bias added,
-    a fresh array."""
+    BLAS's threads; or, given ``packed``, the 16 matrices of U in the compiled GEMM's panels,
+    the 16 products split over the intra-op threads). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2),
+    M) channels-last, bias added, a fresh array."""
     N, C = X.shape[:2]
     M = U.shape[2]
     Ho, Wo = outs
@@ -437,10 +438,20 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1) -> np.ndarray:
                      24 * N * tw * C * item)
         T = N * nt * tw
         Mm = scratch("conv_gemm", (16, T, M), X.dtype)
-        np.matmul(V.reshape(16, T, C), U, out=Mm)
+        if packed is not None:
+            run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
+                       split(16, threads))
+        else:
+            np.matmul(V.reshape(16, T, C), U, out=Mm)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
+
+
+def _products(packed, V, Mm, t0: int, t1: int) -> None:
+    """Mm[t] = V[t] @ U[t] for t in [t0, t1), U[t] in the compiled GEMM's panels."""
+    for t in range(t0, t1):
+        packed[t].run(V[t], out=Mm[t])
 
 
 def _winograd_input(P, V, t0: int, r0: int, r1: int) -> None:
@@ -814,6 +825,7 @@ class Conv(_ConvBase):
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         W = ctx.constant(1)
         self.W_shape = None
+        self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
@@ -847,9 +859,23 @@ class Conv(_ConvBase):
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
                                dilations, self.group, outs, self.threads)
         self.prepared[method] = self._weights(method, W, cdt)
+        if method == "winograd" and cdt == np.float32:
+            from ..compiled.float_gemm import pack
+
+            packed = [pack(u) for u in self.prepared[method]]
+            self.winograd_packed = packed if all(p is not None for p in packed) else None
         if self.channels_last and self.group == 1 and kernel == (1,) * nd:
             # (C, M): the channels-last GEMM's right operand
             self.prepared["gemm_t"] = np.ascontiguousarray(W.reshape(W.shape[:2]).T, dtype=cdt)
+
+    @property
+    def uses_compiled_gemm(self) -> bool | None:
+        """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
+        depthwise kernels). The session weighs these (BLAS's thread count)."""
+        if self.winograd_packed is not None:
+            return True
+        return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
+            else False
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
@@ -926,7 +952,9 @@ class Conv(_ConvBase):
         if Wm is None:
             Wm = self._weights(method, W, cdt)
         if method == "winograd":
-            Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads).transpose(0, 3, 1, 2)
+            packed = self.winograd_packed if X.dtype == np.float32 and \
+                self.prepared.get(method) is Wm else None
+            Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads, packed).transpose(0, 3, 1, 2)
             if Y.shape[2:] == outs and self.channels_last:
                 return _finish(Y, None, None, Z, act, out_dtype, self.threads)
             return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype,

@@ -5,7 +5,33 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import KernelContext, op
+from ..parallel import threads_for
 from .conv import compute_dtype
+
+# Products with fewer rows than this stay on BLAS: the compiled kernel's 1-row tile is bound by
+# its two accumulators' latency, BLAS's GEMV by memory (docs/PERFORMANCE.md, "Compiled float32
+# GEMM"). Measured on the AVX2 EPYC.
+COMPILED_MIN_ROWS = 8
+
+
+def packed_weights(B: np.ndarray | None):
+    """``compiled.float_gemm.pack`` (imported on first use: the compiled machinery stays
+    unloaded in sessions without constant float32 weights)."""
+    from ..compiled.float_gemm import pack
+
+    return pack(B)
+
+
+def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None) -> np.ndarray | None:
+    """A @ B (+ bias, clipped) through ``packed`` for a float32 A (..., K): the result, or
+    None where BLAS should take it (too few rows, another dtype or width)."""
+    if A.dtype != np.float32 or A.ndim < 1 or A.shape[-1] != packed.K:
+        return None
+    rows = A.size // packed.K if packed.K else 0
+    if rows < COMPILED_MIN_ROWS:
+        return None
+    Y = packed.run(A.reshape(rows, packed.K), bias=bias, bounds=bounds, threads=threads)
+    return Y.reshape(A.shape[:-1] + (packed.N,))
 
 
 def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
@@ -30,13 +56,45 @@ class MatMul:
         self.B = None
         if B is not None and compute_dtype(B.dtype) != B.dtype:
             self.B = B.astype(compute_dtype(B.dtype))
+        self.packed = packed_weights(B)  # the compiled GEMM's panels of a float32 constant B
+        self.threads = threads_for(ctx)
+
+    @property
+    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+        return self.packed is not None
 
     def __call__(self, A, B):
+        if self.packed is not None:
+            Y = run_packed(self.packed, A, self.threads)
+            if Y is not None:
+                return Y
         cdt = compute_dtype(A.dtype)
         if cdt != A.dtype:
             Bc = self.B if self.B is not None else B.astype(cdt)
             return matmul(A.astype(cdt), Bc).astype(A.dtype)
         return matmul(A, B)
+
+
+def packed_gemm(ctx: KernelContext, alpha: float, beta: float, transB: bool):
+    """(panels, bias) of a Gemm / FusedGemm whose B is a constant float32 matrix and whose C
+    is absent or a constant row (N,) / (1, N) / scalar, folded into the compiled GEMM's
+    bias; (None, None) otherwise (or where that kernel does not run)."""
+    B, C = ctx.constant(1), ctx.constant(2)
+    if B is None or B.ndim != 2 or B.dtype != np.float32 or \
+            (ctx.has_input(2) and (C is None or C.dtype != np.float32)):
+        return None, None
+    N = B.shape[0] if transB else B.shape[1]
+    bias = None
+    if C is not None and beta != 0.0:
+        if C.size not in (1, N) or C.ndim > 2 or (C.ndim == 2 and C.shape[0] != 1):
+            return None, None
+        bias = np.ascontiguousarray(np.broadcast_to(C.reshape(-1), (N,)) * np.float32(beta),
+                                    np.float32)
+    Bm = B.T if transB else B
+    if alpha != 1.0:
+        Bm = Bm * np.float32(alpha)
+    packed = packed_weights(np.asarray(Bm, np.float32))
+    return (packed, bias) if packed is not None else (None, None)
 
 
 @op("Gemm", 1, 6, 7, 9, 11, 13)
@@ -50,6 +108,9 @@ class Gemm:
         self.beta = float(beta)
         self.transA = bool(transA)
         self.transB = bool(transB)
+        self.threads = threads_for(ctx)
+        # the compiled GEMM: alpha and op(B) in its panels, a constant row C its bias
+        self.packed, self.packed_bias = packed_gemm(ctx, self.alpha, self.beta, self.transB)
         self.B = None  # prepared B (alpha folded in), when B is a constant that needs it
         B = ctx.constant(1)
         if B is not None and _floating(B):
@@ -64,7 +125,16 @@ class Gemm:
             cdt = compute_dtype(C.dtype)
             self.C = (C.astype(cdt) * cdt.type(self.beta)) if self.beta != 1.0 else C.astype(cdt)
 
+    @property
+    def uses_compiled_gemm(self) -> bool:
+        return self.packed is not None
+
     def __call__(self, A, B, C=None):
+        if self.packed is not None and A.ndim == 2:
+            Y = run_packed(self.packed, A.T if self.transA else A, self.threads,
+                           self.packed_bias)
+            if Y is not None:
+                return Y
         out_dtype = A.dtype
         cdt = compute_dtype(A.dtype)
         Am = A.T if self.transA else A

@@ -11,9 +11,11 @@ import math
 import numpy as np
 
 from ...kernels import KernelContext, op
+from ...parallel import threads_for
 from ..activation import sigmoid
 from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
+from ..linalg import packed_gemm, packed_weights, run_packed
 from ..pool import MaxPool
 
 MS = "com.microsoft"
@@ -138,8 +140,23 @@ class FusedGemm:
             elif cdt != Bm.dtype:
                 Bm = Bm.astype(cdt)
             self.B = Bm
+        self.threads = threads_for(ctx)
+        # the compiled GEMM: a Relu / Clip in its epilogue, other activations after it
+        self.packed, self.packed_bias = packed_gemm(ctx, self.alpha, self.beta, self.transB)
+        self.bounds = getattr(self.act, "bounds", None)
+
+    @property
+    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+        return self.packed is not None
 
     def __call__(self, A, B, C=None):
+        if self.packed is not None and A.ndim == 2:
+            Y = run_packed(self.packed, A.T if self.transA else A, self.threads,
+                           self.packed_bias, self.bounds)
+            if Y is not None:
+                if self.act is not None and self.bounds is None:
+                    self.act(Y)
+                return Y
         cdt = compute_dtype(A.dtype)
         Am = (A.T if self.transA else A).astype(cdt, copy=False)
         if self.B is not None:
@@ -168,8 +185,24 @@ class FusedMatMul:
         self.alpha = float(alpha)
         self.transA, self.transB = bool(transA), bool(transB)
         self.batchA, self.batchB = bool(transBatchA), bool(transBatchB)
+        self.threads = threads_for(ctx)
+        B = ctx.constant(1)
+        self.packed = None  # the compiled GEMM's panels of alpha * op(B), a 2-D constant
+        if B is not None and B.ndim == 2 and B.dtype == np.float32 and not self.batchB:
+            Bm = B.T if self.transB else B
+            self.packed = packed_weights(np.asarray(Bm * np.float32(self.alpha)
+                                                    if self.alpha != 1.0 else Bm, np.float32))
+
+    @property
+    def uses_compiled_gemm(self) -> bool:
+        return self.packed is not None
 
     def __call__(self, A, B):
+        if self.packed is not None and not self.batchA:
+            Y = run_packed(self.packed, np.swapaxes(A, -1, -2) if self.transA and A.ndim >= 2
+                           else A, self.threads)
+            if Y is not None:
+                return Y
         if (self.batchA or self.batchB) and not (A.ndim == B.ndim and A.ndim > 2):
             raise ValueError("transBatchA/transBatchB need inputs of one rank >= 3")
         if self.batchA:

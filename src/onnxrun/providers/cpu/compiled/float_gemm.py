@@ -1,0 +1,472 @@
+"""Float32 matrix products with a constant right operand packed once per session:
+Y = clip(A @ B + bias + R, lo, hi).
+
+Why: OpenBLAS packs B into its panel layout at every call and applies nothing after the
+product, so a MatMul + bias + residual + Relu is four passes over the output. Here (as in
+onnxruntime's MLAS) a constant B is packed once, when the session is created, into panels of
+NR columns, each panel ``[K][NR]`` floats (one row of a panel is NR/W vector loads on one
+cache line pair); a tile of MR rows x NR columns keeps MR * NR/W accumulators in registers
+for a block of K, a row of A broadcast one float at a time (A is read where it lies, row
+stride free, never packed). The epilogue adds the bias per column, a residual matrix and the
+clip (Relu, Relu6, Clip) before the single store.
+
+Two shapes of tile, one IR generator (``tile_ir(W, MR)``), chosen by the target's vector width
+(``tile_for``): avx2 / avxvnni, W = 8 lanes and
+6 x 16 tiles (12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers); AVX-512,
+W = 16 and 14 x 32 (28 + 2 + 1 of 32 zmm registers). The IR is generic LLVM vector code: a
+<16 x float> tile compiled for AVX2 is correct (split in halves, slower), which is how the
+tests check the AVX-512 tile on an AVX2 host.
+
+Blocking (Goto/MLAS): K in blocks of ``kc`` (the first starts from zero, the others add to the
+stored partial sums, only the last runs the epilogue), panels in groups of ``nc`` (the group's
+``kc x nc`` block of B stays in L2 while every MR-row strip of A, ``MR x kc`` in L1, passes
+over it). Threads split the panels (or, with few panels, the rows) into contiguous ranges;
+each range is one call, the GIL released. The sum over K runs in the same order whatever the
+split, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import jit
+from .jit import address
+from .layout import aligned_zeros
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A tile shape: W float lanes per vector, MR rows, NR = NV * W columns."""
+
+    W: int
+    MR: int
+    NV: int = 2
+
+    @property
+    def NR(self) -> int:
+        return self.NV * self.W
+
+    @property
+    def module(self) -> str:
+        return f"float_gemm_{self.MR}x{self.NR}"
+
+
+AVX2_TILE = Tile(8, 6)  # 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers
+AVX512_TILE = Tile(16, 14)  # 28 + 2 + 1 of 32 zmm registers
+
+
+def tile_for(target: jit.Target) -> Tile:
+    return AVX512_TILE if target.lanes >= 16 else AVX2_TILE
+
+
+# Blocking, in elements: kc rows of B per block, nc columns per group of panels (a kc x nc
+# block of 128 KiB sits in L2). Measured on the AVX2 EPYC (docs/PERFORMANCE.md).
+KC = 256
+NC_BYTES = 128 * 1024
+
+
+def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str) -> list[str]:
+    """One k step (``k`` + ``u``) of an R-row tile: NV vectors of the panel's row, each row
+    of A's float broadcast, R * NV fused multiply-adds from ``acc`` into ``out``_{r}_{v}."""
+    VT, NR, sfx = f"<{W} x float>", NV * W, f"v{W}f32"
+    t = f"%{tag}"
+    L = [f"  {t}.k = add i64 {k}, {u}", f"  {t}.bo = mul i64 {t}.k, {NR}"]
+    for v in range(NV):
+        L += [f"  {t}.bx{v} = add i64 {t}.bo, {v * W}",
+              f"  {t}.bp{v} = getelementptr float, ptr %B, i64 {t}.bx{v}",
+              f"  {t}.b{v} = load {VT}, ptr {t}.bp{v}, align {4 * W}"]
+    for r in range(R):
+        L += [f"  {t}.xp{r} = getelementptr float, ptr %ap{r}, i64 {t}.k",
+              f"  {t}.x{r} = load float, ptr {t}.xp{r}, align 4",
+              f"  {t}.xs{r} = insertelement {VT} poison, float {t}.x{r}, i64 0",
+              f"  {t}.xv{r} = shufflevector {VT} {t}.xs{r}, {VT} poison, "
+              f"<{W} x i32> zeroinitializer"]
+        for v in range(NV):
+            L.append(f"  {out}_{r}_{v} = call {VT} @llvm.fma.{sfx}({VT} {t}.xv{r}, "
+                     f"{VT} {t}.b{v}, {VT} {acc[r, v]})")
+    return L
+
+
+def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
+    """``@tile{R}``: an R x 2W tile over ``%kc`` rows of K. ``%first``: start from zero (else
+    from the partial sums stored in C); ``%last``: add the bias (``%flags`` bit 0) and the
+    residual rows (bit 1), clip to ``%clip`` = (lo, hi), store. Columns past ``%ncols`` are
+    masked (the panel's B columns there are zeros)."""
+    VT = f"<{W} x float>"
+    VI = f"<{W} x i32>"
+    VM = f"<{W} x i1>"
+    NR = NV * W
+    sfx = f"v{W}f32"
+    iota = lambda off: "<" + ", ".join(f"i32 {i + off}" for i in range(W)) + ">"  # noqa: E731
+    L = [f"define internal void @tile{R}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
+         "i64 %ncols, i1 %first, i1 %last, ptr %bias, ptr %Rs, i64 %ldr, ptr %clip, "
+         "i64 %flags) nounwind {",
+         "entry:",
+         "  %full = icmp eq i64 %ncols, " + str(NR),
+         "  %nc32 = trunc i64 %ncols to i32",
+         f"  %ncs = insertelement {VI} poison, i32 %nc32, i64 0",
+         f"  %ncv = shufflevector {VI} %ncs, {VI} poison, <{W} x i32> zeroinitializer"]
+    for v in range(NV):
+        L.append(f"  %mask{v} = icmp slt {VI} {iota(v * W)}, %ncv")
+    for r in range(R):
+        L += [f"  %ao{r} = mul i64 {r}, %lda",
+              f"  %ap{r} = getelementptr float, ptr %A, i64 %ao{r}",
+              f"  %co{r} = mul i64 {r}, %ldc"]
+        for v in range(NV):
+            L += [f"  %cx{r}_{v} = add i64 %co{r}, {v * W}",
+                  f"  %cp{r}_{v} = getelementptr float, ptr %C, i64 %cx{r}_{v}"]
+    L += ["  br i1 %first, label %zero, label %loadc",
+          "loadc:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %c{r}_{v} = call {VT} @llvm.masked.load.{sfx}.p0(ptr %cp{r}_{v}, "
+                     f"i32 4, {VM} %mask{v}, {VT} zeroinitializer)")
+    L += ["  br label %pre", "zero:", "  br label %pre", "pre:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %i{r}_{v} = phi {VT} [zeroinitializer, %zero], [%c{r}_{v}, %loadc]")
+    # the K loop unrolled U times, then single steps for the rest
+    L += [f"  %ku = and i64 %kc, {-U}",
+          "  %anyu = icmp sgt i64 %ku, 0",
+          "  br i1 %anyu, label %uloop, label %umid",
+          "uloop:",
+          "  %k = phi i64 [0, %pre], [%kn, %uloop]"]
+    acc = {(r, v): f"%u{r}_{v}" for r in range(R) for v in range(NV)}
+    for (r, v), name in acc.items():
+        L.append(f"  {name} = phi {VT} [%i{r}_{v}, %pre], [%un{U - 1}_{r}_{v}, %uloop]")
+    for u in range(U):
+        L += _step(f"u{u}", "%k", u, R, W, NV, acc, f"%un{u}")
+        acc = {(r, v): f"%un{u}_{r}_{v}" for r in range(R) for v in range(NV)}
+    L += [f"  %kn = add i64 %k, {U}",
+          "  %moreu = icmp slt i64 %kn, %ku",
+          "  br i1 %moreu, label %uloop, label %umid",
+          "umid:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %m{r}_{v} = phi {VT} [%i{r}_{v}, %pre], [%un{U - 1}_{r}_{v}, %uloop]")
+    L += ["  %anyt = icmp slt i64 %ku, %kc",
+          "  br i1 %anyt, label %tloop, label %after",
+          "tloop:",
+          "  %kt = phi i64 [%ku, %umid], [%ktn, %tloop]"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %t{r}_{v} = phi {VT} [%m{r}_{v}, %umid], [%tn_{r}_{v}, %tloop]")
+    L += _step("t", "%kt", 0, R, W, NV,
+               {(r, v): f"%t{r}_{v}" for r in range(R) for v in range(NV)}, "%tn")
+    L += ["  %ktn = add i64 %kt, 1",
+          "  %moret = icmp slt i64 %ktn, %kc",
+          "  br i1 %moret, label %tloop, label %after",
+          "after:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %s{r}_{v} = phi {VT} [%m{r}_{v}, %umid], [%tn_{r}_{v}, %tloop]")
+    L += ["  br i1 %last, label %epi, label %out", "epi:",
+          "  %fb = and i64 %flags, 1",
+          "  %hb = icmp ne i64 %fb, 0",
+          "  %fr = and i64 %flags, 2",
+          "  %hr = icmp ne i64 %fr, 0",
+          "  %lop = getelementptr float, ptr %clip, i64 0",
+          "  %lof = load float, ptr %lop, align 4",
+          "  %hip = getelementptr float, ptr %clip, i64 1",
+          "  %hif = load float, ptr %hip, align 4",
+          f"  %los = insertelement {VT} poison, float %lof, i64 0",
+          f"  %lo = shufflevector {VT} %los, {VT} poison, <{W} x i32> zeroinitializer",
+          f"  %his = insertelement {VT} poison, float %hif, i64 0",
+          f"  %hi = shufflevector {VT} %his, {VT} poison, <{W} x i32> zeroinitializer"]
+    for v in range(NV):  # masks that are all false read nothing: no bias / residual pointer
+        L += [f"  %mb{v} = select i1 %hb, {VM} %mask{v}, {VM} zeroinitializer",
+              f"  %mr{v} = select i1 %hr, {VM} %mask{v}, {VM} zeroinitializer",
+              f"  %bsp{v} = getelementptr float, ptr %bias, i64 {v * W}",
+              f"  %bs{v} = call {VT} @llvm.masked.load.{sfx}.p0(ptr %bsp{v}, i32 4, "
+              f"{VM} %mb{v}, {VT} zeroinitializer)"]
+    for r in range(R):
+        L += [f"  %ro{r} = mul i64 {r}, %ldr"]
+        for v in range(NV):
+            t = f"%e{r}_{v}"
+            L += [f"  {t}.b = fadd {VT} %s{r}_{v}, %bs{v}",
+                  f"  {t}.rx = add i64 %ro{r}, {v * W}",
+                  f"  {t}.rp = getelementptr float, ptr %Rs, i64 {t}.rx",
+                  f"  {t}.r = call {VT} @llvm.masked.load.{sfx}.p0(ptr {t}.rp, i32 4, "
+                  f"{VM} %mr{v}, {VT} zeroinitializer)",
+                  f"  {t}.s = fadd {VT} {t}.b, {t}.r",
+                  # numpy's clip: NaN stays NaN
+                  f"  {t}.lt = fcmp olt {VT} {t}.s, %lo",
+                  f"  {t}.l = select {VM} {t}.lt, {VT} %lo, {VT} {t}.s",
+                  f"  {t}.gt = fcmp ogt {VT} {t}.l, %hi",
+                  f"  {t} = select {VM} {t}.gt, {VT} %hi, {VT} {t}.l"]
+    L += ["  br label %out", "out:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %o{r}_{v} = phi {VT} [%s{r}_{v}, %after], [%e{r}_{v}, %epi]")
+    L += ["  br i1 %full, label %st, label %stm", "st:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  store {VT} %o{r}_{v}, ptr %cp{r}_{v}, align 4")
+    L += ["  ret void", "stm:"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  call void @llvm.masked.store.{sfx}.p0({VT} %o{r}_{v}, "
+                     f"ptr %cp{r}_{v}, i32 4, {VM} %mask{v})")
+    L += ["  ret void", "}"]
+    return L
+
+
+# @sgemm's parameters, in the order of its int64 argument array
+PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
+          "ncb", "m0", "m1", "p0", "p1")
+_POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
+
+
+def _driver(W: int, MR: int, NV: int) -> list[str]:
+    """``@sgemm``: rows [m0, m1) x panels [p0, p1) of C = epilogue(A @ B). K in blocks of
+    ``%kcb``, panels in groups of ``%ncb``; per block and group, every MR-row strip of A
+    passes over the group's panels."""
+    NR = NV * W
+    args = "ptr %At, i64 %lda, ptr %Bt, i64 %kc, ptr %Ct, i64 %ldc, i64 %nc, i1 %first, " \
+        "i1 %last, ptr %bt, ptr %Rt, i64 %ldr, ptr %clip, i64 %flags"
+    L = ["define void @sgemm(ptr %args) nounwind {",
+         "entry:"]
+    for i, name in enumerate(PARAMS):  # one pointer argument: a ctypes call costs per argument
+        L += [f"  %{name}.p = getelementptr i64, ptr %args, i64 {i}",
+              f"  %{name}.i = load i64, ptr %{name}.p, align 8"]
+        L.append(f"  %{name} = inttoptr i64 %{name}.i to ptr" if name in _POINTERS else
+                 f"  %{name} = add i64 %{name}.i, 0")
+    L += [
+         "  %work = icmp slt i64 %m0, %m1",
+         "  %work2 = icmp slt i64 %p0, %p1",
+         "  %work3 = icmp sgt i64 %K, 0",
+         "  %w12 = and i1 %work, %work2",
+         "  %w = and i1 %w12, %work3",
+         "  br i1 %w, label %kloop, label %end",
+         "kloop:",
+         "  %k0 = phi i64 [0, %entry], [%k0n, %knext]",
+         "  %kleft = sub i64 %K, %k0",
+         "  %kfit = icmp slt i64 %kleft, %kcb",
+         "  %kc = select i1 %kfit, i64 %kleft, i64 %kcb",
+         "  %first = icmp eq i64 %k0, 0",
+         "  %k0n = add i64 %k0, %kc",
+         "  %last = icmp sge i64 %k0n, %K",
+         "  br label %gloop",
+         "gloop:",
+         "  %g0 = phi i64 [%p0, %kloop], [%g0n, %gnext]",
+         "  %g1a = add i64 %g0, %ncb",
+         "  %gfit = icmp slt i64 %g1a, %p1",
+         "  %g1 = select i1 %gfit, i64 %g1a, i64 %p1",
+         "  br label %mloop",
+         "mloop:",
+         "  %m = phi i64 [%m0, %gloop], [%mn, %mnext]",
+         "  %mleft = sub i64 %m1, %m",
+         f"  %mfit = icmp slt i64 %mleft, {MR}",
+         f"  %rows = select i1 %mfit, i64 %mleft, i64 {MR}",
+         "  %am = mul i64 %m, %lda",
+         "  %ak = add i64 %am, %k0",
+         "  %At = getelementptr float, ptr %A, i64 %ak",
+         "  %cm = mul i64 %m, %ldc",
+         "  %rm = mul i64 %m, %ldr",
+         "  br label %ploop",
+         "ploop:",
+         "  %p = phi i64 [%g0, %mloop], [%pn, %pnext]",
+         f"  %n0 = mul i64 %p, {NR}",
+         "  %nleft = sub i64 %N, %n0",
+         f"  %nfit = icmp slt i64 %nleft, {NR}",
+         f"  %nc = select i1 %nfit, i64 %nleft, i64 {NR}",
+         "  %bpk = mul i64 %p, %K",
+         "  %bpk2 = add i64 %bpk, %k0",
+         f"  %bo = mul i64 %bpk2, {NR}",
+         "  %Bt = getelementptr float, ptr %Bp, i64 %bo",
+         "  %cx = add i64 %cm, %n0",
+         "  %Ct = getelementptr float, ptr %C, i64 %cx",
+         "  %bt = getelementptr float, ptr %bias, i64 %n0",
+         "  %rx = add i64 %rm, %n0",
+         "  %Rt = getelementptr float, ptr %R, i64 %rx",
+         "  switch i64 %rows, label %t" + str(MR) + " ["
+         + " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR)) + "]"]
+    for r in range(1, MR + 1):
+        L += [f"t{r}:",
+              f"  call void @tile{r}({args})",
+              "  br label %pnext"]
+    L += ["pnext:",
+          "  %pn = add i64 %p, 1",
+          "  %pmore = icmp slt i64 %pn, %g1",
+          "  br i1 %pmore, label %ploop, label %mnext",
+          "mnext:",
+          f"  %mn = add i64 %m, {MR}",
+          "  %mmore = icmp slt i64 %mn, %m1",
+          "  br i1 %mmore, label %mloop, label %gnext",
+          "gnext:",
+          "  %g0n = add i64 %g0, %ncb",
+          "  %gmore = icmp slt i64 %g0n, %p1",
+          "  br i1 %gmore, label %gloop, label %knext",
+          "knext:",
+          "  %kmore = icmp slt i64 %k0n, %K",
+          "  br i1 %kmore, label %kloop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def tile_ir(W: int, MR: int, NV: int = 2) -> str:
+    """The module of one tile shape: @tile1..@tile{MR} and the driver @sgemm."""
+    VT, VM = f"<{W} x float>", f"<{W} x i1>"
+    sfx = f"v{W}f32"
+    decls = [f"declare {VT} @llvm.masked.load.{sfx}.p0(ptr, i32, {VM}, {VT})",
+             f"declare void @llvm.masked.store.{sfx}.p0({VT}, ptr, i32, {VM})",
+             f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})"]
+    parts = ["\n".join(decls)]
+    parts += ["\n".join(_tile(r, W, NV)) for r in range(1, MR + 1)]
+    parts.append("\n".join(_driver(W, MR, NV)))
+    return "\n\n".join(parts)
+
+
+def module_ir(target: jit.Target) -> str:
+    t = tile_for(target)
+    return tile_ir(t.W, t.MR, t.NV)
+
+
+_PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _module(tile: Tile | None = None) -> jit.Module:
+    """The selected target's module, or (tests) ``tile``'s shape compiled for that target."""
+    if tile is None:
+        return jit.compile_module("float_gemm", module_ir, {"sgemm": _PROTO})
+    return jit.compile_module(tile.module, tile_ir(tile.W, tile.MR, tile.NV),
+                              {"sgemm": _PROTO})
+
+
+def unavailable() -> str | None:
+    """None when the kernel can run here (its object loaded for the selected target), else
+    why not."""
+    return jit.why_unavailable() or jit.why_not_loaded("float_gemm", _module)
+
+
+def pack(B: np.ndarray | None) -> PackedMatrix | None:
+    """The panels of a constant (K, N) float32 matrix for the selected target, or None where
+    the kernel does not run: another dtype or rank, no llvmlite, a host the loader does not
+    handle, or ONNXRUN_COMPILED_KERNELS=0 (or ``compiled.disabled()``)."""
+    if B is None or B.ndim != 2 or B.dtype != np.float32 or unavailable() is not None:
+        return None
+    try:
+        return PackedMatrix(B)
+    except jit.Unavailable:
+        return None
+
+
+class PackedMatrix:
+    """A constant (K, N) float32 matrix packed once into the panels of the selected target's
+    tile: (N/NR panels, K, NR) floats, 64-byte aligned, the last panel's missing columns zero.
+    ``run`` computes clip(A @ B + bias + R). Raises ``jit.Unavailable`` where the kernel
+    cannot run here. ``tile`` (tests) takes another tile shape, compiled for the selected
+    target: the AVX-512 14 x 32 tile's code checked on an AVX2 host."""
+
+    __slots__ = ("K", "N", "NR", "MR", "panels", "tile", "_fn", "_ptr", "_ncb", "_zeros",
+                 "_zeros_ptr")
+
+    def __init__(self, B: np.ndarray, tile: Tile | None = None) -> None:
+        if B.ndim != 2:
+            raise ValueError(f"PackedMatrix: expected a 2-D matrix, got shape {list(B.shape)}")
+        module = _module(tile)
+        tile = tile or tile_for(module.target)  # the layout follows the module's target
+        self._fn = module.sgemm
+        K, N = B.shape
+        NR = tile.NR
+        npan = -(-N // NR)
+        self.panels = aligned_zeros((npan, K, NR), np.float32)
+        full = npan * NR
+        if N == full:
+            self.panels[...] = np.asarray(B, np.float32).reshape(K, npan, NR).transpose(1, 0, 2)
+        else:
+            padded = np.zeros((K, full), np.float32)
+            padded[:, :N] = B
+            self.panels[...] = padded.reshape(K, npan, NR).transpose(1, 0, 2)
+        self._ptr = address(self.panels) if self.panels.size else 0
+        self.K, self.N, self.NR, self.MR, self.tile = K, N, NR, tile.MR, tile
+        self._ncb = max(1, NC_BYTES // (4 * NR * max(1, min(K, KC))))
+        self._zeros = aligned_zeros(npan * NR, np.float32)  # stands for no bias / residual
+        self._zeros_ptr = address(self._zeros)
+
+    @property
+    def nbytes(self) -> int:
+        return self.panels.nbytes
+
+    def run(self, A: np.ndarray, bias: np.ndarray | None = None,
+            residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
+            threads: int = 1) -> np.ndarray:
+        """clip(A @ B + bias + residual, *bounds) as a new (M, N) float32 array (or into
+        ``out``, C-contiguous). A: (M, K) float32, rows any stride apart (else copied);
+        ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column stride."""
+        if A.ndim != 2 or A.shape[1] != self.K:
+            raise ValueError(f"float GEMM: expected A of shape [M, {self.K}], got "
+                             f"{list(A.shape)}")
+        if A.dtype != np.float32:
+            raise TypeError(f"float GEMM: expected float32 A, got {A.dtype}")
+        M, N, K = A.shape[0], self.N, self.K
+        if out is None:
+            out = np.empty((M, N), np.float32)
+        elif out.shape != (M, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {[M, N]}")
+        if residual is not None and (residual.shape != (M, N) or residual.dtype != np.float32):
+            raise ValueError(f"float GEMM: residual must be float32 {[M, N]}, got "
+                             f"{residual.dtype}{list(residual.shape)}")
+        if M == 0 or N == 0:
+            return out
+        if K == 0:  # no products: the epilogue on zeros
+            out.fill(0)
+            if bias is not None:
+                out += bias
+            if residual is not None:
+                out += residual
+            if bounds is not None:
+                np.clip(out, *bounds, out=out)
+            return out
+        if A.strides[1] != 4 or A.strides[0] < 4 * K or A.strides[0] % 4:
+            A = np.ascontiguousarray(A)
+        lda = A.strides[0] // 4
+        # absent bias / residual: a row of zeros, never a null pointer (a masked load on an
+        # unmapped page costs a microcode assist of ~0.5 us on AMD, even with every lane off)
+        b_ptr = r_ptr = self._zeros_ptr
+        flags = ldr = 0
+        if bias is not None:
+            bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+            if bias.size != N:
+                raise ValueError(f"float GEMM: bias must have {N} values, got {bias.size}")
+            b_ptr, flags = address(bias), 1
+        if residual is not None:
+            if residual.strides[1] != 4 or residual.strides[0] % 4 or \
+                    residual.strides[0] < 4 * N:
+                residual = np.ascontiguousarray(residual)
+            r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
+        clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
+        npan = -(-N // self.NR)
+        head = [address(A), lda, self._ptr, K, address(out), N, N, b_ptr, r_ptr, ldr,
+                address(clip), flags, KC, self._ncb]
+        MR = self.MR
+        if threads <= 1 or M * npan <= MR:
+            params = np.array(head + [0, M, 0, npan], np.int64)
+            self._fn(address(params))
+            return out
+        from ..parallel import run_ranges, split
+
+        if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
+            ranges = [(0, M, p0, p1) for p0, p1 in split(npan, threads)]
+        else:  # few panels: strips of rows, whole tiles each
+            ranges = [(s0 * MR, min(M, s1 * MR), 0, npan)
+                      for s0, s1 in split(-(-M // MR), threads)]
+        params = np.array([head + list(r) for r in ranges], np.int64)
+        run_ranges(lambda i, _: self._fn(address(params[i])), [(i, i + 1)
+                                                                for i in range(len(ranges))])
+        return out
+
+
+_NO_CLIP = np.array((-np.inf, np.inf), np.float32)
+
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"float_gemm": (module_ir, ())}
+
+__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "KC", "PackedMatrix", "Tile", "module_ir",
+           "pack", "tile_for", "tile_ir", "unavailable"]

@@ -1,0 +1,318 @@
+"""The compiled float32 GEMM (compiled/float_gemm.py) against numpy, each tile shape chosen
+explicitly: the AVX2 6x16 tile, and the AVX-512 14x32 tile's IR compiled for AVX2+FMA (generic
+vector IR: LLVM splits its 16-lane vectors in halves), so both are checked on an AVX2 host;
+then the operators that use it (MatMul, Gemm, FusedGemm, FusedMatMul) against onnxruntime,
+compiled path and numpy path."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxrun
+from onnxrun.providers.cpu import compiled
+from onnxrun.providers.cpu.compiled import float_gemm, jit
+
+pytest.importorskip("llvmlite")
+
+_REASON = jit.why_unavailable()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"compiled kernels: {_REASON}")
+
+
+@pytest.fixture(params=["avx2", "avx512"])
+def variant(request):
+    """The tile shape of each target, compiled for the avx2 target (which every host that
+    has compiled kernels runs): the IR is generic, so both shapes' code is checked here."""
+    with compiled.forced_target("avx2"):
+        yield float_gemm.AVX2_TILE if request.param == "avx2" else float_gemm.AVX512_TILE
+
+
+def _packed(B, tile):
+    try:
+        return float_gemm.PackedMatrix(B, tile)
+    except jit.Unavailable as exc:  # e.g. a system refusing executable mappings
+        pytest.skip(str(exc))
+
+
+def _reference(A, B, bias=None, residual=None, bounds=None):
+    Y = A.astype(np.float64) @ B.astype(np.float64)
+    if bias is not None:
+        Y += bias
+    if residual is not None:
+        Y += residual
+    if bounds is not None:
+        Y = np.clip(Y, *bounds)
+    return Y
+
+
+def _close(Y, ref, K):
+    # float32 sums of K products of unit normals, in another order than float64's
+    np.testing.assert_allclose(Y, ref, rtol=1e-5, atol=2e-6 * max(1, K) ** 0.5 * 4)
+
+
+_SHAPES = [(1, 1, 1), (1, 7, 5), (5, 3, 17), (6, 16, 16), (7, 33, 31), (13, 257, 33),
+           (14, 64, 32), (15, 300, 65), (29, 513, 47), (64, 128, 96), (3, 1000, 130)]
+
+
+@pytest.mark.parametrize("M,K,N", _SHAPES)
+def test_product_equals_numpy(variant, M, K, N):
+    rng = np.random.default_rng(M * 1000 + K + N)
+    A = rng.standard_normal((M, K), np.float32)
+    B = rng.standard_normal((K, N), np.float32)
+    _close(_packed(B, variant).run(A), _reference(A, B), K)
+
+
+@pytest.mark.parametrize("epilogue", ["bias", "residual", "relu", "clip", "all"])
+@pytest.mark.parametrize("M,K,N", [(7, 33, 31), (20, 300, 40), (1, 5, 3)])
+def test_epilogues(variant, epilogue, M, K, N):
+    rng = np.random.default_rng(K + N)
+    A = rng.standard_normal((M, K), np.float32)
+    B = rng.standard_normal((K, N), np.float32)
+    kw = {}
+    if epilogue in ("bias", "all"):
+        kw["bias"] = rng.standard_normal(N).astype(np.float32)
+    if epilogue in ("residual", "all"):
+        kw["residual"] = rng.standard_normal((M, N)).astype(np.float32)
+    if epilogue == "relu":
+        kw["bounds"] = (0.0, np.inf)
+    if epilogue in ("clip", "all"):
+        kw["bounds"] = (-0.5, 6.0)
+    _close(_packed(B, variant).run(A, **kw), _reference(A, B, **kw), K)
+
+
+def test_clip_keeps_nan_and_rows_may_be_strided(variant):
+    rng = np.random.default_rng(3)
+    big = rng.standard_normal((9, 50), np.float32)
+    A = big[:, 3:43]  # rows 50 floats apart
+    A[2, 5] = np.nan
+    B = rng.standard_normal((40, 20), np.float32)
+    Y = _packed(B, variant).run(A, bounds=(0.0, 6.0))
+    assert np.isnan(Y[2]).all() and not np.isnan(np.delete(Y, 2, axis=0)).any()
+    _close(np.delete(Y, 2, 0), _reference(np.delete(A, 2, 0), B, bounds=(0.0, 6.0)), 40)
+
+
+@pytest.mark.parametrize("M,K,N", [(0, 5, 7), (4, 0, 7), (4, 5, 0), (0, 0, 0)])
+def test_zero_sizes(variant, M, K, N):
+    rng = np.random.default_rng(0)
+    B = rng.standard_normal((K, N), np.float32)
+    bias = np.arange(N, dtype=np.float32)
+    residual = np.ones((M, N), np.float32)
+    Y = _packed(B, variant).run(np.ones((M, K), np.float32), bias, residual, (-1.0, 3.0))
+    assert Y.shape == (M, N)
+    np.testing.assert_array_equal(Y, np.clip(np.zeros((M, N)) + bias + residual, -1, 3))
+
+
+@pytest.mark.parametrize("M,N", [(5, 300), (200, 20), (97, 129)])
+def test_threads_give_the_same_bits(variant, M, N):
+    """The sum over K runs in one order whatever the split (panels or row strips)."""
+    rng = np.random.default_rng(M + N)
+    A = rng.standard_normal((M, 600), np.float32)  # K over several blocks
+    B = rng.standard_normal((600, N), np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    P = _packed(B, variant)
+    one = P.run(A, bias)
+    for threads in (2, 3, 4):
+        np.testing.assert_array_equal(P.run(A, bias, threads=threads), one)
+
+
+def test_writes_into_out_and_rejects_bad_inputs(variant):
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((6, 8), np.float32)
+    B = rng.standard_normal((8, 4), np.float32)
+    P = _packed(B, variant)
+    out = np.empty((6, 4), np.float32)
+    assert P.run(A, out=out) is out
+    _close(out, _reference(A, B), 8)
+    with pytest.raises(ValueError, match=r"\[M, 8\]"):
+        P.run(np.ones((6, 7), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        P.run(np.ones((6, 8), np.float64))
+    with pytest.raises(ValueError, match="bias"):
+        P.run(A, bias=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="residual"):
+        P.run(A, residual=np.ones((6, 5), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        P.run(A, out=np.empty((4, 6), np.float32))
+    with pytest.raises(ValueError, match="2-D"):
+        float_gemm.PackedMatrix(np.ones(3, np.float32), variant)
+
+
+# -- the operators ------------------------------------------------------------------------------
+
+
+def _model(node, inputs, outputs, initializers, opset=17):
+    graph = helper.make_graph([node], "g", inputs, outputs, initializers)
+    ops = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=ops).SerializeToString()
+
+
+def _run_both(model, feeds, compiled_on: bool):
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    if compiled_on:
+        sess = onnxrun.InferenceSession(model, so)
+    else:
+        with jit.disabled():
+            sess = onnxrun.InferenceSession(model, so)
+    ours = sess.run(None, feeds)[0]
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    return ours, theirs
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("a_shape", [(2, 17, 40), (33, 40), (9, 40), (3, 40)])
+def test_matmul(a_shape, compiled_on):
+    rng = np.random.default_rng(len(a_shape))
+    W = rng.standard_normal((40, 23)).astype(np.float32)
+    node = helper.make_node("MatMul", ["A", "W"], ["Y"])
+    model = _model(node, [helper.make_tensor_value_info("A", TP.FLOAT, list(a_shape))],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(W, "W")])
+    A = rng.standard_normal(a_shape).astype(np.float32)
+    ours, theirs = _run_both(model, {"A": A}, compiled_on)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("transA,transB,alpha,beta,c_shape", [
+    (0, 0, 1.0, 1.0, (23,)), (1, 0, 0.5, 2.0, (1, 23)), (0, 1, 1.0, 0.0, (23,)),
+    (1, 1, 2.0, -1.0, ()), (0, 0, 1.0, 1.0, None), (0, 1, 1.5, 1.0, (30, 23))])
+def test_gemm(transA, transB, alpha, beta, c_shape, compiled_on):
+    rng = np.random.default_rng(7)
+    A = rng.standard_normal((40, 30) if transA else (30, 40)).astype(np.float32)
+    B = rng.standard_normal((23, 40) if transB else (40, 23)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(B, "B")]
+    names = ["A", "B"]
+    if c_shape is not None:
+        inits.append(onnx.numpy_helper.from_array(
+            rng.standard_normal(c_shape).astype(np.float32), "C"))
+        names.append("C")
+    node = helper.make_node("Gemm", names, ["Y"], transA=transA, transB=transB, alpha=alpha,
+                            beta=beta)
+    model = _model(node, [helper.make_tensor_value_info("A", TP.FLOAT, list(A.shape))],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)], inits)
+    ours, theirs = _run_both(model, {"A": A}, compiled_on)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("activation,params", [("Relu", []), ("HardSigmoid", [0.3, 0.4]),
+                                                 ("Sigmoid", []), ("LeakyRelu", [0.1])])
+def test_fused_gemm(activation, params, compiled_on):
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((20, 40)).astype(np.float32)
+    B = rng.standard_normal((40, 23)).astype(np.float32)
+    C = rng.standard_normal(23).astype(np.float32)
+    attrs = {}
+    if params:
+        attrs["activation_alpha"] = params[0]
+    if len(params) > 1:
+        attrs["activation_beta"] = params[1]
+    node = helper.make_node("FusedGemm", ["A", "B", "C"], ["Y"], domain="com.microsoft",
+                            activation=activation, **attrs)
+    model = _model(node, [helper.make_tensor_value_info("A", TP.FLOAT, [20, 40])],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(B, "B"), onnx.numpy_helper.from_array(C, "C")])
+    ours, theirs = _run_both(model, {"A": A}, compiled_on)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("transA,transB,alpha", [(0, 0, 1.0), (1, 0, 0.25), (0, 1, 2.0),
+                                                 (1, 1, 1.0)])
+def test_fused_matmul(transA, transB, alpha, compiled_on):
+    rng = np.random.default_rng(13)
+    A = rng.standard_normal((2, 40, 24) if transA else (2, 24, 40)).astype(np.float32)
+    B = rng.standard_normal((23, 40) if transB else (40, 23)).astype(np.float32)
+    node = helper.make_node("FusedMatMul", ["A", "B"], ["Y"], domain="com.microsoft",
+                            transA=transA, transB=transB, alpha=alpha)
+    model = _model(node, [helper.make_tensor_value_info("A", TP.FLOAT, list(A.shape))],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(B, "B")])
+    ours, theirs = _run_both(model, {"A": A}, compiled_on)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=2e-5)
+
+
+def test_the_operators_take_the_compiled_path():
+    """A constant float32 weight gets panels (so the tests above run the compiled kernel);
+    with compiled kernels switched off it does not."""
+    from onnxrun.providers.cpu.ops.linalg import packed_weights
+
+    B = np.ones((8, 5), np.float32)
+    assert packed_weights(B) is not None
+    assert packed_weights(B.astype(np.float64)) is None
+    with jit.disabled():
+        assert packed_weights(B) is None
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("C,M,size", [(5, 4, (7, 6)), (64, 70, (16, 15)), (33, 17, (9, 11))])
+def test_winograd_products_compiled_equal_blas(C, M, size, threads):
+    """Winograd F(2x2, 3x3)'s 16 products through the compiled GEMM (split over threads) give
+    the numpy path's result."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    rng = np.random.default_rng(C + M)
+    X = rng.standard_normal((2, C) + size).astype(np.float32)
+    W = (rng.standard_normal((M, C, 3, 3)) * 0.1).astype(np.float32)
+    b = rng.standard_normal((M, 1, 1)).astype(np.float32)
+    U = conv_mod._winograd_weights(W, np.dtype(np.float32))
+    packed = [float_gemm.pack(u) for u in U]
+    assert all(p is not None for p in packed)
+    want = conv_mod._winograd_3x3(X, U, b, (1, 1), size).copy()
+    got = conv_mod._winograd_3x3(X, U, b, (1, 1), size, threads, packed)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+def test_blas_held_to_one_thread_when_compiled_gemms_carry_the_products(compiled_on):
+    """Two pools never spin against each other: with the products on compiled GEMMs (split
+    over onnxrun's threads), a run holds BLAS to one thread; without them, BLAS gets the
+    session's intra-op threads."""
+    W = np.ones((40, 23), np.float32)
+    node = helper.make_node("MatMul", ["A", "W"], ["Y"])
+    model = _model(node, [helper.make_tensor_value_info("A", TP.FLOAT, [16, 40])],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(W, "W")])
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    if compiled_on:
+        sess = onnxrun.InferenceSession(model, so)
+    else:
+        with jit.disabled():
+            sess = onnxrun.InferenceSession(model, so)
+    from threadpoolctl import threadpool_info
+
+    with sess._blas_threads:  # what a run enters
+        seen = {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+    assert seen == ({1} if compiled_on else {2})
+    np.testing.assert_array_equal(sess.run(None, {"A": np.ones((16, 40), np.float32)})[0],
+                                  np.full((16, 23), 40, np.float32))
+
+
+def test_blas_keeps_its_threads_where_it_carries_most_products():
+    """One compiled product among more on BLAS (a CNN's classifier after its convolutions):
+    BLAS keeps the session's threads."""
+    W = np.ones((40, 23), np.float32)
+    nodes = [helper.make_node("MatMul", ["A", "W"], ["Y"]),
+             helper.make_node("MatMul", ["Y", "B1"], ["Z"]),
+             helper.make_node("MatMul", ["Z", "B2"], ["Out"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("A", TP.FLOAT, [16, 40]),
+                     helper.make_tensor_value_info("B1", TP.FLOAT, [23, 23]),
+                     helper.make_tensor_value_info("B2", TP.FLOAT, [23, 5])],
+        [helper.make_tensor_value_info("Out", TP.FLOAT, None)],
+        [onnx.numpy_helper.from_array(W, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = onnxrun.InferenceSession(model.SerializeToString(), so)
+    from threadpoolctl import threadpool_info
+
+    with sess._blas_threads:
+        seen = {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+    assert seen == {2}
