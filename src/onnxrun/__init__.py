@@ -72,8 +72,9 @@ def get_all_providers() -> list[str]:
 
 
 def get_device() -> str:
-    """The device the default provider runs on, as onnxruntime reports it ("CPU")."""
-    return "CPU"
+    """"GPU" where the CUDA provider is available (as onnxruntime-gpu reports it), else
+    "CPU"."""
+    return "GPU" if "CUDAExecutionProvider" in _available_providers() else "CPU"
 
 
 def get_version_string() -> str:

@@ -36,7 +36,14 @@ def _type_shape(value: Any) -> dict[str, list[int]]:
         return {name: [int(d) for d in value.shape]}
     if isinstance(value, list):
         return {"sequence": [len(value)]}
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # a device array
+        name = str(value.dtype).rsplit(".", 1)[-1]
+        return {_DEVICE_NAMES.get(name, name): [int(d) for d in value.shape]}
     return {type(value).__name__: []}
+
+
+# array-API dtype names where onnxruntime's type names differ
+_DEVICE_NAMES = {"float32": "float", "float64": "double", "bool": "bool"}
 
 
 class Profiler:

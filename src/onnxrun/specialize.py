@@ -68,6 +68,8 @@ class ShapeSpecializer:
             if node.domain not in _DOMAINS or node.op_type in _NONDETERMINISTIC or \
                     node.subgraphs() or any(s in outputs for s in step.outputs):
                 continue  # graph outputs are computed afresh: the caller owns what it gets
+            if step.provider != "CPUExecutionProvider":
+                continue  # device values (a copy's upload among them) are not cached here
             if node.op_type in ("Shape", "Size"):
                 src = node.inputs[0]
                 dims = type_shape(src.type)

@@ -61,8 +61,10 @@ def _count_host_copies(monkeypatch) -> list[int]:
 def test_listed_only_where_a_device_is():
     if device.cupy_gpu_count() == 0:
         assert "CUDAExecutionProvider" not in onnxrun.get_available_providers()
+        assert onnxrun.get_device() == "CPU"
     with device.stand_in():
         assert onnxrun.get_available_providers()[0] == "CUDAExecutionProvider"
+        assert onnxrun.get_device() == "GPU"
 
 
 @pytest.mark.skipif(device.cupy_gpu_count() > 0, reason="a GPU is present")
@@ -136,7 +138,8 @@ def test_shape_subgraph_on_cpu_and_copies_inserted_once(stand_in):
     # kernel: one copy down before it, one copy up after it, one upload per graph input.
     assert sorted(placed.copies) == [("MemcpyFromHost", "b"), ("MemcpyFromHost", "top"),
                                      ("MemcpyFromHost", "x"), ("MemcpyToHost", "r")]
-    assert "copies inserted" in sess.get_optimization_report().placement.format()
+    assert "copies inserted: MemcpyFromHost x3, MemcpyToHost x1" in \
+        sess.get_optimization_report().format()
     assert s.tolist() == [4, 6]
 
 
@@ -152,6 +155,7 @@ def test_profile_shows_provider_and_copy_per_node(stand_in, tmp_path):
     assert nodes["TopK"] == "CPUExecutionProvider"
     copy = next(e for e in events if e["cat"] == "Node" and e["args"]["op_name"] == "MemcpyToHost")
     assert copy["dur"] >= 0 and copy["args"]["output_type_shape"] == [{"float": [2, 12]}]
+    assert copy["args"]["input_type_shape"] == [{"float": [2, 12]}]  # the device array
 
 
 def test_subgraph_reads_device_values_through_a_copy(stand_in):
@@ -337,6 +341,32 @@ def test_transformers_against_the_cpu_provider(on_device, name):
     path = os.path.join(MODELS_DIR, f"{name}.onnx")
     cases = np.load(os.path.join(MODELS_DIR, f"{name}.inputs.npz"))  # keys "<case>/<input>"
     feeds = {k.split("/", 1)[1]: cases[k] for k in cases.files if k.startswith("0/")}
-    sess, _ = compare(open(path, "rb").read(), feeds, rtol=1e-3, atol=1e-4, on_cpu=100)
+    sess, first = compare(open(path, "rb").read(), feeds, rtol=1e-3, atol=1e-4, on_cpu=100)
+    for _ in range(3):  # the shape-specialized plans of later runs agree too
+        for got, want in zip(sess.run(None, feeds), first, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     placed = sess.get_optimization_report().placement
     assert placed.nodes["CUDAExecutionProvider"] > placed.nodes.get("CPUExecutionProvider", 0)
+
+
+def test_shape_specialization_keeps_host_values_and_uploads_them(stand_in):
+    # a value computed from x's shape alone (on the CPU) is read on the device: the
+    # specialized plan skips the shape steps and keeps their host result; its upload, a device
+    # step, runs each time (device values are not compared between runs)
+    m = _model("""g (float[N] x) => (float[N] y) {
+        s = Shape(x)
+        zero = Constant<value=int64 {0}>()
+        one = Constant<value=int64 {1}>()
+        n = Squeeze(s)
+        r = Range(zero, n, one)
+        f = Cast<to=1>(r)
+        y = Add(x, f)
+    }""", opset=17)
+    sess = onnxrun.InferenceSession(m, providers=CUDA)
+    for n in (3, 3, 3, 5, 5, 5, 3):
+        x = np.ones(n, np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], 1 + np.arange(n))
+    specialized = [e for e in sess._program.specializer._cache.values() if e is not None]
+    assert len(specialized) == 2
+    for plan, _ in specialized:
+        assert [s.node.op_type for s in plan.steps] == ["MemcpyFromHost", "MemcpyFromHost", "Add"]

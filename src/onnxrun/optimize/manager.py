@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..ir import Model
 from .base import GraphPass, operator_key, registered_passes
@@ -29,6 +30,8 @@ class OptimizationReport:
     nodes_after: int = 0
     rounds: int = 0
     passes: dict[str, PassReport] = field(default_factory=dict)
+    # where the nodes run and the copies between devices (memcpy.Placement), set by a session
+    placement: Any = None
 
     def format(self) -> str:
         lines = [f"optimization level {self.level}: {self.nodes_before} nodes -> "
@@ -39,6 +42,8 @@ class OptimizationReport:
                 lines.append(f"  {rep.name:<32} {detail}")
         if len(lines) == 1:
             lines.append("  (no pass changed the graph)")
+        if self.placement is not None:
+            lines.append(self.placement.format())
         return "\n".join(lines)
 
 
