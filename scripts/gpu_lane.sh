@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU lane in one command, on a machine with a GPU, CuPy and PyTorch (docs/GPU.md):
+# the CUDA provider's tests on CuPy (pytest -m gpu), then benchmarks/gpu.py.
+# Results go to $OUT (the device tool brings that folder back), else to ./gpu-results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true; } | tee "$out/card.txt"
+# what the image lacks comes from the carried wheels (scripts/gpu_wheels.sh), never a registry
+if [ -d .gpu-wheels ]; then
+  python -m pip install -q --no-index --find-links .gpu-wheels \
+    array-api-compat array-api-strict threadpoolctl ml_dtypes pytest 2>&1 | tail -3
+fi
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+python - <<'PY' | tee "$out/versions.txt"
+import cupy, numpy, onnx
+print("cupy", cupy.__version__, "numpy", numpy.__version__, "onnx", onnx.__version__)
+try:
+    import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)
+except ImportError:
+    print("torch: not installed")
+try:
+    import onnxruntime as ort; print("onnxruntime", ort.__version__, ort.get_available_providers())
+except ImportError:
+    print("onnxruntime: not installed")
+PY
+timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
+tests=${PIPESTATUS[0]}
+timeout "${BENCH_TIMEOUT:-300}" python benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
+  2>&1 | tee "$out/gpu-bench.txt" | tail -20
+bench=${PIPESTATUS[0]}
+echo "tests exit $tests, benchmark exit $bench"
+[ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

@@ -1,0 +1,99 @@
+"""The GPU lane's own checks (marked gpu: skipped without a CUDA GPU through CuPy): what the
+stand-in cannot show — float16, real CUDA graphs replayed with new inputs, CuPy and PyTorch
+tensors fed through DLPack, threads on real streams."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxrun
+
+pytestmark = pytest.mark.gpu
+CUDA = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+rng = np.random.default_rng(2)
+
+
+def _model(body: str, opset: int = 17) -> bytes:
+    return onnx.parser.parse_model(
+        f'<ir_version: 8, opset_import: ["" : {opset}]>\n{body}').SerializeToString()
+
+
+MLP16 = _model("g (float16[N,64] x, float16[64,32] w, float16[32] s, float16[32] b) => "
+               "(float16[N,32] y) { a = MatMul(x, w) n = LayerNormalization(a, s, b) "
+               "g = Gelu(n) y = Softmax(g) }", opset=20)
+
+
+def test_float16_runs_on_the_gpu():
+    feeds = {"x": rng.standard_normal((8, 64)).astype(np.float16),
+             "w": (0.1 * rng.standard_normal((64, 32))).astype(np.float16),
+             "s": np.ones(32, np.float16), "b": np.zeros(32, np.float16)}
+    sess = onnxrun.InferenceSession(MLP16, providers=CUDA)
+    assert sess.get_optimization_report().placement.nodes.get("CPUExecutionProvider", 0) == 0
+    got = sess.run(None, feeds)[0]
+    want = onnxrun.InferenceSession(MLP16, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    assert got.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), atol=2e-3)
+
+
+MLP = _model("g (float[N,64] x, float[64,64] w) => (float[N,64] y) "
+             "{ a = MatMul(x, w) b = Relu(a) c = MatMul(b, w) y = Softmax(c) }")
+
+
+def test_cuda_graph_replays_with_new_inputs():
+    w = (0.1 * rng.standard_normal((64, 64))).astype(np.float32)
+    graphs = onnxrun.InferenceSession(MLP, providers=[("CUDAExecutionProvider",
+                                                       {"enable_cuda_graph": "1"})])
+    plain = onnxrun.InferenceSession(MLP, providers=["CPUExecutionProvider"])
+    for n in (4, 4, 16, 4, 16, 4):
+        x = rng.standard_normal((n, 64)).astype(np.float32)
+        np.testing.assert_allclose(graphs.run(None, {"x": x, "w": w})[0],
+                                   plain.run(None, {"x": x, "w": w})[0], rtol=1e-4, atol=1e-6)
+    assert len(graphs._graphs) == 2
+
+
+def test_cupy_and_torch_tensors_fed_without_a_host_copy():
+    import cupy
+
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    w = (0.1 * rng.standard_normal((64, 64))).astype(np.float32)
+    want = onnxrun.InferenceSession(MLP, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "w": w})[0]
+    sess = onnxrun.InferenceSession(MLP, providers=CUDA)
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input("x", onnxrun.OrtValue.from_dlpack(cupy.asarray(x)))
+    binding.bind_ortvalue_input("w", onnxrun.OrtValue.ortvalue_from_numpy(w, "cuda", 0))
+    binding.bind_output("y", "cuda")
+    sess.run_with_iobinding(binding)
+    out = binding.get_outputs()[0]
+    assert out.device_name() == "cuda"
+    np.testing.assert_allclose(cupy.asnumpy(cupy.from_dlpack(out)), want, rtol=1e-4, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    tx = torch.from_numpy(x).cuda()
+    y = sess.run(None, {"x": tx, "w": torch.from_numpy(w).cuda()})[0]
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-6)
+
+
+def test_threads_on_their_own_streams():
+    w = (0.1 * rng.standard_normal((64, 64))).astype(np.float32)
+    sess = onnxrun.InferenceSession(MLP, providers=CUDA)
+    ref = onnxrun.InferenceSession(MLP, providers=["CPUExecutionProvider"])
+    errors = []
+
+    def work(seed):
+        r = np.random.default_rng(seed)
+        for _ in range(50):
+            x = r.standard_normal((32, 64)).astype(np.float32)
+            if not np.allclose(sess.run(None, {"x": x, "w": w})[0],
+                               ref.run(None, {"x": x, "w": w})[0], rtol=1e-4, atol=1e-6):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
