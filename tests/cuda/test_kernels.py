@@ -219,3 +219,61 @@ def test_gather_with_device_indices(on_device):
     m = _model("g (float[10,4] table, int64[2,3] ids) => (float[2,3,4] y) "
                "{ y = Gather(table, ids) }")
     compare(m, {"table": f32(10, 4), "ids": np.array([[1, 9, -1], [0, 2, 2]])})
+
+
+# -- com.microsoft operators the optimizer writes ---------------------------------------------------
+
+MS = ', "com.microsoft" : 1'
+
+
+def _ms(body: str) -> onnx.ModelProto:
+    return _model(body, opset=17, domains=MS)
+
+
+def test_ms_gelu_family(on_device):
+    m = _ms("g (float[2,8] x, float[8] b) => (float[2,8] g, float[2,8] bg, float[2,8] fg, "
+            "float[2,8] q) { g = com.microsoft.Gelu(x) bg = com.microsoft.BiasGelu(x, b) "
+            "fg = com.microsoft.FastGelu(x, b) q = com.microsoft.QuickGelu<alpha=1.5>(x) }")
+    compare(m, {"x": f32(2, 8) * 3, "b": f32(8)}, atol=2e-6)
+
+
+def test_fused_conv_gemm_matmul(on_device):
+    m = _ms('g (float[1,4,6,6] x, float[4,4,3,3] w, float[4] b, float[5,4] a, float[3,4] c, '
+            'float[4,3,5] p, float[3,6,5] q) => (float[1,4,6,6] y, float[5,3] z, '
+            'float[3,4,6] m) { y = com.microsoft.FusedConv<activation="Relu", '
+            'pads=[1,1,1,1]>(x, w, b) z = com.microsoft.FusedGemm<activation="LeakyRelu", '
+            'activation_alpha=0.2, transB=1>(a, c) '
+            'm = com.microsoft.FusedMatMul<transB=1, transBatchA=1, alpha=0.5>(p, q) }')
+    compare(m, {"x": f32(1, 4, 6, 6), "w": f32(4, 4, 3, 3), "b": f32(4), "a": f32(5, 4),
+                "c": f32(3, 4), "p": f32(4, 3, 5), "q": f32(3, 6, 5)}, rtol=1e-4, atol=1e-5)
+
+
+def test_skip_layer_normalization(on_device):
+    m = _ms("g (float[2,3,8] x, float[2,3,8] s, float[8] g, float[8] b, float[8] bias) => "
+            "(float[2,3,8] y, float[2,3,8] r) { y, m, v, sum = com.microsoft.SkipLayerNormalization"
+            "<epsilon=1e-5>(x, s, g, b, bias) r = com.microsoft.SkipSimplifiedLayerNormalization"
+            "<epsilon=1e-5>(x, s, g) }")
+    compare(m, {"x": f32(2, 3, 8), "s": f32(2, 3, 8), "g": f32(8), "b": f32(8),
+                "bias": f32(8)}, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("unidirectional", [0, 1])
+@pytest.mark.parametrize("masked", [False, True])
+def test_ms_attention(on_device, unidirectional, masked):
+    mask_in = ", int32[2,5] mask" if masked else ""
+    mask_arg = ", mask" if masked else ""
+    m = _ms(f"g (float[2,5,8] x, float[8,24] w, float[24] b{mask_in}) => (float[2,5,8] y) "
+            f"{{ y = com.microsoft.Attention<num_heads=2, unidirectional={unidirectional}>"
+            f"(x, w, b{mask_arg}) }}")
+    feeds = {"x": f32(2, 5, 8), "w": f32(8, 24) * 0.5, "b": f32(24)}
+    if masked:
+        feeds["mask"] = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], np.int32)
+    compare(m, feeds, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_with_past_stays_on_cpu(on_device):
+    m = _ms("g (float[2,1,8] x, float[8,24] w, float[24] b, float[2,2,2,3,4] past) => "
+            "(float[2,1,8] y, float[2,2,2,4,4] present) "
+            "{ y, present = com.microsoft.Attention<num_heads=2>(x, w, b, , past) }")
+    compare(m, {"x": f32(2, 1, 8), "w": f32(8, 24), "b": f32(24), "past": f32(2, 2, 2, 3, 4)},
+            rtol=1e-4, atol=1e-5, on_cpu=1)

@@ -40,7 +40,8 @@ class CUDAExecutionProvider(ExecutionProvider):
             return False
         host = self.host_inputs(node)
         values = [v for i, v in enumerate(node.inputs) if v is not None and i not in host]
-        values += [v for v in node.outputs if v.name]
+        outputs = node.graph.outputs if node.graph is not None else []
+        values += [v for v in node.outputs if v.name and (v.uses or v in outputs)]
         return all(self._holds(v.type) for v in values)
 
     def _holds(self, tp: Any) -> bool:
@@ -53,8 +54,7 @@ class CUDAExecutionProvider(ExecutionProvider):
             return False
 
     def host_inputs(self, node: Node) -> tuple[int, ...]:
-        if node.op_type in ("MemcpyToHost",):
-            return ()
+        """The inputs the node's kernel reads as host values (the copy step reads this)."""
         return self.registry.host_inputs_of(node.domain, node.op_type)
 
     @property

@@ -30,7 +30,6 @@ import numpy as np
 class Device:
     """What the provider needs of a device. ``xp`` is an array-API namespace."""
 
-    kind = "cuda"  # what OrtValue.device_name() says
     name = "device"
     xp: Any
     device_id = 0

@@ -1,6 +1,7 @@
-"""What only CuPy can do, each beside the generic kernel it speeds up: erf as a CUDA ufunc
-(``elementwise``), im2col as one strided copy (``conv``), attention with in-place softmax
-(``attention``), CUDA graph capture into a private memory pool (``graphs``). GEMMs need no
+"""What only CuPy can do, each beside the generic kernel it speeds up: erf as a CUDA ufunc and
+the GELU family fused into one kernel each (``elementwise``), im2col as one strided copy
+(``conv``), attention with the softmax in place (``attention``), CUDA graph capture into a
+private memory pool (``graphs``). GEMMs need no
 module of their own: ``matmul`` of batched CuPy arrays is cuBLAS's strided-batched GEMM."""
 
 from . import attention, conv, elementwise, graphs

@@ -127,33 +127,39 @@ def Erf(X):
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def _gelu_erf(x: Any) -> Any:
-    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
-
-
-def _gelu_tanh(x: Any) -> Any:
+def _gelu(x: Any, bias: Any = None, approximate: bool = False) -> Any:
+    """GELU of ``x + bias``: one fused kernel on CuPy (``cupy/elementwise.py``)."""
     xp = namespace(x)
-    return 0.5 * x * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    if "cupy" in getattr(xp, "__name__", ""):
+        from ..cupy import elementwise as fast
+
+        if fast.fused(x):
+            return fast.gelu(x, bias, approximate)
+    if bias is not None:
+        x = x + bias
+    if approximate:
+        return 0.5 * x * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
 @op("Gelu", 20)
 def Gelu(X, *, approximate="none"):
-    return _gelu_tanh(X) if approximate == "tanh" else _gelu_erf(X)
+    return _gelu(X, approximate=approximate == "tanh")
 
 
 @op("Gelu", 1, domain=MS)
 def MsGelu(X):
-    return _gelu_erf(X)
+    return _gelu(X)
 
 
 @op("BiasGelu", 1, domain=MS)
 def BiasGelu(A, B):
-    return _gelu_erf(A + B)
+    return _gelu(A, B)
 
 
 @op("FastGelu", 1, domain=MS)
 def FastGelu(X, bias=None):
-    return _gelu_tanh(X if bias is None else X + bias)
+    return _gelu(X, bias, approximate=True)
 
 
 @op("QuickGelu", 1, domain=MS)

@@ -14,10 +14,7 @@ MS = "com.microsoft"
 
 @op("MatMul", 1, 9, 13)
 def MatMul(A, B):
-    xp = namespace(A)
-    if A.ndim == 1 or B.ndim == 1:
-        return xp.matmul(A, B)
-    return xp.matmul(A, B)
+    return namespace(A).matmul(A, B)
 
 
 def _t(xp: Any, x: Any) -> Any:
