@@ -94,8 +94,9 @@ def zoo_cases() -> list[Case]:
     return cases
 
 
-def suite_model_cases(cache: Path) -> list[Case]:
-    """The models of suite_models.py, written to ``cache`` first where missing."""
+def suite_model_cases(cache: Path, words: list[str], quick: bool) -> list[Case]:
+    """The models of suite_models.py that ``words`` and ``quick`` select (as in main), written
+    to ``cache`` first where missing."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         import suite_models
@@ -103,6 +104,9 @@ def suite_model_cases(cache: Path) -> list[Case]:
         sys.path.pop(0)
     cases = []
     for name, (_, label, shape) in suite_models.MODELS.items():
+        if (quick and name not in QUICK_SUITE_MODELS) or \
+                (words and not any(w in label.lower() for w in words)):
+            continue
         path = suite_models.ensure(name, cache)
         files = {p.stem: str(p) for p in sorted(path.parent.glob("*.npy"))}
         cases.append(Case(label, str(path), shape, files, quick=name in QUICK_SUITE_MODELS))
@@ -590,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="onnxrun-suite-")
         cache = args.cache or default_cache()
         generated, missing = generated_cases(cache)
-        cases = zoo_cases() + generated + suite_model_cases(cache)
+        cases = zoo_cases() + generated + suite_model_cases(cache, words, args.quick)
         cases.append(chain_model(Path(tmp.name) / "chain.onnx"))
         if args.quick:
             cases = [c for c in cases if c.quick]

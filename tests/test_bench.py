@@ -240,3 +240,29 @@ def test_suite_dry_run_on_the_micro_benchmark(tmp_path: Path,
     assert "per node" in out and "| **geometric mean** |" in out
     assert "Not run (not generated" in out  # the empty cache folder
     assert json.loads((tmp_path / "r.json").read_text())[0]["threads"] == 1
+
+
+def test_run_overhead_replays_kernels_but_keeps_control_flow() -> None:
+    pytest.importorskip("onnxruntime")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import run_overhead
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    model, feeds = run_overhead.load_vad()
+    with run_overhead.replaying():
+        fixed = onnxrun.InferenceSession(model)
+    plain = onnxrun.InferenceSession(model)
+    replays = [s.kernel for s in fixed._program.steps if isinstance(s.kernel,
+                                                                   run_overhead.Replay)]
+    kept = [s.kernel for s in fixed._program.steps if s.node.op_type == "If"]
+    assert replays and kept and not isinstance(kept[0], run_overhead.Replay)
+    first = fixed.run(None, feeds)
+    for got, want in zip(first, plain.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)
+    # the second run replays: other inputs give the first run's results
+    other = {**feeds, "input": feeds["input"] * 2}
+    assert np.array_equal(fixed.run(None, other)[0], first[0])
+    assert not np.array_equal(plain.run(None, other)[0], first[0])
+    m = run_overhead.measure(model, feeds, runs=3)
+    assert set(m) >= {"onnxruntime", "onnxrun", "onnxrun fixed cost", "onnxrun cpu"}

@@ -271,6 +271,11 @@ class InferenceSession:
             kernel_opts = copy.copy(opts)
             kernel_opts.intra_op_num_threads = self._threads.intra_op_num_threads
         self._program = Program(model.graph, model, assignment, kernel_opts, pool=self._pool)
+        if opts.graph_optimization_level >= GraphOptimizationLevel.ORT_ENABLE_LAYOUT:
+            # the layout level's work is done by the convolution kernels as they are prepared
+            layouts = [bool(s.kernel.channels_last) for s in self._program.steps
+                       if hasattr(s.kernel, "channels_last")]
+            self._optimization_report.layout = (sum(layouts), len(layouts))
         if specialize:
             specialize_shapes(self._program)
         self._graphs = None

@@ -32,6 +32,9 @@ class OptimizationReport:
     passes: dict[str, PassReport] = field(default_factory=dict)
     # where the nodes run and the copies between devices (memcpy.Placement), set by a session
     placement: Any = None
+    # The layout level (3+), decided when the session prepares its kernels: (convolutions
+    # whose output is kept channels-last, convolutions); None before that or below level 3.
+    layout: tuple[int, int] | None = None
 
     def format(self) -> str:
         lines = [f"optimization level {self.level}: {self.nodes_before} nodes -> "
@@ -44,6 +47,10 @@ class OptimizationReport:
             lines.append("  (no pass changed the graph)")
         if self.placement is not None:
             lines.append(self.placement.format())
+        if self.layout is not None:
+            turned, convs = self.layout
+            lines.append(f"  {'layout (channels-last)':<32} {turned} of {convs} convolution "
+                         "outputs kept channels-last (NCHW at the graph's edges)")
         return "\n".join(lines)
 
 

@@ -611,11 +611,12 @@ def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
 # channels-last too. So a convolution writes its output channels-last when every reader takes
 # it at no cost and a side gains (channels_last_output); graph outputs stay NCHW.
 
-# This is onnxrun's layout optimization: onnxruntime's ORT_ENABLE_ALL level rewrites convolution
-# chains into blocked NCHWc layouts in the graph; onnxrun picks the memory layout of each
-# convolution's output when it prepares the kernel, so the saved model stays portable NCHW. It
-# follows the same level: below ORT_ENABLE_ALL every output is written NCHW.
-_LAYOUT_LEVEL = 99  # GraphOptimizationLevel.ORT_ENABLE_ALL
+# This is onnxrun's layout optimization: onnxruntime's layout level (ORT_ENABLE_LAYOUT, 3, and
+# so ORT_ENABLE_ALL) rewrites convolution chains into blocked NCHWc layouts in the graph; onnxrun
+# picks the memory layout of each convolution's output when it prepares the kernel, so the saved
+# model stays portable NCHW. It follows the same level: below ORT_ENABLE_LAYOUT every output is
+# written NCHW. The session's optimization report counts the convolutions it turned.
+_LAYOUT_LEVEL = 3  # GraphOptimizationLevel.ORT_ENABLE_LAYOUT
 
 
 def layout_changes_allowed(ctx) -> bool:
@@ -623,7 +624,17 @@ def layout_changes_allowed(ctx) -> bool:
     return level is None or int(level) >= _LAYOUT_LEVEL
 
 
-_PASS_THROUGH = frozenset({"Relu", "Clip"})  # one tensor in, numpy keeps its layout
+# One tensor in, numpy keeps its layout (the ufuncs' order "K"): activations, SiLU as the
+# QuickGelu the optimizer fuses x * Sigmoid(x) into.
+_PASS_THROUGH = frozenset({("", "Relu"), ("", "Clip"), ("", "Sigmoid"), ("", "Tanh"),
+                           ("", "LeakyRelu"), ("", "HardSigmoid"), ("", "HardSwish"),
+                           ("com.microsoft", "QuickGelu")})
+
+
+def _passes_layout(node) -> bool:
+    return (node.domain, node.op_type) in _PASS_THROUGH
+
+
 _JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
 
 
@@ -684,7 +695,7 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
             if index != 0 or kind == "other":
                 return None
             kinds.add(kind)
-        elif node.domain == "" and node.op_type in _PASS_THROUGH:
+        elif _passes_layout(node) and index == 0:
             for v in node.outputs:
                 more = _channels_last_readers(v, threads, joins, depth + 1)
                 if more is None:
@@ -731,8 +742,7 @@ def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
 def _reads_channels_last(node, threads: int, depth: int) -> bool:
     """Whether the input of the convolution ``node`` arrives channels-last."""
     v = node.inputs[0]
-    while v is not None and v.producer is not None and v.producer.domain == "" and \
-            v.producer.op_type in _PASS_THROUGH:
+    while v is not None and v.producer is not None and _passes_layout(v.producer):
         v = v.producer.inputs[0]
     return v is not None and depth < 8 and _writes_channels_last(v, threads, frozenset(),
                                                                  depth + 1)
