@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
-import onnx
-from onnx import TensorProto
+
+from .errors import NotImplemented as _NotImplemented
+from .proto import onnx
+
+try:  # narrow types (bfloat16, float8, int4...) need it; Pyodide 0.27 does not ship it
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
+TensorProto = onnx.TensorProto
 
 # onnxruntime's spelling of each element type inside "tensor(...)".
 _ORT_NAMES = {
@@ -47,7 +54,23 @@ _ELEM_BY_NP: dict[np.dtype, int] = {dt: elem for elem, dt in _NP_BY_ELEM.items()
 _ELEM_BY_NP[np.dtype(np.str_)] = TensorProto.STRING
 _ELEM_BY_NP[np.dtype(np.bytes_)] = TensorProto.STRING
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# None without ml_dtypes: no array has it then, so comparisons with it are simply false.
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
+
+
+class NarrowTypeUnavailable(_NotImplemented, TypeError):
+    """An element type numpy holds only through ml_dtypes, which is not installed."""
+
+
+def narrow_type_error(elem_type: int, where: str = "") -> NarrowTypeUnavailable | None:
+    """The error for an element type ONNX defines that numpy cannot hold without ml_dtypes,
+    when ml_dtypes is missing; None otherwise."""
+    if ml_dtypes is not None or elem_type not in _ORT_NAMES or elem_type in _NP_BY_ELEM:
+        return None
+    return NarrowTypeUnavailable(
+        f"{where}{': ' if where else ''}element type {_ORT_NAMES[elem_type]} needs the "
+        "ml_dtypes package, which is not installed here (Pyodide 0.27 does not ship it)"
+    )
 
 
 def np_dtype(elem_type: int) -> np.dtype:
@@ -55,6 +78,9 @@ def np_dtype(elem_type: int) -> np.dtype:
     try:
         return _NP_BY_ELEM[elem_type]
     except KeyError:
+        err = narrow_type_error(elem_type)
+        if err is not None:
+            raise err from None
         raise TypeError(f"unsupported ONNX element type {elem_type}") from None
 
 

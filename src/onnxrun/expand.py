@@ -12,12 +12,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-import onnx
-from onnx import AttributeProto
-
 from .ir import Graph, Model, Node, Value
 from .ir.serde import _attribute_to_proto, _Reader, _Scope
+from .proto import HAVE_ONNX, onnx
 from .providers import ExecutionProvider
+
+AttributeProto = onnx.AttributeProto
 
 _MAX_EXPANSIONS = 10_000  # a guard against function bodies that (indirectly) contain themselves
 
@@ -62,6 +62,8 @@ def _graphs(g: Graph) -> Iterator[Graph]:
 
 
 def _function_body(node: Node, opset: int) -> onnx.FunctionProto | None:
+    if not HAVE_ONNX:
+        return None  # ONNX's function bodies are in onnx's C++ schemas
     try:
         schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
     except onnx.defs.SchemaError:

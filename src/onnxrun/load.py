@@ -28,13 +28,14 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-import onnx
-import onnx.inliner
 from google.protobuf.message import DecodeError
-from onnx import TensorProto
 
 from .errors import Fail, InvalidGraph, InvalidProtobuf, NoSuchFile
+from .inline import inline_local_functions
 from .ir import Model, model_from_proto
+from .proto import HAVE_ONNX, onnx
+
+TensorProto = onnx.TensorProto
 
 try:
     import fcntl
@@ -518,7 +519,14 @@ def load_model(
     if len(mp.functions):
         # Model-local functions run by expansion: inline them once, at load.
         try:
-            mp = onnx.inliner.inline_local_functions(mp)
+            if HAVE_ONNX:
+                import onnx.inliner
+
+                mp = onnx.inliner.inline_local_functions(mp)
+            else:
+                mp = inline_local_functions(mp)
+        except InvalidGraph:
+            raise
         except Exception as e:
             raise InvalidGraph(f"model-local functions could not be inlined: {e}") from None
     with _external_reader(model_path, external_data_dir, files, provided) as reader:

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import AttributeProto
 
 from .errors import InvalidGraph
 from .execute import (
@@ -29,7 +28,10 @@ from .execute import (
 from .ir import Graph, Model, Node, Value
 from .ir.toposort import stable_topological_order
 from .partition import Assignment
+from .proto import onnx
 from .providers import KernelContext
+
+AttributeProto = onnx.AttributeProto
 
 # The RunOptions of the run in progress on this thread, so that subgraph bodies (Loop, Scan, If)
 # check RunOptions.terminate between their nodes too.

@@ -12,21 +12,22 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
 
-import onnx
-from onnx import helper
-
 from .dtypes import has_negative_dim, type_shape, type_string, without_negative_dims
 from .errors import InvalidGraph
 from .ir import Graph, Model
 from .ir.toposort import stable_topological_order
+from .proto import HAVE_ONNX, onnx
+from .validate_types import check_types
 
+helper = onnx.helper
 logger = logging.getLogger("onnxrun")
 
 # The newest IR version and operator sets onnxrun accepts: those of the onnx package it checks
-# and infers with (as onnxruntime accepts those of the onnx it was built with), and
-# onnxruntime's own com.microsoft set. Other domains are custom: any version.
+# and infers with (as onnxruntime accepts those of the onnx it was built with; without onnx,
+# those of the onnx that proto/onnx_pb.py was generated from), and onnxruntime's own
+# com.microsoft set. Other domains are custom: any version.
 _MAX_IR = onnx.IR_VERSION
-_NEWEST_OPSETS = {
+_NEWEST_OPSETS = dict(onnx.NEWEST_OPSETS) if not HAVE_ONNX else {
     ("" if domain == "ai.onnx" else domain): versions[1]
     for domain, versions in onnx.defs.C.schema_version_map().items()
 }
@@ -169,6 +170,14 @@ def validate(
     (onnxruntime's ``session.allow_released_opsets_only``): refuse operator sets newer than
     onnxrun knows."""
     check_versions(model, released_opsets_only)
+    if not HAVE_ONNX:
+        # No checker or shape inference (Pyodide): onnxrun's own checks of what the kernels
+        # would otherwise meet at run time (unknown operators and missing attributes are
+        # refused when the session plans its kernels).
+        if has_kernel is not None:
+            _check_known_ops(model, has_kernel)
+        check_types(model)
+        return
     # The IR lists the proto's nodes in its order (unless the caller sorted the proto since).
     presorted = len(model.graph.nodes) == len(mp.graph.node) and _ir_sorted(model.graph)
     skel = skeleton(mp, presorted)
@@ -340,6 +349,24 @@ def _union(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> onnx.TypeProto
         ):
             i.Clear()
     return tp
+
+
+def _check_known_ops(model: Model, has_kernel: Callable[[str, int], bool]) -> None:
+    """Without onnx's schemas: an ai.onnx operator no provider runs is refused with the
+    checker's words (onnxruntime's InvalidGraph), not later by the partitioner."""
+    opset = model.opset("")
+    if opset is None:
+        return
+    seen: set[str] = set()
+    for g in _graphs(model.graph):
+        for node in g.nodes:
+            if node.domain == "" and node.op_type not in seen:
+                if not has_kernel(node.op_type, opset):
+                    raise InvalidGraph(
+                        f"model failed validation: No Op registered for {node.op_type} with "
+                        f"domain_version of {opset} (node '{node.label}')"
+                    )
+                seen.add(node.op_type)
 
 
 def check_versions(model: Model, released_opsets_only: bool = True) -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import numpy as np
-import onnx
 
 from ..dtypes import value_type_string
 from ..errors import InvalidArgument
+from ..proto import onnx
 from .ortvalue import OrtValue, _device, _owner, array_from_pointer
 
 

@@ -17,10 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import onnx
-from onnx import external_data_helper
 
-from .. import dtypes
+from .. import dtypes, threads
 from ..errors import Fail, InvalidArgument, InvalidGraph, InvalidProtobuf
 from ..expand import expand_functions
 from ..ir import Model, Value, model_to_proto
@@ -30,6 +28,7 @@ from ..optimize import OptimizationReport, optimize
 from ..partition import partition
 from ..plan import Program
 from ..profile import Profiler
+from ..proto import onnx
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
@@ -44,6 +43,8 @@ from .options import (
 )
 from .ortvalue import OrtValue
 from .sparse import SparseTensor
+
+external_data_helper = onnx.external_data_helper
 
 logger = logging.getLogger("onnxrun")
 
@@ -257,7 +258,7 @@ class InferenceSession:
                                       [OrtEpAssignedNode(n.domain, n.name, n.op_type)])
                 for n in model.graph.nodes]
         self._pool = self._own_pool = None
-        if opts.execution_mode == ExecutionMode.ORT_PARALLEL:
+        if opts.execution_mode == ExecutionMode.ORT_PARALLEL and threads.available():
             self._pool = self._threads.pool  # the global inter-op pool
             if self._pool is None:
                 workers = self._threads.inter_op_num_threads or os.cpu_count() or 2
@@ -522,7 +523,10 @@ class InferenceSession:
             except Exception:  # noqa: BLE001 - nobody to raise it to on this thread
                 logger.exception("run_async: the callback raised")
 
-        _async_workers().submit(task)
+        if threads.available():
+            _async_workers().submit(task)
+        else:  # no threads (Pyodide): run now, the callback contract unchanged
+            task()
 
     def run_with_ort_values(
         self,
@@ -904,8 +908,11 @@ def _blas_libraries() -> list[Any]:
     since: an import may load another BLAS (scipy's, torch's)."""
     global _blas_found
     if _blas_found is None or _blas_found[0] != len(sys.modules):
-        from threadpoolctl import ThreadpoolController
-
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # Pyodide (no threads there: nothing to limit)
+            _blas_found = (len(sys.modules), [])
+            return []
         libs = ThreadpoolController().select(user_api="blas").lib_controllers
         _blas_found = (len(sys.modules), libs)
     return _blas_found[1]

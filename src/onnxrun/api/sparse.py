@@ -14,10 +14,10 @@ import enum
 from typing import Any
 
 import numpy as np
-import onnx
 
 from .. import dtypes
 from ..errors import InvalidArgument
+from ..proto import onnx
 
 
 class OrtSparseFormat(enum.IntEnum):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
+
+from ..proto import onnx
 
 
 class Value:

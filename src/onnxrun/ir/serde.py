@@ -8,12 +8,16 @@ import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
-import onnx
-from onnx import AttributeProto, TensorProto, numpy_helper
 
+from ..dtypes import narrow_type_error
 from ..errors import InvalidGraph
+from ..proto import onnx
 from .core import Attribute, Graph, Model, Node, Value
 from .toposort import stable_topological_order
+
+AttributeProto = onnx.AttributeProto
+TensorProto = onnx.TensorProto
+numpy_helper = onnx.numpy_helper
 
 # Reads the bytes of a tensor stored outside the model file (bytes, or a uint8 array the tensor
 # may keep); supplied by the loader, which owns the policy of which files may be read.
@@ -96,6 +100,9 @@ def tensor_to_array(
     if tensor.data_type == TensorProto.UNDEFINED:
         raise InvalidGraph(f"tensor '{tensor.name}' has no data type")
     if not _known_data_type(tensor.data_type):
+        narrow = narrow_type_error(tensor.data_type, f"tensor '{tensor.name}'")
+        if narrow is not None:
+            raise narrow
         raise InvalidGraph(
             f"tensor '{tensor.name}' does not have a valid data type ({tensor.data_type})"
         )
@@ -378,6 +385,9 @@ def _check_elem_types(vi: onnx.ValueInfoProto, what: str) -> None:
         if kind in ("tensor_type", "sparse_tensor_type"):
             elem = getattr(tp, kind).elem_type
             if elem != TensorProto.UNDEFINED and not _known_data_type(elem):
+                narrow = narrow_type_error(elem, f"graph {what} '{vi.name}'")
+                if narrow is not None:
+                    raise narrow
                 raise InvalidGraph(f"graph {what} '{vi.name}': invalid tensor data type {elem}")
             return
         if kind in ("sequence_type", "optional_type"):

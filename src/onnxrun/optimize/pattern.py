@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
 from ..ir import Attribute, Graph, Model, Node, Value
+from ..proto import onnx
 from . import graph_utils
 
 COMMUTATIVE = {("", "Add"), ("", "Mul")}

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import onnx
 
 from ..ir import Node
+from ..proto import onnx
 
 REQUIRED = inspect.Parameter.empty
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-from ...dtypes import type_shape
+from ...dtypes import ml_dtypes, type_shape
 from ...ir import Graph, Model, Node, Value
 from ..graph_utils import constant_value, is_graph_output, single_consumer
 
@@ -71,6 +70,8 @@ def batchnorm_affine(model: Model, bn: Node, channels: int) -> tuple[np.ndarray,
 
 
 def smallest_normal(dtype: np.dtype) -> float:
+    if ml_dtypes is None:
+        return float(np.finfo(dtype).tiny)
     return float(ml_dtypes.finfo(dtype).tiny)  # ml_dtypes' finfo knows bfloat16 too
 
 

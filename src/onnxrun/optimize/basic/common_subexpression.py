@@ -12,9 +12,9 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import onnx
 
 from ...ir import Model, Node
+from ...proto import onnx
 from ..base import BASIC, GraphPass, PassResult, register_pass
 from ..graph_utils import all_graphs, is_graph_input, is_graph_output, replace_value
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-import onnx
-
 from ...ir import Attribute, Model, Node
+from ...proto import onnx
 from ..base import BASIC, GraphPass, PassResult, register_pass
 from ..graph_utils import is_graph_output, live_nodes, replace_value
 from ._helpers import rank

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_dtypes
 import numpy as np
-import onnx
 
-from ...dtypes import type_shape
+from ...dtypes import ml_dtypes, type_shape
 from ...ir import Graph, Model, Node, Value
+from ...proto import onnx
 from .. import graph_utils
 from ..pattern import _attribute
 
 FLOAT = onnx.TensorProto.FLOAT
+
 MS = "com.microsoft"
 LOWEST_FLOAT32 = float(np.finfo(np.float32).min)
 
@@ -85,7 +85,9 @@ def close(value: float | None, expected: float, rtol: float = 1e-4) -> bool:
         return False
     if abs(value - expected) <= rtol * abs(expected):
         return True
-    return value in (float(np.float16(expected)), float(ml_dtypes.bfloat16(expected)))
+    if value == float(np.float16(expected)):
+        return True
+    return ml_dtypes is not None and value == float(ml_dtypes.bfloat16(expected))
 
 
 # -- Gelu-family patterns ------------------------------------------------------------------------

@@ -32,9 +32,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 
 from ...ir import Model, Node, Value
+from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..graph_utils import all_graphs, constant_value, make_initializer, scalar_value
 from ._helpers import (
@@ -60,6 +60,7 @@ from ._helpers import (
 
 BOOL = onnx.TensorProto.BOOL
 INT32 = onnx.TensorProto.INT32
+
 MIN_FILL = -1e4  # a replacing fill at most this small is "masked out" after Softmax
 
 

@@ -14,14 +14,14 @@ tensor or per output channel in the shapes the quantizer writes ([], [1], [M, 1,
 
 from __future__ import annotations
 
-import onnx
-
+from ...proto import onnx
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
 from ._helpers import const_value, elem_type, is_float32, shape
 from .conv_activation import activation_params
 
 FLOAT = onnx.TensorProto.FLOAT
+
 ONNXRUN = "ai.onnxrun"
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 

@@ -41,19 +41,21 @@ import logging
 from collections import Counter
 
 import numpy as np
-import onnx
-from onnx import AttributeProto, TensorProto
 
+from ...dtypes import BFLOAT16
 from ...ir import Attribute, Graph, Model, Node, Value
+from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..graph_utils import all_graphs, unique_name
+
+AttributeProto = onnx.AttributeProto
+TensorProto = onnx.TensorProto
 
 logger = logging.getLogger("onnxrun")
 
 LOW = frozenset({TensorProto.FLOAT16, TensorProto.BFLOAT16})
 FLOAT = TensorProto.FLOAT
-_LOW_DTYPES = (np.dtype(np.float16), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(
-    TensorProto.BFLOAT16)))
+_LOW_DTYPES = (np.dtype(np.float16), BFLOAT16)
 
 # ai.onnx attributes that name an element type (of the output, or of the computation).
 _TYPE_ATTRS = frozenset({"to", "dtype", "output_dtype", "output_datatype", "stash_type"})

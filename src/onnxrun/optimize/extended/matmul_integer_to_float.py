@@ -12,13 +12,13 @@ then takes in the DynamicQuantizeLinear where this is its only reader.
 
 from __future__ import annotations
 
-import onnx
-
+from ...proto import onnx
 from ..base import EXTENDED, RulePass, register_pass
 from ..pattern import RewriteRule
 from ._helpers import MS, const_value, elem_type, is_float32, last_dim, same_rank, shape
 
 FLOAT = onnx.TensorProto.FLOAT
+
 
 
 def _is_scalar(v) -> bool:

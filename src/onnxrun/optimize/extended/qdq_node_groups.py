@@ -43,9 +43,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import onnx
 
 from ...ir import Graph, Model, Node, Value
+from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..basic.constant_folding import dequantized_from
 from ..graph_utils import constant_value, is_graph_output, live_nodes, make_initializer

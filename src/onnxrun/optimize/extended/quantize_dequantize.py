@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
-import onnx
 
 from ...ir import Model, Node
+from ...proto import onnx
 from ...providers.cpu.ops.quantization import ONNXRUN_DOMAIN
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..graph_utils import is_graph_output, live_nodes

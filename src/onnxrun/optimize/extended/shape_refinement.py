@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import onnx
 
 from ...dtypes import type_shape
 from ...ir import Model, Node
+from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..graph_utils import all_graphs, is_graph_output
 from ._helpers import MS, const_value, elem_type, shape, shape_items

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ... import threads
+
 # Below this many bytes of work per range, handing a range to another thread costs more than it
 # saves: waking a worker costs 20-80 us on a virtual machine, and numpy streams ~5 GB/s per core.
 # None: kernels never split (the default). Measured on the 2-vCPU development VM with numpy's
@@ -48,6 +50,8 @@ def usable_cores() -> int:
 
 def threads_for(ctx: Any) -> int:
     """The intra-op thread count of the session that prepares the kernel ``ctx`` belongs to."""
+    if not threads.available():
+        return 1
     n = int(getattr(getattr(ctx, "session_options", None), "intra_op_num_threads", 0) or 0)
     return n if n > 0 else usable_cores()
 

@@ -489,6 +489,30 @@ except ImportError:  # pragma: no cover
     pass
 
 
+def _to_float8e8m0(x: np.ndarray, to: np.dtype, saturate: bool, round_mode: str
+                   ) -> np.ndarray:
+    """float8e8m0 (an unsigned power of two): float32's exponent byte, rounded by the fraction
+    bits as Cast-25's ``round_mode`` says; NaN and infinities become 0xFF."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    exponent = ((bits >> 23) & 0xFF).astype(np.uint16)
+    special = exponent == 0xFF
+    fraction = bits & 0x7FFFFF
+    if round_mode == "up":
+        up = fraction > 0
+    elif round_mode == "nearest":  # half and above rounds up, except a bare half at exponent 0
+        up = (fraction & 0x400000 > 0) & ((fraction & 0x3FFFFF > 0) | (exponent > 0))
+    elif round_mode == "down":
+        up = np.zeros(bits.shape, bool)
+    else:
+        raise ValueError(f"Cast: unsupported round_mode '{round_mode}'")
+    up &= ~special
+    if saturate:
+        up &= exponent != 0xFE
+    out = (exponent + up).astype(np.uint8)
+    out[special] = 0xFF
+    return out.view(to).reshape(x.shape)
+
+
 def _number_to_string(x: np.ndarray) -> np.ndarray:
     flat = x.reshape(-1)
     if x.dtype.kind in "iu":
@@ -536,9 +560,7 @@ def cast(x: np.ndarray, to: np.dtype, saturate: int = 1, round_mode: str = "up"
     if x.dtype == object or x.dtype.kind in "US":
         return _string_to_number(x, to)
     if to.name == "float8_e8m0fnu":  # a power-of-two exponent: rounding has its own modes
-        from onnx.numpy_helper import to_float8e8m0
-
-        return to_float8e8m0(x.astype(np.float32), bool(saturate), round_mode).reshape(x.shape)
+        return _to_float8e8m0(x, to, bool(saturate), round_mode)
     fmax = _FLOAT8_MAX.get(to)
     if fmax is not None:
         src = x if x.dtype.kind == "f" and x.dtype.itemsize >= 4 else x.astype(np.float32)
@@ -577,7 +599,8 @@ class Cast:
 
 def _cast_target(to) -> np.dtype:
     if isinstance(to, str):  # Cast-1 spelled the type as a string ("FLOAT")
-        from onnx import TensorProto
+        from ....proto import onnx
+        TensorProto = onnx.TensorProto
 
         to = TensorProto.DataType.Value(to.upper())
     if to == 8:  # STRING

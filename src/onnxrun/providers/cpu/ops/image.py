@@ -17,6 +17,7 @@ import itertools
 import numpy as np
 
 from .... import errors
+from ..indices import as_intp
 from ..kernels import KernelContext, op
 
 # -- shared interpolation helpers --------------------------------------------------------------
@@ -74,7 +75,7 @@ def _gather_taps(xt, taps_per_dim, strides, out_dtype):
             flat = flat + (idx * stride if stride != 1 else idx)
             w = wt if w is None else w * wt
         # a row gather (np.take on axis 0) is much faster than 2-D fancy indexing
-        val = np.take(rows, flat.reshape(-1), axis=0)
+        val = np.take(rows, as_intp(flat.reshape(-1)), axis=0)
         val *= w.reshape(-1, 1).astype(out_dtype, copy=False)
         if acc is None:
             acc = val
@@ -219,7 +220,7 @@ def _interp_matrix(start, bin_size, grid, pooled, size):
         row = (sel[:, None, None] * pooled + np.arange(pooled)[None, :, None]) * size
         flat = np.concatenate([(row + low).reshape(-1), (row + high).reshape(-1)])
         wts = np.concatenate([wl.reshape(-1), wh.reshape(-1)]) / g
-        out += np.bincount(flat, wts, minlength=out.size).reshape(out.shape)
+        out += np.bincount(as_intp(flat), wts, minlength=out.size).reshape(out.shape)
     return out
 
 

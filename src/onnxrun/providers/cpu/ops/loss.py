@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..indices import as_intp
 from ..kernels import op
 
 
@@ -27,7 +28,7 @@ def _nll(x, target, weight, ignore_index, reduction, out_dtype):
             target = np.where(ignored, 0, target)
         else:
             ignored = None
-    picked = np.take_along_axis(x, np.expand_dims(target, 1), axis=1)[:, 0]
+    picked = np.take_along_axis(x, as_intp(np.expand_dims(target, 1)), axis=1)[:, 0]
     loss = -picked
     w = None
     if weight is not None:

@@ -14,11 +14,10 @@ zero point. The helpers here are shared with the com.microsoft kernels in ``cont
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ....dtypes import np_dtype
+from ....dtypes import ml_dtypes, np_dtype
 from ..kernels import KernelContext, op
 from ..parallel import split_threads
 from .conv import pad_spatial, window_geometry, window_slices
@@ -27,14 +26,18 @@ F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
 F32_EXACT = float(1 << 24)  # integers below this are exact in float32, and so are their sums
 
-_SUB_BYTE_INTS = {np.dtype(t) for t in (ml_dtypes.int4, ml_dtypes.uint4, ml_dtypes.int2,
-                                        ml_dtypes.uint2)}
-FLOAT8 = {np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e4m3fnuz,
-                                ml_dtypes.float8_e5m2, ml_dtypes.float8_e5m2fnuz)}
-_HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+
+
+def _ml(*names: str) -> set[np.dtype]:
+    """ml_dtypes' types of these names (none without ml_dtypes: no array has them then)."""
+    return {np.dtype(getattr(ml_dtypes, n)) for n in names} if ml_dtypes is not None else set()
+
+
+_SUB_BYTE_INTS = _ml("int4", "uint4", "int2", "uint2")
+FLOAT8 = _ml("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+_HALF = {np.dtype(np.float16), *_ml("bfloat16")}
 # No infinity encodings: ml_dtypes' cast already saturates them.
-_SMALL_FLOATS = {np.dtype(t) for t in (ml_dtypes.float4_e2m1fn, ml_dtypes.float6_e2m3fn,
-                                       ml_dtypes.float6_e3m2fn)}
+_SMALL_FLOATS = _ml("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
 
 
 # -- parameters -------------------------------------------------------------------------------
@@ -44,7 +47,7 @@ def int_range(dtype: np.dtype) -> tuple[int, int] | None:
     """(min, max) of an integer element type (4- and 2-bit included), None for floats."""
     dt = np.dtype(dtype)
     if dt.kind in "iu" or dt in _SUB_BYTE_INTS:
-        info = ml_dtypes.iinfo(dt)
+        info = ml_dtypes.iinfo(dt) if dt in _SUB_BYTE_INTS else np.iinfo(dt)
         return int(info.min), int(info.max)
     return None
 
@@ -270,7 +273,7 @@ class DequantizeLinear:
         if self.cached is not None:
             return self.cached
         out = np_dtype(self.output_dtype) if self.output_dtype else x_scale.dtype
-        if out not in (F32, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), F64):
+        if out not in (F32, F64, *_HALF):
             raise TypeError(f"DequantizeLinear: output type {out} is not a float type; set "
                             "output_dtype")
         return dequantize(x, x_scale, x_zero_point, out, self.axis, self.block_size)

@@ -13,6 +13,7 @@ import functools
 
 import numpy as np
 
+from ..indices import as_intp
 from ..kernels import KernelContext, op
 from .conv import compute_dtype
 
@@ -166,13 +167,13 @@ def _axis_plan(mode: str, ctm: str, nearest_mode: str, in_len: int, out_len: int
 def _resample_axis(X: np.ndarray, axis: int, idx: np.ndarray, w: np.ndarray | None
                    ) -> np.ndarray:
     if w is None:
-        return np.take(X, idx, axis=axis)
+        return np.take(X, as_intp(idx), axis=axis)
     shape = [1] * X.ndim
     shape[axis] = -1
     w = w.astype(X.dtype, copy=False)
     Y = None
     for t in range(idx.shape[1]):
-        term = np.take(X, idx[:, t], axis=axis)
+        term = np.take(X, as_intp(idx[:, t]), axis=axis)
         term *= w[:, t].reshape(shape)
         if Y is None:
             Y = term

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from ....dtypes import np_dtype
+from ..indices import as_intp
 from ..kernels import KernelContext, op
 
 INT64 = np.int64
@@ -291,9 +292,7 @@ class Slice:
 
 @op("Gather", 1, 11, 13)
 def Gather(data, indices, *, axis=0):
-    if indices.dtype != INT64 and indices.dtype.kind in "iu":
-        indices = indices.astype(INT64)
-    return np.take(data, indices, axis=axis)
+    return np.take(data, as_intp(indices), axis=axis)
 
 
 def _along_axis_index(indices, axis):

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from ..indices import as_intp
 from ..kernels import KernelContext, op
 
 
@@ -281,7 +282,8 @@ class TfIdfVectorizer:
                     hits.append((row_idx * self.output_size + col)[hit])
             if hits:  # one bincount for all n-gram sizes and skips
                 flat = np.concatenate(hits)
-                freq = np.bincount(flat, minlength=b * self.output_size).reshape(b, -1)
+                freq = np.bincount(as_intp(flat), minlength=b * self.output_size)
+                freq = freq.reshape(b, -1)
         if freq is None:
             freq = np.zeros((b, self.output_size), dtype=np.int64)
         f = freq.astype(np.float32)

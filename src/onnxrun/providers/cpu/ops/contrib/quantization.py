@@ -15,9 +15,9 @@ import math
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
 
 from .....dtypes import np_dtype
+from .....proto import onnx
 from ...kernels import KernelContext, op
 from ...parallel import run_each, split_threads, threads_for
 from ..conv import pad_spatial, window_geometry, window_slices
@@ -38,6 +38,8 @@ from ..quantization import (
     requantize,
     scalar,
 )
+
+TensorProto = onnx.TensorProto
 
 MS = "com.microsoft"
 F64 = np.dtype(np.float64)

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from .....dtypes import np_dtype
+from ...indices import as_intp
 from ...kernels import KernelContext, op
 from ._common import Lookup
 
@@ -290,7 +291,7 @@ def ArrayFeatureExtractor(X, Y):
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise IndexError(f"Invalid Y argument: index is out of range: Y[{i}] ({idx[i]}) >={stride}")
-    Z = np.take(X, idx, axis=-1)
+    Z = np.take(X, as_intp(idx), axis=-1)
     return Z.reshape(1, -1) if X.ndim == 1 else Z
 
 
