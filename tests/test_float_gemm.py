@@ -316,3 +316,23 @@ def test_blas_keeps_its_threads_where_it_carries_most_products():
     with sess._blas_threads:
         seen = {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
     assert seen == {2}
+
+
+def test_channels_last_1x1_convolutions_on_the_compiled_gemm():
+    """MobileNet-style blocks: the 1x1 convolutions that read a channels-last input run on
+    the compiled GEMM (bias and Relu6 fused) and agree with onnxruntime and the numpy path."""
+    from pathlib import Path
+
+    folder = Path(__file__).parent / "models"
+    data = np.load(folder / "mobilenet_tiny.inputs.npz")
+    feeds = {k.split("/")[-1]: data[k] for k in data.files if k.startswith("0/")}
+    path = str(folder / "mobilenet_tiny.onnx")
+    sess = onnxrun.InferenceSession(path)
+    assert any(getattr(step.kernel, "gemm_t_packed", None) is not None
+               for step in sess._program.steps)
+    with jit.disabled():
+        numpy_path = onnxrun.InferenceSession(path).run(None, feeds)[0]
+    ours = sess.run(None, feeds)[0]
+    theirs = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours, numpy_path, rtol=1e-5, atol=1e-5)

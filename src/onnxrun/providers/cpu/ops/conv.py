@@ -836,6 +836,7 @@ class Conv(_ConvBase):
         W = ctx.constant(1)
         self.W_shape = None
         self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
+        self.gemm_t_packed = None  # "gemm_t" in the compiled GEMM's panels
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
@@ -877,12 +878,16 @@ class Conv(_ConvBase):
         if self.channels_last and self.group == 1 and kernel == (1,) * nd:
             # (C, M): the channels-last GEMM's right operand
             self.prepared["gemm_t"] = np.ascontiguousarray(W.reshape(W.shape[:2]).T, dtype=cdt)
+            if cdt == np.float32:  # and in the compiled GEMM's panels, bias and clip fused
+                from ..compiled.float_gemm import pack
+
+                self.gemm_t_packed = pack(self.prepared["gemm_t"])
 
     @property
     def uses_compiled_gemm(self) -> bool | None:
         """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
         depthwise kernels). The session weighs these (BLAS's thread count)."""
-        if self.winograd_packed is not None:
+        if self.winograd_packed is not None or self.gemm_t_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -975,11 +980,27 @@ class Conv(_ConvBase):
         g = self.group
         if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                 and outs == X.shape[2:]:
+            if self.gemm_t_packed is not None and X.dtype == np.float32 and \
+                    _is_channels_last(X) and Wm is self.prepared.get(method):
+                return self._gemm_1x1_compiled(X, b, Z, act)
             return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
                            out_dtype, self.threads)
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
         return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
+
+    def _gemm_1x1_compiled(self, X, b, Z, act):
+        """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
+        the output channels-last, the bias and a Relu / Clip (without Z) in its epilogue."""
+        N, C = X.shape[:2]
+        M = self.gemm_t_packed.N
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
+                                   None if b is None else b.reshape(M),
+                                   bounds=bounds if fused else None, threads=self.threads)
+        Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
+        return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 
     def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
         """The depthwise kernels, bias, Z and activation applied on the way out."""
