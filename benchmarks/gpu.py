@@ -177,7 +177,7 @@ def export(torch, module, feeds) -> bytes:
     return buf.getvalue()
 
 
-# -- timing ------------------------------------------------------------------------------------------
+# -- timing ----------------------------------------------------------------------------------------
 
 
 def median_ms(fns: dict, rounds: int, warm: int = 3) -> dict:
@@ -285,7 +285,7 @@ def device_memory_mb() -> float | None:
         return None
 
 
-# -- main ---------------------------------------------------------------------------------------------
+# -- main ------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                 row.update({f"{k} ms": round(v, 3) for k, v in median_ms(fns, rounds).items()})
                 row["device_memory_mb"] = device_memory_mb()
                 if not stand_in:
-                    row["torch_max_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2 ** 20, 1)
+                    peak = torch.cuda.max_memory_allocated()
+                    row["torch_max_memory_mb"] = round(peak / 2 ** 20, 1)
                 emit(row)
         else:
             print("PyTorch is not installed: PyTorch rows skipped", file=sys.stderr)

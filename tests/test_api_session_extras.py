@@ -354,3 +354,18 @@ def test_input_and_output_memory_infos_like_onnxruntime():
             for field in ("allocator_type", "mem_type"):
                 assert int(getattr(mine[0], field)) == int(getattr(want[0], field))
         assert len(ours.get_input_epdevices()) == len(theirs.get_input_epdevices())
+
+
+def test_iobinding_output_of_an_identity_is_not_the_bound_input():
+    # IOBinding's outputs, like run()'s, are buffers of their own (onnxruntime copies too)
+    m = onnx.parser.parse_model('<ir_version: 8, opset_import: ["" : 17]>\n'
+                                 'g (float[3] x) => (float[3] y) { y = Identity(x) }')
+    sess = onnxrun.InferenceSession(m.SerializeToString())
+    x = np.arange(3, dtype=np.float32)
+    binding = sess.io_binding()
+    binding.bind_cpu_input("x", x)
+    binding.bind_output("y")
+    sess.run_with_iobinding(binding)
+    y = binding.get_outputs()[0].numpy()
+    assert not np.may_share_memory(x, y)
+    np.testing.assert_array_equal(y, x)

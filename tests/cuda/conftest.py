@@ -11,6 +11,7 @@ pytest.importorskip("array_api_compat")
 
 from onnxrun.providers.cuda import device  # noqa: E402
 
+
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001
     if device.cupy_gpu_count() == 0:
         skip = pytest.mark.skip(reason="no GPU: CuPy finds no CUDA device")

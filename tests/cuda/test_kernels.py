@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-
 from cuda_helpers import compare
 
 rng = np.random.default_rng(0)
@@ -156,7 +155,8 @@ def test_conv_auto_pad_1d(on_device, auto_pad):
     "kernel_shape=[2,2], dilations=[2,2]",
 ])
 def test_maxpool(on_device, attrs):
-    m = _model(f"g (float[2,3,9,9] x) => (float[n,c,h,w] y) {{ y = MaxPool<{attrs}>(x) }}", opset=12)
+    m = _model(f"g (float[2,3,9,9] x) => (float[n,c,h,w] y) {{ y = MaxPool<{attrs}>(x) }}",
+               opset=12)
     compare(m, {"x": f32(2, 3, 9, 9)})
 
 
@@ -166,7 +166,8 @@ def test_maxpool(on_device, attrs):
     "kernel_shape=[3,3], strides=[2,2], ceil_mode=1",
 ])
 def test_averagepool(on_device, attrs):
-    m = _model(f"g (float[2,3,9,9] x) => (float[n,c,h,w] y) {{ y = AveragePool<{attrs}>(x) }}", opset=11)
+    m = _model(f"g (float[2,3,9,9] x) => (float[n,c,h,w] y) {{ y = AveragePool<{attrs}>(x) }}",
+               opset=11)
     compare(m, {"x": f32(2, 3, 9, 9)})
 
 
@@ -221,7 +222,7 @@ def test_gather_with_device_indices(on_device):
     compare(m, {"table": f32(10, 4), "ids": np.array([[1, 9, -1], [0, 2, 2]])})
 
 
-# -- com.microsoft operators the optimizer writes ---------------------------------------------------
+# -- com.microsoft operators the optimizer writes --------------------------------------------------
 
 MS = ', "com.microsoft" : 1'
 

@@ -450,6 +450,11 @@ class InferenceSession:
         results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
         if self._device is not None:
             results = [self._device.to_host(r) for r in results]
+        return self._caller_outputs(results, feeds, output_names)
+
+    def _caller_outputs(self, results: list[Any], feeds: list[tuple[int, Any]],
+                        output_names: Sequence[str] | None) -> list[Any]:
+        """Host results as the caller gets them (device arrays pass through)."""
         outputs = [_as_output(r) for r in results]
         if self._sparse_outputs:
             for i, name in enumerate(output_names or self._output_names):
@@ -499,8 +504,7 @@ class InferenceSession:
         """IOBinding's run: the outputs a device produces stay on the device."""
         feeds = self._check_feeds(input_feed)
         results = self._run_feeds(self._fetch_slots(output_names), feeds, run_options)
-        return [_as_output(r) if isinstance(r, np.ndarray | list | np.generic) else r
-                for r in results]
+        return self._caller_outputs(results, feeds, output_names)
 
     def run_async(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
                   callback: Any, user_data: Any, run_options: RunOptions | None = None) -> None:
