@@ -68,7 +68,7 @@ def lstm_for_this_cpu(monkeypatch):
             raise jit.Unavailable("switched off")
         if name not in compiled_fns:
             try:
-                module = jit.compile_module(f"{name}_for_this_cpu", lstm._MODULES[name](),
+                module = jit.compile_module(f"{name}_for_this_cpu", lstm._MODULES[name],
                                             {name: lstm._PROTO}, ())
             except jit.Unavailable as exc:
                 pytest.skip(str(exc))

@@ -23,7 +23,7 @@ import numpy as np
 from . import ir, jit
 from .layout import aligned_zeros
 
-REQUIRES = ("avx512f", "avx512bw")
+REQUIRES = ()  # generic vector IR: every target
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
 
 

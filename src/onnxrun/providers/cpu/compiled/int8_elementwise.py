@@ -15,7 +15,7 @@ import numpy as np
 from . import ir, jit
 from .layout import dense_order
 
-REQUIRES = ("avx512f", "avx512bw")
+REQUIRES = ()  # generic vector IR: every target
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
 
 

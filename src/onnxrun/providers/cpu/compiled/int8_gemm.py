@@ -1,10 +1,13 @@
-"""Exact 8-bit matrix products on AVX-512 VNNI: sum_k (A[m,k] - a_zp) * (B[k,n] - b_zp[n]).
+"""Exact 8-bit matrix products: sum_k (A[m,k] - a_zp) * (B[k,n] - b_zp[n]), on every target.
 
 Why: numpy has no integer GEMM faster than float32 BLAS, so every int8 product used to be a
 float32 GEMM plus conversions, and an int8 model ran slower than its float32 original. One
 ``vpdpbusd`` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four into
 sixteen int32 lanes, exactly; the kernel here reaches 4-5x OpenBLAS's float32 GEMM on the same
-shapes (docs/PERFORMANCE.md), with results identical to onnxruntime's integer kernels.
+shapes (docs/PERFORMANCE.md), with results identical to onnxruntime's integer kernels. Other
+targets compute the same instruction's result (``ir.dot_u8s8``: AVX-VNNI's 256-bit form, or
+bytes widened to 16 bits and ``vpmaddwd``, exact where onnxruntime's AVX2 ``vpmaddubsw``
+saturates), on the same packed layout, with fewer rows per tile (``rows_per_tile``).
 
 Layout (as in oneDNN and MLAS): B is packed once per session into panels of 32 columns, each
 panel ``[K/4][32 columns][4 k]`` bytes, so one 64-byte load is 16 columns x 4 k; four bytes of
@@ -32,17 +35,24 @@ from . import ir, jit
 from .jit import address
 from .layout import aligned_zeros
 
-REQUIRES = ("avx512f", "avx512bw", "avx512vnni")
-NR = 32  # columns per panel: two 16-lane registers
-MR = 8  # rows per tile: 16 accumulators + 2 B registers + 1 broadcast of 32 zmm registers
+REQUIRES = ()  # every target: ir.dot_u8s8
+NR = 32  # columns per panel: two 16-lane (int32) vectors
+
+
+def rows_per_tile(target: jit.Target) -> int:
+    """Rows of A per tile: with AVX-512, 16 accumulators + 2 B registers + 1 broadcast of 32
+    zmm registers; with 256-bit registers each accumulator takes two of 16 ymm."""
+    return 8 if target.lanes == 16 else 3
+
+
+MR = 8  # rows per tile on AVX-512 (rows_per_tile)
 L2_BYTES_FOR_A = 192 * 1024  # rows of A per block: the block stays in L2 across all panels
 
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
 _ELEM = {"i32": "i32", "f32": "i32", "f32c": "i32", "q8": "i8"}  # output element, for addresses
-_VDP = "@llvm.x86.avx512.vpdpbusd.512"
 
 
-def _tile(R: int, mode: str) -> str:
+def _tile(target: jit.Target, R: int, mode: str) -> str:
     """One R x 32 tile over the whole K: accumulate, correct, scale, store (masked if partial)."""
     out_t = {"i32": _V, "f32": _VF, "f32c": _VF, "q8": _VB}[mode]
     elem = _ELEM[mode]
@@ -70,7 +80,7 @@ def _tile(R: int, mode: str) -> str:
               f"  %as{r} = load i32, ptr %ap{r}, align 1",
               *ir.splat(f"%av{r}", f"%as{r}", _V)]
         for c in range(2):
-            L.append(f"  %n{r}_{c} = call {_V} {_VDP}({_V} %a{r}_{c}, {_V} %av{r}, {_V} %b{c})")
+            L += ir.dot_u8s8(target, f"%n{r}_{c}", f"%a{r}_{c}", f"%av{r}", f"%b{c}")
     L += ["  %gn = add i64 %g, 1",
           "  %more = icmp ult i64 %gn, %G",
           "  br i1 %more, label %loop, label %corr_check",
@@ -165,7 +175,7 @@ def _tile(R: int, mode: str) -> str:
     return "\n".join(L)
 
 
-def _gemm(mode: str) -> str:
+def _gemm(mode: str, MR: int) -> str:
     """Blocks of rows of A (kept in L2), then panels [p0, p1), then tiles of MR rows."""
     tails = " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR))
     elem = _ELEM[mode]
@@ -188,7 +198,8 @@ def _gemm(mode: str) -> str:
          "  %bend.lt = icmp slt i64 %m0e, %M",
          "  %bend = select i1 %bend.lt, i64 %m0e, i64 %M",
          "  %brows = sub i64 %bend, %m0",
-         "  %bfull.n = and i64 %brows, -8",
+         f"  %bfull.r = urem i64 %brows, {MR}",
+         "  %bfull.n = sub i64 %brows, %bfull.r",
          "  %bfull = add i64 %m0, %bfull.n",
          "  %rem = sub i64 %bend, %bfull",
          "  br label %ploop",
@@ -245,11 +256,12 @@ def _gemm(mode: str) -> str:
     return "\n".join(L)
 
 
-def module_ir() -> str:
-    decls = ir.declarations("vpdpbusd", "store.i32", "store.f32", "store.i8", "rint", "minnum",
-                            "maxnum")
-    tiles = [_tile(r, mode) for mode in _MODES for r in range(1, MR + 1)]
-    return "\n\n".join(decls + tiles + [_gemm(mode) for mode in _MODES])
+def module_ir(target: jit.Target) -> str:
+    decls = ir.dot_declarations(target) + ir.declarations("store.i32", "store.f32", "store.i8",
+                                                          "rint", "minnum", "maxnum")
+    MR = rows_per_tile(target)
+    tiles = [_tile(target, r, mode) for mode in _MODES for r in range(1, MR + 1)]
+    return "\n\n".join(decls + tiles + [_gemm(mode, MR) for mode in _MODES])
 
 
 _MODES = ("i32", "f32", "f32c", "q8")
@@ -259,7 +271,7 @@ _GEMM_PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _P, _P, _P, _P, _P, _P,
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("int8_gemm", module_ir(),
+    return jit.compile_module("int8_gemm", module_ir,
                               {f"gemm_{mode}": _GEMM_PROTO for mode in _MODES}, REQUIRES)
 
 
@@ -280,13 +292,14 @@ class PackedB:
     column int32 sums."""
 
     __slots__ = ("K", "N", "G", "width", "panels", "zb_nonzero", "_zb32", "_slope",
-                 "_slope32", "_panels_ptr", "_zb_ptr", "_mblock", "_functions")
+                 "_slope32", "_panels_ptr", "_zb_ptr", "_mblock", "_functions", "_mr")
 
     def __init__(self, B: np.ndarray, zero_point=None) -> None:
         if B.ndim != 2 or B.dtype not in (np.int8, np.uint8):
             raise ValueError(f"PackedB: expected a 2-D int8/uint8 matrix, got {B.dtype}{B.shape}")
         module = _module()
         self._functions = {mode: getattr(module, f"gemm_{mode}") for mode in _MODES}
+        self._mr = MR = rows_per_tile(module.target)
         K, N = B.shape
         K4, NP = -(-K // 4) * 4, -(-N // NR)
         zb = np.zeros(N, np.int64) if zero_point is None else np.broadcast_to(
@@ -383,7 +396,7 @@ class PackedB:
             return self._epilogue(np.broadcast_to(init[: self.N], (M, self.N)), mode, sc, bi,
                                   yq, out)
         fn = self._functions[mode]
-        npan = self.width // NR
+        npan, MR = self.width // NR, self._mr
         a_ptr, out_ptr = address(A), address(out)
         rowc_ptr = None if rowc is None else address(rowc)
         fixed = (self._panels_ptr, self.G, address(init))
@@ -426,6 +439,7 @@ class PackedB:
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"int8_gemm": (lambda target: module_ir(), REQUIRES)}
+BUNDLE = {"int8_gemm": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "MR", "NR", "PackedB", "REQUIRES", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "MR", "NR", "PackedB", "REQUIRES", "module_ir", "rows_per_tile",
+           "unavailable"]

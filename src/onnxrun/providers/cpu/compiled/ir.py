@@ -16,6 +16,10 @@ IOTA = "<" + ", ".join(f"i32 {i}" for i in range(16)) + ">"
 
 _DECLARATIONS = {
     "vpdpbusd": f"declare {V} @llvm.x86.avx512.vpdpbusd.512({V}, {V}, {V})",
+    "vpdpbusd.256": "declare <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32>, <8 x i32>, "
+                    "<8 x i32>)",
+    "pmaddwd.512": "declare <16 x i32> @llvm.x86.avx512.pmaddw.d.512(<32 x i16>, <32 x i16>)",
+    "pmaddwd.256": "declare <8 x i32> @llvm.x86.avx2.pmadd.wd(<16 x i16>, <16 x i16>)",
     "load.i8": f"declare {VB} @llvm.masked.load.v16i8.p0(ptr, i32, <16 x i1>, {VB})",
     "store.i8": f"declare void @llvm.masked.store.v16i8.p0({VB}, ptr, i32, <16 x i1>)",
     "store.i32": f"declare void @llvm.masked.store.v16i32.p0({V}, ptr, i32, <16 x i1>)",
@@ -33,6 +37,71 @@ _DECLARATIONS = {
 def declarations(*names: str) -> list[str]:
     """The declarations of the named intrinsics (keys of ``_DECLARATIONS``)."""
     return [_DECLARATIONS[n] for n in names]
+
+
+def dot_declarations(target) -> list[str]:
+    """The declarations ``dot_u8s8`` needs on ``target``."""
+    if target.has("avx512vnni"):
+        return declarations("vpdpbusd")
+    if target.has("avxvnni"):
+        return declarations("vpdpbusd.256")
+    return declarations("pmaddwd.512" if target.lanes == 16 else "pmaddwd.256")
+
+
+def _lanes(first: int, count: int, step: int = 1) -> str:
+    return "<" + ", ".join(f"i32 {first + step * i}" for i in range(count)) + ">"
+
+
+def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
+    """``out`` = ``acc`` + for each of the 16 int32 lanes the sum of its 4 unsigned bytes of
+    ``a`` times its 4 signed bytes of ``b`` (``<16 x i32>`` each): vpdpbusd, exact on every
+    target. AVX-512 VNNI: the instruction; AVX-VNNI: its 256-bit form on each half; otherwise
+    bytes widened to 16 bits and vpmaddwd (pair sums of at most 2 * 255 * 128: exact, unlike
+    vpmaddubsw's int16 saturation), then the two pair sums of each lane added."""
+    t = out + "."
+    if target.has("avx512vnni"):
+        return [f"  {out} = call {V} @llvm.x86.avx512.vpdpbusd.512({V} {acc}, {V} {a}, {V} {b})"]
+    if target.has("avxvnni"):
+        L = []
+        for h in range(2):
+            L += [f"  {t}{x}{h} = shufflevector {V} {v}, {V} poison, <8 x i32> {_lanes(8 * h, 8)}"
+                  for x, v in (("c", acc), ("a", a), ("b", b))]
+            L.append(f"  {t}d{h} = call <8 x i32> @llvm.x86.avx512.vpdpbusd.256(<8 x i32> "
+                     f"{t}c{h}, <8 x i32> {t}a{h}, <8 x i32> {t}b{h})")
+        return L + [f"  {out} = shufflevector <8 x i32> {t}d0, <8 x i32> {t}d1, {V} "
+                    f"{_lanes(0, 16)}"]
+    L = [f"  {t}a8 = bitcast {V} {a} to <64 x i8>",
+         f"  {t}aw = zext <64 x i8> {t}a8 to <64 x i16>",
+         f"  {t}b8 = bitcast {V} {b} to <64 x i8>",
+         f"  {t}bw = sext <64 x i8> {t}b8 to <64 x i16>"]
+    n = 64 // (2 * target.lanes)  # vpmaddwd calls: 2 (512-bit) or 4 (256-bit)
+    w, fn = (32, "@llvm.x86.avx512.pmaddw.d.512") if target.lanes == 16 else \
+        (16, "@llvm.x86.avx2.pmadd.wd")
+    vw, vr = f"<{w} x i16>", f"<{w // 2} x i32>"
+    parts = []
+    for q in range(n):
+        L += [f"  {t}a{q} = shufflevector <64 x i16> {t}aw, <64 x i16> poison, <{w} x i32> "
+              f"{_lanes(w * q, w)}",
+              f"  {t}b{q} = shufflevector <64 x i16> {t}bw, <64 x i16> poison, <{w} x i32> "
+              f"{_lanes(w * q, w)}",
+              f"  {t}p{q} = call {vr} {fn}({vw} {t}a{q}, {vw} {t}b{q})"]
+        parts.append(f"{t}p{q}")
+    while len(parts) > 1:  # concatenated: 32 pair sums, two per lane
+        half = len(parts) // 2
+        width = 32 // len(parts)
+        joined = []
+        for q in range(half):
+            name = f"{t}j{width * 2}_{q}"
+            L.append(f"  {name} = shufflevector <{width} x i32> {parts[2 * q]}, <{width} x i32> "
+                     f"{parts[2 * q + 1]}, <{2 * width} x i32> {_lanes(0, 2 * width)}")
+            joined.append(name)
+        parts = joined
+    return L + [f"  {t}ev = shufflevector <32 x i32> {parts[0]}, <32 x i32> poison, {V} "
+                f"{_lanes(0, 16, 2)}",
+                f"  {t}od = shufflevector <32 x i32> {parts[0]}, <32 x i32> poison, {V} "
+                f"{_lanes(1, 16, 2)}",
+                f"  {t}s = add {V} {t}ev, {t}od",
+                f"  {out} = add {V} {acc}, {t}s"]
 
 
 def splat(name: str, scalar: str, vector: str = VF) -> list[str]:
@@ -157,5 +226,6 @@ def tanh_function() -> list[str]:
     return L
 
 
-__all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "float_constant",
+__all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "dot_declarations",
+           "dot_u8s8", "float_constant",
            "lane_mask", "load_params", "requantize", "splat", "tanh_function", "tap_weights"]

@@ -33,9 +33,8 @@ from .int8_gemm import REQUIRES as INT8_REQUIRES
 from .jit import address
 from .layout import aligned_zeros
 
-FLOAT_REQUIRES = ("avx512f",)
+FLOAT_REQUIRES = ()  # generic vector IR: every target
 _V, _VF = ir.V, ir.VF
-_VDP = "@llvm.x86.avx512.vpdpbusd.512"
 CHAINS = 4  # accumulator chains per row and 16 columns for one row: the latency, hidden
 GROUP = 4  # rows of the batch per pass over R (each row adds two accumulators per chain)
 
@@ -57,7 +56,7 @@ def _store_at(value: str, base: str, index: str, mask: str) -> list[str]:
             f"<16 x i1> {mask})"]
 
 
-def _product_step(mode: str, j: int, k: str, rows: int, acc, out) -> list[str]:
+def _product_step(target, mode: str, j: int, k: str, rows: int, acc, out) -> list[str]:
     """One step of K (a group of 4 bytes in 8 bits, one row of R in float32) for ``rows`` rows
     and the panel's two column vectors: ``out[r][c]`` = ``acc[r][c]`` + h part x R part."""
     vt = _V if mode == "u8" else _VF
@@ -81,15 +80,14 @@ def _product_step(mode: str, j: int, k: str, rows: int, acc, out) -> list[str]:
                   *ir.splat(a, f"{a}.w")]
         for c in range(2):
             if mode == "u8":
-                L.append(f"  {out[r][c]} = call {_V} {_VDP}({_V} {acc[r][c]}, {_V} {a}, "
-                         f"{_V} %b{j}_{c})")
+                L += ir.dot_u8s8(target, out[r][c], acc[r][c], a, f"%b{j}_{c}")
             else:
                 L.append(f"  {out[r][c]} = call {_VF} @llvm.fma.v16f32({_VF} {a}, "
                          f"{_VF} %b{j}_{c}, {_VF} {acc[r][c]})")
     return L
 
 
-def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
+def _group_function(target, mode: str, rows: int, kind: str = "lstm") -> list[str]:
     """``@group{rows}``: one step for ``rows`` consecutive rows of the batch, R streamed once
     for all of them: per panel of 32 columns the product (K unrolled so that 8 accumulator
     chains are in flight), then the gates; then each row's cell update. ``kind`` "lstm" (gates
@@ -150,7 +148,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
                          f"[%n{j}_{r}_{c}, %kloop]")
     for j in range(unroll):
         L.append(f"  %gg{j} = add i64 %g, {j}")
-        L += _product_step(mode, j, f"%gg{j}", rows, names("a", j), names("n", j))
+        L += _product_step(target, mode, j, f"%gg{j}", rows, names("a", j), names("n", j))
     add = "add" if u8 else "fadd"
     L += [f"  %gn = add i64 %g, {unroll}",
           "  %kmore = icmp ult i64 %gn, %gfull",
@@ -174,7 +172,7 @@ def _group_function(mode: str, rows: int, kind: str = "lstm") -> list[str]:
     for r in range(rows):
         for c in range(2):
             L.append(f"  %q{r}_{c} = phi {vt} [%m{r}_{c}, %kmid], [%qn{r}_{c}, %krem]")
-    L += _product_step(mode, 99, "%gr", rows,
+    L += _product_step(target, mode, 99, "%gr", rows,
                        [[f"%q{r}_{c}" for c in range(2)] for r in range(rows)],
                        [[f"%qn{r}_{c}" for c in range(2)] for r in range(rows)])
     L += ["  %grn = add i64 %gr, 1",
@@ -431,29 +429,29 @@ def _step_function(mode: str, kind: str = "lstm") -> list[str]:
     return L
 
 
-def _module_ir(mode: str, kind: str = "lstm") -> str:
+def _module_ir(target: jit.Target, mode: str, kind: str = "lstm") -> str:
     decls = {*ir.declarations("store.f32", "load.f32", "fma", "fabs", "copysign", "rint",
                               "minnum")}
     helpers = []
     if mode == "u8":
-        decls |= {*quantize.declarations(), *ir.declarations("vpdpbusd")}
+        decls |= {*quantize.declarations(), *ir.dot_declarations(target)}
         helpers = [*quantize.functions(), ""]
     groups = [line for rows in range(1, GROUP + 1)
-              for line in _group_function(mode, rows, kind)]
+              for line in _group_function(target, mode, rows, kind)]
     return "\n".join([*sorted(decls), "", *helpers, *ir.tanh_function(), "", *groups, "",
                       *_step_function(mode, kind)])
 
 
-def module_ir_u8() -> str:
-    return _module_ir("u8")
+def module_ir_u8(target: jit.Target) -> str:
+    return _module_ir(target, "u8")
 
 
-def module_ir_f32() -> str:
-    return _module_ir("f32")
+def module_ir_f32(target: jit.Target) -> str:
+    return _module_ir(target, "f32")
 
 
-def module_ir_gru() -> str:
-    return _module_ir("f32", "gru")
+def module_ir_gru(target: jit.Target) -> str:
+    return _module_ir(target, "f32", "gru")
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -472,8 +470,7 @@ def _function(name: str):
     reason = jit.why_unavailable(requires)
     if reason:
         raise jit.Unavailable(reason)
-    return getattr(jit.compile_module(name, lambda target: _MODULES[name](), {name: _PROTO},
-                                      requires), name)
+    return getattr(jit.compile_module(name, _MODULES[name], {name: _PROTO}, requires), name)
 
 
 def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
@@ -610,9 +607,8 @@ class Float32Recurrence(_Recurrence):
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"lstm_u8": (lambda target: module_ir_u8(), INT8_REQUIRES),
-          "lstm_f32": (lambda target: module_ir_f32(), FLOAT_REQUIRES),
-          "gru_f32": (lambda target: module_ir_gru(), FLOAT_REQUIRES)}
+BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, FLOAT_REQUIRES),
+          "gru_f32": (module_ir_gru, FLOAT_REQUIRES)}
 
 __all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
            "module_ir_gru", "module_ir_u8"]

@@ -11,7 +11,7 @@ Arithmetic is numpy's and onnxruntime's, step by step in float32:
     zp = rint(clip(0 - lo / scale, 0, 255))
     code = clip(rint(x / scale) + zp, 0, 255)
 with rint rounding half to even (the CPU's default mode) and a true division, as numpy.
-Needs only AVX-512F (16-lane vectors); the masked tail handles any length.
+Generic 16-lane vector IR (two registers on AVX2); the masked tail handles any length.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from . import ir, jit
 from .jit import address
 
-REQUIRES = ("avx512f",)
+REQUIRES = ()  # generic vector IR: every target
 
 _VF = ir.VF
 _U8_MAX = "<" + ", ".join(["float 255.0"] * 16) + ">"
@@ -319,7 +319,7 @@ def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
-BUNDLE = {"quantize": (lambda target: module_ir(), REQUIRES)}
+BUNDLE = {"quantize": (lambda target: module_ir(), REQUIRES)}  # the same IR for all
 
 __all__ = ["BUNDLE", "REQUIRES", "declarations", "dynamic_quantize_u8", "functions", "module_ir",
            "unavailable"]

@@ -1059,7 +1059,7 @@ class Conv(_ConvBase):
 
 def _compiled_depthwise(W: np.ndarray, cdt: np.dtype):
     """The compiled float32 depthwise kernel for a constant (C, 1, kh, kw) weight, or None where
-    it cannot run (not float32, no llvmlite, a CPU without AVX-512, a window over 7x7)."""
+    it cannot run (not float32, no llvmlite, a CPU below AVX2+FMA, a window over 7x7)."""
     if cdt != np.float32:
         return None
     from ..compiled import depthwise

@@ -542,7 +542,7 @@ class IntMatrix:
 
 
 def _packed(B: np.ndarray, zero_point):
-    """B packed for the compiled int8 GEMM, or None where it cannot run (no llvmlite, no VNNI,
+    """B packed for the compiled int8 GEMM, or None where it cannot run (no llvmlite, below AVX2,
     or switched off)."""
     from ..compiled import int8_gemm
 

@@ -452,7 +452,7 @@ def _compiled_recurrences(RT: np.ndarray, half: np.ndarray, clip: float | None,
                           biased: bool = False) -> list | None:
     """One compiled float32 recurrence per direction of ``RT`` [D, H, gates*H] (an LSTM's
     halved; a GRU's as it is, with ``rbh`` [D, H]), or None where they cannot run here (not
-    float32, no llvmlite, a CPU without AVX-512)."""
+    float32, no llvmlite, a CPU below AVX2+FMA)."""
     if RT.dtype != np.float32:
         return None
     from ..compiled import lstm
