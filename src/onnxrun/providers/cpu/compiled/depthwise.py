@@ -29,11 +29,13 @@ MAX_TAPS = 49  # unrolled up to 7x7; larger windows keep the numpy path
 _V, _VF = ir.V, ir.VF
 
 
-def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool) -> list[str]:
+def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
+            masked: bool = True) -> list[str]:
     """The loop over output pixels [lo, hi) of a row and 16-channel chunk, labelled ``tag``:
     the taps' sum, bias, clip, store. ``checked``: columns at the image's left or right edge,
     each tap's lanes masked off where its column is outside the image (the rows' masks
-    %mr{i} already are)."""
+    %mr{i} already are). ``masked`` False: a whole chunk with every tap row inside the image,
+    read and written by plain loads and stores (masked ones cost more, most on AVX2)."""
     t = f"%{tag}"
     L = [f"  {t}.any = icmp slt i64 {lo}, {hi}",
          f"  br i1 {t}.any, label {t}.loop, label {t}.done",
@@ -61,7 +63,8 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool) -> list
             L += [f"  {t}.xa{k} = add i64 {t}.xb, %off{k}",
                   f"  {t}.xp{k} = getelementptr float, ptr %X, i64 {t}.xa{k}",
                   f"  {t}.x{k} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {t}.xp{k}, i32 4, "
-                  f"<16 x i1> {mask}, {_VF} zeroinitializer)",
+                  f"<16 x i1> {mask}, {_VF} zeroinitializer)" if masked else
+                  f"  {t}.x{k} = load {_VF}, ptr {t}.xp{k}, align 4",
                   f"  {t}.a{k} = call {_VF} @llvm.fma.v16f32({_VF} {t}.x{k}, {_VF} %w{k}, "
                   f"{prev})"]
             prev = f"{_VF} {t}.a{k}"
@@ -73,7 +76,7 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool) -> list
           f"  {t}.o = select <16 x i1> {t}.gt, {_VF} %hi, {_VF} {t}.sl",
           f"  {t}.yp = getelementptr float, ptr %Y, i64 {t}.ya",
           f"  call void @llvm.masked.store.v16f32.p0({_VF} {t}.o, ptr {t}.yp, i32 4, "
-          "<16 x i1> %mask)",
+          "<16 x i1> %mask)" if masked else f"  store {_VF} {t}.o, ptr {t}.yp, align 4",
           f"  {t}.own = add i64 {t}.ow, 1",
           f"  {t}.more = icmp slt i64 {t}.own, {hi}",
           f"  br i1 {t}.more, label {t}.loop, label {t}.done",
@@ -131,15 +134,21 @@ def _kernel(kh: int, kw: int) -> str:
           *ir.lane_mask("%mask", "%left"),
           "  %bp = getelementptr float, ptr %bias, i64 %c0",
           f"  %bv = load {_VF}, ptr %bp, align 4"]
+    L.append("  %fast0 = icmp sge i64 %left, 16")
     for i in range(kh):
-        L.append(f"  %mr{i} = select i1 %rv{i}, <16 x i1> %mask, <16 x i1> zeroinitializer")
+        L += [f"  %mr{i} = select i1 %rv{i}, <16 x i1> %mask, <16 x i1> zeroinitializer",
+              f"  %fast{i + 1} = and i1 %fast{i}, %rv{i}"]
+    L.append(f"  %fast = or i1 %fast{kh}, false")
     L += ir.tap_weights(T, align=64)
     L += ["  %xc = add i64 %in0, %c0",
           "  %yc = add i64 %out0, %c0",
           "  br label %left.pre",
           "left.pre:",
           *_pixels("left", kh, kw, "0", "%ow_lo", True),
-          "  br label %mid.pre",
+          "  br i1 %fast, label %fmid.pre, label %mid.pre",
+          "fmid.pre:",
+          *_pixels("fmid", kh, kw, "%ow_lo", "%ow_hi", False, masked=False),
+          "  br label %right.pre",
           "mid.pre:",
           *_pixels("mid", kh, kw, "%ow_lo", "%ow_hi", False),
           "  br label %right.pre",

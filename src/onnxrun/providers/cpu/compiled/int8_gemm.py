@@ -311,9 +311,15 @@ class PackedB:
             Bs = B
         full = np.zeros((K4, NP * NR), np.int8)
         full[:K, :N] = Bs
-        # [K4/4, 4, NP, 32] -> [NP, K4/4, 32, 4], each 64-byte load on a cache line
+        # each 64-byte load (on a cache line) is 16 columns x 4 k in ir.dot_u8s8's order:
+        # VNNI [K4/4, 4, NP, 2, 16] -> [NP, K4/4, 2, 16, 4]; else [.., 2, 16, 2 pairs, 2] ->
+        # [NP, K4/4, 2, 2 pairs, 16, 2]
         self.panels = aligned_zeros((NP, K4 // 4, NR, 4), np.int8)
-        self.panels[...] = full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1)
+        if ir.vnni(module.target):
+            self.panels[...] = full.reshape(K4 // 4, 4, NP, NR).transpose(2, 0, 3, 1)
+        else:
+            self.panels.reshape(NP, K4 // 4, 2, 2, 16, 2)[...] = \
+                full.reshape(K4 // 4, 2, 2, NP, 2, 16).transpose(3, 0, 4, 1, 5, 2)
         self._panels_ptr = self.panels.ctypes.data
         self.K, self.N, self.G, self.width = K, N, K4 // 4, NP * NR
         zb = _padded(zb, self.width, np.int64)

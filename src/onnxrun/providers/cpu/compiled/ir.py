@@ -52,12 +52,19 @@ def _lanes(first: int, count: int, step: int = 1) -> str:
     return "<" + ", ".join(f"i32 {first + step * i}" for i in range(count)) + ">"
 
 
+def vnni(target) -> bool:
+    """Whether ``target`` multiplies bytes with vpdpbusd (else with vpmaddwd on 16-bit pairs):
+    it decides the order of the bytes in a packed 8-bit operand (``dot_u8s8``)."""
+    return target.has("avx512vnni") or target.has("avxvnni")
+
+
 def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
-    """``out`` = ``acc`` + for each of the 16 int32 lanes the sum of its 4 unsigned bytes of
-    ``a`` times its 4 signed bytes of ``b`` (``<16 x i32>`` each): vpdpbusd, exact on every
-    target. AVX-512 VNNI: the instruction; AVX-VNNI: its 256-bit form on each half; otherwise
-    bytes widened to 16 bits and vpmaddwd (pair sums of at most 2 * 255 * 128: exact, unlike
-    vpmaddubsw's int16 saturation), then the two pair sums of each lane added."""
+    """``out`` = ``acc`` + sum over k < 4 of a[k] * b[k, j] in each of the 16 int32 lanes j,
+    exactly: ``a`` holds 4 unsigned bytes (the same in every lane of its ``<16 x i32>``),
+    ``b`` 64 signed bytes, 16 columns x 4 k, in the target's order: ``[16 columns][4 k]``
+    with VNNI (vpdpbusd: AVX-512 VNNI's, or AVX-VNNI's 256-bit form on each half), else
+    ``[2 pairs of k][16 columns][2 k]``: bytes widened to 16 bits and vpmaddwd, whose pair
+    sums (at most 2 * 255 * 128) are exact where onnxruntime's AVX2 vpmaddubsw saturates."""
     t = out + "."
     if target.has("avx512vnni"):
         return [f"  {out} = call {V} @llvm.x86.avx512.vpdpbusd.512({V} {acc}, {V} {a}, {V} {b})"]
@@ -70,38 +77,33 @@ def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
                      f"{t}c{h}, <8 x i32> {t}a{h}, <8 x i32> {t}b{h})")
         return L + [f"  {out} = shufflevector <8 x i32> {t}d0, <8 x i32> {t}d1, {V} "
                     f"{_lanes(0, 16)}"]
+    w = 2 * target.lanes  # 16-bit lanes of one register
+    fn = "@llvm.x86.avx512.pmaddw.d.512" if target.lanes == 16 else "@llvm.x86.avx2.pmadd.wd"
+    vw, vr = f"<{w} x i16>", f"<{w // 2} x i32>"
     L = [f"  {t}a8 = bitcast {V} {a} to <64 x i8>",
-         f"  {t}aw = zext <64 x i8> {t}a8 to <64 x i16>",
+         f"  {t}a4 = shufflevector <64 x i8> {t}a8, <64 x i8> poison, <4 x i32> {_lanes(0, 4)}",
+         f"  {t}aw = zext <4 x i8> {t}a4 to <4 x i16>",
          f"  {t}b8 = bitcast {V} {b} to <64 x i8>",
          f"  {t}bw = sext <64 x i8> {t}b8 to <64 x i16>"]
-    n = 64 // (2 * target.lanes)  # vpmaddwd calls: 2 (512-bit) or 4 (256-bit)
-    w, fn = (32, "@llvm.x86.avx512.pmaddw.d.512") if target.lanes == 16 else \
-        (16, "@llvm.x86.avx2.pmadd.wd")
-    vw, vr = f"<{w} x i16>", f"<{w // 2} x i32>"
-    parts = []
-    for q in range(n):
-        L += [f"  {t}a{q} = shufflevector <64 x i16> {t}aw, <64 x i16> poison, <{w} x i32> "
-              f"{_lanes(w * q, w)}",
-              f"  {t}b{q} = shufflevector <64 x i16> {t}bw, <64 x i16> poison, <{w} x i32> "
-              f"{_lanes(w * q, w)}",
-              f"  {t}p{q} = call {vr} {fn}({vw} {t}a{q}, {vw} {t}b{q})"]
-        parts.append(f"{t}p{q}")
-    while len(parts) > 1:  # concatenated: 32 pair sums, two per lane
-        half = len(parts) // 2
-        width = 32 // len(parts)
-        joined = []
-        for q in range(half):
-            name = f"{t}j{width * 2}_{q}"
-            L.append(f"  {name} = shufflevector <{width} x i32> {parts[2 * q]}, <{width} x i32> "
-                     f"{parts[2 * q + 1]}, <{2 * width} x i32> {_lanes(0, 2 * width)}")
-            joined.append(name)
-        parts = joined
-    return L + [f"  {t}ev = shufflevector <32 x i32> {parts[0]}, <32 x i32> poison, {V} "
-                f"{_lanes(0, 16, 2)}",
-                f"  {t}od = shufflevector <32 x i32> {parts[0]}, <32 x i32> poison, {V} "
-                f"{_lanes(1, 16, 2)}",
-                f"  {t}s = add {V} {t}ev, {t}od",
-                f"  {out} = add {V} {acc}, {t}s"]
+    sums = []
+    for h in range(16 // (w // 2)):  # registers of columns: 1 (512-bit) or 2 (256-bit)
+        terms = []
+        for pair in range(2):  # k = 0, 1 then 2, 3: columns' bytes at 32 * pair + 2j
+            ap = f"{t}ap{pair}"
+            if h == 0:
+                L.append(f"  {ap} = shufflevector <4 x i16> {t}aw, <4 x i16> poison, <{w} x i32> <"
+                         + ", ".join(f"i32 {2 * pair + i % 2}" for i in range(w)) + ">")
+            L += [f"  {t}b{h}{pair} = shufflevector <64 x i16> {t}bw, <64 x i16> poison, <{w} x i32> "
+                  f"{_lanes(32 * pair + w * h, w)}",
+                  f"  {t}p{h}{pair} = call {vr} {fn}({vw} {ap}, {vw} {t}b{h}{pair})"]
+            terms.append(f"{t}p{h}{pair}")
+        L.append(f"  {t}s{h} = add {vr} {terms[0]}, {terms[1]}")
+        sums.append(f"{t}s{h}")
+    if len(sums) == 2:
+        L.append(f"  {t}s = shufflevector {vr} {sums[0]}, {vr} {sums[1]}, {V} {_lanes(0, 16)}")
+    else:
+        L.append(f"  {t}s = add {V} {sums[0]}, zeroinitializer")
+    return L + [f"  {out} = add {V} {acc}, {t}s"]
 
 
 def splat(name: str, scalar: str, vector: str = VF) -> list[str]:
@@ -227,5 +229,5 @@ def tanh_function() -> list[str]:
 
 
 __all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "dot_declarations",
-           "dot_u8s8", "float_constant",
+           "dot_u8s8", "float_constant", "vnni",
            "lane_mask", "load_params", "requantize", "splat", "tanh_function", "tap_weights"]
