@@ -5,12 +5,12 @@
     python benchmarks/compiled_kernels.py --quick          # fewer cases and runs
 
 Three sessions per case in this process, 1 intra-op thread, run alternately (the order
-reversed every round; ``--cpu-time``: timed by CPU time, for a loaded machine): onnxrun with the compiled kernels (prepared inside
-``compiled.forced_target``), onnxrun on its numpy paths (prepared inside
-``compiled.disabled()``), onnxruntime. Cases: the operators that use a compiled kernel, one
-node each on typical shapes, then small models: an int8 QDQ CNN of the onnx package's light
-zoo (QLinearConv and its depthwise kernel, quantized by onnxruntime's tool on random
-calibration data) and a 2-layer bidirectional LSTM tagger, float32 and dynamic int8
+reversed every round; ``--cpu-time``: timed by CPU time, for a loaded machine): onnxrun with
+the compiled kernels (prepared inside ``compiled.forced_target``), onnxrun on its numpy paths
+(prepared inside ``compiled.disabled()``), onnxruntime. Cases: the operators that use a
+compiled kernel, one node each on typical shapes, then small models: int8 QDQ CNNs of the onnx
+package's light zoo (QLinearConv and its depthwise kernel, quantized by onnxruntime's tool on
+random calibration data) and a 2-layer bidirectional LSTM tagger, float32 and dynamic int8
 (DynamicQuantizeLSTM). Prints a Markdown table (medians; ratios) and the machine's load.
 """
 
@@ -178,8 +178,12 @@ def _quantized_dynamic(make: Callable) -> Callable:
 def _zoo_qdq(name: str) -> Callable:
     """A light-zoo CNN quantized to int8 QDQ by onnxruntime's tool (random calibration)."""
     def build():
-        from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                              quantize_static)
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            QuantFormat,
+            QuantType,
+            quantize_static,
+        )
 
         path = LIGHT / f"light_{name}.onnx"
         shape = [1, 3, 224, 224]
@@ -305,7 +309,7 @@ def main() -> None:
             continue
         model, feeds = make()
         fast, slow, ref = _sessions(model, args.target)
-        runners = [lambda s=s: s.run(None, feeds) for s in (fast, slow, ref)]
+        runners = [lambda s=s, f=feeds: s.run(None, f) for s in (fast, slow, ref)]
         times, outs = _alternating(runners, repeat, time.process_time if args.cpu_time
                                    else time.perf_counter)
         t = [_median(x) for x in times]

@@ -91,10 +91,11 @@ def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
         for pair in range(2):  # k = 0, 1 then 2, 3: columns' bytes at 32 * pair + 2j
             ap = f"{t}ap{pair}"
             if h == 0:
-                L.append(f"  {ap} = shufflevector <4 x i16> {t}aw, <4 x i16> poison, <{w} x i32> <"
-                         + ", ".join(f"i32 {2 * pair + i % 2}" for i in range(w)) + ">")
-            L += [f"  {t}b{h}{pair} = shufflevector <64 x i16> {t}bw, <64 x i16> poison, <{w} x i32> "
-                  f"{_lanes(32 * pair + w * h, w)}",
+                pattern = ", ".join(f"i32 {2 * pair + i % 2}" for i in range(w))
+                L.append(f"  {ap} = shufflevector <4 x i16> {t}aw, <4 x i16> poison, "
+                         f"<{w} x i32> <{pattern}>")
+            L += [f"  {t}b{h}{pair} = shufflevector <64 x i16> {t}bw, <64 x i16> poison, "
+                  f"<{w} x i32> {_lanes(32 * pair + w * h, w)}",
                   f"  {t}p{h}{pair} = call {vr} {fn}({vw} {ap}, {vw} {t}b{h}{pair})"]
             terms.append(f"{t}p{h}{pair}")
         L.append(f"  {t}s{h} = add {vr} {terms[0]}, {terms[1]}")
@@ -229,5 +230,5 @@ def tanh_function() -> list[str]:
 
 
 __all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "dot_declarations",
-           "dot_u8s8", "float_constant", "vnni",
-           "lane_mask", "load_params", "requantize", "splat", "tanh_function", "tap_weights"]
+           "dot_u8s8", "float_constant", "lane_mask", "load_params", "requantize", "splat",
+           "tanh_function", "tap_weights", "vnni"]
