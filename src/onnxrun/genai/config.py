@@ -60,7 +60,8 @@ class Config:
             with open(file, encoding="utf-8") as f:
                 self._json = json.load(f)
         except FileNotFoundError:
-            raise errors.NoSuchFile(f"Error opening {file}") from None
+            raise errors.NoSuchFile(f"Error opening {file}: not an onnxruntime-genai model "
+                                    "folder") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise errors.InvalidArgument(f"Error reading {file}: {exc}") from None
         if not isinstance(self._json, dict) or not isinstance(self._json.get("model"), dict):

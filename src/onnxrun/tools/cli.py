@@ -25,6 +25,10 @@
     Serve a Triton-style model repository (or one ``.onnx``) on the KServe v2 inference protocol
     over HTTP, with Triton's dynamic batcher; see ``onnxrun.serve``.
 
+``onnxrun generate MODEL_DIR -p PROMPT [-n N] [--do-sample --top-k K --seed S] [--num-beams B]``
+    Generate text with an onnxruntime-genai model folder (onnxrun.genai): the answer streams to
+    stdout, prompt and decode tokens/s to stderr; see ``onnxrun.tools.generate``.
+
 Each command is a module of this package (``quantize`` included) with ``add_parser`` and its
 ``cmd_*`` function; what they share lives in ``onnxrun.tools.common``. This module only builds
 the parser and dispatches.
@@ -41,10 +45,11 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import OnnxRunError
-from . import bench, info, optimize, quantize, run, serve
+from . import bench, generate, info, optimize, quantize, run, serve
 from .common import PROG, CliError, one_line
 
-COMMANDS = (info, run, bench, optimize, quantize, serve)  # each adds its subcommand, in this order
+# each adds its subcommand, in this order
+COMMANDS = (info, run, bench, optimize, quantize, serve, generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
