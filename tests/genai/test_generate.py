@@ -61,10 +61,9 @@ def test_greedy_tokens_equal_onnxruntime_genai(genai_folder, og, arch, fmt, n):
     dict(do_sample=True, top_k=20, random_seed=7),
     dict(do_sample=True, top_k=30, top_p=0.8, temperature=0.7, random_seed=3),
     dict(do_sample=True, top_k=5, temperature=1.5, random_seed=123),
-    pytest.param(dict(do_sample=True, top_k=0, top_p=0.7, random_seed=7), marks=pytest.mark.xfail(
-        strict=True, reason="nucleus-only sampling (top_k=0) is not yet defined as "
-                            "onnxruntime-genai 0.18's SampleTopP defines it")),
-], ids=["top_k", "top_k_top_p_temperature", "top_k_hot", "top_p_only"])
+    dict(do_sample=True, top_k=0, top_p=0.7, random_seed=7),
+    dict(do_sample=True, top_k=0, top_p=0.95, temperature=0.5, random_seed=11),
+], ids=["top_k", "top_k_top_p_temperature", "top_k_hot", "top_p_only", "top_p_cold"])
 def test_seeded_sampling_equals_onnxruntime_genai(genai_folder, og, options):
     folder = genai_folder("llama", "fp32")
     assert _generate(rg, folder, 17, max_length=17 + NEW, **options) == \

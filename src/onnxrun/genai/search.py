@@ -3,7 +3,8 @@
 Defined as onnxruntime-genai's CPU search defines it, so that the same logits give the same
 tokens: greedy takes the first maximum; sampling draws from ``std::mt19937`` seeded with
 ``random_seed`` through libstdc++'s ``std::discrete_distribution`` (reproduced below on numpy's
-MT19937), with the same float32 softmax; beam search keeps ``2 * num_beams`` candidates per
+MT19937), over the same float32 probabilities (onnxruntime-genai 0.18's
+ComputeSampledCategorical and FindNucleus); beam search keeps ``2 * num_beams`` candidates per
 batch entry in the scorer's order. Logits processors (min_length, repetition_penalty) run
 before the choice, as there.
 """
@@ -45,13 +46,6 @@ class MT19937:
         cp = np.cumsum(p / total)
         cp[-1] = 1.0
         return int(np.searchsorted(cp, self.canonical(), side="left"))
-
-
-def softmax(scores: np.ndarray, temperature: float) -> np.ndarray:
-    """genai's Softmax: exp((x - max) / T) in float32, divided by their left-to-right sum."""
-    s = np.asarray(scores, dtype=np.float32)
-    e = np.exp((s - s.max()) / np.float32(temperature)).astype(np.float32)
-    return e / np.cumsum(e, dtype=np.float32)[-1]
 
 
 def log_softmax(scores: np.ndarray) -> np.ndarray:
@@ -167,37 +161,47 @@ class GreedySearch(Search):
         self._choose(np.argmax)
 
     def sample_top_k(self, k: int, temperature: float) -> None:
-        def pick(scores):
-            idx = _order(scores)[:k]
-            return idx[self.rng.discrete(softmax(scores[idx], temperature))]
-        self._choose(pick)
+        self.sample_top_k_top_p(k, 0.0, temperature)
 
     def sample_top_p(self, p: float, temperature: float) -> None:
         inv_t = np.float32(1.0) / np.float32(temperature)
+        p32 = np.float32(p)
 
         def pick(scores):
-            # probabilities against the whole vocabulary's partition function, the nucleus the
-            # shortest prefix (by score) reaching p, renormalised by a softmax over it
-            e = np.exp((scores - scores.max()) * inv_t).astype(np.float32)
-            total = np.cumsum(e, dtype=np.float32)[-1]
+            # genai's FindNucleus: the shortest prefix (by score) whose float32 sum of
+            # exp((s - max) / T) reaches p of itself plus a bound on the rest ((V - i - 1) times
+            # the current term); with 64 tokens or fewer, p of the exact total instead
             idx = _order(scores)
-            cum = np.cumsum((e[idx] / total).astype(np.float32), dtype=np.float32)
-            reach = np.nonzero(cum >= np.float32(p))[0]
-            cut = int(reach[0]) + 1 if reach.size else len(idx)
-            nucleus = (scores[idx[:cut]] * inv_t).astype(np.float32)
-            return idx[self.rng.discrete(softmax(nucleus, 1.0))]
+            e = np.exp((scores[idx] - scores.max()) * inv_t).astype(np.float32)
+            prefix = np.cumsum(e, dtype=np.float32)
+            V = len(idx)
+            if V <= 64:
+                reach = np.nonzero(prefix >= p32 * prefix[-1])[0]
+            else:
+                tail = (np.arange(V - 1, -1, -1).astype(np.float32) * e).astype(np.float32)
+                reach = np.nonzero(prefix >= p32 * (prefix + tail).astype(np.float32))[0]
+            cut = int(reach[0]) + 1 if reach.size else V
+            probs = e[:cut] * (np.float32(1.0) / prefix[cut - 1])
+            return idx[self.rng.discrete(probs.astype(np.float32))]
         self._choose(pick)
 
     def sample_top_k_top_p(self, k: int, p: float, temperature: float) -> None:
+        """The k best, their probabilities exp((s - max) / T) over their float32 sum, cut to the
+        shortest prefix reaching p when 0 < p < 1, renormalised (genai's
+        ComputeSampledCategorical)."""
         inv_t = np.float32(1.0) / np.float32(temperature)
+        p32 = np.float32(p)
 
         def pick(scores):
             idx = _order(scores)[:k]
-            logits = (scores[idx] * inv_t).astype(np.float32)
-            cum = np.cumsum(softmax(logits, 1.0), dtype=np.float32)
-            reach = np.nonzero(cum >= np.float32(p))[0]
-            cut = int(reach[0]) + 1 if reach.size else k
-            return idx[self.rng.discrete(softmax(logits[:cut], 1.0))]
+            e = np.exp((scores[idx] - scores[idx[0]]) * inv_t).astype(np.float32)
+            probs = (e / np.cumsum(e, dtype=np.float32)[-1]).astype(np.float32)
+            keep = len(idx)
+            if 0.0 < p32 < 1.0:
+                reach = np.nonzero(np.cumsum(probs, dtype=np.float32) >= p32)[0]
+                keep = int(reach[0]) + 1 if reach.size else keep
+            total = np.cumsum(probs[:keep], dtype=np.float32)[-1]
+            return idx[self.rng.discrete(probs[:keep] * (np.float32(1.0) / total))]
         self._choose(pick)
 
     def is_done(self) -> bool:
