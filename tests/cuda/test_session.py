@@ -370,3 +370,17 @@ def test_shape_specialization_keeps_host_values_and_uploads_them(stand_in):
     assert len(specialized) == 2
     for plan, _ in specialized:
         assert [s.node.op_type for s in plan.steps] == ["MemcpyFromHost", "MemcpyFromHost", "Add"]
+
+
+def test_float16_rewrite_off_only_where_the_device_computes_float16(stand_in, monkeypatch):
+    def passes(elem: str) -> set[str]:
+        m = _model(f"g ({elem}[4] x) => ({elem}[4] y) {{ y = Relu(x) }}")
+        return set(onnxrun.InferenceSession(m, providers=CUDA).get_optimization_report().passes)
+
+    rewrite = "Float16ComputeInFloat32"
+    assert rewrite in passes("float16")  # the stand-in holds no float16: computed in float32
+    real = device.StandInDevice.supports
+    monkeypatch.setattr(device.StandInDevice, "supports",
+                        lambda self, dt: np.dtype(dt) == np.float16 or real(self, dt))
+    assert rewrite not in passes("float16")  # a GPU's own float16 kernels run it
+    assert rewrite in passes("bfloat16")  # no bfloat16 on CuPy: float32 on the device

@@ -236,9 +236,9 @@ class InferenceSession:
         del proto
         # 3. optimize
         self._device = next((p for p in self._providers if p.device != "cpu"), None)
-        if self._device is not None and getattr(self._device, "keeps_float16", False):
-            # a GPU computes float16 itself: no float32 rewrite for numpy's sake
-            disabled_optimizers = {*(disabled_optimizers or ()), "Float16ComputeInFloat32"}
+        unwanted = set().union(*(p.unwanted_passes(model) for p in self._providers))
+        if unwanted:
+            disabled_optimizers = {*(disabled_optimizers or ()), *unwanted}
         model, self._optimization_report = optimize(
             model, int(opts.graph_optimization_level), opts, disabled_optimizers
         )

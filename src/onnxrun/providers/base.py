@@ -38,6 +38,10 @@ class ExecutionProvider:
             raise LookupError(f"{self.name} has no kernel for {node.op_type}")
         return kdef.instantiate(ctx, attrs)
 
+    def unwanted_passes(self, model: Any) -> set[str]:
+        """Optimizer passes that would only slow this provider down on ``model``."""
+        return set()
+
     def to_device(self, value: Any) -> Any:
         return value
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ...dtypes import np_dtype
 from ...ir import Node
@@ -57,9 +58,13 @@ class CUDAExecutionProvider(ExecutionProvider):
         """The inputs the node's kernel reads as host values (the copy step reads this)."""
         return self.registry.host_inputs_of(node.domain, node.op_type)
 
-    @property
-    def keeps_float16(self) -> bool:
-        return self.backend.supports(np.dtype(np.float16))
+    def unwanted_passes(self, model: Any) -> set[str]:
+        """A GPU computes float16 itself: no float32 rewrite (made for numpy's sake), unless
+        the model holds bfloat16, which CuPy has no type for: then the rewrite lets the GPU
+        run it in float32 instead of leaving its nodes to the CPU."""
+        if not self.backend.supports(np.dtype(np.float16)) or _has_bfloat16(model.graph):
+            return set()
+        return {"Float16ComputeInFloat32"}
 
     def to_device(self, value: Any) -> Any:
         if isinstance(value, np.ndarray) and self.backend.supports(value.dtype):
@@ -70,6 +75,15 @@ class CUDAExecutionProvider(ExecutionProvider):
         if self.backend.is_device_array(value):
             return self.backend.to_host(value)
         return value
+
+
+def _has_bfloat16(graph: Any) -> bool:
+    bf16 = onnx.TensorProto.BFLOAT16
+    for v in [*graph.inputs, *graph.outputs, *graph.initializers.values()]:
+        tp = v.type
+        if tp is not None and tp.HasField("tensor_type") and tp.tensor_type.elem_type == bf16:
+            return True
+    return any(n.op_type == "Cast" and n.attr("to") == bf16 for n in graph.all_nodes())
 
 
 def available() -> bool:
