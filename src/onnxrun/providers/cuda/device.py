@@ -84,10 +84,6 @@ class Device:
         replays the captured work (same buffers, same kernels)."""
         raise NotImplementedError
 
-    def memory_in_use(self) -> int:
-        """Bytes the provider's pool holds on the device."""
-        return 0
-
     @property
     def array_device(self) -> Any:
         raise NotImplementedError
@@ -188,10 +184,19 @@ class CuPyDevice(Device):
         self.device_id = device_id
         self._device = cupy.cuda.Device(device_id)
         self.name = f"cuda:{device_id}"
+        # gpu_mem_limit: a pool of the provider's own with that limit (CuPy's default pool,
+        # which the rest of the process shares, is left alone)
+        self._pool = None
         if mem_limit:
             with self._device:
-                cupy.get_default_memory_pool().set_limit(size=mem_limit)
+                self._pool = cupy.cuda.MemoryPool()
+                self._pool.set_limit(size=mem_limit)
         self._local = threading.local()
+
+    def _allocator(self) -> Any:
+        if self._pool is None:
+            return contextlib.nullcontext()
+        return self.cp.cuda.using_allocator(self._pool.malloc)
 
     @property
     def array_device(self) -> Any:
@@ -209,11 +214,11 @@ class CuPyDevice(Device):
         return x.dtype
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        with self._device:
+        with self._device, self._allocator():
             return self.cp.empty(shape, dtype=dtype)
 
     def to_device(self, array: np.ndarray) -> Any:
-        with self._device:
+        with self._device, self._allocator():
             return self.cp.array(np.asarray(array), copy=True)
 
     def to_host(self, x: Any) -> np.ndarray:
@@ -246,7 +251,7 @@ class CuPyDevice(Device):
         if stream is None:
             with self._device:
                 stream = self._local.stream = self.cp.cuda.Stream(non_blocking=True)
-        with self._device, stream:
+        with self._device, stream, self._allocator():
             yield
             stream.synchronize()
 
@@ -254,9 +259,6 @@ class CuPyDevice(Device):
         from .cupy.graphs import capture
 
         return capture(self.cp, fn)
-
-    def memory_in_use(self) -> int:
-        return int(self.cp.get_default_memory_pool().used_bytes())
 
 
 # -- which device a provider gets ---------------------------------------------------------------

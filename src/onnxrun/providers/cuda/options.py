@@ -12,7 +12,7 @@ SIZE_MAX = 18446744073709551615
 # name -> (onnxruntime's default, honoured?)
 DEFAULTS: dict[str, tuple[str, bool]] = {
     "device_id": ("0", True),
-    "gpu_mem_limit": (str(SIZE_MAX), True),  # CuPy's memory pool limit
+    "gpu_mem_limit": (str(SIZE_MAX), True),  # a CuPy memory pool of its own
     "arena_extend_strategy": ("kNextPowerOfTwo", False),  # CuPy's pool grows its own way
     "cudnn_conv_algo_search": ("EXHAUSTIVE", False),  # convolutions are GEMMs, no cuDNN search
     "do_copy_in_default_stream": ("1", False),  # copies run on the run's own stream
