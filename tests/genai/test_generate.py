@@ -203,3 +203,17 @@ def test_bad_input_is_a_clear_error(genai_folder, tmp_path):
     bad.set_search_options(num_beams=2, num_return_sequences=3)
     with pytest.raises(RuntimeError, match="num_return_sequences"):
         rg.Generator(model, bad)
+
+
+@pytest.mark.parametrize("fmt", ["optimum", "optimum-nopos"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_plain_onnx_export_equals_onnxruntime_genai(genai_folder, og, arch, fmt):
+    """Optimum-style exports (plain attention, past/present exchanged, genai_config.json written
+    by the user), with and without position_ids: greedy, a padded batch, beams."""
+    folder = genai_folder(arch, fmt)
+    batch = ["The model", "Attention heads read the key value cache, café", "🙂"]
+    for prompt, options in ((17, dict(max_length=17 + NEW)),
+                            (batch, dict(max_length=40, batch_size=3)),
+                            (9, dict(max_length=30, num_beams=3, num_return_sequences=2))):
+        assert _generate(rg, folder, prompt, **options) == \
+            _generate(og, folder, prompt, **options), options
