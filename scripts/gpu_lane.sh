@@ -9,7 +9,7 @@ mkdir -p "$out"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true; } | tee "$out/card.txt"
 # what the image lacks comes from the carried wheels (scripts/gpu_wheels.sh), never a registry
 if [ -d .gpu-wheels ]; then
-  python -m pip install -q --no-index --find-links .gpu-wheels \
+  PIP_BREAK_SYSTEM_PACKAGES=1 python -m pip install -q --no-index --find-links .gpu-wheels \
     array-api-compat array-api-strict threadpoolctl ml_dtypes pytest 2>&1 | tail -3
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
