@@ -164,7 +164,7 @@ def _run_both(model, feeds, compiled_on: bool):
 
 
 @pytest.mark.parametrize("compiled_on", [True, False])
-@pytest.mark.parametrize("a_shape", [(2, 17, 40), (33, 40), (9, 40), (3, 40)])
+@pytest.mark.parametrize("a_shape", [(2, 17, 40), (33, 40), (9, 40), (3, 40), (1, 40), (40,)])
 def test_matmul(a_shape, compiled_on):
     rng = np.random.default_rng(len(a_shape))
     W = rng.standard_normal((40, 23)).astype(np.float32)

@@ -8,10 +8,12 @@ from ..kernels import KernelContext, op
 from ..parallel import threads_for
 from .conv import compute_dtype
 
-# Products with fewer rows than this stay on BLAS: the compiled kernel's 1-row tile is bound by
-# its two accumulators' latency, BLAS's GEMV by memory (docs/PERFORMANCE.md, "Compiled float32
-# GEMM"). Measured on the AVX2 EPYC.
-COMPILED_MIN_ROWS = 8
+# Products with fewer rows than this stay on BLAS: one row is a GEMV, which BLAS runs bound by
+# memory while the compiled 1-row tile waits on its two accumulators (1.2-9x slower); from 2
+# rows up the compiled kernel was faster than OpenBLAS (which packs B at every call) on
+# K x N = 384x384, 768x768, 768x3072, up to 32 rows and even beyond (docs/PERFORMANCE.md,
+# "Compiled float32 GEMM"). Measured on the AVX2 EPYC.
+COMPILED_MIN_ROWS = 2
 
 
 def packed_weights(B: np.ndarray | None):
