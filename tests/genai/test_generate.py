@@ -217,3 +217,24 @@ def test_plain_onnx_export_equals_onnxruntime_genai(genai_folder, og, arch, fmt)
                             (9, dict(max_length=30, num_beams=3, num_return_sequences=2))):
         assert _generate(rg, folder, prompt, **options) == \
             _generate(og, folder, prompt, **options), options
+
+
+def test_inputs_fed_and_module_helpers(genai_folder, og):
+    folder = genai_folder("llama", "fp32")
+    got = []
+    for mod in (og, rg):
+        model = mod.Model(folder)
+        params = mod.GeneratorParams(model)
+        params.set_search_options(max_length=12, batch_size=2)
+        gen = mod.Generator(model, params)
+        gen.append_tokens(mod.Tokenizer(model).encode_batch(["The model", "ab"]))
+        gen.generate_next_token()
+        gen.generate_next_token()
+        got.append((gen.get_input("attention_mask").tolist(), gen.get_input("input_ids").tolist()))
+    assert got[0] == got[1]
+    assert rg.is_cuda_available() is og.is_cuda_available() is False
+    with pytest.raises(errors.EPFail):
+        rg.register_execution_provider_library("CUDAExecutionProvider", "/nonexistent.so")
+    with pytest.raises(errors.NotImplemented, match="guidance"):
+        rg.GeneratorParams(rg.Model(folder)).set_guidance("json_schema", "{}")
+    rg.set_log_options(enabled=True, model_input_values=False)  # accepted, as genai accepts it
