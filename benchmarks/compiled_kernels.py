@@ -315,7 +315,7 @@ def main() -> None:
         model, feeds = make()
         fast, slow, ref = _sessions(model, args.target)
         runners = [lambda s=s, f=feeds: s.run(None, f) for s in (fast, slow, ref)]
-        runners[1] = lambda f=feeds: _numpy_run(slow, f)  # kernels that ask at run time too
+        runners[1] = lambda s=slow, f=feeds: _numpy_run(s, f)  # some kernels ask at run time
         times, outs = _alternating(runners, repeat, time.process_time if args.cpu_time
                                    else time.perf_counter)
         t = [_median(x) for x in times]

@@ -99,8 +99,8 @@ def qlinear_add(a: np.ndarray, b: np.ndarray, rp, rq, fixed) -> np.ndarray | Non
     k = np.array([rp, rq, fixed, info.min, info.max], np.float32)
     out = np.empty_like(a)  # same shape and strides (dense: checked above)
     if a.size:
-        (module.add_s8 if a.dtype == np.int8 else module.add_u8)(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size,
-                                      k.ctypes.data)
+        fn = module.add_s8 if a.dtype == np.int8 else module.add_u8
+        fn(a.ctypes.data, b.ctypes.data, out.ctypes.data, a.size, k.ctypes.data)
     return out
 
 
