@@ -41,13 +41,13 @@ def cluster(tmp_path_factory):
     for name, text in (("addmul", ADDMUL), ("count", COUNT)):
         paths[name] = str(root / f"{name}.onnx")
         onnx.save(onnx.parser.parse_model(text), paths[name])
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             break
         except Exception as e:  # Ray gives its raylet 30 s to register: once more if it is
             ray.shutdown()      # a loaded machine's slow start, not an error of ours
-            if attempt == 2 or "timed out during startup" not in str(e):
+            if attempt == 3 or "timed out during startup" not in str(e):
                 raise
     try:
         yield paths
