@@ -238,3 +238,25 @@ def test_inputs_fed_and_module_helpers(genai_folder, og):
     with pytest.raises(errors.NotImplemented, match="guidance"):
         rg.GeneratorParams(rg.Model(folder)).set_guidance("json_schema", "{}")
     rg.set_log_options(enabled=True, model_input_values=False)  # accepted, as genai accepts it
+
+
+def test_optimum_folder_without_genai_config(genai_folder, og, tmp_path):
+    """An Optimum-style export folder with Hugging Face's config.json but no genai_config.json:
+    the configuration is derived, and the tokens are those of the user-written one."""
+    import json
+    import shutil
+
+    folder = genai_folder("qwen2", "optimum")
+    for name in ("model.onnx", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{folder}/{name}", tmp_path / name)
+    written = json.loads(open(f"{folder}/genai_config.json").read())["model"]
+    hf = {"model_type": "qwen2", "max_position_embeddings": written["context_length"],
+          "vocab_size": written["vocab_size"], "eos_token_id": written["eos_token_id"],
+          "pad_token_id": written["pad_token_id"], "bos_token_id": written["bos_token_id"],
+          "hidden_size": written["decoder"]["hidden_size"],
+          "num_attention_heads": written["decoder"]["num_attention_heads"],
+          "num_key_value_heads": written["decoder"]["num_key_value_heads"],
+          "num_hidden_layers": written["decoder"]["num_hidden_layers"]}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert _generate(rg, str(tmp_path), 17, max_length=17 + NEW) == \
+        _generate(og, folder, 17, max_length=17 + NEW)
