@@ -665,8 +665,21 @@ def conv_kind(node, threads: int = 1) -> str:
         except ValueError:
             return "other"
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
-                           outs, threads)
+                           outs, method_threads(threads, compute_dtype(W.dtype)))
     return "winograd" if method == "winograd" else "other"
+
+
+def method_threads(threads: int, dtype) -> int:
+    """The BLAS threads a dense convolution's choice of method assumes: 1 where Winograd's
+    products run on the compiled float32 GEMM (it splits them over the intra-op threads
+    itself, and the session holds BLAS to one thread), so the one-thread rules apply; else
+    ``threads``. Decided once, when the kernel is prepared."""
+    if threads != 1 and np.dtype(dtype) == np.float32:
+        from ..compiled import float_gemm
+
+        if float_gemm.unavailable() is None:
+            return 1
+    return threads
 
 
 def _static_shape(value) -> tuple | None:
@@ -843,6 +856,7 @@ class Conv(_ConvBase):
         self.channels_last = False  # write the output channels-last (channels_last_output)
         self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
         self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
+        self.method_threads = self.threads  # what _dense_method assumes (method_threads)
         if W is None:
             return
         self.W_shape = W.shape
@@ -867,8 +881,9 @@ class Conv(_ConvBase):
                                        self.pads, self.auto_pad)[2]
             except ValueError:
                 outs = None
+        self.method_threads = method_threads(self.threads, cdt)
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
-                               dilations, self.group, outs, self.threads)
+                               dilations, self.group, outs, self.method_threads)
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack
@@ -962,7 +977,7 @@ class Conv(_ConvBase):
                     Y += tmp
             return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
-                               self.threads)
+                               self.method_threads)
         Wm = self.prepared.get(method)
         if Wm is None:
             Wm = self._weights(method, W, cdt)
