@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
+from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
 
@@ -161,8 +162,8 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> 
                                Wm.dtype)
                 parallel_for(functools.partial(_copy_channels, cols, src[band]), Cg, threads,
                              K * h * rest * Wm.itemsize)
-                np.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
-                          out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+                blas.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
+                            out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
     return Y
 
 
@@ -442,7 +443,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
             run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
                        split(16, threads))
         else:
-            np.matmul(V.reshape(16, T, C), U, out=Mm)
+            blas.matmul(V.reshape(16, T, C), U, out=Mm)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
@@ -518,7 +519,7 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
     for k in range(K):
         i, j = divmod(k, kw)
         off = i * dh * Wp + j * dw
-        np.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
+        blas.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
         if k:
             Y += tmp
     sM, item = Y.strides
@@ -783,12 +784,12 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
     g, Mg = Wm.shape[:2]
     if WmT is not None and g == 1:
         if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
-            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
+            Y = blas.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
         else:
-            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
+            Y = blas.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
         return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
     cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
-    return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
+    return blas.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
 
 
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
@@ -1162,7 +1163,7 @@ class ConvTranspose(_ConvBase):
                 Y += B.astype(cdt, copy=False).reshape((M,) + (1,) * nd)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
-        cols = np.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
+        cols = blas.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
         cols = cols.reshape((N, M) + tuple(kernel) + tuple(in_shape))
         # col2im: each kernel tap adds a strided block of the (uncropped) output
         full = tuple(
