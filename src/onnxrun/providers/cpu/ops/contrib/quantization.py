@@ -616,6 +616,10 @@ class MatMulNBits:
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
 
+    @property
+    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+        return self.packed is not None
+
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
