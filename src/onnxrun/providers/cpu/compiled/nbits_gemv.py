@@ -161,17 +161,27 @@ def quantize_rows(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarra
     return np.ascontiguousarray(laid).reshape(M, -1), amax / np.float32(127), sums
 
 
-def gemv(qa: np.ndarray, sa: np.ndarray, B: np.ndarray, sb: np.ndarray, out: np.ndarray,
-         n0: int, n1: int, block_size: int) -> None:
-    """out[:, n0:n1] = the zero-point-free block products (see the module's doc); every array
-    C-contiguous with the shapes module_ir names (checked by the caller at preparation)."""
-    M, kb = sa.shape
-    _module().gemv(qa.ctypes.data, sa.ctypes.data, B.ctypes.data, sb.ctypes.data,
-                   out.ctypes.data, M, n0, n1, out.shape[1], kb, block_size // 32)
+class Gemv:
+    """The kernel bound to one constant weight (its pointers taken once: a decode step calls
+    it for every projection of every layer, so the per-call cost is the Python around it)."""
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, block_size: int) -> None:
+        self.packed, self.scales = packed, scales  # kept alive: the kernel reads them
+        self.fn = _module().gemv
+        self.b, self.s = packed.ctypes.data, scales.ctypes.data
+        self.groups = block_size // 32
+
+    def __call__(self, qa: np.ndarray, sa: np.ndarray, out: np.ndarray, n0: int,
+                 n1: int) -> None:
+        """out[:, n0:n1] = the zero-point-free block products (see the module's doc); qa, sa
+        and out C-contiguous, from quantize_rows and (M, N)."""
+        M, kb = sa.shape
+        self.fn(qa.ctypes.data, sa.ctypes.data, self.b, self.s, out.ctypes.data, M, n0, n1,
+                out.shape[1], kb, self.groups)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"nbits_gemv": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "gemv", "module_ir", "quantize_rows", "supported",
+__all__ = ["BUNDLE", "REQUIRES", "Gemv", "module_ir", "quantize_rows", "supported",
            "unavailable"]

@@ -612,7 +612,8 @@ class MatMulNBits:
                 z = np.float32(8) if zp is None else _unpack_bits(
                     zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb].astype(F32)
                 self.zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
-                self.gemv = nbits_gemv
+                self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size)
+                self.quantize_rows = nbits_gemv.quantize_rows
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
 
@@ -642,14 +643,16 @@ class MatMulNBits:
     def _packed(self, A: np.ndarray) -> np.ndarray:
         """The level-4 product from the packed weight (see the class's doc)."""
         M, N, bs = A.shape[0], self.N, self.block_size
-        qa, sa, sums = self.gemv.quantize_rows(A, bs)
+        qa, sa, sums = self.quantize_rows(A, bs)
         Y = np.empty((M, N), F32)
-        ranges = split(N, self.threads) if self.packed.nbytes >= 1 << 18 else [(0, N)]
-        rows = self.ROWS
-        for m0 in range(0, M, rows):  # a slice of A's codes stays in cache across columns
-            qs, ss, ys = qa[m0:m0 + rows], sa[m0:m0 + rows], Y[m0:m0 + rows]
-            run_ranges(lambda n0, n1, qs=qs, ss=ss, ys=ys: self.gemv.gemv(
-                qs, ss, self.packed, self.scales, ys, n0, n1, bs), ranges)
+        gemv = self.gemv
+        if self.packed.nbytes < 1 << 18 and M <= self.ROWS:  # not worth a hand-off
+            gemv(qa, sa, Y, 0, N)
+        else:
+            ranges = split(N, self.threads)
+            for m0 in range(0, M, self.ROWS):  # a slice of A's codes stays in cache
+                qs, ss, ys = (x[m0:m0 + self.ROWS] for x in (qa, sa, Y))
+                run_ranges(lambda n0, n1, qs=qs, ss=ss, ys=ys: gemv(qs, ss, ys, n0, n1), ranges)
         Y -= (sa * sums) @ self.zs  # the zero points' share
         return Y
 
