@@ -4,7 +4,7 @@ Per model and thread count, both engines in one process, interleaved repeat by r
 prompt processing time (a prompt of --prompt tokens, one ``append_tokens``), decode speed
 (--new-tokens greedy ``generate_next_token`` calls after it, tokens/s, and the per-token
 latency), and each engine's peak resident memory, measured in a child process of its own
-(load, the prompt, the decode; ru_maxrss). Folders come from tests/genai/make_models.py (the
+(load, the prompt, the decode; VmHWM). Folders come from tests/genai/make_models.py (the
 builder's int4 by default; built and cached on first use). Threads: a view of the folder (the
 model files linked) whose genai_config.json sets ``session_options.intra_op_num_threads``.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -78,7 +77,10 @@ def child(engine: str, folder: str, prompt_len: int, new_tokens: int) -> None:
     og = _engine(engine)
     model = og.Model(folder)
     one_run(og, model, prompt_tokens(Path(folder), prompt_len), new_tokens)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)  # KiB on Linux
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts from its parent's at fork and is kept
+    # across exec, VmHWM belongs to the new program's own memory
+    status = Path("/proc/self/status").read_text().split("\n")
+    print(next(ln.split()[1] for ln in status if ln.startswith("VmHWM:")))  # KiB
 
 
 def peak_mib(engine: str, folder: Path, prompt_len: int, new_tokens: int) -> float:

@@ -30,18 +30,21 @@ _V8 = "<8 x i32>"
 _VF = "<8 x float>"
 
 
-def module_ir(target=None) -> str:
-    """gemv(qa, sa, B, sb, C, M, n0, n1, N, kb, groups): rows n0..n1 of the weight; ``groups``
-    = block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
-    (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
-    L = ["define void @gemv(ptr noalias %qa, ptr noalias %sa, ptr noalias %B, ptr noalias %sb,"
-         " ptr noalias %C, i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %groups) nounwind {",
+def _function(name: str, rows: int) -> list[str]:
+    """``rows`` rows of A per pass: each 16 bytes of the weight are unpacked once for all of
+    them (a prompt's rows share the weight's decoding)."""
+    R = range(rows)
+    L = [f"define void @{name}(ptr noalias %qa, ptr noalias %sa, ptr noalias %B, "
+         "ptr noalias %sb, ptr noalias %C, i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, "
+         "i64 %groups) nounwind {",
          "entry:",
          "  %bsz = mul i64 %groups, 32",  # activations per block
          "  %bbytes = mul i64 %groups, 16",  # weight bytes per block
          "  %K = mul i64 %kb, %bsz",
          "  %rowbytes = mul i64 %kb, %bbytes",
-         "  %any = icmp slt i64 %n0, %n1",
+         "  %any.n = icmp slt i64 %n0, %n1",
+         f"  %any.m = icmp sge i64 %M, {rows}",
+         "  %any = and i1 %any.n, %any.m",
          "  br i1 %any, label %n.loop, label %end",
          "n.loop:",
          "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
@@ -50,20 +53,23 @@ def module_ir(target=None) -> str:
          "  br label %m.loop",
          "m.loop:",
          "  %m = phi i64 [0, %n.loop], [%m.next, %m.end]",
-         "  %arow = mul i64 %m, %K",
-         "  %sarow = mul i64 %m, %kb",
+         *(f"  %m{r} = add i64 %m, {r}" for r in R),
+         *(f"  %arow{r} = mul i64 %m{r}, %K" for r in R),
+         *(f"  %sarow{r} = mul i64 %m{r}, %kb" for r in R),
          "  br label %b.loop",
          "b.loop:",
          "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
-         f"  %acc = phi {_VF} [zeroinitializer, %m.loop], [%acc.next, %b.end]",
+         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %m.loop], [%acc{r}.next, %b.end]"
+           for r in R),
          "  %bbase = mul i64 %b, %bbytes",
          "  %bbase2 = add i64 %brow, %bbase",
          "  %abase = mul i64 %b, %bsz",
-         "  %abase2 = add i64 %arow, %abase",
+         *(f"  %abase{r} = add i64 %arow{r}, %abase" for r in R),
          "  br label %g.loop",
          "g.loop:",
          "  %g = phi i64 [0, %b.loop], [%g.next, %g.loop]",
-         f"  %dot = phi {_V8} [zeroinitializer, %b.loop], [%dot.next, %g.loop]",
+         *(f"  %dot{r} = phi {_V8} [zeroinitializer, %b.loop], [%dot{r}.next, %g.loop]"
+           for r in R),
          "  %goff = mul i64 %g, 16",
          "  %bo = add i64 %bbase2, %goff",
          "  %bp = getelementptr i8, ptr %B, i64 %bo",
@@ -73,55 +79,69 @@ def module_ir(target=None) -> str:
          # the 32 nibbles: even-indexed elements, then odd-indexed ones (A's layout)
          f"  %wb = shufflevector {_VB} %lo, {_VB} %hi, <32 x i32> <"
          + ", ".join(f"i32 {i}" for i in range(32)) + ">",
-         "  %aoff = mul i64 %g, 32",
-         "  %ao = add i64 %abase2, %aoff",
-         "  %ap = getelementptr i8, ptr %qa, i64 %ao",
-         f"  %a = load {_V32B}, ptr %ap, align 1",
-         # u8 x s8 products summed in pairs (at most 2 * 15 * 127: no saturation), then in 4s
-         f"  %p16 = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %wb, {_V32B} %a)",
-         f"  %p32 = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %p16, {_VH} "
-         + "<" + ", ".join(["i16 1"] * 16) + ">)",
-         f"  %dot.next = add {_V8} %dot, %p32",
-         "  %g.next = add i64 %g, 1",
-         "  %g.more = icmp slt i64 %g.next, %groups",
-         "  br i1 %g.more, label %g.loop, label %b.end",
-         "b.end:",
-         f"  %df = sitofp {_V8} %dot.next to {_VF}",
-         "  %sai = add i64 %sarow, %b",
-         "  %sap = getelementptr float, ptr %sa, i64 %sai",
-         "  %sav = load float, ptr %sap, align 4",
-         "  %sbi = add i64 %srow, %b",
-         "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
-         "  %sbv = load float, ptr %sbp, align 4",
-         "  %scale = fmul float %sav, %sbv",
-         f"  %sv.s = insertelement {_VF} poison, float %scale, i64 0",
-         f"  %sv = shufflevector {_VF} %sv.s, {_VF} poison, <8 x i32> zeroinitializer",
-         f"  %acc.next = call {_VF} @llvm.fma.v8f32({_VF} %df, {_VF} %sv, {_VF} %acc)",
-         "  %b.next = add i64 %b, 1",
-         "  %b.more = icmp slt i64 %b.next, %kb",
-         "  br i1 %b.more, label %b.loop, label %m.end",
-         "m.end:",
-         f"  %sum = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, {_VF} "
-         "%acc.next)",
-         "  %ci0 = mul i64 %m, %N",
-         "  %ci = add i64 %ci0, %n",
-         "  %cp = getelementptr float, ptr %C, i64 %ci",
-         "  store float %sum, ptr %cp, align 4",
-         "  %m.next = add i64 %m, 1",
-         "  %m.more = icmp slt i64 %m.next, %M",
-         "  br i1 %m.more, label %m.loop, label %n.end",
-         "n.end:",
-         "  %n.next = add i64 %n, 1",
-         "  %n.more = icmp slt i64 %n.next, %n1",
-         "  br i1 %n.more, label %n.loop, label %end",
-         "end:",
-         "  ret void",
-         "}",
-         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
-         f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
-         f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
-         f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"]
-    return "\n".join(L)
+         "  %aoff = mul i64 %g, 32"]
+    for r in R:
+        # u8 x s8 products summed in pairs (at most 2 * 15 * 127: no saturation), then in 4s
+        L += [f"  %ao{r} = add i64 %abase{r}, %aoff",
+              f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
+              f"  %a{r} = load {_V32B}, ptr %ap{r}, align 1",
+              f"  %p16.{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %wb, {_V32B} %a{r})",
+              f"  %p32.{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %p16.{r}, {_VH} "
+              + "<" + ", ".join(["i16 1"] * 16) + ">)",
+              f"  %dot{r}.next = add {_V8} %dot{r}, %p32.{r}"]
+    L += ["  %g.next = add i64 %g, 1",
+          "  %g.more = icmp slt i64 %g.next, %groups",
+          "  br i1 %g.more, label %g.loop, label %b.end",
+          "b.end:",
+          "  %sbi = add i64 %srow, %b",
+          "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+          "  %sbv = load float, ptr %sbp, align 4"]
+    for r in R:
+        L += [f"  %df{r} = sitofp {_V8} %dot{r}.next to {_VF}",
+              f"  %sai{r} = add i64 %sarow{r}, %b",
+              f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+              f"  %sav{r} = load float, ptr %sap{r}, align 4",
+              f"  %scale{r} = fmul float %sav{r}, %sbv",
+              f"  %sv{r}.s = insertelement {_VF} poison, float %scale{r}, i64 0",
+              f"  %sv{r} = shufflevector {_VF} %sv{r}.s, {_VF} poison, <8 x i32> "
+              "zeroinitializer",
+              f"  %acc{r}.next = call {_VF} @llvm.fma.v8f32({_VF} %df{r}, {_VF} %sv{r}, "
+              f"{_VF} %acc{r})"]
+    L += ["  %b.next = add i64 %b, 1",
+          "  %b.more = icmp slt i64 %b.next, %kb",
+          "  br i1 %b.more, label %b.loop, label %m.end",
+          "m.end:"]
+    for r in R:
+        L += [f"  %sum{r} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, "
+              f"{_VF} %acc{r}.next)",
+              f"  %ci0.{r} = mul i64 %m{r}, %N",
+              f"  %ci{r} = add i64 %ci0.{r}, %n",
+              f"  %cp{r} = getelementptr float, ptr %C, i64 %ci{r}",
+              f"  store float %sum{r}, ptr %cp{r}, align 4"]
+    L += [f"  %m.next = add i64 %m, {rows}",
+          f"  %m.last = add i64 %m.next, {rows - 1}",
+          "  %m.more = icmp slt i64 %m.last, %M",
+          "  br i1 %m.more, label %m.loop, label %n.end",
+          "n.end:",
+          "  %n.next = add i64 %n, 1",
+          "  %n.more = icmp slt i64 %n.next, %n1",
+          "  br i1 %n.more, label %n.loop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def module_ir(target=None) -> str:
+    """gemv / gemv4 (qa, sa, B, sb, C, M, n0, n1, N, kb, groups): columns n0..n1 of C for the
+    rows of A, one or four at a time (gemv4 leaves the last M % 4 rows alone); ``groups`` =
+    block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
+    (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
+    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4),
+                      f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+                      f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
+                      f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
+                      f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"])
 
 
 _P = ctypes.c_void_p
@@ -134,7 +154,8 @@ def unavailable() -> str | None:
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO}, REQUIRES)
+    return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO},
+                              REQUIRES)
 
 
 def supported(bits: int, block_size: int) -> bool:
@@ -167,7 +188,8 @@ class Gemv:
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, block_size: int) -> None:
         self.packed, self.scales = packed, scales  # kept alive: the kernel reads them
-        self.fn = _module().gemv
+        module = _module()
+        self.fn, self.fn4 = module.gemv, module.gemv4
         self.b, self.s = packed.ctypes.data, scales.ctypes.data
         self.groups = block_size // 32
 
@@ -176,8 +198,15 @@ class Gemv:
         """out[:, n0:n1] = the zero-point-free block products (see the module's doc); qa, sa
         and out C-contiguous, from quantize_rows and (M, N)."""
         M, kb = sa.shape
-        self.fn(qa.ctypes.data, sa.ctypes.data, self.b, self.s, out.ctypes.data, M, n0, n1,
-                out.shape[1], kb, self.groups)
+        args = (qa.ctypes.data, sa.ctypes.data, self.b, self.s, out.ctypes.data)
+        rest = (n0, n1, out.shape[1], kb, self.groups)
+        four = M - M % 4
+        if four:
+            self.fn4(*args, four, *rest)
+        if four < M:
+            K = qa.shape[1]
+            self.fn(qa.ctypes.data + four * K, sa.ctypes.data + four * kb * 4, self.b, self.s,
+                    out.ctypes.data + four * out.shape[1] * 4, M - four, *rest)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
