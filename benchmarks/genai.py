@@ -1,9 +1,9 @@
 """onnxrun.genai next to onnxruntime-genai on the same model folder (issue #14's speed table).
 
-Per model and thread count, both engines in one process, interleaved repeat by repeat:
-prompt processing time (a prompt of --prompt tokens, one ``append_tokens``), decode speed
-(--new-tokens greedy ``generate_next_token`` calls after it, tokens/s, and the per-token
-latency), and each engine's peak resident memory, measured in a child process of its own
+Per model and thread count, both engines in one process, taking turns (the order reversed
+every repeat): prompt processing time (a prompt of --prompt tokens, one ``append_tokens``),
+decode speed (--new-tokens greedy ``generate_next_token`` calls after it, tokens/s, and the
+per-token latency), and each engine's peak resident memory, measured in a child process of its own
 (load, the prompt, the decode; VmHWM). Folders come from tests/genai/make_models.py (the
 builder's int4 by default; built and cached on first use). Threads: a view of the folder (the
 model files linked) whose genai_config.json sets ``session_options.intra_op_num_threads``.
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             view = threaded_view(folder, t, root)
             loaded = {e: (_engine(e), _engine(e).Model(str(view))) for e in engines}
             times: dict[str, list[tuple[float, float]]] = {e: [] for e in engines}
-            for _ in range(repeats):
-                for e in engines:
+            for r in range(repeats):  # turns alternate: A B, B A, ...
+                for e in engines if r % 2 == 0 else engines[::-1]:
                     og, model = loaded[e]
                     times[e].append(one_run(og, model, prompt, new_tokens))
             del loaded
