@@ -586,6 +586,9 @@ class MatMulNBits:
 
     # rows of A per pass over the weight (their int8 codes stay in cache)
     ROWS = 64
+    # packed weight bytes from which one row's product is split over the threads: waking a
+    # worker costs 20-80 us (parallel.py), a 1 MiB weight streams in ~100-200 us
+    SPLIT_BYTES = 1 << 20
 
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
@@ -646,7 +649,7 @@ class MatMulNBits:
         qa, sa, sums = self.quantize_rows(A, bs)
         Y = np.empty((M, N), F32)
         gemv = self.gemv
-        if self.packed.nbytes < 1 << 18 and M <= self.ROWS:  # not worth a hand-off
+        if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:  # not worth a hand-off
             gemv(qa, sa, Y, 0, N)
         else:
             ranges = split(N, self.threads)
