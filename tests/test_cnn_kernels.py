@@ -268,3 +268,29 @@ def test_pool_axis_reduction_without_padding():
     want = np.stack([padded[:, :, 2 * i:2 * i + 3].max(axis=2) for i in range(4)], axis=2)
     np.testing.assert_array_equal(got, want)
 
+
+
+# -- small convolutions: one gather of the columns, one GEMM --------------------------------------
+
+SMALL = [
+    ((1, 129, 4), (128, 129, 3), {"pads": [1, 1]}),  # a streaming model's 1-D layer
+    ((1, 64, 4), (64, 64, 3), {"pads": [1, 1], "strides": [2]}),
+    ((1, 1, 640), (258, 1, 256), {"strides": [128]}),  # an STFT as a convolution
+    ((1, 8, 9), (16, 8, 3), {"pads": [2, 0], "dilations": [2]}),
+    ((1, 16, 5, 6), (24, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 16, 7, 5), (24, 16, 3, 2), {"pads": [0, 2, 1, 0], "strides": [2, 1]}),
+    ((1, 8, 6, 6), (8, 8, 3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((1, 8, 9, 9), (8, 8, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+]
+
+
+@pytest.mark.parametrize("act", [None, "Relu"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", SMALL)
+def test_small_convolutions_take_the_gather_path_with_onnxruntimes_results(x_shape, w_shape,
+                                                                           attrs, act):
+    before = conv_mod._small_conv_columns.cache_info()
+    model, feeds = conv_model(x_shape, rand(*w_shape, scale=0.3), rand(w_shape[0]), act,
+                              **attrs)
+    check(model, feeds, threads=1)
+    after = conv_mod._small_conv_columns.cache_info()
+    assert after.hits + after.misses > before.hits + before.misses  # the path was taken

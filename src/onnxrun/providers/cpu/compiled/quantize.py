@@ -293,9 +293,13 @@ def _module() -> jit.Module:
     return jit.compile_module("quantize", module_ir(), {"dynamic_quantize_u8": _PROTO}, REQUIRES)
 
 
+_compiled: list = []
+
+
 def _function():
-    """The selected target's function (compiled once per target; asked at every call)."""
-    return _module().dynamic_quantize_u8
+    if not _compiled:
+        _compiled.append(_module().dynamic_quantize_u8)
+    return _compiled[0]
 
 
 def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,

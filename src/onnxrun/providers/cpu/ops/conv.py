@@ -19,7 +19,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
-from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
 
@@ -132,6 +131,7 @@ def _im2col(Xp: np.ndarray, kernel, outs, strides, dilations) -> np.ndarray:
 
 
 _TILE = 1 << 20  # elements of im2col matrix built at a time: a few MB, cache-friendly
+_SMALL_CONV = 1 << 14  # im2col elements up to which a convolution takes the inline path
 
 
 def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> np.ndarray:
@@ -162,9 +162,32 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> 
                                Wm.dtype)
                 parallel_for(functools.partial(_copy_channels, cols, src[band]), Cg, threads,
                              K * h * rest * Wm.itemsize)
-                blas.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
-                            out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+                np.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
+                          out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
     return Y
+
+
+@functools.lru_cache(maxsize=128)
+def _small_conv_columns(spatial, kernel, strides, dilations, heads, outs) -> np.ndarray:
+    """For each kernel tap and output position (row-major, taps first), the flat index of the
+    input element it reads, or ``prod(spatial)`` (an appended zero) where it reads padding."""
+    size = math.prod(spatial)
+    idx = np.zeros((math.prod(kernel), math.prod(outs)), np.intp)
+    for t, tap in enumerate(itertools.product(*(range(k) for k in kernel))):
+        flat = np.zeros(outs, np.intp)
+        inside = np.ones(outs, bool)
+        for a, (n, o, k, s, d, h) in enumerate(zip(spatial, outs, tap, strides, dilations, heads,
+                                                    strict=True)):
+            pos = np.arange(o) * s + k * d - h
+            shape = [1] * len(outs)
+            shape[a] = o
+            pos = pos.reshape(shape)
+            inside = inside & (pos >= 0) & (pos < n)
+            flat = flat * n + np.clip(pos, 0, n - 1)
+        idx[t] = np.where(inside, flat, size).reshape(-1)
+    idx = idx.reshape(-1)
+    idx.flags.writeable = False
+    return idx
 
 
 def _copy_channels(dst: np.ndarray, src: np.ndarray, c0: int, c1: int) -> None:
@@ -443,7 +466,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
             run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
                        split(16, threads))
         else:
-            blas.matmul(V.reshape(16, T, C), U, out=Mm)
+            np.matmul(V.reshape(16, T, C), U, out=Mm)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
@@ -519,7 +542,7 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
     for k in range(K):
         i, j = divmod(k, kw)
         off = i * dh * Wp + j * dw
-        blas.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
+        np.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
         if k:
             Y += tmp
     sM, item = Y.strides
@@ -666,21 +689,8 @@ def conv_kind(node, threads: int = 1) -> str:
         except ValueError:
             return "other"
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
-                           outs, method_threads(threads, compute_dtype(W.dtype)))
+                           outs, threads)
     return "winograd" if method == "winograd" else "other"
-
-
-def method_threads(threads: int, dtype) -> int:
-    """The BLAS threads a dense convolution's choice of method assumes: 1 where Winograd's
-    products run on the compiled float32 GEMM (it splits them over the intra-op threads
-    itself, and the session holds BLAS to one thread), so the one-thread rules apply; else
-    ``threads``. Decided once, when the kernel is prepared."""
-    if threads != 1 and np.dtype(dtype) == np.float32:
-        from ..compiled import float_gemm
-
-        if float_gemm.unavailable() is None:
-            return 1
-    return threads
 
 
 def _static_shape(value) -> tuple | None:
@@ -784,12 +794,12 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
     g, Mg = Wm.shape[:2]
     if WmT is not None and g == 1:
         if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
-            Y = blas.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
+            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
         else:
-            Y = blas.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
+            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
         return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
     cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
-    return blas.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
+    return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
 
 
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
@@ -857,7 +867,6 @@ class Conv(_ConvBase):
         self.channels_last = False  # write the output channels-last (channels_last_output)
         self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
         self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
-        self.method_threads = self.threads  # what _dense_method assumes (method_threads)
         if W is None:
             return
         self.W_shape = W.shape
@@ -882,9 +891,8 @@ class Conv(_ConvBase):
                                        self.pads, self.auto_pad)[2]
             except ValueError:
                 outs = None
-        self.method_threads = method_threads(self.threads, cdt)
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
-                               dilations, self.group, outs, self.method_threads)
+                               dilations, self.group, outs, self.threads)
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack
@@ -978,7 +986,7 @@ class Conv(_ConvBase):
                     Y += tmp
             return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
-                               self.method_threads)
+                               self.threads)
         Wm = self.prepared.get(method)
         if Wm is None:
             Wm = self._weights(method, W, cdt)
@@ -1001,6 +1009,23 @@ class Conv(_ConvBase):
                 return self._gemm_1x1_compiled(X, b, Z, act)
             return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
                            out_dtype, self.threads)
+        if N == 1 and g == 1 and X.shape[1] * math.prod(kernel) * math.prod(outs) <= \
+                _SMALL_CONV:
+            # A small convolution (a streaming model's 1-D layers: a few frames): the columns
+            # in one gather (cached indices, padding read from an appended zero), one GEMM, the
+            # epilogue inline; the padded copy, window view and banded, threaded path cost far
+            # more in Python than the arithmetic here.
+            idx = _small_conv_columns(X.shape[2:], kernel, strides, dilations, heads, outs)
+            C, S = X.shape[1], math.prod(X.shape[2:])
+            Xz = np.empty((C, S + 1), X.dtype)
+            Xz[:, :S] = X.reshape(C, S)
+            Xz[:, S] = 0
+            cols = np.take(Xz, idx, axis=1)  # (C, K * P): (C, K) rows, as Wm's columns
+            Y = np.matmul(Wm[0], cols.reshape(C * idx.shape[0] // math.prod(outs), -1))
+            Y = Y.reshape((N, M) + outs)
+            _epilogue(Y, None, b, Z if Z is None or Z.shape == Y.shape else
+                      np.broadcast_to(Z, Y.shape), act)
+            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
         return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
@@ -1163,7 +1188,7 @@ class ConvTranspose(_ConvBase):
                 Y += B.astype(cdt, copy=False).reshape((M,) + (1,) * nd)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
-        cols = blas.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
+        cols = np.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
         cols = cols.reshape((N, M) + tuple(kernel) + tuple(in_shape))
         # col2im: each kernel tap adds a strided block of the (uncropped) output
         full = tuple(
