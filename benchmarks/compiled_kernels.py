@@ -274,6 +274,11 @@ def _alternating(runners, repeat: int, clock):
     return times, first
 
 
+def _numpy_run(session, feeds):
+    with compiled.disabled():
+        return session.run(None, feeds)
+
+
 def _median(xs):
     return float(np.median(xs))
 
@@ -310,6 +315,7 @@ def main() -> None:
         model, feeds = make()
         fast, slow, ref = _sessions(model, args.target)
         runners = [lambda s=s, f=feeds: s.run(None, f) for s in (fast, slow, ref)]
+        runners[1] = lambda s=slow, f=feeds: _numpy_run(s, f)  # some kernels ask at run time
         times, outs = _alternating(runners, repeat, time.process_time if args.cpu_time
                                    else time.perf_counter)
         t = [_median(x) for x in times]

@@ -18,9 +18,15 @@ from onnxrun.proto import onnx
 _state: dict = {}
 
 
+def _bytes(data) -> bytes:
+    """A JavaScript Uint8Array (a JsProxy) as bytes in one copy; bytes() of the proxy would
+    read it element by element (minutes for a 100 MB model)."""
+    return data.to_bytes() if hasattr(data, "to_bytes") else bytes(data)
+
+
 def load_model(data) -> str:
     """Create the session from the model's bytes; describe its inputs and outputs."""
-    data = bytes(data)
+    data = _bytes(data)
     t0 = time.perf_counter()
     sess = onnxrun.InferenceSession(data)
     _state.update(session=sess, load_ms=(time.perf_counter() - t0) * 1e3)
@@ -55,7 +61,7 @@ def _inputs(mode: str, image) -> dict[str, np.ndarray]:
             raise ValueError(f"input '{a.name}' is {a.type}: the demo makes numeric tensors only")
         n = int(np.prod(shape))
         if image is not None and len(shape) == 4 and shape[1] in (1, 3):
-            feeds[a.name] = _image_tensor(bytes(image), shape).astype(dtype)
+            feeds[a.name] = _image_tensor(_bytes(image), shape).astype(dtype)
         elif mode == "pattern":
             feeds[a.name] = (np.arange(n).reshape(shape) / n).astype(dtype)
         elif np.issubdtype(dtype, np.floating):
@@ -97,7 +103,7 @@ def run(mode: str = "random", image=None, expected=None, repeat: int = 1) -> str
         result["outputs"].append(_describe(meta.name, value))
     if expected is not None:
         t = onnx.TensorProto()
-        t.ParseFromString(bytes(expected))
+        t.ParseFromString(_bytes(expected))
         ref = tensor_to_array(t)
         got = np.asarray(outs[0])
         ok = got.shape == ref.shape and got.dtype == ref.dtype and np.allclose(

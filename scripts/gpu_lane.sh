@@ -5,15 +5,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
+py=${PYTHON:-$(command -v python3 || command -v python)}
 mkdir -p "$out"
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true; } | tee "$out/card.txt"
 # what the image lacks comes from the carried wheels (scripts/gpu_wheels.sh), never a registry
 if [ -d .gpu-wheels ]; then
-  python -m pip install -q --no-index --find-links .gpu-wheels \
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --find-links .gpu-wheels \
     array-api-compat array-api-strict threadpoolctl ml_dtypes pytest 2>&1 | tail -3
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-python - <<'PY' | tee "$out/versions.txt"
+"$py" - <<'PY' | tee "$out/versions.txt"
 import cupy, numpy, onnx
 print("cupy", cupy.__version__, "numpy", numpy.__version__, "onnx", onnx.__version__)
 try:
@@ -25,9 +26,9 @@ try:
 except ImportError:
     print("onnxruntime: not installed")
 PY
-timeout 240 python -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
+timeout 240 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
 tests=${PIPESTATUS[0]}
-timeout "${BENCH_TIMEOUT:-300}" python benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
+timeout "${BENCH_TIMEOUT:-300}" "$py" benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
   2>&1 | tee "$out/gpu-bench.txt" | tail -20
 bench=${PIPESTATUS[0]}
 echo "tests exit $tests, benchmark exit $bench"

@@ -1,11 +1,10 @@
 """Compiled kernels' IR on whatever CPU runs the tests: the dynamic quantizer
 (compiled/quantize.py) and the float32 LSTM and GRU recurrences (compiled/lstm.py).
 
-The kernels use these modules only on AVX-512 CPUs, but their IR is made of LLVM's generic
-vector operations, which LLVM lowers for any x86-64 CPU: compiled here for the host, they must
-give their numpy twins' results (themselves checked against onnxruntime), NaN and infinities
-included. On AVX-512 machines tests/test_compiled_kernels.py checks the modules the kernels
-really use the same way.
+Their IR is made of LLVM's generic vector operations, compiled here for the host's target:
+they must give their numpy twins' results (themselves checked against onnxruntime), NaN and
+infinities included. tests/test_compiled_kernels.py checks every module the kernels use on
+every target the host supports.
 """
 
 from __future__ import annotations

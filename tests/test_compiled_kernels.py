@@ -24,7 +24,7 @@ from onnx import TensorProto as TP
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
-from onnxrun.providers.cpu.compiled import int8_gemm, ir, lstm, quantize, targets
+from onnxrun.providers.cpu.compiled import int8_depthwise, int8_gemm, ir, lstm, quantize, targets
 from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
 from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
 from onnxrun.providers.cpu.ops.rnn import fast_lstm_cell
@@ -269,6 +269,30 @@ def _assert_same_outputs(model: bytes, feeds, monkeypatch, threads: int = 1):
         if g.dtype.kind == "f":
             np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
     return ref, sess
+
+
+@pytest.mark.parametrize("C", [16, 20, 37])  # whole 16-channel chunks, and a masked last one
+@pytest.mark.parametrize("x_dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("strides,pads,bias", [((1, 1), (1, 1, 1, 1), False),
+                                               ((2, 2), (0, 1, 2, 1), True)])
+def test_qlinear_conv_depthwise(C, x_dtype, strides, pads, bias, monkeypatch):
+    """QLinearConv with group == channels on the compiled depthwise kernel, bit for bit."""
+    X = _ints(x_dtype, (2, C, 9, 11))
+    W = _ints(np.int8, (C, 1, 3, 3))
+    inputs = [X, np.float32(0.02), _ints(x_dtype, ()), W,
+              (RNG.random(C) * 0.02 + 0.001).astype(np.float32), np.zeros(C, np.int8),
+              np.float32(0.05), _ints(x_dtype, ()),
+              RNG.integers(-2000, 2000, C).astype(np.int32) if bias else None]
+    model, feeds = one_node("QLinearConv", inputs, opset=10, const=(1, 2, 3, 4, 5, 6, 7, 8),
+                            group=C, kernel_shape=[3, 3], strides=list(strides),
+                            pads=list(pads))
+    ref, sess = _sessions(model, 1)
+    counter = _Counting(monkeypatch, int8_depthwise.DepthwiseWeights, "run")
+    want = ref.run(None, feeds)
+    assert counter.calls == 0
+    got = sess.run(None, feeds)
+    assert counter.calls > 0, "the session did not take the compiled depthwise kernel"
+    np.testing.assert_array_equal(got[0], want[0])
 
 
 _B_CASES = [  # (B type, zero-point kind)

@@ -164,7 +164,7 @@ def _run_both(model, feeds, compiled_on: bool):
 
 
 @pytest.mark.parametrize("compiled_on", [True, False])
-@pytest.mark.parametrize("a_shape", [(2, 17, 40), (33, 40), (9, 40), (3, 40)])
+@pytest.mark.parametrize("a_shape", [(2, 17, 40), (33, 40), (9, 40), (3, 40), (1, 40), (40,)])
 def test_matmul(a_shape, compiled_on):
     rng = np.random.default_rng(len(a_shape))
     W = rng.standard_normal((40, 23)).astype(np.float32)
@@ -336,3 +336,30 @@ def test_channels_last_1x1_convolutions_on_the_compiled_gemm():
     theirs = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ours, numpy_path, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
+    """At 2 intra-op threads a 64-channel 3x3 layer on 16 x 16 was left to im2col + BLAS
+    (Winograd's 16 small GEMMs lost to BLAS's thread hand-offs); on the compiled GEMM, which
+    splits the 16 products itself, the one-thread choice holds: Winograd."""
+    rng = np.random.default_rng(5)
+    W = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], pads=[1, 1, 1, 1])
+    model = _model(node, [helper.make_tensor_value_info("X", TP.FLOAT, [1, 64, 16, 16])],
+                   [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
+                   [onnx.numpy_helper.from_array(W, "W")])
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    if compiled_on:
+        sess = onnxrun.InferenceSession(model, so)
+    else:
+        with jit.disabled():
+            sess = onnxrun.InferenceSession(model, so)
+    (conv,) = [step.kernel for step in sess._program.steps]
+    assert (conv.winograd_packed is not None) == compiled_on
+    assert ("winograd" in conv.prepared) == compiled_on
+    X = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
+    theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
+        None, {"X": X})[0]
+    np.testing.assert_allclose(sess.run(None, {"X": X})[0], theirs, rtol=1e-4, atol=1e-4)

@@ -307,7 +307,12 @@ def test_sigterm_finishes_queued_requests(tmp_path):
     try:
         # the queued request runs at once and its answer comes back before the process ends
         np.testing.assert_array_equal(pending.get_result(timeout=60).as_numpy("prod"), x * x)
-        assert proc.wait(timeout=60) in (0, -15)
+        # a new request is refused: a 503 while stopping, no connection once stopped
+        with pytest.raises((InferenceServerException, OSError)) as e:
+            client.infer("batched", _inputs(x, x))
+        if isinstance(e.value, InferenceServerException) and e.value.status() is not None:
+            assert e.value.status() == "503"
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

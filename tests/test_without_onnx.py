@@ -319,3 +319,31 @@ def test_without_threads_parallel_mode_and_run_async_run_sequentially(tmp_path, 
     np.testing.assert_array_equal(res[0], np.maximum(x, 0) - x)
     sess.run_async(None, {"x": x[:2]}, lambda res, data, err: calls.append((res, data, err)), 1)
     assert calls[1][0] == [] and calls[1][2]  # a failed run: the error goes to the callback
+
+
+def test_blas_matmul_through_scipy_matches_numpy(monkeypatch):
+    """providers/cpu/blas.matmul: in Pyodide, float products go through SciPy's BLAS (numpy has
+    none there). The same code runs here with SciPy's BLAS forced on, against np.matmul, for
+    every operand layout the kernels pass (row-major, column-major, strided, stacked,
+    broadcast, with ``out``)."""
+    blas_mod = pytest.importorskip("scipy.linalg.blas")
+    from onnxrun.providers.cpu import blas
+
+    monkeypatch.setattr(blas, "_gemms", lambda: {np.dtype(np.float32): blas_mod.sgemm,
+                                                 np.dtype(np.float64): blas_mod.dgemm})
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 5)).astype(np.float32)
+    b = rng.standard_normal((5, 4)).astype(np.float32)
+    cases = [(a, b), (np.asfortranarray(a), b), (a, np.asfortranarray(b)), (a.T.copy().T, b.T.T),
+             (rng.standard_normal((12, 10))[::2, ::2], rng.standard_normal((5, 3))),
+             (rng.standard_normal((3, 6, 5)).astype(np.float32), b),
+             (a, rng.standard_normal((2, 5, 4)).astype(np.float32)),
+             (rng.standard_normal((2, 1, 6, 5)), rng.standard_normal((3, 5, 4)))]
+    for x, y in cases:
+        np.testing.assert_allclose(blas.matmul(x, y), np.matmul(x, y), rtol=1e-5, atol=1e-5)
+    out = np.empty((3, 6, 4), np.float32)
+    got = blas.matmul(cases[5][0], b, out=out)
+    assert got is out
+    np.testing.assert_allclose(out, np.matmul(cases[5][0], b), rtol=1e-5, atol=1e-5)
+    ints = np.arange(6).reshape(2, 3)
+    assert blas.matmul(ints, ints.T).dtype == ints.dtype  # no BLAS for integers: numpy's

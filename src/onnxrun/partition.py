@@ -76,9 +76,15 @@ def _shape_math_on_cpu(model: Model, assignment: Assignment,
                 reads = [v for v in node.inputs if v is not None]
                 ok = bool(reads) and not node.subgraphs() and any(
                     id(v) in shape_values for v in reads) and all(
-                    id(v) in shape_values or v.is_initializer for v in reads)
+                    id(v) in shape_values or _constant(v) for v in reads)
             opset = model.node_opset(node) or 0
             if ok and (assignment[id(node)] is cpu or cpu.can_run(node, opset)):
                 assignment[id(node)] = cpu
                 shape_values.update(id(v) for v in node.outputs)
                 changed = True
+
+
+def _constant(v) -> bool:
+    """An initializer, or a Constant node's output (graphs run without constant folding)."""
+    return v.is_initializer or (v.producer is not None and v.producer.op_type == "Constant"
+                                and v.producer.domain == "")

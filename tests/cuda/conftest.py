@@ -16,7 +16,7 @@ def pytest_collection_modifyitems(config, items):  # noqa: ARG001
     if device.cupy_gpu_count() == 0:
         skip = pytest.mark.skip(reason="no GPU: CuPy finds no CUDA device")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:
                 item.add_marker(skip)
 
 

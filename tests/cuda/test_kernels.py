@@ -8,6 +8,8 @@ import onnx
 import pytest
 from cuda_helpers import compare
 
+import onnxrun
+
 rng = np.random.default_rng(0)
 
 
@@ -278,3 +280,22 @@ def test_attention_with_past_stays_on_cpu(on_device):
             "{ y, present = com.microsoft.Attention<num_heads=2>(x, w, b, , past) }")
     compare(m, {"x": f32(2, 1, 8), "w": f32(8, 24), "b": f32(24), "past": f32(2, 2, 2, 3, 4)},
             rtol=1e-4, atol=1e-5, on_cpu=1)
+
+
+@pytest.mark.parametrize("zp_type", ["uint8", "int8"])
+def test_quantize_dequantize_per_tensor_and_per_axis(on_device, zp_type):
+    zp = "128" if zp_type == "uint8" else "-3"
+    m = _model(f"g (float[2,3,4] x, float[3] s) => (float[2,3,4] y, {zp_type}[2,3,4] q, "
+               f"float[2,3,4] w) {{ sc = Constant<value=float {{0.05}}>() "
+               f"z = Constant<value={zp_type} {{{zp}}}>() q = QuantizeLinear(x, sc, z) "
+               f"y = DequantizeLinear(q, sc, z) zs = Constant<value={zp_type}[3] {{1, 2, 3}}>() "
+               f"qa = QuantizeLinear<axis=1>(x, s, zs) w = DequantizeLinear<axis=1>(qa, s, zs) }}",
+               opset=13)
+    x = f32(2, 3, 4) * 4
+    x[0, 0, 0] = np.nan
+    x[0, 0, 1] = 0.025  # a tie: half to even
+    opts = onnxrun.SessionOptions()  # keep the QDQ pairs (the optimizer would fuse them)
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess, _ = compare(m, {"x": x, "s": np.array([0.02, 0.1, 0.5], np.float32)}, options=opts,
+                      on_cpu=3)  # the three Constant nodes
+    assert sess.get_optimization_report().placement.nodes["CUDAExecutionProvider"] == 4

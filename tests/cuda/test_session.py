@@ -384,3 +384,18 @@ def test_float16_rewrite_off_only_where_the_device_computes_float16(stand_in, mo
                         lambda self, dt: np.dtype(dt) == np.float16 or real(self, dt))
     assert rewrite not in passes("float16")  # a GPU's own float16 kernels run it
     assert rewrite in passes("bfloat16")  # no bfloat16 on CuPy: float32 on the device
+
+
+def test_shape_math_with_constant_nodes_stays_on_cpu_without_optimization(stand_in):
+    m = _model("""g (float[N,C] x) => (float[M,K] y) {
+        s = Shape(x)
+        half = Constant<value=int64[2] {2, 1}>()
+        dbl = Constant<value=int64[2] {1, 2}>()
+        h = Div(s, half)
+        d = Mul(h, dbl)
+        y = Reshape(x, d)
+    }""")
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess, _ = compare(m, {"x": np.ones((4, 6), np.float32)}, options=opts, on_cpu=5)
+    assert sess.get_optimization_report().placement.copies == [("MemcpyFromHost", "x")]

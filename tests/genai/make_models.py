@@ -1,13 +1,18 @@
 """Build onnxruntime-genai model folders offline, for the genai tests and benchmarks.
 
-A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a precision
-(int4, fp32) for onnxruntime-genai's model builder. Each folder is built from:
+A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a format: int4
+or fp32 through onnxruntime-genai's model builder (GroupQueryAttention, MatMulNBits), or
+``optimum`` / ``optimum-nopos``: a plain-ONNX export through torch.onnx with Hugging Face
+Optimum's names (``past_key_values.%d.key`` / ``present.%d.key``; with or without a
+``position_ids`` input: without, the graph derives positions from the attention mask) and a
+genai_config.json written here as a user would. Each folder is built from:
 
 - a checkpoint with random weights saved by transformers (seeded, so the folder is the same on
   every machine with the same versions);
 - a byte-level BPE tokenizer trained with ``tokenizers`` on text generated here (several
   scripts, so tokens that split multi-byte characters occur);
-- onnxruntime-genai's builder (``python -m onnxruntime_genai.models.builder``) for int4 / fp32.
+- onnxruntime-genai's builder (``python -m onnxruntime_genai.models.builder``) for int4 / fp32,
+  or torch.onnx's exporter for the plain-ONNX formats.
 
 Folders are cached under ``$ONNXRUN_GENAI_MODELS`` (default ``~/.cache/onnxrun/genai-models``)
 keyed by a hash of the recipe and the versions of the packages that make them. Needs torch,
@@ -30,7 +35,7 @@ import tempfile
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "phi3")
-FORMATS = ("int4", "fp32")
+FORMATS = ("int4", "fp32", "optimum", "optimum-nopos")
 # Recipe format version: bump when the build below changes what it writes.
 _RECIPE_VERSION = 2
 
@@ -206,6 +211,94 @@ def run_builder(ckpt: Path, out: Path, precision: str, extra: dict | None = None
                                f"{log.getvalue()[-3000:]}")
 
 
+def export_plain(ckpt: Path, out: Path, position_ids: bool = True) -> None:
+    """Optimum-style plain ONNX (MatMul, Softmax attention; the cache is past in, present out)
+    through torch.onnx, and the genai_config.json a user writes for it."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    cfg = model.config
+    layers = cfg.num_hidden_layers
+    head = cfg.hidden_size // cfg.num_attention_heads
+    kv = cfg.num_key_value_heads
+
+    class Decoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids, attention_mask, *rest):
+            if position_ids:
+                pos, past = rest[0], rest[1:]
+            else:  # positions from the mask, as Optimum's exports without position_ids do
+                pos = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+                past = rest
+            cache = transformers.DynamicCache(config=cfg)
+            for i in range(layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            res = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                         past_key_values=cache, use_cache=True)
+            flat = [res.logits]
+            for layer in res.past_key_values.layers:
+                flat += [layer.keys, layer.values]
+            return tuple(flat)
+
+    batch, seq, past_len = 2, 3, 4
+    feeds = [torch.randint(0, 100, (batch, seq)),
+             torch.ones(batch, past_len + seq, dtype=torch.int64)]
+    names_in = ["input_ids", "attention_mask"]
+    dyn = {"input_ids": {0: "batch_size", 1: "sequence_length"},
+           "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
+           "logits": {0: "batch_size", 1: "sequence_length"}}
+    if position_ids:
+        feeds.append(torch.arange(past_len, past_len + seq).expand(batch, seq))
+        names_in.append("position_ids")
+        dyn["position_ids"] = {0: "batch_size", 1: "sequence_length"}
+    past_names = [f"past_key_values.{i}.{t}" for i in range(layers) for t in ("key", "value")]
+    present_names = [f"present.{i}.{t}" for i in range(layers) for t in ("key", "value")]
+    feeds += [torch.randn(batch, kv, past_len, head) for _ in past_names]
+    dyn.update({n: {0: "batch_size", 2: "past_sequence_length"} for n in past_names})
+    dyn.update({n: {0: "batch_size", 2: "total_sequence_length"} for n in present_names})
+    out.mkdir(parents=True)
+    import contextlib
+    import io
+    import warnings
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Decoder(), tuple(feeds), str(out / "model.onnx"),
+                          input_names=names_in + past_names,
+                          output_names=["logits", *present_names], dynamic_axes=dyn,
+                          opset_version=17, dynamo=False)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ckpt / name, out / name)
+    eos = cfg.eos_token_id if isinstance(cfg.eos_token_id, list) else [cfg.eos_token_id]
+    inputs = {"input_ids": "input_ids", "attention_mask": "attention_mask",
+              "past_key_names": "past_key_values.%d.key",
+              "past_value_names": "past_key_values.%d.value"}
+    if position_ids:
+        inputs["position_ids"] = "position_ids"
+    config = {
+        "model": {
+            "type": cfg.model_type, "context_length": cfg.max_position_embeddings,
+            "vocab_size": cfg.vocab_size, "eos_token_id": eos, "pad_token_id": cfg.pad_token_id,
+            "bos_token_id": cfg.bos_token_id,
+            "decoder": {
+                "filename": "model.onnx", "head_size": head, "hidden_size": cfg.hidden_size,
+                "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": kv,
+                "num_hidden_layers": layers, "session_options": {"provider_options": []},
+                "inputs": inputs,
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"},
+            },
+        },
+        "search": {"max_length": cfg.max_position_embeddings,
+                   "past_present_share_buffer": False},
+    }
+    (out / "genai_config.json").write_text(json.dumps(config, indent=2))
+
+
 def checkpoint(arch: str, size: str, root: Path) -> Path:
     """The cached Hugging Face checkpoint (random weights, trained tokenizer) of a recipe."""
     final = root / recipe_key(arch, size, "hf")
@@ -242,7 +335,10 @@ def build(arch: str, size: str = "tiny", fmt: str = "fp32", extra: dict | None =
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         out = work / "out"
-        run_builder(ckpt, out, fmt, extra)
+        if fmt.startswith("optimum"):
+            export_plain(ckpt, out, position_ids=fmt == "optimum")
+        else:
+            run_builder(ckpt, out, fmt, extra)
         _publish(out, final, "genai_config.json")
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -203,3 +203,60 @@ def test_bad_input_is_a_clear_error(genai_folder, tmp_path):
     bad.set_search_options(num_beams=2, num_return_sequences=3)
     with pytest.raises(RuntimeError, match="num_return_sequences"):
         rg.Generator(model, bad)
+
+
+@pytest.mark.parametrize("fmt", ["optimum", "optimum-nopos"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_plain_onnx_export_equals_onnxruntime_genai(genai_folder, og, arch, fmt):
+    """Optimum-style exports (plain attention, past/present exchanged, genai_config.json written
+    by the user), with and without position_ids: greedy, a padded batch, beams."""
+    folder = genai_folder(arch, fmt)
+    batch = ["The model", "Attention heads read the key value cache, café", "🙂"]
+    for prompt, options in ((17, dict(max_length=17 + NEW)),
+                            (batch, dict(max_length=40, batch_size=3)),
+                            (9, dict(max_length=30, num_beams=3, num_return_sequences=2))):
+        assert _generate(rg, folder, prompt, **options) == \
+            _generate(og, folder, prompt, **options), options
+
+
+def test_inputs_fed_and_module_helpers(genai_folder, og):
+    folder = genai_folder("llama", "fp32")
+    got = []
+    for mod in (og, rg):
+        model = mod.Model(folder)
+        params = mod.GeneratorParams(model)
+        params.set_search_options(max_length=12, batch_size=2)
+        gen = mod.Generator(model, params)
+        gen.append_tokens(mod.Tokenizer(model).encode_batch(["The model", "ab"]))
+        gen.generate_next_token()
+        gen.generate_next_token()
+        got.append((gen.get_input("attention_mask").tolist(), gen.get_input("input_ids").tolist()))
+    assert got[0] == got[1]
+    assert rg.is_cuda_available() is og.is_cuda_available() is False
+    with pytest.raises(errors.EPFail):
+        rg.register_execution_provider_library("CUDAExecutionProvider", "/nonexistent.so")
+    with pytest.raises(errors.NotImplemented, match="guidance"):
+        rg.GeneratorParams(rg.Model(folder)).set_guidance("json_schema", "{}")
+    rg.set_log_options(enabled=True, model_input_values=False)  # accepted, as genai accepts it
+
+
+def test_optimum_folder_without_genai_config(genai_folder, og, tmp_path):
+    """An Optimum-style export folder with Hugging Face's config.json but no genai_config.json:
+    the configuration is derived, and the tokens are those of the user-written one."""
+    import json
+    import shutil
+
+    folder = genai_folder("qwen2", "optimum")
+    for name in ("model.onnx", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{folder}/{name}", tmp_path / name)
+    written = json.loads(open(f"{folder}/genai_config.json").read())["model"]
+    hf = {"model_type": "qwen2", "max_position_embeddings": written["context_length"],
+          "vocab_size": written["vocab_size"], "eos_token_id": written["eos_token_id"],
+          "pad_token_id": written["pad_token_id"], "bos_token_id": written["bos_token_id"],
+          "hidden_size": written["decoder"]["hidden_size"],
+          "num_attention_heads": written["decoder"]["num_attention_heads"],
+          "num_key_value_heads": written["decoder"]["num_key_value_heads"],
+          "num_hidden_layers": written["decoder"]["num_hidden_layers"]}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    assert _generate(rg, str(tmp_path), 17, max_length=17 + NEW) == \
+        _generate(og, folder, 17, max_length=17 + NEW)

@@ -54,3 +54,22 @@ def test_stream_of_random_tokens_equals_onnxruntime_genai(pair):
     ids = np.random.default_rng(0).integers(4, 500, size=3000)
     s1, s2 = mine.create_stream(), theirs.create_stream()
     assert [s1.decode(int(i)) for i in ids] == [s2.decode(int(i)) for i in ids]
+
+
+def test_chat_template_equals_onnxruntime_genai(genai_folder, og):
+    import json
+
+    folder = genai_folder("qwen2", "fp32")
+    template = ('{% for message in messages %}{{ "<|im_start|>" + message["role"] + "\\n" + '
+                'message["content"] + "<|im_end|>\\n" }}{% endfor %}'
+                '{% if add_generation_prompt %}{{ "<|im_start|>assistant\\n" }}{% endif %}')
+    messages = json.dumps([{"role": "system", "content": "You are helpful."},
+                           {"role": "user", "content": "What color is the sky? café"}])
+    mine, theirs = rg.Tokenizer(rg.Model(folder)), og.Tokenizer(og.Model(folder))
+    for gen_prompt in (True, False):
+        assert mine.apply_chat_template(messages, template_str=template,
+                                        add_generation_prompt=gen_prompt) == \
+            theirs.apply_chat_template(messages, template_str=template,
+                                       add_generation_prompt=gen_prompt)
+    with pytest.raises(RuntimeError, match="chat template"):
+        mine.apply_chat_template(messages)  # the folder has none

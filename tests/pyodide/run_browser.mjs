@@ -14,6 +14,7 @@ import { createRequire } from "node:module";
 import { parseArgs } from "node:util";
 
 const { values: a } = parseArgs({
+  strict: false,  // bench_browser.mjs imports this module with options of its own
   options: {
     work: { type: "string" }, shared: { type: "string" },
     model: { type: "string", default: "light_squeezenet" }, models: { type: "string" },

@@ -17,7 +17,9 @@ const here = path.dirname(new URL(import.meta.url).pathname);
 const t0 = performance.now();
 const py = await startPyodide({
   pyodideDir: path.resolve(a.pyodide), sharedDir: path.resolve(a.shared),
-  wheelDir: path.resolve(a.wheels), packages: ["pillow"],  // Pillow: the ImageDecoder cases
+  // Pillow: the ImageDecoder cases; SciPy: its OpenBLAS, which onnxrun's float products then
+  // use (providers/cpu/blas.py), so the cases check that path inside WebAssembly too.
+  wheelDir: path.resolve(a.wheels), packages: ["pillow", "scipy"],
 });
 console.log(`Pyodide ${py.version} ready, onnxrun installed: ${((performance.now() - t0) / 1000).toFixed(1)} s`);
 mount(py, path.resolve(a.cases), "/cases");

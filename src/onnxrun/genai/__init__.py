@@ -31,7 +31,8 @@ __all__ = [
     "TokenizerStream", "is_cuda_available", "is_dml_available", "is_openvino_available",
     "is_qnn_available", "is_rocm_available", "is_webgpu_available", "set_log_options",
     "set_log_callback", "set_current_gpu_device_id", "get_current_gpu_device_id",
-    "enable_telemetry_events", "disable_telemetry_events",
+    "enable_telemetry_events", "disable_telemetry_events", "register_execution_provider_library",
+    "unregister_execution_provider_library",
 ]
 
 _log_options: dict = {}
@@ -85,3 +86,12 @@ def enable_telemetry_events() -> None:
 
 def disable_telemetry_events() -> None:
     return None
+
+
+def register_execution_provider_library(name: str, path: str) -> None:  # noqa: ARG001
+    raise errors.EPFail(f"cannot register {name}: onnxrun.genai runs on the CPU and loads no "
+                        "execution provider libraries")
+
+
+def unregister_execution_provider_library(name: str) -> None:
+    raise errors.InvalidArgument(f"execution provider library {name} is not registered")

@@ -60,8 +60,11 @@ class Config:
             with open(file, encoding="utf-8") as f:
                 self._json = json.load(f)
         except FileNotFoundError:
-            raise errors.NoSuchFile(f"Error opening {file}: not an onnxruntime-genai model "
-                                    "folder") from None
+            self._json = derive(self.path)
+            if self._json is None:
+                raise errors.NoSuchFile(
+                    f"Error opening {file}: not an onnxruntime-genai model folder (nor an "
+                    "Optimum-style export: model.onnx with Hugging Face's config.json)") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise errors.InvalidArgument(f"Error reading {file}: {exc}") from None
         if not isinstance(self._json, dict) or not isinstance(self._json.get("model"), dict):
@@ -128,6 +131,64 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return copy.deepcopy(self._json)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def derive(folder: str) -> dict[str, Any] | None:
+    """The genai_config.json of an Optimum-style export folder (``model.onnx`` with
+    ``past_key_values.%d.key`` / ``present.%d.key``, Hugging Face's ``config.json`` and
+    ``generation_config.json``), or None when the folder is not one."""
+    hf = _read_json(os.path.join(folder, "config.json"))
+    model_file = os.path.join(folder, "model.onnx")
+    if hf is None or not os.path.isfile(model_file):
+        return None
+    try:
+        import onnx  # noqa: PLC0415 - only a folder without genai_config.json needs it
+
+        graph = onnx.load(model_file, load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - not a model: the caller reports the missing config
+        return None
+    inputs = {i.name for i in graph.input}
+    if "past_key_values.0.key" not in inputs:
+        return None
+    gen = _read_json(os.path.join(folder, "generation_config.json")) or {}
+    heads = int(hf.get("num_attention_heads", 0))
+    hidden = int(hf.get("hidden_size", 0))
+    eos = gen.get("eos_token_id", hf.get("eos_token_id"))
+    eos = [int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else [])]
+    pad = gen.get("pad_token_id", hf.get("pad_token_id"))
+    names = {"input_ids": "input_ids", "past_key_names": "past_key_values.%d.key",
+             "past_value_names": "past_key_values.%d.value"}
+    for key in ("attention_mask", "position_ids"):
+        if key in inputs:
+            names[key] = key
+    context = int(hf.get("max_position_embeddings", 0))
+    return {
+        "model": {
+            "type": str(hf.get("model_type", "")), "context_length": context,
+            "vocab_size": int(hf.get("vocab_size", 0)), "eos_token_id": eos,
+            "pad_token_id": int(pad if pad is not None else (eos[0] if eos else 0)),
+            "bos_token_id": int(gen.get("bos_token_id", hf.get("bos_token_id")) or 0),
+            "decoder": {
+                "filename": "model.onnx", "num_attention_heads": heads,
+                "num_key_value_heads": int(hf.get("num_key_value_heads", heads)),
+                "num_hidden_layers": int(hf.get("num_hidden_layers", 0)),
+                "head_size": int(hf.get("head_dim") or (hidden // heads if heads else 0)),
+                "hidden_size": hidden, "inputs": names,
+                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
+                            "present_value_names": "present.%d.value"},
+            },
+        },
+        "search": {"max_length": context, "past_present_share_buffer": False},
+    }
 
 
 def _merge(base: dict, patch: dict) -> None:

@@ -36,6 +36,10 @@ class GeneratorParams:
     def set_model_input(self, name: str, value: Any) -> None:
         self.extra_inputs[str(name)] = as_array(value)
 
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:  # noqa: A002, ARG002
+        raise errors.NotImplemented(
+            "constrained decoding (set_guidance, llguidance) is not supported by onnxrun.genai")
+
 
 class Generator:
     def __init__(self, model: Model, params: GeneratorParams) -> None:

@@ -32,7 +32,11 @@ class DecoderState:
             and params["num_beams"] == 1
         self.extra = extra_inputs
         self.run_options = RunOptions()
-        self.mask: np.ndarray | None = None  # (rows, tokens so far) int
+        # the attention mask of every position up to max_length, in the decoder's dtype; a
+        # step feeds a view of its first `length` columns (no concatenation per step)
+        self._mask_buf = np.zeros((self.rows, self.max_length),
+                                  model.input_dtypes.get(model.attention_mask, np.int64))
+        self.length = 0  # positions so far (pads included)
         self.kv: list[np.ndarray] = []  # past keys then past values, per layer
         self.outputs: dict[str, np.ndarray] = {}
         self.inputs: dict[str, np.ndarray] = {}
@@ -51,31 +55,29 @@ class DecoderState:
         """One step on ``tokens`` ((batch, n) for a prompt, (rows,) for a decode step): the
         logits of each row's last real token, (rows, vocab) float32."""
         m = self.m
-        first = self.mask is None
+        first = self.length == 0
         if first:
             ids = np.repeat(tokens, self.beams, axis=0) if self.beams > 1 else tokens
-            if self.batch > 1:
-                new_mask = (ids != self.pad).astype(np.int64)
-            else:
-                new_mask = np.ones(ids.shape, np.int64)
-            self.mask = new_mask
+            new_mask = ids != self.pad if self.batch > 1 else np.ones(ids.shape, bool)
         else:
             ids = tokens.reshape(self.rows, -1)
             if beam_indices is not None:
                 self.kv = [c[beam_indices] for c in self.kv]
-                self.mask = self.mask[beam_indices]
-            new_mask = np.ones(ids.shape, np.int64)
-            self.mask = np.concatenate([self.mask, new_mask], axis=1)
+                self._mask_buf[:, :self.length] = self._mask_buf[beam_indices, :self.length]
+            new_mask = np.ones(ids.shape, bool)
         S = ids.shape[1]
+        self._mask_buf[:, self.length:self.length + S] = new_mask
+        self.length += S
+        self.mask = self._mask_buf[:, :self.length]
         feed: dict[str, Any] = {m.input_ids: ids.astype(m.input_dtypes[m.input_ids], copy=False)}
         if m.attention_mask:
-            feed[m.attention_mask] = self.mask.astype(m.input_dtypes[m.attention_mask])
+            feed[m.attention_mask] = self.mask
         if m.position_ids:
             if first:
                 pos = np.maximum(np.cumsum(self.mask, axis=1) - 1, 0)
             else:
                 pos = self.mask.sum(axis=1, keepdims=True) - 1 + np.arange(S) - (S - 1)
-            feed[m.position_ids] = pos.astype(m.input_dtypes[m.position_ids])
+            feed[m.position_ids] = pos.astype(m.input_dtypes[m.position_ids], copy=False)
         for name, c in zip(m.past_keys + m.past_values, self.kv, strict=True):
             feed[name] = c
         feed.update(self.extra)
@@ -99,10 +101,9 @@ class DecoderState:
         return logits.astype(np.float32, copy=False)
 
     def rewind_to(self, length: int) -> None:
+        self.length = length
         if length == 0:
-            self.mask = None
             self._alloc_cache()
             return
-        self.mask = self.mask[:, :length]
         if not self.shared:
             self.kv = [c[:, :, :length] for c in self.kv]

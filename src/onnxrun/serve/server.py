@@ -45,7 +45,8 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
 
         # access_log off: onnxrun.serve.access logs both protocols' requests alike
         http = HttpServer(uvicorn.Config(create_app(repository), host=host, port=http_port,
-                                         log_level=log_level, access_log=False))
+                                         log_level=log_level, access_log=False,
+                                         timeout_graceful_shutdown=int(GRACE_S)))
     grpc_server = None
     if grpc_port:
         from .grpc import start_server
@@ -53,11 +54,15 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
     metrics = start_metrics_server(repository, host, metrics_port) if metrics_port else None
     stopped = asyncio.Event()
     grpc_stop: list[asyncio.Task] = []
+    force = []
 
     def stop() -> None:
-        if stopped.is_set():  # a second signal: stop now
+        if stopped.is_set():  # a second signal: stop now, not waiting for what runs
+            force.append(True)
             if http is not None:
                 http.force_exit = True
+            if grpc_server is not None:
+                loop.create_task(grpc_server.stop(None))
             return
         log.info("onnxrun serve: stopping (requests in flight finish, new ones are refused)")
         stopped.set()
@@ -85,7 +90,9 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
             loop.remove_signal_handler(sig)
             signal.signal(sig, handler)
         if grpc_server is not None:
-            await (grpc_stop[0] if grpc_stop else grpc_server.stop(GRACE_S))
+            await (grpc_stop[0] if grpc_stop and not force else grpc_server.stop(
+                None if force else GRACE_S))
         if metrics is not None:
             metrics.shutdown()
-        await asyncio.to_thread(repository.close)
+        if not force:  # else the instances' (daemon) threads end with the process
+            await asyncio.to_thread(repository.close)

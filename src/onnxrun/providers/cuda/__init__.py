@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import onnx
 
 from ...dtypes import np_dtype
 from ...ir import Node
+from ...proto import onnx
 from ..base import ExecutionProvider
 from . import device as _device
 from . import options as _options

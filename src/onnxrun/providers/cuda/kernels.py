@@ -16,7 +16,7 @@ from ..registry import KernelContext, KernelRegistry
 
 # kernel modules under ops/, imported when the provider is first created
 MODULES = ("activation", "attention", "conv", "elementwise", "linalg", "memcpy",
-           "normalization", "pool", "reduction", "tensor")
+           "normalization", "pool", "quantization", "reduction", "tensor")
 
 
 class DeviceKernelRegistry(KernelRegistry):

@@ -27,6 +27,56 @@ REQUIRES = ()  # generic vector IR: every target
 _V, _VF, _VB = ir.V, ir.VF, ir.VB
 
 
+def _pixels(tag: str, ext: str, T: int, mode: str, masked: bool) -> list[str]:
+    """The loop over a row's output pixels for one 16-channel chunk, labelled ``tag``: the
+    taps' sum, scale, epilogue, store. ``masked`` for the last, partial chunk; whole chunks
+    use plain loads and stores (masked byte accesses go lane by lane on AVX2)."""
+    t_ = f"%{tag}."
+    L = [f"{tag}.loop:",
+         f"  {t_}ow = phi i64 [0, %cloop], [{t_}own, %{tag}.loop]",
+         f"  {t_}inw = mul i64 {t_}ow, %swc",
+         f"  {t_}xb = add i64 %xc, {t_}inw",
+         f"  {t_}outw = mul i64 {t_}ow, %C",
+         f"  {t_}ya = add i64 %yc, {t_}outw"]
+    # float32 products and sums of bytes times weights are exact integers (T * 255 * 255 <
+    # 2**24 for T <= MAX_TAPS); the FMA has twice vpmulld's throughput
+    prev = f"{_VF} zeroinitializer"
+    for t in range(T):
+        L += [f"  {t_}xa{t} = add i64 {t_}xb, %off{t}",
+              f"  {t_}xp{t} = getelementptr i8, ptr %X, i64 {t_}xa{t}",
+              f"  {t_}xv{t} = call {_VB} @llvm.masked.load.v16i8.p0(ptr {t_}xp{t}, i32 1, "
+              f"<16 x i1> %mask, {_VB} zeroinitializer)" if masked else
+              f"  {t_}xv{t} = load {_VB}, ptr {t_}xp{t}, align 1",
+              f"  {t_}x{t} = {ext} {_VB} {t_}xv{t} to {_V}",
+              f"  {t_}xf{t} = sitofp {_V} {t_}x{t} to {_VF}",
+              f"  {t_}acc{t + 1} = call {_VF} @llvm.fma.v16f32({_VF} {t_}xf{t}, {_VF} %w{t}, "
+              f"{prev})"]
+        prev = f"{_VF} {t_}acc{t + 1}"
+    L += [f"  {t_}sum = fptosi {prev} to {_V}",
+          f"  {t_}acc = add {_V} {t_}sum, %acc0",
+          f"  {t_}f = sitofp {_V} {t_}acc to {_VF}",
+          f"  {t_}m = fmul {_VF} {t_}f, %sv"]
+    if mode == "q8":
+        L += [*ir.requantize(f"{t_}b", f"{t_}m", "%zp", "%lo", "%hi"),
+              f"  {t_}yp = getelementptr i8, ptr %Y, i64 {t_}ya",
+              f"  call void @llvm.masked.store.v16i8.p0({_VB} {t_}b, ptr {t_}yp, i32 1, "
+              "<16 x i1> %mask)" if masked else f"  store {_VB} {t_}b, ptr {t_}yp, align 1"]
+    else:
+        out = f"{t_}ob" if mode == "f32c" else f"{t_}o"
+        L.append(f"  {out} = fadd {_VF} {t_}m, %bv")
+        if mode == "f32c":  # as np.clip: NaN stays NaN
+            L += [f"  {t_}clt = fcmp olt {_VF} {t_}ob, %clo",
+                  f"  {t_}cl = select <16 x i1> {t_}clt, {_VF} %clo, {_VF} {t_}ob",
+                  f"  {t_}cgt = fcmp ogt {_VF} {t_}cl, %chi",
+                  f"  {t_}o = select <16 x i1> {t_}cgt, {_VF} %chi, {_VF} {t_}cl"]
+        L += [f"  {t_}yp = getelementptr float, ptr %Y, i64 {t_}ya",
+              f"  call void @llvm.masked.store.v16f32.p0({_VF} {t_}o, ptr {t_}yp, i32 4, "
+              "<16 x i1> %mask)" if masked else f"  store {_VF} {t_}o, ptr {t_}yp, align 4"]
+    return L + [f"  {t_}own = add i64 {t_}ow, 1",
+                f"  {t_}wmore = icmp slt i64 {t_}own, %Wo",
+                f"  br i1 {t_}wmore, label %{tag}.loop, label %cnext"]
+
+
 def _kernel(signed: bool, T: int, mode: str) -> str:
     """Rows [r0, r1) of output pixels; per row, per 16-channel chunk (the last masked), the T
     tap weights and offsets stay in registers while the row's pixels stream past them.
@@ -73,47 +123,10 @@ def _kernel(signed: bool, T: int, mode: str) -> str:
     L += ir.tap_weights(T, align=4)
     L += ["  %xc = add i64 %in0, %c0",
           "  %yc = add i64 %out0, %c0",
-          "  br label %wloop",
-          "wloop:",
-          "  %ow = phi i64 [0, %cloop], [%own, %wloop]",
-          "  %inw = mul i64 %ow, %swc",
-          "  %xb = add i64 %xc, %inw",
-          "  %outw = mul i64 %ow, %C",
-          "  %ya = add i64 %yc, %outw"]
-    # float32 products and sums of bytes times weights are exact integers (T * 255 * 255 <
-    # 2**24 for T <= MAX_TAPS); the FMA has twice vpmulld's throughput
-    prev = f"{_VF} zeroinitializer"
-    for t in range(T):
-        L += [f"  %xa{t} = add i64 %xb, %off{t}",
-              f"  %xp{t} = getelementptr i8, ptr %X, i64 %xa{t}",
-              f"  %xv{t} = call {_VB} @llvm.masked.load.v16i8.p0(ptr %xp{t}, i32 1, "
-              f"<16 x i1> %mask, {_VB} zeroinitializer)",
-              f"  %x{t} = {ext} {_VB} %xv{t} to {_V}",
-              f"  %xf{t} = sitofp {_V} %x{t} to {_VF}",
-              f"  %acc{t + 1} = call {_VF} @llvm.fma.v16f32({_VF} %xf{t}, {_VF} %w{t}, {prev})"]
-        prev = f"{_VF} %acc{t + 1}"
-    L += [f"  %sum = fptosi {prev} to {_V}",
-          f"  %acc = add {_V} %sum, %acc0",
-          f"  %f = sitofp {_V} %acc to {_VF}",
-          f"  %m = fmul {_VF} %f, %sv"]
-    if mode == "q8":
-        L += [*ir.requantize("%b", "%m", "%zp", "%lo", "%hi"),
-              "  %yp = getelementptr i8, ptr %Y, i64 %ya",
-              f"  call void @llvm.masked.store.v16i8.p0({_VB} %b, ptr %yp, i32 1, "
-              "<16 x i1> %mask)"]
-    else:
-        L.append(f"  %o{'b' if mode == 'f32c' else ''} = fadd {_VF} %m, %bv")
-        if mode == "f32c":  # as np.clip: NaN stays NaN
-            L += [f"  %clt = fcmp olt {_VF} %ob, %clo",
-                  f"  %cl = select <16 x i1> %clt, {_VF} %clo, {_VF} %ob",
-                  f"  %cgt = fcmp ogt {_VF} %cl, %chi",
-                  f"  %o = select <16 x i1> %cgt, {_VF} %chi, {_VF} %cl"]
-        L += ["  %yp = getelementptr float, ptr %Y, i64 %ya",
-              f"  call void @llvm.masked.store.v16f32.p0({_VF} %o, ptr %yp, i32 4, "
-              "<16 x i1> %mask)"]
-    L += ["  %own = add i64 %ow, 1",
-          "  %wmore = icmp slt i64 %own, %Wo",
-          "  br i1 %wmore, label %wloop, label %cnext",
+          "  %whole = icmp sge i64 %left, 16",
+          "  br i1 %whole, label %w.loop, label %m.loop",
+          *_pixels("w", ext, T, mode, masked=False),
+          *_pixels("m", ext, T, mode, masked=True),
           "cnext:",
           *ir.chunk_and_row_loop_end()]
     return "\n".join(L)

@@ -293,13 +293,9 @@ def _module() -> jit.Module:
     return jit.compile_module("quantize", module_ir(), {"dynamic_quantize_u8": _PROTO}, REQUIRES)
 
 
-_compiled: list = []
-
-
 def _function():
-    if not _compiled:
-        _compiled.append(_module().dynamic_quantize_u8)
-    return _compiled[0]
+    """The selected target's function (compiled once per target; asked at every call)."""
+    return _module().dynamic_quantize_u8
 
 
 def dynamic_quantize_u8(x: np.ndarray, flat_scale: float,

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import BFLOAT16, type_shape
+from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
 
@@ -162,8 +163,8 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> 
                                Wm.dtype)
                 parallel_for(functools.partial(_copy_channels, cols, src[band]), Cg, threads,
                              K * h * rest * Wm.itemsize)
-                np.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
-                          out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+                blas.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
+                            out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
     return Y
 
 
@@ -466,7 +467,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
             run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
                        split(16, threads))
         else:
-            np.matmul(V.reshape(16, T, C), U, out=Mm)
+            blas.matmul(V.reshape(16, T, C), U, out=Mm)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
@@ -542,7 +543,7 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
     for k in range(K):
         i, j = divmod(k, kw)
         off = i * dh * Wp + j * dw
-        np.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
+        blas.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
         if k:
             Y += tmp
     sM, item = Y.strides
@@ -689,8 +690,21 @@ def conv_kind(node, threads: int = 1) -> str:
         except ValueError:
             return "other"
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
-                           outs, threads)
+                           outs, method_threads(threads, compute_dtype(W.dtype)))
     return "winograd" if method == "winograd" else "other"
+
+
+def method_threads(threads: int, dtype) -> int:
+    """The BLAS threads a dense convolution's choice of method assumes: 1 where Winograd's
+    products run on the compiled float32 GEMM (it splits them over the intra-op threads
+    itself, and the session holds BLAS to one thread), so the one-thread rules apply; else
+    ``threads``. Decided once, when the kernel is prepared."""
+    if threads != 1 and np.dtype(dtype) == np.float32:
+        from ..compiled import float_gemm
+
+        if float_gemm.unavailable() is None:
+            return 1
+    return threads
 
 
 def _static_shape(value) -> tuple | None:
@@ -794,12 +808,12 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
     g, Mg = Wm.shape[:2]
     if WmT is not None and g == 1:
         if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
-            Y = np.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
+            Y = blas.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
         else:
-            Y = np.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
+            Y = blas.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
         return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
     cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
-    return np.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
+    return blas.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
 
 
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
@@ -867,6 +881,7 @@ class Conv(_ConvBase):
         self.channels_last = False  # write the output channels-last (channels_last_output)
         self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
         self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
+        self.method_threads = self.threads  # what _dense_method assumes (method_threads)
         if W is None:
             return
         self.W_shape = W.shape
@@ -891,8 +906,9 @@ class Conv(_ConvBase):
                                        self.pads, self.auto_pad)[2]
             except ValueError:
                 outs = None
+        self.method_threads = method_threads(self.threads, cdt)
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
-                               dilations, self.group, outs, self.threads)
+                               dilations, self.group, outs, self.method_threads)
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack
@@ -986,7 +1002,7 @@ class Conv(_ConvBase):
                     Y += tmp
             return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
-                               self.threads)
+                               self.method_threads)
         Wm = self.prepared.get(method)
         if Wm is None:
             Wm = self._weights(method, W, cdt)
@@ -1188,7 +1204,7 @@ class ConvTranspose(_ConvBase):
                 Y += B.astype(cdt, copy=False).reshape((M,) + (1,) * nd)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         Wm = self.w_gemm if self.w_gemm is not None else self._gemm_weights(W, cdt)
-        cols = np.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
+        cols = blas.matmul(Wm, X.astype(cdt, copy=False).reshape(N, g, C // g, -1))
         cols = cols.reshape((N, M) + tuple(kernel) + tuple(in_shape))
         # col2im: each kernel tap adds a strided block of the (uncropped) output
         full = tuple(

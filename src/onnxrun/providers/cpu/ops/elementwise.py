@@ -329,6 +329,8 @@ _GELU_LOGIT = [np.float32(c) for c in (
 # float32 elements per block of the gelu passes: the block and its two scratch arrays stay in the
 # L2 cache across the passes
 _GELU_BLOCK = 65536
+# from this many elements up the compiled kernel runs (below, its call costs more than numpy's)
+_GELU_COMPILED_MIN = 256
 
 
 def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
@@ -340,6 +342,11 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
         out = np.empty(x.shape, np.float32)
     if x.size == 0:
         return out
+    if x.ndim and x.size >= _GELU_COMPILED_MIN:
+        from ..compiled import gelu
+
+        if gelu.unavailable(_GELU_LOGIT) is None:  # the same formula in one pass
+            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out)
     width = x.shape[-1] if x.ndim else 1
     rows_in, rows_out = x.reshape(-1, width), out.reshape(-1, width)
     per_block = max(1, _GELU_BLOCK // width)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import threads_for
 from .conv import compute_dtype
 
-# Products with fewer rows than this stay on BLAS: the compiled kernel's 1-row tile is bound by
-# its two accumulators' latency, BLAS's GEMV by memory (docs/PERFORMANCE.md, "Compiled float32
-# GEMM"). Measured on the AVX2 EPYC.
-COMPILED_MIN_ROWS = 8
+# Products with fewer rows than this stay on BLAS: one row is a GEMV, which BLAS runs bound by
+# memory while the compiled 1-row tile waits on its two accumulators (1.2-9x slower); from 2
+# rows up the compiled kernel was faster than OpenBLAS (which packs B at every call) on
+# K x N = 384x384, 768x768, 768x3072, up to 32 rows and even beyond (docs/PERFORMANCE.md,
+# "Compiled float32 GEMM"). Measured on the AVX2 EPYC.
+COMPILED_MIN_ROWS = 2
 
 
 def packed_weights(B: np.ndarray | None):
@@ -38,9 +41,9 @@ def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """numpy matmul, with a stack of rows times one matrix done as a single GEMM (a strided
     stack is gathered first: one copy costs less than a GEMM call per matrix of the stack)."""
     if B.ndim == 2 and A.ndim > 2 and A.size:
-        Y = np.dot(A.reshape(-1, A.shape[-1]), B)
+        Y = blas.matmul(A.reshape(-1, A.shape[-1]), B)
         return Y.reshape(A.shape[:-1] + (B.shape[1],))
-    return np.matmul(A, B)
+    return blas.matmul(A, B)
 
 
 def _floating(x: np.ndarray) -> bool:
@@ -145,7 +148,8 @@ class Gemm:
             B, scaled = self.B, True
         elif cdt != B.dtype:
             B = B.astype(cdt)
-        Y = np.dot(Am, B.T if self.transB else B)
+        Bm = B.T if self.transB else B
+        Y = blas.matmul(Am, Bm) if Am.ndim == 2 and Bm.ndim == 2 else np.dot(Am, Bm)
         integral = Y.dtype.kind in "iu"
         if not scaled:
             if integral:

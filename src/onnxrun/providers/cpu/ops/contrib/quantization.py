@@ -19,7 +19,7 @@ import numpy as np
 from .....dtypes import np_dtype
 from .....proto import onnx
 from ...kernels import KernelContext, op
-from ...parallel import run_each, split_threads, threads_for
+from ...parallel import run_each, run_ranges, split, split_threads, threads_for
 from ..conv import pad_spatial, window_geometry, window_slices
 from ..quantization import (
     F32,
@@ -571,13 +571,24 @@ def int8_a_block(bits: int, block_size: int) -> int | None:
 
 @op("MatMulNBits", 1, domain=MS)
 class MatMulNBits:
-    """Y = A @ dequantize(B) (+ bias); constant weights are dequantized once, at session
-    creation, and every run is one float32 GEMM.
+    """Y = A @ dequantize(B) (+ bias).
 
     ``accuracy_level`` as onnxruntime's CPU provider reads it: 4 (int8 compute) quantizes A to
     int8 per block of K before the product, as MLAS's CompInt8 kernels do, wherever MLAS has
     that path (int8_a_block; zero points absent or packed uint8, no g_idx); otherwise, and at
-    levels 0-3, the product is in float32."""
+    levels 0-3, the product is in float32.
+
+    Constant 4-bit weights at level 4 in blocks of 32-256 run on the compiled kernel
+    (compiled/nbits_gemv.py) and stay packed: the int8 block products come straight from the
+    4-bit weight, split over the session's threads by output column, for decoding (one row)
+    and prompts alike (no float32 copy of the weight, ever). Otherwise the weight is
+    dequantized once, at session creation, and every run is one float32 GEMM."""
+
+    # rows of A per pass over the weight (their int8 codes stay in cache)
+    ROWS = 64
+    # packed weight bytes from which one row's product is split over the threads: waking a
+    # worker costs 20-80 us (parallel.py), a 1 MiB weight streams in ~100-200 us
+    SPLIT_BYTES = 1 << 20
 
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
@@ -587,11 +598,31 @@ class MatMulNBits:
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
         self.a_block = int8_a_block(self.bits, self.block_size) if int(
             accuracy_level) == 4 else None
-        self.W = None
+        self.W = self.packed = None
+        self.threads = threads_for(ctx)
         c = ctx.constants_of((1, 2, 3, 4))
-        if c is not None and c[0] is not None and c[1] is not None and c[0].size:
-            self.W = nbits_weight(c[0], c[1], c[2], c[3], self.K, self.N, self.block_size,
-                                  self.bits)
+        if c is None or c[0] is None or c[1] is None or not c[0].size:
+            return
+        B, scales, zp, g_idx = c
+        if self.a_block is not None and g_idx is None and (zp is None or zp.dtype == np.uint8):
+            from ...compiled import nbits_gemv
+
+            if nbits_gemv.supported(self.bits, self.block_size) and \
+                    nbits_gemv.unavailable() is None:
+                kb = -(-self.K // self.block_size)
+                self.packed = np.ascontiguousarray(B.reshape(self.N, kb, self.block_size // 2))
+                self.scales = np.ascontiguousarray(scales.reshape(self.N, kb), dtype=F32)
+                z = np.float32(8) if zp is None else _unpack_bits(
+                    zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb].astype(F32)
+                self.zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
+                self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size)
+                self.quantize_rows = nbits_gemv.quantize_rows
+                return
+        self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
+
+    @property
+    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+        return self.packed is not None
 
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
@@ -600,6 +631,8 @@ class MatMulNBits:
         Af = A if A.dtype == F32 else A.astype(F32)
         if B.size == 0:  # an omitted projection: zeros, or the bias
             Y = np.zeros(A.shape[:-1] + (self.N,), F32)
+        elif self.packed is not None:
+            Y = self._packed(Af.reshape(-1, self.K)).reshape(A.shape[:-1] + (self.N,))
         else:
             W = self.W if self.W is not None else nbits_weight(
                 B, scales, zero_points, g_idx, self.K, self.N, self.block_size, self.bits)
@@ -609,6 +642,22 @@ class MatMulNBits:
         if bias is not None and bias.size:
             Y += bias.astype(F32)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+    def _packed(self, A: np.ndarray) -> np.ndarray:
+        """The level-4 product from the packed weight (see the class's doc)."""
+        M, N, bs = A.shape[0], self.N, self.block_size
+        qa, sa, sums = self.quantize_rows(A, bs)
+        Y = np.empty((M, N), F32)
+        gemv = self.gemv
+        if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:  # not worth a hand-off
+            gemv(qa, sa, Y, 0, N)
+        else:
+            ranges = split(N, self.threads)
+            for m0 in range(0, M, self.ROWS):  # a slice of A's codes stays in cache
+                qs, ss, ys = (x[m0:m0 + self.ROWS] for x in (qa, sa, Y))
+                run_ranges(lambda n0, n1, qs=qs, ss=ss, ys=ys: gemv(qs, ss, ys, n0, n1), ranges)
+        Y -= (sa * sums) @ self.zs  # the zero points' share
+        return Y
 
 
 @op("GatherBlockQuantized", 1, domain=MS)

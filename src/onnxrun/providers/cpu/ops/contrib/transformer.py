@@ -500,6 +500,18 @@ class GroupQueryAttention:
         if past_key is not None:
             dt = past_key.dtype
         out = []
+        if B == 1 or (np.all(past_len == past_len[0]) and np.all(valid == S)):
+            # one past length for every row (decoding one sequence): block copies of the
+            # rows that count, instead of a masked pass over the whole buffer
+            p, n = int(past_len[0]), min(S, int(valid[0]))
+            for past, new in ((past_key, k), (past_value, v)):
+                present = np.empty((B, Nkv, T, H), dtype=dt)
+                if p:
+                    present[:, :, :p] = past[:, :, :p]
+                present[:, :, p:p + n] = new[:, :, :n]
+                present[:, :, p + n:] = 0
+                out.append(present)
+            return out
         for past, new in ((past_key, k), (past_value, v)):
             present = np.zeros((B, Nkv, T, H), dtype=dt)
             if past is not None and P_buf:

@@ -1,0 +1,216 @@
+"""com.microsoft MatMulNBits (4 bits, accuracy_level 4) for a few rows of A: the product of int8
+activations with the packed 4-bit weight, read as it is stored (no float copy of the weight).
+
+What MLAS's CompInt8 path computes, per output (m, n) and block b of K:
+    C[m, n] = sum_b sa[m, b] * sb[n, b] * sum_i qa[m, b, i] * (q[n, b, i] - zp[n, b])
+The kernel sums qa * q (zero point left out) exactly, as MLAS's AVX2 kernel does (u8 x s8
+products summed in pairs to 16 bits, then in fours to 32), converts each block's eight
+lanes to float and accumulates them scaled by sa * sb with fused multiply-adds; the caller
+subtracts the zero point's share, (sa * sum_i qa) @ (zp * sb), with one small float product.
+Only float summation order differs from MLAS.
+
+A byte of the weight holds element 2j in its low nibble and 2j + 1 in its high one: the caller
+lays each 32 activations of a block out as their 16 even-indexed then their 16 odd-indexed
+ones, so a 16-byte load of the weight meets two plain 16-byte loads of A.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import jit
+
+REQUIRES = ("avx2", "fma")
+_VB = "<16 x i8>"
+_V32B = "<32 x i8>"
+_VH = "<16 x i16>"
+_V8 = "<8 x i32>"
+_VF = "<8 x float>"
+
+
+def _function(name: str, rows: int) -> list[str]:
+    """``rows`` rows of A per pass: each 16 bytes of the weight are unpacked once for all of
+    them (a prompt's rows share the weight's decoding)."""
+    R = range(rows)
+    L = [f"define void @{name}(ptr noalias %qa, ptr noalias %sa, ptr noalias %B, "
+         "ptr noalias %sb, ptr noalias %C, i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, "
+         "i64 %groups) nounwind {",
+         "entry:",
+         "  %bsz = mul i64 %groups, 32",  # activations per block
+         "  %bbytes = mul i64 %groups, 16",  # weight bytes per block
+         "  %K = mul i64 %kb, %bsz",
+         "  %rowbytes = mul i64 %kb, %bbytes",
+         "  %any.n = icmp slt i64 %n0, %n1",
+         f"  %any.m = icmp sge i64 %M, {rows}",
+         "  %any = and i1 %any.n, %any.m",
+         "  br i1 %any, label %n.loop, label %end",
+         "n.loop:",
+         "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
+         "  %brow = mul i64 %n, %rowbytes",
+         "  %srow = mul i64 %n, %kb",
+         "  br label %m.loop",
+         "m.loop:",
+         "  %m = phi i64 [0, %n.loop], [%m.next, %m.end]",
+         *(f"  %m{r} = add i64 %m, {r}" for r in R),
+         *(f"  %arow{r} = mul i64 %m{r}, %K" for r in R),
+         *(f"  %sarow{r} = mul i64 %m{r}, %kb" for r in R),
+         "  br label %b.loop",
+         "b.loop:",
+         "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
+         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %m.loop], [%acc{r}.next, %b.end]"
+           for r in R),
+         "  %bbase = mul i64 %b, %bbytes",
+         "  %bbase2 = add i64 %brow, %bbase",
+         "  %abase = mul i64 %b, %bsz",
+         *(f"  %abase{r} = add i64 %arow{r}, %abase" for r in R),
+         "  br label %g.loop",
+         "g.loop:",
+         "  %g = phi i64 [0, %b.loop], [%g.next, %g.loop]",
+         *(f"  %dot{r} = phi {_V8} [zeroinitializer, %b.loop], [%dot{r}.next, %g.loop]"
+           for r in R),
+         "  %goff = mul i64 %g, 16",
+         "  %bo = add i64 %bbase2, %goff",
+         "  %bp = getelementptr i8, ptr %B, i64 %bo",
+         f"  %w = load {_VB}, ptr %bp, align 1",
+         f"  %lo = and {_VB} %w, " + "<" + ", ".join(["i8 15"] * 16) + ">",
+         f"  %hi = lshr {_VB} %w, " + "<" + ", ".join(["i8 4"] * 16) + ">",
+         # the 32 nibbles: even-indexed elements, then odd-indexed ones (A's layout)
+         f"  %wb = shufflevector {_VB} %lo, {_VB} %hi, <32 x i32> <"
+         + ", ".join(f"i32 {i}" for i in range(32)) + ">",
+         "  %aoff = mul i64 %g, 32"]
+    for r in R:
+        # u8 x s8 products summed in pairs (at most 2 * 15 * 127: no saturation), then in 4s
+        L += [f"  %ao{r} = add i64 %abase{r}, %aoff",
+              f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
+              f"  %a{r} = load {_V32B}, ptr %ap{r}, align 1",
+              f"  %p16.{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %wb, {_V32B} %a{r})",
+              f"  %p32.{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %p16.{r}, {_VH} "
+              + "<" + ", ".join(["i16 1"] * 16) + ">)",
+              f"  %dot{r}.next = add {_V8} %dot{r}, %p32.{r}"]
+    L += ["  %g.next = add i64 %g, 1",
+          "  %g.more = icmp slt i64 %g.next, %groups",
+          "  br i1 %g.more, label %g.loop, label %b.end",
+          "b.end:",
+          "  %sbi = add i64 %srow, %b",
+          "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+          "  %sbv = load float, ptr %sbp, align 4"]
+    for r in R:
+        L += [f"  %df{r} = sitofp {_V8} %dot{r}.next to {_VF}",
+              f"  %sai{r} = add i64 %sarow{r}, %b",
+              f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+              f"  %sav{r} = load float, ptr %sap{r}, align 4",
+              f"  %scale{r} = fmul float %sav{r}, %sbv",
+              f"  %sv{r}.s = insertelement {_VF} poison, float %scale{r}, i64 0",
+              f"  %sv{r} = shufflevector {_VF} %sv{r}.s, {_VF} poison, <8 x i32> "
+              "zeroinitializer",
+              f"  %acc{r}.next = call {_VF} @llvm.fma.v8f32({_VF} %df{r}, {_VF} %sv{r}, "
+              f"{_VF} %acc{r})"]
+    L += ["  %b.next = add i64 %b, 1",
+          "  %b.more = icmp slt i64 %b.next, %kb",
+          "  br i1 %b.more, label %b.loop, label %m.end",
+          "m.end:"]
+    for r in R:
+        L += [f"  %sum{r} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, "
+              f"{_VF} %acc{r}.next)",
+              f"  %ci0.{r} = mul i64 %m{r}, %N",
+              f"  %ci{r} = add i64 %ci0.{r}, %n",
+              f"  %cp{r} = getelementptr float, ptr %C, i64 %ci{r}",
+              f"  store float %sum{r}, ptr %cp{r}, align 4"]
+    L += [f"  %m.next = add i64 %m, {rows}",
+          f"  %m.last = add i64 %m.next, {rows - 1}",
+          "  %m.more = icmp slt i64 %m.last, %M",
+          "  br i1 %m.more, label %m.loop, label %n.end",
+          "n.end:",
+          "  %n.next = add i64 %n, 1",
+          "  %n.more = icmp slt i64 %n.next, %n1",
+          "  br i1 %n.more, label %n.loop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def module_ir(target=None) -> str:
+    """gemv / gemv4 (qa, sa, B, sb, C, M, n0, n1, N, kb, groups): columns n0..n1 of C for the
+    rows of A, one or four at a time (gemv4 leaves the last M % 4 rows alone); ``groups`` =
+    block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
+    (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
+    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4),
+                      f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+                      f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
+                      f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
+                      f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"])
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
+
+
+def unavailable() -> str | None:
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("nbits_gemv", _module)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO},
+                              REQUIRES)
+
+
+def supported(bits: int, block_size: int) -> bool:
+    """The weights this kernel reads: 4 bits, blocks of 32 to 256 (A quantized per block)."""
+    return bits == 4 and block_size in (32, 64, 128, 256)
+
+
+def quantize_rows(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (M, K) float32 as MLAS's CompInt8 path quantizes it (see ops int8_blocks): int8 codes
+    in the kernel's layout (K padded to whole blocks), the per-block scales, and each block's
+    sum of codes."""
+    M, K = A.shape
+    kb = -(-K // block_size)
+    blocks = np.zeros((M, kb * block_size), np.float32)
+    blocks[:, :K] = A
+    blocks = blocks.reshape(M, kb, block_size)
+    amax = np.abs(blocks).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)
+    sums = q.sum(axis=-1, dtype=np.int32).astype(np.float32)
+    # each 32 codes: the 16 even-indexed, then the 16 odd-indexed
+    laid = q.reshape(M, -1, 16, 2).transpose(0, 1, 3, 2)
+    return np.ascontiguousarray(laid).reshape(M, -1), amax / np.float32(127), sums
+
+
+class Gemv:
+    """The kernel bound to one constant weight (its pointers taken once: a decode step calls
+    it for every projection of every layer, so the per-call cost is the Python around it)."""
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, block_size: int) -> None:
+        self.packed, self.scales = packed, scales  # kept alive: the kernel reads them
+        module = _module()
+        self.fn, self.fn4 = module.gemv, module.gemv4
+        self.b, self.s = packed.ctypes.data, scales.ctypes.data
+        self.groups = block_size // 32
+
+    def __call__(self, qa: np.ndarray, sa: np.ndarray, out: np.ndarray, n0: int,
+                 n1: int) -> None:
+        """out[:, n0:n1] = the zero-point-free block products (see the module's doc); qa, sa
+        and out C-contiguous, from quantize_rows and (M, N)."""
+        M, kb = sa.shape
+        args = (qa.ctypes.data, sa.ctypes.data, self.b, self.s, out.ctypes.data)
+        rest = (n0, n1, out.shape[1], kb, self.groups)
+        four = M - M % 4
+        if four:
+            self.fn4(*args, four, *rest)
+        if four < M:
+            K = qa.shape[1]
+            self.fn(qa.ctypes.data + four * K, sa.ctypes.data + four * kb * 4, self.b, self.s,
+                    out.ctypes.data + four * out.shape[1] * 4, M - four, *rest)
+
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"nbits_gemv": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "REQUIRES", "Gemv", "module_ir", "quantize_rows", "supported",
+           "unavailable"]

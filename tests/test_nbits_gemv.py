@@ -1,0 +1,86 @@
+"""The compiled 4-bit MatMulNBits kernel (compiled/nbits_gemv.py): the same numbers as the numpy
+path and onnxruntime (accuracy_level 4), for decoding rows and prompts, split over threads, and
+the weight kept packed (no float32 copy)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxrun
+from onnxrun.providers.cpu import compiled
+from onnxrun.providers.cpu.compiled import nbits_gemv
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(nbits_gemv.unavailable() is not None,
+                                reason=f"compiled kernel: {nbits_gemv.unavailable()}")
+
+
+def _model(K, N, block, zp, rng, level=4) -> bytes:
+    kb = -(-K // block)
+    B = rng.integers(0, 256, (N, kb, block // 2), dtype=np.uint8)
+    S = (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
+    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")]
+    names = ["A", "B", "S"]
+    if zp:
+        Z = rng.integers(0, 256, N * ((kb + 1) // 2), dtype=np.uint8)
+        inits.append(numpy_helper.from_array(Z, "Z"))
+        names.append("Z")
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N,
+                            block_size=block, bits=4, accuracy_level=level)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+@pytest.mark.parametrize("block", [32, 64, 128, 256])
+@pytest.mark.parametrize("zp", [False, True])
+def test_same_numbers_as_numpy_path_and_onnxruntime(block, zp, monkeypatch):
+    from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
+
+    monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # every product split over 2 threads
+    rng = np.random.default_rng(block + zp)
+    K, N = 4 * block + 32, 600  # K not whole blocks; 2 threads split the columns
+    data = _model(K, N, block, zp, rng)
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = onnxrun.InferenceSession(data, so)
+    with compiled.disabled():
+        ref_numpy = onnxrun.InferenceSession(data, so)
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for M in (1, 3, 70):  # decoding; a few rows; more rows than one pass takes
+        a = rng.standard_normal((M, K)).astype(np.float32)
+        a[:, :block] = 0  # an all-zero block
+        got = sess.run(None, {"A": a})[0]
+        scale = np.abs(got).max()
+        for want in (ref_numpy.run(None, {"A": a})[0], ref.run(None, {"A": a})[0]):
+            assert np.abs(got - want).max() <= 2e-6 * scale
+
+
+def test_weight_stays_packed():
+    """A session keeps the 4-bit weight, not a float32 copy 8 times its size."""
+    rng = np.random.default_rng(0)
+    K, N = 2048, 2048  # packed 2 MiB; float32 16 MiB
+    data = _model(K, N, 32, False, rng)
+    tracemalloc.start()
+    try:
+        sess = onnxrun.InferenceSession(data)
+        sess.run(None, {"A": np.ones((1, K), np.float32)})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, peak
+    with compiled.disabled():  # the numpy path does hold the float copy: the test can fail
+        tracemalloc.start()
+        try:
+            onnxrun.InferenceSession(data)
+            _, peak_numpy = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak_numpy > 16 * 2**20
