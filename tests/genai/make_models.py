@@ -345,6 +345,77 @@ def build(arch: str, size: str = "tiny", fmt: str = "fp32", extra: dict | None =
     return final
 
 
+LORA_RANK = 4
+LORA_ADAPTERS = ("adapter_a", "adapter_b")
+
+
+def build_lora(arch: str = "llama", size: str = "tiny", root: Path | None = None) -> Path:
+    """A LoRA folder as Olive writes them, made from the fp32 builder folder: each MLP
+    ``down_proj`` and the ``lm_head`` MatMul get a LoRA path (``x @ lora_A @ lora_B`` added to the
+    product) whose weights are graph inputs with zero initializers, so the base model runs
+    unchanged and an adapter file overrides them by name. Beside model.onnx: two adapter files
+    (``adapter_a`` / ``adapter_b``.onnx_adapter, seeded random weights written with onnxruntime's
+    AdapterFormat) of different ranks, large enough to change the greedy tokens."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    root = root or cache_root()
+    final = root / recipe_key(arch, size, "lora", {"rank": LORA_RANK})
+    if (final / "genai_config.json").exists():
+        return final
+    base = build(arch, size, "fp32", root=root)
+    work = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        out = work / "out"
+        shutil.copytree(base, out, ignore=shutil.ignore_patterns("model.onnx*"))
+        m = onnx.load(str(base / "model.onnx"))  # external data loaded in memory
+        g = m.graph
+        shapes = {t.name: list(t.dims) for t in g.initializer}
+        targets = [n for n in g.node if n.op_type == "MatMul"
+                   and (n.name.endswith("down_proj/MatMul") or n.name == "/lm_head/MatMul")]
+        rng = np.random.default_rng(7)
+        adapters: dict[str, dict[str, np.ndarray]] = {a: {} for a in LORA_ADAPTERS}
+        nodes = list(g.node)
+        for node in targets:
+            k, n = shapes[node.input[1]]
+            stem = node.input[1].removesuffix(".MatMul.weight")
+            a_name, b_name = f"{stem}.lora_A.weight", f"{stem}.lora_B.weight"
+            for name, dims in ((a_name, [k, "lora_rank"]), (b_name, ["lora_rank", n])):
+                g.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
+            g.initializer.append(numpy_helper.from_array(
+                np.zeros((k, LORA_RANK), np.float32), a_name))
+            g.initializer.append(numpy_helper.from_array(
+                np.zeros((LORA_RANK, n), np.float32), b_name))
+            base_out = node.output[0]
+            node.output[0] = f"{node.name}/base_output_0"
+            lora = [helper.make_node("MatMul", [node.input[0], a_name], [f"{node.name}/lora_A"]),
+                    helper.make_node("MatMul", [f"{node.name}/lora_A", b_name],
+                                     [f"{node.name}/lora_B"]),
+                    helper.make_node("Add", [node.output[0], f"{node.name}/lora_B"],
+                                     [base_out])]
+            nodes[nodes.index(node) + 1:nodes.index(node) + 1] = lora
+            for i, adapter in enumerate(LORA_ADAPTERS):
+                rank = LORA_RANK * (i + 1)
+                adapters[adapter][a_name] = rng.normal(0, 0.5, (k, rank)).astype(np.float32)
+                adapters[adapter][b_name] = rng.normal(0, 0.5, (rank, n)).astype(np.float32)
+        del g.node[:]
+        g.node.extend(nodes)
+        onnx.save(m, str(out / "model.onnx"), save_as_external_data=True,
+                  location="model.onnx.data")
+        for adapter, params in adapters.items():
+            fmt = ort.AdapterFormat()
+            fmt.set_adapter_version(1)
+            fmt.set_model_version(1)
+            fmt.set_parameters({k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in params.items()})
+            fmt.export_adapter(str(out / f"{adapter}.onnx_adapter"))
+        _publish(out, final, "genai_config.json")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", choices=ARCHS, default="llama")

@@ -20,6 +20,7 @@ mask, positions), ``search`` (greedy, sampling, beam), ``generator`` (the loop),
 from __future__ import annotations
 
 from .. import errors
+from .adapters import Adapters
 from .config import Config
 from .generator import Generator, GeneratorParams
 from .model import Model
@@ -27,7 +28,7 @@ from .tensors import NamedTensors, Tensor
 from .tokenizer import Tokenizer, TokenizerStream
 
 __all__ = [
-    "Config", "Generator", "GeneratorParams", "Model", "NamedTensors", "Tensor", "Tokenizer",
+    "Adapters", "Config", "Generator", "GeneratorParams", "Model", "NamedTensors", "Tensor", "Tokenizer",
     "TokenizerStream", "is_cuda_available", "is_dml_available", "is_openvino_available",
     "is_qnn_available", "is_rocm_available", "is_webgpu_available", "set_log_options",
     "set_log_callback", "set_current_gpu_device_id", "get_current_gpu_device_id",

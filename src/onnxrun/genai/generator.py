@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
 
 from .. import errors
+from .adapters import Adapters, release_all
 from .config import search_option
 from .model import Model
 from .search import BeamSearch, GreedySearch
@@ -69,6 +71,8 @@ class Generator:
         self.computed_logits = False
         self.rewound = False
         self.terminated = False
+        self._adapters: Adapters | None = None
+        self._adapter_names: list[str] = []
 
     # -- onnxruntime-genai's methods -----------------------------------------------------------
     def append_tokens(self, tokens: Any) -> None:
@@ -211,8 +215,20 @@ class Generator:
         self.terminated = on
         self.state.run_options.terminate = on
 
-    def set_active_adapter(self, adapters: Any, name: str) -> None:  # noqa: ARG002
-        raise errors.NotImplemented("LoRA adapters are not supported by onnxrun.genai")
+    def set_active_adapter(self, adapters: Adapters, name: str) -> None:
+        """Run every later step with the adapter's parameters (added to those activated before;
+        the generator keeps it loaded until it is freed)."""
+        if not isinstance(adapters, Adapters):
+            raise TypeError(f"set_active_adapter expects onnxrun.genai Adapters, got "
+                            f"{type(adapters).__name__}")
+        if self._adapters is None:
+            self._adapters = adapters
+            weakref.finalize(self, release_all, adapters, self._adapter_names)
+        elif self._adapters is not adapters:
+            raise errors.RuntimeException(
+                "Generator state can only register a single Adapters container.")
+        self.state.run_options.add_active_adapter(adapters.acquire(name))
+        self._adapter_names.append(str(name))
 
     # -- internals -----------------------------------------------------------------------------
     def _compute_logits(self, tokens: np.ndarray) -> None:
