@@ -14,6 +14,7 @@ import numpy as np
 from .. import errors
 from .adapters import Adapters, release_all
 from .config import search_option
+from .guidance import Guidance
 from .model import Model
 from .search import BeamSearch, GreedySearch
 from .state import DecoderState
@@ -27,6 +28,7 @@ class GeneratorParams:
         self.model = model
         self.search = model.config.search_defaults()
         self.extra_inputs: dict[str, np.ndarray] = {}
+        self.guidance: tuple[str, str, bool] | None = None
 
     def set_search_options(self, **options: Any) -> None:
         for name, value in options.items():
@@ -38,9 +40,10 @@ class GeneratorParams:
     def set_model_input(self, name: str, value: Any) -> None:
         self.extra_inputs[str(name)] = as_array(value)
 
-    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:  # noqa: A002, ARG002
-        raise errors.NotImplemented(
-            "constrained decoding (set_guidance, llguidance) is not supported by onnxrun.genai")
+    def set_guidance(self, type: str, data: str, enable_ff_tokens: bool = False) -> None:  # noqa: A002
+        """Constrain the generated tokens to a JSON schema, a regex or a Lark grammar
+        (onnxrun.genai.guidance; checked when the Generator is made, as onnxruntime-genai)."""
+        self.guidance = (str(type), str(data), bool(enable_ff_tokens))
 
 
 class Generator:
@@ -68,6 +71,13 @@ class Generator:
         search_cls = BeamSearch if p["num_beams"] > 1 else GreedySearch
         self.search = search_cls(p, eos, pad, vocab)
         self.state = DecoderState(model, p, dict(params.extra_inputs))
+        self.guidance = None
+        kind, data, _ff = params.guidance or ("", "", False)
+        if bool(kind) != bool(data):
+            raise errors.RuntimeException("Guidance type and data must be provided together.")
+        if kind:  # both empty: no guidance, as genai
+            self.guidance = Guidance(model.config.path, vocab, eos[0] if eos else 0, kind,
+                                     data, p["batch_size"])
         self.computed_logits = False
         self.rewound = False
         self.terminated = False
@@ -119,9 +129,21 @@ class Generator:
             self._compute_logits(tokens)
         self.computed_logits = False
         self.rewound = False
+        live = None
+        if self.guidance is not None:
+            # one matcher per prompt, as genai: under a beam search it guides the first
+            # batch_size rows; in a greedy search the rows that ended take pads, not grammar tokens
+            live = (np.arange(self.params["batch_size"]) if self.params["num_beams"] > 1
+                    else np.flatnonzero(~search.eos_seen))
+            self.guidance.mask(search.scores, live)
         search.apply_min_length()
         search.apply_repetition_penalty()
-        p = self.params
+        self._choose_next()
+        if live is not None:
+            self.guidance.commit(search.next_tokens, live)
+
+    def _choose_next(self) -> None:
+        search, p = self.search, self.params
         if not p["do_sample"] or p["top_k"] == 1 or p["temperature"] == 0:
             search.select_top()
             return
@@ -201,6 +223,8 @@ class Generator:
         if self.params["batch_size"] > 1 and length != 0:
             raise errors.InvalidArgument(
                 "RewindToLength must be called with new_length=0 when batch_size > 1")
+        if self.guidance is not None:  # as genai: the grammar starts over
+            self.guidance.reset()
         self.search.rewind_to(length)
         self.state.rewind_to(length)
         self.computed_logits = False
