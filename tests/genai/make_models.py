@@ -1,7 +1,8 @@
 """Build onnxruntime-genai model folders offline, for the genai tests and benchmarks.
 
-A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a format: int4
-or fp32 through onnxruntime-genai's model builder (GroupQueryAttention, MatMulNBits), or
+A recipe is an architecture (llama, qwen2, phi3), a size (tiny, small, 0.5b) and a format: int4,
+fp32 or fp16 through onnxruntime-genai's model builder (GroupQueryAttention, MatMulNBits; fp16
+with ``-e cpu`` is built, but with MultiHeadAttention and no shared KV buffer), or
 ``optimum`` / ``optimum-nopos``: a plain-ONNX export through torch.onnx with Hugging Face
 Optimum's names (``past_key_values.%d.key`` / ``present.%d.key``; with or without a
 ``position_ids`` input: without, the graph derives positions from the attention mask) and a
@@ -35,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 ARCHS = ("llama", "qwen2", "phi3")
-FORMATS = ("int4", "fp32", "optimum", "optimum-nopos")
+FORMATS = ("int4", "fp32", "fp16", "optimum", "optimum-nopos")
 # Recipe format version: bump when the build below changes what it writes.
 _RECIPE_VERSION = 2
 
