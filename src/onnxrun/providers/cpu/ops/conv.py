@@ -1037,7 +1037,7 @@ class Conv(_ConvBase):
             Xz[:, :S] = X.reshape(C, S)
             Xz[:, S] = 0
             cols = np.take(Xz, idx, axis=1)  # (C, K * P): (C, K) rows, as Wm's columns
-            Y = np.matmul(Wm[0], cols.reshape(C * idx.shape[0] // math.prod(outs), -1))
+            Y = blas.matmul(Wm[0], cols.reshape(C * idx.shape[0] // math.prod(outs), -1))
             Y = Y.reshape((N, M) + outs)
             _epilogue(Y, None, b, Z if Z is None or Z.shape == Y.shape else
                       np.broadcast_to(Z, Y.shape), act)
