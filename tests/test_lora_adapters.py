@@ -158,8 +158,28 @@ def test_run_with_active_adapters(tmp_path):
     np.testing.assert_array_equal(got, x @ LORA_MODEL_W + (x @ a) @ b)
     # without the adapter: the model's own (zero) parameters
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ LORA_MODEL_W)
-    with pytest.raises(onnxrun.InvalidArgument, match="'a' is given twice"):
-        session.run(None, {"x": x, "a": a}, ro)
+    # a name given by the feed and by an active adapter: the adapter's value, as onnxruntime
+    a2 = np.full_like(a, 2.0)
+    got = session.run(None, {"x": x, "a": a2}, ro)[0]
+    np.testing.assert_array_equal(got, ort_session.run(None, {"x": x, "a": a2}, ort_ro)[0])
+    np.testing.assert_array_equal(got, x @ LORA_MODEL_W + (x @ a) @ b)
+    # two active adapters with the same names: the first activated wins, as onnxruntime
+    other_path = path.with_name("other.onnx_adapter")
+    _export(onnxrun, other_path, {"a": a2, "b": b})
+    other, other_ort = LoraAdapter(), ort.LoraAdapter()
+    other.Load(str(other_path))
+    other_ort.Load(str(other_path))
+    for first, second, first_ort, second_ort, want in [(ours, other, theirs, other_ort, a),
+                                                      (other, ours, other_ort, theirs, a2)]:
+        ro2, ort_ro2 = RunOptions(), ort.RunOptions()
+        ro2.add_active_adapter(first)
+        ro2.add_active_adapter(second)
+        ort_ro2.add_active_adapter(first_ort)
+        ort_ro2.add_active_adapter(second_ort)
+        for feed in [{"x": x}, {"x": x, "a": np.full_like(a, 7.0)}]:
+            got = session.run(None, feed, ro2)[0]
+            np.testing.assert_array_equal(got, ort_session.run(None, feed, ort_ro2)[0])
+            np.testing.assert_array_equal(got, x @ LORA_MODEL_W + (x @ want) @ b)
     with pytest.raises(TypeError, match="expects a LoraAdapter"):
         RunOptions().add_active_adapter(str(path))
     assert os.path.exists(path)
