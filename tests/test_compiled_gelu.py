@@ -89,3 +89,86 @@ def test_operators_equal_onnxruntime(op, compiled_on):
     theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(
         None, {"X": X})[0]
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=2e-6)
+
+
+# -- SiLU / QuickGelu: the same pass with a constant polynomial ------------------------------
+
+
+def _silu_reference(x, alpha):
+    with np.errstate(all="ignore"):
+        x64 = x.astype(np.float64)
+        return (x64 / (1 + np.exp(-alpha * x64))).astype(np.float32)
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 4095, 4096, 4097, 70000])
+@pytest.mark.parametrize("alpha", [1.0, 1.702, -0.5])
+def test_quick_gelu_equals_x_sigmoid_alpha_x(n, alpha):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * 6).astype(np.float32)
+    specials = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 90.0, -90.0, 3e38, -3e38]
+    x[:len(specials)] = specials[:n]
+    y = gelu.quick_gelu(x, alpha)
+    with np.errstate(all="ignore"):  # the numpy path's formula: x * sigmoid(alpha x)
+        numpy_path = x * (1 / (1 + np.exp(-alpha * x)))
+    assert np.array_equal(np.isnan(y), np.isnan(numpy_path))
+    _agree(y, _silu_reference(x, alpha))
+    z = x.copy()
+    assert gelu.quick_gelu(z, alpha, out=z) is z
+    assert np.array_equal(z, y, equal_nan=True)
+
+
+def test_quick_gelu_threads_and_bad_inputs():
+    x = np.random.default_rng(0).standard_normal(4096 * 40 + 5).astype(np.float32)
+    np.testing.assert_array_equal(gelu.quick_gelu(x, threads=3), gelu.quick_gelu(x))
+    with pytest.raises(ValueError, match="1-D contiguous"):
+        gelu.quick_gelu(x.reshape(-1, 5))
+    with pytest.raises(ValueError, match="out"):
+        gelu.quick_gelu(x, out=np.empty(3, np.float32))
+
+
+def _silu_model(alpha=None):
+    attrs = {} if alpha is None else {"alpha": alpha}
+    node = helper.make_node("QuickGelu", ["X"], ["Y"], domain="com.microsoft", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TP.FLOAT, None)],
+                              [helper.make_tensor_value_info("Y", TP.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+@pytest.mark.parametrize("alpha", [None, 1.0])
+@pytest.mark.parametrize("shape", [(3, 5), (1, 16, 20, 20), (2, 7, 41)])
+def test_quick_gelu_operator_equals_onnxruntime_and_the_numpy_path(shape, alpha):
+    X = (np.random.default_rng(2).standard_normal(shape) * 4).astype(np.float32)
+    blob = _silu_model(alpha)
+    ours = onnxrun.InferenceSession(blob).run(None, {"X": X})[0]
+    with jit.disabled():
+        numpy_path = onnxrun.InferenceSession(blob).run(None, {"X": X})[0]
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(
+        None, {"X": X})[0]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=2e-6)  # MLAS's own logistic
+    np.testing.assert_allclose(ours, numpy_path, rtol=3e-6, atol=1e-7)
+
+
+def test_quick_gelu_keeps_a_channels_last_input_channels_last():
+    from onnxrun.providers.cpu.ops.contrib.fused import QuickGelu
+
+    class Ctx:
+        session_options = None
+
+    X = np.random.default_rng(3).standard_normal((2, 5, 6, 24)).astype(np.float32)
+    X = X.transpose(0, 3, 1, 2)  # NCHW-shaped view of channels-last memory
+    Y = QuickGelu(Ctx(), alpha=1.0)(X)
+    assert Y.transpose(0, 2, 3, 1).flags.c_contiguous
+    _agree(Y, _silu_reference(X, 1.0))
+    odd = X[:, :, ::2]  # not dense: the numpy path, same values
+    _agree(QuickGelu(Ctx(), alpha=1.0)(odd), _silu_reference(odd, 1.0))
+
+
+@pytest.mark.parametrize("target", ["avx2", "avxvnni", "avx512", "avx512vnni"])
+def test_the_silu_variant_builds_for_every_target(target):
+    """The constant-polynomial IR (compiled, not run, for AVX-512 on an AVX2 host)."""
+    from onnxrun.providers.cpu.compiled import targets
+
+    answer = jit._compile({"silu": gelu.module_ir([-1.4426950408889634], "silu")},
+                          targets.get(target))
+    assert answer["error"] is None and answer["errors"] == {} and "silu" in answer["objects"]

@@ -12,6 +12,12 @@ by the caller: gelu(x) = x / (1 + 2^(x P(x^2))), within 6.2e-7 of gelu), with ex
 2^n applied as two exponent-bit factors so that p in [-150, 128] scales without leaving the
 normal range; p is clamped there first (past it the result is 0 or inf anyway). A NaN
 stays NaN; +inf gives +inf, -inf NaN, as numpy's exp2 and division give on the numpy path.
+
+A polynomial of degree 0 (one coefficient c) makes the same pass x / (1 + 2^(c x)) = x *
+sigmoid(-c ln(2) x): SiLU and QuickGelu (``quick_gelu``: c = -alpha log2(e)), which YOLO-style
+detectors apply after every convolution (a sixth of such a model's run on the numpy path:
+negate, exp, add, reciprocal, multiply, each a pass and most a temporary). +inf gives +inf,
+-inf NaN (-inf * 0), a NaN NaN, as x * sigmoid(alpha x) does on the numpy path.
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ def _c(x: float) -> str:
     return ir._vconst(x)
 
 
-def _kernel(coeffs: list[float]) -> str:
-    """``@bias_gelu``: rows [r0, r1) of width ``%n``; the bias (``%n`` floats) added along the
+def _kernel(coeffs: list[float], name: str = "bias_gelu") -> str:
+    """``@<name>``: rows [r0, r1) of width ``%n``; the bias (``%n`` floats) added along the
     row; x and y rows ``%n`` floats apart (y may be x)."""
-    L = ["define void @bias_gelu(ptr %X, ptr %bias, ptr %Y, i64 %n, i64 %r0, i64 %r1) nounwind {",
+    L = [f"define void @{name}(ptr %X, ptr %bias, ptr %Y, i64 %n, i64 %r0, i64 %r1) nounwind {{",
          "entry:",
          "  %anyr = icmp slt i64 %r0, %r1",
          "  %anyc = icmp sgt i64 %n, 0",
@@ -57,16 +63,20 @@ def _kernel(coeffs: list[float]) -> str:
          f"{_VF} zeroinitializer)",
          f"  %b = call {_VF} @llvm.masked.load.v16f32.p0(ptr %bp, i32 4, <16 x i1> %mask, "
          f"{_VF} zeroinitializer)",
-         f"  %s = fadd {_VF} %x, %b",
-         f"  %t = fmul {_VF} %s, %s",
-         f"  %h0 = fmul {_VF} %t, {_c(coeffs[0])}"]
-    prev = "%h0"  # Horner, as the numpy path: (((c0 t + c1) t + c2) ... ) t + c6
-    for k, a in enumerate(coeffs[1:-1], 1):
-        L += [f"  %h{k}a = fadd {_VF} {prev}, {_c(a)}",
-              f"  %h{k} = fmul {_VF} %h{k}a, %t"]
-        prev = f"%h{k}"
-    L += [f"  %poly = fadd {_VF} {prev}, {_c(coeffs[-1])}",
-          f"  %p = fmul {_VF} %poly, %s",
+         f"  %s = fadd {_VF} %x, %b"]
+    if len(coeffs) == 1:  # a constant: p = c s (SiLU, QuickGelu)
+        L.append(f"  %p = fmul {_VF} %s, {_c(coeffs[0])}")
+    else:
+        L += [f"  %t = fmul {_VF} %s, %s",
+              f"  %h0 = fmul {_VF} %t, {_c(coeffs[0])}"]
+        prev = "%h0"  # Horner, as the numpy path: (((c0 t + c1) t + c2) ... ) t + c6
+        for k, a in enumerate(coeffs[1:-1], 1):
+            L += [f"  %h{k}a = fadd {_VF} {prev}, {_c(a)}",
+                  f"  %h{k} = fmul {_VF} %h{k}a, %t"]
+            prev = f"%h{k}"
+        L += [f"  %poly = fadd {_VF} {prev}, {_c(coeffs[-1])}",
+              f"  %p = fmul {_VF} %poly, %s"]
+    L += [
           # 2^p: clamp (a NaN p comes from a NaN s, which the division keeps), split, scale
           f"  %pl = call {_VF} @llvm.maxnum.v16f32({_VF} %p, {_VF} {_c(-150.0)})",
           f"  %pc = call {_VF} @llvm.minnum.v16f32({_VF} %pl, {_VF} {_c(128.0)})",
@@ -119,11 +129,11 @@ def _kernel(coeffs: list[float]) -> str:
     return "\n".join(L)
 
 
-def module_ir(coeffs) -> str:
+def module_ir(coeffs, name: str = "bias_gelu") -> str:
     """Generic 16-lane IR (the same for every target: LLVM splits it on 8-lane ones) for the
     polynomial ``coeffs`` (highest degree first: the numpy path's, which is their home)."""
     decls = ir.declarations("load.f32", "store.f32", "fma", "rint", "minnum", "maxnum")
-    return "\n\n".join(["\n".join(decls), _kernel([float(c) for c in coeffs])])
+    return "\n\n".join(["\n".join(decls), _kernel([float(c) for c in coeffs], name)])
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -171,4 +181,54 @@ def bias_gelu(coeffs, x: np.ndarray, bias: np.ndarray | None = None,
     return out
 
 
-__all__ = ["bias_gelu", "module_ir", "unavailable"]
+_SILU_CHUNK = 4096  # floats per kernel row: the bias row of zeros it reads stays this short
+
+
+def _silu_module(alpha: float) -> jit.Module:
+    c = float(np.float32(-alpha * math.log2(math.e)))
+    return jit.compile_module(f"silu_{np.float32(alpha).view(np.uint32):08x}",
+                              lambda target: module_ir([c], "silu"), {"silu": _PROTO})
+
+
+def silu_unavailable(alpha: float = 1.0) -> str | None:
+    """None when ``quick_gelu`` can run here for ``alpha``, else why not."""
+    return jit.why_unavailable() or jit.why_not_loaded(
+        f"silu_{np.float32(alpha).view(np.uint32):08x}", lambda: _silu_module(alpha))
+
+
+_ZEROS = np.zeros(_SILU_CHUNK, np.float32)
+
+
+def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
+               threads: int = 1) -> np.ndarray:
+    """x * sigmoid(alpha x) of a 1-D contiguous float32 ``x`` into ``out`` (1-D, x's size;
+    may be ``x``; new if None): SiLU at alpha 1, QuickGelu's default 1.702."""
+    if x.dtype != np.float32 or x.ndim != 1 or not x.flags.c_contiguous:
+        raise ValueError("quick_gelu: expected a 1-D contiguous float32 array")
+    if out is None:
+        out = np.empty(x.shape, np.float32)
+    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"quick_gelu: out must be a contiguous float32 [{x.size}]")
+    n = x.size
+    if n == 0:
+        return out
+    fn = _silu_module(alpha).silu
+    whole, rest = divmod(n, _SILU_CHUNK)
+    xa, ya, za = address(x), address(out), address(_ZEROS)
+
+    def rows(r0: int, r1: int) -> None:
+        fn(xa, za, ya, _SILU_CHUNK, r0, r1)
+
+    if threads > 1 and whole >= 16:
+        from ..parallel import run_ranges, split
+
+        run_ranges(rows, split(whole, threads))
+    elif whole:
+        rows(0, whole)
+    if rest:  # the last, short row
+        at = whole * _SILU_CHUNK * 4
+        fn(xa + at, za, ya + at, rest, 0, 1)
+    return out
+
+
+__all__ = ["bias_gelu", "module_ir", "quick_gelu", "silu_unavailable", "unavailable"]

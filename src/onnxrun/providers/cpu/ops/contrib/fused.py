@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from ...kernels import KernelContext, op
-from ...parallel import threads_for
+from ...compiled.layout import dense_order, flat, shaped_like
+from ...parallel import split_threads, threads_for
 from ..activation import sigmoid
 from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
@@ -305,12 +306,32 @@ def FastGelu(X, bias=None):
     return fast_gelu_(x).astype(X.dtype, copy=False)
 
 
+_SILU_COMPILED_MIN = 256  # elements: below, the ctypes call costs more than numpy's passes
+
+
 @op("QuickGelu", 1, domain=MS)
-def QuickGelu(X, *, alpha=1.702):
-    x, cdt = _owned(X)
-    s = sigmoid(x * cdt.type(alpha))
-    s *= x
-    return s.astype(X.dtype, copy=False)
+class QuickGelu:
+    """x * sigmoid(alpha x); SiLU (alpha 1) as the optimizer fuses x * Sigmoid(x). float32 in
+    one compiled pass (compiled/gelu.quick_gelu) where it runs, the result in X's memory
+    order (a channels-last input stays channels-last)."""
+
+    def __init__(self, ctx: KernelContext, *, alpha=1.702) -> None:
+        self.alpha = float(alpha)
+        self.threads = split_threads(ctx)
+        from ...compiled import gelu
+
+        self.compiled = gelu if gelu.silu_unavailable(self.alpha) is None else None
+
+    def __call__(self, X):
+        if self.compiled is not None and X.dtype == np.float32 and X.size >= _SILU_COMPILED_MIN:
+            order = dense_order(X)
+            if order is not None:
+                y = self.compiled.quick_gelu(flat(X, order), self.alpha, threads=self.threads)
+                return shaped_like(y, X, order)
+        x, cdt = _owned(X)
+        s = sigmoid(x * cdt.type(self.alpha))
+        s *= x
+        return s.astype(X.dtype, copy=False)
 
 
 @op("BiasSplitGelu", 1, domain=MS)
