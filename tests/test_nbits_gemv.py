@@ -54,7 +54,7 @@ def test_same_numbers_as_numpy_path_and_onnxruntime(block, zp, monkeypatch):
     with compiled.disabled():
         ref_numpy = onnxrun.InferenceSession(data, so)
     ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
-    for M in (1, 3, 70):  # decoding; a few rows; more rows than one pass takes
+    for M in (1, 2, 3, 4, 5, 70):  # decoding (1-4 rows: dec kernels); a few rows; many
         a = rng.standard_normal((M, K)).astype(np.float32)
         a[:, :block] = 0  # an all-zero block
         got = sess.run(None, {"A": a})[0]
@@ -84,3 +84,27 @@ def test_weight_stays_packed():
         finally:
             tracemalloc.stop()
     assert peak_numpy > 16 * 2**20
+
+
+@pytest.mark.parametrize("block", [32, 64, 128, 256])
+def test_compiled_quantize_is_quantize_rows(block):
+    """The compiled quantization of A gives quantize_rows's codes, scales and sa * sums bit
+    for bit: round half to even on exact ties, all-zero blocks, one-sided blocks, K not whole
+    blocks."""
+    rng = np.random.default_rng(block)
+    M, kb = 4, 5
+    K = kb * block - 16
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    A[0, :block] = 0  # an all-zero block
+    A[1, :block] = np.arange(block) % 9 - 4 + 0.5  # amax 4.5
+    A[1, block:2 * block] = (np.arange(block) % 200 - 100).astype(np.float32) + 0.5
+    A[1, block] = 127.0  # amax 127: inv = 1, every other value an exact .5 tie
+    A[2, 2 * block:3 * block] = np.abs(A[2, 2 * block:3 * block])  # all positive
+    qa, sa, sums = nbits_gemv.quantize_rows(A, block)
+    packed = np.zeros((8, kb, block // 2), np.uint8)
+    gemv = nbits_gemv.Gemv(packed, np.ones((8, kb), np.float32), block)
+    got_q, got_s, got_asum = gemv.quantize(A)
+    np.testing.assert_array_equal(got_q, qa)
+    np.testing.assert_array_equal(got_s, sa)
+    np.testing.assert_array_equal(got_asum, sa * sums)
+    assert (qa[1, block:2 * block] % 2 == 0).sum() == block - 1  # ties went to even codes

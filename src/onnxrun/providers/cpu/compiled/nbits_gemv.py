@@ -132,12 +132,104 @@ def _function(name: str, rows: int) -> list[str]:
     return L
 
 
+def _quantize() -> list[str]:
+    """quantize(A, qa, sa, asum, M, kb, groups): A (M, kb * groups * 32) float32 as
+    quantize_rows quantizes it, with the same float operations in the same order (amax,
+    127 / amax, rint of a * inv, amax / 127), and each block's sa * (sum of its codes, exact):
+    the factor of the zero points' share."""
+    VF32, VI32, VB32 = "<32 x float>", "<32 x i32>", "<32 x i8>"
+    # each 32 codes: the 16 even-indexed, then the 16 odd-indexed
+    order = "<32 x i32> <" + ", ".join(
+        f"i32 {i}" for i in [*range(0, 32, 2), *range(1, 32, 2)]) + ">"
+    return [
+        "define void @quantize(ptr noalias %A, ptr noalias %qa, ptr noalias %sa, "
+        "ptr noalias %asum, i64 %M, i64 %kb, i64 %groups) nounwind {",
+        "entry:",
+        "  %bsz = mul i64 %groups, 32",
+        "  %K = mul i64 %kb, %bsz",
+        "  %any = icmp sgt i64 %M, 0",
+        "  br i1 %any, label %m.loop, label %end",
+        "m.loop:",
+        "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+        "  %arow = mul i64 %m, %K",
+        "  %srow = mul i64 %m, %kb",
+        "  br label %b.loop",
+        "b.loop:",
+        "  %b = phi i64 [0, %m.loop], [%b.next, %q.end]",
+        "  %boff = mul i64 %b, %bsz",
+        "  %base = add i64 %arow, %boff",
+        "  br label %x.loop",
+        "x.loop:",  # the block's amax
+        "  %g = phi i64 [0, %b.loop], [%g.next, %x.loop]",
+        f"  %mx = phi {VF32} [zeroinitializer, %b.loop], [%mx.next, %x.loop]",
+        "  %goff = mul i64 %g, 32",
+        "  %i = add i64 %base, %goff",
+        "  %p = getelementptr float, ptr %A, i64 %i",
+        f"  %v = load {VF32}, ptr %p, align 4",
+        f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
+        f"  %mx.next = call {VF32} @llvm.maxnum.v32f32({VF32} %mx, {VF32} %av)",
+        "  %g.next = add i64 %g, 1",
+        "  %g.more = icmp slt i64 %g.next, %groups",
+        "  br i1 %g.more, label %x.loop, label %x.end",
+        "x.end:",
+        f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %mx.next)",
+        "  %nz = fcmp one float %amax, 0.0",
+        "  %inv0 = fdiv float 127.0, %amax",
+        "  %inv = select i1 %nz, float %inv0, float 0.0",
+        "  %scale = fdiv float %amax, 127.0",
+        "  %si = add i64 %srow, %b",
+        "  %sp = getelementptr float, ptr %sa, i64 %si",
+        "  store float %scale, ptr %sp, align 4",
+        f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
+        f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer",
+        "  br label %q.loop",
+        "q.loop:",  # codes, in the kernels' layout, and their sum
+        "  %h = phi i64 [0, %x.end], [%h.next, %q.loop]",
+        f"  %sum = phi {VI32} [zeroinitializer, %x.end], [%sum.next, %q.loop]",
+        "  %hoff = mul i64 %h, 32",
+        "  %j = add i64 %base, %hoff",
+        "  %pj = getelementptr float, ptr %A, i64 %j",
+        f"  %w = load {VF32}, ptr %pj, align 4",
+        f"  %ws = fmul {VF32} %w, %invv",
+        f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
+        f"  %wi = fptosi {VF32} %wr to {VI32}",
+        f"  %sum.next = add {VI32} %sum, %wi",
+        f"  %wo = shufflevector {VI32} %wi, {VI32} poison, {order}",
+        f"  %wb = trunc {VI32} %wo to {VB32}",
+        "  %pq = getelementptr i8, ptr %qa, i64 %j",
+        f"  store {VB32} %wb, ptr %pq, align 1",
+        "  %h.next = add i64 %h, 1",
+        "  %h.more = icmp slt i64 %h.next, %groups",
+        "  br i1 %h.more, label %q.loop, label %q.end",
+        "q.end:",
+        f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %sum.next)",
+        "  %totalf = sitofp i32 %total to float",
+        "  %blocksum = fmul float %scale, %totalf",
+        "  %up = getelementptr float, ptr %asum, i64 %si",
+        "  store float %blocksum, ptr %up, align 4",
+        "  %b.next = add i64 %b, 1",
+        "  %b.more = icmp slt i64 %b.next, %kb",
+        "  br i1 %b.more, label %b.loop, label %m.end",
+        "m.end:",
+        "  %m.next = add i64 %m, 1",
+        "  %m.more = icmp slt i64 %m.next, %M",
+        "  br i1 %m.more, label %m.loop, label %end",
+        "end:",
+        "  ret void",
+        "}",
+        f"declare {VF32} @llvm.fabs.v32f32({VF32})",
+        f"declare {VF32} @llvm.maxnum.v32f32({VF32}, {VF32})",
+        f"declare float @llvm.vector.reduce.fmax.v32f32({VF32})",
+        f"declare {VF32} @llvm.rint.v32f32({VF32})",
+        f"declare i32 @llvm.vector.reduce.add.v32i32({VI32})"]
+
+
 def module_ir(target=None) -> str:
     """gemv / gemv4 (qa, sa, B, sb, C, M, n0, n1, N, kb, groups): columns n0..n1 of C for the
     rows of A, one or four at a time (gemv4 leaves the last M % 4 rows alone); ``groups`` =
     block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
     (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
-    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4),
+    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4), *_quantize(),
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
                       f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
@@ -153,9 +245,12 @@ def unavailable() -> str | None:
     return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("nbits_gemv", _module)
 
 
+_QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I)
+
+
 def _module() -> jit.Module:
-    return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO},
-                              REQUIRES)
+    return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO,
+                                                        "quantize": _QUANT}, REQUIRES)
 
 
 def supported(bits: int, block_size: int) -> bool:
@@ -192,6 +287,24 @@ class Gemv:
         self.fn, self.fn4 = module.gemv, module.gemv4
         self.b, self.s = packed.ctypes.data, scales.ctypes.data
         self.groups = block_size // 32
+        self.kb = scales.shape[1]
+        self.K = self.kb * block_size
+        self._quantize = module.quantize
+
+    def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """quantize_rows(A) compiled, for this weight's blocks: the codes, the scales and
+        sa * sums (bit for bit; a decode step's numpy calls cost more than the kernel)."""
+        M, K = A.shape
+        if K != self.K or A.dtype != np.float32 or not A.flags.c_contiguous:
+            full = np.zeros((M, self.K), np.float32)  # the last block padded with zeros
+            full[:, :K] = A
+            A = full
+        qa = np.empty((M, self.K), np.int8)
+        sa = np.empty((M, self.kb), np.float32)
+        asum = np.empty((M, self.kb), np.float32)
+        self._quantize(A.ctypes.data, qa.ctypes.data, sa.ctypes.data, asum.ctypes.data, M,
+                       self.kb, self.groups)
+        return qa, sa, asum
 
     def __call__(self, qa: np.ndarray, sa: np.ndarray, out: np.ndarray, n0: int,
                  n1: int) -> None:

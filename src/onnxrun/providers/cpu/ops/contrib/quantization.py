@@ -616,7 +616,6 @@ class MatMulNBits:
                     zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb].astype(F32)
                 self.zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
                 self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size)
-                self.quantize_rows = nbits_gemv.quantize_rows
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
 
@@ -645,8 +644,8 @@ class MatMulNBits:
 
     def _packed(self, A: np.ndarray) -> np.ndarray:
         """The level-4 product from the packed weight (see the class's doc)."""
-        M, N, bs = A.shape[0], self.N, self.block_size
-        qa, sa, sums = self.quantize_rows(A, bs)
+        M, N = A.shape[0], self.N
+        qa, sa, asum = self.gemv.quantize(A)
         Y = np.empty((M, N), F32)
         gemv = self.gemv
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:  # not worth a hand-off
@@ -656,7 +655,7 @@ class MatMulNBits:
             for m0 in range(0, M, self.ROWS):  # a slice of A's codes stays in cache
                 qs, ss, ys = (x[m0:m0 + self.ROWS] for x in (qa, sa, Y))
                 run_ranges(lambda n0, n1, qs=qs, ss=ss, ys=ys: gemv(qs, ss, ys, n0, n1), ranges)
-        Y -= (sa * sums) @ self.zs  # the zero points' share
+        Y -= asum @ self.zs  # the zero points' share
         return Y
 
 
