@@ -268,6 +268,21 @@ def test_winograd_products_compiled_equal_blas(C, M, size, threads):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("N", [32, 37])
+def test_pack_stack_equals_packing_each_matrix(N):
+    """Winograd's 16 operands packed by one copy into one buffer: the panels of each equal
+    its own pack(), and products through them equal A @ B."""
+    rng = np.random.default_rng(N)
+    Bs = rng.standard_normal((16, 21, N)).astype(np.float32)
+    stacked = float_gemm.pack_stack(Bs)
+    assert stacked is not None and len(stacked) == 16
+    A = rng.standard_normal((9, 21)).astype(np.float32)
+    for B, p in zip(Bs, stacked, strict=True):
+        np.testing.assert_array_equal(p.panels, float_gemm.pack(B).panels)
+        np.testing.assert_allclose(p.run(A), A @ B, rtol=1e-5, atol=1e-5)
+    assert float_gemm.pack_stack(Bs.astype(np.float64)) is None
+
+
 @pytest.mark.parametrize("compiled_on", [True, False])
 def test_blas_held_to_one_thread_when_compiled_gemms_carry_the_products(compiled_on):
     """Two pools never spin against each other: with the products on compiled GEMMs (split
@@ -358,7 +373,9 @@ def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
             sess = onnxrun.InferenceSession(model, so)
     (conv,) = [step.kernel for step in sess._program.steps]
     assert (conv.winograd_packed is not None) == compiled_on
-    assert ("winograd" in conv.prepared) == compiled_on
+    # compiled: the 16 transformed filters held once, in the panels; else im2col's operand
+    assert "winograd" not in conv.prepared
+    assert ("gemm" in conv.prepared) != compiled_on
     X = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
     theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
         None, {"X": X})[0]

@@ -356,6 +356,32 @@ def pack(B: np.ndarray | None) -> PackedMatrix | None:
         return None
 
 
+def pack_stack(Bs: np.ndarray) -> list[PackedMatrix] | None:
+    """``pack`` of each (K, N) matrix of a float32 stack (G, K, N), in one copy into one
+    buffer (Winograd's 16 products), or None where the kernel does not run."""
+    if Bs.ndim != 3 or Bs.dtype != np.float32 or unavailable() is not None:
+        return None
+    try:
+        return PackedMatrix.stack(Bs)
+    except jit.Unavailable:
+        return None
+
+
+def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
+    """(G, K, N) -> (G, N/NR panels, K, NR), 64-byte aligned, missing columns zero: one
+    strided copy for the whole stack."""
+    G, K, N = Bs.shape
+    npan = -(-N // NR)
+    panels = aligned_zeros((G, npan, K, NR), np.float32)
+    full = npan * NR
+    if N != full:
+        padded = np.zeros((G, K, full), np.float32)
+        padded[:, :, :N] = Bs
+        Bs = padded
+    panels[...] = Bs.reshape(G, K, npan, NR).transpose(0, 2, 1, 3)
+    return panels
+
+
 class PackedMatrix:
     """A constant (K, N) float32 matrix packed once into the panels of the selected target's
     tile: (N/NR panels, K, NR) floats, 64-byte aligned, the last panel's missing columns zero.
@@ -371,18 +397,27 @@ class PackedMatrix:
             raise ValueError(f"PackedMatrix: expected a 2-D matrix, got shape {list(B.shape)}")
         module = _module(tile)
         tile = tile or tile_for(module.target)  # the layout follows the module's target
-        self._fn = module.sgemm
         K, N = B.shape
-        NR = tile.NR
-        npan = -(-N // NR)
-        self.panels = aligned_zeros((npan, K, NR), np.float32)
-        full = npan * NR
-        if N == full:
-            self.panels[...] = np.asarray(B, np.float32).reshape(K, npan, NR).transpose(1, 0, 2)
-        else:
-            padded = np.zeros((K, full), np.float32)
-            padded[:, :N] = B
-            self.panels[...] = padded.reshape(K, npan, NR).transpose(1, 0, 2)
+        self._bind(module, tile, _panels(np.asarray(B, np.float32)[None], tile.NR)[0], N)
+
+    @classmethod
+    def stack(cls, Bs: np.ndarray, tile: Tile | None = None) -> list[PackedMatrix]:
+        """One PackedMatrix per (K, N) matrix of the stack ``Bs`` (G, K, N), their panels
+        views of one buffer filled by one copy."""
+        module = _module(tile)
+        tile = tile or tile_for(module.target)
+        panels = _panels(np.asarray(Bs, np.float32), tile.NR)
+        packed = []
+        for g in range(Bs.shape[0]):
+            p = cls.__new__(cls)
+            p._bind(module, tile, panels[g], Bs.shape[2])
+            packed.append(p)
+        return packed
+
+    def _bind(self, module: jit.Module, tile: Tile, panels: np.ndarray, N: int) -> None:
+        npan, K, NR = panels.shape
+        self._fn = module.sgemm
+        self.panels = panels
         self._ptr = address(self.panels) if self.panels.size else 0
         self.K, self.N, self.NR, self.MR, self.tile = K, N, NR, tile.MR, tile
         self._ncb = max(1, NC_BYTES // (4 * NR * max(1, min(K, KC))))
@@ -469,4 +504,4 @@ _NO_CLIP = np.array((-np.inf, np.inf), np.float32)
 BUNDLE = {"float_gemm": (module_ir, ())}
 
 __all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "KC", "PackedMatrix", "Tile", "module_ir",
-           "pack", "tile_for", "tile_ir", "unavailable"]
+           "pack", "pack_stack", "tile_for", "tile_ir", "unavailable"]

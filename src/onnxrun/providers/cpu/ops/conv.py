@@ -416,9 +416,23 @@ def _depthwise_nhwc(X, w_rows, heads, outs, kernel, strides, dilations, threads,
 def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
     """(16, C, M): G W G^T of each 3x3 filter, tap (a, b) of the 4x4 result first, ready
     to multiply the (tiles, C) transformed input from the right."""
-    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
-    U = np.einsum("ai,mcij,bj->abcm", G, W.astype(np.float64), G)
-    return np.ascontiguousarray(U.reshape((16, W.shape[1], W.shape[0])), dtype=cdt)
+    # G = [[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]] applied along each filter axis
+    # by sums of whole (C, M) planes: a three-operand einsum loops over every index at once
+    # (0.1-0.2 s per 512-channel layer at session creation), and a GEMM with 9 inner
+    # products runs on BLAS's threads, which a loaded machine makes slower still.
+    def transform(g0, g1, g2):
+        return g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2
+
+    M, C = W.shape[:2]
+    # (C, 9, M): one 2-D transpose (a 4-D one reads a cache line per element)
+    taps = np.ascontiguousarray(W.reshape(M, C * 9).T).reshape(C, 9, M).astype(np.float64)
+    t = [taps[:, k] for k in range(9)]  # tap (i, j) is t[3 * i + j]
+    cols = [transform(t[j], t[3 + j], t[6 + j]) for j in range(3)]  # along i, per j
+    U = np.empty((4, 4, C, M), cdt)
+    for a in range(4):
+        for b, plane in enumerate(transform(cols[0][a], cols[1][a], cols[2][a])):
+            U[a, b] = plane
+    return U.reshape(16, C, M)
 
 
 _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
@@ -441,7 +455,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
     the 16 products split over the intra-op threads). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2),
     M) channels-last, bias added, a fresh array."""
     N, C = X.shape[:2]
-    M = U.shape[2]
+    M = packed[0].N if packed is not None else U.shape[2]
     Ho, Wo = outs
     th, tw = -(-Ho // 2), -(-Wo // 2)
     Wp = 2 * tw + 2
@@ -911,10 +925,12 @@ class Conv(_ConvBase):
                                dilations, self.group, outs, self.method_threads)
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
-            from ..compiled.float_gemm import pack
+            from ..compiled.float_gemm import pack_stack
 
-            packed = [pack(u) for u in self.prepared[method]]
-            self.winograd_packed = packed if all(p is not None for p in packed) else None
+            # the panels replace the numpy path's (16, C, M) operand: kept once
+            self.winograd_packed = pack_stack(self.prepared[method])
+            if self.winograd_packed is not None:
+                del self.prepared[method]
         if self.channels_last and self.group == 1 and kernel == (1,) * nd:
             # (C, M): the channels-last GEMM's right operand
             self.prepared["gemm_t"] = np.ascontiguousarray(W.reshape(W.shape[:2]).T, dtype=cdt)
@@ -1003,12 +1019,12 @@ class Conv(_ConvBase):
             return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
                                self.method_threads)
+        packed = self.winograd_packed if method == "winograd" and X.dtype == np.float32 \
+            else None
         Wm = self.prepared.get(method)
-        if Wm is None:
+        if Wm is None and packed is None:
             Wm = self._weights(method, W, cdt)
         if method == "winograd":
-            packed = self.winograd_packed if X.dtype == np.float32 and \
-                self.prepared.get(method) is Wm else None
             Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads, packed).transpose(0, 3, 1, 2)
             if Y.shape[2:] == outs and self.channels_last:
                 return _finish(Y, None, None, Z, act, out_dtype, self.threads)
