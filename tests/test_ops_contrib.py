@@ -228,6 +228,16 @@ case("qk after softmax", "GroupQueryAttention", PROMPT, 4, {**GA, "qk_output": 2
 case("qk decode softcap", "GroupQueryAttention", RAGGED, 4,
      {**GA, "qk_output": 1, "softcap": 1.0})
 case("not causal", "GroupQueryAttention", PROMPT, 3, {**GA, "causal": 0})
+# one token of one sequence, packed QKV: GroupQueryAttention's decode step (_decode_one)
+ONE = [np.concatenate([GQ[:1, :1], GK[:1, :1], GV[:1, :1]], -1), None, None, GPKM[:1],
+       GPVM[:1], i32(GP), i32(GP + 1)]
+case("one token", "GroupQueryAttention", ONE, 3, GA)
+case("one token rotary", "GroupQueryAttention", ONE + [COS, SIN], 3, {**GA, "do_rotary": 1})
+case("one token rotary interleaved position ids", "GroupQueryAttention",
+     ONE + [COS, SIN, np.array([[9]], np.int64)], 3,
+     {**GA, "do_rotary": 1, "rotary_interleaved": 1})
+case("one token past as long as the sequence", "GroupQueryAttention",
+     ONE[:3] + [GPK[:1], GPV[:1]] + ONE[5:] + [COS, SIN], 3, {**GA, "do_rotary": 1})
 case("float16", "GroupQueryAttention", [None if a is None else
                                         a.astype(np.float16) if a.dtype == np.float32 else a
                                         for a in DECODE], 3, GA, rtol=2e-3, atol=2e-3)
@@ -341,6 +351,40 @@ def test_attention_shared_past_buffer():
     assert present.shape == past.shape
     np.testing.assert_allclose(present[:, :, :, :P + 1], ref_present, rtol=1e-6)
     np.testing.assert_array_equal(present[:, :, :, P + 1:], past[:, :, :, P + 1:])
+
+
+@pytest.mark.parametrize("step", ["prompt", "one token", "ragged"])
+def test_group_query_attention_shares_past_present_when_asked(step):
+    """With the session config entry onnxrun.past_present_share_buffer = "1" (onnxrun.genai
+    sets it), a past buffer that holds the whole sequence is written in place and returned as
+    present, with the numbers of the copying path; without it, the past fed is never changed."""
+    from onnxrun.providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
+
+    if step == "prompt":
+        inputs = [GQ[:1], GK[:1], GV[:1], GPKM[:1], GPVM[:1], i32(GS - 1), i32(GS), COS, SIN]
+    elif step == "one token":
+        inputs = ONE + [COS, SIN]
+    else:
+        inputs = RAGGED[:3] + [GPKM, GPVM] + RAGGED[5:] + [COS, SIN]
+    model, feeds = one_node("GroupQueryAttention", inputs, n_out=3, **GA, do_rotary=1)
+    feeds = {k: v.copy() for k, v in feeds.items()}  # the module's arrays stay as they are
+    pk, pv = feeds["in3"], feeds["in4"]
+    kept = pk.copy(), pv.copy()
+    plain = onnxrun.InferenceSession(model).run(None, feeds)
+    np.testing.assert_array_equal(pk, kept[0])  # the default never writes into its inputs
+    np.testing.assert_array_equal(pv, kept[1])
+    so = onnxrun.SessionOptions()
+    so.add_session_config_entry(SHARE_PAST_PRESENT, "1")
+    sess = onnxrun.InferenceSession(model, so)
+    y = sess.run(["out0"], feeds)[0]  # present not fetched: the past buffers are the cache
+    np.testing.assert_array_equal(y, plain[0])
+    total = int(feeds["in5"].max()) + 1
+    for buf, present, old in ((pk, plain[1], kept[0]), (pv, plain[2], kept[1])):
+        lengths = feeds["in5"].reshape(-1) + 1
+        for b, n in enumerate(lengths):
+            np.testing.assert_array_equal(buf[b, :, :n], present[b, :, :n])
+        assert total < buf.shape[2]
+        np.testing.assert_array_equal(buf[:, :, total:], old[:, :, total:])  # left as it was
 
 
 def test_attention_megatron_4d_mask():

@@ -16,7 +16,9 @@ known too, and an application usually repeats them. So:
   filled in like initializers. A bounded cache (least recently used out first) holds the
   specializations.
 
-Kernels never write into their inputs, so a cached frontier value is as safe as an initializer.
+Kernels never write into their inputs (GroupQueryAttention's opt-in shared past/present writes
+only into the past buffers the caller feeds), so a cached frontier value is as safe as an
+initializer.
 The session option ``onnxrun.shape_specialization`` = "0" turns this off; it follows the graph
 optimization level (off at ORT_DISABLE_ALL).
 """

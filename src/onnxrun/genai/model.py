@@ -10,6 +10,7 @@ import numpy as np
 from .. import errors
 from ..api.options import SessionOptions
 from ..api.session import InferenceSession
+from ..providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
 from .config import INPUT_DEFAULTS, OUTPUT_DEFAULTS, Config
 
 # providers onnxruntime-genai knows; onnxrun.genai runs on the CPU only
@@ -102,6 +103,9 @@ class Model:
             so.add_session_config_entry(str(key), str(value))
         for key, value in self.config._provider_options.get("cpu", {}).items():
             so.add_session_config_entry(str(key), str(value))
+        # GroupQueryAttention writes into a max_length past buffer in place (state.py's
+        # shared cache); a past shorter than the sequence still gets a new present
+        so.add_session_config_entry(SHARE_PAST_PRESENT, "1")
         return so
 
 

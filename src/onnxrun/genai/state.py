@@ -82,11 +82,18 @@ class DecoderState:
             feed[name] = c
         feed.update(self.extra)
         self.inputs = feed
-        names = [m.logits, *m.present_keys, *m.present_values]
-        extra_out = [n for n in m.output_names if n not in names]
-        out = m.session.run(names + extra_out, feed, self.run_options)
-        self.outputs = dict(zip(names + extra_out, out, strict=True))
-        self.kv = list(out[1:1 + 2 * m.layers])
+        cache = [*m.present_keys, *m.present_values]
+        extra_out = [n for n in m.output_names if n != m.logits and n not in cache]
+        if self.shared:  # GroupQueryAttention wrote this step's rows into self.kv itself
+            names = [m.logits, *extra_out]
+            out = m.session.run(names, feed, self.run_options)
+            self.outputs = dict(zip(names, out, strict=True))
+            self.outputs.update(zip(cache, self.kv, strict=True))
+        else:
+            names = [m.logits, *cache, *extra_out]
+            out = m.session.run(names, feed, self.run_options)
+            self.outputs = dict(zip(names, out, strict=True))
+            self.kv = list(out[1:1 + 2 * m.layers])
         logits = out[0]
         if logits.ndim == 2:  # (rows, vocab): the model keeps only the last position
             logits = logits[:, None]

@@ -199,10 +199,17 @@ def silu_unavailable(alpha: float = 1.0) -> str | None:
 _ZEROS = np.zeros(_SILU_CHUNK, np.float32)
 
 
+def silu_function(alpha: float = 1.0):
+    """The compiled function quick_gelu runs for ``alpha`` (a kernel takes it once, when it is
+    prepared: looking the module up costs more than a decode step's SiLU)."""
+    return _silu_module(alpha).silu
+
+
 def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
-               threads: int = 1) -> np.ndarray:
+               threads: int = 1, fn=None) -> np.ndarray:
     """x * sigmoid(alpha x) of a 1-D contiguous float32 ``x`` into ``out`` (1-D, x's size;
-    may be ``x``; new if None): SiLU at alpha 1, QuickGelu's default 1.702."""
+    may be ``x``; new if None): SiLU at alpha 1, QuickGelu's default 1.702. ``fn``:
+    silu_function(alpha), when the caller holds it."""
     if x.dtype != np.float32 or x.ndim != 1 or not x.flags.c_contiguous:
         raise ValueError("quick_gelu: expected a 1-D contiguous float32 array")
     if out is None:
@@ -212,7 +219,8 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
     n = x.size
     if n == 0:
         return out
-    fn = _silu_module(alpha).silu
+    if fn is None:
+        fn = _silu_module(alpha).silu
     whole, rest = divmod(n, _SILU_CHUNK)
     xa, ya, za = address(x), address(out), address(_ZEROS)
 
@@ -231,4 +239,5 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
     return out
 
 
-__all__ = ["bias_gelu", "module_ir", "quick_gelu", "silu_unavailable", "unavailable"]
+__all__ = ["bias_gelu", "module_ir", "quick_gelu", "silu_function", "silu_unavailable",
+           "unavailable"]

@@ -302,8 +302,9 @@ class Gemv:
         qa = np.empty((M, self.K), np.int8)
         sa = np.empty((M, self.kb), np.float32)
         asum = np.empty((M, self.kb), np.float32)
-        self._quantize(A.ctypes.data, qa.ctypes.data, sa.ctypes.data, asum.ctypes.data, M,
-                       self.kb, self.groups)
+        address = jit.address
+        self._quantize(address(A), address(qa), address(sa), address(asum), M, self.kb,
+                       self.groups)
         return qa, sa, asum
 
     def __call__(self, qa: np.ndarray, sa: np.ndarray, out: np.ndarray, n0: int,
@@ -311,15 +312,16 @@ class Gemv:
         """out[:, n0:n1] = the zero-point-free block products (see the module's doc); qa, sa
         and out C-contiguous, from quantize_rows and (M, N)."""
         M, kb = sa.shape
-        args = (qa.ctypes.data, sa.ctypes.data, self.b, self.s, out.ctypes.data)
+        address = jit.address
+        pq, ps, po = address(qa), address(sa), address(out)
         rest = (n0, n1, out.shape[1], kb, self.groups)
         four = M - M % 4
         if four:
-            self.fn4(*args, four, *rest)
+            self.fn4(pq, ps, self.b, self.s, po, four, *rest)
         if four < M:
             K = qa.shape[1]
-            self.fn(qa.ctypes.data + four * K, sa.ctypes.data + four * kb * 4, self.b, self.s,
-                    out.ctypes.data + four * out.shape[1] * 4, M - four, *rest)
+            self.fn(pq + four * K, ps + four * kb * 4, self.b, self.s,
+                    po + four * out.shape[1] * 4, M - four, *rest)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

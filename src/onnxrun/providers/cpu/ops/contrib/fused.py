@@ -321,12 +321,14 @@ class QuickGelu:
         from ...compiled import gelu
 
         self.compiled = gelu if gelu.silu_unavailable(self.alpha) is None else None
+        self.silu = None if self.compiled is None else gelu.silu_function(self.alpha)
 
     def __call__(self, X):
         if self.compiled is not None and X.dtype == np.float32 and X.size >= _SILU_COMPILED_MIN:
             order = dense_order(X)
             if order is not None:
-                y = self.compiled.quick_gelu(flat(X, order), self.alpha, threads=self.threads)
+                y = self.compiled.quick_gelu(flat(X, order), self.alpha, threads=self.threads,
+                                             fn=self.silu)
                 return shaped_like(y, X, order)
         x, cdt = _owned(X)
         s = sigmoid(x * cdt.type(self.alpha))

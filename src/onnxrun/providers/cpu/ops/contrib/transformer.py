@@ -410,6 +410,11 @@ class GroupQueryAttention:
         self.q_eps = float(qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon)
         self.k_eps = float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon)
         self.want_qk = ctx.output_used(3) and self.qk_output > 0
+        self.share = _shares_past_present(ctx)
+        # one token of one sequence, packed QKV, float32, nothing but the mask and rotary:
+        # the decode step of a builder's model, in a few numpy calls (_decode_one)
+        self.simple = not (self.want_qk or self.softcap or self.window > 0 or self.smooth
+                           or not self.causal)
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -419,6 +424,14 @@ class GroupQueryAttention:
         dt = query.dtype
         cdt = compute_dtype(dt)
         B, S = query.shape[:2]
+        if (self.simple and B == 1 and S == 1 and key is None and dt == np.float32
+                and past_key is not None and past_key.dtype == dt and query_seqlens is None
+                and attention_bias is None and head_sink is None and q_norm_weight is None):
+            total = int(seqlens_k.reshape(-1)[0]) + 1
+            T_max = int(np.asarray(total_sequence_length).reshape(-1)[0])
+            if T_max != 1 and total <= max(past_key.shape[2], T_max):  # not a first prompt
+                return self._decode_one(query, past_key, past_value, total, T_max, cos_cache,
+                                        sin_cache, position_ids)
         if key is None:  # packed (B, S, (N + 2 Nkv) H)
             H = query.shape[2] // (N + 2 * Nkv)
             qkv = query.astype(cdt, copy=False)
@@ -490,15 +503,50 @@ class GroupQueryAttention:
             qk = qk.astype(dt, copy=False)
         return from_heads(out).astype(dt, copy=False), present_k, present_v, qk
 
+    def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
+                    position_ids):
+        """The general path's numbers for one new token of one sequence (``query`` packed
+        (1, 1, (N + 2 Nkv) H)), without its masks and per-row bookkeeping: the new key and
+        value are written at position total - 1 (_present) and attention reads the first
+        ``total`` positions."""
+        N, Nkv = self.N, self.Nkv
+        H = query.shape[2] // (N + 2 * Nkv)
+        p = total - 1
+        qk = query[:, :, :(N + Nkv) * H].reshape(1, N + Nkv, 1, H)  # rotated together
+        if self.rotary:
+            pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
+            cos = cos_cache[pos:pos + 1].astype(np.float32, copy=False)  # (1, rot/2)
+            sin = sin_cache[pos:pos + 1].astype(np.float32, copy=False)
+            qk = rotate(qk, cos, sin, self.interleaved, cos_cache.shape[1] * 2)
+        v = query[:, :, (N + Nkv) * H:].reshape(1, Nkv, 1, H)
+        present_k, present_v = self._present(past_key, past_value, qk[:, N:], v, np.array([p]),
+                                             np.array([1]), T_max, np.dtype(np.float32))
+        out, _ = attend(qk[:, :N], present_k[:, :, :total], present_v[:, :, :total], None,
+                        scale=_scale(self.scale, H))
+        return out.reshape(1, 1, N * H), present_k, present_v, None
+
     def _present(self, past_key, past_value, k, v, past_len, valid, T_max, dt):
         """The cache after this step: each batch's first past_len rows of the past, then its
         valid new rows; the rest zero. Its length is the larger of the past buffer's and the
-        total sequence length."""
+        total sequence length. With a shared buffer (_shares_past_present) that holds the
+        whole sequence, the new rows are written into the past buffers, which are returned."""
         B, Nkv, S, H = k.shape
         P_buf = 0 if past_key is None else past_key.shape[2]
         T = max(P_buf, T_max)
         if past_key is not None:
             dt = past_key.dtype
+        if self.share and P_buf >= T_max and past_key.flags.writeable and \
+                past_value.flags.writeable:
+            if B == 1:
+                p, n = int(past_len[0]), min(S, int(valid[0]))
+                past_key[:, :, p:p + n] = k[:, :, :n]
+                past_value[:, :, p:p + n] = v[:, :, :n]
+                return [past_key, past_value]
+            b_idx, s_idx = np.nonzero(np.arange(S)[None, :] < valid[:, None])
+            for past, new in ((past_key, k), (past_value, v)):
+                np.moveaxis(past, 2, 1)[b_idx, past_len[b_idx] + s_idx] = np.moveaxis(
+                    new, 2, 1)[b_idx, s_idx]
+            return [past_key, past_value]
         out = []
         if B == 1 or (np.all(past_len == past_len[0]) and np.all(valid == S)):
             # one past length for every row (decoding one sequence): block copies of the
@@ -523,6 +571,25 @@ class GroupQueryAttention:
             dst[b_idx, past_len[b_idx] + s_idx] = np.moveaxis(new, 2, 1)[b_idx, s_idx]
             out.append(present)
         return out
+
+
+def _shares_past_present(ctx: KernelContext) -> bool:
+    """Whether the session asked for onnxruntime-genai's past_present_share_buffer: the
+    GroupQueryAttention kernels then write a step's new keys and values into the past buffers
+    themselves and return those as present, where the buffers hold the whole sequence (a
+    max_length cache), instead of copying the cache into a new present each step. Opted into
+    with the session config entry ``onnxrun.past_present_share_buffer`` = "1" (onnxrun.genai
+    sets it): a caller that feeds the cache back as it comes reads present; one that keeps an
+    old past would see it change, so it is never the default."""
+    options = ctx.session_options
+    try:
+        return options is not None and options.get_session_config_entry(
+            SHARE_PAST_PRESENT) == "1"
+    except RuntimeError:  # no such entry
+        return False
+
+
+SHARE_PAST_PRESENT = "onnxrun.past_present_share_buffer"
 
 
 # -- RotaryEmbedding ---------------------------------------------------------------------------
