@@ -117,13 +117,16 @@ class SkipSimplifiedLayerNormalization:
     def __init__(self, ctx: KernelContext, *, epsilon=1e-12) -> None:
         self.epsilon = float(epsilon)
         self.want_sum = ctx.output_used(3)
+        self.want_mean = ctx.output_used(1)
 
     def __call__(self, input, skip, gamma, bias=None):  # noqa: A002 - the schema's name
         sd = _stat_dtype(input.dtype)
         s = _skip_sum(input, skip, bias, sd)
-        total = s.astype(input.dtype) if self.want_sum else None
+        # the sum is a new array, and normalizing reads it without writing it
+        total = s.astype(input.dtype, copy=False) if self.want_sum else None
         Y, inv = rms_normalize(s, gamma, -1, self.epsilon, sd)
-        mean = np.zeros(inv.shape, np.float32)  # no mean in RMS normalization: onnxruntime's 0
+        # no mean in RMS normalization: onnxruntime's 0
+        mean = np.zeros(inv.shape, np.float32) if self.want_mean else None
         return Y.astype(input.dtype, copy=False), mean, inv.astype(np.float32, copy=False), total
 
 
