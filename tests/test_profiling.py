@@ -46,3 +46,17 @@ def test_no_profile_without_option():
     sess = onnxrun.InferenceSession(onnx.parser.parse_model(MODEL))
     sess.run(None, {"x": np.ones((1, 4), np.float32)})
     assert sess.end_profiling() == ""
+
+
+def test_profile_without_native_thread_ids(tmp_path, monkeypatch):
+    # Pyodide's threading has no get_native_id: events take the interpreter's thread id
+    import threading
+
+    monkeypatch.delattr(threading, "get_native_id")
+    opts = onnxrun.SessionOptions()
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(tmp_path / "prof")
+    sess = onnxrun.InferenceSession(onnx.parser.parse_model(MODEL), opts)
+    sess.run(None, {"x": np.ones((1, 4), np.float32)})
+    events = json.loads(open(sess.end_profiling()).read())
+    assert {e["tid"] for e in events} == {threading.get_ident()}

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import elem_name, elem_type
+from .threads import native_id
 
 _active: contextvars.ContextVar[Profiler | None] = contextvars.ContextVar("profiler", default=None)
 
@@ -74,7 +75,7 @@ class Profiler:
                    "dur": max(0, (end_ns - start_ns) // 1000), "args": args})
 
     def _add(self, event: dict[str, Any]) -> None:
-        event.update(ph="X", pid=self.pid, tid=threading.get_native_id())
+        event.update(ph="X", pid=self.pid, tid=native_id())
         with self._lock:
             self._events.append(event)
 

@@ -23,3 +23,10 @@ def available() -> bool:
         return True
     except RuntimeError:
         return False
+
+
+def native_id() -> int:
+    """The calling thread's id as the OS knows it (profile events' ``tid``); Pyodide's
+    ``threading`` has no ``get_native_id``, only the interpreter's ``get_ident``."""
+    get = getattr(threading, "get_native_id", None)
+    return get() if get is not None else threading.get_ident()
