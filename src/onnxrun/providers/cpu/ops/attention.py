@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ....dtypes import np_dtype
+from .. import blas
 from ..kernels import KernelContext, op
 from .activation import sigmoid
 from .reduction import max_last, sum_trailing
@@ -99,7 +100,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None 
     else:  # written C-ordered so that the head-group reshape below is free
         q = np.multiply(q, dt.type(scale), out=np.empty(q.shape, dt))
     # query heads sharing one kv head are stacked along the row axis: one matmul per kv head
-    scores = np.matmul(q.reshape(B, Hkv, G * S, D), np.swapaxes(k, -1, -2))
+    scores = blas.matmul(q.reshape(B, Hkv, G * S, D), np.swapaxes(k, -1, -2))
     scores = scores.reshape(B, Hq, S, T).astype(dt, copy=False)  # bfloat16 matmuls give float32
     kept = None
     if capture == RAW:
@@ -124,7 +125,7 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, bias: np.ndarray | None 
             probs = np.where(masked, dt.type(0), probs)
     if capture == PROBS:
         kept = probs.copy()
-    out = np.matmul(probs.reshape(B, Hkv, G * S, T), v).reshape(B, Hq, S, v.shape[-1])
+    out = blas.matmul(probs.reshape(B, Hkv, G * S, T), v).reshape(B, Hq, S, v.shape[-1])
     return out.astype(dt, copy=False), kept
 
 
@@ -181,16 +182,16 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
     def stable(b, h0, h1):
         if not exact:
             exact.append(_as_4d(exact_bias() if exact_bias is not None else None))
-        s = np.matmul(q[b, h0:h1], np.swapaxes(k[b, h0:h1], -1, -2))
+        s = blas.matmul(q[b, h0:h1], np.swapaxes(k[b, h0:h1], -1, -2))
         s *= dt.type(1.0 / LOG2E)
         if exact[0] is not None:
             s += _mask_block(exact[0], b, h0, h1, 0, T)
-        return np.matmul(softmax_(s), v[b, h0:h1])
+        return blas.matmul(softmax_(s), v[b, h0:h1])
 
     def block(b, h0, h1):
         lo, hi = key_ranges[b] if key_ranges is not None else (0, T)
         # keys transposed into a contiguous copy: BLAS then multiplies ~20% faster
-        s = np.matmul(q[b, h0:h1], np.ascontiguousarray(np.swapaxes(k[b, h0:h1, lo:hi], -1, -2)))
+        s = blas.matmul(q[b, h0:h1], np.ascontiguousarray(np.swapaxes(k[b, h0:h1, lo:hi], -1, -2)))
         if bias is not None:
             s += _mask_block(bias, b, h0, h1, lo, hi)
             # a mask given as a bias (-1e9, the lowest float) would make exp2 underflow, 10-100x
@@ -203,7 +204,7 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
         sums = sum_trailing(s, hi - lo)
         dst = np.swapaxes(out[b, :, h0:h1], 0, 1)  # (heads, S, Dv) view of the output
         if sums.min() >= _TINY_ROW_SUM and sums.max() < np.inf:
-            o = np.matmul(s, v[b, h0:h1, lo:hi])
+            o = blas.matmul(s, v[b, h0:h1, lo:hi])
             np.reciprocal(sums, out=sums)
             np.multiply(o, sums.reshape(h1 - h0, S, 1), out=dst)
         else:

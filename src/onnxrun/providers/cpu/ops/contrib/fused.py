@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ... import blas
 from ...kernels import KernelContext, op
 from ...compiled.layout import dense_order, flat, shaped_like
 from ...parallel import split_threads, threads_for
@@ -161,9 +162,9 @@ class FusedGemm:
         cdt = compute_dtype(A.dtype)
         Am = (A.T if self.transA else A).astype(cdt, copy=False)
         if self.B is not None:
-            Y = np.dot(Am, self.B)
+            Y = blas.matmul(Am, self.B)
         else:
-            Y = np.dot(Am, (B.T if self.transB else B).astype(cdt, copy=False))
+            Y = blas.matmul(Am, (B.T if self.transB else B).astype(cdt, copy=False))
             if self.alpha != 1.0:
                 Y *= cdt.type(self.alpha)
         if C is not None and self.beta != 0.0:
@@ -217,9 +218,9 @@ class FusedMatMul:
         cdt = compute_dtype(A.dtype)
         a, b = A.astype(cdt, copy=False), B.astype(cdt, copy=False)
         if b.ndim == 2 and a.ndim > 2 and a.size:  # one GEMM over all rows (gathered first)
-            Y = np.dot(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
+            Y = blas.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
         else:
-            Y = np.matmul(a, b)
+            Y = blas.matmul(a, b)
         Y = np.asarray(Y)
         if self.alpha != 1.0:
             Y = Y * cdt.type(self.alpha)

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ... import blas
 from ...kernels import KernelContext, op
 from ..attention import (
     BIASED,
@@ -289,7 +290,7 @@ class Attention(_Exp2Attention):
         cdt = compute_dtype(X.dtype)
         W = self.W if self.W is not None else self._scaled(weights.astype(cdt, copy=False))
         # one GEMM over every token
-        qkv = np.dot(X.astype(cdt, copy=False).reshape(B * S, X.shape[2]), W).reshape(
+        qkv = blas.matmul(X.astype(cdt, copy=False).reshape(B * S, X.shape[2]), W).reshape(
             B, S, W.shape[1])  # explicit sizes: B or S may be 0
         if bias is not None:
             qkv += self.b if self.b is not None else self._scaled(bias.astype(cdt, copy=False))
