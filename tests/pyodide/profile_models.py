@@ -43,7 +43,7 @@ def feeds(sess: onnxrun.InferenceSession) -> dict[str, np.ndarray]:
     return out
 
 
-def profile(path: str, runs: int, cprofile: int) -> None:
+def profile(path: str, runs: int, cprofile: int, gemms: bool = False) -> None:
     with open(path, "rb") as f:
         data = f.read()
     opts = onnxrun.SessionOptions()
@@ -91,7 +91,47 @@ def profile(path: str, runs: int, cprofile: int) -> None:
         sess2.run(None, f)
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(cprofile)
+    if gemms:
+        _gemm_ab(data, f)
     sys.stdout.flush()
+
+
+def _gemm_ab(data: bytes, f: dict) -> None:
+    """The float32 products of one run, each timed through the WebAssembly kernel and without
+    it (SciPy's BLAS or numpy), interleaved: where the kernel wins and where it does not."""
+    from onnxrun.providers.cpu import blas, wasm_gemm
+
+    calls = []
+    real = blas._gemm2
+
+    def record(gemm, a, b, out):
+        calls.append((gemm, a.copy() if a.ndim else a, b, a.shape, a.strides, b.shape, b.strides))
+        return real(gemm, a, b, out)
+
+    blas._gemm2 = record
+    try:
+        onnxrun.InferenceSession(data).run(None, f)
+    finally:
+        blas._gemm2 = real
+    seen: dict = collections.OrderedDict()
+    for gemm, a, b, ash, ast, bsh, bst in calls:
+        seen.setdefault((ash, ast, bsh, bst), [gemm, a, b, 0])[3] += 1
+    tot = [0.0, 0.0]
+    min_macs = wasm_gemm.MIN_MACS
+    for (ash, ast, bsh, bst), (gemm, a, b, n) in seen.items():
+        t = [[], []]
+        for _ in range(3):
+            for on in (0, 1):
+                wasm_gemm.MIN_MACS = min_macs if on else 1 << 62
+                t0 = time.perf_counter()
+                real(gemm, a, b, None)
+                t[on].append(time.perf_counter() - t0)
+        wasm_gemm.MIN_MACS = min_macs
+        off, on = statistics.median(t[0]) * 1e3, statistics.median(t[1]) * 1e3
+        tot[0] += n * off
+        tot[1] += n * on
+        print(f"  x{n} {ash}{ast} @ {bsh}{bst}: without {off:.2f} ms, wasm {on:.2f} ms")
+    print(f"  products of one run: without {tot[0]:.1f} ms, wasm {tot[1]:.1f} ms")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,10 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("models", nargs="+")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--cprofile", type=int, default=0, help="top N functions by own time")
+    p.add_argument("--gemms", action="store_true",
+                   help="time each float32 product with and without the WebAssembly kernel")
     a = p.parse_args(argv)
     for m in a.models:
         for path in sorted(glob.glob(m)) or [m]:
-            profile(path, a.runs, a.cprofile)
+            profile(path, a.runs, a.cprofile, a.gemms)
 
 
 if __name__ == "__main__":

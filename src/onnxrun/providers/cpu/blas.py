@@ -1,7 +1,9 @@
-"""Matrix products through a BLAS where numpy has none: Pyodide's numpy is built without BLAS
-(a 512x512 float32 product takes 150-270 ms there, 2-10 ms natively), and SciPy, when it is
-installed there, brings OpenBLAS (``scipy.linalg.blas``). Elsewhere numpy's own BLAS is used
-and ``matmul`` is ``np.matmul``.
+"""Matrix products where numpy has no BLAS: Pyodide's numpy is built without one (a 512x512
+float32 product takes 150-270 ms there, 2-10 ms natively). There float32 products go to a
+WebAssembly SIMD kernel (``wasm_gemm``: ~14 GFLOP/s where SciPy's OpenBLAS, built without SIMD,
+gives ~2.5), and what it does not take (small products, float64) to SciPy's OpenBLAS when SciPy
+is installed (``scipy.linalg.blas``), else to numpy. Elsewhere numpy's own BLAS is used and
+``matmul`` is ``np.matmul``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import functools
 import sys
 
 import numpy as np
+
+from . import wasm_gemm
 
 
 @functools.cache
@@ -34,10 +38,12 @@ def _fortran(x: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``np.matmul(a, b, out=out)``; float products through SciPy's BLAS in Pyodide (a stack
-    of matrices: one GEMM per matrix)."""
-    gemm = _gemms().get(a.dtype) if a.ndim >= 2 and b.ndim >= 2 and a.dtype == b.dtype else None
-    if gemm is None or not a.size or not b.size:
+    """``np.matmul(a, b, out=out)``; float products through the WebAssembly kernel or SciPy's
+    BLAS in Pyodide (a stack of matrices: one GEMM per matrix)."""
+    if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or not a.size or not b.size:
+        return np.matmul(a, b, out=out)
+    gemm = _gemms().get(a.dtype)
+    if gemm is None and not (a.dtype == np.float32 and wasm_gemm.available()):
         return np.matmul(a, b, out=out)
     if a.ndim > 2 or b.ndim > 2:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -52,6 +58,12 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
 
 
 def _gemm2(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    if a.dtype == np.float32:
+        c = wasm_gemm.gemm(a, b, out)
+        if c is not None:
+            return c
+    if gemm is None:
+        return np.matmul(a, b, out=out)
     # C = A @ B as C^T = B^T @ A^T: the column-major result's transpose is row-major C.
     bt, tb = _fortran(b.T)
     at, ta = _fortran(a.T)
