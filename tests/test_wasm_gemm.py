@@ -123,3 +123,14 @@ def test_small_narrow_and_other_products_stay_with_numpy(stand_in):
                  (f(64, 0), f(0, 64))]:
         np.testing.assert_allclose(blas.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)
     assert stand_in == []
+
+
+def test_a_failed_driver_call_falls_back(monkeypatch):
+    def run(*args):  # what Pyodide raises when the kernel's memory cannot grow
+        raise RuntimeError("RangeError: WebAssembly.Memory.grow(): Maximum memory size exceeded")
+
+    monkeypatch.setattr(wasm_gemm, "_driver", lambda: run)
+    monkeypatch.setattr(blas, "_gemms", lambda: {})
+    a = np.ones((64, 64), np.float32)
+    assert wasm_gemm.gemm(a, a) is None
+    np.testing.assert_array_equal(blas.matmul(a, a), a @ a)

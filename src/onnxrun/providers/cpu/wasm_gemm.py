@@ -300,8 +300,11 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndar
         sb = _strides(b)
     so = None if out is None or out.dtype != np.float32 else _strides(out)
     dst = out if so is not None and so[1] == 1 else np.empty((m, n), np.float32)
-    run(a.ctypes.data // 4, m, k, *sa, b.ctypes.data // 4, n, *sb, dst.ctypes.data // 4,
-        dst.strides[0] // 4)
+    try:
+        run(a.ctypes.data // 4, m, k, *sa, b.ctypes.data // 4, n, *sb, dst.ctypes.data // 4,
+            dst.strides[0] // 4)
+    except Exception:  # its memory could not grow (JavaScript's RangeError): another product
+        return None
     if out is not None and dst is not out:
         out[...] = dst
         return out
