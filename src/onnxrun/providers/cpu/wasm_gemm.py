@@ -98,10 +98,10 @@ def _kernel() -> bytes:
     rows ``ldc`` bytes apart; m a multiple of 4, kc >= 1; acc: add to C instead of setting it."""
     a, lda, b, bstride, c, ldc, m, panels, kc, accum = range(10)
     p, i, k, bp, t, b0, b1 = range(10, 17)  # i32 x4, then v128 t, b0, b1
-    ar = [17, 18, 19, 20]  # i32: A's row pointers
-    cr = [21, 22, 23, 24]  # i32: C's row pointers
-    acc = [[25 + 2 * r, 26 + 2 * r] for r in range(ROWS)]  # v128
-    locals_ = [(4, I32), (3, V128), (8, I32), (8, V128)]
+    ar = list(range(17, 17 + ROWS))  # i32: A's row pointers
+    cr = list(range(17 + ROWS, 17 + 2 * ROWS))  # i32: C's row pointers
+    acc = [[17 + 2 * ROWS + 2 * r, 18 + 2 * ROWS + 2 * r] for r in range(ROWS)]  # v128
+    locals_ = [(4, I32), (3, V128), (2 * ROWS, I32), (2 * ROWS, V128)]
     f = _Code()
     f.const(0).set(p)
     f.op(LOOP, EMPTY)  # panels
