@@ -5,6 +5,7 @@
     python benchmarks/serve_load.py --quick      # fewer requests per level (a few minutes)
     python benchmarks/serve_load.py --soak 10    # 10 minutes at concurrency 16, 1% malformed
     python benchmarks/serve_load.py --ray        # Ray Data, 20,000 rows: 2-CPU cluster vs a loop
+    python benchmarks/serve_load.py --versus SRC # overhead vs a server running onnxrun from SRC
 
 The server is the real ``onnxrun serve`` process on 127.0.0.1 (free ports); the load generator
 is this process: C threads, each with its own keep-alive HTTP connection or gRPC channel, send
@@ -14,6 +15,9 @@ time (the server's compute_infer statistics over the same requests). Models: a M
 BERT (6 layers, hidden 384, 12 heads, FFN 1536, 128 tokens, mean-pooled; random weights, built
 with onnx.helper) and the light model zoo's SqueezeNet with a dynamic batch dimension; and
 "tiny", one Add, whose session time is ~0: its latency is the server's overhead alone.
+"server CPU us/req" is the server process's CPU time (user + system, from /proc) over a level
+divided by its requests: what the server spends per request, less sensitive to the machine's
+load than latency.
 """
 
 from __future__ import annotations
@@ -204,14 +208,16 @@ def free_port() -> int:
 class Server:
     """The real ``onnxrun serve`` process on free 127.0.0.1 ports."""
 
-    def __init__(self, repository: Path, *extra: str):
+    def __init__(self, repository: Path, *extra: str, src: str | None = None):
+        """``src``: the onnxrun source folder the server runs (PYTHONPATH), else this one."""
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log = tempfile.TemporaryFile()
+        env = None if src is None else {**os.environ, "PYTHONPATH": src}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "onnxrun", "serve", str(repository), "--http-port",
              str(self.http_port), "--grpc-port", str(self.grpc_port), "--metrics-port", "0",
              "--log-level", "warning", "--no-access-log", *extra],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 300
         while True:
             try:
@@ -236,6 +242,12 @@ class Server:
 
     def stats(self, model: str) -> dict:
         return json.loads(self.get(f"/v2/models/{model}/stats")[1])["model_stats"][0]
+
+    def cpu_s(self) -> float:
+        """The server process's CPU time so far (user + system), in seconds."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_kb(self) -> int:
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -376,8 +388,9 @@ def load(args: argparse.Namespace) -> None:
                         for c in levels:
                             # each thread twice at least; tiny is cheap: 200 for its p50
                             n = max(args.requests, 2 * c, 200 if name == "tiny" else 0)
-                            before = server.stats(model)
+                            before, cpu = server.stats(model), server.cpu_s()
                             r = run_level(make, c, n)
+                            cpu = server.cpu_s() - cpu
                             after = server.stats(model)
                             infer = [s["inference_stats"]["compute_infer"] for s in
                                      (before, after)]
@@ -385,6 +398,7 @@ def load(args: argparse.Namespace) -> None:
                             session_ms = (infer[1]["ns"] - infer[0]["ns"]) / max(execs, 1) / 1e6
                             r.update(model=name, protocol=protocol, batching=batching,
                                      concurrency=c, requests=n, session_ms=session_ms,
+                                     server_cpu_us=cpu / n * 1e6,
                                      mean_batch=(after["inference_count"]
                                                  - before["inference_count"]) / max(execs, 1))
                             if c == 1:
@@ -403,13 +417,14 @@ def _row(r: dict) -> str:
     overhead = f"{r['overhead_ms']:.2f}" if "overhead_ms" in r else ""
     return (f"| {r['model']} | {r['protocol']} | {r['batching']} | {r['concurrency']} | "
             f"{r['throughput']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['mean_batch']:.1f} | {r['session_ms']:.1f} | {overhead} | {r['failures']} |")
+            f"{r['mean_batch']:.1f} | {r['session_ms']:.1f} | {overhead} | "
+            f"{r['server_cpu_us']:.0f} | {r['failures']} |")
 
 
 def table(rows: list[dict]) -> str:
     head = ("| model | protocol | batching | concurrency | req/s | p50 ms | p99 ms | mean batch |"
-            " session ms/run | overhead ms (c=1) | failed |\n"
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            " session ms/run | overhead ms (c=1) | server CPU us/req | failed |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head] + [_row(r) for r in rows]
     speedups = []
     for name in sorted({r["model"] for r in rows}):
@@ -421,6 +436,43 @@ def table(rows: list[dict]) -> str:
                 ratio = pick["on"] / pick["off"]
                 speedups.append(f"{name} {protocol} c={top}: batching {ratio:.2f}x")
     return "\n".join(lines) + "\n\n" + "; ".join(speedups)
+
+
+def versus(args: argparse.Namespace) -> None:
+    """Server overhead side by side: this tree's server and one running the onnxrun sources
+    of ``args.versus`` (e.g. an older commit's ``src``), on the tiny model at concurrency 1,
+    in interleaved rounds of 500 requests; medians of the rounds."""
+    rounds, n = (4, 300) if args.quick else (8, 500)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        write_repository(root, ["tiny"])
+        servers = {"this tree": Server(root), args.versus: Server(root, src=args.versus)}
+        feeds = feeds_of("tiny")
+        try:
+            for protocol in args.protocols.split(","):
+                clients = {k: client_factory(protocol, s, "tiny_off", feeds)()
+                           for k, s in servers.items()}
+                cpu_us: dict[str, list[float]] = {k: [] for k in servers}
+                p50_ms: dict[str, list[float]] = {k: [] for k in servers}
+                for c in clients.values():
+                    for _ in range(100):  # warm-up
+                        c.call()
+                for _ in range(rounds):
+                    for k, c in clients.items():
+                        cpu, latencies = servers[k].cpu_s(), []
+                        for _ in range(n):
+                            t0 = time.perf_counter()
+                            c.call()
+                            latencies.append(time.perf_counter() - t0)
+                        cpu_us[k].append((servers[k].cpu_s() - cpu) / n * 1e6)
+                        p50_ms[k].append(float(np.median(latencies)) * 1e3)
+                for k, c in clients.items():
+                    c.close()
+                    print(f"| {protocol} | {k} | {np.median(p50_ms[k]):.3f} | "
+                          f"{np.median(cpu_us[k]):.0f} |", flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
 
 
 # -- soak ---------------------------------------------------------------------------------
@@ -554,12 +606,17 @@ def main() -> None:
     p.add_argument("--soak-model", default="bert", choices=sorted(BUILDERS))
     p.add_argument("--ray", action="store_true", help="the Ray Data comparison")
     p.add_argument("--json", help="also write the load rows to this file")
+    p.add_argument("--versus", metavar="SRC", help="overhead side by side with a server "
+                   "running the onnxrun sources in SRC (e.g. an older commit's src folder)")
     args = p.parse_args()
     if args.requests is None:
         args.requests = 8 if args.quick else 200
     print(f"# load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs", flush=True)
     if args.soak is not None:
         soak_main(args)
+    elif args.versus:
+        print("| protocol | server | p50 ms (c=1, tiny) | server CPU us/req |\n|---|---|---:|---:|")
+        versus(args)
     elif args.ray:
         ray_main(args)
     else:

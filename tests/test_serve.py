@@ -255,6 +255,64 @@ def test_bad_binary_requests_get_400(server):
     np.testing.assert_array_equal(client.infer("addmul", _inputs(x, x)).as_numpy("sum"), 2 * x)
 
 
+
+def test_infer_path_wants_post(server):
+    _, port, _ = server
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        for path in ("/v2/models/addmul/infer", "/v2/models/addmul/versions/3/infer"):
+            conn.request("GET", path)
+            response = conn.getresponse()
+            reply = response.read()
+            assert response.status == 405, reply
+            assert response.getheader("allow") == "POST"
+            assert "inference requests are POST" in json.loads(reply)["error"]
+    finally:
+        conn.close()
+    status, reply = _post(port, "/v2/models/addmul/versions/2/infer", b"{}")
+    assert status == 400 and "version 2 is not found" in json.loads(reply)["error"]
+
+
+def test_binary_inputs_are_views_of_the_body(tmp_path):
+    """The REST endpoint hands the session numpy views of the request body (no copies) where
+    a tensor's bytes are aligned for its dtype, and aligned copies where they are not."""
+    import asyncio
+
+    from onnxrun.serve import http as rest
+
+    write_model(tmp_path, "addmul", ADDMUL, "max_batch_size: 8")
+    repository = Repository(tmp_path)
+    model = repository.model("addmul")
+    seen = {}
+    submit = model.scheduler.submit
+
+    def spy(inputs, *args, **kwargs):
+        seen.update(inputs)
+        return submit(inputs, *args, **kwargs)
+
+    model.scheduler.submit = spy
+    x, y = np.arange(8, dtype=np.float32).reshape(2, 4), np.ones((2, 4), np.float32)
+    try:
+        for pad in (0, 1):  # header length 0 or 1 mod 8 (a bytes object's data is aligned)
+            head = json.dumps({"inputs": [
+                {"name": n, "datatype": "FP32", "shape": [2, 4],
+                 "parameters": {"binary_data_size": 32}} for n in ("x", "y")],
+                "parameters": {"binary_data_output": True}}).encode()
+            head += b" " * ((-len(head)) % 8 + pad)
+            body = head + x.tobytes() + y.tobytes()
+            reply, length = asyncio.run(rest.infer(model, body, str(len(head)).encode()))
+            out = json.loads(reply[:length])["outputs"]
+            assert [o["name"] for o in out] == ["sum", "prod"]
+            np.testing.assert_array_equal(
+                np.frombuffer(reply[length:length + 32], np.float32).reshape(2, 4), x + y)
+            np.testing.assert_array_equal(seen["x"], x)
+            assert all(a.flags.aligned for a in seen.values())
+            shared = np.shares_memory(seen["x"], np.frombuffer(body, np.uint8))
+            assert shared == (pad == 0), pad
+    finally:
+        repository.close()
+
+
 def _metrics(port) -> dict[tuple[str, str], float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:

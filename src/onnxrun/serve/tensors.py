@@ -38,13 +38,18 @@ def datatype_of_ort_type(type_string: str) -> str | None:
     return _ORT_TO_KSERVE.get(type_string)
 
 
+# numpy dtype (either byte order) -> KServe's name
+_OF_DTYPE = {d.newbyteorder(order): name for name, d in DATATYPES.items() if name != "BYTES"
+             for order in "<>"}
+
+
 def datatype_of_array(array: np.ndarray) -> str:
     if array.dtype.kind in "OUS":
         return "BYTES"
-    for name, dtype in DATATYPES.items():
-        if dtype == array.dtype.newbyteorder("<") and name != "BYTES":
-            return name
-    raise InvalidArgument(f"the protocol has no data type for numpy {array.dtype}")
+    name = _OF_DTYPE.get(array.dtype)
+    if name is None:
+        raise InvalidArgument(f"the protocol has no data type for numpy {array.dtype}")
+    return name
 
 
 def element_count(shape: list[int]) -> int:
@@ -58,8 +63,10 @@ def element_text(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
-def from_bytes(data: bytes, datatype: str, shape: list[int], name: str) -> np.ndarray:
-    """A tensor from its raw bytes; a size that does not fit the shape is an InvalidArgument."""
+def from_bytes(data: bytes | memoryview, datatype: str, shape: list[int], name: str
+               ) -> np.ndarray:
+    """A tensor from its raw bytes: a read-only view of them when they are aligned for its
+    dtype, else an aligned copy. A size that does not fit the shape is an InvalidArgument."""
     count = element_count(shape)
     if datatype == "BYTES":
         items, pos, view = [], 0, memoryview(data)
@@ -80,7 +87,8 @@ def from_bytes(data: bytes, datatype: str, shape: list[int], name: str) -> np.nd
     if len(data) != count * dtype.itemsize:
         raise InvalidArgument(f"input '{name}': {len(data)} bytes of data, but shape {shape} of "
                               f"{datatype} needs {count * dtype.itemsize}")
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    array = np.frombuffer(data, dtype=dtype).reshape(shape)
+    return array if array.flags.aligned else array.copy()
 
 
 def to_bytes(array: np.ndarray) -> bytes:
