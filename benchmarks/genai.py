@@ -10,6 +10,12 @@ model files linked) whose genai_config.json sets ``session_options.intra_op_num_
 
     python benchmarks/genai.py            # small (4 layers, hidden 256) and 0.5b, 1 and 2 threads
     python benchmarks/genai.py --quick    # small only, short prompt, one thread
+    python benchmarks/genai.py --profile --models small --threads 1   # where a token goes
+
+``--profile`` adds, per model and thread count, onnxrun's decode step taken apart: the time in
+each operator's kernels (onnxrun's node profiler, per token) and the rest of the step (the
+generator, the search, ``InferenceSession.run`` and the run loop), the step's own time
+measured without the profiler.
 """
 
 from __future__ import annotations
@@ -73,6 +79,44 @@ def one_run(og, model, prompt: np.ndarray, new_tokens: int) -> tuple[float, floa
     return t1 - t0, t2 - t1
 
 
+def decode_profile(model, prompt: np.ndarray, new_tokens: int) -> tuple[float, dict]:
+    """(ms per decode step without the profiler, the best of 3 runs; {operator: ms per step
+    in its kernels, the median call times the calls})."""
+    import onnxrun.genai as og
+    from onnxrun import profile
+
+    plain = min(one_run(og, model, prompt, new_tokens)[1] for _ in range(3))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=prompt.shape[1] + new_tokens + 1, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(prompt)
+    gen.generate_next_token()  # the prompt's token: its logits came with the prompt
+    profiler = profile.Profiler(os.path.join(tempfile.gettempdir(), "onnxrun-genai-profile"))
+    token = profiler.activate()
+    try:
+        for _ in range(new_tokens - 1):
+            gen.generate_next_token()
+    finally:
+        profile.Profiler.deactivate(token)
+    durations: dict[str, list[float]] = {}
+    for event in profiler._events:
+        if event["cat"] == "Node":
+            durations.setdefault(event["args"]["op_name"], []).append(event["dur"] / 1e3)
+    # median call times count the calls, not the preemptions of a loaded machine
+    steps = new_tokens - 1
+    per_op = {op: float(np.median(d)) * len(d) / steps for op, d in durations.items()}
+    return plain / new_tokens * 1e3, per_op
+
+
+def print_profile(name: str, threads: int, step_ms: float, per_op: dict) -> None:
+    kernels = sum(per_op.values())
+    print(f"\n{name} threads={threads}: onnxrun decode step {step_ms:.2f} ms; kernels "
+          f"{kernels:.2f} ms (profiled), the rest {max(0.0, step_ms - kernels):.2f} ms")
+    for op, ms in sorted(per_op.items(), key=lambda kv: -kv[1]):
+        if ms >= 0.005:
+            print(f"  {op:34s} {ms:8.3f} ms  {100 * ms / step_ms:5.1f}%")
+
+
 def child(engine: str, folder: str, prompt_len: int, new_tokens: int) -> None:
     og = _engine(engine)
     model = og.Model(folder)
@@ -99,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--format", default="int4", choices=("int4", "fp32"))
+    ap.add_argument("--profile", action="store_true",
+                    help="also take onnxrun's decode step apart by operator")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -113,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     engines = ("onnxruntime-genai", "onnxrun")
     root = Path(tempfile.mkdtemp(prefix="onnxrun-genai-bench-"))
-    rows = []
+    rows, profiles = [], []
     for name in models:
         arch, size = MODELS[name]
         folder = make_models.build(arch, size, args.format)
@@ -126,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                 for e in engines if r % 2 == 0 else engines[::-1]:
                     og, model = loaded[e]
                     times[e].append(one_run(og, model, prompt, new_tokens))
+            if args.profile:
+                profiles.append((name, t, *decode_profile(loaded["onnxrun"][1], prompt,
+                                                          new_tokens)))
             del loaded
             peaks = {e: peak_mib(e, view, prompt_len, new_tokens) for e in engines}
             med = {e: (float(np.median([p for p, _ in v])), float(np.median([d for _, d in v])))
@@ -148,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {t} | {pg:.0f} / {po:.0f} / {po / pg:.2f}x | {dg:.1f} / {do:.1f} / "
               f"{do / dg:.2f}x | {1e3 / do:.1f} / {1e3 / dg:.1f} ({dg / do:.1f}x) | "
               f"{peaks[g]:.0f} / {peaks[o]:.0f} / {peaks[o] / peaks[g]:.2f}x |")
+    for prof in profiles:
+        print_profile(*prof)
     return 0
 
 
