@@ -27,6 +27,7 @@ from ..attention import (
     neg_inf_where_not,
     rms_normalize,
     rotate,
+    softmax_,
     to_heads,
 )
 from ..normalization import LayerNormalization
@@ -510,23 +511,34 @@ class GroupQueryAttention:
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
                     position_ids):
         """The general path's numbers for one new token of one sequence (``query`` packed
-        (1, 1, (N + 2 Nkv) H)), without its masks and per-row bookkeeping: the new key and
-        value are written at position total - 1 (_present) and attention reads the first
-        ``total`` positions."""
+        (1, 1, (N + 2 Nkv) H)), with attend's and softmax_'s operations on 2-D and 3-D views
+        and none of the masks and per-row bookkeeping: the new key and value are written at
+        position total - 1 (_present) and attention reads the first ``total`` positions."""
         N, Nkv = self.N, self.Nkv
         H = query.shape[2] // (N + 2 * Nkv)
         p = total - 1
-        qk = query[:, :, :(N + Nkv) * H].reshape(1, N + Nkv, 1, H)  # rotated together
+        qk = query[0, 0, :(N + Nkv) * H].reshape(N + Nkv, H)  # q's heads then k's
         if self.rotary:
             pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
-            cos = cos_cache[pos:pos + 1].astype(np.float32, copy=False)  # (1, rot/2)
-            sin = sin_cache[pos:pos + 1].astype(np.float32, copy=False)
+            cos = cos_cache[pos].astype(np.float32, copy=False)  # (rot/2,)
+            sin = sin_cache[pos].astype(np.float32, copy=False)
             qk = rotate(qk, cos, sin, self.interleaved, cos_cache.shape[1] * 2)
-        v = query[:, :, (N + Nkv) * H:].reshape(1, Nkv, 1, H)
-        present_k, present_v = self._present(past_key, past_value, qk[:, N:], v, np.array([p]),
-                                             np.array([1]), T_max, np.dtype(np.float32))
-        out, _ = attend(qk[:, :N], present_k[:, :, :total], present_v[:, :, :total], None,
-                        scale=_scale(self.scale, H))
+        v = query[0, 0, (N + Nkv) * H:].reshape(1, Nkv, 1, H)
+        if self.share and past_key.shape[2] >= T_max and past_key.flags.writeable and \
+                past_value.flags.writeable:  # _present's shared-buffer case, one row
+            past_key[0, :, p] = qk[N:]
+            past_value[0, :, p] = v[0, :, 0]
+            present_k, present_v = past_key, past_value
+        else:
+            present_k, present_v = self._present(
+                past_key, past_value, qk[N:].reshape(1, Nkv, 1, H), v, np.array([p]),
+                np.array([1]), T_max, np.dtype(np.float32))
+        # attend: q scaled, one product per kv head with its group of query heads stacked
+        q = np.multiply(qk[:N], np.float32(_scale(self.scale, H)))
+        scores = np.matmul(q.reshape(Nkv, N // Nkv, H),
+                           present_k[0, :, :total].transpose(0, 2, 1))
+        probs = softmax_(scores)
+        out = np.matmul(probs, present_v[0, :, :total])
         return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _present(self, past_key, past_value, k, v, past_len, valid, T_max, dt):
