@@ -143,11 +143,136 @@ def test_per_tap_gemm(kernel, attrs):
                       **attrs))
 
 
-@pytest.mark.parametrize("method", ["gemm", "shifted", "winograd"])
+@pytest.mark.parametrize("method", ["gemm", "shifted", "winograd", "nhwc"])
 def test_forced_methods_agree(monkeypatch, method):
     monkeypatch.setattr(conv_mod, "_dense_method", lambda *args: method)
     C, M = 8, 8
     check(*conv_model((2, C, 9, 12), rand(M, C, 3, 3), rand(M), "Relu", pads=[1, 0, 2, 1]))
+
+
+# -- channels-last im2col on the compiled GEMM ---------------------------------------------
+
+
+def _needs_packed_gemm():
+    if not conv_mod._packable(np.float32):
+        pytest.skip("the compiled float32 GEMM does not run here")
+
+
+def _nhwc_steps(sess) -> int:
+    return sum(getattr(s.kernel, "nhwc_packed", None) is not None
+               for s in sess._program.full_plan.steps)
+
+
+@pytest.mark.parametrize("kernel,attrs", [
+    ((3, 3), {"pads": [1, 1, 1, 1]}),
+    ((3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((3, 3), {}),
+    ((3, 3), {"pads": [2, 0, 1, 3], "strides": [2, 1]}),
+    ((3, 3), {"auto_pad": "SAME_UPPER", "strides": [2, 2]}),
+    ((3, 3), {"auto_pad": "SAME_LOWER"}),
+    ((3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((5, 5), {"pads": [2, 2, 2, 2], "strides": [3, 2]}),
+    ((1, 3), {"pads": [0, 1, 0, 1]}),
+    ((1, 1), {"strides": [2, 2]}),
+    ((2, 4), {"auto_pad": "SAME_UPPER"}),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else "-".join(
+    f"{k}={w}" for k, w in v.items()) or "valid")
+def test_channels_last_im2col(kernel, attrs):
+    """Odd sizes, asymmetric pads, strides, dilations, a batch of 2; bias / none; Relu / Clip
+    fused into the GEMM or not; the method is the one chosen."""
+    _needs_packed_gemm()
+    C, M = 56, 20  # sizes past the small-convolution gather path's
+    for act, bias in [("Relu", True), (None, False), ("Clip", True)]:
+        model, feeds = conv_model((2, C, 36, 38), rand(M, C, *kernel, scale=0.2),
+                                  rand(M) if bias else None, act, **attrs)
+        assert _nhwc_steps(session(model, threads=1)) == 1
+        check(model, feeds, threads=1)
+    check(*conv_model((1, C, 37, 35), rand(M, C, *kernel, scale=0.2), rand(M), "Relu",
+                      **attrs), threads=2)  # the GEMM split over the threads
+
+
+def test_channels_last_im2col_choice():
+    method = conv_mod._dense_method
+    packed = dict(threads=1, packed=True)
+    # stride 1: the implicit GEMM from 8 channels on, bar Winograd's layers of 128+ channels
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, (20, 20), **packed) == "nhwc"
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, (56, 56), **packed) == "nhwc"
+    assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, (28, 28), **packed) == "winograd"
+    assert method(256, 256, (3, 3), (1, 1), (1, 1), 1, (14, 14), **packed) == "nhwc"
+    assert method(16, 16, (3, 3), (1, 1), (1, 1), 1, (80, 80), **packed) == "nhwc"
+    assert method(4, 16, (3, 3), (1, 1), (1, 1), 1, (80, 80), **packed) == "gemm"
+    # strided or dilated: explicit im2col with 32+ channels up to 40 x 40 outputs
+    assert method(32, 64, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "nhwc"
+    assert method(32, 64, (3, 3), (1, 1), (2, 2), 1, (40, 40), **packed) == "nhwc"
+    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "gemm"
+    assert method(32, 32, (3, 3), (2, 2), (1, 1), 1, (80, 80), **packed) == "gemm"
+    # no compiled GEMM, a 1x1, groups
+    assert method(128, 32, (3, 3), (1, 1), (1, 1), 1, (28, 28), 1) == "shifted"
+    assert method(64, 64, (1, 1), (1, 1), (1, 1), 1, (20, 20), **packed) == "gemm"
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 2, (20, 20), **packed) == "gemm"
+    # sizes not known when prepared: stride 1 as any size; strided, the BLAS methods
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "nhwc"
+    assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "winograd"
+    assert method(64, 64, (3, 3), (2, 2), (1, 1), 1, None, **packed) == "gemm"
+
+
+def test_channels_last_im2col_without_a_constant_weight_or_shapes():
+    """A weight fed at run time takes the BLAS methods; a symbolic image size packs the
+    weight at the first run."""
+    _needs_packed_gemm()
+    C, M = 40, 24
+    model, feeds = conv_model((1, C, 12, 12), rand(M, C, 3, 3, scale=0.2), rand(M),
+                              const=False, pads=[1, 1, 1, 1])
+    sess = session(model, threads=1)
+    check(model, feeds, threads=1)
+    assert _nhwc_steps(sess) == 0
+    w = rand(M, C, 3, 3, scale=0.2)
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(rand(M), "B")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["X", "W", "B"], ["Y"], pads=[1, 1, 1, 1], strides=[2, 2])],
+        "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, C, "h", "w"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    blob = model.SerializeToString()
+    sess = session(blob, threads=1)
+    assert _nhwc_steps(sess) == 0  # not known yet
+    for size in [(29, 21), (40, 42)]:
+        check(blob, {"X": rand(1, C, *size)}, threads=1)
+    sess.run(None, {"X": rand(1, C, 29, 21)})
+    assert _nhwc_steps(sess) == 1
+
+
+def test_channels_last_im2col_chain_with_a_residual():
+    """conv -> conv (its input arrives channels-last) -> Add of the first output -> Relu
+    (FusedConv's Z), -> conv: outputs equal onnxruntime's and the layout level 2's."""
+    _needs_packed_gemm()
+    C = 32
+    inits = [numpy_helper.from_array(rand(C, C, 3, 3, scale=0.1), f"w{i}") for i in range(3)]
+    inits += [numpy_helper.from_array(rand(C), f"b{i}") for i in range(3)]
+    nodes = [
+        helper.make_node("Conv", ["X", "w0", "b0"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["ar", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c", "ar"], ["r"]),
+        helper.make_node("Relu", ["r"], ["rr"]),
+        helper.make_node("Conv", ["rr", "w2", "b2"], ["Y"], pads=[1, 1, 1, 1], strides=[2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, C, 15, 17])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    blob, feeds = model.SerializeToString(), {"X": rand(2, C, 15, 17)}
+    sess = session(blob, threads=1)
+    assert _nhwc_steps(sess) == 3
+    assert sum(getattr(s.kernel, "channels_last", False)
+               for s in sess._program.full_plan.steps) >= 1
+    check(blob, feeds, threads=1)
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    plain = onnxrun.InferenceSession(blob, opts).run(None, feeds)[0]
+    np.testing.assert_allclose(sess.run(None, feeds)[0], plain, rtol=1e-5, atol=1e-5)
 
 
 # -- channels-last memory between convolutions ----------------------------------------------
@@ -192,7 +317,7 @@ def block_model(C=64, E=128, size=16, extra_output=False) -> tuple[bytes, dict]:
 
 @pytest.mark.parametrize("extra_output", [False, True])
 def test_channels_last_chain(extra_output):
-    model, feeds = block_model(extra_output=extra_output)
+    model, feeds = block_model(C=128, extra_output=extra_output)  # Winograd-sized
     sess = session(model, threads=1)
     kernels = [s.kernel for s in sess._program.full_plan.steps if hasattr(s.kernel, "prepared")]
     assert "winograd" in kernels[3].prepared or kernels[3].winograd_packed is not None

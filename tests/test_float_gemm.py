@@ -355,13 +355,14 @@ def test_channels_last_1x1_convolutions_on_the_compiled_gemm():
 
 @pytest.mark.parametrize("compiled_on", [True, False])
 def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
-    """At 2 intra-op threads a 64-channel 3x3 layer on 16 x 16 was left to im2col + BLAS
+    """At 2 intra-op threads a 128-channel 3x3 layer on 16 x 16 is left to im2col + BLAS
     (Winograd's 16 small GEMMs lost to BLAS's thread hand-offs); on the compiled GEMM, which
-    splits the 16 products itself, the one-thread choice holds: Winograd."""
+    splits the 16 products itself, the one-thread choice holds: Winograd (with 128 channels
+    and more: below, the channels-last implicit GEMM on the compiled GEMM)."""
     rng = np.random.default_rng(5)
-    W = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+    W = (rng.standard_normal((128, 128, 3, 3)) * 0.05).astype(np.float32)
     node = helper.make_node("Conv", ["X", "W"], ["Y"], pads=[1, 1, 1, 1])
-    model = _model(node, [helper.make_tensor_value_info("X", TP.FLOAT, [1, 64, 16, 16])],
+    model = _model(node, [helper.make_tensor_value_info("X", TP.FLOAT, [1, 128, 16, 16])],
                    [helper.make_tensor_value_info("Y", TP.FLOAT, None)],
                    [onnx.numpy_helper.from_array(W, "W")])
     so = onnxrun.SessionOptions()
@@ -376,7 +377,34 @@ def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
     # compiled: the 16 transformed filters held once, in the panels; else im2col's operand
     assert "winograd" not in conv.prepared
     assert ("gemm" in conv.prepared) != compiled_on
-    X = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
+    X = rng.standard_normal((1, 128, 16, 16)).astype(np.float32)
     theirs = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(
         None, {"X": X})[0]
     np.testing.assert_allclose(sess.run(None, {"X": X})[0], theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows,lda,block,blocks,jump", [
+    (1, 3, 3, 1, 0), (7, 5, 10, 3, 31), (40, 16, 48, 3, 100), (13, 33, 99, 2, 1),
+])
+def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, blocks, jump):
+    """A's element (m, k) is base[m * lda + k + (k // block) * jump]: overlapping rows (lda
+    below K, an implicit-GEMM convolution's taps), each K block further on; both tiles, a
+    bias and a clip, split over threads; A reaching past ``base`` is refused."""
+    rng = np.random.default_rng(rows)
+    K, N = block * blocks, 37
+    size = (rows - 1) * lda + K + (blocks - 1) * jump
+    base = rng.standard_normal(size).astype(np.float32)
+    m, k = np.arange(rows)[:, None], np.arange(K)[None, :]
+    A = base[m * lda + k + (k // block) * jump]
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    pk = _packed(B, variant)
+    want = A.astype(np.float64) @ B + bias
+    got = pk.run_shifted(base, rows, lda, block, jump, bias)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    clipped = pk.run_shifted(base, rows, lda, block, jump, bias, bounds=(-1, 2), threads=3)
+    np.testing.assert_allclose(clipped, np.clip(want, -1, 2), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="past"):
+        pk.run_shifted(base[:-1].copy(), rows, lda, block, jump)
+    with pytest.raises(ValueError, match="bad shifted"):
+        pk.run_shifted(base, rows, lda, block + 1, jump)

@@ -91,3 +91,158 @@ def test_activations_between_convolutions_keep_the_layout_with_the_same_results(
     got, want = layout.run(None, {"X": x})[0], plain.run(None, {"X": x})[0]
     assert got.flags.c_contiguous  # the graph's output is NCHW
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# -- beyond convolutions: Concat, Split, pools, Resize keep channels-last memory -------------
+
+# A YOLO-style neck: convolutions with SiLU, a Split of the channels, a max pool, an upsampling
+# Resize, Concats joining them. (A second model's graph output is a Concat: it stays NCHW.)
+_NECK = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2, 24, 15, 17] X) => (float[2, 40, 30, 34] Y) {
+    a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1, B1)
+    sa = Sigmoid (a)
+    a2 = Mul (a, sa)
+    p, q = Split <axis = 1> (a2, S)
+    m = MaxPool <kernel_shape = [5, 5], pads = [2, 2, 2, 2]> (q)
+    v = AveragePool <kernel_shape = [3, 3], pads = [1, 0, 1, 2], strides = [1, 1]> (m)
+    c = Concat <axis = 1> (p, q, v)
+    d = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (c, W2, B2)
+    r = Relu (d)
+    u = Resize <mode = "nearest"> (r, , SC)
+    u2 = Conv <kernel_shape = [1, 1]> (u, W3)
+    Y = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (u2, W4, B4)
+}
+""")
+
+
+def _neck_model() -> bytes:
+    rng = np.random.default_rng(3)
+    model = onnx.ModelProto()
+    model.CopyFrom(_NECK)
+    for name, value in (("W1", rng.normal(0, 0.2, (32, 24, 3, 3))), ("B1", rng.normal(0, 1, 32)),
+                        ("W2", rng.normal(0, 0.1, (40, 48, 3, 3))), ("B2", rng.normal(0, 1, 40)),
+                        ("W3", rng.normal(0, 0.2, (40, 40, 1, 1))),
+                        ("W4", rng.normal(0, 0.1, (40, 40, 3, 3))), ("B4", rng.normal(0, 1, 40)),
+                        ("SC", np.array([1, 1, 2, 2])), ("S", np.array([16, 16]))):
+        dtype = np.int64 if name == "S" else np.float32
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(dtype), name))
+    return model.SerializeToString()
+
+
+def _neck_session(level, blob):
+    so = onnxrun.SessionOptions()
+    so.graph_optimization_level = level
+    so.intra_op_num_threads = 1
+    return onnxrun.InferenceSession(blob, so)
+
+
+def test_concat_split_pools_and_resize_keep_the_layout_with_onnxruntimes_results():
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    if not conv_mod._packable(np.float32):
+        pytest.skip("the compiled float32 GEMM does not run here")
+    import onnxruntime as ort
+
+    blob = _neck_model()
+    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
+        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    # every convolution but the last (a graph output's) writes channels-last
+    assert _channels_last_steps(layout) == 3 and _channels_last_steps(plain) == 0
+    assert layout.get_optimization_report().layout == (3, 4)
+    seen = {}
+    for i, step in enumerate(layout._program.steps):  # record each operator's output layout
+        def spy(*args, _k=step.kernel, _op=step.node.op_type, _name=step.node.outputs[0].name):
+            out = _k(*args)
+            first = out[0] if isinstance(out, tuple) else out
+            seen[_name] = (_op, first.transpose(0, 2, 3, 1).strides[-1] == first.itemsize)
+            return out
+        layout._program.steps[i] = step._replace(kernel=spy)
+    program = layout._program
+    program._plans.clear()
+    program.full_plan = program.plan(tuple(program.output_slots))
+    program.specializer = None
+    x = np.random.default_rng(4).normal(size=(2, 24, 15, 17)).astype(np.float32)
+    got = layout.run(None, {"X": x})
+    for name in ("m", "v", "c", "u"):  # MaxPool, AveragePool, Concat, Resize: channels-last
+        assert seen[name][1], (name, seen[name])
+    want, theirs = plain.run(None, {"X": x}), ort.InferenceSession(
+        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    for g, w, t in zip(got, want, theirs, strict=True):
+        assert g.flags.c_contiguous  # graph outputs are NCHW
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(g, t, rtol=1e-4, atol=1e-4)
+
+
+def test_a_concat_of_channels_last_operands_that_is_a_graph_output_stays_nchw():
+    """Two channels-last convolution outputs (each also read by a convolution) joined by a
+    Concat that is a graph output: the Concat writes NCHW, and its operands stay NCHW too."""
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16, 20, 20] X) => (float[1, 64, 20, 20] Z, float[1, 32, 20, 20] Y) {
+        a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1)
+        b = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W2)
+        Z = Concat <axis = 1> (a, b)
+        c = Add (a, b)
+        Y = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (c, W3)
+    }
+    """)
+    rng = np.random.default_rng(6)
+    for name, shape in (("W1", (32, 16, 3, 3)), ("W2", (32, 16, 3, 3)), ("W3", (32, 32, 3, 3))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            rng.normal(0, 0.2, shape).astype(np.float32), name))
+    blob = model.SerializeToString()
+    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
+        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    x = rng.normal(size=(1, 16, 20, 20)).astype(np.float32)
+    for g, w in zip(layout.run(None, {"X": x}), plain.run(None, {"X": x}), strict=True):
+        assert g.flags.c_contiguous
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_layout_keeping_kernels_on_channels_last_inputs():
+    """Each kernel alone: channels-last operands (dense, or a channel range of such) give a
+    channels-last result equal to the NCHW one; mixed operands, another axis or a kernel not
+    allowed to keep the layout give NCHW; a bad Concat still fails as np.concatenate does."""
+    from onnxrun.providers.cpu.ops.pool import AveragePool, MaxPool
+    from onnxrun.providers.cpu.ops.resize import Resize
+    from onnxrun.providers.cpu.ops.tensor import Concat
+
+    class Ctx:
+        opset = 17
+        session_options = None
+        node = None
+
+        def output_used(self, i):
+            return i == 0
+
+    def cl(a):
+        return np.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+
+    def is_cl(a):
+        return a.transpose(0, 2, 3, 1).flags.c_contiguous
+
+    rng = np.random.default_rng(5)
+    a, b = (rng.normal(size=(2, c, 7, 9)).astype(np.float32) for c in (3, 5))
+    wide = cl(rng.normal(size=(2, 8, 7, 9)).astype(np.float32))
+    for kernel, args, want in (
+            (Concat(Ctx(), axis=1), (cl(a), cl(b), wide[:, 2:6]), np.concatenate(
+                (a, b, wide[:, 2:6]), axis=1)),
+            (MaxPool(Ctx(), kernel_shape=[3, 2], pads=[1, 0, 1, 1], strides=[2, 1]), (cl(b),),
+             MaxPool(Ctx(), kernel_shape=[3, 2], pads=[1, 0, 1, 1], strides=[2, 1])(b)),
+            (AveragePool(Ctx(), kernel_shape=[2, 3], strides=[1, 2]), (wide[:, 1:7],),
+             AveragePool(Ctx(), kernel_shape=[2, 3], strides=[1, 2])(
+                 np.ascontiguousarray(wide[:, 1:7]))),
+            (Resize(Ctx(), mode="nearest"), (cl(b), None, np.array([1, 1, 2, 1.5], np.float32)),
+             Resize(Ctx(), mode="nearest")(b, None, np.array([1, 1, 2, 1.5], np.float32)))):
+        kernel.keep_layout = True
+        got = kernel(*args)
+        assert is_cl(got), type(kernel).__name__
+        np.testing.assert_array_equal(got, want)
+        kernel.keep_layout = False
+        assert kernel(*args).flags.c_contiguous
+    concat = Concat(Ctx(), axis=1)
+    concat.keep_layout = True
+    assert concat(a, cl(b)).flags.c_contiguous  # one NCHW operand: NCHW
+    with pytest.raises(ValueError):
+        concat(cl(a), cl(b[:, :, :6]))

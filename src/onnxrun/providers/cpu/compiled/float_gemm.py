@@ -215,15 +215,17 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
 
 
 # @sgemm's parameters, in the order of its int64 argument array
+# (``ajump``: floats A moves on at each K block besides the block's width; 0 for a plain A)
 PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
-          "ncb", "m0", "m1", "p0", "p1")
+          "ncb", "ajump", "m0", "m1", "p0", "p1")
 _POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
 
 
 def _driver(W: int, MR: int, NV: int) -> list[str]:
     """``@sgemm``: rows [m0, m1) x panels [p0, p1) of C = epilogue(A @ B). K in blocks of
     ``%kcb``, panels in groups of ``%ncb``; per block and group, every MR-row strip of A
-    passes over the group's panels."""
+    passes over the group's panels. Block b of A starts ``b * %ajump`` floats further on (an
+    implicit-GEMM convolution: each block is a row of kernel taps, read in place)."""
     NR = NV * W
     args = "ptr %At, i64 %lda, ptr %Bt, i64 %kc, ptr %Ct, i64 %ldc, i64 %nc, i1 %first, " \
         "i1 %last, ptr %bt, ptr %Rt, i64 %ldr, ptr %clip, i64 %flags"
@@ -247,6 +249,8 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %kfit = icmp slt i64 %kleft, %kcb",
          "  %kc = select i1 %kfit, i64 %kleft, i64 %kcb",
          "  %first = icmp eq i64 %k0, 0",
+         "  %kb = sdiv i64 %k0, %kcb",
+         "  %kjump = mul i64 %kb, %ajump",
          "  %k0n = add i64 %k0, %kc",
          "  %last = icmp sge i64 %k0n, %K",
          "  br label %gloop",
@@ -262,7 +266,8 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          f"  %mfit = icmp slt i64 %mleft, {MR}",
          f"  %rows = select i1 %mfit, i64 %mleft, i64 {MR}",
          "  %am = mul i64 %m, %lda",
-         "  %ak = add i64 %am, %k0",
+         "  %ak0 = add i64 %am, %k0",
+         "  %ak = add i64 %ak0, %kjump",
          "  %At = getelementptr float, ptr %A, i64 %ak",
          "  %cm = mul i64 %m, %ldc",
          "  %rm = mul i64 %m, %ldr",
@@ -475,10 +480,41 @@ class PackedMatrix:
                     residual.strides[0] < 4 * N:
                 residual = np.ascontiguousarray(residual)
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
+        return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags, KC, 0,
+                            threads)
+
+    def run_shifted(self, base: np.ndarray, rows: int, lda: int, block: int, jump: int,
+                    bias: np.ndarray | None = None, bounds=None, threads: int = 1) -> np.ndarray:
+        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array, where A's element
+        (m, k) is ``base[m * lda + k + (k // block) * jump]`` (``base``: contiguous float32,
+        read in place): a stride-1 convolution on its zero-padded channels-last input, rows of
+        A the pixels (lda = C), a K block a row of taps (block = kw * C, jump = the padded row
+        minus the block). Raises ValueError where A would reach outside ``base``."""
+        K, N = self.K, self.N
+        if base.dtype != np.float32 or not base.flags.c_contiguous:
+            raise TypeError("float GEMM: the shifted A must be contiguous float32")
+        if rows <= 0 or lda <= 0 or block <= 0 or jump < 0 or K % block:
+            raise ValueError(f"float GEMM: bad shifted A (rows {rows}, lda {lda}, block "
+                             f"{block}, K {K})")
+        if (rows - 1) * lda + K + (K // block - 1) * jump > base.size:
+            raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
+        out = np.empty((rows, N), np.float32)
+        b_ptr, flags = self._zeros_ptr, 0
+        if bias is not None:
+            bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+            if bias.size != N:
+                raise ValueError(f"float GEMM: bias must have {N} values, got {bias.size}")
+            b_ptr, flags = address(bias), 1
+        return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
+                            flags, block, jump, threads)
+
+    def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
+                ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int) -> np.ndarray:
+        N, K = self.N, self.K
         clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
         npan = -(-N // self.NR)
-        head = [address(A), lda, self._ptr, K, address(out), N, N, b_ptr, r_ptr, ldr,
-                address(clip), flags, KC, self._ncb]
+        head = [a_ptr, lda, self._ptr, K, address(out), N, N, b_ptr, r_ptr, ldr,
+                address(clip), flags, kcb, self._ncb, ajump]
         MR = self.MR
         if threads <= 1 or M * npan <= MR:
             params = np.array(head + [0, M, 0, npan], np.int64)

@@ -443,6 +443,16 @@ _WINOGRAD_TILES = 64
 # With several BLAS threads, small GEMMs lose more to thread hand-offs than Winograd saves
 # (Inception v1 at 2 threads: 1.5x slower); only VGG-sized layers keep it.
 _WINOGRAD_THREADED_MACS = 1 << 24
+# Channels-last convolutions on the compiled GEMM (Conv._conv_nhwc), by measurement (AVX2, 1
+# thread, best of 21, against the NCHW method chosen otherwise). Stride 1, the implicit GEMM:
+# 0.5-0.8x the time of im2col + OpenBLAS and of per-tap GEMMs from 8 channels on (16 at 40 x 40:
+# 0.56x; 128 -> 32 at 7 x 7 to 56 x 56: 0.48-0.75x), 0.44-0.89x Winograd's with 64 channels (56
+# x 56 to 224 x 224), but 1.2-1.7x with 128 and 256: Winograd keeps those. Strided, explicit
+# im2col: 0.7-0.95x with 32+ channels up to 40 x 40 outputs; slower with fewer channels (each
+# tap's copy moves runs of C floats) and on larger images (the column matrix outgrows caches).
+_NHWC_IMPLICIT_CHANNELS = 8
+_NHWC_IM2COL_CHANNELS = 32
+_NHWC_IM2COL_PIXELS = 40 * 40
 
 
 def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.ndarray:
@@ -674,12 +684,55 @@ def _passes_layout(node) -> bool:
     return (node.domain, node.op_type) in _PASS_THROUGH
 
 
+def _follows_layout(node) -> bool:
+    """Whether ``node``'s kernel writes its output in its (4-D) input's layout when allowed
+    (keeps_layout): Concat and Split along the channels (Concat's operands all channels-last),
+    MaxPool / AveragePool without indices, nearest Resize."""
+    if node.domain != "":
+        return False
+    op = node.op_type
+    if op in ("Concat", "Split"):
+        return int(node.attr("axis", 0 if op == "Split" else 1)) in (1, -3) and \
+            _rank(node.inputs[0]) == 4
+    if op in ("MaxPool", "AveragePool"):
+        return len(node.outputs) == 1 or not node.outputs[1].name or not node.outputs[1].uses
+    if op == "Resize":
+        mode = node.attr("mode", "nearest")
+        return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest" and \
+            _rank(node.inputs[0]) == 4
+    return False
+
+
+def _rank(value) -> int | None:
+    dims = type_shape(value.type) if value is not None and value.type is not None else None
+    return None if dims is None else len(dims)
+
+
+def keeps_layout(ctx) -> bool:
+    """Whether the kernel of ``ctx``'s node may write its output channels-last when its input
+    comes so (a _follows_layout operator, at the layout level): never a graph output."""
+    node = getattr(ctx, "node", None)
+    graph = getattr(node, "graph", None)
+    if node is None or graph is None or not layout_changes_allowed(ctx):
+        return False
+    return not any(v in graph.outputs for v in node.outputs)
+
+
+def channels_inner(X: np.ndarray) -> bool:
+    """X (N, C, H, W) has its channels innermost in memory: channels-last, or a range of
+    channels of such an array (a Split of one)."""
+    return X.ndim == 4 and X.shape[1] > 1 and X.strides[1] == X.itemsize and \
+        X.strides[3] >= X.shape[1] * X.itemsize and X.strides[2] >= X.shape[3] * X.strides[3]
+
+
 _JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
+_LAYOUT_DEPTH = 12  # operators followed from a convolution, either way, deciding its layout
 
 
 def conv_kind(node, threads: int = 1) -> str:
     """How the Conv / FusedConv ``node`` will run (with ``threads`` BLAS threads): "1x1" (a
-    GEMM on its input), "depthwise" (the channels-last kernel), "winograd", or "other"."""
+    GEMM on its input), "depthwise" (the channels-last kernel), "winograd", "nhwc"
+    (channels-last im2col on the compiled GEMM), or "other"."""
     W = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None \
         else None
     if W is None or W.ndim != 4:
@@ -704,8 +757,18 @@ def conv_kind(node, threads: int = 1) -> str:
         except ValueError:
             return "other"
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
-                           outs, method_threads(threads, compute_dtype(W.dtype)))
-    return "winograd" if method == "winograd" else "other"
+                           outs, method_threads(threads, compute_dtype(W.dtype)),
+                           _packable(W.dtype))
+    return method if method in ("winograd", "nhwc") else "other"
+
+
+def _packable(dtype) -> bool:
+    """Whether a constant weight of ``dtype`` runs on the compiled float32 GEMM here."""
+    if np.dtype(dtype) != np.float32:
+        return False
+    from ..compiled import float_gemm
+
+    return float_gemm.unavailable() is None
 
 
 def method_threads(threads: int, dtype) -> int:
@@ -738,7 +801,7 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
     the Add nodes whose operands are being decided up the call chain."""
     producer = value.producer
     graph = producer.graph if producer is not None else None
-    if graph is None or not value.uses or value in graph.outputs or depth > 8:
+    if graph is None or not value.uses or value in graph.outputs or depth > _LAYOUT_DEPTH:
         return None
     kinds: set[str] = set()
     for node, index in value.uses:
@@ -767,6 +830,25 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
             kinds |= more
         elif node.domain == "" and node.op_type == "GlobalAveragePool":
             kinds.add("pool")
+        elif _follows_layout(node):
+            inner = joins
+            if node.op_type == "Concat":  # its other operands must come channels-last too
+                if node in joins:
+                    continue
+                inner = joins | {node}
+                for v in node.inputs:
+                    if v is not value and (v is None or not _writes_channels_last(
+                            v, threads, inner, depth + 1)):
+                        return None
+            elif index != 0:
+                return None
+            for v in node.outputs:
+                if not v.name or (not v.uses and v not in graph.outputs):
+                    continue
+                more = _channels_last_readers(v, threads, inner, depth + 1)
+                if more is None:
+                    return None
+                kinds |= more | {"follow"}
         else:
             return None
     return kinds
@@ -774,20 +856,36 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
 
 def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
                           depth: int = 0) -> bool:
-    """Whether the producer of ``value`` (a convolution) writes it channels-last."""
+    """Whether the producer of ``value`` (a convolution, or an operator that keeps its
+    input's layout) writes it channels-last."""
     node = value.producer
-    if node is None or node.op_type not in ("Conv", "FusedConv") or \
+    if node is None or depth > _LAYOUT_DEPTH:
+        return False
+    if _passes_layout(node) or _follows_layout(node):
+        if node.op_type == "Concat":
+            if node in joins:
+                return False
+            joins = joins | {node}
+            sources = node.inputs
+        else:
+            sources = node.inputs[:1]
+        if any(v is None or not _writes_channels_last(v, threads, joins, depth + 1)
+               for v in sources):
+            return False
+        return all(_channels_last_readers(v, threads, joins, depth + 1) is not None
+                   for v in node.outputs if v.name and (v.uses or v in node.graph.outputs))
+    if node.op_type not in ("Conv", "FusedConv") or \
             node.domain not in ("", "com.microsoft") or value is not node.outputs[0]:
         return False
     readers = _channels_last_readers(value, threads, joins, depth)
     if readers is None:
         return False
     kind = conv_kind(node, threads)
-    if kind == "depthwise":
+    if kind in ("depthwise", "nhwc"):  # their GEMM / loops write channels-last anyway
         return True
     if kind == "winograd":  # a 1x1 reader would pay more in its GEMM than Winograd saves
         return "1x1" not in readers
-    return kind == "1x1" and bool("depthwise" in readers or
+    return kind == "1x1" and bool(readers & {"depthwise", "nhwc"} or
                                   _reads_channels_last(node, threads, depth))
 
 
@@ -796,8 +894,8 @@ def _reads_channels_last(node, threads: int, depth: int) -> bool:
     v = node.inputs[0]
     while v is not None and v.producer is not None and _passes_layout(v.producer):
         v = v.producer.inputs[0]
-    return v is not None and depth < 8 and _writes_channels_last(v, threads, frozenset(),
-                                                                 depth + 1)
+    return v is not None and depth < _LAYOUT_DEPTH and _writes_channels_last(
+        v, threads, frozenset(), depth + 1)
 
 
 def channels_last_output(node, threads: int = 1) -> bool:
@@ -831,13 +929,31 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
 
 
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
-                  threads: int = 1) -> str:
+                  threads: int = 1, packed: bool = False) -> str:
     """Which kernel computes a non-depthwise convolution, by measurement on 2-D CNN layers:
-    Winograd where the GEMM dominates (many channels in and out, enough 2x2 tiles for the 16
-    GEMMs to be efficient, and with several BLAS threads only GEMMs large enough to share:
-    the transforms run on one), per-tap GEMMs where im2col would copy more than the output it
-    makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
-    if group != 1 or len(kernel) != 2 or any(s != 1 for s in strides) or kernel == (1, 1):
+    with the compiled float32 GEMM (``packed``), channels-last implicit GEMM for stride 1
+    (bar Winograd's layers of 128+ channels) and channels-last im2col for small strided
+    ones ("nhwc"); Winograd where the GEMM dominates (many channels in and out, enough 2x2
+    tiles for the 16 GEMMs to be efficient, and with several BLAS threads only GEMMs large
+    enough to share: the transforms run on one), per-tap GEMMs where im2col would copy more
+    than the output it makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
+    if group != 1 or len(kernel) != 2 or (kernel == (1, 1) and all(s == 1 for s in strides)):
+        return "gemm"
+    classic = _blas_method(C, M, kernel, strides, dilations, outs, threads)
+    if packed and (outs is None or C * math.prod(kernel) * math.prod(outs) > _SMALL_CONV):
+        # (smaller ones, at batch 1, take the gather path: one np.take, one GEMM)
+        if all(s == 1 for s in strides) and all(d == 1 for d in dilations):
+            if C >= _NHWC_IMPLICIT_CHANNELS and (classic != "winograd" or min(C, M) < 128):
+                return "nhwc"
+        elif C >= _NHWC_IM2COL_CHANNELS and outs is not None and \
+                outs[0] * outs[1] <= _NHWC_IM2COL_PIXELS:
+            return "nhwc"
+    return classic
+
+
+def _blas_method(C: int, M: int, kernel, strides, dilations, outs, threads: int) -> str:
+    """_dense_method's choice among the NCHW methods on BLAS (and Winograd)."""
+    if any(s != 1 for s in strides) or kernel == (1, 1):
         return "gemm"
     if kernel == (3, 3) and dilations == (1, 1) and C >= 64 and M >= 64:
         tiles = None if outs is None else -(-outs[0] // 2) * -(-outs[1] // 2)
@@ -889,6 +1005,8 @@ class Conv(_ConvBase):
         self.W_shape = None
         self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
         self.gemm_t_packed = None  # "gemm_t" in the compiled GEMM's panels
+        self.nhwc_packed = None  # (kh * kw * C, M) in the compiled GEMM's panels (_conv_nhwc)
+        self.packable = False  # a constant float32 W, the compiled GEMM here
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
@@ -921,8 +1039,12 @@ class Conv(_ConvBase):
             except ValueError:
                 outs = None
         self.method_threads = method_threads(self.threads, cdt)
+        self.packable = W.ndim == 4 and _packable(cdt)
         method = _dense_method(W.shape[1] * self.group, W.shape[0], kernel, strides,
-                               dilations, self.group, outs, self.method_threads)
+                               dilations, self.group, outs, self.method_threads, self.packable)
+        if method == "nhwc":
+            self.nhwc_packed = self._nhwc_weights(W)
+            return
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack_stack
@@ -943,7 +1065,8 @@ class Conv(_ConvBase):
     def uses_compiled_gemm(self) -> bool | None:
         """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
         depthwise kernels). The session weighs these (BLAS's thread count)."""
-        if self.winograd_packed is not None or self.gemm_t_packed is not None:
+        if self.winograd_packed is not None or self.gemm_t_packed is not None or \
+                self.nhwc_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -960,6 +1083,15 @@ class Conv(_ConvBase):
             return np.ascontiguousarray(w, dtype=cdt)
         g = self.group
         return np.ascontiguousarray(W.reshape(g, W.shape[0] // g, -1), dtype=cdt)
+
+    def _nhwc_weights(self, W: np.ndarray):
+        """W (M, C, kh, kw) as the (kh * kw * C, M) right operand of channels-last im2col, in
+        the compiled GEMM's panels."""
+        from ..compiled.float_gemm import pack
+
+        M, C, kh, kw = W.shape
+        return pack(np.ascontiguousarray(W.transpose(2, 3, 1, 0).reshape(kh * kw * C, M),
+                                         dtype=np.float32))
 
     def _depthwise_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (K, C, 1, ..., 1): one per-channel multiplier per kernel offset
@@ -1018,12 +1150,24 @@ class Conv(_ConvBase):
                     Y += tmp
             return _finish(Y, None, b, Z, act, out_dtype, self.threads)
         method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
-                               self.method_threads)
+                               self.method_threads,
+                               self.packable and const_w and X.dtype == np.float32)
+        if method == "nhwc":
+            if self.nhwc_packed is None:  # shapes not known when prepared: packed once, here
+                self.nhwc_packed = self._nhwc_weights(W)
+            if self.nhwc_packed is not None:
+                Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations)
+                return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
+            self.packable = False
+            method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
+                                   self.method_threads)
         packed = self.winograd_packed if method == "winograd" and X.dtype == np.float32 \
             else None
         Wm = self.prepared.get(method)
         if Wm is None and packed is None:
             Wm = self._weights(method, W, cdt)
+            if const_w:  # sizes that chose another method when prepared: once
+                self.prepared[method] = Wm
         if method == "winograd":
             Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads, packed).transpose(0, 3, 1, 2)
             if Y.shape[2:] == outs and self.channels_last:
@@ -1061,6 +1205,63 @@ class Conv(_ConvBase):
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
         return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
+
+    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations):
+        """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
+        NHWC scratch buffer, one GEMM (pixels x taps*C) @ the packed weight with the bias and
+        a Relu / Clip fused; the output channels-last (copied out to NCHW unless it stays so:
+        channels_last_output). Stride 1: the GEMM reads the taps in place (implicit GEMM: on
+        the padded width, pixel q's row of taps i is the kw*C floats from (q + i*Wp)*C; the
+        outputs at the Wp - Wo extra columns of each row are computed and dropped); otherwise
+        each tap's strided window is copied into a column matrix as runs of C floats."""
+        N, C = X.shape[:2]
+        (kh, kw), (Ho, Wo), (sh, sw), (dh, dw) = kernel, outs, strides, dilations
+        Hp, Wp = (Ho - 1) * sh + (kh - 1) * dh + 1, (Wo - 1) * sw + (kw - 1) * dw + 1
+        pk = self.nhwc_packed
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        if strides == (1, 1) and dilations == (1, 1):
+            size = N * Hp * Wp * C
+            flat = scratch("conv_nhwc_pad", (size + (kw - 1) * C,), np.float32)
+            flat[size:] = 0  # the last rows' dropped columns read this far
+            P = flat[:size].reshape(N, Hp, Wp, C)
+            _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+            rows = ((N - 1) * Hp + Ho) * Wp  # image n's pixels start at row n * Hp * Wp
+            Y = pk.run_shifted(flat, rows, C, kw * C, Wp * C - kw * C,
+                               None if b is None else b.reshape(-1),
+                               bounds=bounds if fused else None, threads=self.threads)
+            M = pk.N
+            if N == 1:
+                full = Y.reshape(Ho, Wp, M)[None]
+            else:
+                full = np.lib.stride_tricks.as_strided(
+                    Y, (N, Ho, Wp, M), (Hp * Wp * M * 4, Wp * M * 4, M * 4, 4), writeable=False)
+            Y = np.empty((N, Ho, Wo, M), np.float32)
+            np.copyto(Y, full[:, :, :Wo])
+            Y = Y.transpose(0, 3, 1, 2)
+            if Z is not None:
+                Y += Z
+            if act is not None and not fused:
+                act(Y)
+            return Y if self.channels_last else np.ascontiguousarray(Y)
+        if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
+            P = X.transpose(0, 2, 3, 1)
+        else:
+            P = scratch("conv_nhwc_pad", (N, Hp, Wp, C), np.float32)
+            _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+        cols = scratch("conv_nhwc_cols", (N, Ho, Wo, kh, kw, C), np.float32)
+        for i in range(kh):
+            for j in range(kw):
+                np.copyto(cols[:, :, :, i, j], P[:, i * dh:i * dh + (Ho - 1) * sh + 1:sh,
+                                                 j * dw:j * dw + (Wo - 1) * sw + 1:sw])
+        Y = pk.run(cols.reshape(N * Ho * Wo, kh * kw * C), None if b is None else b.reshape(-1),
+                   bounds=bounds if fused else None, threads=self.threads)
+        Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
+        if Z is not None:
+            Y += Z
+        if act is not None and not fused:
+            act(Y)
+        return Y if self.channels_last else np.ascontiguousarray(Y)
 
     def _gemm_1x1_compiled(self, X, b, Z, act):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,

@@ -15,7 +15,14 @@ import numpy as np
 
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, threads_for
-from .conv import compute_dtype, pad_spatial, window_geometry, window_slices
+from .conv import (
+    channels_inner,
+    compute_dtype,
+    keeps_layout,
+    pad_spatial,
+    window_geometry,
+    window_slices,
+)
 
 
 def _text(value) -> str:
@@ -35,6 +42,7 @@ class _Pool:
         self.strides = tuple(int(v) for v in strides) if strides else (1,) * nd
         self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
         self.threads = threads_for(ctx)
+        self.keep_layout = keeps_layout(ctx)  # a channels-last input gives a channels-last Y
 
     def geometry(self, X: np.ndarray):
         if X.ndim != len(self.kernel) + 2:
@@ -57,8 +65,13 @@ class _Pool:
         input lies inside the image, and the first two taps that cover every position make
         the accumulator in one operation. The intra-op threads take a range of channels
         each."""
-        channels_last = _channels_last_wins(X, outs, self.strides)
-        Y = np.empty(X.shape[:2] + tuple(outs), X.dtype)
+        keep = self.keep_layout and channels_inner(X)
+        channels_last = keep or _channels_last_wins(X, outs, self.strides)
+        if keep:
+            Y = np.empty((X.shape[0],) + tuple(outs) + (X.shape[1],), X.dtype).transpose(
+                0, 3, 1, 2)
+        else:
+            Y = np.empty(X.shape[:2] + tuple(outs), X.dtype)
 
         def channels(c0: int, c1: int) -> None:
             out = Y[:, c0:c1]
@@ -277,6 +290,12 @@ def GlobalAveragePool(X):
     plane = math.prod(X.shape[2:])
     if plane == 0 or X.dtype.kind != "f":
         return np.mean(X, axis=_spatial_axes(X), keepdims=True, dtype=cdt).astype(X.dtype)
+    if X.ndim == 4 and channels_inner(X):
+        # channels-last: rows of channels summed in turn, every channel in the same order (a
+        # GEMV's vector tail can round the last channels differently from the others)
+        Y = X.astype(cdt, copy=False).transpose(0, 2, 3, 1).reshape(n, plane, c).sum(axis=1)
+        Y *= cdt.type(1.0 / plane)
+        return Y.reshape((n, c, 1, 1)).astype(X.dtype, copy=False)
     weights = np.full(plane, 1.0 / plane, dtype=cdt)
     Y = np.matmul(X.astype(cdt, copy=False).reshape(n, c, plane), weights)
     return Y.reshape((n, c) + (1,) * (X.ndim - 2)).astype(X.dtype, copy=False)

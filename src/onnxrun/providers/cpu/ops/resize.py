@@ -15,7 +15,7 @@ import numpy as np
 
 from ..indices import as_intp
 from ..kernels import KernelContext, op
-from .conv import compute_dtype
+from .conv import channels_inner, compute_dtype, keeps_layout
 
 f32 = np.float32
 
@@ -194,6 +194,8 @@ def _to_integer(Y: np.ndarray, dtype: np.dtype, rounding: bool) -> np.ndarray:
 
 
 class _Resampler:
+    keep_layout = False  # nearest: a channels-last input gives a channels-last result
+
     def __init__(self, *, mode="nearest", coordinate_transformation_mode="half_pixel",
                  nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0,
                  extrapolation_value=0.0, antialias=0, axes=None,
@@ -265,6 +267,11 @@ class _Resampler:
                 raise ValueError(f"roi has {r.size} values, expected {2 * len(axes)}")
             starts[axes], ends[axes] = r[: len(axes)], r[len(axes):]
         weighted = self.mode != "nearest"
+        if not weighted and self.keep_layout and tuple(out[:2]) == X.shape[:2] and \
+                channels_inner(X):
+            Y = self._nearest_channels_last(X, out, sc, starts, ends, ctm, nearest_mode)
+            if Y is not None:
+                return Y
         out_dtype = X.dtype
         Y = X
         if weighted:
@@ -300,6 +307,26 @@ class _Resampler:
             Y = Y.astype(out_dtype)
         return Y
 
+    def _nearest_channels_last(self, X, out, sc, starts, ends, ctm, nearest_mode):
+        """Nearest resampling of the image axes of a channels-last X, as rows of channels (a
+        channels-last result: one np.take per axis on the NHWC view); None where points fall
+        outside (tf_crop_and_resize's extrapolation: the general path)."""
+        Yt = X.transpose(0, 2, 3, 1)
+        axes = sorted((i for i in (3, 2) if out[i] != X.shape[i] or sc[i] != 1),
+                      key=lambda i: out[i] / X.shape[i])
+        if not axes:
+            return None
+        for i in axes:
+            idx, _, outside = _axis_plan(
+                self.mode, ctm, nearest_mode, X.shape[i], out[i], float(sc[i]),
+                float(starts[i]), float(ends[i]), self.a, self.exclude_outside, self.antialias,
+                ctm == "tf_crop_and_resize",
+            )
+            if outside is not None:
+                return None
+            Yt = np.take(Yt, as_intp(idx), axis=i - 1)
+        return Yt.transpose(0, 3, 1, 2)
+
 
 @op("Resize", 10, 11, 13, 18, 19)
 class Resize(_Resampler):
@@ -314,6 +341,7 @@ class Resize(_Resampler):
                          extrapolation_value=extrapolation_value, antialias=antialias,
                          axes=axes, keep_aspect_ratio_policy=keep_aspect_ratio_policy)
         self.legacy = ctx.opset < 11  # Resize-10: asymmetric coordinates, "simple" rounding
+        self.keep_layout = keeps_layout(ctx)  # a channels-last input gives a channels-last Y
         if self.legacy:
             self.ctm, self.nearest_mode = "asymmetric", "simple"
 

@@ -173,10 +173,39 @@ def Transpose(data, *, perm=None):
 
 
 @op("Concat", 1, 4, 11, 13)
-def Concat(*inputs, axis=1):
-    if len(inputs) == 1:
-        return inputs[0]
-    return np.concatenate(inputs, axis=axis)
+class Concat:
+    """np.concatenate; at the layout level, operands with their channels innermost (channels-
+    last convolution outputs, Splits of them) joined along the channels give a channels-last
+    result: each operand's rows of channels copied into their range of the output's rows."""
+
+    def __init__(self, ctx: KernelContext, *, axis=1) -> None:
+        from .conv import keeps_layout
+
+        self.axis = int(axis)
+        self.keep_layout = keeps_layout(ctx)
+
+    def __call__(self, *inputs):
+        if len(inputs) == 1:
+            return inputs[0]
+        if self.keep_layout and self.axis in (1, -3) and _channels_last_operands(inputs):
+            N, _, H, W = inputs[0].shape
+            Yt = np.empty((N, H, W, sum(x.shape[1] for x in inputs)), inputs[0].dtype)
+            c = 0
+            for x in inputs:
+                np.copyto(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1))
+                c += x.shape[1]
+            return Yt.transpose(0, 3, 1, 2)
+        Y = np.concatenate(inputs, axis=self.axis)  # numpy keeps a layout all operands share
+        return Y if self.keep_layout or Y.flags.c_contiguous else np.ascontiguousarray(Y)
+
+
+def _channels_last_operands(inputs) -> bool:
+    from .conv import channels_inner
+
+    first = inputs[0]
+    return all(x.ndim == 4 and x.dtype == first.dtype and x.shape[0] == first.shape[0] and
+               x.shape[2:] == first.shape[2:] and (x.shape[1] == 1 or channels_inner(x))
+               for x in inputs) and any(channels_inner(x) for x in inputs)
 
 
 def _split(x, axis, sizes):

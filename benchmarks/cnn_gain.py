@@ -1,0 +1,146 @@
+"""What each CNN change of issue #18 gains: onnxruntime, onnxrun, and onnxrun with one change
+undone, all in this process, run in turn (the order rotating every round), 1 intra-op thread
+by default; medians of the calling thread's CPU time (steadier than wall time on a loaded
+machine; at 1 thread both engines compute on the calling thread) and of wall time.
+
+    python benchmarks/cnn_gain.py                  # every change on the suite's CNN cases
+    python benchmarks/cnn_gain.py --quick          # fewer rounds, YOLO and squeezenet
+    python benchmarks/cnn_gain.py --changes layout --models yolo -r 30
+
+Changes (each undone when its session is created; kernels keep their choices for the run):
+  silu    QuickGelu / SiLU in one compiled pass (compiled/gelu.quick_gelu)
+  nhwc    channels-last convolutions on the compiled GEMM (implicit GEMM, im2col)
+  layout  Concat / Split / pools / Resize keep channels-last memory at the layout level
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import onnxrun
+
+HERE = Path(__file__).resolve().parent
+CASES = ("yolo_style", "densenet_style", "zoo:squeezenet", "zoo:shufflenet", "zoo:resnet50")
+QUICK = ("yolo_style", "zoo:squeezenet")
+
+
+@contextlib.contextmanager
+def undone(change: str):
+    """Session creation with ``change`` undone."""
+    from onnxrun.providers.cpu.ops import conv
+    from onnxrun.providers.cpu.ops.contrib import fused
+
+    if change == "silu":
+        old = fused.QuickGelu.__init__
+
+        def init(self, ctx, *, alpha=1.702):
+            old(self, ctx, alpha=alpha)
+            self.compiled = None
+
+        fused.QuickGelu.__init__ = init
+        try:
+            yield
+        finally:
+            fused.QuickGelu.__init__ = old
+        return
+    name = {"nhwc": "_packable", "layout": "_follows_layout"}[change]
+    old = getattr(conv, name)
+    setattr(conv, name, lambda _: False)
+    try:
+        yield
+    finally:
+        setattr(conv, name, old)
+
+
+def cases(words: list[str], quick: bool):
+    sys.path.insert(0, str(HERE))
+    try:
+        import run_suite
+        import suite_models
+    finally:
+        sys.path.pop(0)
+    out = []
+    for name in QUICK if quick else CASES:
+        if words and not any(w in name for w in words):
+            continue
+        if name.startswith("zoo:"):
+            out.append((f"zoo {name[4:]}", str(run_suite.LIGHT / f"light_{name[4:]}.onnx"), None))
+            continue
+        path = suite_models.ensure(name, run_suite.default_cache())
+        feeds = {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
+        out.append((suite_models.MODELS[name][1], str(path), feeds))
+    return out
+
+
+def compare(model: str, feeds, change: str, runs: int, threads: int) -> dict[str, float]:
+    import onnxruntime as ort
+
+    from onnxrun.tools.common import make_feeds
+
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = threads
+    after = onnxrun.InferenceSession(model, so)
+    with undone(change):
+        before = onnxrun.InferenceSession(model, so)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    reference = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    if feeds is None:
+        feeds, _ = make_feeds(after, {}, {}, 0)
+    engines = {"after": after, "before": before, "ort": reference}
+    first = {k: s.run(None, feeds) for k, s in engines.items()}
+    diff = max(float(np.max(np.abs(a - b))) for a, b in zip(first["after"], first["before"],
+                                                             strict=True))
+    cpu: dict[str, list[float]] = {k: [] for k in engines}
+    wall: dict[str, list[float]] = {k: [] for k in engines}
+    order = list(engines.items())
+    for i in range(runs):
+        turn = order[i % 3:] + order[:i % 3]
+        for k, s in turn:
+            c0, t0 = time.thread_time(), time.perf_counter()
+            s.run(None, feeds)
+            wall[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.thread_time() - c0)
+    med = {f"{m}_{k}": float(np.median(v[k])) for m, v in (("cpu", cpu), ("wall", wall))
+           for k in engines}
+    return dict(med, diff=diff)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated words to select cases")
+    parser.add_argument("--changes", default="silu,nhwc,layout")
+    parser.add_argument("-r", "--runs", type=int, default=None, help="rounds (default 15; "
+                        "quick 7)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    runs = args.runs or (7 if args.quick else 15)
+    words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
+    load = "/".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"onnxrun with each change undone -> with it, ratio to onnxruntime; medians of {runs} "
+          f"interleaved rounds, {args.threads} thread(s); load before: {load}")
+    print("| change | model | CPU before | CPU after | onnxruntime | ratio before -> after "
+          "(CPU) | wall ratio before -> after | max diff |")
+    print("| --- | --- | --: | --: | --: | --: | --: | --: |")
+    for change in [c.strip() for c in args.changes.split(",") if c.strip()]:
+        for label, model, feeds in cases(words, args.quick):
+            r = compare(model, feeds, change, runs, args.threads)
+            print(f"| {change} | {label} | {r['cpu_before'] * 1e3:.1f} ms | "
+                  f"{r['cpu_after'] * 1e3:.1f} ms | {r['cpu_ort'] * 1e3:.1f} ms | "
+                  f"{r['cpu_before'] / r['cpu_ort']:.2f} -> {r['cpu_after'] / r['cpu_ort']:.2f} | "
+                  f"{r['wall_before'] / r['wall_ort']:.2f} -> "
+                  f"{r['wall_after'] / r['wall_ort']:.2f} | {r['diff']:.1e} |", flush=True)
+    print(f"load after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
