@@ -412,6 +412,34 @@ def test_full_queue_refuses_at_once(tmp_path):
         scheduler.submit({"x": x, "y": x})
 
 
+
+def test_cancelled_and_expired_requests_leave_the_instance_serving(tmp_path):
+    """A request whose caller cancelled it (a client that went away) is dropped from the
+    queue, and several requests timing out together fail alone: the instance's thread goes on
+    serving the others."""
+    write_model(tmp_path, "m", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
+                "preferred_batch_size: 4 max_queue_delay_microseconds: 20000000 }")
+    repository = Repository(tmp_path)
+    x = np.ones((1, 4), np.float32)
+    try:
+        scheduler = repository.model("m").scheduler
+        gone = scheduler.submit({"x": x, "y": x})
+        assert gone.cancel()  # still queued: cancelled, as asyncio's wrap_future does
+        kept = [scheduler.submit({"x": x, "y": x}) for _ in range(4)]  # a batch of 4
+        for future in kept:
+            np.testing.assert_array_equal(future.result(timeout=30)["sum"], 2 * x)
+        late = [scheduler.submit({"x": x, "y": x}, timeout_us=1000) for _ in range(3)]
+        for future in late:  # 3 < 4: they wait, and time out together
+            with pytest.raises(Unavailable, match="timeout expired"):
+                future.result(timeout=30)
+        kept = [scheduler.submit({"x": x, "y": x}) for _ in range(4)]
+        for future in kept:
+            np.testing.assert_array_equal(future.result(timeout=30)["prod"], x)
+        assert all(t.is_alive() for t in scheduler._threads)
+        assert scheduler.statistics().fail.count == 4
+    finally:
+        repository.close()
+
 def test_request_timeout_in_queue(server):
     client, port, _ = server
     x = np.ones((1, 4), np.float32)
@@ -448,9 +476,89 @@ def test_load_and_unload(server):
         client.load_model("broken")
     with pytest.raises(InferenceServerException, match="no such model in the repository"):
         client.load_model("nosuch")
-    with pytest.raises(InferenceServerException, match="not supported"):
-        client.load_model("echo", config='{"max_batch_size": 4}')
+    with pytest.raises(InferenceServerException, match="'file:1/model.onnx' is not supported"):
+        client.load_model("echo", config='{}', files={"file:1/model.onnx": b"x"})
     assert client.is_model_ready("fixed")  # the others kept serving
+
+
+def test_load_with_config_override(server):
+    """Triton's load parameter 'config': a ModelConfig as JSON, used instead of config.pbtxt
+    for this load (protobuf's JSON mapping: camelCase names, int64 as strings)."""
+    client, _, _ = server
+    assert client.get_model_config("fixed")["max_batch_size"] == 0
+    override = {"name": "fixed", "maxBatchSize": 4, "instance_group": [{"count": 2}],
+                "dynamic_batching": {"preferred_batch_size": [2],
+                                     "max_queue_delay_microseconds": "1000"}}
+    client.load_model("fixed", config=json.dumps(override))
+    try:
+        config = client.get_model_config("fixed")
+        assert config["max_batch_size"] == 4 and config["instance_group"][0]["count"] == 2
+        assert config["dynamic_batching"] == {"preferred_batch_size": [2],
+                                              "max_queue_delay_microseconds": 1000}
+        x = np.ones((3, 4), np.float32)  # a batch of 3: the model's own shapes allow any N
+        np.testing.assert_array_equal(client.infer("fixed", _inputs(x, x)).as_numpy("sum"),
+                                      2 * x)
+        with pytest.raises(InferenceServerException, match="exceeds its max_batch_size 4"):
+            client.infer("fixed", _inputs(np.ones((5, 4), np.float32),
+                                          np.ones((5, 4), np.float32)))
+        for bad, reason in [("{", "config: the JSON is malformed"),
+                            ('{"name": "other"}', "its name 'other' is not the model's"),
+                            ('{"max_batch_size": "many"}', "config: a field has the wrong type"),
+                            ('{"input": [{"name": "z"}]}', "config input 'z' is not an input"),
+                            ('["max_batch_size"]', "must be an object")]:
+            with pytest.raises(InferenceServerException, match=reason) as e:
+                client.load_model("fixed", config=bad)
+            assert e.value.status() == "400"
+            assert client.get_model_config("fixed")["max_batch_size"] == 4  # still serving
+    finally:
+        client.load_model("fixed")  # without parameters: config.pbtxt (none) again
+    assert client.get_model_config("fixed")["max_batch_size"] == 0
+
+
+def test_a_version_that_fails_leaves_the_others_serving(tmp_path):
+    write_model(tmp_path, "multi", ADDMUL, "max_batch_size: 8\n"
+                "version_policy: { all: { } }")
+    write_model(tmp_path, "multi", ADDMUL, version=3)
+    (tmp_path / "multi" / "2").mkdir()
+    (tmp_path / "multi" / "2" / "model.onnx").write_bytes(b"not a model")
+    write_model(tmp_path, "fixed", ADDMUL)
+    proc, client, log = launch(tmp_path)
+    try:
+        x = np.ones((1, 4), np.float32)
+        for version in ("1", "3"):
+            assert client.is_model_ready("multi", version)
+            result = client.infer("multi", _inputs(x, x), model_version=version)
+            np.testing.assert_array_equal(result.as_numpy("sum"), 2 * x)
+        assert client.is_model_ready("multi")  # the highest served version: 3
+        assert not client.is_model_ready("multi", "2")
+        assert not client.is_server_ready()  # strict readiness, as Triton's
+        assert client.get_model_metadata("multi")["versions"] == ["1", "3"]
+        with pytest.raises(InferenceServerException,
+                           match="version 2 failed to load: .*protobuf.*served: 1, 3"):
+            client.infer("multi", _inputs(x, x), model_version="2")
+        index = [(m["name"], m["version"], m["state"])
+                 for m in client.get_model_repository_index()]
+        assert index == [("fixed", "1", "READY"), ("multi", "1", "READY"),
+                         ("multi", "2", "UNAVAILABLE"), ("multi", "3", "READY")]
+        reasons = {m["version"]: m["reason"] for m in client.get_model_repository_index()
+                   if m["name"] == "multi"}
+        assert reasons["1"] == reasons["3"] == "" and "protobuf" in reasons["2"]
+        ready = client.get_model_repository_index()  # tritonclient posts {} : all
+        assert len(ready) == 4
+        # a reload answers the failure, and what loaded serves
+        with pytest.raises(InferenceServerException,
+                           match="failed to load 'multi' version 2: .*serving version.s. 1, 3"):
+            client.load_model("multi")
+        assert client.is_model_ready("multi", "1") and client.is_model_ready("multi", "3")
+        # the broken version fixed: a reload serves all three, and the server is ready
+        write_model(tmp_path, "multi", ADDMUL, version=2)
+        client.load_model("multi")
+        assert client.get_model_metadata("multi")["versions"] == ["1", "2", "3"]
+        assert client.is_server_ready()
+        client.unload_model("fixed")  # unloaded on request: the server stays ready
+        assert client.is_server_ready()
+    finally:
+        stop(proc, client, log)
 
 
 @pytest.mark.parametrize("make, reason", [

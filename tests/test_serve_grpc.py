@@ -325,8 +325,18 @@ def test_load_and_unload(server):
     with pytest.raises(InferenceServerException, match="failed to load 'broken'") as e:
         client.load_model("broken")
     assert _code(e.value) == "INVALID_ARGUMENT"
-    with pytest.raises(InferenceServerException, match="not supported"):
-        client.load_model("echo", config='{"max_batch_size": 4}')
+    client.load_model("echo", config='{"max_batch_size": 4}')  # Triton's config override
+    assert client.get_model_config("echo").config.max_batch_size == 4
+    text = grpcclient.InferInput("text", [2], "BYTES")  # [N]: now a batch of 2
+    text.set_data_from_numpy(np.array([b"a", b"b"], dtype=object))
+    assert client.infer("echo", [text]).as_numpy("same").tolist() == [b"a", b"b"]
+    with pytest.raises(InferenceServerException, match="config: a field has the wrong") as e:
+        client.load_model("echo", config='{"max_batch_size": {"n": 1}}')
+    assert _code(e.value) == "INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException, match="'file:1/model.onnx' is not supported"):
+        client.load_model("echo", config="{}", files={"file:1/model.onnx": b"x"})
+    client.load_model("echo")
+    assert client.get_model_config("echo").config.max_batch_size == 0
 
 
 def test_sigterm_finishes_in_flight_and_refuses_new(tmp_path):

@@ -1,10 +1,13 @@
-"""The subset of Triton's ``config.pbtxt`` (protobuf text format) that onnxrun serve reads.
+"""The subset of Triton's ``ModelConfig`` that onnxrun serve reads: a model's
+``config.pbtxt`` (protobuf text format), or the JSON form of the message that a repository load
+request may carry instead (its ``config`` parameter).
 
-Triton's ``ModelConfig`` proto is not a dependency, so the text is parsed generically into
+Triton's ``ModelConfig`` proto is not a dependency, so both are parsed generically into
 nested dicts (a repeated field becomes a list) and the known fields are read from that."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +57,7 @@ class ModelConfig:
     version_policy: tuple = ("latest", 1)
     inputs: list[TensorConfig] = field(default_factory=list)  # [] when not said
     outputs: list[TensorConfig] = field(default_factory=list)
+    source: str = "config.pbtxt"  # where it came from, for errors ("config": a load request's)
 
 
 def _tokens(text: str) -> list[str]:
@@ -132,7 +136,53 @@ def _one(fields: dict[str, Any], name: str, default: Any) -> Any:
 
 def read_config(text: str) -> ModelConfig:
     """A ``ModelConfig`` from the text of a ``config.pbtxt``."""
-    fields = parse_text_proto(text)
+    return _config(parse_text_proto(text))
+
+
+def read_json_config(text: str, model: str) -> ModelConfig:
+    """A ``ModelConfig`` from the JSON form of Triton's ModelConfig message (a load request's
+    ``config`` parameter): field names as in the proto or in lowerCamelCase, 64-bit integers
+    as numbers or strings (protobuf's JSON mapping). A ``name`` must be ``model``'s."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise InvalidArgument(f"config: the JSON is malformed: {e}") from None
+    if not isinstance(obj, dict):
+        raise InvalidArgument("config: the JSON must be an object (a ModelConfig)")
+    fields = _json_fields(obj)
+    name = _one(fields, "name", model)
+    if name != model:
+        raise InvalidArgument(f"config: its name '{name}' is not the model's, '{model}'")
+    return _config(fields, "config")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), name)
+
+
+def _json_fields(obj: dict) -> dict[str, list]:
+    """JSON of a message -> what parse_text_proto makes of its text form (integers written
+    as strings, "100", are read as numbers where a number is expected)."""
+    return {_snake(k): [_json_fields(x) if isinstance(x, dict) else x
+                        for x in (v if isinstance(v, list) else [v])]
+            for k, v in obj.items()}
+
+
+def _config(fields: dict[str, Any], where: str = "config.pbtxt") -> ModelConfig:
+    """A ``ModelConfig`` from a parsed message (``where`` names it in errors)."""
+    try:
+        cfg = _read_fields(fields)
+        cfg.source = where
+        return cfg
+    except InvalidArgument as e:
+        if where == "config.pbtxt":
+            raise
+        raise InvalidArgument(str(e).replace("config.pbtxt:", f"{where}:", 1)) from None
+    except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong JSON type
+        raise InvalidArgument(f"{where}: a field has the wrong type ({e})") from None
+
+
+def _read_fields(fields: dict[str, Any]) -> ModelConfig:
     cfg = ModelConfig(max_batch_size=int(_one(fields, "max_batch_size", 0)))
     if cfg.max_batch_size < 0:
         raise InvalidArgument(f"config.pbtxt: max_batch_size must be >= 0, not "
@@ -196,7 +246,10 @@ def _tensor(entry: Any, kind: str) -> TensorConfig:
     if "reshape" in entry:
         raise InvalidArgument(f"config.pbtxt: {kind} '{name}': reshape is not supported")
     dims = entry.get("dims")
-    if dims is not None and not all(isinstance(d, int) and d >= -1 for d in dims):
+    if dims is not None:  # protobuf's JSON writes int64 as strings
+        dims = [int(d) if isinstance(d, str) and re.fullmatch(r"-?\d+", d) else d for d in dims]
+    if dims is not None and not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1
+                                    for d in dims):
         raise InvalidArgument(f"config.pbtxt: {kind} '{name}': dims must be integers >= -1, "
                               f"not {dims}")
     return TensorConfig(name, CONFIG_TYPES.get(data_type), dims,

@@ -85,18 +85,24 @@ def statistics(repository: Repository, name: str | None = None,
 
 
 def repository_index(repository: Repository, ready_only: bool = False) -> list[dict[str, Any]]:
-    """One row per served version, and one per model name that is not served (with why)."""
+    """One row per version served (READY) or failed to load (UNAVAILABLE, with why), in
+    version order, and one for a model name none of whose versions is known (with why)."""
     rows = []
     for e in list(repository.entries.values()):
-        if e.ready:
-            rows += [{"name": e.name, "version": v, "state": "READY", "reason": ""}
-                     for v in e.versions]
-        elif not ready_only:
+        states = {v: ("READY", "") for v in e.versions}
+        if not ready_only:
+            states.update((v, ("UNAVAILABLE", r)) for v, r in e.failed.items())
+        for v in sorted(states, key=int):
+            rows.append({"name": e.name, "version": v, "state": states[v][0],
+                         "reason": states[v][1]})
+        if not e.ready and not e.failed and not ready_only:
             rows.append({"name": e.name, **({"version": e.version} if e.version else {}),
                          "state": "UNAVAILABLE", "reason": e.reason})
     return rows
 
 
 def server_ready(repository: Repository) -> bool:
-    """Triton's strict readiness: ready when every model of the repository is."""
-    return all(e.ready for e in repository.entries.values())
+    """Triton's strict readiness: ready when every version of every model of the repository
+    is (one unloaded on request does not count)."""
+    return all((e.ready or e.reason == "unloaded") and not e.failed
+               for e in repository.entries.values())

@@ -31,7 +31,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 
 from ..errors import Fail, InvalidArgument, OnnxRunError
 from . import access, describe
-from .repository import Model, Repository, UnknownModel
+from .repository import Model, Repository, UnknownModel, load_config_parameter
 from .scheduler import QueueFull, RequestTimeout, Unavailable
 from .tensors import (
     DATATYPES,
@@ -230,11 +230,10 @@ def _service(repository: Repository) -> grpc.GenericRpcHandler:
         return json_format.ParseDict({"models": index}, p.RepositoryIndexResponse())
 
     async def RepositoryModelLoad(request, context):
-        if request.parameters:
-            raise InvalidArgument(f"load parameters ({', '.join(request.parameters)}) are not "
-                                  "supported: the model is loaded from the repository as it is")
+        config = load_config_parameter({k: _parameter(request.parameters, k)
+                                        for k in request.parameters})
         # loading builds sessions: off the event loop, which keeps serving the other models
-        await asyncio.to_thread(repository.load, request.model_name)
+        await asyncio.to_thread(repository.load, request.model_name, config)
         return p.RepositoryModelLoadResponse()
 
     async def RepositoryModelUnload(request, context):

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from ..errors import InvalidArgument, OnnxRunError
 from . import access, describe
-from .repository import Model, Repository
+from .repository import Model, Repository, load_config_parameter
 from .scheduler import Unavailable
 from .tensors import (
     DATATYPES,
@@ -337,16 +337,17 @@ def create_app(repository: Repository) -> Any:
 
     async def load(request: Request) -> Response:
         body = await read_body(request.headers.get("content-length"), request.receive)
+        params = {}
         if body.strip():
             try:
                 params = json.loads(body).get("parameters") or {}
             except (UnicodeDecodeError, ValueError, AttributeError, RecursionError):
                 raise BadRequest("the load request's JSON is malformed") from None
-            if params:
-                raise BadRequest(f"load parameters ({', '.join(map(str, params))}) are not "
-                                 "supported: the model is loaded from the repository as it is")
+            if not isinstance(params, dict):
+                raise BadRequest("the load request's 'parameters' must be an object")
+        config = load_config_parameter(params)
         # loading builds sessions: off the event loop, which keeps serving the other models
-        await run_in_threadpool(repository.load, request.path_params["name"])
+        await run_in_threadpool(repository.load, request.path_params["name"], config)
         return Response(status_code=200)
 
     async def unload(request: Request) -> Response:

@@ -2,22 +2,26 @@
 optional ``<name>/config.pbtxt``; its version policy picks the versions served (default: the
 highest). A single ``.onnx`` path serves one model, named after its file, as version 1.
 
-A model that fails to load (any of its versions, or a config.pbtxt that does not fit the model)
-is kept with its reason (not ready) and the others serve."""
+Each version loads on its own: one that fails to load is listed with its reason (UNAVAILABLE
+in the repository index) while the model's other versions and the other models serve; a model
+none of whose versions loads (or whose config.pbtxt does not fit it) is kept with its reason,
+not ready. (Triton aborts a load in which any version fails; onnxrun serves what loaded and
+says what did not, and its strict readiness is false as Triton's while a version is not.)"""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ..api.session import InferenceSession
 from ..errors import InvalidArgument, OnnxRunError
-from .config import ModelConfig, TensorConfig, read_config
+from .config import ModelConfig, TensorConfig, read_config, read_json_config
 from .scheduler import Scheduler
 from .tensors import DATATYPES, datatype_of_ort_type
 
@@ -85,7 +89,7 @@ class Model:
         out = []
         for c in configured:
             spec = by_name.get(c.name)
-            where = f"model '{self.name}': config.pbtxt {kind} '{c.name}'"
+            where = f"model '{self.name}': {self.config.source} {kind} '{c.name}'"
             if spec is None:
                 raise InvalidArgument(f"{where} is not an {kind} of the model (its {kind}s: "
                                       f"{', '.join(by_name)})")
@@ -103,8 +107,9 @@ class Model:
             out.append(TensorSpec(spec.name, spec.datatype, dims))
         if kind == "input" and len(out) != len(specs):
             missing = [s.name for s in specs if s.name not in {c.name for c in configured}]
-            raise InvalidArgument(f"model '{self.name}': config.pbtxt lists {len(out)} inputs, "
-                                  f"the model has {len(specs)} (missing: {', '.join(missing)})")
+            raise InvalidArgument(f"model '{self.name}': {self.config.source} lists {len(out)} "
+                                  f"inputs, the model has {len(specs)} (missing: "
+                                  f"{', '.join(missing)})")
         return out
 
     def shape_of(self, spec: TensorSpec) -> list[int]:
@@ -202,12 +207,14 @@ def _labels(path: Path) -> list[str]:
 
 @dataclass
 class Entry:
-    """A model name in the repository: its served versions when loaded, else why not."""
+    """A model name in the repository: its served versions, the versions that failed to load
+    with their reasons, and when none serves, why not."""
 
     name: str
     models: dict[str, Model]  # version -> model, in increasing version order
-    reason: str = ""
-    version: str | None = None  # what failed to load, when it did
+    reason: str = ""  # why no version serves
+    version: str | None = None  # the version that reason is about, if one
+    failed: dict[str, str] = field(default_factory=dict)  # version -> why it did not load
 
     @property
     def ready(self) -> bool:
@@ -216,6 +223,10 @@ class Entry:
     @property
     def versions(self) -> list[str]:
         return list(self.models)
+
+    def failure(self) -> str:
+        """What failed to load, each version with its reason ("" when nothing did)."""
+        return "; ".join(f"version {v}: {r}" for v, r in self.failed.items())
 
 
 class Repository:
@@ -237,10 +248,12 @@ class Repository:
             return [self.path.stem]
         return sorted(p.name for p in self.path.iterdir() if p.is_dir())
 
-    def _read(self, name: str) -> Entry:
-        """Load model ``name`` from the repository: its entry, with the reason if it failed."""
+    def _read(self, name: str, config_json: str | None = None) -> Entry:
+        """Load model ``name`` from the repository, with its config.pbtxt or, when given, the
+        JSON ModelConfig ``config_json`` instead: its entry, with the reasons of what failed."""
         if self.path.is_file():
-            return self._load(name, {"1": self.path}, ModelConfig())
+            config = ModelConfig() if config_json is None else read_json_config(config_json, name)
+            return self._load(name, {"1": self.path}, config)
         folder = self.path / name
         found = sorted(int(p.name) for p in folder.iterdir()
                        if p.is_dir() and p.name.isdigit() and (p / "model.onnx").is_file())
@@ -248,8 +261,11 @@ class Repository:
             return Entry(name, {}, "no <version>/model.onnx found")
         try:
             config_path = folder / "config.pbtxt"
-            config = (read_config(config_path.read_text()) if config_path.is_file()
-                      else ModelConfig())
+            if config_json is not None:
+                config = read_json_config(config_json, name)
+            else:
+                config = (read_config(config_path.read_text()) if config_path.is_file()
+                          else ModelConfig())
             versions = _served(config.version_policy, found)
         except (OnnxRunError, OSError, UnicodeDecodeError) as e:
             log.error("model '%s' not loaded: %s", name, e)
@@ -259,26 +275,30 @@ class Repository:
 
     def _load(self, name: str, paths: dict[str, Path], config: ModelConfig) -> Entry:
         models: dict[str, Model] = {}
+        failed: dict[str, str] = {}
         for version, path in paths.items():
             try:
                 models[version] = Model(name, version, path, config)
                 log.info("model '%s' version %s loaded from %s", name, version, path)
             except (OnnxRunError, OSError, ValueError) as e:
                 log.error("model '%s' version %s not loaded: %s", name, version, e)
-                for m in models.values():
-                    m.close()
-                reason = str(e) if len(paths) == 1 else f"version {version}: {e}"
-                return Entry(name, {}, reason, version)
-        return Entry(name, models)
+                failed[version] = str(e)
+        if models:
+            return Entry(name, models, failed=failed)
+        entry = Entry(name, {}, version=list(failed)[-1], failed=failed)
+        entry.reason = failed[entry.version] if len(failed) == 1 else entry.failure()
+        return entry
 
-    def load(self, name: str) -> Entry:
-        """(Re)load model ``name`` from the repository as it is now. The new model replaces
-        the old one only once it loaded; the old one then finishes its queue. A model that
-        fails to load is a ModelError with the reason (the old one, if any, keeps serving)."""
+    def load(self, name: str, config_json: str | None = None) -> Entry:
+        """(Re)load model ``name`` from the repository as it is now (with the JSON ModelConfig
+        ``config_json`` instead of its config.pbtxt, when given). The versions that load
+        replace the old model's, which then finish their queues; when none loads, the old
+        model keeps serving. Any version that failed is a ModelError naming it and its
+        reason (after the others were put in service)."""
         with self._lock:
             if name not in self._names():  # only a model of the repository, never a path
                 raise ModelError(f"failed to load '{name}': no such model in the repository")
-            entry = self._read(name)
+            entry = self._read(name, config_json)
             if not entry.ready:
                 raise ModelError(f"failed to load '{name}': {entry.reason}")
             old = self.entries.get(name)
@@ -286,6 +306,9 @@ class Repository:
         if old is not None:
             for model in old.models.values():
                 model.close()
+        if entry.failed:
+            raise ModelError(f"failed to load '{name}' {entry.failure()} (serving version(s) "
+                             f"{', '.join(entry.versions)})")
         return entry
 
     def unload(self, name: str) -> None:
@@ -310,8 +333,10 @@ class Repository:
         if version in (None, ""):
             return entry.models[entry.versions[-1]]
         if version not in entry.models:
-            raise UnknownModel(f"Request for unknown model: '{name}' version {version} is not "
-                               f"found (served: {', '.join(entry.versions)})")
+            why = (f"failed to load: {entry.failed[version]}" if version in entry.failed
+                   else "is not found")
+            raise UnknownModel(f"Request for unknown model: '{name}' version {version} {why} "
+                               f"(served: {', '.join(entry.versions)})")
         return entry.models[version]
 
     def models(self) -> list[Model]:
@@ -326,6 +351,25 @@ class Repository:
     def close(self) -> None:
         for model in self.models():
             model.close()
+
+
+def load_config_parameter(params: dict[str, Any]) -> str | None:
+    """The JSON ModelConfig of a repository load request's parameters (``config``), None
+    when it has none; a ModelError for any other parameter (Triton's ``file:<path>``
+    overrides: onnxrun loads model files from the repository only)."""
+    config = None
+    for key, value in params.items():
+        if key == "config":
+            if not isinstance(value, str):
+                raise ModelError("load parameter 'config' must be a string: a ModelConfig "
+                                 "as JSON")
+            config = value
+        elif str(key).startswith("file:"):
+            raise ModelError(f"load parameter '{key}' is not supported: model files are "
+                             "loaded from the repository only")
+        else:
+            raise ModelError(f"load parameter '{key}' is not supported (only 'config')")
+    return config
 
 
 def _served(policy: tuple, found: list[int]) -> list[int]:

@@ -34,7 +34,7 @@ class RequestTimeout(Unavailable):
     """The request's timeout expired while it was queued (HTTP 503, gRPC DEADLINE_EXCEEDED)."""
 
 
-@dataclass
+@dataclass(eq=False)  # identity: == would compare the requests' arrays
 class Request:
     inputs: dict[str, np.ndarray]
     outputs: list[str]
@@ -156,14 +156,19 @@ class Scheduler:
             self._run(session, group)
 
     def _expire(self) -> int | None:
-        """Fail the queued requests past their timeout (holding the lock); the nanoseconds
-        until the next one's, None when none has one."""
+        """Drop the queued requests whose caller cancelled them (a client that went away) and
+        fail those past their timeout (holding the lock); the nanoseconds until the next
+        timeout, None when none has one."""
         now = time.monotonic_ns()
-        expired = [r for r in self._queue if r.deadline_ns is not None and r.deadline_ns <= now]
+        expired = [r for r in self._queue if r.future.cancelled()
+                   or (r.deadline_ns is not None and r.deadline_ns <= now)]
         if expired:
-            self._queue = [r for r in self._queue if r not in expired]
+            gone = {id(r) for r in expired}  # by identity: == would compare their arrays
+            self._queue = [r for r in self._queue if id(r) not in gone]
             for r in expired:
                 self.stats.fail.add(now - r.arrival_ns)
+                if not r.future.set_running_or_notify_cancel():
+                    continue  # cancelled: nobody waits for an answer
                 r.future.set_exception(RequestTimeout(
                     f"model '{self.model.name}': request timeout expired after "
                     f"{(now - r.arrival_ns) // 1000} us in the queue"))
@@ -178,7 +183,7 @@ class Scheduler:
             if not self._queue:
                 return []
             if not self.batching:
-                return [self._queue.pop(0)]
+                return self._start([self._queue.pop(0)])
             oldest = self._queue[0]
             group, total = [], 0
             for r in self._queue:
@@ -191,8 +196,20 @@ class Scheduler:
                 self._queue = [r for r in self._queue if id(r) not in taken]
                 if self._queue:
                     self._cond.notify()  # another instance may take the rest
-                return group
+                return self._start(group)
             self._cond.wait(min(wait_ns, until_timeout or wait_ns) / 1e9)
+
+    def _start(self, group: list[Request]) -> list[Request]:
+        """The requests of ``group`` still wanted, marked running: a caller can no longer
+        cancel them (a future cancelled now could not take its result: set_result raises, and
+        would end the instance's thread). Holding the lock."""
+        started, now = [], time.monotonic_ns()
+        for r in group:
+            if r.future.set_running_or_notify_cancel():
+                started.append(r)
+            else:
+                self.stats.fail.add(now - r.arrival_ns)
+        return started
 
     def _run(self, session: Any, group: list[Request]) -> None:
         if not group:
