@@ -48,6 +48,10 @@ def server(tmp_path_factory):
     write_model(root, "seq", SEQ, f'name: "seq"\nmax_batch_size: 4\n{BATCHING.format(2)}')
     write_model(root, "fixed", ADDMUL)  # no config: its own shapes, no batching
     write_model(root, "echo", ECHO)
+    # two requests wait (up to 2 s) for a third that never fits: a third is refused at once
+    write_model(root, "small_queue", ADDMUL, "max_batch_size: 8\ndynamic_batching { "
+                "preferred_batch_size: 3 max_queue_delay_microseconds: 2000000 "
+                "default_queue_policy { max_queue_size: 2 } }")
     os.makedirs(root / "broken" / "1")
     (root / "broken" / "1" / "model.onnx").write_bytes(b"not a model")
     proc, client, log = launch(root)
@@ -412,6 +416,74 @@ def test_full_queue_refuses_at_once(tmp_path):
         scheduler.submit({"x": x, "y": x})
 
 
+
+
+def test_overload_is_503_at_once(server):
+    client, _, _ = server
+    x = np.ones((1, 4), np.float32)
+    waiting = [client.async_infer("small_queue", _inputs(x, x)) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while _stats(client, "small_queue")["inference_stats"]["fail"]["count"] == 0:
+        try:  # refused at once as soon as the two wait in its queue
+            client.infer("small_queue", _inputs(x, x))
+        except InferenceServerException as e:
+            assert e.status() == "503" and "queue is full" in e.message()
+            break
+        assert time.monotonic() < deadline, "the queue never filled"
+    else:
+        pytest.fail("no request was refused")
+    for pending in waiting:  # the two queued ones are answered (after the 2 s delay)
+        np.testing.assert_array_equal(pending.get_result(timeout=60).as_numpy("sum"), 2 * x)
+
+
+def test_request_size_is_bounded(server):
+    from onnxrun.serve.tensors import MAX_REQUEST_BYTES
+
+    _, port, _ = server
+    for path in ("/v2/models/addmul/infer", "/v2/repository/models/echo/load"):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:  # refused from its Content-Length, before the body is read
+            conn.putrequest("POST", path)
+            conn.putheader("Content-Length", str(MAX_REQUEST_BYTES + 1))
+            conn.endheaders(b"{}")
+            response = conn.getresponse()
+            reply = response.read()
+        finally:
+            conn.close()
+        assert response.status == 400, reply
+        assert f"exceeds {MAX_REQUEST_BYTES}" in json.loads(reply)["error"]
+    assert _post(port, "/v2/models/addmul/infer", json.dumps(_json_request()).encode())[0] == 200
+
+
+def test_instances_run_concurrently():
+    """instance_group { count: 2 }: two sessions, each run by its own thread. Each fake
+    session waits for the other at a barrier, so both requests finish only if they ran at
+    the same time."""
+    import threading
+    from types import SimpleNamespace
+
+    from onnxrun.serve.config import ModelConfig
+    from onnxrun.serve.repository import TensorSpec
+    from onnxrun.serve.scheduler import Scheduler
+
+    barrier = threading.Barrier(2, timeout=60)
+
+    class Session:
+        def run(self, names, feeds):
+            barrier.wait()
+            return [feeds["x"] + 1]
+
+    model = SimpleNamespace(name="m", config=ModelConfig(instance_count=2),
+                            outputs=[TensorSpec("y", "FP32", [4])],
+                            check_inputs=lambda inputs: 1, check_outputs=lambda names: ["y"])
+    scheduler = Scheduler(model, [Session(), Session()])
+    try:
+        x = np.zeros(4, np.float32)
+        futures = [scheduler.submit({"x": x + i}) for i in range(2)]
+        assert [f.result(timeout=90)["y"][0] for f in futures] == [1, 2]
+        assert scheduler.statistics().execution_count == 2
+    finally:
+        scheduler.close()
 
 def test_cancelled_and_expired_requests_leave_the_instance_serving(tmp_path):
     """A request whose caller cancelled it (a client that went away) is dropped from the
