@@ -3,7 +3,8 @@ is built without SIMD (~2.5 GFLOP/s on the products of a MiniLM encoder).
 
 The module is emitted here as bytes (no binary in the repository): a 4 x 8 register-blocked
 kernel (``v128.load32_splat`` of A, two f32x4 of a packed B panel, eight f32x4 accumulators)
-and a packing routine (B's rows into panels of 8 columns). It runs in its own linear memory:
+and a packing routine (B's rows into panels of 8 columns; A is packed by blocks of 4 rows in
+JavaScript). It runs in its own linear memory:
 a JavaScript driver (``_DRIVER``) copies the operands in from Pyodide's heap (memcpy-speed
 ``TypedArray.set``), packs B, runs the kernel over blocks of K and of rows (L1/L2-sized), and
 copies the product back, all in one call from Python.
@@ -86,16 +87,19 @@ class _Code:
         return self.get(i).const(v).op(ADD).set(i)
 
 
-ADD, SUB, MUL, NE, LT_S, EQZ = 0x6A, 0x6B, 0x6C, 0x47, 0x48, 0x45
+ADD, SUB, MUL, SHR_U, LT_S = 0x6A, 0x6B, 0x6C, 0x76, 0x48
 BLOCK, LOOP, IF, ELSE, END, BR_IF, EMPTY = 0x02, 0x03, 0x04, 0x05, 0x0B, 0x0D, 0x40
 V_LOAD, V_SPLAT32, V_STORE, V_CONST, F32X4_ADD, F32X4_MUL = 0x00, 0x09, 0x0B, 0x0C, 0xE4, 0xE6
-ROWS, COLS = 4, 8  # the kernel's block of C: 4 rows x 8 columns (two f32x4)
+ROWS, COLS = 4, 8  # the kernel's block of C: 4 rows x 8 columns (two f32x4); the driver packs A by 4 rows
 
 
 def _kernel() -> bytes:
     """kernel(a, lda, b, bstride, c, ldc, m, panels, kc, acc): C[m, 8 * panels] (+)= A[m, kc] @
-    B, A's rows ``lda`` bytes apart, B's panels (kc x 8, row-major) ``bstride`` bytes apart, C's
-    rows ``ldc`` bytes apart; m a multiple of 4, kc >= 1; acc: add to C instead of setting it."""
+    B, A packed by blocks of 4 rows (each kc x 4, row-major: the four rows' values of one k are
+    one 16-byte load address apart by 4 bytes) ``lda`` bytes apart, B's panels (kc x 8,
+    row-major) ``bstride`` bytes apart, C's rows ``ldc`` bytes apart; m a multiple of 4,
+    kc >= 1; acc: add to C instead of setting it. (Packed A: one pointer to advance per k
+    instead of four: 1.4-1.5x the row-major A's speed in Node.)"""
     a, lda, b, bstride, c, ldc, m, panels, kc, accum = range(10)
     p, i, k, bp, t, b0, b1 = range(10, 17)  # i32 x4, then v128 t, b0, b1
     ar = list(range(17, 17 + ROWS))  # i32: A's row pointers
@@ -108,10 +112,9 @@ def _kernel() -> bytes:
     f.const(0).set(i)
     f.op(LOOP, EMPTY)  # row blocks
     # row pointers: A's rows i..i+3, C's rows i..i+3 at this panel's columns
-    f.get(a).get(i).get(lda).op(MUL).op(ADD).set(ar[0])
+    f.get(a).get(i).const(2).op(SHR_U).get(lda).op(MUL).op(ADD).set(ar[0])  # (i >> 2) * lda
     f.get(c).get(i).get(ldc).op(MUL).op(ADD).get(p).const(4 * COLS).op(MUL).op(ADD).set(cr[0])
     for r in range(1, ROWS):
-        f.get(ar[r - 1]).get(lda).op(ADD).set(ar[r])
         f.get(cr[r - 1]).get(ldc).op(ADD).set(cr[r])
     f.get(accum).op(IF, EMPTY)
     for r in range(ROWS):
@@ -128,10 +131,10 @@ def _kernel() -> bytes:
     f.get(bp).simd(V_LOAD, (4, 0)).set(b0)
     f.get(bp).simd(V_LOAD, (4, 16)).set(b1)
     for r in range(ROWS):
-        f.get(ar[r]).simd(V_SPLAT32, (2, 0)).set(t)
+        f.get(ar[0]).simd(V_SPLAT32, (2, 4 * r)).set(t)
         for h, bv in enumerate((b0, b1)):
             f.get(acc[r][h]).get(t).get(bv).simd(F32X4_MUL).simd(F32X4_ADD).set(acc[r][h])
-        f.add_to(ar[r], 4)
+    f.add_to(ar[0], 16)
     f.add_to(bp, 4 * COLS)
     f.get(k).const(1).op(SUB).set(k)
     f.get(k).op(BR_IF, 0)
@@ -224,16 +227,23 @@ _DRIVER = r"""
   };
   return (a, m, k, ars, acs, b, n, brs, bcs, c, ldc) => {
     const mp = Math.ceil(m / 4) * 4, np = Math.ceil(n / 8) * 8, panels = np / 8;
-    const offA = 0, offB = offA + mp * k, offP = offB + k * np, offC = offP + k * np;
-    ensure((offC + mp * np) * 4);
+    const offA = 0, offB = offA + mp * k, offP = offB + k * np, offC = offP + k * np, offQ = offC + mp * np;
+    ensure((offQ + mp * k) * 4);
     const h = heap();
-    put(h, a, m, k, ars, acs, offA, mp, k);
+    put(h, a, m, k, ars, acs, offQ, mp, k);  // row-major, then by blocks of 4 rows
+    for (let blk = 0; blk < mp / 4; blk++) {
+      const s0 = offQ + blk * 4 * k, d0 = offA + blk * 4 * k;
+      for (let kk = 0; kk < k; kk++) {
+        const d = d0 + kk * 4, s1 = s0 + kk;
+        f32[d] = f32[s1]; f32[d + 1] = f32[s1 + k]; f32[d + 2] = f32[s1 + 2 * k]; f32[d + 3] = f32[s1 + 3 * k];
+      }
+    }
     put(h, b, k, n, brs, bcs, offB, k, np);
     pack(offB * 4, np * 4, offP * 4, k, panels);
     for (let k0 = 0; k0 < k; k0 += KC) {
       const kc = Math.min(KC, k - k0);
       for (let i0 = 0; i0 < mp; i0 += MC) {
-        kernel((offA + i0 * k + k0) * 4, k * 4, (offP + k0 * 8) * 4, k * 32,
+        kernel((offA + i0 * k + k0 * 4) * 4, k * 16, (offP + k0 * 8) * 4, k * 32,
                (offC + i0 * np) * 4, np * 4, Math.min(MC, mp - i0), panels, kc, k0 > 0 ? 1 : 0);
       }
     }
