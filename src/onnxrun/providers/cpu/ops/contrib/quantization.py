@@ -581,8 +581,11 @@ class MatMulNBits:
     Constant 4-bit weights at level 4 in blocks of 32-256 run on the compiled kernel
     (compiled/nbits_gemv.py) and stay packed: the int8 block products come straight from the
     4-bit weight, split over the session's threads by output column, for decoding (one row)
-    and prompts alike (no float32 copy of the weight, ever). Otherwise the weight is
-    dequantized once, at session creation, and every run is one float32 GEMM."""
+    and prompts alike (no float32 copy of the weight, ever). In blocks of 32 (the builder's
+    default) two rows or more take compiled/nbits_gemm.py, MLAS's arithmetic to the bit: a
+    prompt's logits and tokens are onnxruntime's (see that module for why it matters).
+    Otherwise the weight is dequantized once, at session creation, and every run is one
+    float32 GEMM."""
 
     # rows of A per pass over the weight (their int8 codes stay in cache)
     ROWS = 64
@@ -598,7 +601,7 @@ class MatMulNBits:
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
         self.a_block = int8_a_block(self.bits, self.block_size) if int(
             accuracy_level) == 4 else None
-        self.W = self.packed = None
+        self.W = self.packed = self.gemm = None
         self.threads = threads_for(ctx)
         c = ctx.constants_of((1, 2, 3, 4))
         if c is None or c[0] is None or c[1] is None or not c[0].size:
@@ -616,8 +619,28 @@ class MatMulNBits:
                     zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb].astype(F32)
                 self.zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
                 self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size)
+                self.gemm = self._gemm(ctx, zp)
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
+
+    def _gemm(self, ctx: KernelContext, zp):
+        """The MLAS-exact kernel for many rows (blocks of 32), its bias baked in where the
+        bias is a constant (MLAS adds it before the zero points' share); else None."""
+        from ...compiled import nbits_gemm
+
+        if not nbits_gemm.supported(self.bits, self.block_size) or \
+                nbits_gemm.unavailable() is not None:
+            return None
+        bias = ctx.constants_of((5,)) if ctx.has_input(5) else [None]
+        if bias is None:  # a computed bias: added after, not bit for bit
+            return None
+        b = np.zeros(self.N, F32) if bias[0] is None or not bias[0].size else \
+            np.ascontiguousarray(bias[0].reshape(-1), dtype=F32)
+        z = np.float32(8) if zp is None else _unpack_bits(
+            zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]].astype(F32)
+        zshare = np.ascontiguousarray(-(z * self.scales).T)  # (kb, N)
+        self.gemm_bias = bias[0] is not None and bias[0].size > 0
+        return nbits_gemm.Gemm(self.packed, self.scales, zshare, b)
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
@@ -631,7 +654,11 @@ class MatMulNBits:
         if B.size == 0:  # an omitted projection: zeros, or the bias
             Y = np.zeros(A.shape[:-1] + (self.N,), F32)
         elif self.packed is not None:
-            Y = self._packed(Af.reshape(-1, self.K)).reshape(A.shape[:-1] + (self.N,))
+            A2 = Af.reshape(-1, self.K)
+            if self.gemm is not None and A2.shape[0] > 1:  # bias included
+                Y = self._exact(A2).reshape(A.shape[:-1] + (self.N,))
+                return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+            Y = self._packed(A2).reshape(A.shape[:-1] + (self.N,))
         else:
             W = self.W if self.W is not None else nbits_weight(
                 B, scales, zero_points, g_idx, self.K, self.N, self.block_size, self.bits)
@@ -641,6 +668,24 @@ class MatMulNBits:
         if bias is not None and bias.size:
             Y += bias.astype(F32)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+
+    def _exact(self, A: np.ndarray) -> np.ndarray:
+        """Two rows or more on compiled/nbits_gemm.py, bias and zero points included."""
+        from ...compiled import nbits_gemm
+
+        M, N = A.shape[0], self.N
+        qa, sa, asum = nbits_gemm.quantize_rows(A)
+        Y = np.empty((M, N), F32)
+        gemm = self.gemm
+        if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:
+            gemm(qa, sa, asum, Y, 0, N)
+            return Y
+        ranges = gemm.ranges(self.threads)
+        for m0 in range(0, M, self.ROWS):  # a slice of A's codes stays in cache
+            parts = (qa[m0:m0 + self.ROWS], sa[m0:m0 + self.ROWS], asum[m0:m0 + self.ROWS],
+                     Y[m0:m0 + self.ROWS])
+            run_ranges(lambda n0, n1, p=parts: gemm(*p, n0, n1), ranges)
+        return Y
 
     def _packed(self, A: np.ndarray) -> np.ndarray:
         """The level-4 product from the packed weight (see the class's doc)."""

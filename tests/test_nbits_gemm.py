@@ -1,0 +1,105 @@
+"""MatMulNBits for two rows or more in blocks of 32 (compiled/nbits_gemm.py): onnxruntime's
+numbers bit for bit (MLAS's CompInt8 arithmetic), whatever the rows, columns, blocks, zero
+points, bias and threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper, numpy_helper
+
+import onnxrun
+from onnxrun.providers.cpu.compiled import nbits_gemm
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(nbits_gemm.unavailable() is not None,
+                                reason=f"compiled kernel: {nbits_gemm.unavailable()}")
+
+
+def _model(K, N, zp, bias, rng) -> bytes:
+    kb = -(-K // 32)
+    B = rng.integers(0, 256, (N, kb, 16), dtype=np.uint8)
+    S = (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
+    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")]
+    names = ["A", "B", "S", "", "", ""]
+    if zp:
+        inits.append(numpy_helper.from_array(
+            rng.integers(0, 256, N * ((kb + 1) // 2), dtype=np.uint8), "Z"))
+        names[3] = "Z"
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"))
+        names[5] = "b"
+    while not names[-1]:
+        names.pop()
+    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N,
+                            block_size=32, bits=4, accuracy_level=4)
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K])],
+                          [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+@pytest.mark.parametrize("K,N,zp,bias", [
+    (896, 1152, False, False),  # the 0.5b model's shapes: whole pairs of blocks
+    (4864, 36, False, False),
+    (96, 10, False, True),  # an odd number of blocks; N % 4 columns summed MLAS's other way
+    (100, 13, True, True),  # K not whole blocks; zero points
+    (224, 7, True, False),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bit_for_bit_onnxruntime(K, N, zp, bias, threads, monkeypatch):
+    from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
+
+    monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # split over the threads
+    rng = np.random.default_rng(K + N)
+    data = _model(K, N, zp, bias, rng)
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = onnxrun.InferenceSession(data, so)
+    oso = ort.SessionOptions()
+    oso.intra_op_num_threads = 1
+    ref = ort.InferenceSession(data, oso, providers=["CPUExecutionProvider"])
+    for M in (2, 3, 7, 70):  # rows in pairs and alone; more than one pass of rows
+        a = (rng.standard_normal((M, K)) * rng.uniform(0.1, 3, (M, 1))).astype(np.float32)
+        a[:, :32] = 0  # an all-zero block
+        got = sess.run(None, {"A": a})[0]
+        want = ref.run(None, {"A": a})[0]
+        assert got.tobytes() == want.tobytes(), (M, np.abs(got - want).max())
+
+
+def test_three_dimensional_input_and_its_rows():
+    rng = np.random.default_rng(5)
+    data = _model(128, 20, False, True, rng)
+    a = rng.standard_normal((2, 9, 128)).astype(np.float32)
+    sess = onnxrun.InferenceSession(_reshaped(data))
+    ref = ort.InferenceSession(_reshaped(data), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"A": a})[0].tobytes() == ref.run(None, {"A": a})[0].tobytes()
+
+
+def _reshaped(data: bytes) -> bytes:
+    """The same model with A (batch, sequence, K), as the builder's models have it."""
+    import onnx
+
+    m = onnx.load_from_string(data)
+    K = m.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+    m.graph.input[0].CopyFrom(helper.make_tensor_value_info("A", TP.FLOAT, ["b", "s", K]))
+    m.graph.output[0].CopyFrom(helper.make_tensor_value_info("Y", TP.FLOAT, None))
+    return m.SerializeToString()
+
+
+def test_codes_layout_and_block_sums():
+    """quantize_rows: MLAS's codes (round half to even of a * 127 / amax), laid out per pair
+    of blocks as [b even | b+1 even | b odd | b+1 odd], an odd last block in order."""
+    a = np.zeros((1, 96), np.float32)
+    a[0, :64] = np.arange(64) - 20
+    a[0, 64:] = np.linspace(-1, 1, 32)
+    q, scale, sums = nbits_gemm.quantize_rows(a)
+    amax = np.array([20, 43, 1], np.float32)
+    assert np.array_equal(scale[0], amax / np.float32(127))
+    codes = np.rint(a.reshape(3, 32) * (np.float32(127) / amax)[:, None]).astype(np.int8)
+    assert np.array_equal(q[0, :64].reshape(2, 2, 16),
+                          codes[:2].reshape(2, 16, 2).transpose(2, 0, 1))
+    assert np.array_equal(q[0, 64:], codes[2])
+    assert np.array_equal(sums[0], scale[0] * codes.sum(1).astype(np.float32))
