@@ -313,18 +313,26 @@ _SILU_COMPILED_MIN = 256  # elements: below, the ctypes call costs more than num
 @op("QuickGelu", 1, domain=MS)
 class QuickGelu:
     """x * sigmoid(alpha x); SiLU (alpha 1) as the optimizer fuses x * Sigmoid(x). float32 in
-    one compiled pass (compiled/gelu.quick_gelu) where it runs, the result in X's memory
-    order (a channels-last input stays channels-last)."""
+    one compiled pass where it runs, the result in X's memory order (a channels-last input
+    stays channels-last): MLAS's logistic bit for bit (compiled/logistic.py: an LLM's SiLU
+    feeds an int8-quantized product, where a last-bit difference grows), else
+    compiled/gelu.quick_gelu."""
 
     def __init__(self, ctx: KernelContext, *, alpha=1.702) -> None:
         self.alpha = float(alpha)
         self.threads = split_threads(ctx)
-        from ...compiled import gelu
+        from ...compiled import gelu, logistic
 
+        self.exact = logistic if logistic.unavailable() is None else None
         self.compiled = gelu if gelu.silu_unavailable(self.alpha) is None else None
         self.silu = None if self.compiled is None else gelu.silu_function(self.alpha)
 
     def __call__(self, X):
+        if self.exact is not None and X.dtype == np.float32 and X.size:
+            order = dense_order(X)
+            if order is not None:
+                y = self.exact.quick_gelu(flat(X, order), self.alpha, threads=self.threads)
+                return shaped_like(y, X, order)
         if self.compiled is not None and X.dtype == np.float32 and X.size >= _SILU_COMPILED_MIN:
             order = dense_order(X)
             if order is not None:
