@@ -91,15 +91,26 @@ def _reshaped(data: bytes) -> bytes:
 
 def test_codes_layout_and_block_sums():
     """quantize_rows: MLAS's codes (round half to even of a * 127 / amax), laid out per pair
-    of blocks as [b even | b+1 even | b odd | b+1 odd], an odd last block in order."""
+    of blocks as [b even | b+1 even | b odd | b+1 odd], an odd last block in order; the scales
+    four times each."""
     a = np.zeros((1, 96), np.float32)
     a[0, :64] = np.arange(64) - 20
     a[0, 64:] = np.linspace(-1, 1, 32)
-    q, scale, sums = nbits_gemm.quantize_rows(a)
+    q, scale4, sums = nbits_gemm.quantize_rows(a)
     amax = np.array([20, 43, 1], np.float32)
-    assert np.array_equal(scale[0], amax / np.float32(127))
+    scale = scale4[:, ::4]
+    assert np.array_equal(scale4[0], np.repeat(amax / np.float32(127), 4))
     codes = np.rint(a.reshape(3, 32) * (np.float32(127) / amax)[:, None]).astype(np.int8)
     assert np.array_equal(q[0, :64].reshape(2, 2, 16),
                           codes[:2].reshape(2, 16, 2).transpose(2, 0, 1))
     assert np.array_equal(q[0, 64:], codes[2])
     assert np.array_equal(sums[0], scale[0] * codes.sum(1).astype(np.float32))
+
+
+def test_compiled_quantize_equals_numpy():
+    rng = np.random.default_rng(9)
+    for M, K in ((3, 96), (2, 100), (5, 4864)):
+        a = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+        a[:, :32] = 0
+        for x, y in zip(nbits_gemm.quantize(a), nbits_gemm.quantize_rows(a), strict=True):
+            assert np.array_equal(x, y)

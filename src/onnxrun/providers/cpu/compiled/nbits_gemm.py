@@ -36,8 +36,10 @@ from . import jit
 
 REQUIRES = ("avx2", "fma")
 BLOCK = 32
-# rows and columns of C per tile
-ROWS, COLS = 2, 4
+# rows of C per tile (one column: the accumulators, the column's unpacked weight and its
+# scales stay in registers, A's codes come straight from memory); columns per block of the
+# row loop (the tile's rows of A stay in L1 across them)
+ROWS, NBLOCK = 8, 16
 # columns in MLAS's groups of four (FoldAccumulators); the last N % 4 are summed another way
 GROUP = 4
 
@@ -56,103 +58,76 @@ def _mask(values) -> str:
 _ONE = _mask(v for j in range(16) for v in (j, 16 + j))  # one block: 16 low, 16 high in order
 # the accumulator's lanes are MLAS's in the order [0, 1, 4, 5, 2, 3, 6, 7] (see _tile)
 _SWAP = [0, 1, 4, 5, 2, 3, 6, 7]
+_HALVES = _mask([0, 0, 0, 0, 1, 1, 1, 1])
 
 
-def _tile(rows: int, cols: int, fold: bool) -> list[str]:
-    """@tile_{rows}x{cols}_{fold|hsum}: C[m:m+rows, n:n+cols] over all kb blocks.
+def _tile(rows: int, fold: bool) -> list[str]:
+    """@tile_{rows}_{fold|hsum}: C[m:m+rows, n] over all kb blocks.
 
     A pair of blocks: 32 weight bytes, their low nibbles [b's even elements | b+1's] and high
     ones [b's odd | b+1's] meet A's codes laid out the same way (quantize_rows); the two
     u8 x s8 products summed to 16 bits (at most 4 * 15 * 127), then pairs of those to 32: lanes
     [b 0-7, b 8-15, b 16-23, b 24-31 | b+1 0-7, ... b+1 24-31], MLAS's lanes in the order
-    _SWAP, their scales [s_b x 4 | s_b+1 x 4]. The zero points' share runs along as a vector
-    over the tile's columns (each lane the same scalar fused multiply-adds MLAS does)."""
-    R, C = range(rows), range(cols)
-    RC = [(r, c) for r in R for c in C]
-    VZ = f"<{cols} x float>"
-    name = f"tile_{rows}x{cols}_{'fold' if fold else 'hsum'}"
-    L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa, ptr noalias %as, "
-         "ptr noalias %B, ptr noalias %sb, ptr noalias %bs, ptr noalias %bias, "
-         "ptr noalias %C, i64 %m, i64 %n, i64 %N, i64 %kb) nounwind alwaysinline {",
+    _SWAP, their scales sa * sb as [b x 4 | b+1 x 4] (A's scales come four times each, sa4).
+    The zero points' share (Z, from @zshare) and the bias are added after the lanes' fold."""
+    R = range(rows)
+    name = f"tile_{rows}_{'fold' if fold else 'hsum'}"
+    L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %m, "
+         "i64 %n, i64 %N, i64 %kb) nounwind alwaysinline {",
          "entry:",
          "  %K = mul i64 %kb, 32",
+         "  %kb4 = mul i64 %kb, 4",
          "  %rowbytes = mul i64 %kb, 16",
          "  %pairs = lshr i64 %kb, 1",
          *(f"  %mr{r} = add i64 %m, {r}" for r in R),
          *(f"  %arow{r} = mul i64 %mr{r}, %K" for r in R),
-         *(f"  %srow{r} = mul i64 %mr{r}, %kb" for r in R),
-         *(f"  %nc{c} = add i64 %n, {c}" for c in C),
-         *(f"  %brow{c} = mul i64 %nc{c}, %rowbytes" for c in C),
-         *(f"  %bsrow{c} = mul i64 %nc{c}, %kb" for c in C),
+         *(f"  %srow{r} = mul i64 %mr{r}, %kb4" for r in R),
+         "  %brow = mul i64 %n, %rowbytes",
+         "  %bsrow = mul i64 %n, %kb",
          "  %anyp = icmp ugt i64 %pairs, 0",
          "  br i1 %anyp, label %p.loop, label %p.end",
          "p.loop:",
          "  %p = phi i64 [0, %entry], [%p.next, %p.loop]",
-         *(f"  %acc{r}_{c} = phi {_VF} [zeroinitializer, %entry], [%acc{r}_{c}.n, %p.loop]"
-           for r, c in RC),
-         *(f"  %z{r} = phi {VZ} [zeroinitializer, %entry], [%z{r}.n, %p.loop]" for r in R),
+         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %p.loop]" for r in R),
          "  %b0 = shl i64 %p, 1",
-         "  %b1 = add i64 %b0, 1",
          "  %boff = mul i64 %b0, 16",
          "  %aoff = mul i64 %b0, 32",
-         "  %bs0 = mul i64 %b0, %N",
-         "  %bsi0 = add i64 %bs0, %n",
-         "  %bsi1 = add i64 %bsi0, %N",
-         *(line for k in (0, 1) for line in (
-             f"  %bsp{k} = getelementptr float, ptr %bs, i64 %bsi{k}",
-             f"  %bsv{k} = load {VZ}, ptr %bsp{k}, align 4"))]
-    for c in C:
-        L += [f"  %bo{c} = add i64 %brow{c}, %boff",
-              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
-              f"  %w{c} = load {_V32B}, ptr %bp{c}, align 1",
-              f"  %lo{c} = and {_V32B} %w{c}, " + "<" + ", ".join(["i8 15"] * 32) + ">",
-              f"  %hi{c} = lshr {_V32B} %w{c}, " + "<" + ", ".join(["i8 4"] * 32) + ">",
-              f"  %sbi{c} = add i64 %bsrow{c}, %b0",
-              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
-              f"  %sb2_{c} = load <2 x float>, ptr %sbp{c}, align 4",
-              f"  %sb8_{c} = shufflevector <2 x float> %sb2_{c}, <2 x float> poison, "
-              f"<8 x i32> {_mask([0, 0, 0, 0, 1, 1, 1, 1])}"]
+         "  %soff = mul i64 %b0, 4",
+         "  %bo = add i64 %brow, %boff",
+         "  %bp = getelementptr i8, ptr %B, i64 %bo",
+         f"  %w = load {_V32B}, ptr %bp, align 1",
+         f"  %lo = and {_V32B} %w, " + "<" + ", ".join(["i8 15"] * 32) + ">",
+         f"  %hi = lshr {_V32B} %w, " + "<" + ", ".join(["i8 4"] * 32) + ">",
+         "  %sbi = add i64 %bsrow, %b0",
+         "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+         "  %sb2 = load <2 x float>, ptr %sbp, align 4",
+         f"  %sb2w = shufflevector <2 x float> %sb2, <2 x float> poison, <8 x i32> "
+         f"{_mask([0, 1, 1, 1, 1, 1, 1, 1])}",
+         f"  %sb8 = call {_VF} @llvm.x86.avx2.permps({_VF} %sb2w, {_V8} {_HALVES})"]
     for r in R:
         L += [f"  %ao{r} = add i64 %arow{r}, %aoff",
               f"  %ap0_{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
               f"  %a0_{r} = load {_V32B}, ptr %ap0_{r}, align 1",
               f"  %ap1_{r} = getelementptr i8, ptr %ap0_{r}, i64 32",
               f"  %a1_{r} = load {_V32B}, ptr %ap1_{r}, align 1",
-              f"  %sai{r} = add i64 %srow{r}, %b0",
-              f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
-              f"  %sa2_{r} = load <2 x float>, ptr %sap{r}, align 4",
-              f"  %sa8_{r} = shufflevector <2 x float> %sa2_{r}, <2 x float> poison, "
-              f"<8 x i32> {_mask([0, 0, 0, 0, 1, 1, 1, 1])}",
-              f"  %asp{r} = getelementptr float, ptr %as, i64 %sai{r}",
-              f"  %as2_{r} = load <2 x float>, ptr %asp{r}, align 4",
-              *(line for k in (0, 1) for line in (
-                  f"  %ase{k}_{r} = extractelement <2 x float> %as2_{r}, i64 {k}",
-                  f"  %asi{k}_{r} = insertelement {VZ} poison, float %ase{k}_{r}, i64 0",
-                  f"  %asv{k}_{r} = shufflevector {VZ} %asi{k}_{r}, {VZ} poison, "
-                  f"<{cols} x i32> zeroinitializer")),
-              f"  %z{r}.h = call {VZ} @llvm.fma.v{cols}f32({VZ} %asv0_{r}, {VZ} %bsv0, "
-              f"{VZ} %z{r})",
-              f"  %z{r}.n = call {VZ} @llvm.fma.v{cols}f32({VZ} %asv1_{r}, {VZ} %bsv1, "
-              f"{VZ} %z{r}.h)"]
-    for r, c in RC:
-        t = f"{r}_{c}"
-        L += [f"  %dx_{t} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo{c}, "
-              f"{_V32B} %a0_{r})",
-              f"  %dy_{t} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi{c}, "
-              f"{_V32B} %a1_{r})",
-              f"  %h_{t} = add {_VH} %dx_{t}, %dy_{t}",
-              f"  %q_{t} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %h_{t}, {_VH} {_ONES})",
-              f"  %f_{t} = sitofp {_V8} %q_{t} to {_VF}",
-              f"  %sv_{t} = fmul {_VF} %sa8_{r}, %sb8_{c}",
-              f"  %acc{t}.n = call {_VF} @llvm.fma.v8f32({_VF} %f_{t}, {_VF} %sv_{t}, "
-              f"{_VF} %acc{t})"]
+              f"  %so{r} = add i64 %srow{r}, %soff",
+              f"  %sap{r} = getelementptr float, ptr %sa4, i64 %so{r}",
+              f"  %sa8_{r} = load {_VF}, ptr %sap{r}, align 4",
+              f"  %dx{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo, {_V32B} %a0_{r})",
+              f"  %dy{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi, {_V32B} %a1_{r})",
+              f"  %h{r} = add {_VH} %dx{r}, %dy{r}",
+              f"  %q{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %h{r}, {_VH} {_ONES})",
+              f"  %f{r} = sitofp {_V8} %q{r} to {_VF}",
+              f"  %sv{r} = fmul {_VF} %sa8_{r}, %sb8",
+              f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
+              f"{_VF} %acc{r})"]
     L += ["  %p.next = add i64 %p, 1",
           "  %p.more = icmp ult i64 %p.next, %pairs",
           "  br i1 %p.more, label %p.loop, label %p.end",
           "p.end:",
-          *(f"  %accp{r}_{c} = phi {_VF} [zeroinitializer, %entry], [%acc{r}_{c}.n, %p.loop]"
-            for r, c in RC),
-          *(f"  %zp{r} = phi {VZ} [zeroinitializer, %entry], [%z{r}.n, %p.loop]" for r in R),
+          *(f"  %accp{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %p.loop]"
+            for r in R),
           "  %odd = and i64 %kb, 1",
           "  %isodd = icmp ne i64 %odd, 0",
           "  br i1 %isodd, label %t.block, label %fin",
@@ -160,85 +135,240 @@ def _tile(rows: int, cols: int, fold: bool) -> list[str]:
           "  %bt = sub i64 %kb, 1",
           "  %btoff = mul i64 %bt, 16",
           "  %atoff = mul i64 %bt, 32",
-          "  %tbs0 = mul i64 %bt, %N",
-          "  %tbsi = add i64 %tbs0, %n",
-          "  %tbsp = getelementptr float, ptr %bs, i64 %tbsi",
-          f"  %tbsv = load {VZ}, ptr %tbsp, align 4"]
-    for c in C:
-        L += [f"  %tbo{c} = add i64 %brow{c}, %btoff",
-              f"  %tbp{c} = getelementptr i8, ptr %B, i64 %tbo{c}",
-              f"  %tw{c} = load {_VB}, ptr %tbp{c}, align 1",
-              f"  %tlo{c} = and {_VB} %tw{c}, " + "<" + ", ".join(["i8 15"] * 16) + ">",
-              f"  %thi{c} = lshr {_VB} %tw{c}, " + "<" + ", ".join(["i8 4"] * 16) + ">",
-              f"  %tbv{c} = shufflevector {_VB} %tlo{c}, {_VB} %thi{c}, <32 x i32> {_ONE}",
-              f"  %tsbi{c} = add i64 %bsrow{c}, %bt",
-              f"  %tsbp{c} = getelementptr float, ptr %sb, i64 %tsbi{c}",
-              f"  %tsbv{c} = load float, ptr %tsbp{c}, align 4"]
+          "  %tsoff = mul i64 %bt, 4",
+          "  %tbo = add i64 %brow, %btoff",
+          "  %tbp = getelementptr i8, ptr %B, i64 %tbo",
+          f"  %tw = load {_VB}, ptr %tbp, align 1",
+          f"  %tlo = and {_VB} %tw, " + "<" + ", ".join(["i8 15"] * 16) + ">",
+          f"  %thi = lshr {_VB} %tw, " + "<" + ", ".join(["i8 4"] * 16) + ">",
+          f"  %tbv = shufflevector {_VB} %tlo, {_VB} %thi, <32 x i32> {_ONE}",
+          "  %tsbi = add i64 %bsrow, %bt",
+          "  %tsbp = getelementptr float, ptr %sb, i64 %tsbi",
+          "  %tsbv = load float, ptr %tsbp, align 4"]
     for r in R:
         L += [f"  %tao{r} = add i64 %arow{r}, %atoff",
               f"  %tap{r} = getelementptr i8, ptr %qa, i64 %tao{r}",
               f"  %ta{r} = load {_V32B}, ptr %tap{r}, align 1",
-              f"  %tsai{r} = add i64 %srow{r}, %bt",
-              f"  %tsap{r} = getelementptr float, ptr %sa, i64 %tsai{r}",
+              f"  %tso{r} = add i64 %srow{r}, %tsoff",
+              f"  %tsap{r} = getelementptr float, ptr %sa4, i64 %tso{r}",
               f"  %tsav{r} = load float, ptr %tsap{r}, align 4",
-              f"  %tasp{r} = getelementptr float, ptr %as, i64 %tsai{r}",
-              f"  %tasv{r} = load float, ptr %tasp{r}, align 4",
-              f"  %tasi{r} = insertelement {VZ} poison, float %tasv{r}, i64 0",
-              f"  %tasb{r} = shufflevector {VZ} %tasi{r}, {VZ} poison, "
-              f"<{cols} x i32> zeroinitializer",
-              f"  %zt{r} = call {VZ} @llvm.fma.v{cols}f32({VZ} %tasb{r}, {VZ} %tbsv, "
-              f"{VZ} %zp{r})"]
-    for r, c in RC:
-        t = f"{r}_{c}"
-        L += [f"  %td_{t} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv{c}, "
-              f"{_V32B} %ta{r})",
-              f"  %tq_{t} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %td_{t}, {_VH} {_ONES})",
-              f"  %tqs_{t} = shufflevector {_V8} %tq_{t}, {_V8} poison, <8 x i32> "
-              f"{_mask(_SWAP)}",
-              f"  %tf_{t} = sitofp {_V8} %tqs_{t} to {_VF}",
-              f"  %ts_{t} = fmul float %tsav{r}, %tsbv{c}",
-              f"  %tsv0_{t} = insertelement {_VF} poison, float %ts_{t}, i64 0",
-              f"  %tsv_{t} = shufflevector {_VF} %tsv0_{t}, {_VF} poison, <8 x i32> "
+              f"  %td{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv, {_V32B} %ta{r})",
+              f"  %tq{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %td{r}, {_VH} {_ONES})",
+              f"  %tqs{r} = shufflevector {_V8} %tq{r}, {_V8} poison, <8 x i32> {_mask(_SWAP)}",
+              f"  %tf{r} = sitofp {_V8} %tqs{r} to {_VF}",
+              f"  %ts{r} = fmul float %tsav{r}, %tsbv",
+              f"  %tsv0_{r} = insertelement {_VF} poison, float %ts{r}, i64 0",
+              f"  %tsv{r} = shufflevector {_VF} %tsv0_{r}, {_VF} poison, <8 x i32> "
               "zeroinitializer",
-              f"  %acct{t} = call {_VF} @llvm.fma.v8f32({_VF} %tf_{t}, {_VF} %tsv_{t}, "
-              f"{_VF} %accp{t})"]
+              f"  %acct{r} = call {_VF} @llvm.fma.v8f32({_VF} %tf{r}, {_VF} %tsv{r}, "
+              f"{_VF} %accp{r})"]
     L += ["  br label %fin",
           "fin:",
-          *(f"  %accf{r}_{c} = phi {_VF} [%accp{r}_{c}, %p.end], [%acct{r}_{c}, %t.block]"
-            for r, c in RC),
-          *(f"  %zf{r} = phi {VZ} [%zp{r}, %p.end], [%zt{r}, %t.block]" for r in R)]
-    for c in C:
-        L += [f"  %biasp{c} = getelementptr float, ptr %bias, i64 %nc{c}",
-              f"  %biasv{c} = load float, ptr %biasp{c}, align 4"]
-    for r, c in RC:
-        t = f"{r}_{c}"
-        # x{i}: MLAS's lane i
-        L += [f"  %x{i}_{t} = extractelement {_VF} %accf{t}, i64 {_SWAP[i]}" for i in range(8)]
+          *(f"  %accf{r} = phi {_VF} [%accp{r}, %p.end], [%acct{r}, %t.block]" for r in R),
+          "  %biasp = getelementptr float, ptr %bias, i64 %n",
+          "  %biasv = load float, ptr %biasp, align 4"]
+    for r in R:
+        # x{i}_{r}: MLAS's lane i
+        L += [f"  %x{i}_{r} = extractelement {_VF} %accf{r}, i64 {_SWAP[i]}" for i in range(8)]
         if fold:
-            L += [f"  %l1_{t} = fadd float %x0_{t}, %x1_{t}",
-                  f"  %l2_{t} = fadd float %l1_{t}, %x2_{t}",
-                  f"  %l3_{t} = fadd float %l2_{t}, %x3_{t}",
-                  f"  %u1_{t} = fadd float %x4_{t}, %x5_{t}",
-                  f"  %u2_{t} = fadd float %u1_{t}, %x6_{t}",
-                  f"  %u3_{t} = fadd float %u2_{t}, %x7_{t}",
-                  f"  %y_{t} = fadd float %l3_{t}, %u3_{t}"]
+            L += [f"  %l1_{r} = fadd float %x0_{r}, %x1_{r}",
+                  f"  %l2_{r} = fadd float %l1_{r}, %x2_{r}",
+                  f"  %l3_{r} = fadd float %l2_{r}, %x3_{r}",
+                  f"  %u1_{r} = fadd float %x4_{r}, %x5_{r}",
+                  f"  %u2_{r} = fadd float %u1_{r}, %x6_{r}",
+                  f"  %u3_{r} = fadd float %u2_{r}, %x7_{r}",
+                  f"  %y_{r} = fadd float %l3_{r}, %u3_{r}"]
         else:
-            L += [f"  %e04_{t} = fadd float %x0_{t}, %x4_{t}",
-                  f"  %e15_{t} = fadd float %x1_{t}, %x5_{t}",
-                  f"  %e26_{t} = fadd float %x2_{t}, %x6_{t}",
-                  f"  %e37_{t} = fadd float %x3_{t}, %x7_{t}",
-                  f"  %e0_{t} = fadd float %e04_{t}, %e26_{t}",
-                  f"  %e1_{t} = fadd float %e15_{t}, %e37_{t}",
-                  f"  %y_{t} = fadd float %e0_{t}, %e1_{t}"]
-        L += [f"  %zc_{t} = extractelement {VZ} %zf{r}, i64 {c}",
-              f"  %yb_{t} = fadd float %y_{t}, %biasv{c}",
-              f"  %out_{t} = fadd float %yb_{t}, %zc_{t}",
-              f"  %ci0_{t} = mul i64 %mr{r}, %N",
-              f"  %ci_{t} = add i64 %ci0_{t}, %nc{c}",
-              f"  %cp_{t} = getelementptr float, ptr %C, i64 %ci_{t}",
-              f"  store float %out_{t}, ptr %cp_{t}, align 4"]
+            L += [f"  %e04_{r} = fadd float %x0_{r}, %x4_{r}",
+                  f"  %e15_{r} = fadd float %x1_{r}, %x5_{r}",
+                  f"  %e26_{r} = fadd float %x2_{r}, %x6_{r}",
+                  f"  %e37_{r} = fadd float %x3_{r}, %x7_{r}",
+                  f"  %e0_{r} = fadd float %e04_{r}, %e26_{r}",
+                  f"  %e1_{r} = fadd float %e15_{r}, %e37_{r}",
+                  f"  %y_{r} = fadd float %e0_{r}, %e1_{r}"]
+        L += [f"  %ci0_{r} = mul i64 %mr{r}, %N",
+              f"  %ci_{r} = add i64 %ci0_{r}, %n",
+              f"  %zp_{r} = getelementptr float, ptr %Z, i64 %ci_{r}",
+              f"  %zv_{r} = load float, ptr %zp_{r}, align 4",
+              f"  %yb_{r} = fadd float %y_{r}, %biasv",
+              f"  %out_{r} = fadd float %yb_{r}, %zv_{r}",
+              f"  %cp_{r} = getelementptr float, ptr %C, i64 %ci_{r}",
+              f"  store float %out_{r}, ptr %cp_{r}, align 4"]
     L += ["  ret void", "}"]
     return L
+
+
+def _zshare() -> list[str]:
+    """zshare(as, bs, Z, M, n0, n1, N, kb): Z[m, n] = sum over b of as[m, b] * bs[b, n] by
+    fused multiply-adds in block order from 0 (MLAS's float GEMM kernel for the zero points'
+    share), 8 columns at a time, then one by one."""
+    return [
+        "define void @zshare(ptr noalias %as, ptr noalias %bs, ptr noalias %Z, i64 %M, "
+        "i64 %n0, i64 %n1, i64 %N, i64 %kb) nounwind {",
+        "entry:",
+        "  %w = sub i64 %n1, %n0",
+        "  %w8 = and i64 %w, -8",
+        "  %n8 = add i64 %n0, %w8",
+        "  %anym = icmp sgt i64 %M, 0",
+        "  br i1 %anym, label %m.loop, label %end",
+        "m.loop:",
+        "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+        "  %arow = mul i64 %m, %kb",
+        "  %zrow = mul i64 %m, %N",
+        "  %any8 = icmp slt i64 %n0, %n8",
+        "  br i1 %any8, label %v.loop, label %v.end",
+        "v.loop:",
+        "  %n = phi i64 [%n0, %m.loop], [%n.next, %v.done]",
+        "  br label %vb.loop",
+        "vb.loop:",
+        "  %b = phi i64 [0, %v.loop], [%b.next, %vb.loop]",
+        f"  %acc = phi {_VF} [zeroinitializer, %v.loop], [%acc.n, %vb.loop]",
+        "  %ai = add i64 %arow, %b",
+        "  %ap = getelementptr float, ptr %as, i64 %ai",
+        "  %av = load float, ptr %ap, align 4",
+        f"  %av0 = insertelement {_VF} poison, float %av, i64 0",
+        f"  %av8 = shufflevector {_VF} %av0, {_VF} poison, <8 x i32> zeroinitializer",
+        "  %bi0 = mul i64 %b, %N",
+        "  %bi = add i64 %bi0, %n",
+        "  %bp = getelementptr float, ptr %bs, i64 %bi",
+        f"  %bv = load {_VF}, ptr %bp, align 4",
+        f"  %acc.n = call {_VF} @llvm.fma.v8f32({_VF} %av8, {_VF} %bv, {_VF} %acc)",
+        "  %b.next = add i64 %b, 1",
+        "  %b.more = icmp slt i64 %b.next, %kb",
+        "  br i1 %b.more, label %vb.loop, label %v.done",
+        "v.done:",
+        "  %zi = add i64 %zrow, %n",
+        "  %zp = getelementptr float, ptr %Z, i64 %zi",
+        f"  store {_VF} %acc.n, ptr %zp, align 4",
+        "  %n.next = add i64 %n, 8",
+        "  %n.more = icmp slt i64 %n.next, %n8",
+        "  br i1 %n.more, label %v.loop, label %v.end",
+        "v.end:",
+        "  %anys = icmp slt i64 %n8, %n1",
+        "  br i1 %anys, label %s.loop, label %m.end",
+        "s.loop:",
+        "  %sn = phi i64 [%n8, %v.end], [%sn.next, %s.done]",
+        "  br label %sb.loop",
+        "sb.loop:",
+        "  %c = phi i64 [0, %s.loop], [%c.next, %sb.loop]",
+        "  %sacc = phi float [0.0, %s.loop], [%sacc.n, %sb.loop]",
+        "  %sai = add i64 %arow, %c",
+        "  %sap = getelementptr float, ptr %as, i64 %sai",
+        "  %sav = load float, ptr %sap, align 4",
+        "  %sbi0 = mul i64 %c, %N",
+        "  %sbi = add i64 %sbi0, %sn",
+        "  %sbp = getelementptr float, ptr %bs, i64 %sbi",
+        "  %sbv = load float, ptr %sbp, align 4",
+        "  %sacc.n = call float @llvm.fma.f32(float %sav, float %sbv, float %sacc)",
+        "  %c.next = add i64 %c, 1",
+        "  %c.more = icmp slt i64 %c.next, %kb",
+        "  br i1 %c.more, label %sb.loop, label %s.done",
+        "s.done:",
+        "  %szi = add i64 %zrow, %sn",
+        "  %szp = getelementptr float, ptr %Z, i64 %szi",
+        "  store float %sacc.n, ptr %szp, align 4",
+        "  %sn.next = add i64 %sn, 1",
+        "  %sn.more = icmp slt i64 %sn.next, %n1",
+        "  br i1 %sn.more, label %s.loop, label %m.end",
+        "m.end:",
+        "  %m.next = add i64 %m, 1",
+        "  %m.more = icmp slt i64 %m.next, %M",
+        "  br i1 %m.more, label %m.loop, label %end",
+        "end:",
+        "  ret void",
+        "}"]
+
+
+def _quantize() -> list[str]:
+    """quantize(A, qa, sa4, asum, M, kb): A (M, kb * 32) float32 to quantize_rows's codes,
+    four-fold scales and block sums (the same float operations: amax, amax / 127, 127 / amax
+    or 0, rint of a * inv, scale * float(sum of the codes))."""
+    VF32, VI32, VB16 = "<32 x float>", "<32 x i32>", "<16 x i8>"
+    evens = _mask(range(0, 32, 2))
+    odds = _mask(range(1, 32, 2))
+    return [
+        "define void @quantize(ptr noalias %A, ptr noalias %qa, ptr noalias %sa4, "
+        "ptr noalias %asum, i64 %M, i64 %kb) nounwind {",
+        "entry:",
+        "  %K = mul i64 %kb, 32",
+        "  %kb4 = mul i64 %kb, 4",
+        "  %pairs2 = and i64 %kb, -2",  # blocks in whole pairs
+        "  %any = icmp sgt i64 %M, 0",
+        "  br i1 %any, label %m.loop, label %end",
+        "m.loop:",
+        "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+        "  %arow = mul i64 %m, %K",
+        "  %srow = mul i64 %m, %kb",
+        "  %s4row = mul i64 %m, %kb4",
+        "  br label %b.loop",
+        "b.loop:",
+        "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
+        "  %boff = mul i64 %b, 32",
+        "  %base = add i64 %arow, %boff",
+        "  %p = getelementptr float, ptr %A, i64 %base",
+        f"  %v = load {VF32}, ptr %p, align 4",
+        f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
+        f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %av)",
+        "  %nz = fcmp one float %amax, 0.0",
+        "  %inv0 = fdiv float 127.0, %amax",
+        "  %inv = select i1 %nz, float %inv0, float 0.0",
+        "  %scale = fdiv float %amax, 127.0",
+        f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
+        f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer",
+        f"  %ws = fmul {VF32} %v, %invv",
+        f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
+        f"  %wi = fptosi {VF32} %wr to {VI32}",
+        f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %wi)",
+        "  %totalf = sitofp i32 %total to float",
+        "  %bsum = fmul float %scale, %totalf",
+        "  %si = add i64 %srow, %b",
+        "  %sp = getelementptr float, ptr %asum, i64 %si",
+        "  store float %bsum, ptr %sp, align 4",
+        "  %s4i0 = mul i64 %b, 4",
+        "  %s4i = add i64 %s4row, %s4i0",
+        "  %s4p = getelementptr float, ptr %sa4, i64 %s4i",
+        "  %sc0 = insertelement <4 x float> poison, float %scale, i64 0",
+        "  %sc4 = shufflevector <4 x float> %sc0, <4 x float> poison, <4 x i32> "
+        "zeroinitializer",
+        "  store <4 x float> %sc4, ptr %s4p, align 4",
+        "  %wb = trunc <32 x i32> %wi to <32 x i8>",
+        # where the codes go: in a pair, [b even | b+1 even | b odd | b+1 odd]; alone, in order
+        "  %inpair = icmp slt i64 %b, %pairs2",
+        "  %half = and i64 %b, 1",
+        "  %pb = sub i64 %b, %half",
+        "  %pbase0 = mul i64 %pb, 32",
+        "  %h16 = mul i64 %half, 16",
+        "  %pbase = add i64 %pbase0, %h16",
+        "  %ebase = add i64 %arow, %pbase",
+        "  %obase = add i64 %ebase, 32",
+        "  br i1 %inpair, label %pair, label %alone",
+        "pair:",
+        f"  %ev = shufflevector <32 x i8> %wb, <32 x i8> poison, <16 x i32> {evens}",
+        f"  %od = shufflevector <32 x i8> %wb, <32 x i8> poison, <16 x i32> {odds}",
+        "  %ep = getelementptr i8, ptr %qa, i64 %ebase",
+        f"  store {VB16} %ev, ptr %ep, align 1",
+        "  %op = getelementptr i8, ptr %qa, i64 %obase",
+        f"  store {VB16} %od, ptr %op, align 1",
+        "  br label %b.end",
+        "alone:",
+        "  %lp = getelementptr i8, ptr %qa, i64 %base",
+        "  store <32 x i8> %wb, ptr %lp, align 1",
+        "  br label %b.end",
+        "b.end:",
+        "  %b.next = add i64 %b, 1",
+        "  %b.more = icmp slt i64 %b.next, %kb",
+        "  br i1 %b.more, label %b.loop, label %m.end",
+        "m.end:",
+        "  %m.next = add i64 %m, 1",
+        "  %m.more = icmp slt i64 %m.next, %M",
+        "  br i1 %m.more, label %m.loop, label %end",
+        "end:",
+        "  ret void",
+        "}",
+        f"declare {VF32} @llvm.fabs.v32f32({VF32})",
+        f"declare float @llvm.vector.reduce.fmax.v32f32({VF32})",
+        f"declare {VF32} @llvm.rint.v32f32({VF32})",
+        f"declare i32 @llvm.vector.reduce.add.v32i32({VI32})"]
 
 
 def _loop(label: str, var: str, start: str, stop: str, step: int, body: list[str],
@@ -259,60 +389,77 @@ def _loop(label: str, var: str, start: str, stop: str, step: int, body: list[str
 
 
 def _gemm() -> list[str]:
-    """gemm(qa, sa, as, B, sb, bs, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of C
-    for M rows of A; columns below nfold (N - N % 4) in tiles of COLS (n0 a multiple of 4),
-    the rest one at a time; rows ROWS at a time, then one."""
-    args = "ptr %qa, ptr %sa, ptr %as, ptr %B, ptr %sb, ptr %bs, ptr %bias, ptr %C"
+    """gemm(qa, sa4, Z, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of C for M
+    rows of A; columns below nfold (N - N % 4) folded as MLAS's groups of four, the rest as
+    its single columns; blocks of NBLOCK columns, in each the rows ROWS at a time (then one)
+    and for each row tile the block's columns."""
+    args = "ptr %qa, ptr %sa4, ptr %Z, ptr %B, ptr %sb, ptr %bias, ptr %C"
 
-    def call(rows, cols, fold, m, n, label):
-        return [f"  call void @tile_{rows}x{cols}_{'fold' if fold else 'hsum'}({args}, "
-                f"i64 {m}, i64 {n}, i64 %N, i64 %kb)", f"  br label %{label}.latch"]
+    def call(rows, fold, m, n, label):
+        return [f"  call void @tile_{rows}_{'fold' if fold else 'hsum'}({args}, i64 {m}, "
+                f"i64 {n}, i64 %N, i64 %kb)", f"  br label %{label}.latch"]
 
-    L = ["define void @gemm(ptr noalias %qa, ptr noalias %sa, ptr noalias %as, "
-         "ptr noalias %B, ptr noalias %sb, ptr noalias %bs, ptr noalias %bias, "
-         "ptr noalias %C, i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
-         "entry:",
-         f"  %Modd = srem i64 %M, {ROWS}",
-         "  %Mpair = sub i64 %M, %Modd",
-         "  %lt = icmp slt i64 %n1, %nfold",
-         "  %nend = select i1 %lt, i64 %n1, i64 %nfold",
-         "  %gt = icmp sgt i64 %n0, %nfold",
-         "  %tstart = select i1 %gt, i64 %n0, i64 %nfold",
-         "  br label %f.pre",
-         "f.pre:"]
-    rows_fold = _loop("fm", "fm", "0", "%Mpair", ROWS, call(ROWS, COLS, True, "%fm", "%fn", "fm"),
-                      "fr.pre")
-    rest_fold = _loop("fr", "fr", "%Mpair", "%M", 1, call(1, COLS, True, "%fr", "%fn", "fr"),
-                      "f.latch")
-    body = ["  br label %fm.pre", "fm.pre:", *rows_fold, "fr.pre:", *rest_fold]
-    L += _loop("f", "fn", "%n0", "%nend", COLS, body, "h.pre")
-    rows_h = _loop("hm", "hm", "0", "%Mpair", ROWS, call(ROWS, 1, False, "%hm", "%hn", "hm"),
-                   "hr.pre")
-    rest_h = _loop("hr", "hr", "%Mpair", "%M", 1, call(1, 1, False, "%hr", "%hn", "hr"), "h.latch")
-    body = ["  br label %hm.pre", "hm.pre:", *rows_h, "hr.pre:", *rest_h]
-    L += ["h.pre:", *_loop("h", "hn", "%tstart", "%n1", 1, body, "end"),
-          "end:", "  ret void", "}"]
-    return L
+    def columns(fold, p):
+        """Loops over [start, stop) of one kind of column: blocks, row tiles, columns."""
+        start, stop = ("%n0", "%nend") if fold else ("%tstart", "%n1")
+        inner_r = _loop(f"{p}c", f"{p}c", f"%{p}b", f"%{p}be", 1,
+                        call(ROWS, fold, f"%{p}m", f"%{p}c", f"{p}c"), f"{p}m.latch")
+        inner_1 = _loop(f"{p}d", f"{p}d", f"%{p}b", f"%{p}be", 1,
+                        call(1, fold, f"%{p}r", f"%{p}d", f"{p}d"), f"{p}r.latch")
+        rows_r = _loop(f"{p}m", f"{p}m", "0", "%Mtile", ROWS,
+                       ["  br label %" + f"{p}c.pre", f"{p}c.pre:", *inner_r], f"{p}r.pre")
+        rows_1 = _loop(f"{p}r", f"{p}r", "%Mtile", "%M", 1,
+                       ["  br label %" + f"{p}d.pre", f"{p}d.pre:", *inner_1], f"{p}b.latch")
+        body = [f"  %{p}be0 = add i64 %{p}b, {NBLOCK}",
+                f"  %{p}lt = icmp slt i64 %{p}be0, {stop}",
+                f"  %{p}be = select i1 %{p}lt, i64 %{p}be0, i64 {stop}",
+                f"  br label %{p}m.pre", f"{p}m.pre:", *rows_r, f"{p}r.pre:", *rows_1]
+        return _loop(f"{p}b", f"{p}b", start, stop, NBLOCK, body,
+                     "h.pre" if fold else "end")
+
+    return ["define void @gemm(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+            "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %M, "
+            "i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
+            "entry:",
+            f"  %Mrest = srem i64 %M, {ROWS}",
+            "  %Mtile = sub i64 %M, %Mrest",
+            "  %lt = icmp slt i64 %n1, %nfold",
+            "  %nend = select i1 %lt, i64 %n1, i64 %nfold",
+            "  %gt = icmp sgt i64 %n0, %nfold",
+            "  %tstart = select i1 %gt, i64 %n0, i64 %nfold",
+            "  br label %fb.pre",
+            "fb.pre:",
+            *columns(True, "f"),
+            "h.pre:",
+            "  br label %hb.pre",
+            "hb.pre:",
+            *columns(False, "h"),
+            "end:",
+            "  ret void",
+            "}"]
 
 
 def module_ir(target=None) -> str:
-    shapes = ((ROWS, COLS, True), (1, COLS, True), (ROWS, 1, False), (1, 1, False))
-    tiles = [line for rows, cols, fold in shapes for line in _tile(rows, cols, fold)]
-    fmas = [f"declare <{c} x float> @llvm.fma.v{c}f32(<{c} x float>, <{c} x float>, "
-            f"<{c} x float>)" for c in sorted({COLS, 1})]
-    return "\n".join([*tiles, *_gemm(), *fmas,
+    tiles = [line for rows in sorted({ROWS, 1}) for fold in (True, False)
+             for line in _tile(rows, fold)]
+    return "\n".join([*tiles, *_gemm(), *_zshare(), *_quantize(),
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+                      "declare float @llvm.fma.f32(float, float, float)",
+                      f"declare {_VF} @llvm.x86.avx2.permps({_VF}, {_V8})",
                       f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
                       f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"])
 
 
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
-_PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
+_GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
+_ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
+_QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("nbits_gemm", module_ir, {"gemm": _PROTO}, REQUIRES)
+    return jit.compile_module("nbits_gemm", module_ir,
+                              {"gemm": _GEMM, "zshare": _ZSHARE, "quantize": _QUANT}, REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -323,11 +470,28 @@ def supported(bits: int, block_size: int) -> bool:
     return bits == 4 and block_size == BLOCK
 
 
+def quantize(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_rows by the compiled kernel (one pass over A)."""
+    M, K = A.shape
+    kb = -(-K // BLOCK)
+    if K % BLOCK or not A.flags.c_contiguous or A.dtype != np.float32:
+        padded = np.zeros((M, kb * BLOCK), np.float32)
+        padded[:, :K] = A
+        A = padded
+    qa = np.empty((M, kb * BLOCK), np.int8)
+    sa4 = np.empty((M, kb * 4), np.float32)
+    asum = np.empty((M, kb), np.float32)
+    _module().quantize(A.ctypes.data, qa.ctypes.data, sa4.ctypes.data, asum.ctypes.data, M,
+                       kb)
+    return qa, sa4, asum
+
+
 def quantize_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A (M, K) float32 as MLAS's QuantizeARow_CompInt8 does it: per block of 32 (K padded with
     zeros) the scale amax / 127, codes rint(a * (127 / amax)) (0 for an all-zero block), and
     scale * (the sum of the codes). The codes in the kernel's layout: each pair of blocks as
-    [b's even-indexed | b+1's even | b's odd | b+1's odd], an odd last block in order."""
+    [b's even-indexed | b+1's even | b's odd | b+1's odd], an odd last block in order; the
+    scales each four times over, (M, kb * 4)."""
     M, K = A.shape
     kb = -(-K // BLOCK)
     if K % BLOCK:
@@ -349,7 +513,7 @@ def quantize_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         M, pairs, 2, 16, 2).transpose(0, 1, 4, 2, 3)
     if kb % 2:
         q[:, pairs * 64:] = x[:, -1]
-    return q, scale, scale * sums
+    return q, np.repeat(scale, 4, axis=1), scale * sums
 
 
 class Gemm:
@@ -361,7 +525,8 @@ class Gemm:
                  bias: np.ndarray) -> None:
         self.keep = (packed, scales, zshare, bias)  # the kernel reads them
         self.N, self.kb = scales.shape
-        self.fn = _module().gemm
+        module = _module()
+        self.fn, self.zfn = module.gemm, module.zshare
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zshare.ctypes.data,
                      bias.ctypes.data)
 
@@ -377,17 +542,20 @@ class Gemm:
             start = stop
         return out
 
-    def __call__(self, qa: np.ndarray, sa: np.ndarray, asum: np.ndarray, out: np.ndarray,
+    def __call__(self, qa: np.ndarray, sa4: np.ndarray, asum: np.ndarray, out: np.ndarray,
                  n0: int, n1: int) -> None:
-        """out[:, n0:n1] = the rows' products, all terms included; qa (M, kb * 32) int8, sa
-        and asum (M, kb) float32, out (M, N) float32, all C-contiguous; n0 a multiple of 4."""
+        """out[:, n0:n1] = the rows' products, all terms included; qa (M, kb * 32) int8, sa4
+        (M, kb * 4) and asum (M, kb) float32 from quantize_rows, out (M, N) float32, all
+        C-contiguous; n0 a multiple of 4. ``out`` first holds the zero points' share."""
         B, S, Z, bias = self.ptrs
         M = qa.shape[0]
-        self.fn(qa.ctypes.data, sa.ctypes.data, asum.ctypes.data, B, S, Z, bias,
-                out.ctypes.data, M, n0, n1, self.N, self.kb, self.N - self.N % GROUP)
+        po = out.ctypes.data
+        self.zfn(asum.ctypes.data, Z, po, M, n0, n1, self.N, self.kb)
+        self.fn(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, M, n0, n1, self.N,
+                self.kb, self.N - self.N % GROUP)
 
 
 BUNDLE = {"nbits_gemm": (module_ir, REQUIRES)}
 
-__all__ = ["BLOCK", "BUNDLE", "REQUIRES", "Gemm", "module_ir", "quantize_rows", "supported",
-           "unavailable"]
+__all__ = ["BLOCK", "BUNDLE", "REQUIRES", "Gemm", "module_ir", "quantize", "quantize_rows",
+           "supported", "unavailable"]

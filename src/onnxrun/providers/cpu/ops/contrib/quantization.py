@@ -674,17 +674,20 @@ class MatMulNBits:
         from ...compiled import nbits_gemm
 
         M, N = A.shape[0], self.N
-        qa, sa, asum = nbits_gemm.quantize_rows(A)
+        qa, sa4, asum = nbits_gemm.quantize(A)
         Y = np.empty((M, N), F32)
         gemm = self.gemm
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:
-            gemm(qa, sa, asum, Y, 0, N)
+            gemm(qa, sa4, asum, Y, 0, N)
             return Y
-        ranges = gemm.ranges(self.threads)
-        for m0 in range(0, M, self.ROWS):  # a slice of A's codes stays in cache
-            parts = (qa[m0:m0 + self.ROWS], sa[m0:m0 + self.ROWS], asum[m0:m0 + self.ROWS],
-                     Y[m0:m0 + self.ROWS])
-            run_ranges(lambda n0, n1, p=parts: gemm(*p, n0, n1), ranges)
+        chunks = [(qa[m0:m0 + self.ROWS], sa4[m0:m0 + self.ROWS], asum[m0:m0 + self.ROWS],
+                   Y[m0:m0 + self.ROWS]) for m0 in range(0, M, self.ROWS)]
+
+        def columns(n0: int, n1: int) -> None:  # one hand-off per thread
+            for chunk in chunks:  # a slice of A's codes stays in cache
+                gemm(*chunk, n0, n1)
+
+        run_ranges(columns, gemm.ranges(self.threads))
         return Y
 
     def _packed(self, A: np.ndarray) -> np.ndarray:
