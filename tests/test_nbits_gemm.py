@@ -114,3 +114,44 @@ def test_compiled_quantize_equals_numpy():
         a[:, :32] = 0
         for x, y in zip(nbits_gemm.quantize(a), nbits_gemm.quantize_rows(a), strict=True):
             assert np.array_equal(x, y)
+
+
+def test_llm_mlp_chain_equals_onnxruntime_bit_for_bit():
+    """Two Qwen2-0.5b-width MLP blocks (gate/up 896 -> 4864, SiLU as the optimizer fuses it,
+    down 4864 -> 896, residual) and an output projection, a 32-token prompt: every product
+    quantizes its input to int8, so one differing last bit upstream would flip codes and
+    grow; the logits are onnxruntime's to the bit."""
+    rng = np.random.default_rng(11)
+    H, F, V = 896, 4864, 512
+    nodes, inits, x = [], [], "x"
+
+    def nbits(name, src, K, N):
+        kb = K // 32
+        inits.append(numpy_helper.from_array(
+            rng.integers(0, 256, (N, kb, 16), dtype=np.uint8), f"{name}.B"))
+        inits.append(numpy_helper.from_array(
+            (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32),
+            f"{name}.S"))
+        nodes.append(helper.make_node("MatMulNBits", [src, f"{name}.B", f"{name}.S"], [name],
+                                      domain="com.microsoft", K=K, N=N, block_size=32, bits=4,
+                                      accuracy_level=4))
+        return name
+
+    for i in range(2):
+        g, u = nbits(f"gate{i}", x, H, F), nbits(f"up{i}", x, H, F)
+        nodes += [helper.make_node("Sigmoid", [g], [f"sig{i}"]),
+                  helper.make_node("Mul", [g, f"sig{i}"], [f"silu{i}"]),
+                  helper.make_node("Mul", [f"silu{i}", u], [f"h{i}"])]
+        d = nbits(f"down{i}", f"h{i}", F, H)
+        nodes.append(helper.make_node("Add", [x, d], [f"res{i}"]))
+        x = f"res{i}"
+    nodes.append(helper.make_node("Identity", [nbits("head", x, H, V)], ["logits"]))
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 32, H])],
+                          [helper.make_tensor_value_info("logits", TP.FLOAT, None)], inits)
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+    feed = {"x": (rng.standard_normal((1, 32, H)) * 0.5).astype(np.float32)}
+    got = onnxrun.InferenceSession(data).run(None, feed)[0]
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert got.tobytes() == want.tobytes(), np.abs(got - want).max()
