@@ -243,6 +243,61 @@ def test_layout_keeping_kernels_on_channels_last_inputs():
         assert kernel(*args).flags.c_contiguous
     concat = Concat(Ctx(), axis=1)
     concat.keep_layout = True
-    assert concat(a, cl(b)).flags.c_contiguous  # one NCHW operand: NCHW
+    mixed = concat(a, cl(b))  # an NCHW operand with a channels-last one: channels-last
+    assert is_cl(mixed)
+    np.testing.assert_array_equal(mixed, np.concatenate((a, b), axis=1))
+    assert concat(a, b).flags.c_contiguous  # NCHW operands: NCHW
     with pytest.raises(ValueError):
         concat(cl(a), cl(b[:, :, :6]))
+
+
+def test_a_dense_block_stays_channels_last_past_batch_norms_and_an_nchw_operand():
+    """DenseNet-style: the stem (an NCHW convolution) -> MaxPool, joined by Concats with the
+    layers' channels-last outputs (the NCHW operand copied in transposed); BatchNormalization
+    and Relu between keep the layout; results equal onnxruntime's and level 2's."""
+    import onnxruntime as ort
+
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    if not conv_mod._packable(np.float32):
+        pytest.skip("the compiled float32 GEMM does not run here")
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 40, 44] X) => (float[1, 64, 1, 1] Y) {
+        s = Conv <kernel_shape = [7, 7], pads = [3, 3, 3, 3], strides = [2, 2]> (X, W0)
+        m = MaxPool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (s)
+        n1 = BatchNormalization (m, G0, B0, M0, V0)
+        r1 = Relu (n1)
+        a1 = Conv <kernel_shape = [1, 1]> (r1, W1)
+        b1 = Relu (a1)
+        c1 = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (b1, W2)
+        k1 = Concat <axis = 1> (m, c1)
+        n2 = BatchNormalization (k1, G1, B1, M1, V1)
+        r2 = Relu (n2)
+        a2 = Conv <kernel_shape = [1, 1]> (r2, W3)
+        b2 = Relu (a2)
+        c2 = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (b2, W4)
+        k2 = Concat <axis = 1> (k1, c2)
+        Y = GlobalAveragePool (k2)
+    }
+    """)
+    rng = np.random.default_rng(7)
+    params = {"W0": (32, 3, 7, 7), "W1": (32, 32, 1, 1), "W2": (16, 32, 3, 3),
+              "W3": (32, 48, 1, 1), "W4": (16, 32, 3, 3)}
+    for name, shape in params.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            rng.normal(0, 0.2, shape).astype(np.float32), name))
+    for i, c in ((0, 32), (1, 48)):
+        for name, value in ((f"G{i}", rng.uniform(0.5, 1.5, c)), (f"B{i}", rng.normal(0, 1, c)),
+                            (f"M{i}", rng.normal(0, 1, c)), (f"V{i}", rng.uniform(0.5, 2, c))):
+            model.graph.initializer.append(onnx.numpy_helper.from_array(
+                value.astype(np.float32), name))
+    blob = model.SerializeToString()
+    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
+        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    assert _channels_last_steps(layout) == 4  # all but the stem
+    x = rng.normal(size=(1, 3, 40, 44)).astype(np.float32)
+    got = layout.run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, plain.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, ort.InferenceSession(
+        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0], rtol=1e-4, atol=1e-4)

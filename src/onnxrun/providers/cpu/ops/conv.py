@@ -674,19 +674,22 @@ def layout_changes_allowed(ctx) -> bool:
 
 
 # One tensor in, numpy keeps its layout (the ufuncs' order "K"): activations, SiLU as the
-# QuickGelu the optimizer fuses x * Sigmoid(x) into.
+# QuickGelu the optimizer fuses x * Sigmoid(x) into; and BatchNormalization at inference (a
+# DenseNet's after each Concat), its other inputs per-channel constants.
 _PASS_THROUGH = frozenset({("", "Relu"), ("", "Clip"), ("", "Sigmoid"), ("", "Tanh"),
                            ("", "LeakyRelu"), ("", "HardSigmoid"), ("", "HardSwish"),
                            ("com.microsoft", "QuickGelu")})
 
 
 def _passes_layout(node) -> bool:
+    if node.domain == "" and node.op_type == "BatchNormalization":  # inference: x * a + b
+        return sum(bool(v.name) for v in node.outputs) == 1
     return (node.domain, node.op_type) in _PASS_THROUGH
 
 
 def _follows_layout(node) -> bool:
     """Whether ``node``'s kernel writes its output in its (4-D) input's layout when allowed
-    (keeps_layout): Concat and Split along the channels (Concat's operands all channels-last),
+    (keeps_layout): Concat (channels-last when an operand is) and Split along the channels,
     MaxPool / AveragePool without indices, nearest Resize."""
     if node.domain != "":
         return False
@@ -832,14 +835,10 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
             kinds.add("pool")
         elif _follows_layout(node):
             inner = joins
-            if node.op_type == "Concat":  # its other operands must come channels-last too
+            if node.op_type == "Concat":  # (its NCHW operands are copied in, transposed)
                 if node in joins:
                     continue
                 inner = joins | {node}
-                for v in node.inputs:
-                    if v is not value and (v is None or not _writes_channels_last(
-                            v, threads, inner, depth + 1)):
-                        return None
             elif index != 0:
                 return None
             for v in node.outputs:
@@ -862,15 +861,15 @@ def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
     if node is None or depth > _LAYOUT_DEPTH:
         return False
     if _passes_layout(node) or _follows_layout(node):
-        if node.op_type == "Concat":
+        if node.op_type == "Concat":  # channels-last when one operand comes so
             if node in joins:
                 return False
             joins = joins | {node}
-            sources = node.inputs
-        else:
-            sources = node.inputs[:1]
-        if any(v is None or not _writes_channels_last(v, threads, joins, depth + 1)
-               for v in sources):
+            if not any(v is not None and _writes_channels_last(v, threads, joins, depth + 1)
+                       for v in node.inputs):
+                return False
+        elif node.inputs[0] is None or not _writes_channels_last(node.inputs[0], threads,
+                                                                   joins, depth + 1):
             return False
         return all(_channels_last_readers(v, threads, joins, depth + 1) is not None
                    for v in node.outputs if v.name and (v.uses or v in node.graph.outputs))

@@ -174,9 +174,10 @@ def Transpose(data, *, perm=None):
 
 @op("Concat", 1, 4, 11, 13)
 class Concat:
-    """np.concatenate; at the layout level, operands with their channels innermost (channels-
-    last convolution outputs, Splits of them) joined along the channels give a channels-last
-    result: each operand's rows of channels copied into their range of the output's rows."""
+    """np.concatenate; at the layout level, a join along the channels with an operand whose
+    channels are innermost (a channels-last convolution output, a Split of one) gives a
+    channels-last result: each operand's rows of channels copied into their range of the
+    output's rows (an NCHW operand transposed on the way)."""
 
     def __init__(self, ctx: KernelContext, *, axis=1) -> None:
         from .conv import keeps_layout
@@ -204,8 +205,8 @@ def _channels_last_operands(inputs) -> bool:
 
     first = inputs[0]
     return all(x.ndim == 4 and x.dtype == first.dtype and x.shape[0] == first.shape[0] and
-               x.shape[2:] == first.shape[2:] and (x.shape[1] == 1 or channels_inner(x))
-               for x in inputs) and any(channels_inner(x) for x in inputs)
+               x.shape[2:] == first.shape[2:] for x in inputs) and \
+        any(channels_inner(x) for x in inputs)
 
 
 def _split(x, axis, sizes):
