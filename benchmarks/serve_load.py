@@ -6,6 +6,7 @@
     python benchmarks/serve_load.py --soak 10    # 10 minutes at concurrency 16, 1% malformed
     python benchmarks/serve_load.py --ray        # Ray Data, 20,000 rows: 2-CPU cluster vs a loop
     python benchmarks/serve_load.py --versus SRC # overhead vs a server running onnxrun from SRC
+    python benchmarks/serve_load.py --batch-cost # BERT session alone: time per item by batch size
 
 The server is the real ``onnxrun serve`` process on 127.0.0.1 (free ports); the load generator
 is this process: C threads, each with its own keep-alive HTTP connection or gRPC channel, send
@@ -186,15 +187,17 @@ tiny (float[N, 4] x) => (float[N, 4] y) { y = Add(x, x) }""")
 BUILDERS = {"bert": build_bert, "cnn": build_cnn, "tiny": build_tiny}
 
 
-def write_repository(root: Path, models: list[str]) -> None:
-    """<name>_off (no batching) and <name>_on (dynamic batching) for each model."""
+def write_repository(root: Path, models: list[str], instances: int = 1) -> None:
+    """<name>_off (no batching) and <name>_on (dynamic batching) for each model, each with
+    ``instances`` sessions (instance_group count)."""
+    group = f"\ninstance_group [ {{ count: {instances} }} ]" if instances > 1 else ""
     for name in models:
         model = BUILDERS[name]()
         for suffix, config in (("off", NO_BATCHING), ("on", BATCHING)):
             folder = root / f"{name}_{suffix}"
             (folder / "1").mkdir(parents=True, exist_ok=True)
             onnx.save(model, str(folder / "1" / "model.onnx"))
-            (folder / "config.pbtxt").write_text(config)
+            (folder / "config.pbtxt").write_text(config + group)
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -375,7 +378,7 @@ def load(args: argparse.Namespace) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        write_repository(root, models)
+        write_repository(root, models, args.instances)
         server = Server(root)
         try:
             for name in models:
@@ -473,6 +476,72 @@ def versus(args: argparse.Namespace) -> None:
         finally:
             for server in servers.values():
                 server.stop()
+
+
+def batch_cost(args: argparse.Namespace) -> None:
+    """What dynamic batching can gain on the BERT model, from the session alone: the wall and
+    CPU time per item of one run at each batch size (runs interleaved, medians), and two
+    sessions run by two threads at once (instance_group count 2) against one."""
+    import onnxrun
+
+    sizes = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32]
+    rounds = 2 if args.quick else 3
+    model = build_bert().SerializeToString()
+    session = onnxrun.InferenceSession(model)
+    rng = np.random.default_rng(1)
+
+    def feeds(n):
+        return {"input_ids": rng.integers(0, 30522, (n, 128), dtype=np.int64),
+                "attention_mask": np.ones((n, 128), np.int64)}
+
+    def timed(fn):
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        return time.perf_counter() - t, time.process_time() - c
+
+    inputs = {n: feeds(n) for n in sizes}
+    for n in sizes:  # warm-up: plans and buffers per shape
+        session.run(None, inputs[n])
+    wall: dict[int, list[float]] = {n: [] for n in sizes}
+    cpu: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            w, c = timed(lambda n=n: session.run(None, inputs[n]))
+            wall[n].append(w / n)
+            cpu[n].append(c / n)
+    print("| batch | wall ms/item | CPU ms/item | wall per item vs batch 1 |\n"
+          "|---:|---:|---:|---:|")
+    base = np.median(wall[1])
+    for n in sizes:
+        print(f"| {n} | {np.median(wall[n]) * 1e3:.0f} | {np.median(cpu[n]) * 1e3:.0f} | "
+              f"{base / np.median(wall[n]):.2f}x |", flush=True)
+    # instance_group count 2: two sessions on two threads, 4 items each, against one session
+    second = onnxrun.InferenceSession(model)
+    second.run(None, inputs[1])
+    one, two = [], []
+
+    def both() -> None:
+        threads = [threading.Thread(target=lambda s=s: [s.run(None, inputs[1])
+                                                          for _ in range(4)])
+                   for s in (session, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    from threadpoolctl import threadpool_limits
+
+    held = []
+    for _ in range(rounds):
+        one.append(timed(lambda: [session.run(None, inputs[1]) for _ in range(8)]))
+        two.append(timed(both))
+        with threadpool_limits(limits=1, user_api="blas"):  # as onnxrun serve does
+            held.append(timed(both))
+    print(f"8 items at batch 1: one session {np.median([w for w, _ in one]):.2f} s "
+          f"(CPU {np.median([c for _, c in one]):.2f} s), two sessions on two threads "
+          f"{np.median([w for w, _ in two]):.2f} s (CPU {np.median([c for _, c in two]):.2f} s), "
+          f"the same with BLAS held at one thread (as onnxrun serve holds it) "
+          f"{np.median([w for w, _ in held]):.2f} s (CPU {np.median([c for _, c in held]):.2f} s)")
 
 
 # -- soak ---------------------------------------------------------------------------------
@@ -606,6 +675,10 @@ def main() -> None:
     p.add_argument("--soak-model", default="bert", choices=sorted(BUILDERS))
     p.add_argument("--ray", action="store_true", help="the Ray Data comparison")
     p.add_argument("--json", help="also write the load rows to this file")
+    p.add_argument("--instances", type=int, default=1,
+                   help="instance_group count of every model (sessions run at once)")
+    p.add_argument("--batch-cost", action="store_true", help="what batching can gain on "
+                   "BERT: the session's time per item by batch size, 1 vs 2 instances")
     p.add_argument("--versus", metavar="SRC", help="overhead side by side with a server "
                    "running the onnxrun sources in SRC (e.g. an older commit's src folder)")
     args = p.parse_args()
@@ -614,6 +687,8 @@ def main() -> None:
     print(f"# load: {os.getloadavg()[0]:.2f} (1-min average), {os.cpu_count()} CPUs", flush=True)
     if args.soak is not None:
         soak_main(args)
+    elif args.batch_cost:
+        batch_cost(args)
     elif args.versus:
         print("| protocol | server | p50 ms (c=1, tiny) | server CPU us/req |\n|---|---|---:|---:|")
         versus(args)
