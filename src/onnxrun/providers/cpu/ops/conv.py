@@ -1053,8 +1053,9 @@ class Conv(_ConvBase):
             if self.winograd_packed is not None:
                 del self.prepared[method]
         if self.channels_last and self.group == 1 and kernel == (1,) * nd:
-            # (C, M): the channels-last GEMM's right operand
-            self.prepared["gemm_t"] = np.ascontiguousarray(W.reshape(W.shape[:2]).T, dtype=cdt)
+            # (C, M): the channels-last GEMM's right operand; a view of W where the dtype
+            # allows (BLAS takes a transposed operand as a flag; the panels are the copy)
+            self.prepared["gemm_t"] = W.reshape(W.shape[:2]).T.astype(cdt, copy=False)
             if cdt == np.float32:  # and in the compiled GEMM's panels, bias and clip fused
                 from ..compiled.float_gemm import pack
 
