@@ -8,7 +8,7 @@ machine; at 1 thread both engines compute on the calling thread) and of wall tim
     python benchmarks/cnn_gain.py --changes layout --models yolo -r 30
 
 Changes (each undone when its session is created; kernels keep their choices for the run):
-  silu    QuickGelu / SiLU in one compiled pass (compiled/gelu.quick_gelu)
+  silu    QuickGelu / SiLU in one compiled pass (compiled/logistic.py, else gelu.quick_gelu)
   nhwc    channels-last convolutions on the compiled GEMM (implicit GEMM, im2col)
   layout  Concat / Split / pools / Resize keep channels-last memory at the layout level
 """
@@ -42,7 +42,7 @@ def undone(change: str):
 
         def init(self, ctx, *, alpha=1.702):
             old(self, ctx, alpha=alpha)
-            self.compiled = None
+            self.compiled = self.exact = None  # gelu.py's pass, logistic.py's exact one
 
         fused.QuickGelu.__init__ = init
         try:
