@@ -72,6 +72,57 @@ def _layer_norm(x: np.ndarray, gamma, beta, epsilon: float, out: np.ndarray | No
     return y, mean, inv
 
 
+# onnxruntime's float32 RMS normalizations, operation for operation (an LLM's layers feed
+# them to int8-quantized products, where a last-bit difference grows: see
+# compiled/nbits_gemm.py). SimplifiedLayerNormalization (onnxruntime 1.32, x86-64) sums the
+# squares in 8 lanes with fused multiply-adds, the lanes added as a tree, and multiplies by
+# the reciprocal; SkipSimplifiedLayerNormalization sums them one by one (square, then add)
+# and divides. Both: sqrt(sum / n + epsilon) in float32, then the scale.
+
+
+def _fma_lanes_sum_of_squares(x: np.ndarray) -> np.ndarray:
+    """Rows of float32 ``x`` (n a multiple of 8): acc = fma(x, x, acc) over 8 lanes, then
+    ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)); float64 holds each exact product and
+    the sum, rounded once to float32 as a fused multiply-add is."""
+    rows, n = x.shape
+    acc = np.zeros((rows, 8), np.float64)
+    for i in range(0, n, 8):
+        v = x[:, i:i + 8].astype(np.float64)
+        v *= v
+        acc += v
+        acc = acc.astype(np.float32).astype(np.float64)
+    a = acc.astype(np.float32)
+    half = a[:, :4] + a[:, 4:]
+    return (half[:, 0] + half[:, 2]) + (half[:, 1] + half[:, 3])
+
+
+def _rms_float32(x: np.ndarray, scale: np.ndarray, epsilon: float, fma_lanes: bool):
+    """onnxruntime's float32 RMS normalization of the rows of ``x``: (Y, 1 / rms)."""
+    n = x.shape[-1]
+    if fma_lanes:
+        ms = _fma_lanes_sum_of_squares(x)
+    else:  # sequential: np.cumsum adds in order
+        ms = np.cumsum(np.square(x), axis=-1, dtype=np.float32)[:, -1]
+    ms /= np.float32(n)
+    ms += np.float32(epsilon)
+    rms = np.sqrt(ms)
+    inv = np.float32(1) / rms
+    if fma_lanes:
+        Y = x * inv[:, None]
+    else:
+        Y = x / rms[:, None]
+    Y *= scale.astype(np.float32, copy=False).reshape(-1)
+    return Y, inv
+
+
+def _exact_rows(X: np.ndarray, scale: np.ndarray, lanes: int = 1) -> bool:
+    """Whether X's last axis takes onnxruntime's float32 arithmetic here: float32 X and
+    scale over the last axis only, a multiple of ``lanes`` long."""
+    return (X.dtype == np.float32 and scale.dtype == np.float32 and X.ndim >= 1
+            and X.shape[-1] > 0 and X.shape[-1] % lanes == 0
+            and scale.size == X.shape[-1])
+
+
 @op("SimplifiedLayerNormalization", 1)
 @op("SimplifiedLayerNormalization", 1, domain=MS)
 class SimplifiedLayerNormalization:
@@ -82,6 +133,9 @@ class SimplifiedLayerNormalization:
         self.epsilon = float(epsilon)
 
     def __call__(self, X, scale):
+        if self.axis in (-1, X.ndim - 1) and _exact_rows(X, scale, 8):
+            Y, inv = _rms_float32(X.reshape(-1, X.shape[-1]), scale, self.epsilon, True)
+            return Y.reshape(X.shape), inv.reshape(X.shape[:-1] + (1,))
         Y, inv = rms_normalize(X, scale, self.axis, self.epsilon, _stat_dtype(X.dtype))
         return Y.astype(scale.dtype, copy=False), inv.astype(np.float32, copy=False)
 
@@ -126,7 +180,11 @@ class SkipSimplifiedLayerNormalization:
         s = _skip_sum(input, skip, bias, sd)
         # the sum is a new array, and normalizing reads it without writing it
         total = s.astype(input.dtype, copy=False) if self.want_sum else None
-        Y, inv = rms_normalize(s, gamma, -1, self.epsilon, sd)
+        if _exact_rows(s, gamma):
+            Y, inv = _rms_float32(s.reshape(-1, s.shape[-1]), gamma, self.epsilon, False)
+            Y, inv = Y.reshape(s.shape), inv.reshape(s.shape[:-1] + (1,))
+        else:
+            Y, inv = rms_normalize(s, gamma, -1, self.epsilon, sd)
         # no mean in RMS normalization: onnxruntime's 0
         mean = np.zeros(inv.shape, np.float32) if self.want_mean else None
         return Y.astype(input.dtype, copy=False), mean, inv.astype(np.float32, copy=False), total
