@@ -21,6 +21,10 @@ SQ4BitGemmKernel_BlkSum_CompInt8_avx2; M == 1 takes another kernel), per output 
   (-zp * sb)[n, b], fused multiply-adds in block order from 0 (MLAS's float GEMM kernel).
 The weight's nibbles are unsigned (0-15); the zero point (8 by default) is all in that share.
 
+One row without zero points (a decode step) takes MLAS's M == 1 kernel's arithmetic
+(MlasQ4Int8GemmM1KernelBlkLen32Avx2): the same lanes, scales and folds over the nibbles
+minus 8, subtracted in integers, and no zero points' share (gemm1).
+
 The weight stays as the model stores it (byte j of a block: element 2j in the low nibble,
 2j + 1 in the high one); each 16 bytes are put in element order once per column tile and
 serve all the tile's rows.
@@ -61,7 +65,15 @@ _SWAP = [0, 1, 4, 5, 2, 3, 6, 7]
 _HALVES = _mask([0, 0, 0, 0, 1, 1, 1, 1])
 
 
-def _tile(rows: int, fold: bool) -> list[str]:
+def _signed(v: str) -> list[str]:
+    """%{v}.s = the 32 nibbles %{v} minus 8 and %{v}.u = their magnitudes: MLAS's M == 1 kernel
+    for weights without zero points subtracts the implicit 8 in integers (A's codes then take
+    the signs of %{v}.s) and adds no share after."""
+    return [f"  %{v}.s = sub {_V32B} %{v}, " + "<" + ", ".join(["i8 8"] * 32) + ">",
+            f"  %{v}.u = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %{v}.s, {_V32B} %{v}.s)"]
+
+
+def _tile(rows: int, fold: bool, sym: bool = False) -> list[str]:
     """@tile_{rows}_{fold|hsum}: C[m:m+rows, n] over all kb blocks.
 
     A pair of blocks: 32 weight bytes, their low nibbles [b's even elements | b+1's] and high
@@ -69,9 +81,11 @@ def _tile(rows: int, fold: bool) -> list[str]:
     u8 x s8 products summed to 16 bits (at most 4 * 15 * 127), then pairs of those to 32: lanes
     [b 0-7, b 8-15, b 16-23, b 24-31 | b+1 0-7, ... b+1 24-31], MLAS's lanes in the order
     _SWAP, their scales sa * sb as [b x 4 | b+1 x 4] (A's scales come four times each, sa4).
-    The zero points' share (Z, from @zshare) and the bias are added after the lanes' fold."""
+    The zero points' share (Z, from @zshare) and the bias are added after the lanes' fold.
+    ``sym``: one row as MLAS's M == 1 kernel (no zero points): the weight's nibbles minus 8 in
+    integers (A's codes take their signs), the same lanes, no share (Z is not read)."""
     R = range(rows)
-    name = f"tile_{rows}_{'fold' if fold else 'hsum'}"
+    name = f"tile_{rows}_{'fold' if fold else 'hsum'}{'_sym' if sym else ''}"
     L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
          "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %m, "
          "i64 %n, i64 %N, i64 %kb) nounwind alwaysinline {",
@@ -99,6 +113,7 @@ def _tile(rows: int, fold: bool) -> list[str]:
          f"  %w = load {_V32B}, ptr %bp, align 1",
          f"  %lo = and {_V32B} %w, " + "<" + ", ".join(["i8 15"] * 32) + ">",
          f"  %hi = lshr {_V32B} %w, " + "<" + ", ".join(["i8 4"] * 32) + ">",
+         *(_signed("lo") + _signed("hi") if sym else []),
          "  %sbi = add i64 %bsrow, %b0",
          "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
          "  %sb2 = load <2 x float>, ptr %sbp, align 4",
@@ -114,8 +129,18 @@ def _tile(rows: int, fold: bool) -> list[str]:
               f"  %so{r} = add i64 %srow{r}, %soff",
               f"  %sap{r} = getelementptr float, ptr %sa4, i64 %so{r}",
               f"  %sa8_{r} = load {_VF}, ptr %sap{r}, align 4",
-              f"  %dx{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo, {_V32B} %a0_{r})",
-              f"  %dy{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi, {_V32B} %a1_{r})",
+              *([f"  %a0s_{r} = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %a0_{r}, "
+                 f"{_V32B} %lo.s)",
+                 f"  %a1s_{r} = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %a1_{r}, "
+                 f"{_V32B} %hi.s)",
+                 f"  %dx{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo.u, "
+                 f"{_V32B} %a0s_{r})",
+                 f"  %dy{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi.u, "
+                 f"{_V32B} %a1s_{r})"] if sym else [
+                 f"  %dx{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo, "
+                 f"{_V32B} %a0_{r})",
+                 f"  %dy{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi, "
+                 f"{_V32B} %a1_{r})"]),
               f"  %h{r} = add {_VH} %dx{r}, %dy{r}",
               f"  %q{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %h{r}, {_VH} {_ONES})",
               f"  %f{r} = sitofp {_V8} %q{r} to {_VF}",
@@ -142,6 +167,7 @@ def _tile(rows: int, fold: bool) -> list[str]:
           f"  %tlo = and {_VB} %tw, " + "<" + ", ".join(["i8 15"] * 16) + ">",
           f"  %thi = lshr {_VB} %tw, " + "<" + ", ".join(["i8 4"] * 16) + ">",
           f"  %tbv = shufflevector {_VB} %tlo, {_VB} %thi, <32 x i32> {_ONE}",
+          *(_signed("tbv") if sym else []),
           "  %tsbi = add i64 %bsrow, %bt",
           "  %tsbp = getelementptr float, ptr %sb, i64 %tsbi",
           "  %tsbv = load float, ptr %tsbp, align 4"]
@@ -152,7 +178,12 @@ def _tile(rows: int, fold: bool) -> list[str]:
               f"  %tso{r} = add i64 %srow{r}, %tsoff",
               f"  %tsap{r} = getelementptr float, ptr %sa4, i64 %tso{r}",
               f"  %tsav{r} = load float, ptr %tsap{r}, align 4",
-              f"  %td{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv, {_V32B} %ta{r})",
+              *([f"  %tas{r} = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %ta{r}, "
+                 f"{_V32B} %tbv.s)",
+                 f"  %td{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv.u, "
+                 f"{_V32B} %tas{r})"] if sym else [
+                 f"  %td{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv, "
+                 f"{_V32B} %ta{r})"]),
               f"  %tq{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %td{r}, {_VH} {_ONES})",
               f"  %tqs{r} = shufflevector {_V8} %tq{r}, {_V8} poison, <8 x i32> {_mask(_SWAP)}",
               f"  %tf{r} = sitofp {_V8} %tqs{r} to {_VF}",
@@ -188,10 +219,11 @@ def _tile(rows: int, fold: bool) -> list[str]:
                   f"  %y_{r} = fadd float %e0_{r}, %e1_{r}"]
         L += [f"  %ci0_{r} = mul i64 %mr{r}, %N",
               f"  %ci_{r} = add i64 %ci0_{r}, %n",
-              f"  %zp_{r} = getelementptr float, ptr %Z, i64 %ci_{r}",
-              f"  %zv_{r} = load float, ptr %zp_{r}, align 4",
               f"  %yb_{r} = fadd float %y_{r}, %biasv",
-              f"  %out_{r} = fadd float %yb_{r}, %zv_{r}",
+              *([f"  %out_{r} = fadd float %yb_{r}, 0x8000000000000000"] if sym else [
+                 f"  %zp_{r} = getelementptr float, ptr %Z, i64 %ci_{r}",
+                 f"  %zv_{r} = load float, ptr %zp_{r}, align 4",
+                 f"  %out_{r} = fadd float %yb_{r}, %zv_{r}"]),
               f"  %cp_{r} = getelementptr float, ptr %C, i64 %ci_{r}",
               f"  store float %out_{r}, ptr %cp_{r}, align 4"]
     L += ["  ret void", "}"]
@@ -388,7 +420,7 @@ def _loop(label: str, var: str, start: str, stop: str, step: int, body: list[str
             f"  br label %{label}.head"]
 
 
-def _gemm() -> list[str]:
+def _gemm(sym: bool = False) -> list[str]:
     """gemm(qa, sa4, Z, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of C for M
     rows of A; columns below nfold (N - N % 4) folded as MLAS's groups of four, the rest as
     its single columns; blocks of NBLOCK columns, in each the rows ROWS at a time (then one)
@@ -396,8 +428,10 @@ def _gemm() -> list[str]:
     args = "ptr %qa, ptr %sa4, ptr %Z, ptr %B, ptr %sb, ptr %bias, ptr %C"
 
     def call(rows, fold, m, n, label):
-        return [f"  call void @tile_{rows}_{'fold' if fold else 'hsum'}({args}, i64 {m}, "
-                f"i64 {n}, i64 %N, i64 %kb)", f"  br label %{label}.latch"]
+        if sym and rows != 1:  # no M == 1 kernel for several rows: never reached
+            return [f"  br label %{label}.latch"]
+        return [f"  call void @tile_{rows}_{'fold' if fold else 'hsum'}{'_sym' if sym else ''}"
+                f"({args}, i64 {m}, i64 {n}, i64 %N, i64 %kb)", f"  br label %{label}.latch"]
 
     def columns(fold, p):
         """Loops over [start, stop) of one kind of column: blocks, row tiles, columns."""
@@ -417,7 +451,7 @@ def _gemm() -> list[str]:
         return _loop(f"{p}b", f"{p}b", start, stop, NBLOCK, body,
                      "h.pre" if fold else "end")
 
-    return ["define void @gemm(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+    return [f"define void @{'gemm1' if sym else 'gemm'}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
             "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %M, "
             "i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
             "entry:",
@@ -442,7 +476,9 @@ def _gemm() -> list[str]:
 def module_ir(target=None) -> str:
     tiles = [line for rows in sorted({ROWS, 1}) for fold in (True, False)
              for line in _tile(rows, fold)]
-    return "\n".join([*tiles, *_gemm(), *_zshare(), *_quantize(),
+    tiles += [line for fold in (True, False) for line in _tile(1, fold, sym=True)]
+    return "\n".join([*tiles, *_gemm(), *_gemm(sym=True), *_zshare(), *_quantize(),
+                      f"declare {_V32B} @llvm.x86.avx2.psign.b({_V32B}, {_V32B})",
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       "declare float @llvm.fma.f32(float, float, float)",
                       f"declare {_VF} @llvm.x86.avx2.permps({_VF}, {_V8})",
@@ -459,7 +495,8 @@ _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 
 def _module() -> jit.Module:
     return jit.compile_module("nbits_gemm", module_ir,
-                              {"gemm": _GEMM, "zshare": _ZSHARE, "quantize": _QUANT}, REQUIRES)
+                              {"gemm": _GEMM, "gemm1": _GEMM, "zshare": _ZSHARE,
+                               "quantize": _QUANT}, REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -522,11 +559,14 @@ class Gemm:
     float32 (zeros for none)."""
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, zshare: np.ndarray,
-                 bias: np.ndarray) -> None:
+                 bias: np.ndarray, symmetric: bool = False) -> None:
+        """``symmetric``: no zero points (the implicit 8): one row then takes MLAS's M == 1
+        kernel's arithmetic, as onnxruntime does."""
         self.keep = (packed, scales, zshare, bias)  # the kernel reads them
         self.N, self.kb = scales.shape
+        self.sym = symmetric
         module = _module()
-        self.fn, self.zfn = module.gemm, module.zshare
+        self.fn, self.fn1, self.zfn = module.gemm, module.gemm1, module.zshare
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zshare.ctypes.data,
                      bias.ctypes.data)
 
@@ -550,6 +590,10 @@ class Gemm:
         B, S, Z, bias = self.ptrs
         M = qa.shape[0]
         po = out.ctypes.data
+        if M == 1 and self.sym:
+            self.fn1(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, 1, n0, n1, self.N,
+                     self.kb, self.N - self.N % GROUP)
+            return
         self.zfn(asum.ctypes.data, Z, po, M, n0, n1, self.N, self.kb)
         self.fn(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, M, n0, n1, self.N,
                 self.kb, self.N - self.N % GROUP)

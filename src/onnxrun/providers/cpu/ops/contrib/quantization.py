@@ -582,8 +582,8 @@ class MatMulNBits:
     (compiled/nbits_gemv.py) and stay packed: the int8 block products come straight from the
     4-bit weight, split over the session's threads by output column, for decoding (one row)
     and prompts alike (no float32 copy of the weight, ever). In blocks of 32 (the builder's
-    default) two rows or more take compiled/nbits_gemm.py, MLAS's arithmetic to the bit: a
-    prompt's logits and tokens are onnxruntime's (see that module for why it matters).
+    default) two rows or more, and one row without zero points, take compiled/nbits_gemm.py,
+    MLAS's arithmetic to the bit (see that module for why it matters).
     Otherwise the weight is dequantized once, at session creation, and every run is one
     float32 GEMM."""
 
@@ -640,7 +640,7 @@ class MatMulNBits:
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]].astype(F32)
         zshare = np.ascontiguousarray(-(z * self.scales).T)  # (kb, N)
         self.gemm_bias = bias[0] is not None and bias[0].size > 0
-        return nbits_gemm.Gemm(self.packed, self.scales, zshare, b)
+        return nbits_gemm.Gemm(self.packed, self.scales, zshare, b, symmetric=zp is None)
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
@@ -655,7 +655,8 @@ class MatMulNBits:
             Y = np.zeros(A.shape[:-1] + (self.N,), F32)
         elif self.packed is not None:
             A2 = Af.reshape(-1, self.K)
-            if self.gemm is not None and A2.shape[0] > 1:  # bias included
+            # two rows or more, or one without zero points (MLAS's M == 1 kernel): exact
+            if self.gemm is not None and (A2.shape[0] > 1 or self.gemm.sym):  # bias included
                 Y = self._exact(A2).reshape(A.shape[:-1] + (self.N,))
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
             Y = self._packed(A2).reshape(A.shape[:-1] + (self.N,))
