@@ -231,9 +231,10 @@ def _tile(rows: int, fold: bool, sym: bool = False) -> list[str]:
 
 
 def _zshare() -> list[str]:
-    """zshare(as, bs, Z, M, n0, n1, N, kb): Z[m, n] = sum over b of as[m, b] * bs[b, n] by
+    """zshare(as, zs, Z, M, n0, n1, N, kb): Z[m, n] = sum over b of as[m, b] * -zs[b, n] by
     fused multiply-adds in block order from 0 (MLAS's float GEMM kernel for the zero points'
-    share), 8 columns at a time, then one by one."""
+    share, its QuantBBlkSum being -zp * scale; zs = zp * scale is nbits_gemv's array, negated
+    here exactly), 8 columns at a time, then one by one."""
     return [
         "define void @zshare(ptr noalias %as, ptr noalias %bs, ptr noalias %Z, i64 %M, "
         "i64 %n0, i64 %n1, i64 %N, i64 %kb) nounwind {",
@@ -263,7 +264,8 @@ def _zshare() -> list[str]:
         "  %bi0 = mul i64 %b, %N",
         "  %bi = add i64 %bi0, %n",
         "  %bp = getelementptr float, ptr %bs, i64 %bi",
-        f"  %bv = load {_VF}, ptr %bp, align 4",
+        f"  %bv0 = load {_VF}, ptr %bp, align 4",
+        f"  %bv = fneg {_VF} %bv0",
         f"  %acc.n = call {_VF} @llvm.fma.v8f32({_VF} %av8, {_VF} %bv, {_VF} %acc)",
         "  %b.next = add i64 %b, 1",
         "  %b.more = icmp slt i64 %b.next, %kb",
@@ -290,7 +292,8 @@ def _zshare() -> list[str]:
         "  %sbi0 = mul i64 %c, %N",
         "  %sbi = add i64 %sbi0, %sn",
         "  %sbp = getelementptr float, ptr %bs, i64 %sbi",
-        "  %sbv = load float, ptr %sbp, align 4",
+        "  %sbv0 = load float, ptr %sbp, align 4",
+        "  %sbv = fneg float %sbv0",
         "  %sacc.n = call float @llvm.fma.f32(float %sav, float %sbv, float %sacc)",
         "  %c.next = add i64 %c, 1",
         "  %c.more = icmp slt i64 %c.next, %kb",
@@ -555,8 +558,8 @@ def quantize_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 class Gemm:
     """The kernel bound to one constant weight: packed (N, kb, 16) bytes, scales (N, kb)
-    float32, the zero points' share -zp * scale transposed, (kb, N) float32, and a bias (N,)
-    float32 (zeros for none)."""
+    float32, zp * scale transposed, (kb, N) float32 (nbits_gemv's array, shared), and a bias
+    (N,) float32 (zeros for none)."""
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, zshare: np.ndarray,
                  bias: np.ndarray, symmetric: bool = False) -> None:

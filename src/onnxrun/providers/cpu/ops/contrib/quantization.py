@@ -636,11 +636,9 @@ class MatMulNBits:
             return None
         b = np.zeros(self.N, F32) if bias[0] is None or not bias[0].size else \
             np.ascontiguousarray(bias[0].reshape(-1), dtype=F32)
-        z = np.float32(8) if zp is None else _unpack_bits(
-            zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]].astype(F32)
-        zshare = np.ascontiguousarray(-(z * self.scales).T)  # (kb, N)
         self.gemm_bias = bias[0] is not None and bias[0].size > 0
-        return nbits_gemm.Gemm(self.packed, self.scales, zshare, b, symmetric=zp is None)
+        # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
+        return nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, symmetric=zp is None)
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
