@@ -436,6 +436,21 @@ def test_overload_is_503_at_once(server):
         np.testing.assert_array_equal(pending.get_result(timeout=60).as_numpy("sum"), 2 * x)
 
 
+
+def test_client_gone_mid_body(server):
+    """A client that closes its connection before sending the whole body: nothing to answer,
+    nothing logged as an error (the fixture's teardown checks the log), the server serves on."""
+    import socket
+
+    client, port, _ = server
+    for path in ("/v2/models/addmul/infer", "/v2/repository/models/echo/load"):
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                         "\r\n{\"inputs\": [".encode())
+            time.sleep(0.2)  # the server is waiting for the rest of the body
+    x = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(client.infer("addmul", _inputs(x, x)).as_numpy("sum"), 2 * x)
+
 def test_request_size_is_bounded(server):
     from onnxrun.serve.tensors import MAX_REQUEST_BYTES
 

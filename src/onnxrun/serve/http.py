@@ -182,8 +182,9 @@ def _encode(model: Model, header: dict, results: dict[str, np.ndarray],
     return b"".join([body, *chunks]), len(body)
 
 
-class _Disconnected(Exception):
-    """The client went away before its request body was read whole."""
+class _Disconnected(OnnxRunError):
+    """The client went away before its request body was read whole (an OnnxRunError: answered
+    by the handlers, never logged as a bug)."""
 
 
 async def read_body(content_length: str | bytes | None, receive: Any) -> bytes:
