@@ -408,3 +408,103 @@ def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, bloc
         pk.run_shifted(base[:-1].copy(), rows, lda, block, jump)
     with pytest.raises(ValueError, match="bad shifted"):
         pk.run_shifted(base, rows, lda, block + 1, jump)
+
+
+# -- the session holds a packed weight once (issue #18) -------------------------------------------
+
+
+def _weight_model(op="MatMul", K=64, N=48, a_shape=("n", 64), share=False, **attrs):
+    rng = np.random.default_rng(K + N)
+    W = rng.standard_normal((N, K) if attrs.get("transB") else (K, N)).astype(np.float32)
+    inits = [onnx.numpy_helper.from_array(W, "W")]
+    ins = ["A", "W"]
+    if op in ("Gemm", "FusedGemm"):
+        inits.append(onnx.numpy_helper.from_array(
+            rng.standard_normal(N).astype(np.float32), "C"))
+        ins.append("C")
+    domain = "com.microsoft" if op.startswith("Fused") else ""
+    nodes = [helper.make_node(op, ins, ["Y"], domain=domain, **attrs)]
+    outputs = [helper.make_tensor_value_info("Y", TP.FLOAT, None)]
+    inputs = [helper.make_tensor_value_info("A", TP.FLOAT, list(a_shape))]
+    if share:  # W also read by a node that has no packed copy of it
+        nodes.append(helper.make_node("Mul", ["W", "D"], ["S"]))
+        inputs.append(helper.make_tensor_value_info("D", TP.FLOAT, [K, N]))
+        outputs.append(helper.make_tensor_value_info("S", TP.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    ops = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=ops).SerializeToString()
+
+
+def _released(sess) -> bool:
+    v = sess._model.graph.initializers["W"]
+    return v.const_value is None and sess._program.template[sess._program.slot_of(v)] is None
+
+
+@pytest.mark.parametrize("op,attrs,a_shape", [
+    ("MatMul", {}, ("n", 64)), ("MatMul", {}, (2, "n", 64)), ("MatMul", {}, (64,)),
+    ("Gemm", {"alpha": 0.5, "beta": 2.0, "transB": 1}, ("n", 64)),
+    ("Gemm", {"transA": 1}, (64, "n")),
+    ("FusedGemm", {"activation": "Relu", "alpha": 1.5}, ("n", 64)),
+    ("FusedMatMul", {"alpha": 2.0}, (3, "n", 64)),
+])
+def test_packed_weight_replaces_the_initializer(op, attrs, a_shape):
+    """A constant weight packed into the compiled GEMM's panels is no longer held by the
+    session (slots, IR): the panels serve every product, a single row too (BLAS's GEMV on
+    the original before), with onnxruntime's results."""
+    model = _weight_model(op, a_shape=a_shape, **attrs)
+    sess = onnxrun.InferenceSession(model)
+    assert _released(sess)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 7, 0):
+        shape = [n if d == "n" else d for d in a_shape]
+        A = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"A": A})[0], ref.run(None, {"A": A})[0],
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_packed_weight_is_freed():
+    """The original float32 weight's memory is given back once packed: the session holds
+    ~1x the weight (2x before: the initializer and its panels)."""
+    import gc
+    import tracemalloc
+
+    model = _weight_model(K=512, N=1024, a_shape=("n", 512))  # a 2 MiB weight
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        sess = onnxrun.InferenceSession(model)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert sess._program.steps[0].kernel.packed is not None
+    assert held < 1.5 * 512 * 1024 * 4, held
+
+
+def test_shared_or_kept_weight_stays():
+    """A weight another node reads, or every weight under onnxruntime's
+    session.disable_prepacking = 1, is kept, and BLAS takes the one-row product again."""
+    model = _weight_model(share=True)
+    sess = onnxrun.InferenceSession(model)
+    assert not _released(sess)
+    A = np.ones((1, 64), np.float32)
+    feeds = {"A": A, "D": np.full((64, 48), 2, np.float32)}
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for got, want in zip(sess.run(None, feeds), ref, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    so = onnxrun.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    kept = onnxrun.InferenceSession(_weight_model(), so)
+    assert not _released(kept)
+    np.testing.assert_allclose(kept.run(None, {"A": A})[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_released_weight_reports_a_mismatched_input():
+    """Without the original weight a product that does not fit the panels is a clear error
+    naming the node and the shapes, as BLAS's was."""
+    sess = onnxrun.InferenceSession(_weight_model(a_shape=("n", "k")))
+    assert _released(sess)
+    with pytest.raises(RuntimeError, match=r"MatMul.*\[3, 5\].*\[64, 48\]"):
+        sess.run(None, {"A": np.ones((3, 5), np.float32)})

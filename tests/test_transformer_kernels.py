@@ -124,6 +124,19 @@ def test_attention(mask, attrs, const):
     check(*attention_model(mask, attrs, const=const))
 
 
+def test_attention_constant_weights_held_once():
+    """The kernel's scaled copies of constant W and b replace the initializers: the session
+    drops its own (called with None for them), with onnxruntime's results."""
+    data, feeds = attention_model({}, {})
+    sess = onnxrun.InferenceSession(data)
+    values = sess._model.graph.initializers
+    assert values["W"].const_value is None and values["b"].const_value is None
+    assert all(sess._program.template[sess._program.slot_of(values[n])] is None
+               for n in ("W", "b"))
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], expected[0], rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mask, attrs, x", [
     ({"mask": prefix_mask(S, S - 4)}, {}, X * 8),  # scores of hundreds: exp2 overflows
     ({"mask": prefix_mask(0, S - 2)}, {"mask_filter_value": LOWEST}, X),  # no key to attend

@@ -103,6 +103,8 @@ class Program:
 
         order = _topological_order(graph, set(self._slot))
         self.steps: list[Step] = []
+        release = _PrepackedRelease(graph, self.constant_ids, template, self._slot) \
+            if _config(session_options).get(_KEEP_PREPACKED) != "1" else None
         for node in order:
             provider = assignment[id(node)]
             implicit = _implicit_inputs(node)
@@ -134,6 +136,8 @@ class Program:
             )
             outs = tuple(slot(v) if v.name else DISCARD_SLOT for v in node.outputs)
             self.steps.append(Step(kernel, ins, outs, (), node, provider.name))
+            if release is not None:
+                release.prepared(node, kernel)
         self.output_slots = [slot(v) for v in graph.outputs]
         self.template = template
         self._plans: dict[tuple[int, ...], Plan] = {}
@@ -242,6 +246,51 @@ class Program:
     def run_full(self, inputs: Sequence[Any], captured: Sequence[Any] = ()) -> list[Any]:
         feeds = list(zip(self.input_slots, inputs, strict=False))
         return self.run(self.full_plan, feeds, captured)
+
+
+# onnxruntime's session config key: "1" keeps every initializer as given (here: the kernels
+# still pack their weights, but the session keeps the originals too)
+_KEEP_PREPACKED = "session.disable_prepacking"
+
+
+class _PrepackedRelease:
+    """Drops each initializer that every reader holds in its own layout (a kernel's
+    ``prepacked_inputs``: a MatMul's weight in the compiled GEMM's panels) from the slots
+    and from the IR as soon as its last reader is prepared, as onnxruntime frees a
+    pre-packed initializer: a weight is held once, and never twice at the same time (the
+    peak). Those readers are then called with None for that input. A value read inside a
+    subgraph, a graph output or an overridable initializer is kept."""
+
+    def __init__(self, graph: Graph, constant_ids: set[int], template: list[Any],
+                 slots: dict[int, int]) -> None:
+        self.template, self.slots = template, slots
+        outputs = {id(v) for v in graph.outputs}
+        own = {id(n) for n in graph.nodes}
+        # initializer -> its readers not prepared yet (None: kept whatever they do)
+        self.pending: dict[int, list[tuple[Node, int]] | None] = {}
+        for v in graph.initializers.values():
+            if id(v) in constant_ids and id(v) not in outputs and v.uses:
+                self.pending[id(v)] = list(v.uses) if all(id(n) in own for n, _ in v.uses) \
+                    else None
+        self.kept: set[int] = set()  # initializers some prepared reader reads itself
+
+    def prepared(self, node: Node, kernel: Any) -> None:
+        packed = set(getattr(kernel, "prepacked_inputs", ()))
+        for i, v in enumerate(node.inputs):
+            readers = None if v is None else self.pending.get(id(v))
+            if readers is None or (node, i) not in readers:
+                continue
+            if i not in packed:
+                self.kept.add(id(v))
+            readers.remove((node, i))
+            if not readers and id(v) not in self.kept:
+                del self.pending[id(v)]
+                self.template[self.slots[id(v)]] = None
+                v.const_value = None
+
+
+def _config(options: Any) -> dict:
+    return getattr(options, "_config", None) or {}
 
 
 def _outer_constant_ids(outer: Sequence[Value]) -> set[int]:

@@ -134,19 +134,41 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
           "  br i1 %anyu, label %uloop, label %umid",
           "uloop:",
           "  %k = phi i64 [0, %pre], [%kn, %uloop]"]
-    acc = {(r, v): f"%u{r}_{v}" for r in range(R) for v in range(NV)}
-    for (r, v), name in acc.items():
-        L.append(f"  {name} = phi {VT} [%i{r}_{v}, %pre], [%un{U - 1}_{r}_{v}, %uloop]")
+    # A one-row tile (a GEMV) has only NV chains of dependent FMAs: each unrolled step gets
+    # its own accumulators (U * NV chains, summed after the loop), or the FMA latency, not
+    # the loads, would bound it (1.5-3x slower than BLAS's GEMV on the original matrix).
+    sets = U if R == 1 else 1
+    acc = {}
+    for j in range(sets):
+        for r in range(R):
+            for v in range(NV):
+                init = f"%i{r}_{v}" if j == 0 else "zeroinitializer"
+                acc[j, r, v] = f"%u{j}_{r}_{v}"
+                L.append(f"  %u{j}_{r}_{v} = phi {VT} [{init}, %pre], "
+                         f"[%un{U - sets + j}_{r}_{v}, %uloop]")
     for u in range(U):
-        L += _step(f"u{u}", "%k", u, R, W, NV, acc, f"%un{u}")
-        acc = {(r, v): f"%un{u}_{r}_{v}" for r in range(R) for v in range(NV)}
+        j = u % sets
+        L += _step(f"u{u}", "%k", u, R, W, NV, {(r, v): acc[j, r, v] for r in range(R)
+                                                 for v in range(NV)}, f"%un{u}")
+        acc.update({(j, r, v): f"%un{u}_{r}_{v}" for r in range(R) for v in range(NV)})
     L += [f"  %kn = add i64 %k, {U}",
           "  %moreu = icmp slt i64 %kn, %ku",
           "  br i1 %moreu, label %uloop, label %umid",
           "umid:"]
+    sums = []  # after the phis (LLVM wants them first in the block)
     for r in range(R):
         for v in range(NV):
-            L.append(f"  %m{r}_{v} = phi {VT} [%i{r}_{v}, %pre], [%un{U - 1}_{r}_{v}, %uloop]")
+            for j in range(sets):
+                init = f"%i{r}_{v}" if j == 0 else "zeroinitializer"
+                name = f"%m{r}_{v}" if sets == 1 else f"%mp{j}_{r}_{v}"
+                L.append(f"  {name} = phi {VT} [{init}, %pre], "
+                         f"[%un{U - sets + j}_{r}_{v}, %uloop]")
+            total = f"%mp0_{r}_{v}"
+            for j in range(1, sets):
+                name = f"%m{r}_{v}" if j == sets - 1 else f"%ms{j}_{r}_{v}"
+                sums.append(f"  {name} = fadd {VT} {total}, %mp{j}_{r}_{v}")
+                total = name
+    L += sums
     L += ["  %anyt = icmp slt i64 %ku, %kc",
           "  br i1 %anyt, label %tloop, label %after",
           "tloop:",

@@ -25,13 +25,19 @@ def packed_weights(B: np.ndarray | None):
     return pack(B)
 
 
-def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None) -> np.ndarray | None:
+def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
+               released: bool = False) -> np.ndarray | None:
     """A @ B (+ bias, clipped) through ``packed`` for a float32 A (..., K): the result, or
-    None where BLAS should take it (too few rows, another dtype or width)."""
+    None where BLAS should take it (too few rows, another dtype or width). ``released``: the
+    session no longer holds B (``prepacked_inputs``), so every product goes through the
+    panels, a single row too, and an A that does not fit them is an error here."""
     if A.dtype != np.float32 or A.ndim < 1 or A.shape[-1] != packed.K:
+        if released:
+            raise ValueError(f"A of {A.dtype} {list(A.shape)} does not fit the float32 "
+                             f"weight [{packed.K}, {packed.N}] (last dimension {packed.K})")
         return None
     rows = A.size // packed.K if packed.K else 0
-    if rows < COMPILED_MIN_ROWS:
+    if rows < COMPILED_MIN_ROWS and not released:
         return None
     Y = packed.run(A.reshape(rows, packed.K), bias=bias, bounds=bounds, threads=threads)
     return Y.reshape(A.shape[:-1] + (packed.N,))
@@ -60,6 +66,8 @@ class MatMul:
         if B is not None and compute_dtype(B.dtype) != B.dtype:
             self.B = B.astype(compute_dtype(B.dtype))
         self.packed = packed_weights(B)  # the compiled GEMM's panels of a float32 constant B
+        # the panels replace B: the session drops its own copy (plan.py; B arrives as None)
+        self.prepacked_inputs = (1,) if self.packed is not None else ()
         self.threads = threads_for(ctx)
 
     @property
@@ -68,7 +76,7 @@ class MatMul:
 
     def __call__(self, A, B):
         if self.packed is not None:
-            Y = run_packed(self.packed, A, self.threads)
+            Y = run_packed(self.packed, A, self.threads, released=B is None)
             if Y is not None:
                 return Y
         cdt = compute_dtype(A.dtype)
@@ -100,6 +108,13 @@ def packed_gemm(ctx: KernelContext, alpha: float, beta: float, transB: bool):
     return (packed, bias) if packed is not None else (None, None)
 
 
+def gemm_operand(A: np.ndarray, transA: bool, B) -> np.ndarray:
+    """op(A) of a Gemm on packed weights; without B (released) A must be a matrix."""
+    if A.ndim != 2:
+        raise ValueError(f"Gemm: A must be 2-D, got shape {list(A.shape)}")
+    return A.T if transA else A
+
+
 @op("Gemm", 1, 6, 7, 9, 11, 13)
 class Gemm:
     """Y = alpha * A' @ B' + beta * C. Transposes are BLAS flags, never copies; a constant B
@@ -114,9 +129,11 @@ class Gemm:
         self.threads = threads_for(ctx)
         # the compiled GEMM: alpha and op(B) in its panels, a constant row C its bias
         self.packed, self.packed_bias = packed_gemm(ctx, self.alpha, self.beta, self.transB)
+        # the panels (alpha folded in) and their bias (beta * C) replace B and C
+        self.prepacked_inputs = (1, 2) if self.packed is not None else ()
         self.B = None  # prepared B (alpha folded in), when B is a constant that needs it
         B = ctx.constant(1)
-        if B is not None and _floating(B):
+        if B is not None and _floating(B) and self.packed is None:
             cdt = compute_dtype(B.dtype)
             if self.alpha != 1.0:
                 self.B = B.astype(cdt) * cdt.type(self.alpha)
@@ -124,7 +141,7 @@ class Gemm:
                 self.B = B.astype(cdt)
         self.C = None
         C = ctx.constant(2)
-        if C is not None and _floating(C):
+        if C is not None and _floating(C) and self.packed is None:
             cdt = compute_dtype(C.dtype)
             self.C = (C.astype(cdt) * cdt.type(self.beta)) if self.beta != 1.0 else C.astype(cdt)
 
@@ -133,9 +150,9 @@ class Gemm:
         return self.packed is not None
 
     def __call__(self, A, B, C=None):
-        if self.packed is not None and A.ndim == 2:
-            Y = run_packed(self.packed, A.T if self.transA else A, self.threads,
-                           self.packed_bias)
+        if self.packed is not None and (A.ndim == 2 or B is None):
+            Y = run_packed(self.packed, gemm_operand(A, self.transA, B), self.threads,
+                           self.packed_bias, released=B is None)
             if Y is not None:
                 return Y
         out_dtype = A.dtype

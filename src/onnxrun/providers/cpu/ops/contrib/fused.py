@@ -17,7 +17,7 @@ from ...parallel import split_threads, threads_for
 from ..activation import sigmoid
 from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
-from ..linalg import packed_gemm, packed_weights, run_packed
+from ..linalg import gemm_operand, packed_gemm, packed_weights, run_packed
 from ..pool import MaxPool
 
 MS = "com.microsoft"
@@ -129,9 +129,15 @@ class FusedGemm:
         self.act = make_activation(
             activation, *(None if v is None else float(v)
                           for v in (activation_alpha, activation_beta, activation_gamma)))
+        self.threads = threads_for(ctx)
+        # the compiled GEMM: a Relu / Clip in its epilogue, other activations after it; its
+        # panels (alpha folded in) and bias (beta * C) replace B and C
+        self.packed, self.packed_bias = packed_gemm(ctx, alpha, beta, transB)
+        self.prepacked_inputs = (1, 2) if self.packed is not None else ()
+        self.bounds = getattr(self.act, "bounds", None)
         B = ctx.constant(1)
         self.B = None
-        if B is not None:  # alpha folded into a constant B
+        if B is not None and self.packed is None:  # alpha folded into a constant B
             # B.T stays a view: BLAS takes the transpose as a flag. Copying (and transposing)
             # a large weight here cost seconds at session creation and doubled its memory.
             cdt = compute_dtype(B.dtype)
@@ -142,19 +148,15 @@ class FusedGemm:
             elif cdt != Bm.dtype:
                 Bm = Bm.astype(cdt)
             self.B = Bm
-        self.threads = threads_for(ctx)
-        # the compiled GEMM: a Relu / Clip in its epilogue, other activations after it
-        self.packed, self.packed_bias = packed_gemm(ctx, self.alpha, self.beta, self.transB)
-        self.bounds = getattr(self.act, "bounds", None)
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
         return self.packed is not None
 
     def __call__(self, A, B, C=None):
-        if self.packed is not None and A.ndim == 2:
-            Y = run_packed(self.packed, A.T if self.transA else A, self.threads,
-                           self.packed_bias, self.bounds)
+        if self.packed is not None and (A.ndim == 2 or B is None):
+            Y = run_packed(self.packed, gemm_operand(A, self.transA, B), self.threads,
+                           self.packed_bias, self.bounds, released=B is None)
             if Y is not None:
                 if self.act is not None and self.bounds is None:
                     self.act(Y)
@@ -194,6 +196,8 @@ class FusedMatMul:
             Bm = B.T if self.transB else B
             self.packed = packed_weights(np.asarray(Bm * np.float32(self.alpha)
                                                     if self.alpha != 1.0 else Bm, np.float32))
+        # the panels replace B, unless a batch-transposed A may need the numpy path
+        self.prepacked_inputs = (1,) if self.packed is not None and not self.batchA else ()
 
     @property
     def uses_compiled_gemm(self) -> bool:
@@ -202,7 +206,7 @@ class FusedMatMul:
     def __call__(self, A, B):
         if self.packed is not None and not self.batchA:
             Y = run_packed(self.packed, np.swapaxes(A, -1, -2) if self.transA and A.ndim >= 2
-                           else A, self.threads)
+                           else A, self.threads, released=B is None)
             if Y is not None:
                 return Y
         if (self.batchA or self.batchB) and not (A.ndim == B.ndim and A.ndim > 2):

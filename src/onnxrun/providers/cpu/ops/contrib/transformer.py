@@ -330,6 +330,8 @@ class Attention(_Exp2Attention):
         W, b = ctx.constant(1), ctx.constant(2)
         self.W = None if W is None else self._scaled(W.astype(compute_dtype(W.dtype)))
         self.b = None if b is None else self._scaled(b.astype(compute_dtype(b.dtype)))
+        # the scaled copies replace the constants: the session drops its own (plan.py)
+        self.prepacked_inputs = tuple(i for i, x in ((1, self.W), (2, self.b)) if x is not None)
 
 
     def _split(self, width: int) -> tuple[int, int, int]:
@@ -351,8 +353,10 @@ class Attention(_Exp2Attention):
         # one GEMM over every token
         qkv = blas.matmul(X.astype(cdt, copy=False).reshape(B * S, X.shape[2]), W).reshape(
             B, S, W.shape[1])  # explicit sizes: B or S may be 0
-        if bias is not None:
-            qkv += self.b if self.b is not None else self._scaled(bias.astype(cdt, copy=False))
+        if self.b is not None:
+            qkv += self.b
+        elif bias is not None:
+            qkv += self._scaled(bias.astype(cdt, copy=False))
         dq, dk, dv = self._split(W.shape[1])
         N = self.N
         q = to_heads(qkv[..., :dq], N)
