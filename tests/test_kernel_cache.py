@@ -406,3 +406,26 @@ def test_cache_serves_the_next_process(tmp_path):
     assert _in_a_process(folder) == "5 False"
     assert _in_a_process(folder, "--no-compiler") == "5 False"
     assert not list(folder.glob(".tmp-*"))  # written atomically
+
+
+def test_bundle_entry_found_without_writing_its_ir(folder, monkeypatch):
+    """A later process finds the bundle's entry by the key of the package's sources and the
+    target: it loads the objects without writing a line of IR (30-100 ms per process before);
+    another source gives another key."""
+    monkeypatch.setattr(jit, "_state", {})
+    first = jit._compile_bundle(TARGET)
+    assert first["error"] is None and not first["cached"]
+    monkeypatch.setattr(jit, "_state", {})
+
+    def no_ir(target):
+        raise AssertionError("the IR was written to find a cached bundle")
+
+    monkeypatch.setattr(jit, "_bundle_ir", no_ir)
+    again = jit._compile_bundle(TARGET)
+    assert again["cached"] and again["key"] == first["key"]
+    assert sorted(again["objects"]) == sorted(first["objects"])
+    real_listdir = os.listdir
+    here = os.path.dirname(jit.__file__)
+    monkeypatch.setattr(os, "listdir", lambda p: [n for n in real_listdir(p) if n != "gelu.py"]
+                        if os.path.abspath(p) == here else real_listdir(p))
+    assert jit._bundle_key(TARGET) != first["key"]

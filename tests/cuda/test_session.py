@@ -5,8 +5,11 @@ threads, subgraphs, and real models against the CPU provider."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -66,6 +69,17 @@ def test_listed_only_where_a_device_is():
     with device.stand_in():
         assert onnxrun.get_available_providers()[0] == "CUDAExecutionProvider"
         assert onnxrun.get_device() == "GPU"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_without_cupy_nothing_is_imported_to_find_out():
+    """Without CuPy a session's provider check costs no import attempt (array_api_compat's
+    took ~10 ms of every process's first session)."""
+    code = ("import sys; from onnxrun.providers.cuda import device; "
+            "print(device.cupy_gpu_count(), 'array_api_compat' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["0", "False"]
 
 
 @pytest.mark.skipif(device.cupy_gpu_count() > 0, reason="a GPU is present")

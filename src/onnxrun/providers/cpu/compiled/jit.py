@@ -103,17 +103,48 @@ def _obtain(modules: dict[str, str], target: Target,
     return answer, key, False
 
 
+def _bundle_ir(target: Target) -> dict[str, str]:
+    """The IR of each bundled module that ``target`` can run."""
+    modules = {}
+    for short in _BUNDLE:
+        bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
+        modules.update({name: factory(target) for name, (factory, req) in bundle.items()
+                        if set(req) <= set(target.features)})
+    return modules
+
+
+def _bundle_key(target: Target) -> str | None:
+    """The bundle's cache key from the code that writes its IR (this package's sources) and
+    the target, instead of the IR itself: writing every module's IR only to find the entry
+    cost 30-100 ms, most of a small model's kernel preparation. None where the sources cannot
+    be read (the IR's key is used then)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        sources = {name: open(os.path.join(here, name), "rb").read()  # noqa: SIM115
+                   for name in sorted(os.listdir(here)) if name.endswith(".py")}
+    except OSError:
+        return None
+    return cache.key({"bundle": ",".join(_BUNDLE), **{
+        f"source:{name}": data.decode("utf-8", "surrogateescape")
+        for name, data in sources.items()}}, target)
+
+
 def _compile_bundle(target: Target) -> dict:
     """The bundle's modules that ``target`` can run, compiled in one compiler process, once per
     target; its state (failures are remembered)."""
     state = _state.get(target.name)
     if state is None:
-        modules = {}
-        for short in _BUNDLE:
-            bundle = importlib.import_module(f"{__package__}.{short}").BUNDLE
-            modules.update({name: factory(target) for name, (factory, req) in bundle.items()
-                            if set(req) <= set(target.features)})
-        answer, key, cached = _obtain(modules, target)
+        key = _bundle_key(target)
+        answer = cache.read(key)
+        cached = answer is not None
+        if answer is None:
+            modules = _bundle_ir(target)
+            if key is None:
+                answer, key, cached = _obtain(modules, target)
+            else:
+                answer = _compile(modules, target)
+                if not answer["error"]:
+                    cache.write(key, answer)
         state = _state[target.name] = dict(error=answer["error"], objects=answer["objects"],
                                            errors=answer["errors"], key=key, cached=cached)
     return state
