@@ -110,3 +110,22 @@ def onnx_value_info(name: str, shape: list[int]):
     import onnx
 
     return onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_scaled_weights_round_once_from_float64(dtype):
+    """The folded weights are each float64 product rounded once to the weight's dtype (as
+    before, bit for bit), made without float64 copies of the whole weight."""
+    import ml_dtypes
+
+    from onnxrun.optimize.basic.fuse_conv_bn import _scaled
+
+    rng = np.random.default_rng(3)
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(dt)
+    s = (rng.standard_normal(16) * 3).reshape(-1, 1, 1, 1)
+    got = _scaled(w, s)
+    assert got.dtype == dt
+    np.testing.assert_array_equal(got.view(np.uint16 if dt.itemsize == 2 else np.uint32),
+                                  (w.astype(np.float64) * s).astype(dt).view(
+                                      np.uint16 if dt.itemsize == 2 else np.uint32))

