@@ -334,7 +334,10 @@ print("BENCH-CHILD " + json.dumps({"create_s": t1 - t0, "first_run_s": t2 - t1,
 
 
 def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOptions,
-                     timeout: float = 900) -> Isolated:
+                     timeout: float = 900, env_extra: Mapping[str, str] | None = None
+                     ) -> Isolated:
+    """Creation time and peak memory of ``engine`` in a fresh child; ``env_extra``: variables
+    set for it (e.g. PYTHONPATH of another onnxrun checkout, to measure a change)."""
     cfg = {
         "engine": engine, "model": os.path.abspath(model), "feeds": feeds_file,
         "intra": opts.intra_op_threads, "inter": opts.inter_op_threads,
@@ -345,6 +348,8 @@ def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOption
     if sys.dont_write_bytecode:  # the child's bytecode goes to a cache outside the source tree
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "onnxrun-bench-pycache")
+    if env_extra:
+        env = {**(env if env is not None else os.environ), **env_extra}
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True,
                           text=True, timeout=timeout, env=env)
     for line in proc.stdout.splitlines():
