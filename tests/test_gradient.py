@@ -347,3 +347,20 @@ def test_value_neither_in_xs_zs_nor_constant_is_refused():
     """
     with pytest.raises(onnxrun.InvalidGraph, match="'b' is needed .*list it in zs"):
         _session(text)
+
+
+def test_packed_float32_weight_stays_for_the_gradient():
+    """A float32 MatMul weight the compiled GEMM packs (the session otherwise drops the
+    initializer) is still the constant the Gradient node's own forward pass reads."""
+    text = """
+    g (float[4,3] X) => (float[4,2] y, float[4,3] d_X)
+      <float[3,2] W = {1, 2, 3, 4, 5, 6}> {
+      y = MatMul(X, W)
+      d_X = ai.onnx.preview.training.Gradient<xs: strings = ["X"], y: string = "y">(X)
+    }
+    """
+    x = _rand(4, 3).astype(np.float32)
+    y, g = _session(text).run(None, {"X": x})
+    w = np.arange(1, 7, dtype=np.float32).reshape(3, 2)
+    np.testing.assert_allclose(y, x @ w, rtol=1e-6)
+    np.testing.assert_allclose(g, np.ones((4, 2), np.float32) @ w.T, rtol=1e-6)

@@ -104,7 +104,9 @@ class Program:
         order = _topological_order(graph, set(self._slot))
         self.steps: list[Step] = []
         release = _PrepackedRelease(graph, self.constant_ids, template, self._slot) \
-            if _config(session_options).get(_KEEP_PREPACKED) != "1" else None
+            if _config(session_options).get(_KEEP_PREPACKED) != "1" and not any(
+                (n.domain, n.op_type) in _READS_WHOLE_MODEL for n in _all_nodes(model.graph)) \
+            else None
         for node in order:
             provider = assignment[id(node)]
             implicit = _implicit_inputs(node)
@@ -287,6 +289,18 @@ class _PrepackedRelease:
                 del self.pending[id(v)]
                 self.template[self.slots[id(v)]] = None
                 v.const_value = None
+
+
+# Kernels that read initializers by name from the model, not through their inputs: the
+# Gradient node runs the forward pass again on the constants it finds there.
+_READS_WHOLE_MODEL = frozenset({("ai.onnx.preview.training", "Gradient")})
+
+
+def _all_nodes(graph: Graph):
+    for n in graph.nodes:
+        yield n
+        for sub in n.subgraphs():
+            yield from _all_nodes(sub)
 
 
 def _config(options: Any) -> dict:
