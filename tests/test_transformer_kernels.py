@@ -217,3 +217,29 @@ def test_lstm(direction, variant):
     data, feeds = model("LSTM", inputs, n_out=3, domain="", opset=14, hidden_size=H,
                         direction=direction, **attrs)
     check(data, feeds)
+
+
+@pytest.mark.parametrize("peepholes", [False, True])
+def test_lstm_constant_weights_held_once(peepholes):
+    """W, R, B (and P) as initializers: the kernel's prepared weights replace them (the
+    session drops its own), with onnxruntime's results."""
+    T, Bt, I, H, D = 9, 2, 16, 32, 2
+    consts = {"W": f32(D, 4 * H, I, scale=0.3), "R": f32(D, 4 * H, H, scale=0.3),
+              "B": f32(D, 8 * H)}
+    if peepholes:
+        consts["P"] = f32(D, 3 * H)
+    feeds = {"X": f32(T, Bt, I), "h0": f32(D, Bt, H), "c0": f32(D, Bt, H)}
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "", "h0", "c0",
+                                     "P" if peepholes else ""], ["Y", "Yh", "Yc"],
+                            hidden_size=H, direction="bidirectional")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, a.shape)
+                      for n, a in feeds.items()],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in ("Y", "Yh", "Yc")],
+        initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)],
+                             ir_version=9).SerializeToString()
+    sess = onnxrun.InferenceSession(data)
+    values = sess._model.graph.initializers
+    assert all(values[n].const_value is None for n in consts)
+    check(data, feeds)

@@ -205,6 +205,10 @@ class _Recurrent:
         if static is not None and static[0] is not None:
             dt = _compute_dtype(np.asarray(static[0]).dtype)
             self.prepared = self._prepare(dt, *static)
+        # the prepared weights replace the constants: the session drops its own (plan.py);
+        # X shares their element type, so no run asks for another preparation
+        self.prepacked_inputs = () if self.prepared is None else \
+            tuple(i for i in self.weight_inputs if ctx.has_input(i))
 
     def _prepare(self, dt: np.dtype, *weights: Any) -> dict[str, Any]:
         raise NotImplementedError
@@ -212,6 +216,9 @@ class _Recurrent:
     def _weights(self, dt: np.dtype, *weights: Any) -> dict[str, Any]:
         p = self.prepared
         if p is None or p["dtype"] != dt:
+            if weights[0] is None:  # released: only the prepared dtype can run
+                raise TypeError(f"X's element type (computed as {dt}) differs from the "
+                                f"weights' ({p['dtype']})")
             p = self._prepare(dt, *weights)
         return p
 
