@@ -196,3 +196,19 @@ def test_a_module_is_generated_and_kept_per_target(fresh_jit):
         other = jit.compile_module("lanes", generate, proto)
         assert other is not module and other.lanes() == HOST.lanes
         assert seen == ["avx2", HOST.name]
+
+
+def test_layout_helpers_do_not_load_the_compiler_machinery():
+    """Kernels that only use compiled.layout's numpy helpers (FusedConv's module imports them)
+    leave jit, its cache and hashlib's OpenSSL (~4 MiB resident, tens of ms) unimported; the
+    package's jit names still resolve, on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import onnxrun.providers.cpu.ops.contrib.fused; "
+            "print('onnxrun.providers.cpu.compiled.jit' in sys.modules, '_hashlib' in sys.modules); "
+            "from onnxrun.providers.cpu import compiled; compiled.why_unavailable(); "
+            "print('onnxrun.providers.cpu.compiled.jit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["False", "False", "True"]

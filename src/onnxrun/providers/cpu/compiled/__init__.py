@@ -33,13 +33,34 @@ code (packed panels, vector-width padding) must follow ``module.target`` of the 
 calls, captured at preparation: the target can differ between sessions of one process.
 """
 
-from . import jit
-from .jit import Target, Unavailable, disabled, enabled, forced_target, target, why_unavailable
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# jit's names, imported on first use: jit brings the cache (hashlib's OpenSSL: ~4 MiB resident,
+# tens of ms) and the ELF loader, which a session whose kernels only need ``layout``'s numpy
+# helpers never uses.
+_JIT_NAMES = frozenset({"jit", "Target", "Unavailable", "disabled", "enabled", "forced_target",
+                        "target", "why_unavailable"})
+
+
+def _jit() -> Any:
+    # by name: ``from . import jit`` would ask this module's __getattr__ for "jit" first
+    return importlib.import_module(f"{__name__}.jit")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _JIT_NAMES:
+        jit = _jit()
+        return jit if name == "jit" else getattr(jit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def loaded() -> list[str]:
     """The compiled modules this process has loaded, as ``name/target`` (e.g. 'lstm/avx2'):
     which compiled kernels the sessions created so far took (the benchmarks report it)."""
+    jit = _jit()
     with jit._lock:
         return sorted(f"{name}/{target}" for name, target in jit._modules)
 
