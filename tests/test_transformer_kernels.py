@@ -243,3 +243,27 @@ def test_lstm_constant_weights_held_once(peepholes):
     values = sess._model.graph.initializers
     assert all(values[n].const_value is None for n in consts)
     check(data, feeds)
+
+
+def test_qattention_weight_without_zero_point_is_kept():
+    """QAttention dequantizes a constant weight once only with its scale and zero point
+    constant; without a zero point it dequantizes per run, so the session keeps the int8
+    weight (the float Attention's release must not apply to it)."""
+    rng = np.random.default_rng(5)
+    Wq = rng.integers(-20, 20, (HID, 3 * HID)).astype(np.int8)
+    consts = {"W": Wq, "b": BIAS, "ws": np.array(0.01, np.float32)}
+    x = rng.integers(0, 255, (B, S, HID)).astype(np.uint8)
+    feeds = {"X": x, "xs": np.array(0.02, np.float32)}
+    node = helper.make_node("QAttention", ["X", "W", "b", "xs", "ws"], ["out0"], domain=MS,
+                            num_heads=HEADS)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("X", TensorProto.UINT8, x.shape),
+                      helper.make_tensor_value_info("xs", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("out0", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(a, n) for n, a in consts.items()])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid(MS, 1)],
+                             ir_version=9).SerializeToString()
+    expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = onnxrun.InferenceSession(data).run(None, feeds)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-4)

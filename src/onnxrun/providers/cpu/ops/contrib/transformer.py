@@ -753,6 +753,9 @@ class QAttention(Attention):
         self.W = None
         if c is not None and all(v is not None for v in c):
             self.W = self._scaled(_dq(c[0], c[1], c[2]))
+        # the 8-bit weight is read per run unless dequantized here (Attention's own release
+        # judged the weight as a float one)
+        self.prepacked_inputs = tuple(i for i, x in ((1, self.W), (2, self.b)) if x is not None)
 
     def __call__(self, input, weight, bias, input_scale, weight_scale, mask_index=None,  # noqa: A002
                  input_zero_point=None, weight_zero_point=None, past=None):
