@@ -26,14 +26,16 @@ import numpy as np
 import onnxrun
 
 
-def feeds(sess: onnxrun.InferenceSession) -> dict[str, np.ndarray]:
+def feeds(sess: onnxrun.InferenceSession, random: bool = False) -> dict[str, np.ndarray]:
+    """The browser benchmark's inputs; ``random``: float inputs of random signs instead."""
     out = {}
     for i in sess.get_inputs():
         is_int = "int" in i.type
         shape = [1, 128] if is_int else [1, 3, 224, 224]
         n = int(np.prod(shape))
         if not is_int:
-            out[i.name] = (np.arange(n) / n).reshape(shape).astype(np.float32)
+            out[i.name] = (np.random.default_rng(0).standard_normal(shape) if random else
+                           (np.arange(n) / n).reshape(shape)).astype(np.float32)
         elif i.name == "input_ids":
             out[i.name] = (np.arange(n) * 7 % 30522).reshape(shape).astype(np.int64)
         elif i.name == "attention_mask":
@@ -43,7 +45,8 @@ def feeds(sess: onnxrun.InferenceSession) -> dict[str, np.ndarray]:
     return out
 
 
-def profile(path: str, runs: int, cprofile: int, gemms: bool = False) -> None:
+def profile(path: str, runs: int, cprofile: int, gemms: bool = False,
+            ab_clip: bool = False) -> None:
     with open(path, "rb") as f:
         data = f.read()
     opts = onnxrun.SessionOptions()
@@ -93,6 +96,8 @@ def profile(path: str, runs: int, cprofile: int, gemms: bool = False) -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(cprofile)
     if gemms:
         _gemm_ab(data, f)
+    if ab_clip:
+        _clip_ab(data, feeds(sess, random=True), runs)
     sys.stdout.flush()
 
 
@@ -134,17 +139,39 @@ def _gemm_ab(data: bytes, f: dict) -> None:
     print(f"  products of one run: without {tot[0]:.1f} ms, wasm {tot[1]:.1f} ms")
 
 
+def _clip_ab(data: bytes, f: dict, runs: int) -> None:
+    """Whole runs on random-sign inputs with the WebAssembly clip and with numpy's,
+    interleaved (numpy's clip branches per element there: its time depends on the values)."""
+    from onnxrun.providers.cpu import wasm_gemm
+
+    sess = onnxrun.InferenceSession(data)
+    sess.run(None, f)
+    default = wasm_gemm.MIN_CLIP
+    t: list[list[float]] = [[], []]
+    for _ in range(max(3, runs)):
+        for on in (0, 1):
+            wasm_gemm.MIN_CLIP = default if on else 1 << 62
+            t0 = time.perf_counter()
+            sess.run(None, f)
+            t[on].append((time.perf_counter() - t0) * 1e3)
+    wasm_gemm.MIN_CLIP = default
+    off, on = statistics.median(t[0]), statistics.median(t[1])
+    print(f"  random inputs: runs with numpy's clip {off:.1f} ms, the kernel's {on:.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("models", nargs="+")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--cprofile", type=int, default=0, help="top N functions by own time")
+    p.add_argument("--ab-clip", action="store_true",
+                   help="runs on random inputs with and without the WebAssembly clip")
     p.add_argument("--gemms", action="store_true",
                    help="time each float32 product with and without the WebAssembly kernel")
     a = p.parse_args(argv)
     for m in a.models:
         for path in sorted(glob.glob(m)) or [m]:
-            profile(path, a.runs, a.cprofile, a.gemms)
+            profile(path, a.runs, a.cprofile, a.gemms, a.ab_clip)
 
 
 if __name__ == "__main__":

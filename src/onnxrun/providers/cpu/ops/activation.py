@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .. import blas
 from ..kernels import KernelContext, op
 from .conv import compute_dtype
 from .elementwise import erf, gelu_float32
@@ -35,7 +36,7 @@ def _narrow_via_f32(fn):
 def Relu(X):
     if X.dtype.kind == "f":  # clip with two bounds is SIMD; maximum with a scalar is not
         t = X.dtype.type
-        return np.clip(X, t(0), t(np.inf))
+        return blas.clip(X, t(0), t(np.inf))
     return np.maximum(X, X.dtype.type(0))
 
 

@@ -618,7 +618,7 @@ def _epilogue(Y, src, b, Z, act) -> None:
     if src is not None:
         bounds = getattr(act, "bounds", None)
         if b is None and Z is None and bounds is not None:  # Relu / Clip while copying
-            np.clip(src, *bounds, out=Y)
+            blas.clip(src, *bounds, out=Y)
             return
         if b is not None:
             np.add(src, b, out=Y)

@@ -95,7 +95,7 @@ def _clipper(lo: float, hi: float):
 
     def clip(y):
         t = y.dtype.type
-        np.clip(y, t(lo), t(hi), out=y)
+        blas.clip(y, t(lo), t(hi), out=y)
 
     clip.bounds = (lo, hi)
     return clip
