@@ -21,9 +21,10 @@ SQ4BitGemmKernel_BlkSum_CompInt8_avx2; M == 1 takes another kernel), per output 
   (-zp * sb)[n, b], fused multiply-adds in block order from 0 (MLAS's float GEMM kernel).
 The weight's nibbles are unsigned (0-15); the zero point (8 by default) is all in that share.
 
-One row without zero points (a decode step) takes MLAS's M == 1 kernel's arithmetic
-(MlasQ4Int8GemmM1KernelBlkLen32Avx2): the same lanes, scales and folds over the nibbles
-minus 8, subtracted in integers, and no zero points' share (gemm1).
+One row (a decode step) takes MLAS's M == 1 kernel's arithmetic
+(MlasQ4Int8GemmM1KernelBlkLen32Avx2): without zero points the same lanes, scales and folds
+over the nibbles minus 8, subtracted in integers (gemm1); with them each block on its own,
+lanes of 4 elements (gemm1zp); no zero points' share after either.
 
 The weight stays as the model stores it (byte j of a block: element 2j in the low nibble,
 2j + 1 in the high one); each 16 bytes are put in element order once per column tile and
@@ -230,6 +231,146 @@ def _tile(rows: int, fold: bool, sym: bool = False) -> list[str]:
     return L
 
 
+def _tile_zp1(fold: bool) -> list[str]:
+    """@tile_1_{fold|hsum}_zp: C[m, n] for one row as MLAS's M == 1 kernel with zero points
+    (accumulate_blklen32_r1c1blk2_zp_avx2): each block on its own, its nibbles minus its zero
+    point in integers, eight int32 lanes of 4 consecutive elements, one fused multiply-add by
+    sa * sb per block; no share after. %Z holds the zero points, (N, kb) bytes. With A's pair
+    layout, the even and odd products summed to 16 bits are those lanes already: block b in
+    the low 8, block b+1 in the high 8."""
+    name = f"tile_1_{'fold' if fold else 'hsum'}_zp"
+    V8W = "<8 x i16>"
+    L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %m, "
+         "i64 %n, i64 %N, i64 %kb) nounwind alwaysinline {",
+         "entry:",
+         "  %K = mul i64 %kb, 32",
+         "  %kb4 = mul i64 %kb, 4",
+         "  %rowbytes = mul i64 %kb, 16",
+         "  %pairs = lshr i64 %kb, 1",
+         "  %arow = mul i64 %m, %K",
+         "  %srow = mul i64 %m, %kb4",
+         "  %brow = mul i64 %n, %rowbytes",
+         "  %bsrow = mul i64 %n, %kb",
+         "  %anyp = icmp ugt i64 %pairs, 0",
+         "  br i1 %anyp, label %p.loop, label %p.end",
+         "p.loop:",
+         "  %p = phi i64 [0, %entry], [%p.next, %p.loop]",
+         f"  %acc = phi {_VF} [zeroinitializer, %entry], [%acc.n, %p.loop]",
+         "  %b0 = shl i64 %p, 1",
+         "  %boff = mul i64 %b0, 16",
+         "  %aoff = mul i64 %b0, 32",
+         "  %soff = mul i64 %b0, 4",
+         "  %bo = add i64 %brow, %boff",
+         "  %bp = getelementptr i8, ptr %B, i64 %bo",
+         f"  %w = load {_V32B}, ptr %bp, align 1",
+         f"  %lo0 = and {_V32B} %w, " + "<" + ", ".join(["i8 15"] * 32) + ">",
+         f"  %hi0 = lshr {_V32B} %w, " + "<" + ", ".join(["i8 4"] * 32) + ">",
+         "  %sbi = add i64 %bsrow, %b0",
+         "  %zpp = getelementptr i8, ptr %Z, i64 %sbi",
+         "  %zp2 = load <2 x i8>, ptr %zpp, align 1",
+         f"  %zp32 = shufflevector <2 x i8> %zp2, <2 x i8> poison, <32 x i32> "
+         f"{_mask([0] * 16 + [1] * 16)}",
+         f"  %lo.s = sub {_V32B} %lo0, %zp32",
+         f"  %hi.s = sub {_V32B} %hi0, %zp32",
+         f"  %lo.u = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %lo.s, {_V32B} %lo.s)",
+         f"  %hi.u = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %hi.s, {_V32B} %hi.s)",
+         "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+         "  %sb2 = load <2 x float>, ptr %sbp, align 4",
+         "  %ao = add i64 %arow, %aoff",
+         "  %ap0 = getelementptr i8, ptr %qa, i64 %ao",
+         f"  %a0 = load {_V32B}, ptr %ap0, align 1",
+         "  %ap1 = getelementptr i8, ptr %ap0, i64 32",
+         f"  %a1 = load {_V32B}, ptr %ap1, align 1",
+         "  %so = add i64 %srow, %soff",
+         "  %sap = getelementptr float, ptr %sa4, i64 %so",
+         "  %sa0 = load float, ptr %sap, align 4",
+         "  %sap1 = getelementptr float, ptr %sap, i64 4",
+         "  %sa1 = load float, ptr %sap1, align 4",
+         f"  %a0s = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %a0, {_V32B} %lo.s)",
+         f"  %a1s = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %a1, {_V32B} %hi.s)",
+         f"  %dx = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo.u, {_V32B} %a0s)",
+         f"  %dy = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi.u, {_V32B} %a1s)",
+         f"  %h = add {_VH} %dx, %dy"]
+    for k in (0, 1):
+        L += [f"  %h{k} = shufflevector {_VH} %h, {_VH} poison, <8 x i32> "
+              f"{_mask(range(8 * k, 8 * k + 8))}",
+              f"  %q{k} = sext {V8W} %h{k} to {_V8}",
+              f"  %f{k} = sitofp {_V8} %q{k} to {_VF}",
+              f"  %sbe{k} = extractelement <2 x float> %sb2, i64 {k}",
+              f"  %s{k} = fmul float %sa{k}, %sbe{k}",
+              f"  %sv{k}.0 = insertelement {_VF} poison, float %s{k}, i64 0",
+              f"  %sv{k} = shufflevector {_VF} %sv{k}.0, {_VF} poison, <8 x i32> zeroinitializer"]
+    L += [f"  %acc.h = call {_VF} @llvm.fma.v8f32({_VF} %f0, {_VF} %sv0, {_VF} %acc)",
+          f"  %acc.n = call {_VF} @llvm.fma.v8f32({_VF} %f1, {_VF} %sv1, {_VF} %acc.h)",
+          "  %p.next = add i64 %p, 1",
+          "  %p.more = icmp ult i64 %p.next, %pairs",
+          "  br i1 %p.more, label %p.loop, label %p.end",
+          "p.end:",
+          f"  %accp = phi {_VF} [zeroinitializer, %entry], [%acc.n, %p.loop]",
+          "  %odd = and i64 %kb, 1",
+          "  %isodd = icmp ne i64 %odd, 0",
+          "  br i1 %isodd, label %t.block, label %fin",
+          "t.block:",
+          "  %bt = sub i64 %kb, 1",
+          "  %btoff = mul i64 %bt, 16",
+          "  %atoff = mul i64 %bt, 32",
+          "  %tsoff = mul i64 %bt, 4",
+          "  %tbo = add i64 %brow, %btoff",
+          "  %tbp = getelementptr i8, ptr %B, i64 %tbo",
+          f"  %tw = load {_VB}, ptr %tbp, align 1",
+          f"  %tlo = and {_VB} %tw, " + "<" + ", ".join(["i8 15"] * 16) + ">",
+          f"  %thi = lshr {_VB} %tw, " + "<" + ", ".join(["i8 4"] * 16) + ">",
+          f"  %tbv0 = shufflevector {_VB} %tlo, {_VB} %thi, <32 x i32> {_ONE}",
+          "  %tsbi = add i64 %bsrow, %bt",
+          "  %tzpp = getelementptr i8, ptr %Z, i64 %tsbi",
+          "  %tzp = load i8, ptr %tzpp, align 1",
+          f"  %tzv0 = insertelement {_V32B} poison, i8 %tzp, i64 0",
+          f"  %tzv = shufflevector {_V32B} %tzv0, {_V32B} poison, <32 x i32> zeroinitializer",
+          f"  %tbv.s = sub {_V32B} %tbv0, %tzv",
+          f"  %tbv.u = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %tbv.s, {_V32B} %tbv.s)",
+          "  %tsbp = getelementptr float, ptr %sb, i64 %tsbi",
+          "  %tsbv = load float, ptr %tsbp, align 4",
+          "  %tao = add i64 %arow, %atoff",
+          "  %tap = getelementptr i8, ptr %qa, i64 %tao",
+          f"  %ta = load {_V32B}, ptr %tap, align 1",
+          "  %tso = add i64 %srow, %tsoff",
+          "  %tsap = getelementptr float, ptr %sa4, i64 %tso",
+          "  %tsav = load float, ptr %tsap, align 4",
+          f"  %tas = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %ta, {_V32B} %tbv.s)",
+          f"  %td = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv.u, {_V32B} %tas)",
+          f"  %tq = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %td, {_VH} {_ONES})",
+          f"  %tf = sitofp {_V8} %tq to {_VF}",
+          "  %ts = fmul float %tsav, %tsbv",
+          f"  %tsv0 = insertelement {_VF} poison, float %ts, i64 0",
+          f"  %tsv = shufflevector {_VF} %tsv0, {_VF} poison, <8 x i32> zeroinitializer",
+          f"  %acct = call {_VF} @llvm.fma.v8f32({_VF} %tf, {_VF} %tsv, {_VF} %accp)",
+          "  br label %fin",
+          "fin:",
+          f"  %accf = phi {_VF} [%accp, %p.end], [%acct, %t.block]",
+          "  %biasp = getelementptr float, ptr %bias, i64 %n",
+          "  %biasv = load float, ptr %biasp, align 4",
+          *(f"  %x{i} = extractelement {_VF} %accf, i64 {i}" for i in range(8))]
+    if fold:
+        L += ["  %l1 = fadd float %x0, %x1", "  %l2 = fadd float %l1, %x2",
+              "  %l3 = fadd float %l2, %x3", "  %u1 = fadd float %x4, %x5",
+              "  %u2 = fadd float %u1, %x6", "  %u3 = fadd float %u2, %x7",
+              "  %y = fadd float %l3, %u3"]
+    else:
+        L += ["  %e04 = fadd float %x0, %x4", "  %e15 = fadd float %x1, %x5",
+              "  %e26 = fadd float %x2, %x6", "  %e37 = fadd float %x3, %x7",
+              "  %e0 = fadd float %e04, %e26", "  %e1 = fadd float %e15, %e37",
+              "  %y = fadd float %e0, %e1"]
+    L += ["  %out = fadd float %y, %biasv",
+          "  %ci0 = mul i64 %m, %N",
+          "  %ci = add i64 %ci0, %n",
+          "  %cp = getelementptr float, ptr %C, i64 %ci",
+          "  store float %out, ptr %cp, align 4",
+          "  ret void",
+          "}"]
+    return L
+
+
 def _zshare() -> list[str]:
     """zshare(as, zs, Z, M, n0, n1, N, kb): Z[m, n] = sum over b of as[m, b] * -zs[b, n] by
     fused multiply-adds in block order from 0 (MLAS's float GEMM kernel for the zero points'
@@ -423,7 +564,7 @@ def _loop(label: str, var: str, start: str, stop: str, step: int, body: list[str
             f"  br label %{label}.head"]
 
 
-def _gemm(sym: bool = False) -> list[str]:
+def _gemm(sym: str = "") -> list[str]:
     """gemm(qa, sa4, Z, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of C for M
     rows of A; columns below nfold (N - N % 4) folded as MLAS's groups of four, the rest as
     its single columns; blocks of NBLOCK columns, in each the rows ROWS at a time (then one)
@@ -433,7 +574,7 @@ def _gemm(sym: bool = False) -> list[str]:
     def call(rows, fold, m, n, label):
         if sym and rows != 1:  # no M == 1 kernel for several rows: never reached
             return [f"  br label %{label}.latch"]
-        return [f"  call void @tile_{rows}_{'fold' if fold else 'hsum'}{'_sym' if sym else ''}"
+        return [f"  call void @tile_{rows}_{'fold' if fold else 'hsum'}{sym and '_' + sym}"
                 f"({args}, i64 {m}, i64 {n}, i64 %N, i64 %kb)", f"  br label %{label}.latch"]
 
     def columns(fold, p):
@@ -454,7 +595,8 @@ def _gemm(sym: bool = False) -> list[str]:
         return _loop(f"{p}b", f"{p}b", start, stop, NBLOCK, body,
                      "h.pre" if fold else "end")
 
-    return [f"define void @{'gemm1' if sym else 'gemm'}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+    fn = {"": "gemm", "sym": "gemm1", "zp": "gemm1zp"}[sym]
+    return [f"define void @{fn}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
             "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %M, "
             "i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
             "entry:",
@@ -480,7 +622,8 @@ def module_ir(target=None) -> str:
     tiles = [line for rows in sorted({ROWS, 1}) for fold in (True, False)
              for line in _tile(rows, fold)]
     tiles += [line for fold in (True, False) for line in _tile(1, fold, sym=True)]
-    return "\n".join([*tiles, *_gemm(), *_gemm(sym=True), *_zshare(), *_quantize(),
+    tiles += [line for fold in (True, False) for line in _tile_zp1(fold)]
+    return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *_zshare(), *_quantize(),
                       f"declare {_V32B} @llvm.x86.avx2.psign.b({_V32B}, {_V32B})",
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       "declare float @llvm.fma.f32(float, float, float)",
@@ -498,7 +641,7 @@ _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 
 def _module() -> jit.Module:
     return jit.compile_module("nbits_gemm", module_ir,
-                              {"gemm": _GEMM, "gemm1": _GEMM, "zshare": _ZSHARE,
+                              {"gemm": _GEMM, "gemm1": _GEMM, "gemm1zp": _GEMM, "zshare": _ZSHARE,
                                "quantize": _QUANT}, REQUIRES)
 
 
@@ -562,14 +705,15 @@ class Gemm:
     (N,) float32 (zeros for none)."""
 
     def __init__(self, packed: np.ndarray, scales: np.ndarray, zshare: np.ndarray,
-                 bias: np.ndarray, symmetric: bool = False) -> None:
-        """``symmetric``: no zero points (the implicit 8): one row then takes MLAS's M == 1
-        kernel's arithmetic, as onnxruntime does."""
-        self.keep = (packed, scales, zshare, bias)  # the kernel reads them
+                 bias: np.ndarray, zero_points: np.ndarray | None = None) -> None:
+        """``zero_points``: (N, kb) uint8, or None for the implicit 8; one row takes MLAS's
+        M == 1 kernel's arithmetic for either, as onnxruntime does."""
+        self.keep = (packed, scales, zshare, bias, zero_points)  # the kernel reads them
         self.N, self.kb = scales.shape
-        self.sym = symmetric
         module = _module()
-        self.fn, self.fn1, self.zfn = module.gemm, module.gemm1, module.zshare
+        self.fn, self.zfn = module.gemm, module.zshare
+        self.fn1 = module.gemm1 if zero_points is None else module.gemm1zp
+        self.zq = 0 if zero_points is None else zero_points.ctypes.data
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zshare.ctypes.data,
                      bias.ctypes.data)
 
@@ -593,9 +737,9 @@ class Gemm:
         B, S, Z, bias = self.ptrs
         M = qa.shape[0]
         po = out.ctypes.data
-        if M == 1 and self.sym:
-            self.fn1(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, 1, n0, n1, self.N,
-                     self.kb, self.N - self.N % GROUP)
+        if M == 1:
+            self.fn1(qa.ctypes.data, sa4.ctypes.data, self.zq, B, S, bias, po, 1, n0, n1,
+                     self.N, self.kb, self.N - self.N % GROUP)
             return
         self.zfn(asum.ctypes.data, Z, po, M, n0, n1, self.N, self.kb)
         self.fn(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, M, n0, n1, self.N,

@@ -582,8 +582,8 @@ class MatMulNBits:
     (compiled/nbits_gemv.py) and stay packed: the int8 block products come straight from the
     4-bit weight, split over the session's threads by output column, for decoding (one row)
     and prompts alike (no float32 copy of the weight, ever). In blocks of 32 (the builder's
-    default) two rows or more, and one row without zero points, take compiled/nbits_gemm.py,
-    MLAS's arithmetic to the bit (see that module for why it matters).
+    default) take compiled/nbits_gemm.py, MLAS's arithmetic to the bit for any number of rows
+    (see that module for why it matters).
     Otherwise the weight is dequantized once, at session creation, and every run is one
     float32 GEMM."""
 
@@ -637,8 +637,10 @@ class MatMulNBits:
         b = np.zeros(self.N, F32) if bias[0] is None or not bias[0].size else \
             np.ascontiguousarray(bias[0].reshape(-1), dtype=F32)
         self.gemm_bias = bias[0] is not None and bias[0].size > 0
+        zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
+            zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]])
         # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
-        return nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, symmetric=zp is None)
+        return nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
@@ -653,8 +655,7 @@ class MatMulNBits:
             Y = np.zeros(A.shape[:-1] + (self.N,), F32)
         elif self.packed is not None:
             A2 = Af.reshape(-1, self.K)
-            # two rows or more, or one without zero points (MLAS's M == 1 kernel): exact
-            if self.gemm is not None and (A2.shape[0] > 1 or self.gemm.sym):  # bias included
+            if self.gemm is not None:  # MLAS's arithmetic for any rows, bias included
                 Y = self._exact(A2).reshape(A.shape[:-1] + (self.N,))
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
             Y = self._packed(A2).reshape(A.shape[:-1] + (self.N,))
