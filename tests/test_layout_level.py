@@ -252,9 +252,10 @@ def test_layout_keeping_kernels_on_channels_last_inputs():
 
 
 def test_a_dense_block_stays_channels_last_past_batch_norms_and_an_nchw_operand():
-    """DenseNet-style: the stem (an NCHW convolution) -> MaxPool, joined by Concats with the
-    layers' channels-last outputs (the NCHW operand copied in transposed); BatchNormalization
-    and Relu between keep the layout; results equal onnxruntime's and level 2's."""
+    """DenseNet-style: the stem (im2col on BLAS, its output copied channels-last since a
+    MaxPool passes the layout on) -> MaxPool, joined by Concats with the layers' channels-last
+    outputs; BatchNormalization and Relu between keep the layout; results equal onnxruntime's
+    and level 2's."""
     import onnxruntime as ort
 
     from onnxrun.providers.cpu.ops import conv as conv_mod
@@ -295,8 +296,58 @@ def test_a_dense_block_stays_channels_last_past_batch_norms_and_an_nchw_operand(
     blob = model.SerializeToString()
     layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
         LEVELS.ORT_ENABLE_EXTENDED, blob)
-    assert _channels_last_steps(layout) == 4  # all but the stem
+    assert _channels_last_steps(layout) == 5  # the stem too
     x = rng.normal(size=(1, 3, 40, 44)).astype(np.float32)
+    got = layout.run(None, {"X": x})[0]
+    np.testing.assert_allclose(got, plain.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, ort.InferenceSession(
+        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_residual_sums_stay_channels_last():
+    """ResNet-style (the light zoo's joins are Sum): stem -> MaxPool -> bottleneck blocks whose
+    Sum joins a channels-last shortcut; every convolution writes channels-last, results equal
+    onnxruntime's and level 2's."""
+    import onnxruntime as ort
+
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    if not conv_mod._packable(np.float32):
+        pytest.skip("the compiled float32 GEMM does not run here")
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 3, 96, 88] X) => (float[1, 32, 1, 1] Y) {
+        s = Conv <kernel_shape = [7, 7], pads = [3, 3, 3, 3], strides = [2, 2]> (X, W0)
+        m = MaxPool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (s)
+        d = Conv <kernel_shape = [1, 1]> (m, W1)
+        a = Conv <kernel_shape = [1, 1]> (m, W2)
+        ar = Relu (a)
+        b = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (ar, W3)
+        br = Relu (b)
+        c = Conv <kernel_shape = [1, 1]> (br, W4)
+        r1 = Sum (c, d)
+        o1 = Relu (r1)
+        e = Conv <kernel_shape = [1, 1]> (o1, W5)
+        er = Relu (e)
+        f = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (er, W6)
+        fr = Relu (f)
+        h = Conv <kernel_shape = [1, 1]> (fr, W7)
+        r2 = Sum (h, o1)
+        o2 = Relu (r2)
+        Y = GlobalAveragePool (o2)
+    }
+    """)
+    rng = np.random.default_rng(8)
+    for name, shape in (("W0", (16, 3, 7, 7)), ("W1", (32, 16, 1, 1)), ("W2", (16, 16, 1, 1)),
+                        ("W3", (16, 16, 3, 3)), ("W4", (32, 16, 1, 1)), ("W5", (16, 32, 1, 1)),
+                        ("W6", (16, 16, 3, 3)), ("W7", (32, 16, 1, 1))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            rng.normal(0, 0.3, shape).astype(np.float32), name))
+    blob = model.SerializeToString()
+    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
+        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    assert _channels_last_steps(layout) == 8
+    x = rng.normal(size=(1, 3, 96, 88)).astype(np.float32)
     got = layout.run(None, {"X": x})[0]
     np.testing.assert_allclose(got, plain.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, ort.InferenceSession(

@@ -728,7 +728,7 @@ def channels_inner(X: np.ndarray) -> bool:
         X.strides[3] >= X.shape[1] * X.itemsize and X.strides[2] >= X.shape[3] * X.strides[3]
 
 
-_JOIN = frozenset({"Add", "Sub", "Mul"})  # channels-last only when every operand is
+_JOIN = frozenset({"Add", "Sub", "Mul", "Sum"})  # channels-last only when every operand is
 _LAYOUT_DEPTH = 12  # operators followed from a convolution, either way, deciding its layout
 
 
@@ -860,8 +860,16 @@ def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
     node = value.producer
     if node is None or depth > _LAYOUT_DEPTH:
         return False
-    if _passes_layout(node) or _follows_layout(node):
-        if node.op_type == "Concat":  # channels-last when one operand comes so
+    join = node.domain == "" and node.op_type in _JOIN
+    if _passes_layout(node) or _follows_layout(node) or join:
+        if join:  # channels-last when every operand comes so (numpy keeps a shared layout)
+            if node in joins:
+                return False
+            joins = joins | {node}
+            if any(v is None or not _writes_channels_last(v, threads, joins, depth + 1)
+                   for v in node.inputs):
+                return False
+        elif node.op_type == "Concat":  # channels-last when one operand comes so
             if node in joins:
                 return False
             joins = joins | {node}
@@ -884,6 +892,8 @@ def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
         return True
     if kind == "winograd":  # a 1x1 reader would pay more in its GEMM than Winograd saves
         return "1x1" not in readers
+    if kind == "other":  # one transposing copy of its output, where a pool or a Concat
+        return "follow" in readers  # passes the layout on (a stem: Conv -> MaxPool)
     return kind == "1x1" and bool(readers & {"depthwise", "nhwc"} or
                                   _reads_channels_last(node, threads, depth))
 
@@ -1176,7 +1186,7 @@ class Conv(_ConvBase):
                            self.threads)
         if method == "shifted":
             src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations)
-            return _finish(None, src, b, Z, act, out_dtype, self.threads)
+            return self._laid_out(_finish(None, src, b, Z, act, out_dtype, self.threads))
         g = self.group
         if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
                 and outs == X.shape[2:]:
@@ -1201,10 +1211,18 @@ class Conv(_ConvBase):
             Y = Y.reshape((N, M) + outs)
             _epilogue(Y, None, b, Z if Z is None or Z.shape == Y.shape else
                       np.broadcast_to(Z, Y.shape), act)
-            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
+            return self._laid_out(Y if Y.dtype == out_dtype else Y.astype(out_dtype))
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
-        return _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
+        return self._laid_out(_finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype,
+                                      self.threads))
+
+    def _laid_out(self, Y: np.ndarray) -> np.ndarray:
+        """The NCHW result of an im2col / per-tap / gather convolution, copied channels-last
+        where it was chosen so (channels_last_output)."""
+        if self.channels_last and Y.ndim == 4 and not _is_channels_last(Y):
+            return np.ascontiguousarray(Y.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        return Y
 
     def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations):
         """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
