@@ -108,3 +108,30 @@ def test_compiled_quantize_is_quantize_rows(block):
     np.testing.assert_array_equal(got_s, sa)
     np.testing.assert_array_equal(got_asum, sa * sums)
     assert (qa[1, block:2 * block] % 2 == 0).sum() == block - 1  # ties went to even codes
+
+
+@pytest.mark.parametrize("block,kb", [(32, 7), (32, 8), (64, 3), (128, 2)])
+def test_decode_kernel_against_exact_sums(block, kb):
+    """Decoding's rows take Gemv.decode (gemv8: eight columns per pass, blocks of 32 in
+    pairs and an odd last block alone, the zero points' share inside): each column within
+    float32 rounding of the exact sums, for column ranges that start and end anywhere
+    (shorter than eight too), nothing written outside them."""
+    rng = np.random.default_rng(block * kb)
+    N, K = 45, kb * block
+    B = rng.integers(0, 256, (N, kb, block // 2), dtype=np.uint8)
+    S = (rng.random((N, kb), dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
+    Z = rng.integers(0, 16, (N, kb)).astype(np.float32)
+    gemv = nbits_gemv.Gemv(B, S, block, Z * S)
+    w = np.stack([B & 15, B >> 4], -1).reshape(N, kb, block).astype(np.float64) - Z[..., None]
+    for M in (1, 3):
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        qa, sa, asum = gemv.quantize(A)
+        codes = np.rint(A.reshape(M, kb, block) * (
+            np.float32(127) / np.abs(A.reshape(M, kb, block)).max(-1, keepdims=True)))
+        exact = (np.einsum("mbi,nbi->mnb", codes, w) * (sa[:, None, :] * S[None])).sum(-1)
+        scale = np.abs(exact).max()
+        for n0, n1 in ((0, N), (3, 29), (8, 16), (40, 45)):
+            got = np.full((M, N), np.nan, np.float32)
+            gemv.decode(qa, sa, asum, got, n0, n1)
+            assert np.isnan(got[:, :n0]).all() and np.isnan(got[:, n1:]).all()
+            assert np.abs(got[:, n0:n1] - exact[:, n0:n1]).max() <= 2e-6 * scale

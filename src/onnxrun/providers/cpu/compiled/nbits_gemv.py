@@ -132,6 +132,253 @@ def _function(name: str, rows: int) -> list[str]:
     return L
 
 
+def _vec(elem: str, values) -> str:
+    return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
+
+
+def _columns8(L: list[str], tag: str, weight: str, a_lo: str, a_hi: str, wide: bool) -> str:
+    """Emit the int32 dot products of eight columns (lanes 0-7; with ``wide``, two blocks:
+    lanes 0-3 and 8-11 the first block's, 4-7 and 12-15 the second's) with the activations'
+    even-indexed codes ``a_lo`` and odd-indexed ``a_hi``; returns the result's name.
+
+    ``weight`` is the byte offset of column 0's bytes; column c's are ``rowbytes`` further
+    each. 16 bytes hold one block of 32 (``wide`` reads 32: two blocks). Each column's
+    products are summed in 16-bit lanes across the eight columns by horizontal adds (at
+    most 16 * 15 * 127 = 30480 per lane: no wrap), then in pairs to 32 bits."""
+    V16, n = "<16 x i16>", 32 if wide else 16
+    VB = f"<{n} x i8>"
+    for c in range(8):
+        L += [f"  %{tag}o{c} = mul i64 %rowbytes, {c}",
+              f"  %{tag}bo{c} = add i64 {weight}, %{tag}o{c}",
+              f"  %{tag}bp{c} = getelementptr i8, ptr %B, i64 %{tag}bo{c}",
+              f"  %{tag}w{c} = load {VB}, ptr %{tag}bp{c}, align 1",
+              f"  %{tag}lo{c} = and {VB} %{tag}w{c}, {_vec('i8', [15] * n)}",
+              f"  %{tag}hi{c} = lshr {VB} %{tag}w{c}, {_vec('i8', [4] * n)}"]
+        if wide:  # [block b's even | b+1's even] and the odd ones: the codes' halves
+            L += [f"  %{tag}p{c}a = call {V16} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %{tag}lo{c}, "
+                  f"{_V32B} {a_lo})",
+                  f"  %{tag}p{c}b = call {V16} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %{tag}hi{c}, "
+                  f"{_V32B} {a_hi})",
+                  f"  %{tag}p{c} = add {V16} %{tag}p{c}a, %{tag}p{c}b"]
+        else:
+            L += [f"  %{tag}wb{c} = shufflevector {_VB} %{tag}lo{c}, {_VB} %{tag}hi{c}, "
+                  f"<32 x i32> {_vec('i32', range(32))[1:-1].join('<>')}",
+                  f"  %{tag}p{c} = call {V16} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %{tag}wb{c}, "
+                  f"{_V32B} {a_lo})"]
+    # per 128-bit lane phadd gives [x0+x1, x2+x3, .., y0+y1, ..]: after two levels, column c
+    # of each four holds two 16-bit lanes per 128-bit lane
+    L += [f"  %{tag}h01 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}p0, {V16} %{tag}p1)",
+          f"  %{tag}h23 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}p2, {V16} %{tag}p3)",
+          f"  %{tag}h45 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}p4, {V16} %{tag}p5)",
+          f"  %{tag}h67 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}p6, {V16} %{tag}p7)",
+          f"  %{tag}q03 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}h01, {V16} %{tag}h23)",
+          f"  %{tag}q47 = call {V16} @llvm.x86.avx2.phadd.w({V16} %{tag}h45, {V16} %{tag}h67)",
+          f"  %{tag}d03 = call {_V8} @llvm.x86.avx2.pmadd.wd({V16} %{tag}q03, {V16} "
+          f"{_vec('i16', [1] * 16)})",
+          f"  %{tag}d47 = call {_V8} @llvm.x86.avx2.pmadd.wd({V16} %{tag}q47, {V16} "
+          f"{_vec('i16', [1] * 16)})"]
+    if wide:  # lanes: [c0-3 of b, c0-3 of b+1] and [c4-7 of b, c4-7 of b+1]
+        L += [f"  %{tag}r = shufflevector {_V8} %{tag}d03, {_V8} %{tag}d47, <16 x i32> "
+              + _vec("i32", [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])]
+        return f"%{tag}r"
+    # lanes: [c0-3 first 16 products, c0-3 last 16] and the same for c4-7
+    L += [f"  %{tag}ra = shufflevector {_V8} %{tag}d03, {_V8} %{tag}d47, <8 x i32> "
+          + _vec("i32", [0, 1, 2, 3, 8, 9, 10, 11]),
+          f"  %{tag}rb = shufflevector {_V8} %{tag}d03, {_V8} %{tag}d47, <8 x i32> "
+          + _vec("i32", [4, 5, 6, 7, 12, 13, 14, 15]),
+          f"  %{tag}r = add {_V8} %{tag}ra, %{tag}rb"]
+    return f"%{tag}r"
+
+
+def _scale8(L: list[str], tag: str, block: str) -> str:
+    """sa[m, block] * sb[n..n+8, block] as a vector; returns its name."""
+    L += [f"  %{tag}sai = add i64 %sarow, {block}",
+          f"  %{tag}sap = getelementptr float, ptr %sa, i64 %{tag}sai",
+          f"  %{tag}sav = load float, ptr %{tag}sap, align 4",
+          f"  %{tag}sbi = add i64 %srow, {block}"]
+    prev = "poison"
+    for c in range(8):
+        L += [f"  %{tag}sbo{c} = mul i64 %kb, {c}",
+              f"  %{tag}sbi{c} = add i64 %{tag}sbi, %{tag}sbo{c}",
+              f"  %{tag}sbp{c} = getelementptr float, ptr %sb, i64 %{tag}sbi{c}",
+              f"  %{tag}sb{c} = load float, ptr %{tag}sbp{c}, align 4",
+              f"  %{tag}sbv{c} = insertelement {_VF} {prev}, float %{tag}sb{c}, i64 {c}"]
+        prev = f"%{tag}sbv{c}"
+    L += [f"  %{tag}sas = insertelement {_VF} poison, float %{tag}sav, i64 0",
+          f"  %{tag}sa8 = shufflevector {_VF} %{tag}sas, {_VF} poison, <8 x i32> "
+          "zeroinitializer",
+          f"  %{tag}scale = fmul {_VF} %{tag}sa8, {prev}"]
+    return f"%{tag}scale"
+
+
+def _zshare8(L: list[str], tag: str, block: str, acc: str, out: str) -> None:
+    """acc - (sa * sum of A's codes)[m, block] * zmul * zs[n..n+8, block] (the zero points'
+    share; zs (N, kb) read like sb, a column's blocks contiguous: a (kb, N) table would be
+    kb pages apart per pass), named ``out``."""
+    L += [f"  %{tag}ai = add i64 %sarow, {block}",
+          f"  %{tag}ap = getelementptr float, ptr %asum, i64 %{tag}ai",
+          f"  %{tag}av = load float, ptr %{tag}ap, align 4",
+          f"  %{tag}am = fmul float %{tag}av, %zmul",
+          f"  %{tag}an = fneg float %{tag}am",
+          f"  %{tag}as = insertelement {_VF} poison, float %{tag}an, i64 0",
+          f"  %{tag}a8 = shufflevector {_VF} %{tag}as, {_VF} poison, <8 x i32> "
+          "zeroinitializer"]
+    zv = _gather8(L, tag, "%zs", block)
+    L += [f"  {out} = call {_VF} @llvm.fma.v8f32({_VF} %{tag}a8, {_VF} {zv}, {_VF} {acc})"]
+
+
+def _gather8(L: list[str], tag: str, table: str, block: str) -> str:
+    """table[n..n+8, block] of an (N, kb) float table as a vector; returns its name."""
+    L += [f"  %{tag}gi = add i64 %srow, {block}"]
+    prev = "poison"
+    for c in range(8):
+        L += [f"  %{tag}go{c} = mul i64 %kb, {c}",
+              f"  %{tag}gi{c} = add i64 %{tag}gi, %{tag}go{c}",
+              f"  %{tag}gp{c} = getelementptr float, ptr {table}, i64 %{tag}gi{c}",
+              f"  %{tag}g{c} = load float, ptr %{tag}gp{c}, align 4",
+              f"  %{tag}gv{c} = insertelement {_VF} {prev}, float %{tag}g{c}, i64 {c}"]
+        prev = f"%{tag}gv{c}"
+    return prev
+
+
+def _function8() -> list[str]:
+    """gemv8 (same arguments as gemv, n1 - n0 a multiple of 8): eight columns per pass for a
+    few rows (decoding). The eight columns' integer block sums land in one vector, so one
+    conversion, one scale vector and one fused multiply-add per block serve all eight (the
+    one-column kernel pays those per column); in blocks of 32 two blocks are read at once
+    (32 bytes: one mask and one shift for both). Each column's blocks are accumulated in one
+    float chain, in block order."""
+    L = ["define void @gemv8(ptr noalias %qa, ptr noalias %sa, ptr noalias %asum, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %zs, float %zmul, ptr noalias %C, "
+         "i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %groups) nounwind {",
+         "entry:",
+         "  %bsz = mul i64 %groups, 32",
+         "  %bbytes = mul i64 %groups, 16",
+         "  %K = mul i64 %kb, %bsz",
+         "  %rowbytes = mul i64 %kb, %bbytes",
+         "  %one = icmp eq i64 %groups, 1",
+         "  %kb2 = and i64 %kb, -2",
+         "  %pairs = select i1 %one, i64 %kb2, i64 0",  # blocks taken two at a time
+         "  %n8 = add i64 %n0, 8",
+         "  %any.n = icmp sle i64 %n8, %n1",
+         "  %any.m = icmp sgt i64 %M, 0",
+         "  %any = and i1 %any.n, %any.m",
+         "  br i1 %any, label %m.loop, label %end",
+         "m.loop:",
+         "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+         "  %arow = mul i64 %m, %K",
+         "  %sarow = mul i64 %m, %kb",
+         "  br label %n.loop",
+         "n.loop:",
+         "  %n = phi i64 [%n0, %m.loop], [%n.next, %n.end]",
+         "  %brow = mul i64 %n, %rowbytes",
+         "  %srow = mul i64 %n, %kb",
+         "  %any.p = icmp sgt i64 %pairs, 0",
+         "  br i1 %any.p, label %p.loop, label %b.pre",
+         "p.loop:",  # blocks b, b + 1 of 32
+         "  %pb = phi i64 [0, %n.loop], [%pb.next, %p.loop]",
+         f"  %pacc = phi {_VF} [zeroinitializer, %n.loop], [%pacc.next, %p.loop]",
+         f"  %pz = phi {_VF} [zeroinitializer, %n.loop], [%pz.next, %p.loop]",
+         "  %pw0 = mul i64 %pb, 16",
+         "  %pw = add i64 %brow, %pw0",
+         "  %pa0 = mul i64 %pb, 32",
+         "  %pa = add i64 %arow, %pa0",
+         "  %pap = getelementptr i8, ptr %qa, i64 %pa",
+         "  %pa64 = load <64 x i8>, ptr %pap, align 1",
+         "  %palo = shufflevector <64 x i8> %pa64, <64 x i8> poison, <32 x i32> "
+         + _vec("i32", [*range(0, 16), *range(32, 48)]),
+         "  %pahi = shufflevector <64 x i8> %pa64, <64 x i8> poison, <32 x i32> "
+         + _vec("i32", [*range(16, 32), *range(48, 64)])]
+    # the next eight columns' bytes, read linearly one pass ahead: eight interleaved streams
+    # per pass are more than the hardware prefetcher follows from memory (the lm_head)
+    L += ["  %pf.row = mul i64 %rowbytes, 8",
+          "  %pf.base = add i64 %brow, %pf.row",
+          "  %pf.off = mul i64 %pb, 128"]
+    for k in range(4):
+        L += [f"  %pf.o{k} = add i64 %pf.off, {64 * k}",
+              f"  %pf.a{k} = add i64 %pf.base, %pf.o{k}",
+              f"  %pf.p{k} = getelementptr i8, ptr %B, i64 %pf.a{k}",
+              f"  call void @llvm.prefetch.p0(ptr %pf.p{k}, i32 0, i32 3, i32 1)"]
+    r = _columns8(L, "c2.", "%pw", "%palo", "%pahi", wide=True)
+    s0 = _scale8(L, "s2a.", "%pb")
+    L += ["  %pb1 = add i64 %pb, 1"]
+    s1 = _scale8(L, "s2b.", "%pb1")
+    L += [f"  %pd0 = shufflevector <16 x i32> {r}, <16 x i32> poison, <8 x i32> "
+          + _vec("i32", range(8)),
+          f"  %pd1 = shufflevector <16 x i32> {r}, <16 x i32> poison, <8 x i32> "
+          + _vec("i32", range(8, 16)),
+          f"  %pf0 = sitofp {_V8} %pd0 to {_VF}",
+          f"  %pf1 = sitofp {_V8} %pd1 to {_VF}",
+          f"  %pacc1 = call {_VF} @llvm.fma.v8f32({_VF} %pf0, {_VF} {s0}, {_VF} %pacc)",
+          f"  %pacc.next = call {_VF} @llvm.fma.v8f32({_VF} %pf1, {_VF} {s1}, {_VF} %pacc1)"]
+    _zshare8(L, "z2a.", "%pb", "%pz", "%pz1")
+    _zshare8(L, "z2b.", "%pb1", "%pz1", "%pz.next")
+    L += [
+          "  %pb.next = add i64 %pb, 2",
+          "  %p.more = icmp slt i64 %pb.next, %pairs",
+          "  br i1 %p.more, label %p.loop, label %b.pre",
+          "b.pre:",
+          "  %b0 = phi i64 [0, %n.loop], [%pb.next, %p.loop]",
+          f"  %acc0 = phi {_VF} [zeroinitializer, %n.loop], [%pacc.next, %p.loop]",
+          f"  %z0 = phi {_VF} [zeroinitializer, %n.loop], [%pz.next, %p.loop]",
+          "  %any.b = icmp slt i64 %b0, %kb",
+          "  br i1 %any.b, label %b.loop, label %n.end",
+          "b.loop:",  # the rest one block at a time, 16 bytes of it per pass
+          "  %b = phi i64 [%b0, %b.pre], [%b.next, %b.end]",
+          f"  %acc = phi {_VF} [%acc0, %b.pre], [%acc.next, %b.end]",
+          f"  %z = phi {_VF} [%z0, %b.pre], [%z.next, %b.end]",
+          "  %bbase = mul i64 %b, %bbytes",
+          "  %bbase2 = add i64 %brow, %bbase",
+          "  %abase0 = mul i64 %b, %bsz",
+          "  %abase = add i64 %arow, %abase0",
+          "  br label %g.loop",
+          "g.loop:",
+          "  %g = phi i64 [0, %b.loop], [%g.next, %g.loop]",
+          f"  %dot = phi {_V8} [zeroinitializer, %b.loop], [%dot.next, %g.loop]",
+          "  %aoff = mul i64 %g, 32",
+          "  %ao = add i64 %abase, %aoff",
+          "  %ap = getelementptr i8, ptr %qa, i64 %ao",
+          f"  %a = load {_V32B}, ptr %ap, align 1",
+          "  %goff = mul i64 %g, 16",
+          "  %bo = add i64 %bbase2, %goff"]
+    r = _columns8(L, "c1.", "%bo", "%a", "", wide=False)
+    L += [f"  %dot.next = add {_V8} %dot, {r}",
+          "  %g.next = add i64 %g, 1",
+          "  %g.more = icmp slt i64 %g.next, %groups",
+          "  br i1 %g.more, label %g.loop, label %b.end",
+          "b.end:"]
+    s = _scale8(L, "s1.", "%b")
+    L += [f"  %df = sitofp {_V8} %dot.next to {_VF}",
+          f"  %acc.next = call {_VF} @llvm.fma.v8f32({_VF} %df, {_VF} {s}, {_VF} %acc)"]
+    _zshare8(L, "z1.", "%b", "%z", "%z.next")
+    L += [
+          "  %b.next = add i64 %b, 1",
+          "  %b.more = icmp slt i64 %b.next, %kb",
+          "  br i1 %b.more, label %b.loop, label %n.end",
+          "n.end:",
+          f"  %res.d = phi {_VF} [%acc0, %b.pre], [%acc.next, %b.end]",
+          f"  %res.z = phi {_VF} [%z0, %b.pre], [%z.next, %b.end]",
+          f"  %res = fadd {_VF} %res.d, %res.z",
+          "  %ci0 = mul i64 %m, %N",
+          "  %ci = add i64 %ci0, %n",
+          "  %cp = getelementptr float, ptr %C, i64 %ci",
+          f"  store {_VF} %res, ptr %cp, align 4",
+          "  %n.next = add i64 %n, 8",
+          "  %n.last = add i64 %n.next, 8",
+          "  %n.more = icmp sle i64 %n.last, %n1",
+          "  br i1 %n.more, label %n.loop, label %m.end",
+          "m.end:",
+          "  %m.next = add i64 %m, 1",
+          "  %m.more = icmp slt i64 %m.next, %M",
+          "  br i1 %m.more, label %m.loop, label %end",
+          "end:",
+          "  ret void",
+          "}",
+          "declare <16 x i16> @llvm.x86.avx2.phadd.w(<16 x i16>, <16 x i16>)",
+          "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
+    return L
+
+
 def _quantize() -> list[str]:
     """quantize(A, qa, sa, asum, M, kb, groups): A (M, kb * groups * 32) float32 as
     quantize_rows quantizes it, with the same float operations in the same order (amax,
@@ -229,7 +476,8 @@ def module_ir(target=None) -> str:
     rows of A, one or four at a time (gemv4 leaves the last M % 4 rows alone); ``groups`` =
     block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
     (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
-    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4), *_quantize(),
+    return "\n".join([*_function("gemv", 1), *_function("gemv4", 4), *_function8(),
+                      *_quantize(),
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
                       f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
@@ -246,11 +494,13 @@ def unavailable() -> str | None:
 
 
 _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I)
+_PROTO8 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, ctypes.c_float, _P, _I, _I, _I, _I,
+                           _I, _I)
 
 
 def _module() -> jit.Module:
     return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO,
-                                                        "quantize": _QUANT}, REQUIRES)
+                                                        "gemv8": _PROTO8, "quantize": _QUANT}, REQUIRES)
 
 
 def supported(bits: int, block_size: int) -> bool:
@@ -279,13 +529,18 @@ def quantize_rows(A: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarra
 
 class Gemv:
     """The kernel bound to one constant weight (its pointers taken once: a decode step calls
-    it for every projection of every layer, so the per-call cost is the Python around it)."""
+    it for every projection of every layer, so the per-call cost is the Python around it).
+    ``zs``: zero point * scales, (N, kb) like the scales, where the weight has zero points
+    (None: the default zero point 8, read as 8 * scales, exactly the same numbers)."""
 
-    def __init__(self, packed: np.ndarray, scales: np.ndarray, block_size: int) -> None:
-        self.packed, self.scales = packed, scales  # kept alive: the kernel reads them
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, block_size: int,
+                 zs: np.ndarray | None = None) -> None:
+        self.zmul = 8.0 if zs is None else 1.0
+        zs = scales if zs is None else np.ascontiguousarray(zs, dtype=np.float32)
+        self.packed, self.scales, self.zs = packed, scales, zs  # kept alive: the kernel reads them
         module = _module()
-        self.fn, self.fn4 = module.gemv, module.gemv4
-        self.b, self.s = packed.ctypes.data, scales.ctypes.data
+        self.fn, self.fn4, self.fn8 = module.gemv, module.gemv4, module.gemv8
+        self.b, self.s, self.z = packed.ctypes.data, scales.ctypes.data, zs.ctypes.data
         self.groups = block_size // 32
         self.kb = scales.shape[1]
         self.K = self.kb * block_size
@@ -322,6 +577,25 @@ class Gemv:
             K = qa.shape[1]
             self.fn(pq + four * K, ps + four * kb * 4, self.b, self.s,
                     po + four * out.shape[1] * 4, M - four, *rest)
+
+    def decode(self, qa: np.ndarray, sa: np.ndarray, asum: np.ndarray, out: np.ndarray,
+               n0: int, n1: int) -> None:
+        """out[:, n0:n1] = the whole product, the zero points' share included, eight columns
+        per pass (gemv8: for decoding's few rows); a range not a multiple of 8 ends with the
+        eight columns up to n1 (the columns computed twice get the same numbers)."""
+        M, kb = sa.shape
+        N = out.shape[1]
+        address = jit.address
+        args = (address(qa), address(sa), address(asum), self.b, self.s, self.z, self.zmul,
+                address(out), M)
+        if n1 - n0 < 8:  # too few columns for a pass of eight
+            self(qa, sa, out, n0, n1)
+            out[:, n0:n1] -= asum @ (np.float32(self.zmul) * self.zs[n0:n1]).T
+            return
+        n8 = n0 + (n1 - n0) // 8 * 8
+        self.fn8(*args, n0, n8, N, kb, self.groups)
+        if n8 < n1:
+            self.fn8(*args, n1 - 8, n1, N, kb, self.groups)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

@@ -618,7 +618,8 @@ class MatMulNBits:
                 z = np.float32(8) if zp is None else _unpack_bits(
                     zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb].astype(F32)
                 self.zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
-                self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size)
+                self.gemv = nbits_gemv.Gemv(self.packed, self.scales, self.block_size,
+                                            None if zp is None else self.zs.T)
                 self.gemm = self._gemm(ctx, zp)
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
@@ -696,6 +697,13 @@ class MatMulNBits:
         qa, sa, asum = self.gemv.quantize(A)
         Y = np.empty((M, N), F32)
         gemv = self.gemv
+        if M < 4:  # decoding: eight columns per pass, the zero points' share inside
+            if self.packed.nbytes * M < self.SPLIT_BYTES:
+                gemv.decode(qa, sa, asum, Y, 0, N)
+            else:
+                run_ranges(lambda n0, n1: gemv.decode(qa, sa, asum, Y, n0, n1),
+                           split(N, self.threads))
+            return Y
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:  # not worth a hand-off
             gemv(qa, sa, Y, 0, N)
         else:
