@@ -241,6 +241,22 @@ def _gather8(L: list[str], tag: str, table: str, block: str) -> str:
     return prev
 
 
+def _prefetch8(L: list[str], tag: str, units: str, pre: list[str]) -> None:
+    """Prefetch the next eight columns' bytes linearly, one pass ahead (``units``: 16-byte
+    groups of a column read before this pass; a pass reads 32 bytes of each of the eight
+    columns, 256 bytes): eight interleaved streams are more than the hardware prefetcher
+    follows from memory (the lm_head)."""
+    L += [*pre,
+          f"  %{tag}row = mul i64 %rowbytes, 8",
+          f"  %{tag}base = add i64 %brow, %{tag}row",
+          f"  %{tag}off = mul i64 {units}, 128"]
+    for k in range(4):
+        L += [f"  %{tag}o{k} = add i64 %{tag}off, {64 * k}",
+              f"  %{tag}a{k} = add i64 %{tag}base, %{tag}o{k}",
+              f"  %{tag}p{k} = getelementptr i8, ptr %B, i64 %{tag}a{k}",
+              f"  call void @llvm.prefetch.p0(ptr %{tag}p{k}, i32 0, i32 3, i32 1)"]
+
+
 def _function8() -> list[str]:
     """gemv8 (same arguments as gemv, n1 - n0 a multiple of 8): eight columns per pass for a
     few rows (decoding). The eight columns' integer block sums land in one vector, so one
@@ -289,16 +305,7 @@ def _function8() -> list[str]:
          + _vec("i32", [*range(0, 16), *range(32, 48)]),
          "  %pahi = shufflevector <64 x i8> %pa64, <64 x i8> poison, <32 x i32> "
          + _vec("i32", [*range(16, 32), *range(48, 64)])]
-    # the next eight columns' bytes, read linearly one pass ahead: eight interleaved streams
-    # per pass are more than the hardware prefetcher follows from memory (the lm_head)
-    L += ["  %pf.row = mul i64 %rowbytes, 8",
-          "  %pf.base = add i64 %brow, %pf.row",
-          "  %pf.off = mul i64 %pb, 128"]
-    for k in range(4):
-        L += [f"  %pf.o{k} = add i64 %pf.off, {64 * k}",
-              f"  %pf.a{k} = add i64 %pf.base, %pf.o{k}",
-              f"  %pf.p{k} = getelementptr i8, ptr %B, i64 %pf.a{k}",
-              f"  call void @llvm.prefetch.p0(ptr %pf.p{k}, i32 0, i32 3, i32 1)"]
+    _prefetch8(L, "pf.", "%pb", [])
     r = _columns8(L, "c2.", "%pw", "%palo", "%pahi", wide=True)
     s0 = _scale8(L, "s2a.", "%pb")
     L += ["  %pb1 = add i64 %pb, 1"]
@@ -331,7 +338,34 @@ def _function8() -> list[str]:
           "  %bbase2 = add i64 %brow, %bbase",
           "  %abase0 = mul i64 %b, %bsz",
           "  %abase = add i64 %arow, %abase0",
-          "  br label %g.loop",
+          "  %godd = and i64 %groups, 1",
+          "  %geven = icmp eq i64 %godd, 0",
+          "  br i1 %geven, label %h.loop, label %g.loop",
+          "h.loop:",  # blocks of 64-256: two 16-byte groups of the block per pass
+          "  %h = phi i64 [0, %b.loop], [%h.next, %h.loop]",
+          f"  %hdot = phi {_V8} [zeroinitializer, %b.loop], [%hdot.next, %h.loop]",
+          "  %hao0 = mul i64 %h, 32",
+          "  %hao = add i64 %abase, %hao0",
+          "  %hap = getelementptr i8, ptr %qa, i64 %hao",
+          "  %ha64 = load <64 x i8>, ptr %hap, align 1",
+          "  %halo = shufflevector <64 x i8> %ha64, <64 x i8> poison, <32 x i32> "
+          + _vec("i32", [*range(0, 16), *range(32, 48)]),
+          "  %hahi = shufflevector <64 x i8> %ha64, <64 x i8> poison, <32 x i32> "
+          + _vec("i32", [*range(16, 32), *range(48, 64)]),
+          "  %hbo0 = mul i64 %h, 16",
+          "  %hbo = add i64 %bbase2, %hbo0"]
+    _prefetch8(L, "hp.", "%hpass", ["  %hpb = mul i64 %b, %groups",
+                                    "  %hpass = add i64 %hpb, %h"])
+    r2 = _columns8(L, "c3.", "%hbo", "%halo", "%hahi", wide=True)
+    L += [f"  %hd0 = shufflevector <16 x i32> {r2}, <16 x i32> poison, <8 x i32> "
+          + _vec("i32", range(8)),
+          f"  %hd1 = shufflevector <16 x i32> {r2}, <16 x i32> poison, <8 x i32> "
+          + _vec("i32", range(8, 16)),
+          f"  %hd = add {_V8} %hd0, %hd1",
+          f"  %hdot.next = add {_V8} %hdot, %hd",
+          "  %h.next = add i64 %h, 2",
+          "  %h.more = icmp slt i64 %h.next, %groups",
+          "  br i1 %h.more, label %h.loop, label %b.end",
           "g.loop:",
           "  %g = phi i64 [0, %b.loop], [%g.next, %g.loop]",
           f"  %dot = phi {_V8} [zeroinitializer, %b.loop], [%dot.next, %g.loop]",
@@ -346,9 +380,10 @@ def _function8() -> list[str]:
           "  %g.next = add i64 %g, 1",
           "  %g.more = icmp slt i64 %g.next, %groups",
           "  br i1 %g.more, label %g.loop, label %b.end",
-          "b.end:"]
+          "b.end:",
+          f"  %dsum = phi {_V8} [%dot.next, %g.loop], [%hdot.next, %h.loop]"]
     s = _scale8(L, "s1.", "%b")
-    L += [f"  %df = sitofp {_V8} %dot.next to {_VF}",
+    L += [f"  %df = sitofp {_V8} %dsum to {_VF}",
           f"  %acc.next = call {_VF} @llvm.fma.v8f32({_VF} %df, {_VF} {s}, {_VF} %acc)"]
     _zshare8(L, "z1.", "%b", "%z", "%z.next")
     L += [
