@@ -18,7 +18,6 @@ import os
 import time
 
 import numpy as np
-
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 
@@ -71,7 +70,8 @@ def main() -> None:
     rounds = args.rounds or (8 if args.quick else 30)
     rng = np.random.default_rng(0)
     totals: dict[str, float] = {}
-    print(f"block {args.block}, 1 thread, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"block {args.block}, 1 thread, load average {load}")
     print("| K x N | calls per token | median thread CPU ms per engine |")
     for K, N, calls in SHAPES:
         sess = sessions(model(K, N, args.block, rng))

@@ -7,7 +7,8 @@ The kernel sums qa * q (zero point left out) exactly, as MLAS's AVX2 kernel does
 products summed in pairs to 16 bits, then in fours to 32), converts each block's eight
 lanes to float and accumulates them scaled by sa * sb with fused multiply-adds; the caller
 subtracts the zero point's share, (sa * sum_i qa) @ (zp * sb), with one small float product.
-Only float summation order differs from MLAS.
+Only float summation order differs from MLAS. For decoding's rows gemv8 (Gemv.decode) takes
+eight columns per pass, the zero points' share inside (see _function8).
 
 A byte of the weight holds element 2j in its low nibble and 2j + 1 in its high one: the caller
 lays each 32 activations of a block out as their 16 even-indexed then their 16 odd-indexed
@@ -535,7 +536,8 @@ _PROTO8 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, ctypes.c_float, _P, _I,
 
 def _module() -> jit.Module:
     return jit.compile_module("nbits_gemv", module_ir, {"gemv": _PROTO, "gemv4": _PROTO,
-                                                        "gemv8": _PROTO8, "quantize": _QUANT}, REQUIRES)
+                                                        "gemv8": _PROTO8, "quantize": _QUANT},
+                              REQUIRES)
 
 
 def supported(bits: int, block_size: int) -> bool:
