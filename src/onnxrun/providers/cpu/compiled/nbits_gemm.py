@@ -664,8 +664,8 @@ def quantize(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     qa = np.empty((M, kb * BLOCK), np.int8)
     sa4 = np.empty((M, kb * 4), np.float32)
     asum = np.empty((M, kb), np.float32)
-    _module().quantize(A.ctypes.data, qa.ctypes.data, sa4.ctypes.data, asum.ctypes.data, M,
-                       kb)
+    address = jit.address  # ~6x cheaper than .ctypes.data: a decode step calls this per product
+    _module().quantize(address(A), address(qa), address(sa4), address(asum), M, kb)
     return qa, sa4, asum
 
 
@@ -736,14 +736,14 @@ class Gemm:
         C-contiguous; n0 a multiple of 4. ``out`` first holds the zero points' share."""
         B, S, Z, bias = self.ptrs
         M = qa.shape[0]
-        po = out.ctypes.data
+        address = jit.address
+        po, pq, ps = address(out), address(qa), address(sa4)
         if M == 1:
-            self.fn1(qa.ctypes.data, sa4.ctypes.data, self.zq, B, S, bias, po, 1, n0, n1,
-                     self.N, self.kb, self.N - self.N % GROUP)
+            self.fn1(pq, ps, self.zq, B, S, bias, po, 1, n0, n1, self.N, self.kb,
+                     self.N - self.N % GROUP)
             return
-        self.zfn(asum.ctypes.data, Z, po, M, n0, n1, self.N, self.kb)
-        self.fn(qa.ctypes.data, sa4.ctypes.data, po, B, S, bias, po, M, n0, n1, self.N,
-                self.kb, self.N - self.N % GROUP)
+        self.zfn(address(asum), Z, po, M, n0, n1, self.N, self.kb)
+        self.fn(pq, ps, po, B, S, bias, po, M, n0, n1, self.N, self.kb, self.N - self.N % GROUP)
 
 
 BUNDLE = {"nbits_gemm": (module_ir, REQUIRES)}
