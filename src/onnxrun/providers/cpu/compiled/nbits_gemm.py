@@ -618,12 +618,246 @@ def _gemm(sym: str = "") -> list[str]:
             "}"]
 
 
+def _transpose8(L: list[str], rows: list[str], tag: str) -> list[str]:
+    """The 8 x 8 transpose of eight <8 x float> vectors (unpack, shuffle, permute: what a
+    compiler makes of it); returns the names of the columns: result j holds lane j of each."""
+    lo, hi = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+    t = []
+    for i in range(0, 8, 2):
+        L += [f"  %{tag}a{i} = shufflevector {_VF} {rows[i]}, {_VF} {rows[i + 1]}, <8 x i32> "
+              f"{_mask(lo)}",
+              f"  %{tag}a{i + 1} = shufflevector {_VF} {rows[i]}, {_VF} {rows[i + 1]}, "
+              f"<8 x i32> {_mask(hi)}"]
+        t += [f"%{tag}a{i}", f"%{tag}a{i + 1}"]
+    lo2, hi2 = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+    u = {}
+    for g in (0, 4):  # rows g..g+3: t[g], t[g+1] (0-1 / 2-3 interleaved) and t[g+2], t[g+3]
+        for k, (x, y, mask) in enumerate([(0, 2, lo2), (0, 2, hi2), (1, 3, lo2), (1, 3, hi2)]):
+            L += [f"  %{tag}b{g + k} = shufflevector {_VF} {t[g + x]}, {_VF} {t[g + y]}, "
+                  f"<8 x i32> {_mask(mask)}"]
+            u[g + k] = f"%{tag}b{g + k}"
+    out = [""] * 8
+    for k in range(4):  # u[k]: lanes k and k + 4 of rows 0-3; u[4 + k] of rows 4-7
+        L += [f"  %{tag}c{k} = shufflevector {_VF} {u[k]}, {_VF} {u[4 + k]}, <8 x i32> "
+              f"{_mask([0, 1, 2, 3, 8, 9, 10, 11])}",
+              f"  %{tag}c{k + 4} = shufflevector {_VF} {u[k]}, {_VF} {u[4 + k]}, <8 x i32> "
+              f"{_mask([4, 5, 6, 7, 12, 13, 14, 15])}"]
+        out[k], out[k + 4] = f"%{tag}c{k}", f"%{tag}c{k + 4}"
+    return out
+
+
+def _row8(zp: bool) -> list[str]:
+    """@row8_{sym|zp}: C[0, n:n+8] for one row, eight columns in MLAS's groups of four, each
+    column's arithmetic exactly @tile_1_fold_sym's / @tile_1_fold_zp's (the same lanes, fused
+    multiply-adds in block order, fold and bias), the eight side by side: A's codes and scales
+    are loaded once per pair of blocks for all eight, eight independent accumulator chains
+    hide the multiply-adds' latency, and the folds run on the transposed accumulators (lane c:
+    column c), one vector operation for eight scalar ones."""
+    name = f"row8_{'zp' if zp else 'sym'}"
+    C8 = range(8)
+    L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa4, ptr %Z, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %n, i64 %kb) "
+         "nounwind alwaysinline {",
+         "entry:",
+         "  %rowbytes = mul i64 %kb, 16",
+         "  %pairs = lshr i64 %kb, 1",
+         *(f"  %nc{c} = add i64 %n, {c}" for c in C8),
+         *(f"  %brow{c} = mul i64 %nc{c}, %rowbytes" for c in C8),
+         *(f"  %bsrow{c} = mul i64 %nc{c}, %kb" for c in C8),
+         "  %anyp = icmp ugt i64 %pairs, 0",
+         "  br i1 %anyp, label %p.loop, label %p.end",
+         "p.loop:",
+         "  %p = phi i64 [0, %entry], [%p.next, %p.loop]",
+         *(f"  %acc{c} = phi {_VF} [zeroinitializer, %entry], [%acc{c}.n, %p.loop]" for c in C8),
+         "  %b0 = shl i64 %p, 1",
+         "  %boff = mul i64 %b0, 16",
+         "  %aoff = mul i64 %b0, 32",
+         "  %soff = mul i64 %b0, 4",
+         "  %ap0 = getelementptr i8, ptr %qa, i64 %aoff",
+         f"  %a0 = load {_V32B}, ptr %ap0, align 1",
+         "  %ap1 = getelementptr i8, ptr %ap0, i64 32",
+         f"  %a1 = load {_V32B}, ptr %ap1, align 1",
+         "  %sap = getelementptr float, ptr %sa4, i64 %soff"]
+    # The integer sums are MLAS's exactly, computed with fewer operations: sum a * (w - z) as
+    # sum a * w (w the unsigned nibbles) minus z * sum a, the sums of A's codes taken once
+    # per pair of blocks for the eight columns (all terms within 16 bits: |a| <= 127).
+    u8 = "<" + ", ".join(["i8 1"] * 32) + ">"
+    L += [f"  %as0 = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {u8}, {_V32B} %a0)",
+          f"  %as1 = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {u8}, {_V32B} %a1)",
+          f"  %as = add {_VH} %as0, %as1"]  # lane j: the codes of lane j of h below
+    if zp:
+        L += ["  %sa0 = load float, ptr %sap, align 4",
+              "  %sap1 = getelementptr float, ptr %sap, i64 4",
+              "  %sa1 = load float, ptr %sap1, align 4"]
+    else:  # 8 * the codes' sums, in q's lanes
+        L += [f"  %as8 = shl {_VH} %as, " + "<" + ", ".join(["i16 3"] * 16) + ">",
+              f"  %corr = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %as8, {_VH} {_ONES})",
+              f"  %sa8 = load {_VF}, ptr %sap, align 4"]
+    for c in C8:
+        L += [f"  %bo{c} = add i64 %brow{c}, %boff",
+              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
+              f"  %w{c} = load {_V32B}, ptr %bp{c}, align 1",
+              f"  %lo{c} = and {_V32B} %w{c}, " + "<" + ", ".join(["i8 15"] * 32) + ">",
+              f"  %hi{c} = lshr {_V32B} %w{c}, " + "<" + ", ".join(["i8 4"] * 32) + ">",
+              f"  %sbi{c} = add i64 %bsrow{c}, %b0",
+              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
+              f"  %sb2_{c} = load <2 x float>, ptr %sbp{c}, align 4",
+              f"  %dx{c} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo{c}, {_V32B} %a0)",
+              f"  %dy{c} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi{c}, {_V32B} %a1)",
+              f"  %hw{c} = add {_VH} %dx{c}, %dy{c}"]
+        if zp:  # as @tile_1_*_zp: block b's lanes, then b+1's, one multiply-add each
+            L += [f"  %zpp{c} = getelementptr i8, ptr %Z, i64 %sbi{c}",
+                  f"  %zp2_{c} = load <2 x i8>, ptr %zpp{c}, align 1",
+                  f"  %zpw{c} = zext <2 x i8> %zp2_{c} to <2 x i16>",
+                  f"  %zp16_{c} = shufflevector <2 x i16> %zpw{c}, <2 x i16> poison, "
+                  f"<16 x i32> {_mask([0] * 8 + [1] * 8)}",
+                  f"  %zc{c} = mul {_VH} %zp16_{c}, %as",
+                  f"  %h{c} = sub {_VH} %hw{c}, %zc{c}"]
+            for k in (0, 1):
+                L += [f"  %h{c}_{k} = shufflevector {_VH} %h{c}, {_VH} poison, <8 x i32> "
+                      f"{_mask(range(8 * k, 8 * k + 8))}",
+                      f"  %q{c}_{k} = sext <8 x i16> %h{c}_{k} to {_V8}",
+                      f"  %f{c}_{k} = sitofp {_V8} %q{c}_{k} to {_VF}",
+                      f"  %sbe{c}_{k} = extractelement <2 x float> %sb2_{c}, i64 {k}",
+                      f"  %s{c}_{k} = fmul float %sa{k}, %sbe{c}_{k}",
+                      f"  %sv{c}_{k}.0 = insertelement {_VF} poison, float %s{c}_{k}, i64 0",
+                      f"  %sv{c}_{k} = shufflevector {_VF} %sv{c}_{k}.0, {_VF} poison, "
+                      "<8 x i32> zeroinitializer"]
+            L += [f"  %acc{c}.h = call {_VF} @llvm.fma.v8f32({_VF} %f{c}_0, {_VF} %sv{c}_0, "
+                  f"{_VF} %acc{c})",
+                  f"  %acc{c}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{c}_1, {_VF} %sv{c}_1, "
+                  f"{_VF} %acc{c}.h)"]
+        else:
+            L += [f"  %qw{c} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %hw{c}, {_VH} {_ONES})",
+                  f"  %q{c} = sub {_V8} %qw{c}, %corr",
+                  f"  %f{c} = sitofp {_V8} %q{c} to {_VF}",
+                  f"  %sb2w{c} = shufflevector <2 x float> %sb2_{c}, <2 x float> poison, "
+                  f"<8 x i32> {_mask([0, 1, 1, 1, 1, 1, 1, 1])}",
+                  f"  %sb8_{c} = call {_VF} @llvm.x86.avx2.permps({_VF} %sb2w{c}, "
+                  f"{_V8} {_HALVES})",
+                  f"  %sv{c} = fmul {_VF} %sa8, %sb8_{c}",
+                  f"  %acc{c}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{c}, {_VF} %sv{c}, "
+                  f"{_VF} %acc{c})"]
+    L += ["  %p.next = add i64 %p, 1",
+          "  %p.more = icmp ult i64 %p.next, %pairs",
+          "  br i1 %p.more, label %p.loop, label %p.end",
+          "p.end:",
+          *(f"  %accp{c} = phi {_VF} [zeroinitializer, %entry], [%acc{c}.n, %p.loop]"
+            for c in C8),
+          "  %odd = and i64 %kb, 1",
+          "  %isodd = icmp ne i64 %odd, 0",
+          "  br i1 %isodd, label %t.block, label %fin",
+          "t.block:",  # an odd last block alone, A's codes in element order
+          "  %bt = sub i64 %kb, 1",
+          "  %btoff = mul i64 %bt, 16",
+          "  %atoff = mul i64 %bt, 32",
+          "  %tsoff = mul i64 %bt, 4",
+          "  %tap = getelementptr i8, ptr %qa, i64 %atoff",
+          f"  %ta = load {_V32B}, ptr %tap, align 1",
+          "  %tsap = getelementptr float, ptr %sa4, i64 %tsoff",
+          "  %tsav = load float, ptr %tsap, align 4"]
+    for c in C8:
+        L += [f"  %tbo{c} = add i64 %brow{c}, %btoff",
+              f"  %tbp{c} = getelementptr i8, ptr %B, i64 %tbo{c}",
+              f"  %tw{c} = load {_VB}, ptr %tbp{c}, align 1",
+              f"  %tlo{c} = and {_VB} %tw{c}, " + "<" + ", ".join(["i8 15"] * 16) + ">",
+              f"  %thi{c} = lshr {_VB} %tw{c}, " + "<" + ", ".join(["i8 4"] * 16) + ">",
+              f"  %tbv{c} = shufflevector {_VB} %tlo{c}, {_VB} %thi{c}, <32 x i32> {_ONE}",
+              f"  %tsbi{c} = add i64 %bsrow{c}, %bt",
+              f"  %tsbp{c} = getelementptr float, ptr %sb, i64 %tsbi{c}",
+              f"  %tsbv{c} = load float, ptr %tsbp{c}, align 4"]
+        if zp:
+            L += [f"  %tzpp{c} = getelementptr i8, ptr %Z, i64 %tsbi{c}",
+                  f"  %tzp{c} = load i8, ptr %tzpp{c}, align 1",
+                  f"  %tzv0_{c} = insertelement {_V32B} poison, i8 %tzp{c}, i64 0",
+                  f"  %tzv{c} = shufflevector {_V32B} %tzv0_{c}, {_V32B} poison, <32 x i32> "
+                  "zeroinitializer",
+                  f"  %tbv{c}.s = sub {_V32B} %tbv{c}, %tzv{c}",
+                  f"  %tbv{c}.u = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %tbv{c}.s, "
+                  f"{_V32B} %tbv{c}.s)"]
+        else:
+            L += [line.replace("%tbv", f"%tbv{c}") for line in _signed("tbv")]
+        L += [f"  %tas{c} = call {_V32B} @llvm.x86.avx2.psign.b({_V32B} %ta, {_V32B} %tbv{c}.s)",
+              f"  %td{c} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %tbv{c}.u, "
+              f"{_V32B} %tas{c})",
+              f"  %tq{c} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %td{c}, {_VH} {_ONES})"]
+        if zp:  # the zero-point kernel's lanes are in order
+            L += [f"  %tf{c} = sitofp {_V8} %tq{c} to {_VF}"]
+        else:
+            L += [f"  %tqs{c} = shufflevector {_V8} %tq{c}, {_V8} poison, <8 x i32> "
+                  f"{_mask(_SWAP)}",
+                  f"  %tf{c} = sitofp {_V8} %tqs{c} to {_VF}"]
+        L += [f"  %ts{c} = fmul float %tsav, %tsbv{c}",
+              f"  %tsv0_{c} = insertelement {_VF} poison, float %ts{c}, i64 0",
+              f"  %tsv{c} = shufflevector {_VF} %tsv0_{c}, {_VF} poison, <8 x i32> "
+              "zeroinitializer",
+              f"  %acct{c} = call {_VF} @llvm.fma.v8f32({_VF} %tf{c}, {_VF} %tsv{c}, "
+              f"{_VF} %accp{c})"]
+    L += ["  br label %fin",
+          "fin:",
+          *(f"  %accf{c} = phi {_VF} [%accp{c}, %p.end], [%acct{c}, %t.block]" for c in C8)]
+    T = _transpose8(L, [f"%accf{c}" for c in C8], "tr")  # T[j]: lane j of the eight columns
+    x = [T[i] for i in range(8)] if zp else [T[_SWAP[i]] for i in range(8)]  # MLAS's lane i
+    L += [f"  %l1 = fadd {_VF} {x[0]}, {x[1]}",
+          f"  %l2 = fadd {_VF} %l1, {x[2]}",
+          f"  %l3 = fadd {_VF} %l2, {x[3]}",
+          f"  %u1 = fadd {_VF} {x[4]}, {x[5]}",
+          f"  %u2 = fadd {_VF} %u1, {x[6]}",
+          f"  %u3 = fadd {_VF} %u2, {x[7]}",
+          f"  %y = fadd {_VF} %l3, %u3",
+          "  %biasp = getelementptr float, ptr %bias, i64 %n",
+          f"  %biasv = load {_VF}, ptr %biasp, align 4",
+          f"  %out = fadd {_VF} %y, %biasv",
+          "  %cp = getelementptr float, ptr %C, i64 %n",
+          f"  store {_VF} %out, ptr %cp, align 4",
+          "  ret void",
+          "}"]
+    return L
+
+
+def _row(zp: bool) -> list[str]:
+    """row / rowzp(A, buf, Z, B, sb, bias, C, n0, n1, N, kb, nfold): one row's product in one
+    call (a decode step's): A (kb * 32 floats) quantized into ``buf`` (kb * 52 bytes: codes,
+    four-fold scales, block sums), then columns [n0, n1) of C, eight at a time where all eight
+    are in MLAS's groups of four (@row8_*), the rest by @gemm1 / @gemm1zp. n0 a multiple of 4."""
+    sfx = "zp" if zp else "sym"
+    return [f"define void @row{'zp' if zp else ''}(ptr noalias %A, ptr noalias %buf, ptr %Z, "
+            "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %n0, i64 %n1, "
+            "i64 %N, i64 %kb, i64 %nfold) nounwind {",
+            "entry:",
+            "  %K = mul i64 %kb, 32",
+            "  %kb16 = mul i64 %kb, 16",
+            "  %sa4 = getelementptr i8, ptr %buf, i64 %K",
+            "  %asum = getelementptr i8, ptr %sa4, i64 %kb16",
+            "  call void @quantize(ptr %A, ptr %buf, ptr %sa4, ptr %asum, i64 1, i64 %kb)",
+            "  %lt = icmp slt i64 %n1, %nfold",
+            "  %lim = select i1 %lt, i64 %n1, i64 %nfold",
+            "  br label %c.head",
+            "c.head:",
+            "  %n = phi i64 [%n0, %entry], [%n.next, %c.body]",
+            "  %n8 = add i64 %n, 8",
+            "  %ok = icmp sle i64 %n8, %lim",
+            "  br i1 %ok, label %c.body, label %c.rest",
+            "c.body:",
+            f"  call void @row8_{sfx}(ptr %buf, ptr %sa4, ptr %Z, ptr %B, ptr %sb, ptr %bias, "
+            "ptr %C, i64 %n, i64 %kb)",
+            "  %n.next = add i64 %n, 8",
+            "  br label %c.head",
+            "c.rest:",
+            f"  call void @gemm1{'zp' if zp else ''}(ptr %buf, ptr %sa4, ptr %Z, ptr %B, "
+            "ptr %sb, ptr %bias, ptr %C, i64 1, i64 %n, i64 %n1, i64 %N, i64 %kb, i64 %nfold)",
+            "  ret void",
+            "}"]
+
+
 def module_ir(target=None) -> str:
     tiles = [line for rows in sorted({ROWS, 1}) for fold in (True, False)
              for line in _tile(rows, fold)]
     tiles += [line for fold in (True, False) for line in _tile(1, fold, sym=True)]
     tiles += [line for fold in (True, False) for line in _tile_zp1(fold)]
+    rows = [line for zp in (False, True) for line in _row8(zp) + _row(zp)]
     return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *_zshare(), *_quantize(),
+                      *rows,
                       f"declare {_V32B} @llvm.x86.avx2.psign.b({_V32B}, {_V32B})",
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       "declare float @llvm.fma.f32(float, float, float)",
@@ -637,12 +871,13 @@ _I = ctypes.c_int64
 _GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
 _ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
 _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
+_ROW = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I)
 
 
 def _module() -> jit.Module:
     return jit.compile_module("nbits_gemm", module_ir,
                               {"gemm": _GEMM, "gemm1": _GEMM, "gemm1zp": _GEMM, "zshare": _ZSHARE,
-                               "quantize": _QUANT}, REQUIRES)
+                               "quantize": _QUANT, "row": _ROW, "rowzp": _ROW}, REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -716,6 +951,11 @@ class Gemm:
         self.zq = 0 if zero_points is None else zero_points.ctypes.data
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zshare.ctypes.data,
                      bias.ctypes.data)
+        self.nfold = self.N - self.N % GROUP
+        self.K = self.kb * BLOCK
+        self._row = module.row if zero_points is None else module.rowzp
+        self._row_ptrs = (self.zq, self.ptrs[0], self.ptrs[1], self.ptrs[3])
+        self._buf = self.K + self.kb * 20  # row's scratch: codes, four-fold scales, block sums
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """[0, N) in at most ``parts`` ranges whose inner ends are multiples of 4."""
@@ -728,6 +968,21 @@ class Gemm:
             out.append((start * GROUP, min(stop * GROUP, self.N)))
             start = stop
         return out
+
+    def row(self, a: np.ndarray, out: np.ndarray, n0: int = 0, n1: int | None = None) -> None:
+        """out[..., n0:n1] = one row's product (MLAS's M == 1 arithmetic), quantization
+        included, in one compiled call: a decode step calls this for every projection, so the
+        Python around it is most of a small product's cost. ``a``: K float32, ``out``: N
+        float32, C-contiguous; n0 a multiple of 4."""
+        if a.size != self.K or a.dtype != np.float32 or not a.flags.c_contiguous:
+            padded = np.zeros(self.K, np.float32)  # the last block padded with zeros
+            padded[:a.size] = a.reshape(-1)
+            a = padded
+        address = jit.address
+        Z, B, S, bias = self._row_ptrs
+        buf = np.empty(self._buf, np.uint8)  # held here: the kernel writes it
+        self._row(address(a), address(buf), Z, B, S, bias, address(out), n0,
+                  self.N if n1 is None else n1, self.N, self.kb, self.nfold)
 
     def __call__(self, qa: np.ndarray, sa4: np.ndarray, asum: np.ndarray, out: np.ndarray,
                  n0: int, n1: int) -> None:

@@ -650,6 +650,14 @@ class MatMulNBits:
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
+        if A.size == self.K and self.gemm is not None and A.dtype == F32:  # a decode step
+            Y = np.empty(A.shape[:-1] + (self.N,), F32)
+            if self.packed.nbytes < self.SPLIT_BYTES or self.threads == 1:
+                self.gemm.row(A, Y)
+            else:
+                run_ranges(lambda n0, n1: self.gemm.row(A, Y, n0, n1),
+                           self.gemm.ranges(self.threads))
+            return Y
         out_dtype = A.dtype
         Af = A if A.dtype == F32 else A.astype(F32)
         if B.size == 0:  # an omitted projection: zeros, or the bias
