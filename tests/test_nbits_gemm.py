@@ -47,6 +47,7 @@ def _model(K, N, zp, bias, rng) -> bytes:
     (96, 10, False, True),  # an odd number of blocks; N % 4 columns summed MLAS's other way
     (100, 13, True, True),  # K not whole blocks; zero points
     (224, 7, True, False),
+    (288, 20, True, True),  # one row's passes of eight columns with zero points, odd blocks
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_bit_for_bit_onnxruntime(K, N, zp, bias, threads, monkeypatch):
