@@ -1,5 +1,5 @@
 """The compiled-kernel cache and loader (providers/cpu/compiled/cache.py, elf.py, jit.py) against
-tampering and damage: planted or flipped objects are refused by their HMAC tag and compiled
+tampering and damage: planted or flipped objects are refused by their MAC tag and compiled
 afresh, an unsafe folder is not used (one warning), code is never mapped writable and
 executable at once, and every damaged object is an ``ObjectError``.
 
@@ -109,10 +109,45 @@ def test_entry_is_written_tagged_with_a_private_secret(folder, compiles, monkeyp
     assert folder.stat().st_mode & 0o777 == 0o700
     secret = folder / "secret"
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.stat().st_size == 32
-    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 3\n")
+    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 4\n")
     _forget(monkeypatch)
     assert _add() == 5
     assert compiles == [[NAME]]  # the second load came from the cache
+
+
+def test_tag_is_keyed_blake2b_of_the_key_and_payload(folder, compiles):
+    """The tag is what hashlib's keyed BLAKE2b computes: the cache's own import of it (without
+    OpenSSL) is the same MAC."""
+    import hashlib
+
+    assert _add() == 5
+    data = _entry(folder).read_bytes()
+    head = len(cache._MAGIC)
+    tag, payload = data[head:head + 64], data[head + 65:]
+    key = json.loads(payload)["key"]
+    mac = hashlib.blake2b(cache._MAGIC + key.encode() + b"\0", digest_size=32,
+                          key=(folder / "secret").read_bytes())
+    mac.update(payload)
+    assert tag == mac.hexdigest().encode()
+
+
+def test_kernel_cache_does_not_load_openssl():
+    """hashlib / hmac load OpenSSL's libcrypto (3.5 MiB resident, a few ms): a session whose
+    kernels come from the cache never imports them."""
+    code = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import onnxrun
+        from onnxrun.providers.cpu.compiled import float_gemm
+        assert float_gemm.unavailable() is None, float_gemm.unavailable()
+        w = np.ones((8, 8), np.float32)
+        assert float_gemm.pack(w) is not None
+        print(sorted(m for m in ("_hashlib", "hashlib", "hmac") if m in sys.modules))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_planted_entry_without_a_tag_is_refused_and_recompiled(folder, compiles):

@@ -38,8 +38,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# jit's names, imported on first use: jit brings the cache (hashlib's OpenSSL: ~4 MiB resident,
-# tens of ms) and the ELF loader, which a session whose kernels only need ``layout``'s numpy
+# jit's names, imported on first use: jit brings the cache, the ELF loader and
+# subprocess, which a session whose kernels only need ``layout``'s numpy
 # helpers never uses.
 _JIT_NAMES = frozenset({"jit", "Target", "Unavailable", "disabled", "enabled", "forced_target",
                         "target", "why_unavailable"})

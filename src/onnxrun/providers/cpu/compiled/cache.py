@@ -9,9 +9,9 @@ is used only when:
 - the folder belongs to the current user and is not writable by group or others (otherwise
   the cache is not used at all, with one warning per process: the kernels compile in memory);
 - the entry is a regular file of that user, not writable by group or others;
-- its HMAC-SHA256 tag, keyed by a per-user secret (``secret``: 32 random bytes, created
-  atomically with mode 0600 in the folder, refused with a warning if its owner or mode is
-  wrong), matches the key and the bytes. A plain digest would catch damage only: anyone able
+- its tag, keyed BLAKE2b (a MAC by design, no HMAC construction needed) with a per-user
+  secret (``secret``: 32 random bytes, created atomically with mode 0600 in the folder,
+  refused with a warning if its owner or mode is wrong), matches the key and the bytes. A plain digest would catch damage only: anyone able
   to plant an entry could write its digest too. The secret also ties an entry to the cache
   that wrote it: entries copied from another user or machine are refused.
 
@@ -22,19 +22,27 @@ folder swapped after its check is never followed.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import os
-import secrets
 import stat
 import warnings
 
 from .targets import Target
 
+# BLAKE2b and the constant-time comparison from the interpreter's own modules: hashlib and
+# hmac import OpenSSL's libcrypto, which costs a process's first session 3.5 MiB resident
+# and ~5 ms for digests of a few hundred kilobytes (the same functions, the same results).
+try:
+    from _blake2 import blake2b
+    from _operator import _compare_digest as compare_digest
+except ImportError:  # another interpreter
+    from hashlib import blake2b
+    from hmac import compare_digest
+
 _CACHE_ENV = "ONNXRUN_KERNEL_CACHE"
-_VERSION = 3  # 2: entries carry an HMAC tag; 3: objects compiled for a named target
-_MAGIC = b"onnxrun-kernels 3\n"
+_VERSION = 4  # 2: entries carry an HMAC tag; 3: objects compiled for a named target;
+# 4: keys and tags by (keyed) BLAKE2b
+_MAGIC = b"onnxrun-kernels 4\n"
 _SECRET = "secret"
 _SECRET_BYTES = 32
 _MAX_ENTRY = 64 << 20
@@ -59,7 +67,7 @@ def key(modules: dict[str, str], target: Target) -> str | None:
     is given the target's CPU level and features, never the host's)."""
     if folder() is None:
         return None
-    digest = hashlib.sha256(f"v{_VERSION}|{target.identity}".encode())
+    digest = blake2b(f"v{_VERSION}|{target.identity}".encode(), digest_size=32)
     for name in sorted(modules):
         digest.update(f"|{name}|{len(modules[name])}|".encode())
         digest.update(modules[name].encode())
@@ -139,7 +147,7 @@ class _Folder:
     def write_file(self, name: str, data: bytes, exclusive: bool) -> None:
         """``data`` as ``name``, whole or not at all (a temporary file renamed, or linked
         where ``exclusive``: a file already there is kept)."""
-        tmp = f".tmp-{secrets.token_hex(8)}"
+        tmp = f".tmp-{os.urandom(8).hex()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
                      0o600, dir_fd=self.fd)
         try:
@@ -164,7 +172,7 @@ class _Folder:
         if opened is None:
             if not create:
                 return None
-            self.write_file(_SECRET, secrets.token_bytes(_SECRET_BYTES), exclusive=True)
+            self.write_file(_SECRET, os.urandom(_SECRET_BYTES), exclusive=True)
             opened = self.open_file(_SECRET)
             if opened is None:
                 return None
@@ -183,7 +191,7 @@ class _Refused(Exception):
 
 
 def _tag(secret: bytes, entry_key: str, payload: bytes) -> bytes:
-    mac = hmac.new(secret, _MAGIC + entry_key.encode() + b"\0", hashlib.sha256)
+    mac = blake2b(_MAGIC + entry_key.encode() + b"\0", digest_size=32, key=secret)
     mac.update(payload)
     return mac.hexdigest().encode()
 
@@ -223,7 +231,7 @@ def _verified(data: bytes, secret: bytes | None, entry_key: str) -> dict | None:
             data[tag_end:tag_end + 1] != b"\n":
         return None
     payload = data[tag_end + 1:]
-    if not hmac.compare_digest(data[head:tag_end], _tag(secret, entry_key, payload)):
+    if not compare_digest(data[head:tag_end], _tag(secret, entry_key, payload)):
         return None
     try:
         answer = json.loads(payload)

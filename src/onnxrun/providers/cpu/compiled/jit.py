@@ -11,7 +11,7 @@ executable memory here: the engine's process never loads LLVM, which would cost 
 resident memory for good (more than an int8 model saves). A compile costs ~0.3-0.7 s (the
 child's start included); the objects are kept on disk (``cache.py``: ``ONNXRUN_KERNEL_CACHE``,
 default ``~/.cache/onnxrun/kernels``; ``0`` turns it off), keyed by the IR and the target and
-tagged with a per-user HMAC, so a later process loads them in milliseconds.
+tagged with a per-user MAC, so a later process loads them in milliseconds.
 
 ctypes releases the GIL for the duration of a call, so compiled kernels run truly in parallel
 on the intra-op threads and under concurrent ``run`` calls. The generated functions only read
