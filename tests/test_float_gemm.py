@@ -508,3 +508,101 @@ def test_released_weight_reports_a_mismatched_input():
     assert _released(sess)
     with pytest.raises(RuntimeError, match=r"MatMul.*\[3, 5\].*\[64, 48\]"):
         sess.run(None, {"A": np.ones((3, 5), np.float32)})
+
+
+def _conv_chain(layers, x_shape):
+    """Convolutions in a chain (each (name, out channels, kernel, group)), weights random."""
+    rng = np.random.default_rng(len(layers))
+    nodes, inits, c, x = [], [], x_shape[1], "X"
+    for i, (out, k, group) in enumerate(layers):
+        W = (rng.standard_normal((out, c // group, k, k)) * 0.2).astype(np.float32)
+        B = rng.standard_normal(out).astype(np.float32)
+        inits += [onnx.numpy_helper.from_array(W, f"W{i}"),
+                  onnx.numpy_helper.from_array(B, f"B{i}")]
+        nodes += [helper.make_node("Conv", [x, f"W{i}", f"B{i}"], [f"C{i}"], group=group,
+                                   pads=[k // 2] * 4, name=f"conv{i}"),
+                  helper.make_node("Relu", [f"C{i}"], [f"R{i}"])]
+        c, x = out, f"R{i}"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TP.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info(x, TP.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _conv_sessions(model):
+    """The session as it runs, and one that keeps every weight (session.disable_prepacking)."""
+    so = onnxrun.SessionOptions()
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    data = model.SerializeToString()
+    return onnxrun.InferenceSession(data), onnxrun.InferenceSession(data, so)
+
+
+def _conv_kernels(sess):
+    return [s.kernel for s in sess._program.steps if s.node.op_type in ("Conv", "FusedConv")]
+
+
+def test_conv_weight_in_panels_replaces_the_initializer():
+    """A convolution whose weight lives only in the compiled GEMM's panels (channels-last
+    implicit GEMM) releases the original: the session holds it once. A size that takes
+    another method (a small input: the inline gather path) rebuilds W exactly from the
+    panels; every result is bit for bit the session's that keeps W."""
+    model = _conv_chain([(24, 3, 1), (24, 3, 1)], [1, 16, "h", "w"])
+    sess, kept = _conv_sessions(model)
+    convs = _conv_kernels(sess)
+    assert all(k.nhwc_packed is not None and k.prepacked_inputs == (1,) for k in convs)
+    graph = sess._model.graph
+    assert all(graph.initializers[f"W{i}"].const_value is None for i in range(2))
+    assert all(kept._model.graph.initializers[f"W{i}"].const_value is not None
+               for i in range(2))
+    want = onnx.numpy_helper.to_array(model.graph.initializer[0])
+    np.testing.assert_array_equal(convs[0]._weight(None), want)
+    rng = np.random.default_rng(3)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for hw in ((20, 20), (4, 5), (20, 20)):
+        X = rng.standard_normal((1, 16) + hw).astype(np.float32)
+        got = sess.run(None, {"X": X})[0]
+        np.testing.assert_array_equal(got, kept.run(None, {"X": X})[0])
+        np.testing.assert_allclose(got, ref.run(None, {"X": X})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv_1x1_weight_released_between_channels_last_layers():
+    """A 1x1 convolution that reads channels-last (after an implicit-GEMM one, whose W was
+    released before: its kind still known) and runs on the panels releases W and its NCHW
+    views; the layout choices are the session's that keeps W."""
+    model = _conv_chain([(32, 3, 1), (32, 1, 1), (32, 3, 32), (48, 1, 1)], [1, 32, 12, 12])
+    sess, kept = _conv_sessions(model)
+    convs = _conv_kernels(sess)
+    assert convs[1].gemm_t_packed is not None and convs[1].prepacked_inputs == (1,)
+    assert not convs[1].prepared
+    assert sess._model.graph.initializers["W1"].const_value is None
+    assert [k.channels_last for k in convs] == [k.channels_last for k in _conv_kernels(kept)]
+    want = onnx.numpy_helper.to_array(model.graph.initializer[2])
+    np.testing.assert_array_equal(convs[1]._weight(None), want)
+    X = np.random.default_rng(4).standard_normal((1, 32, 12, 12)).astype(np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"X": X})[0], kept.run(None, {"X": X})[0])
+    # an input that arrives in NCHW after all: W rebuilt once, the same numbers
+    X2 = np.random.default_rng(5).standard_normal((1, 32, 12, 12)).astype(np.float32)
+    ours = convs[1](X2, None, sess._model.graph.initializers["B1"].const_value)
+    theirs = _conv_kernels(kept)[1](X2, kept._model.graph.initializers["W1"].const_value,
+                                    kept._model.graph.initializers["B1"].const_value)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_conv_weights_are_freed():
+    """The convolution weights' memory is given back once packed: ~1x the weights held (2x
+    before: the initializers and their panels)."""
+    import gc
+    import tracemalloc
+
+    model = _conv_chain([(128, 3, 1), (128, 3, 1)], [1, 64, 8, 8]).SerializeToString()
+    weights = (128 * 64 + 128 * 128) * 9 * 4
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        sess = onnxrun.InferenceSession(model)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert all(k.nhwc_packed is not None for k in _conv_kernels(sess))
+    assert held < 1.5 * weights, (held, weights)

@@ -26,6 +26,7 @@ from .execute import (
     run_steps_parallel,
 )
 from .ir import Graph, Model, Node, Value
+from .ir.serde import tensor_type
 from .ir.toposort import stable_topological_order
 from .partition import Assignment
 from .proto import onnx
@@ -288,6 +289,8 @@ class _PrepackedRelease:
             if not readers and id(v) not in self.kept:
                 del self.pending[id(v)]
                 self.template[self.slots[id(v)]] = None
+                if v.type is None:  # its shape and dtype stay known (a Conv's layout choice)
+                    v.type = tensor_type(v.const_value)
                 v.const_value = None
 
 

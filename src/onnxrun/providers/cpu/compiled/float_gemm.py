@@ -455,6 +455,13 @@ class PackedMatrix:
     def nbytes(self) -> int:
         return self.panels.nbytes
 
+    def matrix(self) -> np.ndarray:
+        """The packed (K, N) matrix, exactly, as a new array (for a caller whose original
+        was released)."""
+        npan, K, NR = self.panels.shape
+        return np.ascontiguousarray(
+            self.panels.transpose(1, 0, 2).reshape(K, npan * NR)[:, :self.N])
+
     def run(self, A: np.ndarray, bias: np.ndarray | None = None,
             residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
             threads: int = 1) -> np.ndarray:

@@ -14,11 +14,12 @@ import functools
 import itertools
 import math
 import threading
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ....dtypes import BFLOAT16, type_shape
+from ....dtypes import BFLOAT16, np_dtype, type_shape
 from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
@@ -736,9 +737,8 @@ def conv_kind(node, threads: int = 1) -> str:
     """How the Conv / FusedConv ``node`` will run (with ``threads`` BLAS threads): "1x1" (a
     GEMM on its input), "depthwise" (the channels-last kernel), "winograd", "nhwc"
     (channels-last im2col on the compiled GEMM), or "other"."""
-    W = node.inputs[1].const_value if len(node.inputs) > 1 and node.inputs[1] is not None \
-        else None
-    if W is None or W.ndim != 4:
+    W = _constant_weight(node)
+    if W is None or len(W.shape) != 4:
         return "other"
     group = int(node.attr("group", 1))
     if group == W.shape[0] and W.shape[1] == 1 and group > 1:
@@ -763,6 +763,28 @@ def conv_kind(node, threads: int = 1) -> str:
                            outs, method_threads(threads, compute_dtype(W.dtype)),
                            _packable(W.dtype))
     return method if method in ("winograd", "nhwc") else "other"
+
+
+class _WeightSpec(NamedTuple):
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+def _constant_weight(node) -> np.ndarray | _WeightSpec | None:
+    """The constant W of the convolution ``node`` (its array, or its shape and dtype once the
+    session has released the array, which the node's kernel holds packed: a convolution
+    prepared later decides its layout on its neighbours as if W were there), or None."""
+    v = node.inputs[1] if len(node.inputs) > 1 else None
+    if v is None or v.const_value is not None:
+        return None if v is None else v.const_value
+    graph = v.graph
+    if v.producer is not None or graph is None or graph.initializers.get(v.name) is not v or \
+            v.type is None or not v.type.HasField("tensor_type"):
+        return None
+    shape = type_shape(v.type)
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return _WeightSpec(tuple(shape), np_dtype(v.type.tensor_type.elem_type))
 
 
 def _packable(dtype) -> bool:
@@ -1021,6 +1043,10 @@ class Conv(_ConvBase):
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
         self.channels_last = False  # write the output channels-last (channels_last_output)
         self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
+        # W itself, when it is kept only in the panels (nhwc_packed, gemm_t_packed): the session
+        # then drops the original and calls with W None; a method that needs W after all
+        # (sizes other than prepared) rebuilds it exactly from the panels (_weight)
+        self.prepacked_inputs: tuple[int, ...] = ()
         self.threads = threads_for(ctx)  # intra-op threads, = BLAS threads; see _dense_method
         self.method_threads = self.threads  # what _dense_method assumes (method_threads)
         if W is None:
@@ -1053,6 +1079,8 @@ class Conv(_ConvBase):
                                dilations, self.group, outs, self.method_threads, self.packable)
         if method == "nhwc":
             self.nhwc_packed = self._nhwc_weights(W)
+            if self.nhwc_packed is not None and W.dtype == np.float32:
+                self.prepacked_inputs = (1,)
             return
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
@@ -1070,6 +1098,12 @@ class Conv(_ConvBase):
                 from ..compiled.float_gemm import pack
 
                 self.gemm_t_packed = pack(self.prepared["gemm_t"])
+                if self.gemm_t_packed is not None and W.dtype == np.float32 and \
+                        _reads_channels_last(ctx.node, self.threads, 0):
+                    # its input comes channels-last: the panels are all it reads (the NCHW
+                    # operands, views of W, are rebuilt if an input comes otherwise)
+                    self.prepacked_inputs = (1,)
+                    self.prepared.clear()
 
     @property
     def uses_compiled_gemm(self) -> bool | None:
@@ -1080,6 +1114,19 @@ class Conv(_ConvBase):
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
+
+    def _weight(self, W: np.ndarray | None) -> np.ndarray:
+        """W, or, where the session released it (prepacked_inputs), W rebuilt exactly from
+        the panels that hold it."""
+        if W is not None:
+            return W
+        if self.nhwc_packed is not None:  # (kh * kw * C, M) -> (M, C, kh, kw)
+            M, C, kh, kw = self.W_shape
+            return np.ascontiguousarray(
+                self.nhwc_packed.matrix().reshape(kh, kw, C, M).transpose(3, 2, 0, 1))
+        if self.gemm_t_packed is not None:  # (C, M) -> (M, C, 1, ...)
+            return np.ascontiguousarray(self.gemm_t_packed.matrix().T).reshape(self.W_shape)
+        raise ValueError("Conv: the weight is missing")
 
     def _is_depthwise(self, W_shape) -> bool:
         return self.group > 1 and W_shape[0] == self.group and W_shape[1] == 1
@@ -1116,10 +1163,11 @@ class Conv(_ConvBase):
     def _forward(self, X, W, B=None, Z=None, act=None):
         """act(Conv(X, W) + B + Z) in a fresh array of X's dtype (``act`` works in place)."""
         nd = X.ndim - 2
-        kernel, strides, dilations = self._attrs(nd, W.shape)
-        if X.shape[1] != W.shape[1] * self.group:
+        w_shape = self.W_shape if W is None else W.shape  # None: held in the panels (_weight)
+        kernel, strides, dilations = self._attrs(nd, w_shape)
+        if X.shape[1] != w_shape[1] * self.group:
             raise ValueError(
-                f"input channels {X.shape[1]} != weight channels {W.shape[1]} * group "
+                f"input channels {X.shape[1]} != weight channels {w_shape[1]} * group "
                 f"{self.group}"
             )
         heads, tails, outs = window_geometry(
@@ -1130,24 +1178,24 @@ class Conv(_ConvBase):
         if X.dtype != cdt:
             X = X.astype(cdt)
         const_w = self.W_shape is not None
-        N, M = X.shape[0], W.shape[0]
+        N, M = X.shape[0], w_shape[0]
         b = None
         if B is not None:
             b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
             b = b.reshape((M,) + (1,) * nd)
         if Z is not None and Z.dtype != cdt:
             Z = Z.astype(cdt)
-        if X.size == 0 or W.size == 0 or 0 in outs:
+        if X.size == 0 or 0 in w_shape or 0 in outs:
             # an empty batch, no input channels, or an empty output: no kernel has work (and
             # the compiled ones are never handed empty buffers); the sum over no taps is 0
             return _finish(np.zeros((N, M) + outs, cdt), None, b, Z, act, out_dtype)
-        depthwise = self._is_depthwise(W.shape) and X.shape[1] == M
+        depthwise = self._is_depthwise(w_shape) and X.shape[1] == M
         if depthwise and nd == 2:
-            Y = self._depthwise_2d(X, W, b, Z, act, heads, outs, kernel, strides, dilations,
-                                   cdt)
+            Y = self._depthwise_2d(X, self._weight(W), b, Z, act, heads, outs, kernel, strides,
+                                   dilations, cdt)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         if depthwise:
-            w = self.w_depthwise if const_w else self._depthwise_weights(W, cdt)
+            w = self.w_depthwise if const_w else self._depthwise_weights(self._weight(W), cdt)
             Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
             Y = None
             tmp = None
@@ -1164,20 +1212,29 @@ class Conv(_ConvBase):
                                self.packable and const_w and X.dtype == np.float32)
         if method == "nhwc":
             if self.nhwc_packed is None:  # shapes not known when prepared: packed once, here
-                self.nhwc_packed = self._nhwc_weights(W)
+                self.nhwc_packed = self._nhwc_weights(self._weight(W))
             if self.nhwc_packed is not None:
                 Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
                                    self.method_threads)
+        g = self.group
+        one_by_one = all(k == 1 for k in kernel) and not any(heads) and \
+            all(s == 1 for s in strides) and outs == X.shape[2:]
+        if one_by_one and method == "gemm" and self.gemm_t_packed is not None and \
+                X.dtype == np.float32 and _is_channels_last(X):
+            return self._gemm_1x1_compiled(X, b, Z, act)
         packed = self.winograd_packed if method == "winograd" and X.dtype == np.float32 \
             else None
         Wm = self.prepared.get(method)
         if Wm is None and packed is None:
+            W = self._weight(W)
             Wm = self._weights(method, W, cdt)
             if const_w:  # sizes that chose another method when prepared: once
                 self.prepared[method] = Wm
+                if one_by_one and self.gemm_t_packed is not None:  # released: its view too
+                    self.prepared["gemm_t"] = W.reshape(W.shape[:2]).T
         if method == "winograd":
             Y = _winograd_3x3(X, Wm, b, heads, outs, self.threads, packed).transpose(0, 3, 1, 2)
             if Y.shape[2:] == outs and self.channels_last:
@@ -1187,12 +1244,7 @@ class Conv(_ConvBase):
         if method == "shifted":
             src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations)
             return self._laid_out(_finish(None, src, b, Z, act, out_dtype, self.threads))
-        g = self.group
-        if all(k == 1 for k in kernel) and not any(heads) and all(s == 1 for s in strides) \
-                and outs == X.shape[2:]:
-            if self.gemm_t_packed is not None and X.dtype == np.float32 and \
-                    _is_channels_last(X) and Wm is self.prepared.get(method):
-                return self._gemm_1x1_compiled(X, b, Z, act)
+        if one_by_one:
             return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
                            out_dtype, self.threads)
         if N == 1 and g == 1 and X.shape[1] * math.prod(kernel) * math.prod(outs) <= \
