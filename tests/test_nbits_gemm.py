@@ -54,6 +54,7 @@ def test_bit_for_bit_onnxruntime(K, N, zp, bias, threads, monkeypatch):
     from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
 
     monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # split over the threads
+    monkeypatch.setattr(MatMulNBits, "SPLIT_ROW_BYTES", 0)  # one row too (compiled/spin.py)
     rng = np.random.default_rng(K + N)
     data = _model(K, N, zp, bias, rng)
     so = onnxrun.SessionOptions()

@@ -592,6 +592,9 @@ class MatMulNBits:
     # packed weight bytes from which one row's product is split over the threads: waking a
     # worker costs 20-80 us (parallel.py), a 1 MiB weight streams in ~100-200 us
     SPLIT_BYTES = 1 << 20
+    # the same for one row on compiled/spin.py's spinning workers (a hand-off of ~1 us): a
+    # 128 KiB weight is ~15-30 us of work
+    SPLIT_ROW_BYTES = 1 << 17
 
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
@@ -601,7 +604,7 @@ class MatMulNBits:
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
         self.a_block = int8_a_block(self.bits, self.block_size) if int(
             accuracy_level) == 4 else None
-        self.W = self.packed = self.gemm = None
+        self.W = self.packed = self.gemm = self.spin = None
         self.threads = threads_for(ctx)
         c = ctx.constants_of((1, 2, 3, 4))
         if c is None or c[0] is None or c[1] is None or not c[0].size:
@@ -640,6 +643,12 @@ class MatMulNBits:
         self.gemm_bias = bias[0] is not None and bias[0].size > 0
         zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]])
+        if self.threads > 1:
+            from ...compiled import spin
+
+            if spin.unavailable() is None:
+                self.spin = spin.pool()
+                self.spin_parts = min(self.threads, self.spin.size + 1)
         # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
         return nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
 
@@ -652,11 +661,10 @@ class MatMulNBits:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
         if A.size == self.K and self.gemm is not None and A.dtype == F32:  # a decode step
             Y = np.empty(A.shape[:-1] + (self.N,), F32)
-            if self.packed.nbytes < self.SPLIT_BYTES or self.threads == 1:
-                self.gemm.row(A, Y)
+            if self.spin is not None and self.packed.nbytes >= self.SPLIT_ROW_BYTES:
+                self.gemm.row_parts(A, Y, self.spin_parts, self.spin)
             else:
-                run_ranges(lambda n0, n1: self.gemm.row(A, Y, n0, n1),
-                           self.gemm.ranges(self.threads))
+                self.gemm.row(A, Y)
             return Y
         out_dtype = A.dtype
         Af = A if A.dtype == F32 else A.astype(F32)

@@ -1,0 +1,258 @@
+"""Spinning workers for compiled kernels: one product split over threads with a hand-off of a
+few hundred nanoseconds instead of parallel.py's queue wake (20-80 us on a virtual machine).
+
+An LLM's decode step is a chain of products of 30-300 us each (issue #14): waking a sleeping
+thread for each costs as much as the half of the work it takes over. So each worker, once
+woken, waits for its next piece in compiled code (no GIL held), polling one word of its own
+for up to ``SPIN_MS``, and only then goes back to sleep on a ``threading.Event``. A kernel hands
+out work as a compiled job function ``void job(ptr args)`` and one argument block per part
+(``fork``): the calling thread runs part 0 and takes back any part no worker has begun yet
+(a worker the OS has not scheduled costs a wait of nothing, as in parallel._Job), so a
+``fork`` always finishes and never waits for a sleeping thread. Workers found asleep are
+woken for the next fork, not this one.
+
+Each worker's control word (``state``): 0 asleep, 1 spinning, 3 claimed by a caller (the
+caller writes the job), 2 job posted, 4 job running. Only a caller moves 1 -> 3 -> 2 and
+2 -> 3 -> 1 (taking a part back); only the worker moves 2 -> 4 -> 1 and 1 -> 0. Words
+[1-4]: job function, argument block, the job's sequence number, the last finished one (the
+caller waits for its number, never for the state: the worker may have been claimed again).
+Several calling threads may fork at once: a worker someone else holds is simply not used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import numpy as np
+
+from ..parallel import usable_cores
+from . import jit
+
+REQUIRES = ()
+# how long a worker polls for its next piece before sleeping; in time-stamp counter ticks
+# (~1-3 GHz): about 1 ms, longer than the gaps between a decode step's products
+SPIN_TICKS = 2_000_000
+_WORDS = 8  # one 64-byte line per worker
+
+
+def module_ir(target=None) -> str:
+    cas = "cmpxchg ptr {p}, i64 {old}, i64 {new} seq_cst seq_cst"
+    return "\n".join([
+        # spin(ctrl, ticks): the worker's side, until it has polled ``ticks`` without work
+        "define void @spin(ptr %ctrl, i64 %ticks) nounwind {",
+        "entry:",
+        "  %wake = " + cas.format(p="%ctrl", old=0, new=1),
+        "  br label %outer",
+        "outer:",
+        "  %t0 = call i64 @llvm.readcyclecounter()",
+        "  br label %poll",
+        "poll:",
+        "  %st = load atomic i64, ptr %ctrl acquire, align 8",
+        "  %posted = icmp eq i64 %st, 2",
+        "  br i1 %posted, label %take, label %idle",
+        "take:",
+        "  %tk = " + cas.format(p="%ctrl", old=2, new=4),
+        "  %took = extractvalue { i64, i1 } %tk, 1",
+        "  br i1 %took, label %job, label %poll",
+        "job:",
+        "  %fp = getelementptr i64, ptr %ctrl, i64 1",
+        "  %fn = load ptr, ptr %fp, align 8",
+        "  %ap = getelementptr i64, ptr %ctrl, i64 2",
+        "  %args = load ptr, ptr %ap, align 8",
+        "  %sp = getelementptr i64, ptr %ctrl, i64 3",
+        "  %seq = load i64, ptr %sp, align 8",
+        "  call void %fn(ptr %args)",
+        "  %dp = getelementptr i64, ptr %ctrl, i64 4",
+        "  store atomic i64 %seq, ptr %dp release, align 8",
+        "  store atomic i64 1, ptr %ctrl release, align 8",
+        "  br label %outer",
+        "idle:",
+        "  call void @llvm.x86.sse2.pause()",
+        "  %t = call i64 @llvm.readcyclecounter()",
+        "  %dt = sub i64 %t, %t0",
+        "  %more = icmp ult i64 %dt, %ticks",
+        "  br i1 %more, label %poll, label %timeout",
+        "timeout:",  # fails while a caller holds the word (3): then poll on
+        "  %sl = " + cas.format(p="%ctrl", old=1, new=0),
+        "  %slept = extractvalue { i64, i1 } %sl, 1",
+        "  br i1 %slept, label %exit, label %outer",
+        "exit:",
+        "  ret void",
+        "}",
+        # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning, part 0 here,
+        # then each part no worker took; returns the mask of workers found asleep
+        "define i64 @fork(ptr %ctrls, i64 %nw, ptr %fn, ptr %argv) nounwind {",
+        "entry:",
+        "  %seqs = alloca [64 x i64], align 8",
+        "  %any = icmp sgt i64 %nw, 0",
+        "  br i1 %any, label %post, label %self",
+        "post:",
+        "  %w = phi i64 [0, %entry], [%w.next, %post.next]",
+        "  %held = phi i64 [0, %entry], [%held.n, %post.next]",
+        "  %asleep = phi i64 [0, %entry], [%asleep.n, %post.next]",
+        "  %woff = mul i64 %w, 8",
+        "  %ctrl = getelementptr i64, ptr %ctrls, i64 %woff",
+        "  %cl = " + cas.format(p="%ctrl", old=1, new=3),
+        "  %claimed = extractvalue { i64, i1 } %cl, 1",
+        "  %old = extractvalue { i64, i1 } %cl, 0",
+        "  %bit = shl i64 1, %w",
+        "  br i1 %claimed, label %write, label %skip",
+        "write:",
+        "  %sp = getelementptr i64, ptr %ctrl, i64 3",
+        "  %seq0 = load i64, ptr %sp, align 8",
+        "  %seq = add i64 %seq0, 1",
+        "  store i64 %seq, ptr %sp, align 8",
+        "  %slot = getelementptr i64, ptr %seqs, i64 %w",
+        "  store i64 %seq, ptr %slot, align 8",
+        "  %fp = getelementptr i64, ptr %ctrl, i64 1",
+        "  store ptr %fn, ptr %fp, align 8",
+        "  %w1 = add i64 %w, 1",
+        "  %argw = getelementptr ptr, ptr %argv, i64 %w1",
+        "  %args = load ptr, ptr %argw, align 8",
+        "  %ap = getelementptr i64, ptr %ctrl, i64 2",
+        "  store ptr %args, ptr %ap, align 8",
+        "  store atomic i64 2, ptr %ctrl release, align 8",
+        "  %held.w = or i64 %held, %bit",
+        "  br label %post.next",
+        "skip:",
+        "  %was0 = icmp eq i64 %old, 0",
+        "  %sbit = select i1 %was0, i64 %bit, i64 0",
+        "  %asleep.s = or i64 %asleep, %sbit",
+        "  br label %post.next",
+        "post.next:",
+        "  %held.n = phi i64 [%held.w, %write], [%held, %skip]",
+        "  %asleep.n = phi i64 [%asleep, %write], [%asleep.s, %skip]",
+        "  %w.next = add i64 %w, 1",
+        "  %w.more = icmp slt i64 %w.next, %nw",
+        "  br i1 %w.more, label %post, label %self",
+        "self:",
+        "  %heldf = phi i64 [0, %entry], [%held.n, %post.next]",
+        "  %asleepf = phi i64 [0, %entry], [%asleep.n, %post.next]",
+        "  %a0 = load ptr, ptr %argv, align 8",
+        "  call void %fn(ptr %a0)",
+        "  br i1 %any, label %join, label %done",
+        "join:",
+        "  %j = phi i64 [0, %self], [%j.next, %join.next]",
+        "  %jbit = shl i64 1, %j",
+        "  %jh = and i64 %heldf, %jbit",
+        "  %mine = icmp ne i64 %jh, 0",
+        "  %j1 = add i64 %j, 1",
+        "  %argj = getelementptr ptr, ptr %argv, i64 %j1",
+        "  %aj = load ptr, ptr %argj, align 8",
+        "  br i1 %mine, label %reclaim, label %run",
+        "reclaim:",  # a part its worker has not begun: taken back
+        "  %joff = mul i64 %j, 8",
+        "  %jc = getelementptr i64, ptr %ctrls, i64 %joff",
+        "  %rc = " + cas.format(p="%jc", old=2, new=3),
+        "  %back = extractvalue { i64, i1 } %rc, 1",
+        "  br i1 %back, label %runback, label %wait",
+        "runback:",
+        "  call void %fn(ptr %aj)",
+        "  store atomic i64 1, ptr %jc release, align 8",
+        "  br label %join.next",
+        "wait:",
+        "  %jslot = getelementptr i64, ptr %seqs, i64 %j",
+        "  %want = load i64, ptr %jslot, align 8",
+        "  %jdp = getelementptr i64, ptr %jc, i64 4",
+        "  br label %wait.poll",
+        "wait.poll:",
+        "  %fin = load atomic i64, ptr %jdp acquire, align 8",
+        "  %ready = icmp sge i64 %fin, %want",
+        "  br i1 %ready, label %join.next, label %wait.pause",
+        "wait.pause:",
+        "  call void @llvm.x86.sse2.pause()",
+        "  br label %wait.poll",
+        "run:",  # no worker held: the part runs here
+        "  call void %fn(ptr %aj)",
+        "  br label %join.next",
+        "join.next:",
+        "  %j.next = add i64 %j, 1",
+        "  %j.more = icmp slt i64 %j.next, %nw",
+        "  br i1 %j.more, label %join, label %done",
+        "done:",
+        "  ret i64 %asleepf",
+        "}",
+        "declare i64 @llvm.readcyclecounter()",
+        "declare void @llvm.x86.sse2.pause()"])
+
+
+_SPIN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+_FORK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                         ctypes.c_void_p)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("spin", module_ir, {"spin": _SPIN, "fork": _FORK}, REQUIRES)
+
+
+def unavailable() -> str | None:
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("spin", _module)
+
+
+class Pool:
+    """The process's spinning workers (at most one fewer than the usable cores, 64 in all),
+    started on first use and shared by every session: a worker another call holds is not
+    used, so concurrent runs never wait for each other."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ctrl = np.zeros((max(1, size), _WORDS), np.int64)  # never reallocated
+        self.base = self.ctrl.ctypes.data
+        module = _module()
+        self._spin, self._fork = module.spin, module.fork
+        self.events = [threading.Event() for _ in range(size)]
+        self.started = [False] * size
+        self.lock = threading.Lock()
+
+    def _worker(self, i: int) -> None:
+        event, spin, word = self.events[i], self._spin, self.base + i * _WORDS * 8
+        while True:
+            event.wait()
+            event.clear()
+            spin(word, SPIN_TICKS)
+
+    def _wake(self, mask: int) -> None:
+        for i in range(self.size):
+            if mask >> i & 1:
+                if not self.started[i]:
+                    with self.lock:
+                        if not self.started[i]:
+                            threading.Thread(target=self._worker, args=(i,), daemon=True,
+                                             name=f"onnxrun-spin-{i}").start()
+                            self.started[i] = True
+                self.events[i].set()
+
+    def fork(self, job: int, argv: np.ndarray) -> None:
+        """job(argv[i]) for every i, at once where workers are spinning: ``job`` a compiled
+        function's address, ``argv`` (parts,) int64 addresses of argument blocks (kept alive
+        by the caller until this returns). Part 0 runs on this thread."""
+        workers = min(len(argv) - 1, self.size)
+        if workers < len(argv) - 1:
+            raise ValueError(f"fork: {len(argv)} parts for {self.size} workers")
+        asleep = self._fork(self.base, workers, job, argv.ctypes.data)
+        if asleep:
+            self._wake(asleep)
+
+
+_pool: Pool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> Pool:
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                _pool = Pool(min(64, max(1, usable_cores() - 1)))
+    return _pool
+
+
+def function_address(fn) -> int:
+    """A ctypes function's machine-code address (what ``fork`` calls)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+BUNDLE = {"spin": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "Pool", "SPIN_TICKS", "function_address", "pool", "unavailable"]

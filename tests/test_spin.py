@@ -1,0 +1,78 @@
+"""compiled/spin.py: one product split over spinning workers gives the same numbers as on one
+thread, whatever the workers are doing (asleep, spinning, held by another caller), and several
+threads forking at once never wait for each other forever."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from onnxrun.providers.cpu.compiled import nbits_gemm, spin
+
+pytestmark = pytest.mark.skipif(
+    (spin.unavailable() or nbits_gemm.unavailable()) is not None,
+    reason=f"compiled kernels: {spin.unavailable() or nbits_gemm.unavailable()}")
+
+
+def _gemm(K, N, zp, rng):
+    kb = -(-K // 32)
+    packed = rng.integers(0, 256, (N, kb, 16), dtype=np.uint8)
+    scales = (rng.random((N, kb), dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
+    zq = rng.integers(0, 16, (N, kb), dtype=np.uint8) if zp else None
+    bias = rng.standard_normal(N).astype(np.float32)
+    return nbits_gemm.Gemm(packed, scales, np.ascontiguousarray((8 * scales).T), bias, zq)
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_parts_equal_one_thread(parts):
+    rng = np.random.default_rng(parts)
+    pool = spin.Pool(parts - 1)  # a pool of its own: its workers start asleep
+    for K, N, zp in ((896, 1152, False), (288, 20, True), (100, 13, False), (64, 3, True)):
+        g = _gemm(K, N, zp, rng)
+        a = rng.standard_normal(K).astype(np.float32)
+        want = np.empty(N, np.float32)
+        g.row(a, want)
+        for _ in range(50):  # the first forks find the workers asleep, later ones spinning
+            got = np.full(N, np.nan, np.float32)
+            g.row_parts(a, got, parts, pool)
+            assert got.tobytes() == want.tobytes(), (K, N, zp)
+    assert pool.started == [True] * (parts - 1)
+
+
+def test_concurrent_callers_share_workers():
+    rng = np.random.default_rng(1)
+    pool = spin.Pool(2)
+    gemms = [_gemm(512, 640, i % 2 == 1, rng) for i in range(4)]
+    inputs = [rng.standard_normal(512).astype(np.float32) for _ in gemms]
+    wants = []
+    for g, a in zip(gemms, inputs):
+        w = np.empty(640, np.float32)
+        g.row(a, w)
+        wants.append(w)
+    errors = []
+
+    def caller(i):
+        try:
+            for _ in range(200):
+                got = np.empty(640, np.float32)
+                gemms[i].row_parts(inputs[i], got, 3, pool)
+                assert got.tobytes() == wants[i].tobytes()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a fork never returned"
+    assert not errors, errors[0]
+
+
+def test_more_parts_than_workers_is_an_error():
+    pool = spin.Pool(1)
+    g = _gemm(64, 16, False, np.random.default_rng(2))
+    with pytest.raises(ValueError, match="3 parts for 1 workers"):
+        g.row_parts(np.zeros(64, np.float32), np.empty(16, np.float32), 3, pool)
