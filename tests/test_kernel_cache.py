@@ -464,3 +464,23 @@ def test_bundle_entry_found_without_writing_its_ir(folder, monkeypatch):
     monkeypatch.setattr(os, "listdir", lambda p: [n for n in real_listdir(p) if n != "gelu.py"]
                         if os.path.abspath(p) == here else real_listdir(p))
     assert jit._bundle_key(TARGET) != first["key"]
+
+
+def test_bundled_module_loads_without_writing_its_ir(monkeypatch):
+    """A module the bundle holds is loaded from its object: its IR generator is never called
+    (writing an LSTM's IR was ~10 ms of a first session)."""
+    from onnxrun.providers.cpu.compiled import lstm
+
+    assert jit.why_unavailable() is None
+    monkeypatch.setattr(jit, "_state", {})  # as in a fresh process: the bundle read again
+    monkeypatch.setattr(jit, "_modules", {})
+    monkeypatch.setattr(jit, "_failed", {})
+    calls = []
+
+    def ir(target):
+        calls.append(target.name)
+        return lstm.module_ir_f32(target)
+
+    module = jit.compile_module("lstm_f32", ir, {"lstm_f32": lstm._PROTO})
+    assert module.lstm_f32 is not None
+    assert calls == []

@@ -281,7 +281,7 @@ def _compile_module(name: str, ir: IR, signatures: dict[str, Any],
             if key in _failed:
                 raise Unavailable(_failed[key])
             try:
-                code = _code(name, ir(selected) if callable(ir) else ir, selected)
+                code = _code(name, ir, selected)
                 missing = set(signatures) - set(code.address)
                 if missing:
                     raise Unavailable(f"{name}: no function {sorted(missing)} in the object")
@@ -293,10 +293,11 @@ def _compile_module(name: str, ir: IR, signatures: dict[str, Any],
         return module
 
 
-def _code(name: str, ir: str, target: Target) -> elf.LoadedCode:
+def _code(name: str, ir: IR, target: Target) -> elf.LoadedCode:
     """The loaded object of ``name`` for ``target``: the bundle's, else its own request's
     (cached like the bundle). An object that does not load is discarded with its cache entry
-    and compiled afresh once."""
+    and compiled afresh once. The IR is written only when the bundle lacks the object (an
+    LSTM's module: ~10 ms of a first session)."""
     state = _compile_bundle(target)
     obj = state["objects"].pop(name, None)
     if obj is not None:
@@ -305,6 +306,8 @@ def _code(name: str, ir: str, target: Target) -> elf.LoadedCode:
         except elf.ObjectError:
             if state["cached"]:  # the next process compiles the bundle afresh and stores it
                 cache.discard(state["key"])
+    if callable(ir):
+        ir = ir(target)
     fresh = False
     while True:
         answer, key, cached = _obtain({name: ir}, target, fresh)
