@@ -121,6 +121,7 @@ def test_file_rewritten_while_it_loads_gives_errors_not_a_crash(tmp_path):
 def test_file_shrinking_after_the_scan_is_invalid_protobuf(tmp_path, monkeypatch):
     path = tmp_path / "m.onnx"
     _model(path)
+    monkeypatch.setattr(load, "_WHOLE_READ", 0)  # scanned through the window, as large files
     real = load._parse_stripped
 
     def parse_then_truncate(*args):  # between the scan and the weights' reads
@@ -130,6 +131,23 @@ def test_file_shrinking_after_the_scan_is_invalid_protobuf(tmp_path, monkeypatch
     monkeypatch.setattr(load, "_parse_stripped", parse_then_truncate)
     with pytest.raises(onnxrun.InvalidProtobuf, match="ends inside a tensor's data"):
         load.load_model(str(path))
+
+
+def test_small_file_is_read_once_and_scanned_in_memory(tmp_path, monkeypatch):
+    """A model file below load._WHOLE_READ is read whole, then scanned (not byte by byte
+    through the file window), its weights the same arrays."""
+    path = tmp_path / "m.onnx"
+    _model(path)
+    _, want = load.load_model(str(path))
+
+    def no_window(*args):
+        raise AssertionError("scanned through the file window")
+
+    monkeypatch.setattr(load, "_FileWindow", no_window)
+    _, got = load.load_model(str(path))
+    for name, v in want.graph.initializers.items():
+        a = got.graph.initializers[name].const_value
+        assert a.tobytes() == v.const_value.tobytes() and a.flags.aligned, name
 
 
 # -- external data ----------------------------------------------------------------------------

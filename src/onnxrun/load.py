@@ -294,6 +294,17 @@ def _parse_source(
 
 def _parse_file(f: io.FileIO, origin: str) -> tuple[onnx.ModelProto, list[Raw | None] | None]:
     size = os.fstat(f.fileno()).st_size
+    if size <= _WHOLE_READ:
+        # read at once and scanned in memory, as serialized bytes are (the file window's
+        # per-byte reads made the scan of a 70 KB model ~10 ms)
+        data = f.readall()
+        split = _strip_weights(data)
+        if split is not None:
+            mp = _parse_stripped(split[0], len(split[1]))
+            if mp is not None:
+                view = memoryview(data)
+                return mp, [None if s is None else view[s[0]:s[1]] for s in split[1]]
+        return _parse_bytes(data, origin), None
     split = _strip_weights(_FileWindow(f, size))
     if split is not None:
         mp = _parse_stripped(split[0], len(split[1]))
@@ -368,6 +379,7 @@ class _FileWindow:
 # -- the protobuf wire format, just enough to find the initializers' raw_data -------------------
 
 _MIN_VIEW_BYTES = 1024  # smaller raw_data stays in the proto: a view would save nothing
+_WHOLE_READ = 4 << 20  # model files up to this size are read whole before the scan
 _GRAPH, _FUNCTIONS = 7, 25  # ModelProto fields
 _INITIALIZER = 5  # GraphProto field
 _SEGMENT, _RAW_DATA, _DATA_LOCATION = 3, 9, 14  # TensorProto fields
@@ -469,7 +481,8 @@ def _strip(data: bytes | _FileWindow) -> tuple[bytes, Spans] | None:
             continue
         if wire != 2:
             raise _Unusual
-        span = _raw_data_span(data, body, stop)
+        # (a tensor smaller than a view's minimum is not scanned: most of a model's are)
+        span = _raw_data_span(data, body, stop) if stop - body >= _MIN_VIEW_BYTES else None
         if span is None or span[2] - span[1] < _MIN_VIEW_BYTES:
             raw.append(None)
             continue
