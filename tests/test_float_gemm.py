@@ -606,3 +606,18 @@ def test_conv_weights_are_freed():
         tracemalloc.stop()
     assert all(k.nhwc_packed is not None for k in _conv_kernels(sess))
     assert held < 1.5 * weights, (held, weights)
+
+
+@pytest.mark.parametrize("G,K,N", [(1, 1, 1), (2, 3, 16), (16, 64, 100), (1, 7, 15), (3, 0, 20),
+                                   (1, 5, 0), (16, 128, 256), (1, 33, 47)])
+@pytest.mark.parametrize("NR", [16, 32])
+def test_panels_layout(G, K, N, NR):
+    """_panels: (G, K, N) -> (G, N/NR panels, K, NR), the last panel's missing columns zero,
+    64-byte aligned (the full panels are moved as opaque rows of NR floats)."""
+    Bs = np.random.default_rng(K * N + G).standard_normal((G, K, N)).astype(np.float32)
+    npan = -(-N // NR)
+    want = np.zeros((G, K, npan * NR), np.float32)
+    want[:, :, :N] = Bs
+    got = float_gemm._panels(Bs, NR)
+    np.testing.assert_array_equal(got, want.reshape(G, K, npan, NR).transpose(0, 2, 1, 3))
+    assert got.size == 0 or got.ctypes.data % 64 == 0

