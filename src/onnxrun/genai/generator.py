@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import errors
+from ..api.ortvalue import OrtValue
 from .adapters import Adapters, release_all
 from .config import search_option
 from .guidance import Guidance
@@ -193,7 +194,8 @@ class Generator:
     def get_output(self, name: str) -> np.ndarray:
         if name not in self.state.outputs:
             raise errors.InvalidArgument(f"Output not found: {name}")
-        return self.state.outputs[name].copy()
+        value = self.state.outputs[name]
+        return value.numpy() if isinstance(value, OrtValue) else value.copy()
 
     def get_input(self, name: str) -> np.ndarray:
         if name not in self.state.inputs:

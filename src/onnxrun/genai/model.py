@@ -13,7 +13,8 @@ from ..api.session import InferenceSession
 from ..providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
 from .config import INPUT_DEFAULTS, OUTPUT_DEFAULTS, Config
 
-# providers onnxruntime-genai knows; onnxrun.genai runs on the CPU only
+# providers onnxruntime-genai knows; onnxrun.genai runs "cpu" (CPUExecutionProvider) and "cuda"
+# (CUDAExecutionProvider, its options from set_provider_option("cuda", ...) or the file)
 _KNOWN_PROVIDERS = {"cpu", "cuda", "dml", "webgpu", "openvino", "qnn", "nvtensorrtrtx",
                     "rocm", "migraphx", "vitisai", "ryzenai"}
 # genai_config.json session_options that map onto SessionOptions attributes
@@ -27,21 +28,24 @@ class Model:
 
     def __init__(self, config: str | os.PathLike | Config) -> None:
         self.config = config if isinstance(config, Config) else Config(config)
+        self.device = "cpu"
         for name in self.config.providers():
             low = name.lower()
             if low not in _KNOWN_PROVIDERS:
                 raise errors.InvalidArgument(f"Unknown provider name \"{name}\"")
-            if low != "cpu":
+            if low == "cuda":
+                self.device = "cuda"
+            elif low != "cpu":
                 raise errors.EPFail(
                     f"{name} execution provider is not available: onnxrun.genai runs on the CPU "
-                    "(call config.clear_providers() to use it)")
+                    "and CUDA (call config.clear_providers() to use the CPU)")
         dec = self.config.decoder
         path = os.path.join(self.config.path, dec["filename"])
         if not os.path.isfile(path):
             raise errors.NoSuchFile(f"model file {path} (genai_config.json decoder.filename) "
                                     "not found")
         self.session = InferenceSession(path, sess_options=self._session_options(dec),
-                                        providers=["CPUExecutionProvider"])
+                                        providers=self._providers())
         ins = {i.name: i for i in self.session.get_inputs()}
         outs = {o.name for o in self.session.get_outputs()}
         names = {**INPUT_DEFAULTS, **dec.get("inputs", {})}
@@ -91,7 +95,29 @@ class Model:
 
     @property
     def device_type(self) -> str:
-        return "CPU"
+        return "CUDA" if self.device == "cuda" else "CPU"
+
+    def _providers(self) -> list[Any]:
+        """The session's providers for genai's names: "cuda" is CUDAExecutionProvider (with
+        the CPU provider for what it leaves, shape arithmetic), its options those of the
+        file's provider_options entry overridden by set_provider_option. As onnxruntime-genai,
+        a "cuda" that cannot run is an error, not a silent fall back to the CPU."""
+        if self.device != "cuda":
+            return ["CPUExecutionProvider"]
+        from .. import get_available_providers
+
+        if "CUDAExecutionProvider" not in get_available_providers():
+            raise errors.EPFail("CUDA execution provider is not available: CuPy finds no GPU "
+                                "(pip install onnxrun[cuda12] or [cuda13] on a machine with one)")
+        options: dict[str, str] = {}
+        for entry in self.config.decoder.get("session_options", {}).get("provider_options", []):
+            for name, opts in entry.items():
+                if name.lower() == "cuda" and isinstance(opts, dict):
+                    options.update({str(k): str(v) for k, v in opts.items()})
+        for name, opts in self.config._provider_options.items():
+            if name.lower() == "cuda":
+                options.update(opts)
+        return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
 
     def _session_options(self, dec: dict[str, Any]) -> SessionOptions:
         so = SessionOptions()

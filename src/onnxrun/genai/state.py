@@ -7,6 +7,9 @@ attention, Optimum's exports) the cache starts empty and each step's ``present``
 step's ``past``. A batch of prompts is padded on the right, as onnxruntime-genai pads it: the
 mask marks the pads, GroupQueryAttention packs each row's cache (seqlens_k), and the first
 logits of each row are those of its last real token.
+
+On the CUDA provider the shared cache is device memory (OrtValues fed to each run, written in
+place by GroupQueryAttention): only the step's ids, mask, positions and logits cross.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from .. import errors
 from ..api.options import RunOptions
+from ..api.ortvalue import OrtValue
 from .model import Model
 
 
@@ -50,6 +54,8 @@ class DecoderState:
             raise errors.InvalidArgument(
                 "genai_config.json: decoder.num_key_value_heads and head_size are needed")
         self.kv = [np.zeros(shape, m.input_dtypes[n]) for n in m.past_keys + m.past_values]
+        if self.shared and m.device != "cpu":  # the cache lives on the device, written there
+            self.kv = [OrtValue.ortvalue_from_numpy(c, m.device, 0) for c in self.kv]
 
     def run(self, tokens: np.ndarray, beam_indices: np.ndarray | None) -> np.ndarray:
         """One step on ``tokens`` ((batch, n) for a prompt, (rows,) for a decode step): the

@@ -15,7 +15,7 @@ from ...ir import Node
 from ..registry import KernelContext, KernelRegistry
 
 # kernel modules under ops/, imported when the provider is first created
-MODULES = ("activation", "attention", "conv", "elementwise", "linalg", "memcpy",
+MODULES = ("activation", "attention", "conv", "elementwise", "integer", "linalg", "memcpy",
            "normalization", "pool", "quantization", "reduction", "tensor")
 
 

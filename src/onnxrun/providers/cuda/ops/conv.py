@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..array import namespace
+from ..array import is_float, namespace
 from ..kernels import KernelContext, op
 from . import _windows
 from .activation import FUSED_ACTIVATIONS, make_activation
@@ -51,7 +51,8 @@ class Conv:
         elif self.im2col is not None:
             cols = self.im2col(X, before, after, out, strides, dil, kernel, G)
         else:
-            p = _windows.padded(X, before, after, out, strides, dil, kernel, 0.0)
+            p = _windows.padded(X, before, after, out, strides, dil, kernel,
+                                 0.0 if is_float(xp, X) else 0)
             taken = _windows.patches(p, out, strides, dil, kernel)
             cols = xp.reshape(xp.stack(taken, axis=2), (N, G, (C // G) * K, L))
         w = xp.reshape(W, (G, M // G, (C // G) * K))
