@@ -50,7 +50,10 @@ def set_log_callback(callback) -> None:  # noqa: ARG001 - nothing is logged
 
 
 def is_cuda_available() -> bool:
-    return False
+    """Whether ``append_provider("cuda")`` can run: the CUDA provider finds a device."""
+    from .. import get_available_providers
+
+    return "CUDAExecutionProvider" in get_available_providers()
 
 
 def is_dml_available() -> bool:

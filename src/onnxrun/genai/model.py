@@ -107,8 +107,9 @@ class Model:
         from .. import get_available_providers
 
         if "CUDAExecutionProvider" not in get_available_providers():
-            raise errors.EPFail("CUDA execution provider is not available: CuPy finds no GPU "
-                                "(pip install onnxrun[cuda12] or [cuda13] on a machine with one)")
+            raise errors.EPFail("provider \"cuda\": CUDAExecutionProvider is not available, "
+                                "CuPy finds no GPU (pip install onnxrun[cuda12] or [cuda13] on "
+                                "a machine with one)")
         options: dict[str, str] = {}
         for entry in self.config.decoder.get("session_options", {}).get("provider_options", []):
             for name, opts in entry.items():
