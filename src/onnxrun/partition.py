@@ -82,6 +82,39 @@ def _shape_math_on_cpu(model: Model, assignment: Assignment,
                 assignment[id(node)] = cpu
                 shape_values.update(id(v) for v in node.outputs)
                 changed = True
+    _host_only_on_cpu(model, assignment, cpu)
+
+
+def _host_only_on_cpu(model: Model, assignment: Assignment, cpu: ExecutionProvider) -> None:
+    """onnxruntime's other CPU-preferred nodes: a device node whose every result is read only
+    as a host input of device kernels (seqlens_k of GroupQueryAttention, computed from the
+    attention mask) or by CPU nodes, and whose inputs are all on the host (graph inputs,
+    constants, CPU results), runs on the CPU: its result then never crosses to the device and
+    back, and its host inputs never go up."""
+    g = model.graph
+    outputs = set(map(id, g.outputs))
+
+    def host_read(node, v) -> bool:
+        provider = assignment[id(node)]
+        if provider is cpu:
+            return True
+        index = [i for i, x in enumerate(node.inputs) if x is v]
+        return all(i in provider.host_inputs(node) for i in index)
+
+    wanted: set[int] = set()  # nodes whose results only the host reads (consumers first)
+    for node in reversed(g.nodes):
+        if assignment[id(node)] is cpu or node.subgraphs():
+            continue
+        uses = [(n, v) for v in node.outputs for n, _ in v.uses]
+        if uses and not any(id(v) in outputs for v in node.outputs) and all(
+                id(n) in wanted or host_read(n, v) for n, v in uses):
+            wanted.add(id(node))
+    for node in g.nodes:  # producers first: each input must already be on the host
+        if id(node) not in wanted or not cpu.can_run(node, model.node_opset(node) or 0):
+            continue
+        if all(v is None or v.producer is None or _constant(v) or
+               assignment[id(v.producer)] is cpu for v in node.inputs):
+            assignment[id(node)] = cpu
 
 
 def _constant(v) -> bool:

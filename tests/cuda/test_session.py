@@ -413,3 +413,29 @@ def test_shape_math_with_constant_nodes_stays_on_cpu_without_optimization(stand_
     opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess, _ = compare(m, {"x": np.ones((4, 6), np.float32)}, options=opts, on_cpu=5)
     assert sess.get_optimization_report().placement.copies == [("MemcpyFromHost", "x")]
+
+
+def test_values_only_the_host_reads_are_computed_on_the_cpu(stand_in):
+    """GroupQueryAttention's seqlens_k from the attention mask: a chain of nodes whose results
+    only a host input reads, starting from host values, runs on the CPU (no copy up and back);
+    the same chain from a device value (w, also a graph output) stays on the device (one small
+    copy down)."""
+    m = _model("""g (float[1] x, int64[B,T] mask, float[3] v) => (float[M] y, float[K] z, float[3] w) {
+        n = ReduceSum<keepdims=0>(mask)
+        one = Constant<value=int64[1] {1}>()
+        m = Sub(n, one)
+        shape = Reshape(m, one)
+        y = Expand(x, shape)
+        w = Relu(v)
+        k = ReduceSum<keepdims=0>(w)
+        kc = Cast<to=7>(k)
+        ks = Reshape(kc, one)
+        z = Expand(x, ks)
+    }""")
+    feeds = {"x": np.ones(1, np.float32), "mask": np.ones((2, 3), np.int64),
+             "v": np.array([1.0, 2.0, 0.5], np.float32)}
+    sess, (y, z, _) = compare(m, feeds, on_cpu=2)  # ReduceSum and Sub of the mask
+    assert y.shape == (5,) and z.shape == (3,)
+    placed = sess.get_optimization_report().placement
+    assert sorted(placed.copies) == [("MemcpyFromHost", "v"), ("MemcpyFromHost", "x"),
+                                     ("MemcpyToHost", "ks")]
