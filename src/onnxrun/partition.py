@@ -88,16 +88,16 @@ def _shape_math_on_cpu(model: Model, assignment: Assignment,
 def _host_only_on_cpu(model: Model, assignment: Assignment, cpu: ExecutionProvider) -> None:
     """onnxruntime's other CPU-preferred nodes: a device node whose every result is read only
     as a host input of device kernels (seqlens_k of GroupQueryAttention, computed from the
-    attention mask) or by CPU nodes, and whose inputs are all on the host (graph inputs,
-    constants, CPU results), runs on the CPU: its result then never crosses to the device and
-    back, and its host inputs never go up."""
+    attention mask), directly or through other such nodes, and whose inputs are all on the
+    host (graph inputs, constants, CPU results), runs on the CPU: its result then never
+    crosses to the device and back, and its host inputs never go up."""
     g = model.graph
     outputs = set(map(id, g.outputs))
 
     def host_read(node, v) -> bool:
         provider = assignment[id(node)]
         if provider is cpu:
-            return True
+            return False  # a CPU operator's input: the copy down happens either way
         index = [i for i, x in enumerate(node.inputs) if x is v]
         return all(i in provider.host_inputs(node) for i in index)
 
