@@ -6,8 +6,10 @@ Networks are defined here in PyTorch and exported to ONNX on the machine (no dow
 same weights run in both. Per model: PyTorch eager, PyTorch with a CUDA graph, torch.compile
 (``--compile``: minutes of compilation), onnxrun without and with CUDA graphs (inputs and
 outputs on the device through IOBinding), onnxruntime-gpu where its CUDA provider is installed;
-onnxrun's outputs against its CPU provider's; session creation time and device memory. Then
-the light zoo. Medians of interleaved rounds, in milliseconds; results go to stdout as a
+onnxrun's outputs against its CPU provider's; session creation time and device memory. Then an
+LLM decode step through onnxrun.genai (``append_provider("cuda")`` against the CPU provider, ms
+per token) on the builder folders scripts/gpu_wheels.sh carries in ``.gpu-genai/``, and the
+light zoo. Medians of interleaved rounds, in milliseconds; results go to stdout as a
 Markdown table and, row by row, to ``--out`` (JSON lines), so a run cut short keeps its rows.
 
 ``--device stand-in`` runs the same code on array-api-strict's stand-in device with tiny
@@ -276,6 +278,57 @@ def ort_gpu_runner(model: bytes, feeds: dict) -> dict:
     return {"onnxruntime-gpu": lambda: sess.run_with_iobinding(binding)}
 
 
+def genai_folders(stand_in: bool) -> list[str]:
+    """The builder folders of the LLM decode rows: scripts/gpu_wheels.sh's .gpu-genai/ (llama
+    small fp32 and int4; tiny ones on the stand-in)."""
+    root = os.path.join(os.path.dirname(__file__), "..", ".gpu-genai")
+    return sorted(glob.glob(os.path.join(root, "*-tiny-*" if stand_in else "*-small-*")))
+
+
+def genai_row(path: str, card: str, rounds: int, prompt: int = 32, new: int = 32) -> dict:
+    """An LLM decode step through onnxrun.genai, append_provider("cuda") against the CPU
+    provider, interleaved: milliseconds per generated token (the prompt not counted), and the
+    first logits' largest difference."""
+    import onnxrun.genai as rg
+
+    models, first = {}, {}
+    for label, cuda in (("onnxrun CUDA", True), ("onnxrun CPU", False)):
+        config = rg.Config(path)
+        if cuda:
+            config.clear_providers()
+            config.append_provider("cuda")
+        t = time.perf_counter()
+        models[label] = rg.Model(config)
+        first[label + " create_ms"] = round((time.perf_counter() - t) * 1e3, 1)
+    ids = np.random.default_rng(0).integers(10, 200, (1, prompt)).astype(np.int32)
+    logits = {}
+
+    def decode(label: str) -> float:
+        model = models[label]
+        params = rg.GeneratorParams(model)
+        params.set_search_options(max_length=prompt + new)
+        gen = rg.Generator(model, params)
+        gen.append_tokens(ids)
+        logits[label] = gen.get_output("logits").reshape(-1)
+        gen.generate_next_token()
+        t = time.perf_counter()
+        while not gen.is_done():
+            gen.generate_next_token()
+        return (time.perf_counter() - t) * 1e3 / (new - 1)
+
+    times = {k: [] for k in models}
+    for _ in range(rounds):
+        for label in models:
+            times[label].append(decode(label))
+    want = logits["onnxrun CPU"]
+    row = {"model": f"genai {os.path.basename(path)} decode (ms/token)", "card": card,
+           "max_rel_diff_vs_cpu": float(np.max(np.abs(logits["onnxrun CUDA"] - want)) /
+                                        (np.max(np.abs(want)) or 1.0)),
+           "create_ms": first["onnxrun CUDA create_ms"]}
+    row.update({f"{k} ms": round(statistics.median(v), 3) for k, v in times.items()})
+    return row
+
+
 def device_memory_mb() -> float | None:
     try:
         import cupy
@@ -357,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
                 emit(row)
         else:
             print("PyTorch is not installed: PyTorch rows skipped", file=sys.stderr)
+        for path in genai_folders(stand_in):
+            name = os.path.basename(path)
+            if args.models and f"genai {name}" not in args.models:
+                continue
+            emit(genai_row(path, card, 3 if stand_in or args.quick else 7))
         import onnx
         from onnx import numpy_helper
 
@@ -391,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(rows: list[dict]) -> None:
     cols = ["torch eager ms", "torch CUDA graph ms", "torch.compile ms", "onnxrun CUDA ms",
-            "onnxrun CUDA graph ms", "onnxruntime-gpu ms"]
+            "onnxrun CUDA graph ms", "onnxruntime-gpu ms", "onnxrun CPU ms"]
     print("\n| model | " + " | ".join(c[:-3] for c in cols) + " | create ms | rel diff |")
     print("|---" * (len(cols) + 3) + "|")
     for r in rows:

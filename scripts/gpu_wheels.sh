@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels the GPU lane needs that the GPU machine's image lacks (it reaches no registry):
 # downloaded here into .gpu-wheels/ (git-ignored), carried there by the device tool's `carry`.
-# docs/GPU.md: "Run the GPU lane".
+# docs/GPU.md: "Run the GPU lane". Carry both: run(..., carry=[".gpu-wheels", ".gpu-genai"]).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.gpu-wheels
@@ -17,3 +17,25 @@ for v in 3.10 3.11 3.12 3.13; do
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$dest" ml_dtypes
 done
 du -sh "$dest"
+# onnxruntime-genai builder folders for tests/cuda/test_genai.py and the benchmark's LLM decode
+# rows (the image has no onnxruntime-genai to build them): the tiny ones and llama "small", built
+# here by tests/genai/make_models.py (the genai-test extra) into .gpu-genai/ (git-ignored, ~15 MB)
+py=${PYTHON:-.venv/bin/python}
+genai=.gpu-genai
+mkdir -p "$genai"
+"$py" - "$genai" <<'PY'
+import shutil, sys
+from pathlib import Path
+sys.path.insert(0, "tests/genai")
+import make_models
+missing = make_models.missing_packages()
+if missing:
+    sys.exit(f"genai folders skipped: pip install -e '.[genai-test]' ({', '.join(missing)})")
+dest = Path(sys.argv[1])
+recipes = [(a, "tiny", f) for a in ("llama", "qwen2", "phi3") for f in ("fp32", "int4")]
+for arch, size, fmt in recipes + [("llama", "small", "int4"), ("llama", "small", "fp32")]:
+    out = dest / f"{arch}-{size}-{fmt}"
+    if not out.exists():
+        shutil.copytree(make_models.build(arch, size, fmt), out)
+PY
+du -sh "$genai"
