@@ -5,11 +5,12 @@
 Networks are defined here in PyTorch and exported to ONNX on the machine (no download): the
 same weights run in both. Per model: PyTorch eager, PyTorch with a CUDA graph, torch.compile
 (``--compile``: minutes of compilation), onnxrun without and with CUDA graphs (inputs and
-outputs on the device through IOBinding), onnxruntime-gpu where its CUDA provider is installed;
-onnxrun's outputs against its CPU provider's; session creation time and device memory. Then an
-LLM decode step through onnxrun.genai (``append_provider("cuda")`` against the CPU provider, ms
-per token) on the builder folders scripts/gpu_wheels.sh carries in ``.gpu-genai/``, and the
-light zoo. Medians of interleaved rounds, in milliseconds; results go to stdout as a
+outputs on the device through IOBinding), onnxrun with its convolutions on the implicit GEMM
+where cuDNN's frontend would take them (``onnxrun CUDA GEMM conv``), onnxruntime-gpu where its
+CUDA provider is installed; onnxrun's outputs against its CPU provider's; session creation
+time and device memory. Then an LLM decode step through onnxrun.genai
+(``append_provider("cuda")`` against the CPU provider, ms per token) on the builder folders
+scripts/gpu_wheels.sh carries in ``.gpu-genai/``, and the light zoo. Medians of interleaved rounds, in milliseconds; results go to stdout as a
 Markdown table and, row by row, to ``--out`` (JSON lines), so a run cut short keeps its rows.
 
 ``--device stand-in`` runs the same code on array-api-strict's stand-in device with tiny
@@ -238,12 +239,28 @@ def torch_runners(torch, module, feeds, on_gpu: bool, compile_: bool) -> dict:
     return runners
 
 
-def onnxrun_runners(model: bytes, feeds: dict, graphs: bool) -> tuple[dict, dict]:
-    """onnxrun with device-resident inputs and outputs (IOBinding)."""
+def cudnn_available(stand_in: bool) -> bool:
+    if stand_in:
+        return False
+    from onnxrun.providers.cuda.cupy import cudnn
+
+    return cudnn.available()
+
+
+def onnxrun_runners(model: bytes, feeds: dict, graphs: bool, gemm_conv: bool = False
+                    ) -> tuple[dict, dict]:
+    """onnxrun with device-resident inputs and outputs (IOBinding). ``gemm_conv``: the
+    convolutions on the implicit GEMM even where cuDNN (nvidia-cudnn-frontend) imports."""
     providers = [("CUDAExecutionProvider", {"enable_cuda_graph": "1" if graphs else "0"}),
                  "CPUExecutionProvider"]
     t = time.perf_counter()
-    sess = onnxrun.InferenceSession(model, providers=providers)
+    if gemm_conv:
+        from onnxrun.providers.cuda.cupy import cudnn
+
+        with cudnn.disabled():
+            sess = onnxrun.InferenceSession(model, providers=providers)
+    else:
+        sess = onnxrun.InferenceSession(model, providers=providers)
     created = (time.perf_counter() - t) * 1e3
     binding = sess.io_binding()
     for name, value in feeds.items():
@@ -259,6 +276,8 @@ def onnxrun_runners(model: bytes, feeds: dict, graphs: bool) -> tuple[dict, dict
     info = {"create_ms": round(created, 1), "nodes": dict(placed.nodes),
             "copies": len(placed.copies), "outputs": binding.copy_outputs_to_cpu()}
     label = "onnxrun CUDA graph" if graphs else "onnxrun CUDA"
+    if gemm_conv:
+        label = "onnxrun CUDA GEMM conv"
     return {label: run}, info
 
 
@@ -280,7 +299,7 @@ def ort_gpu_runner(model: bytes, feeds: dict) -> dict:
 
 def genai_folders(stand_in: bool) -> list[str]:
     """The builder folders of the LLM decode rows: scripts/gpu_wheels.sh's .gpu-genai/ (llama
-    small fp32 and int4; tiny ones on the stand-in)."""
+    small int4; the tiny ones on the stand-in)."""
     root = os.path.join(os.path.dirname(__file__), "..", ".gpu-genai")
     return sorted(glob.glob(os.path.join(root, "*-tiny-*" if stand_in else "*-small-*")))
 
@@ -401,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
                         for g, w in zip(got, want, strict=True))
                     row.update({f"{k}{' (graphs)' if graphs else ''}": v
                                 for k, v in info.items()})
+                if cudnn_available(stand_in):  # both convolution paths, side by side
+                    runner, _ = onnxrun_runners(model, feeds, False, gemm_conv=True)
+                    fns.update(runner)
                 fns.update(ort_gpu_runner(model, feeds))
                 row.update({f"{k} ms": round(v, 3) for k, v in median_ms(fns, rounds).items()})
                 row["device_memory_mb"] = device_memory_mb()
@@ -437,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
             for graphs in (False, True):
                 runner, info = onnxrun_runners(data, feeds, graphs)
                 fns.update(runner)
+            if cudnn_available(stand_in):
+                fns.update(onnxrun_runners(data, feeds, False, gemm_conv=True)[0])
                 got = info.pop("outputs")[0]
                 row["max_rel_diff_vs_stored"] = float(np.max(np.abs(got - want)) /
                                                       (np.max(np.abs(want)) or 1.0))
@@ -449,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_table(rows: list[dict]) -> None:
     cols = ["torch eager ms", "torch CUDA graph ms", "torch.compile ms", "onnxrun CUDA ms",
-            "onnxrun CUDA graph ms", "onnxruntime-gpu ms", "onnxrun CPU ms"]
+            "onnxrun CUDA graph ms", "onnxrun CUDA GEMM conv ms", "onnxruntime-gpu ms",
+            "onnxrun CPU ms"]
     print("\n| model | " + " | ".join(c[:-3] for c in cols) + " | create ms | rel diff |")
     print("|---" * (len(cols) + 3) + "|")
     for r in rows:

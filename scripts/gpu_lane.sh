@@ -12,11 +12,20 @@ mkdir -p "$out"
 if [ -d .gpu-wheels ]; then
   PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --find-links .gpu-wheels \
     array-api-compat array-api-strict threadpoolctl ml_dtypes pytest 2>&1 | tail -3
+  # the cuDNN frontend convolution path, where a wheel for this CPython was carried
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --find-links .gpu-wheels \
+    nvidia-cudnn-frontend 2>&1 | tail -1
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 "$py" - <<'PY' | tee "$out/versions.txt"
+import sys
 import cupy, numpy, onnx
-print("cupy", cupy.__version__, "numpy", numpy.__version__, "onnx", onnx.__version__)
+print("python", sys.version.split()[0], "cupy", cupy.__version__, "numpy", numpy.__version__,
+      "onnx", onnx.__version__)
+try:
+    import cudnn; print("nvidia-cudnn-frontend", cudnn.__version__, "cudnn", cudnn.backend_version())
+except Exception as e:
+    print("nvidia-cudnn-frontend: not usable:", type(e).__name__, e)
 try:
     import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)
 except ImportError:

@@ -16,10 +16,16 @@ for v in 3.10 3.11 3.12 3.13; do
   $pip download -q --no-deps --only-binary=:all: --python-version "$v" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$dest" ml_dtypes
 done
+# nvidia-cudnn-frontend (the cuDNN convolution path, cupy/cudnn.py): compiled, 12 MB a wheel, so
+# only for the image's CPython (GPU_PY; its versions.txt from an earlier lane run says which)
+$pip download -q --no-deps --only-binary=:all: --python-version "${GPU_PY:-3.12}" \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 -d "$dest" \
+  nvidia-cudnn-frontend || echo "nvidia-cudnn-frontend: no wheel for ${GPU_PY:-3.12}"
 du -sh "$dest"
 # onnxruntime-genai builder folders for tests/cuda/test_genai.py and the benchmark's LLM decode
 # rows (the image has no onnxruntime-genai to build them): the tiny ones and llama "small", built
-# here by tests/genai/make_models.py (the genai-test extra) into .gpu-genai/ (git-ignored, ~15 MB)
+# here by tests/genai/make_models.py (the genai-test extra) into .gpu-genai/ (git-ignored, 7 MB;
+# the device tool carries 64 MiB in all)
 py=${PYTHON:-.venv/bin/python}
 genai=.gpu-genai
 mkdir -p "$genai"
@@ -33,7 +39,7 @@ if missing:
     sys.exit(f"genai folders skipped: pip install -e '.[genai-test]' ({', '.join(missing)})")
 dest = Path(sys.argv[1])
 recipes = [(a, "tiny", f) for a in ("llama", "qwen2", "phi3") for f in ("fp32", "int4")]
-for arch, size, fmt in recipes + [("llama", "small", "int4"), ("llama", "small", "fp32")]:
+for arch, size, fmt in recipes + [("llama", "small", "int4")]:
     out = dest / f"{arch}-{size}-{fmt}"
     if not out.exists():
         shutil.copytree(make_models.build(arch, size, fmt), out)

@@ -97,3 +97,27 @@ def test_threads_on_their_own_streams():
     for t in threads:
         t.join()
     assert not errors
+
+
+CONV = _model("g (float[N,8,14,14] x, float[16,8,3,3] w, float[16] b) => (float[N,16,7,7] y) "
+              "{ y = Conv<strides=[2,2], pads=[1,1,1,1]>(x, w, b) }")
+
+
+def test_convolution_through_cudnn_frontend_where_it_imports():
+    """nvidia-cudnn-frontend's convolution (chosen per Conv where the package imports) against
+    the CPU provider, and the implicit GEMM it falls back to, inside cudnn.disabled()."""
+    from onnxrun.providers.cuda.cupy import cudnn
+
+    if not cudnn.available():
+        pytest.skip("nvidia-cudnn-frontend does not import here")
+    feeds = {"x": rng.standard_normal((2, 8, 14, 14)).astype(np.float32),
+             "w": (0.1 * rng.standard_normal((16, 8, 3, 3))).astype(np.float32),
+             "b": rng.standard_normal(16).astype(np.float32)}
+    want = onnxrun.InferenceSession(CONV, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    sess = onnxrun.InferenceSession(CONV, providers=CUDA)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-3, atol=1e-3)
+    kernels = [s.kernel for s in sess._program.steps if getattr(s.kernel, "cudnn", None)]
+    assert kernels and sum(c.built for k in kernels for c in k.cudnn_convs.values()) == 1
+    with cudnn.disabled():
+        gemm = onnxrun.InferenceSession(CONV, providers=CUDA)
+    np.testing.assert_allclose(gemm.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)

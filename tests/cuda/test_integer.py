@@ -46,7 +46,8 @@ def test_qlinear_matmul(on_device, types):
                "sa = Constant<value=float {0.02}>() sb = Constant<value=float[6] "
                "{0.01, 0.02, 0.03, 0.015, 0.025, 0.005}>() sy = Constant<value=float {0.05}>() "
                f"za = Constant<value={ta} {{3}}>() zb = Constant<value={tb}[6] {{1,2,3,4,5,6}}>() "
-               f"zy = Constant<value={ty} {{7}}>() y = QLinearMatMul(a, sa, za, b, sb, zb, sy, zy) }}")
+               f"zy = Constant<value={ty} {{7}}>() "
+               "y = QLinearMatMul(a, sa, za, b, sb, zb, sy, zy) }")
     gen = {"uint8": u8, "int8": i8}
     compare(m, {"a": gen[ta](3, 16), "b": gen[tb](16, 6)}, **EXACT)
 

@@ -420,7 +420,8 @@ def test_values_only_the_host_reads_are_computed_on_the_cpu(stand_in):
     only a host input reads, starting from host values, runs on the CPU (no copy up and back);
     the same chain from a device value (w, also a graph output) stays on the device (one small
     copy down)."""
-    m = _model("""g (float[1] x, int64[B,T] mask, float[3] v) => (float[M] y, float[K] z, float[3] w) {
+    m = _model("""g (float[1] x, int64[B,T] mask, float[3] v)
+                  => (float[M] y, float[K] z, float[3] w) {
         n = ReduceSum<keepdims=0>(mask)
         one = Constant<value=int64[1] {1}>()
         m = Sub(n, one)

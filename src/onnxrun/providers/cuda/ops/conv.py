@@ -27,6 +27,14 @@ class Conv:
         self.act = None
         fast = getattr(ctx.provider, "fast", None)
         self.im2col = fast.conv.im2col if fast is not None else None
+        # cuDNN (nvidia-cudnn-frontend) for a 2-D float convolution where it imports; the
+        # implicit GEMM below for the rest and for what cuDNN cannot plan
+        self.cudnn = None
+        t = ctx.input_type(1)
+        if fast is not None and fast.cudnn.available() and t is not None and \
+                t.tensor_type.elem_type in (1, 10) and len(t.tensor_type.shape.dim) == 4:
+            self.cudnn = fast.cudnn
+            self.cudnn_convs: dict[tuple, Any] = {}
 
     def __call__(self, X, W, B=None):
         return self._forward(X, W, B, None)
@@ -46,6 +54,10 @@ class Conv:
         L = 1
         for o in out:
             L *= o
+        if self.cudnn is not None and is_float(xp, X):
+            y = self._cudnn(X, W, strides, dil, before, after, out)
+            if y is not None:
+                return self._epilogue(xp, y, B, Z, M, out)
         if K == 1 and all(s == 1 for s in strides) and not any(before) and not any(after):
             cols = xp.reshape(X, (N, G, C // G, L))
         elif self.im2col is not None:
@@ -56,7 +68,9 @@ class Conv:
             taken = _windows.patches(p, out, strides, dil, kernel)
             cols = xp.reshape(xp.stack(taken, axis=2), (N, G, (C // G) * K, L))
         w = xp.reshape(W, (G, M // G, (C // G) * K))
-        y = xp.reshape(xp.matmul(w, cols), (N, M, *out))
+        return self._epilogue(xp, xp.reshape(xp.matmul(w, cols), (N, M, *out)), B, Z, M, out)
+
+    def _epilogue(self, xp: Any, y: Any, B: Any, Z: Any, M: int, out: list[int]) -> Any:
         if B is not None:
             y = y + xp.reshape(B, (1, M) + (1,) * len(out))
         if Z is not None:
@@ -64,6 +78,15 @@ class Conv:
         if self.act is not None:
             y = self.act(y)
         return y
+
+    def _cudnn(self, X: Any, W: Any, strides: list[int], dil: list[int], before: list[int],
+               after: list[int], out: list[int]) -> Any:
+        """cuDNN's convolution (no bias), or None where it has no plan for this case."""
+        key = (tuple(strides), tuple(dil), tuple(before), tuple(after))
+        conv = self.cudnn_convs.get(key)
+        if conv is None:
+            conv = self.cudnn_convs[key] = self.cudnn.Convolution(strides, dil, before, after)
+        return conv(X, W, out)
 
 
 def _fused_activation_known(node: Any) -> bool:
