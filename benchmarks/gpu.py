@@ -11,7 +11,8 @@ CUDA provider is installed; onnxrun's outputs against its CPU provider's; sessio
 time and device memory. Then an LLM decode step through onnxrun.genai
 (``append_provider("cuda")`` against the CPU provider, ms per token) on the builder folders
 scripts/gpu_wheels.sh carries in ``.gpu-genai/``, and the light zoo. Medians of interleaved
-rounds, in milliseconds; results go to stdout as a Markdown table and, row by row, to ``--out`` (JSON lines), so a run cut short keeps its rows.
+rounds, in milliseconds; results go to stdout as a Markdown table and, row by row, to
+``--out`` (JSON lines), so a run cut short keeps its rows.
 
 ``--device stand-in`` runs the same code on array-api-strict's stand-in device with tiny
 shapes and PyTorch on the CPU: a check of this script on machines without a GPU (its timings
