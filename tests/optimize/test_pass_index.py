@@ -61,3 +61,21 @@ def test_skipping_passes_changes_nothing(path, monkeypatch):
     skipped = _optimized(path)
     monkeypatch.setattr(manager, "can_act", lambda p, operators: True)
     assert skipped == _optimized(path)
+
+
+def test_pass_module_missing_from_the_table_still_registers(monkeypatch):
+    """A pass module the table lacks is imported when the passes are first listed (the folder
+    scanned), so its pass runs like any other."""
+    import sys
+
+    from onnxrun.optimize import base
+
+    module = f"{basic.__name__}.div_to_mul"
+    table = {k: v for k, v in basic.PASSES.items() if k != "div_to_mul"}
+    monkeypatch.setattr(basic, "PASSES", table)
+    monkeypatch.setattr(base, "_BUILT_IN", None)
+    monkeypatch.setattr(base, "_REGISTRY", [p for p in base._REGISTRY if p.name != "DivToMul"])
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    names = [p.name for p in base.registered_passes()]
+    assert names.count("DivToMul") == 1
+    assert module in sys.modules

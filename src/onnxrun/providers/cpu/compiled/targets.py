@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import platform
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 TRIPLE = "x86_64-unknown-linux-gnu"
 ENV = "ONNXRUN_COMPILED_TARGET"
@@ -28,8 +28,7 @@ _V3 = ("sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sahf", "avx", "av
 _V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first session)
     """One instruction set the kernels are compiled for.
 
     ``cpu`` and ``extra`` are what the compiler is given (an LLVM CPU level and features
