@@ -109,6 +109,8 @@ class MatMulNBits:
         self.K, self.N = int(K), int(N)
         self.block_size, self.bits = int(block_size), int(bits)
         self.kb = -(-self.K // self.block_size)
+        fast = getattr(ctx.provider, "fast", None)
+        self.dequantize = None if fast is None else fast.nbits.dequantize
 
     def weight(self, B: Any, scales: Any, zero_points: Any, dtype: Any) -> Any:
         """The dequantized (N, K) weight in ``dtype``: (q - zp) * scale per block of K; the zero
@@ -135,7 +137,12 @@ class MatMulNBits:
         if B.size == 0:  # an omitted projection: zeros, or the bias
             Y = xp.zeros((*A.shape[:-1], self.N), dtype=A.dtype, device=A.device)
         else:
-            Y = xp.matmul(A, xp.matrix_transpose(self.weight(B, scales, zero_points, A.dtype)))
+            if self.dequantize is not None:  # CuPy: one kernel
+                W = self.dequantize(B, scales, zero_points, self.N, self.K, self.block_size,
+                                    self.bits, A.dtype)
+            else:
+                W = self.weight(B, scales, zero_points, A.dtype)
+            Y = xp.matmul(A, xp.matrix_transpose(W))
         if bias is not None and bias.size:
             Y = Y + xp.astype(bias, A.dtype)
         return Y
