@@ -491,7 +491,16 @@ class GroupQueryAttention:
         dt = query.dtype
         cdt = compute_dtype(dt)
         B, S = query.shape[:2]
-        if (self.simple and B == 1 and S == 1 and key is None and dt == np.float32
+        exact = self._exact_kernels(query, key, past_key, seqlens_k, total_sequence_length,
+                                    attention_bias, head_sink, q_norm_weight, query_seqlens)
+        if exact is not None and B == 1 and S == 1 and key is None and past_key is not None:
+            total = int(seqlens_k.reshape(-1)[0]) + 1
+            T_max = int(np.asarray(total_sequence_length).reshape(-1)[0])
+            if T_max != 1 and total <= max(past_key.shape[2], T_max):  # not a first prompt
+                return self._decode_exact(exact, query, past_key, past_value, total, T_max,
+                                          cos_cache, sin_cache, position_ids)
+        if (exact is None and self.simple and B == 1 and S == 1 and key is None
+                and dt == np.float32
                 and past_key is not None and past_key.dtype == dt and query_seqlens is None
                 and attention_bias is None and head_sink is None and q_norm_weight is None):
             total = int(seqlens_k.reshape(-1)[0]) + 1
@@ -533,10 +542,19 @@ class GroupQueryAttention:
             cos = cos_cache.astype(cdt, copy=False)[pos][:, None]  # (B, 1, S, rot/2)
             sin = sin_cache.astype(cdt, copy=False)[pos][:, None]
             rot = cos_cache.shape[1] * 2
-            q = rotate(q, cos, sin, self.interleaved, rot)
-            k = rotate(k, cos, sin, self.interleaved, rot)
+            rope = rotate if exact is None else exact.rope
+            q = rope(q, cos, sin, self.interleaved, rot)
+            k = rope(k, cos, sin, self.interleaved, rot)
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
+        if exact is not None and (np.all(past_len >= 0) if not first_prompt
+                                  else np.all(total == S)):  # no padding rows
+            kc, vc = _rows_contiguous(present_k), _rows_contiguous(present_v)
+            out = np.empty((B, S, N * H), np.float32)
+            for b in range(B):
+                out[b] = exact.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
+                                      _scale(self.scale, H), self.window)
+            return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
         j = np.arange(T)
@@ -569,6 +587,46 @@ class GroupQueryAttention:
                 qk[np.broadcast_to(np.isneginf(bias), qk.shape)] = 0
             qk = qk.astype(dt, copy=False)
         return from_heads(out).astype(dt, copy=False), present_k, present_v, qk
+
+    def _exact_kernels(self, query, key, past_key, seqlens_k, total_sequence_length,
+                       attention_bias, head_sink, q_norm_weight, query_seqlens):
+        """compiled.gqa (onnxruntime's arithmetic, bit for bit) where it covers the node and
+        this call: float32, causal, no softcap, smooth softmax, sink, bias, per-head norm or
+        QK output, head size a multiple of 8; else None (the numpy paths)."""
+        if (query.dtype != np.float32 or self.want_qk or self.softcap or self.smooth
+                or not self.causal or attention_bias is not None or head_sink is not None
+                or q_norm_weight is not None or query_seqlens is not None
+                or (past_key is not None and past_key.dtype != np.float32)):
+            return None
+        H = query.shape[2] // (self.N + 2 * self.Nkv if key is None else self.N)
+        # one query row with scale 1 takes MLAS's M == 1 kernel for Q K^T (another order)
+        if H % 8 or (query.shape[1] == 1 and _scale(self.scale, H) == 1.0):
+            return None
+        from ...compiled import gqa
+
+        return gqa if gqa.unavailable() is None else None
+
+    def _decode_exact(self, gqa, query, past_key, past_value, total, T_max, cos_cache,
+                      sin_cache, position_ids):
+        """One new token of one sequence (packed QKV) on compiled.gqa: rotary, the new key and
+        value written at position total - 1 (_present), attention over ``total`` keys."""
+        N, Nkv = self.N, self.Nkv
+        H = query.shape[2] // (N + 2 * Nkv)
+        p = total - 1
+        qk = query[0, 0, :(N + Nkv) * H].reshape(N + Nkv, H)  # q's heads then k's
+        if self.rotary:
+            pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
+            qk = gqa.rope(qk, cos_cache[pos].astype(np.float32, copy=False),
+                          sin_cache[pos].astype(np.float32, copy=False), self.interleaved,
+                          cos_cache.shape[1] * 2)
+        v = query[0, 0, (N + Nkv) * H:].reshape(1, Nkv, 1, H)
+        present_k, present_v = self._present(
+            past_key, past_value, qk[N:].reshape(1, Nkv, 1, H), v, np.array([p]),
+            np.array([1]), T_max, np.dtype(np.float32))
+        out = gqa.attend(qk[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
+                         _rows_contiguous(present_v)[0], p, total, _scale(self.scale, H),
+                         self.window)
+        return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
                     position_ids):
@@ -649,6 +707,14 @@ class GroupQueryAttention:
             dst[b_idx, past_len[b_idx] + s_idx] = np.moveaxis(new, 2, 1)[b_idx, s_idx]
             out.append(present)
         return out
+
+
+def _rows_contiguous(x: np.ndarray) -> np.ndarray:
+    """``x`` (..., T, H) float32 whose rows of H are contiguous (compiled.gqa reads rows by
+    their stride): itself where they are."""
+    if x.dtype == np.float32 and x.strides[-1] == 4 and all(s % 4 == 0 for s in x.strides):
+        return x
+    return np.ascontiguousarray(x, np.float32)
 
 
 def _shares_past_present(ctx: KernelContext) -> bool:

@@ -1,0 +1,908 @@
+"""GroupQueryAttention's float32 arithmetic as onnxruntime 1.32 computes it on x86-64 with AVX2
+(contrib_ops/cpu/bert/gqa_attention_base.h over MLAS), operation for operation, so that the
+results are onnxruntime's bit for bit. An LLM's attention output feeds an int8-quantized
+product (MatMulNBits, accuracy_level 4), where a last-bit difference grows layer by layer
+(compiled/nbits_gemm.py).
+
+Per (batch, query head), onnxruntime computes:
+
+- rotary (MLAS's AVX2 rope kernel): re' = fma(re, cos, -(im * sin)),
+  im' = fma(re, sin, im * cos), each product rounded where the kernel rounds it (``rope``);
+- scores = GemmEx(NoTrans, Trans, S, total, H, alpha = scale, q, k): MLAS's FMA3 SGEMM, each
+  dot product a chain of fused multiply-adds over H from zero, split in MLAS's K strides; the
+  first stride's sum times alpha, each later one fma(sum, alpha, C) (``scores``);
+- per query row, ComputeAttentionSoftmaxInplace over its causal length (local window: its
+  last window + 1 keys, zeros before): MLAS's softmax: the maximum; exp(x - max) by MLAS's
+  polynomial (MlasComputeSumExpF32KernelFma3) summed in 8 lanes (element j in lane j % 8),
+  the lanes added pairwise ((0+1)+(2+3)) + ((4+5)+(6+7)); each value times 1 / sum
+  (``softmax``);
+- out = GemmEx(NoTrans, NoTrans, S, H, total, 1, probs, v): for S > 1 the FMA3 SGEMM over K =
+  the keys in MLAS's K strides, each stride's chain of fused multiply-adds added to C
+  (``pv``); for S == 1 MLAS's M == 1 kernel (SgemmKernelM1Avx: no FMA; products of 4 keys
+  added in order, then added to C; 2 then 1 for the rest: ``pv1``).
+
+Keys past a row's causal length take no part: onnxruntime's probabilities there are 0, whose
+products leave every sum as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+import numpy as np
+
+from . import jit
+from .jit import address
+
+REQUIRES = ("avx2", "fma")
+
+_VF = "<8 x float>"
+_V8 = "<8 x i32>"
+_FMA = "@llvm.fma.v8f32"
+
+# MLAS's exp constants (compute.cpp, MlasExpConstants) as the sum-exp kernel uses them
+_LOWER_SUMEXP = -88.3762626647949
+_ROUNDING_BIAS = 12582912.0  # 1.5 * 2^23
+_LOG2_RECIPROCAL = 1.44269504088896341
+_LOG2_HIGH = -6.93145752e-1
+_LOG2_LOW = -1.42860677e-6
+_POLY = (float.fromhex("0x1.694000p-10"), float.fromhex("0x1.125edcp-7"),
+         float.fromhex("0x1.555b5ap-5"), float.fromhex("0x1.555450p-3"),
+         float.fromhex("0x1.fffff6p-2"), 1.0)
+_MAX_EXPONENT = 0x3F800000
+_LOWEST = float(np.finfo(np.float32).min)
+
+
+def _c(x: float) -> str:
+    """A float32 constant as LLVM IR writes it (the double with the float32's value)."""
+    return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
+
+
+def _vc(x: float) -> str:
+    return "<" + ", ".join([f"float {_c(x)}"] * 8) + ">"
+
+
+def _vi(x: int) -> str:
+    return "<" + ", ".join([f"i32 {x}"] * 8) + ">"
+
+
+def _splat(name: str, scalar: str) -> list[str]:
+    return [f"  {name}.i = insertelement {_VF} poison, float {scalar}, i64 0",
+            f"  {name} = shufflevector {_VF} {name}.i, {_VF} poison, <8 x i32> zeroinitializer"]
+
+
+def _lane_mask(name: str, count: str) -> list[str]:
+    """``name`` (<8 x i1>): lanes below the i64 ``count``."""
+    return [f"  {name}.n = trunc i64 {count} to i32",
+            f"  {name}.i = insertelement {_V8} poison, i32 {name}.n, i64 0",
+            f"  {name}.v = shufflevector {_V8} {name}.i, {_V8} poison, <8 x i32> "
+            "zeroinitializer",
+            f"  {name} = icmp slt {_V8} <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, "
+            f"i32 7>, {name}.v"]
+
+
+def _rope_ir() -> list[str]:
+    """rope(re, im, cos, sin, out_re, out_im, n): the rotary pairs, 8 at a time, the rest one
+    by one (the same operations)."""
+    def body(ty: str, v: str, fma: str) -> list[str]:
+        return [f"  %{v}.is = fmul {ty} %{v}.im, %{v}.s",
+                f"  %{v}.nis = fneg {ty} %{v}.is",
+                f"  %{v}.ore = call {ty} {fma}({ty} %{v}.re, {ty} %{v}.c, {ty} %{v}.nis)",
+                f"  %{v}.ic = fmul {ty} %{v}.im, %{v}.c",
+                f"  %{v}.oim = call {ty} {fma}({ty} %{v}.re, {ty} %{v}.s, {ty} %{v}.ic)"]
+
+    def loads(ty: str, v: str, i: str) -> list[str]:
+        L = []
+        for name, ptr in (("re", "%re"), ("im", "%im"), ("c", "%cs"), ("s", "%sn")):
+            L += [f"  %{v}.{name}p = getelementptr float, ptr {ptr}, i64 {i}",
+                  f"  %{v}.{name} = load {ty}, ptr %{v}.{name}p, align 4"]
+        return L
+
+    def stores(ty: str, v: str, i: str) -> list[str]:
+        return [f"  %{v}.orp = getelementptr float, ptr %ore, i64 {i}",
+                f"  store {ty} %{v}.ore, ptr %{v}.orp, align 4",
+                f"  %{v}.oip = getelementptr float, ptr %oim, i64 {i}",
+                f"  store {ty} %{v}.oim, ptr %{v}.oip, align 4"]
+
+    return ["define void @rope(ptr %re, ptr %im, ptr %cs, ptr %sn, ptr %ore, ptr %oim, "
+            "i64 %n) nounwind {",
+            "entry:",
+            "  %n8 = and i64 %n, -8",
+            "  %any8 = icmp sgt i64 %n8, 0",
+            "  br i1 %any8, label %vloop, label %vdone",
+            "vloop:",
+            "  %i = phi i64 [0, %entry], [%i.next, %vloop]",
+            *loads(_VF, "v", "%i"), *body(_VF, "v", _FMA), *stores(_VF, "v", "%i"),
+            "  %i.next = add i64 %i, 8",
+            "  %more = icmp slt i64 %i.next, %n8",
+            "  br i1 %more, label %vloop, label %vdone",
+            "vdone:",
+            "  %anyr = icmp slt i64 %n8, %n",
+            "  br i1 %anyr, label %sloop, label %end",
+            "sloop:",
+            "  %j = phi i64 [%n8, %vdone], [%j.next, %sloop]",
+            *loads("float", "s", "%j"), *body("float", "s", "@llvm.fma.f32"),
+            *stores("float", "s", "%j"),
+            "  %j.next = add i64 %j, 1",
+            "  %smore = icmp slt i64 %j.next, %n",
+            "  br i1 %smore, label %sloop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _scores_ir() -> list[str]:
+    """scores(qt, k, out, tl, nblk, M8, H, ldk, ks, alpha, heads, sq, sk, so, ldo): per head
+    and block of 8 query rows (qt: [H][M8], the rows transposed), for each of the block's
+    tl[b] keys (k rows ldk apart), the 8 dot products as chains of fused multiply-adds over
+    H in strides of ks (MLAS's SGEMM with B transposed; the query rows in the vector lanes,
+    so each lane's chain is one dot product), the first stride times alpha, the others
+    fma(sum, alpha, C); stored into the rows of out (ldo apart). Four keys at a time."""
+    L = ["define void @scores(ptr %qt, ptr %k, ptr %out, ptr %tl, i64 %nblk, i64 %M8, "
+         "i64 %H, i64 %ldk, i64 %ks, float %alpha, i64 %heads, i64 %sq, i64 %sk, i64 %so, "
+         "i64 %ldo) nounwind {",
+         "entry:",
+         *_splat("%va", "%alpha"),
+         "  %anyh = icmp sgt i64 %heads, 0",
+         "  %anyb = icmp sgt i64 %nblk, 0",
+         "  %go = and i1 %anyh, %anyb",
+         "  br i1 %go, label %hloop, label %end",
+         "hloop:",
+         "  %hd = phi i64 [0, %entry], [%hd.next, %hnext]",
+         "  %qo = mul i64 %hd, %sq",
+         "  %qh = getelementptr float, ptr %qt, i64 %qo",
+         "  %ko = mul i64 %hd, %sk",
+         "  %kh = getelementptr float, ptr %k, i64 %ko",
+         "  %oo = mul i64 %hd, %so",
+         "  %oh = getelementptr float, ptr %out, i64 %oo",
+         "  br label %bloop",
+         "bloop:",
+         "  %b = phi i64 [0, %hloop], [%b.next, %bnext]",
+         "  %tlp = getelementptr i64, ptr %tl, i64 %b",
+         "  %T = load i64, ptr %tlp, align 8",
+         "  %m0 = shl i64 %b, 3",
+         "  %qb = getelementptr float, ptr %qh, i64 %m0",
+         "  %T4 = and i64 %T, -4",
+         "  %any4 = icmp sgt i64 %T4, 0",
+         "  br i1 %any4, label %g4.top, label %g4.done"]
+
+    def group(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[str]:
+        """Keys t .. t + J - 1 from label {p}.top (t from phi: first at entry, +J at back)."""
+        accs = [f"%{p}.acc{j}" for j in range(J)]
+        Cs = [f"%{p}.C{j}" for j in range(J)]
+        G = [f"{p}.top:",
+             f"  %{p}.t = phi i64 [{t0}, %{first}], [%{p}.t.next, %{p}.kbnext.end]"]
+        for j in range(J):
+            G += [f"  %{p}.tj{j} = add i64 %{p}.t, {j}",
+                  f"  %{p}.ko{j} = mul i64 %{p}.tj{j}, %ldk",
+                  f"  %{p}.kp{j} = getelementptr float, ptr %kh, i64 %{p}.ko{j}"]
+        G += [f"  br label %{p}.kb",
+              f"{p}.kb:",
+              f"  %{p}.kb0 = phi i64 [0, %{p}.top], [%{p}.kb1, %{p}.kbnext]"]
+        for j in range(J):
+            G.append(f"  {Cs[j]} = phi {_VF} [zeroinitializer, %{p}.top], "
+                     f"[{Cs[j]}.n, %{p}.kbnext]")
+        G += [f"  %{p}.he0 = add i64 %{p}.kb0, %ks",
+              f"  %{p}.hlt = icmp slt i64 %{p}.he0, %H",
+              f"  %{p}.he = select i1 %{p}.hlt, i64 %{p}.he0, i64 %H",
+              f"  br label %{p}.h",
+              f"{p}.h:",
+              f"  %{p}.hh = phi i64 [%{p}.kb0, %{p}.kb], [%{p}.hh.next, %{p}.h]"]
+        for j in range(J):
+            G.append(f"  {accs[j]} = phi {_VF} [zeroinitializer, %{p}.kb], "
+                     f"[{accs[j]}.n, %{p}.h]")
+        G += [f"  %{p}.qo = mul i64 %{p}.hh, %M8",
+              f"  %{p}.qp = getelementptr float, ptr %qb, i64 %{p}.qo",
+              f"  %{p}.q = load {_VF}, ptr %{p}.qp, align 4"]
+        for j in range(J):
+            G += [f"  %{p}.kx{j}p = getelementptr float, ptr %{p}.kp{j}, i64 %{p}.hh",
+                  f"  %{p}.kx{j} = load float, ptr %{p}.kx{j}p, align 4",
+                  *_splat(f"%{p}.kv{j}", f"%{p}.kx{j}"),
+                  f"  {accs[j]}.n = call {_VF} {_FMA}({_VF} %{p}.q, {_VF} %{p}.kv{j}, "
+                  f"{_VF} {accs[j]})"]
+        G += [f"  %{p}.hh.next = add i64 %{p}.hh, 1",
+              f"  %{p}.hmore = icmp slt i64 %{p}.hh.next, %{p}.he",
+              f"  br i1 %{p}.hmore, label %{p}.h, label %{p}.kbnext",
+              f"{p}.kbnext:",
+              f"  %{p}.isfirst = icmp eq i64 %{p}.kb0, 0"]
+        for j in range(J):
+            G += [f"  %{p}.z{j} = fmul {_VF} {accs[j]}.n, %va",
+                  f"  %{p}.f{j} = call {_VF} {_FMA}({_VF} {accs[j]}.n, {_VF} %va, "
+                  f"{_VF} {Cs[j]})",
+                  f"  {Cs[j]}.n = select i1 %{p}.isfirst, {_VF} %{p}.z{j}, {_VF} %{p}.f{j}"]
+        G += [f"  %{p}.kb1 = add i64 %{p}.kb0, %ks",
+              f"  %{p}.kbmore = icmp slt i64 %{p}.kb1, %H",
+              f"  br i1 %{p}.kbmore, label %{p}.kb, label %{p}.kbnext.end",
+              f"{p}.kbnext.end:"]
+        for j in range(J):  # lane i is query row m0 + i: out[(m0 + i) * ldo + t + j]
+            for i in range(8):
+                G += [f"  %{p}.e{j}_{i} = extractelement {_VF} {Cs[j]}.n, i64 {i}",
+                      f"  %{p}.r{j}_{i} = add i64 %m0, {i}",
+                      f"  %{p}.ro{j}_{i} = mul i64 %{p}.r{j}_{i}, %ldo",
+                      f"  %{p}.o{j}_{i} = add i64 %{p}.ro{j}_{i}, %{p}.tj{j}",
+                      f"  %{p}.op{j}_{i} = getelementptr float, ptr %oh, i64 %{p}.o{j}_{i}",
+                      f"  store float %{p}.e{j}_{i}, ptr %{p}.op{j}_{i}, align 4"]
+        G += [f"  %{p}.t.next = add i64 %{p}.t, {J}",
+              f"  %{p}.more = icmp slt i64 %{p}.t.next, {back}",
+              f"  br i1 %{p}.more, label %{p}.top, label %{done}"]
+        return G
+
+    L += group(4, "g4", "0", "bloop", "%T4", "g4.done")
+    L += ["g4.done:",
+          "  %anyr = icmp slt i64 %T4, %T",
+          "  br i1 %anyr, label %g1.top, label %bnext"]
+    L += group(1, "g1", "%T4", "g4.done", "%T", "bnext")
+    L += ["bnext:",
+          "  %b.next = add i64 %b, 1",
+          "  %bmore = icmp slt i64 %b.next, %nblk",
+          "  br i1 %bmore, label %bloop, label %hnext",
+          "hnext:",
+          "  %hd.next = add i64 %hd, 1",
+          "  %hmore = icmp slt i64 %hd.next, %heads",
+          "  br i1 %hmore, label %hloop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def _exp_ir(v: str, x: str) -> list[str]:
+    """%{v}.e = MLAS's sum-exp kernel's exp of the <8 x float> ``x`` (already x - max)."""
+    return [f"  %{v}.lt = fcmp ogt {_VF} {_vc(_LOWER_SUMEXP)}, {x}",  # vmaxps(lower, x)
+            f"  %{v}.x0 = select <8 x i1> %{v}.lt, {_VF} {_vc(_LOWER_SUMEXP)}, {_VF} {x}",
+            f"  %{v}.bi = call {_VF} {_FMA}({_VF} %{v}.x0, {_VF} {_vc(_LOG2_RECIPROCAL)}, "
+            f"{_VF} {_vc(_ROUNDING_BIAS)})",
+            f"  %{v}.m = fsub {_VF} %{v}.bi, {_vc(_ROUNDING_BIAS)}",
+            f"  %{v}.x1 = call {_VF} {_FMA}({_VF} %{v}.m, {_VF} {_vc(_LOG2_HIGH)}, "
+            f"{_VF} %{v}.x0)",
+            f"  %{v}.x = call {_VF} {_FMA}({_VF} %{v}.m, {_VF} {_vc(_LOG2_LOW)}, "
+            f"{_VF} %{v}.x1)",
+            f"  %{v}.p1 = call {_VF} {_FMA}({_VF} {_vc(_POLY[0])}, {_VF} %{v}.x, "
+            f"{_VF} {_vc(_POLY[1])})",
+            f"  %{v}.p2 = call {_VF} {_FMA}({_VF} %{v}.p1, {_VF} %{v}.x, {_VF} {_vc(_POLY[2])})",
+            f"  %{v}.p3 = call {_VF} {_FMA}({_VF} %{v}.p2, {_VF} %{v}.x, {_VF} {_vc(_POLY[3])})",
+            f"  %{v}.p4 = call {_VF} {_FMA}({_VF} %{v}.p3, {_VF} %{v}.x, {_VF} {_vc(_POLY[4])})",
+            f"  %{v}.p5 = call {_VF} {_FMA}({_VF} %{v}.p4, {_VF} %{v}.x, {_VF} {_vc(_POLY[5])})",
+            f"  %{v}.p6 = call {_VF} {_FMA}({_VF} %{v}.p5, {_VF} %{v}.x, {_VF} {_vc(_POLY[5])})",
+            f"  %{v}.bb = bitcast {_VF} %{v}.bi to {_V8}",
+            f"  %{v}.sh = shl {_V8} %{v}.bb, {_vi(23)}",
+            f"  %{v}.nb = add {_V8} %{v}.sh, {_vi(_MAX_EXPONENT)}",
+            f"  %{v}.nf = bitcast {_V8} %{v}.nb to {_VF}",
+            f"  %{v}.e = fmul {_VF} %{v}.p6, %{v}.nf"]
+
+
+def _sumexp_ir() -> list[str]:
+    """@sumexp(p, n, negmax): MlasComputeSumExpF32KernelFma3 in place: p[j] = exp(p[j] +
+    negmax), returned summed in 8 lanes (element j in lane j % 8; a partial vector's unused
+    lanes read 0 with a maximum of 0, their exp masked to 0), the lanes added
+    ((0+1)+(2+3)) + ((4+5)+(6+7)). An internal function."""
+    return ["define internal float @sumexp(ptr %p, i64 %n, float %negmax) alwaysinline "
+            "nounwind {",
+            "entry:",
+            *_splat("%vneg", "%negmax"),
+            "  %n8 = and i64 %n, -8",
+            "  %any8 = icmp sgt i64 %n8, 0",
+            "  br i1 %any8, label %eloop, label %edone",
+            "eloop:",
+            "  %ei = phi i64 [0, %entry], [%ei.next, %eloop]",
+            f"  %acc = phi {_VF} [zeroinitializer, %entry], [%acc.n, %eloop]",
+            "  %ep = getelementptr float, ptr %p, i64 %ei",
+            f"  %ev = load {_VF}, ptr %ep, align 4",
+            f"  %ex = fadd {_VF} %vneg, %ev",
+            *_exp_ir("x", "%ex"),
+            f"  store {_VF} %x.e, ptr %ep, align 4",
+            f"  %acc.n = fadd {_VF} %acc, %x.e",
+            "  %ei.next = add i64 %ei, 8",
+            "  %emore = icmp slt i64 %ei.next, %n8",
+            "  br i1 %emore, label %eloop, label %edone",
+            "edone:",
+            f"  %acc.d = phi {_VF} [zeroinitializer, %entry], [%acc.n, %eloop]",
+            "  %rem = sub i64 %n, %n8",
+            "  %anyrem = icmp sgt i64 %rem, 0",
+            "  br i1 %anyrem, label %tail, label %reduce",
+            "tail:",
+            *_lane_mask("%tm", "%rem"),
+            "  %tp = getelementptr float, ptr %p, i64 %n8",
+            f"  %tv = call {_VF} @llvm.masked.load.v8f32.p0(ptr %tp, i32 4, <8 x i1> %tm, "
+            f"{_VF} zeroinitializer)",
+            f"  %tneg = select <8 x i1> %tm, {_VF} %vneg, {_VF} zeroinitializer",
+            f"  %tx = fadd {_VF} %tneg, %tv",
+            *_exp_ir("y", "%tx"),
+            f"  %ye = select <8 x i1> %tm, {_VF} %y.e, {_VF} zeroinitializer",
+            f"  %acc.t = fadd {_VF} %acc.d, %ye",
+            f"  call void @llvm.masked.store.v8f32.p0({_VF} %ye, ptr %tp, i32 4, "
+            "<8 x i1> %tm)",
+            "  br label %reduce",
+            "reduce:",
+            f"  %a = phi {_VF} [%acc.d, %edone], [%acc.t, %tail]",
+            *_tree("%a", "%sum"),
+            "  ret float %sum",
+            "}"]
+
+
+def _tree(v: str, out: str) -> list[str]:
+    """``out`` = ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)) of the <8 x float> ``v``."""
+    t = out + "."
+    return [*[f"  {t}{i} = extractelement {_VF} {v}, i64 {i}" for i in range(8)],
+            f"  {t}01 = fadd float {t}0, {t}1",
+            f"  {t}23 = fadd float {t}2, {t}3",
+            f"  {t}45 = fadd float {t}4, {t}5",
+            f"  {t}67 = fadd float {t}6, {t}7",
+            f"  {t}lo = fadd float {t}01, {t}23",
+            f"  {t}hi = fadd float {t}45, {t}67",
+            f"  {out} = fadd float {t}lo, {t}hi"]
+
+
+def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
+    """``out``: the maximum of the ``n`` floats at ``p`` (from lowest; the order does not
+    matter); labels {out}.loop / {out}.done, entered from block ``first``."""
+    t = out[1:]
+    return [f"  br label %{t}.loop",
+            f"{t}.loop:",
+            f"  %{t}.i = phi i64 [0, %{first}], [%{t}.i.next, %{t}.loop]",
+            f"  %{t}.m = phi float [{_c(_LOWEST)}, %{first}], [{out}, %{t}.loop]",
+            f"  %{t}.p = getelementptr float, ptr {p}, i64 %{t}.i",
+            f"  %{t}.v = load float, ptr %{t}.p, align 4",
+            f"  %{t}.lt = fcmp olt float %{t}.m, %{t}.v",  # std::max(m, v)
+            f"  {out} = select i1 %{t}.lt, float %{t}.v, float %{t}.m",
+            f"  %{t}.i.next = add i64 %{t}.i, 1",
+            f"  %{t}.more = icmp slt i64 %{t}.i.next, {n}",
+            f"  br i1 %{t}.more, label %{t}.loop, label %{t}.done",
+            f"{t}.done:"]
+
+
+def _online_ir() -> list[str]:
+    """online(sc, rows, R, m, l, O, H, first, expf): one KV block's online-softmax step of
+    MlasFlashAttentionGQA for each row r of scores (R floats, masked keys at the lowest
+    float): a row with nothing unmasked becomes zeros; else the running maximum m[r] =
+    max(m[r], row max), the row replaced by exp(x - m[r]) (@sumexp) whose sum s gives l[r] =
+    s on the first block, else l[r] = e * l[r] + s and O[r] (H floats) times e, e =
+    expf(old m - new m) (``expf``: the C library's, as std::exp)."""
+    return ["define void @online(ptr %sc, i64 %rows, i64 %R, ptr %m, ptr %l, ptr %O, i64 %H, "
+            "i64 %first, ptr %expf) nounwind {",
+            "entry:",
+            "  %isfirst = icmp ne i64 %first, 0",
+            "  %anyrow = icmp sgt i64 %rows, 0",
+            "  br i1 %anyrow, label %rloop, label %end",
+            "rloop:",
+            "  %r = phi i64 [0, %entry], [%r.next, %rnext]",
+            "  %ro = mul i64 %r, %R",
+            "  %row = getelementptr float, ptr %sc, i64 %ro",
+            *_rowmax_ir("%row", "%R", "%mx", "rloop"),
+            f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
+            "  br i1 %none, label %zloop, label %upd",
+            "zloop:",
+            "  %z = phi i64 [0, %mx.done], [%z.next, %zloop]",
+            "  %zp = getelementptr float, ptr %row, i64 %z",
+            "  store float 0.0, ptr %zp, align 4",
+            "  %z.next = add i64 %z, 1",
+            "  %zmore = icmp slt i64 %z.next, %R",
+            "  br i1 %zmore, label %zloop, label %rnext",
+            "upd:",
+            "  %mp = getelementptr float, ptr %m, i64 %r",
+            "  %mo = load float, ptr %mp, align 4",
+            "  %mlt = fcmp olt float %mo, %mx",
+            "  %mn = select i1 %mlt, float %mx, float %mo",
+            "  store float %mn, ptr %mp, align 4",
+            "  %md = fsub float %mo, %mn",
+            "  %negmax = fneg float %mn",
+            "  %s = call float @sumexp(ptr %row, i64 %R, float %negmax)",
+            "  %lp = getelementptr float, ptr %l, i64 %r",
+            "  br i1 %isfirst, label %lfirst, label %lnext",
+            "lfirst:",
+            "  store float %s, ptr %lp, align 4",
+            "  br label %rnext",
+            "lnext:",
+            "  %ed = call float %expf(float %md)",
+            "  %lo = load float, ptr %lp, align 4",
+            "  %el = fmul float %ed, %lo",
+            "  %ln = fadd float %el, %s",
+            "  store float %ln, ptr %lp, align 4",
+            "  %oo = mul i64 %r, %H",
+            "  %orow = getelementptr float, ptr %O, i64 %oo",
+            "  br label %oloop",
+            "oloop:",
+            "  %oi = phi i64 [0, %lnext], [%oi.next, %oloop]",
+            "  %op = getelementptr float, ptr %orow, i64 %oi",
+            "  %ov = load float, ptr %op, align 4",
+            "  %ox = fmul float %ov, %ed",
+            "  store float %ox, ptr %op, align 4",
+            "  %oi.next = add i64 %oi, 1",
+            "  %omore = icmp slt i64 %oi.next, %H",
+            "  br i1 %omore, label %oloop, label %rnext",
+            "rnext:",
+            "  %r.next = add i64 %r, 1",
+            "  %rmore = icmp slt i64 %r.next, %rows",
+            "  br i1 %rmore, label %rloop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _decode_ir() -> list[str]:
+    """decode(q, k, v, out, sc, N, G, T, H, sk, sv, scale, ws): MlasGQADecodeGQAThreaded for
+    one sequence: per query head n (q and out rows of H floats; kv head n / G: k and v rows
+    of H floats, heads sk / sv floats apart), scores[t] = scale * (8 lanes of products added
+    in order, the lanes added as a tree) into ``sc`` (T floats), the keys before ws at the
+    lowest float, @sumexp after the maximum, then out = (sum over t in order of sc[t] * v[t],
+    a multiply and an add each) * (1 / sum). H a multiple of 8."""
+    L = ["define void @decode(ptr %q, ptr %k, ptr %v, ptr %out, ptr %sc, i64 %N, i64 %G, "
+         "i64 %T, i64 %H, i64 %sk, i64 %sv, float %scale, i64 %ws) nounwind {",
+         "entry:",
+         "  %nv = lshr i64 %H, 3",
+         "  %nv4 = and i64 %nv, -4",
+         "  %any4 = icmp sgt i64 %nv4, 0",
+         "  %anyn = icmp sgt i64 %N, 0",
+         "  br i1 %anyn, label %hloop, label %end",
+         "hloop:",
+         "  %n = phi i64 [0, %entry], [%n.next, %hnext]",
+         "  %kvh = udiv i64 %n, %G",
+         "  %ko = mul i64 %kvh, %sk",
+         "  %kh = getelementptr float, ptr %k, i64 %ko",
+         "  %vo = mul i64 %kvh, %sv",
+         "  %vh = getelementptr float, ptr %v, i64 %vo",
+         "  %qo = mul i64 %n, %H",
+         "  %qh = getelementptr float, ptr %q, i64 %qo",
+         "  %oh = getelementptr float, ptr %out, i64 %qo",
+         "  br label %tloop",
+         "tloop:",
+         "  %t = phi i64 [0, %hloop], [%t.next, %tdone]",
+         "  %kro = mul i64 %t, %H",
+         "  %krow = getelementptr float, ptr %kh, i64 %kro",
+         "  br label %dloop",
+         "dloop:",
+         "  %d = phi i64 [0, %tloop], [%d.next, %dloop]",
+         f"  %acc = phi {_VF} [zeroinitializer, %tloop], [%acc.n, %dloop]",
+         "  %qp = getelementptr float, ptr %qh, i64 %d",
+         f"  %qv = load {_VF}, ptr %qp, align 4",
+         "  %kp = getelementptr float, ptr %krow, i64 %d",
+         f"  %kv = load {_VF}, ptr %kp, align 4",
+         f"  %pr = fmul {_VF} %qv, %kv",
+         f"  %acc.n = fadd {_VF} %acc, %pr",
+         "  %d.next = add i64 %d, 8",
+         "  %dmore = icmp slt i64 %d.next, %H",
+         "  br i1 %dmore, label %dloop, label %tdone",
+         "tdone:",
+         *_tree("%acc.n", "%dot"),
+         "  %sv0 = fmul float %dot, %scale",
+         "  %masked = icmp slt i64 %t, %ws",
+         f"  %svm = select i1 %masked, float {_c(_LOWEST)}, float %sv0",
+         "  %scp = getelementptr float, ptr %sc, i64 %t",
+         "  store float %svm, ptr %scp, align 4",
+         "  %t.next = add i64 %t, 1",
+         "  %tmore = icmp slt i64 %t.next, %T",
+         "  br i1 %tmore, label %tloop, label %smax",
+         "smax:",
+         *_rowmax_ir("%sc", "%T", "%mx", "smax"),
+         f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
+         "  %negmax = fneg float %mx",
+         "  br i1 %none, label %zero, label %norm",
+         "zero:",  # every key masked: zeros
+         "  br label %zloop",
+         "zloop:",
+         "  %zi = phi i64 [0, %zero], [%zi.next, %zloop]",
+         "  %zp = getelementptr float, ptr %oh, i64 %zi",
+         "  store float 0.0, ptr %zp, align 4",
+         "  %zi.next = add i64 %zi, 1",
+         "  %zmore = icmp slt i64 %zi.next, %H",
+         "  br i1 %zmore, label %zloop, label %hnext",
+         "norm:",
+         "  %sum = call float @sumexp(ptr %sc, i64 %T, float %negmax)",
+         "  %pos = fcmp ogt float %sum, 0.0",
+         "  %inv0 = fdiv float 1.0, %sum",
+         "  %inv = select i1 %pos, float %inv0, float 0.0",
+         *_splat("%vinv", "%inv"),
+         "  br i1 %any4, label %c4.top, label %c4.done"]
+
+    def chunk(W: int, p: str, j0: str, first: str, back: str, done: str) -> list[str]:
+        G = [f"{p}.top:",
+             f"  %{p}.j = phi i64 [{j0}, %{first}], [%{p}.j.next, %{p}.st]",
+             f"  br label %{p}.t",
+             f"{p}.t:",
+             f"  %{p}.tt = phi i64 [0, %{p}.top], [%{p}.tt.next, %{p}.t]"]
+        G += [f"  %{p}.a{w} = phi {_VF} [zeroinitializer, %{p}.top], [%{p}.a{w}.n, %{p}.t]"
+              for w in range(W)]
+        G += [f"  %{p}.pp = getelementptr float, ptr %sc, i64 %{p}.tt",
+              f"  %{p}.px = load float, ptr %{p}.pp, align 4",
+              *_splat(f"%{p}.pv", f"%{p}.px"),
+              f"  %{p}.vr = mul i64 %{p}.tt, %H"]
+        for w in range(W):
+            G += [f"  %{p}.c{w} = add i64 %{p}.j, {w}",
+                  f"  %{p}.c8{w} = shl i64 %{p}.c{w}, 3",
+                  f"  %{p}.x{w} = add i64 %{p}.vr, %{p}.c8{w}",
+                  f"  %{p}.vp{w} = getelementptr float, ptr %vh, i64 %{p}.x{w}",
+                  f"  %{p}.v{w} = load {_VF}, ptr %{p}.vp{w}, align 4",
+                  f"  %{p}.m{w} = fmul {_VF} %{p}.pv, %{p}.v{w}",
+                  f"  %{p}.a{w}.n = fadd {_VF} %{p}.a{w}, %{p}.m{w}"]
+        G += [f"  %{p}.tt.next = add i64 %{p}.tt, 1",
+              f"  %{p}.tmore = icmp slt i64 %{p}.tt.next, %T",
+              f"  br i1 %{p}.tmore, label %{p}.t, label %{p}.st",
+              f"{p}.st:"]
+        for w in range(W):
+            G += [f"  %{p}.r{w} = fmul {_VF} %{p}.a{w}.n, %vinv",
+                  f"  %{p}.o{w} = getelementptr float, ptr %oh, i64 %{p}.c8{w}",
+                  f"  store {_VF} %{p}.r{w}, ptr %{p}.o{w}, align 4"]
+        G += [f"  %{p}.j.next = add i64 %{p}.j, {W}",
+              f"  %{p}.jmore = icmp slt i64 %{p}.j.next, {back}",
+              f"  br i1 %{p}.jmore, label %{p}.top, label %{done}"]
+        return G
+
+    L += chunk(4, "c4", "0", "norm", "%nv4", "c4.done")
+    L += ["c4.done:",
+          "  %anyc = icmp slt i64 %nv4, %nv",
+          "  br i1 %anyc, label %c1.top, label %hnext"]
+    L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "hnext")
+    L += ["hnext:",
+          "  %n.next = add i64 %n, 1",
+          "  %nmore = icmp slt i64 %n.next, %N",
+          "  br i1 %nmore, label %hloop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def _pv_ir(m1: bool) -> list[str]:
+    """pv / pv1(p, ldp, v, ldv, out, ldo, rows, len, nv, ks, heads, sp, sv, so): per head and
+    query row m (probabilities p + m * ldp, len[m] keys), the row times V (rows ldv apart,
+    nv vectors of 8 columns) into out + m * ldo. pv: MLAS's FMA3 SGEMM (chains of fused
+    multiply-adds over the keys of each K stride of ks, each stride's sum added to C); pv1:
+    MLAS's M == 1 kernel (groups of 4 products added in order, then to C; a pair, then one,
+    for the rest). Columns 32 at a time (4 accumulators), then 8."""
+    name = "pv1" if m1 else "pv"
+    L = [f"define void @{name}(ptr %p, i64 %ldp, ptr %v, i64 %ldv, ptr %out, i64 %ldo, "
+         "i64 %rows, ptr %len, i64 %nv, i64 %ks, i64 %heads, i64 %sp, i64 %sv, i64 %so, "
+         "i64 %accum) nounwind {",
+         "entry:",
+         "  %acc.on = icmp ne i64 %accum, 0",
+         "  %anyh = icmp sgt i64 %heads, 0",
+         "  %anyr = icmp sgt i64 %rows, 0",
+         "  %go = and i1 %anyh, %anyr",
+         "  br i1 %go, label %hloop, label %end",
+         "hloop:",
+         "  %hd = phi i64 [0, %entry], [%hd.next, %hnext]",
+         "  %po = mul i64 %hd, %sp",
+         "  %ph = getelementptr float, ptr %p, i64 %po",
+         "  %vo = mul i64 %hd, %sv",
+         "  %vh = getelementptr float, ptr %v, i64 %vo",
+         "  %oo = mul i64 %hd, %so",
+         "  %oh = getelementptr float, ptr %out, i64 %oo",
+         "  br label %rloop",
+         "rloop:",
+         "  %m = phi i64 [0, %hloop], [%m.next, %rnext]",
+         "  %pro = mul i64 %m, %ldp",
+         "  %prow = getelementptr float, ptr %ph, i64 %pro",
+         "  %oro = mul i64 %m, %ldo",
+         "  %orow = getelementptr float, ptr %oh, i64 %oro",
+         "  %lp = getelementptr i64, ptr %len, i64 %m",
+         "  %K = load i64, ptr %lp, align 8",
+         "  %nv4 = and i64 %nv, -4",
+         "  %any4 = icmp sgt i64 %nv4, 0",
+         "  br i1 %any4, label %c4.top, label %c4.done"]
+
+    def vload(p: str, w: int, t: str, tag: str) -> list[str]:
+        """%{p}.v{tag}_{w}: V row t, columns of vector j + w."""
+        return [f"  %{p}.vr{tag}_{w} = mul i64 {t}, %ldv",
+                f"  %{p}.vc{tag}_{w} = add i64 %{p}.j, {w}",
+                f"  %{p}.vc8{tag}_{w} = shl i64 %{p}.vc{tag}_{w}, 3",
+                f"  %{p}.vx{tag}_{w} = add i64 %{p}.vr{tag}_{w}, %{p}.vc8{tag}_{w}",
+                f"  %{p}.vp{tag}_{w} = getelementptr float, ptr %vh, i64 %{p}.vx{tag}_{w}",
+                f"  %{p}.v{tag}_{w} = load {_VF}, ptr %{p}.vp{tag}_{w}, align 4"]
+
+    def pload(p: str, t: str, tag: str) -> list[str]:
+        return [f"  %{p}.pp{tag} = getelementptr float, ptr %prow, i64 {t}",
+                f"  %{p}.px{tag} = load float, ptr %{p}.pp{tag}, align 4",
+                *_splat(f"%{p}.pv{tag}", f"%{p}.px{tag}")]
+
+    def chunk(W: int, p: str, j0: str, first: str, back: str, done: str) -> list[str]:
+        Cs = [f"%{p}.C{w}" for w in range(W)]
+        G = [f"{p}.top:",
+             f"  %{p}.j = phi i64 [{j0}, %{first}], [%{p}.j.next, %{p}.store]"]
+        for w in range(W):  # C's start: the output row (accumulating) or zeros
+            G += [f"  %{p}.ic{w} = add i64 %{p}.j, {w}",
+                  f"  %{p}.ic8{w} = shl i64 %{p}.ic{w}, 3",
+                  f"  %{p}.ip{w} = getelementptr float, ptr %orow, i64 %{p}.ic8{w}",
+                  f"  %{p}.il{w} = load {_VF}, ptr %{p}.ip{w}, align 4",
+                  f"  %{p}.I{w} = select i1 %acc.on, {_VF} %{p}.il{w}, {_VF} zeroinitializer"]
+        if not m1:
+            G += ["  %" + p + ".anyk = icmp sgt i64 %K, 0",
+                  f"  br i1 %{p}.anyk, label %{p}.kb, label %{p}.store",
+                  f"{p}.kb:",
+                  f"  %{p}.kb0 = phi i64 [0, %{p}.top], [%{p}.kb1, %{p}.kbnext]"]
+            G += [f"  {Cs[w]} = phi {_VF} [%{p}.I{w}, %{p}.top], "
+                  f"[{Cs[w]}.n, %{p}.kbnext]" for w in range(W)]
+            G += [f"  %{p}.te0 = add i64 %{p}.kb0, %ks",
+                  f"  %{p}.tlt = icmp slt i64 %{p}.te0, %K",
+                  f"  %{p}.te = select i1 %{p}.tlt, i64 %{p}.te0, i64 %K",
+                  f"  br label %{p}.t",
+                  f"{p}.t:",
+                  f"  %{p}.tt = phi i64 [%{p}.kb0, %{p}.kb], [%{p}.tt.next, %{p}.t]"]
+            G += [f"  %{p}.acc{w} = phi {_VF} [zeroinitializer, %{p}.kb], "
+                  f"[%{p}.acc{w}.n, %{p}.t]" for w in range(W)]
+            G += pload(p, f"%{p}.tt", "")
+            for w in range(W):
+                G += vload(p, w, f"%{p}.tt", "")
+                G.append(f"  %{p}.acc{w}.n = call {_VF} {_FMA}({_VF} %{p}.pv, "
+                         f"{_VF} %{p}.v_{w}, {_VF} %{p}.acc{w})")
+            G += [f"  %{p}.tt.next = add i64 %{p}.tt, 1",
+                  f"  %{p}.tmore = icmp slt i64 %{p}.tt.next, %{p}.te",
+                  f"  br i1 %{p}.tmore, label %{p}.t, label %{p}.kbnext",
+                  f"{p}.kbnext:",
+                  f"  %{p}.kb00 = icmp eq i64 %{p}.kb0, 0",
+                  f"  %{p}.noacc = xor i1 %acc.on, true",
+                  f"  %{p}.isfirst = and i1 %{p}.kb00, %{p}.noacc"]
+            for w in range(W):  # alpha = 1: C = sum, then fma(sum, 1, C) = C + sum
+                G += [f"  %{p}.a{w} = fadd {_VF} %{p}.acc{w}.n, {Cs[w]}",
+                      f"  {Cs[w]}.n = select i1 %{p}.isfirst, {_VF} %{p}.acc{w}.n, "
+                      f"{_VF} %{p}.a{w}"]
+            G += [f"  %{p}.kb1 = add i64 %{p}.kb0, %ks",
+                  f"  %{p}.kbmore = icmp slt i64 %{p}.kb1, %K",
+                  f"  br i1 %{p}.kbmore, label %{p}.kb, label %{p}.store",
+                  f"{p}.store:"]
+            G += [f"  %{p}.R{w} = phi {_VF} [%{p}.I{w}, %{p}.top], "
+                  f"[{Cs[w]}.n, %{p}.kbnext]" for w in range(W)]
+        else:
+            G += ["  %" + p + ".K4 = and i64 %K, -4",
+                  f"  %{p}.any4 = icmp sgt i64 %{p}.K4, 0",
+                  f"  br i1 %{p}.any4, label %{p}.q, label %{p}.qdone",
+                  f"{p}.q:",
+                  f"  %{p}.tq = phi i64 [0, %{p}.top], [%{p}.tq.next, %{p}.q]"]
+            G += [f"  {Cs[w]} = phi {_VF} [%{p}.I{w}, %{p}.top], "
+                  f"[{Cs[w]}.n, %{p}.q]" for w in range(W)]
+            for u in range(4):
+                G.append(f"  %{p}.t{u} = add i64 %{p}.tq, {u}")
+                G += pload(p, f"%{p}.t{u}", str(u))
+            for w in range(W):
+                for u in range(4):
+                    G += vload(p, w, f"%{p}.t{u}", str(u))
+                    G.append(f"  %{p}.m{u}_{w} = fmul {_VF} %{p}.pv{u}, %{p}.v{u}_{w}")
+                G += [f"  %{p}.s1_{w} = fadd {_VF} %{p}.m0_{w}, %{p}.m1_{w}",
+                      f"  %{p}.s2_{w} = fadd {_VF} %{p}.s1_{w}, %{p}.m2_{w}",
+                      f"  %{p}.s3_{w} = fadd {_VF} %{p}.s2_{w}, %{p}.m3_{w}",
+                      f"  {Cs[w]}.n = fadd {_VF} %{p}.s3_{w}, {Cs[w]}"]
+            G += [f"  %{p}.tq.next = add i64 %{p}.tq, 4",
+                  f"  %{p}.qmore = icmp slt i64 %{p}.tq.next, %{p}.K4",
+                  f"  br i1 %{p}.qmore, label %{p}.q, label %{p}.qdone",
+                  f"{p}.qdone:"]
+            G += [f"  %{p}.D{w} = phi {_VF} [%{p}.I{w}, %{p}.top], [{Cs[w]}.n, %{p}.q]"
+                  for w in range(W)]
+            G += [f"  %{p}.r = sub i64 %K, %{p}.K4",
+                  f"  %{p}.r2 = and i64 %{p}.r, 2",
+                  f"  %{p}.has2 = icmp ne i64 %{p}.r2, 0",
+                  f"  br i1 %{p}.has2, label %{p}.two, label %{p}.twodone",
+                  f"{p}.two:",
+                  f"  %{p}.u0 = add i64 %{p}.K4, 0",
+                  f"  %{p}.u1 = add i64 %{p}.K4, 1"]
+            G += pload(p, f"%{p}.u0", "a") + pload(p, f"%{p}.u1", "b")
+            for w in range(W):
+                G += vload(p, w, f"%{p}.u0", "a") + vload(p, w, f"%{p}.u1", "b")
+                G += [f"  %{p}.ma_{w} = fmul {_VF} %{p}.pva, %{p}.va_{w}",
+                      f"  %{p}.mb_{w} = fmul {_VF} %{p}.pvb, %{p}.vb_{w}",
+                      f"  %{p}.sab_{w} = fadd {_VF} %{p}.ma_{w}, %{p}.mb_{w}",
+                      f"  %{p}.E{w} = fadd {_VF} %{p}.sab_{w}, %{p}.D{w}"]
+            G += [f"  br label %{p}.twodone",
+                  f"{p}.twodone:"]
+            G += [f"  %{p}.F{w} = phi {_VF} [%{p}.D{w}, %{p}.qdone], [%{p}.E{w}, %{p}.two]"
+                  for w in range(W)]
+            G += [f"  %{p}.r1 = and i64 %{p}.r, 1",
+                  f"  %{p}.has1 = icmp ne i64 %{p}.r1, 0",
+                  f"  br i1 %{p}.has1, label %{p}.one, label %{p}.store",
+                  f"{p}.one:",
+                  f"  %{p}.u2 = sub i64 %K, 1"]
+            G += pload(p, f"%{p}.u2", "c")
+            for w in range(W):
+                G += vload(p, w, f"%{p}.u2", "c")
+                G += [f"  %{p}.mc_{w} = fmul {_VF} %{p}.pvc, %{p}.vc_{w}",
+                      f"  %{p}.H{w} = fadd {_VF} %{p}.mc_{w}, %{p}.F{w}"]
+            G += [f"  br label %{p}.store",
+                  f"{p}.store:"]
+            G += [f"  %{p}.R{w} = phi {_VF} [%{p}.F{w}, %{p}.twodone], [%{p}.H{w}, %{p}.one]"
+                  for w in range(W)]
+        for w in range(W):
+            G += [f"  %{p}.oc{w} = add i64 %{p}.j, {w}",
+                  f"  %{p}.oc8{w} = shl i64 %{p}.oc{w}, 3",
+                  f"  %{p}.op{w} = getelementptr float, ptr %orow, i64 %{p}.oc8{w}",
+                  f"  store {_VF} %{p}.R{w}, ptr %{p}.op{w}, align 4"]
+        G += [f"  %{p}.j.next = add i64 %{p}.j, {W}",
+              f"  %{p}.jmore = icmp slt i64 %{p}.j.next, {back}",
+              f"  br i1 %{p}.jmore, label %{p}.top, label %{done}"]
+        return G
+
+    L += chunk(4, "c4", "0", "rloop", "%nv4", "c4.done")
+    L += ["c4.done:",
+          "  %anyc = icmp slt i64 %nv4, %nv",
+          "  br i1 %anyc, label %c1.top, label %rnext"]
+    L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "rnext")
+    L += ["rnext:",
+          "  %m.next = add i64 %m, 1",
+          "  %mmore = icmp slt i64 %m.next, %rows",
+          "  br i1 %mmore, label %rloop, label %hnext",
+          "hnext:",
+          "  %hd.next = add i64 %hd, 1",
+          "  %hmore = icmp slt i64 %hd.next, %heads",
+          "  br i1 %hmore, label %hloop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def module_ir(target=None) -> str:
+    return "\n".join([
+        *_rope_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
+        *_pv_ir(False), *_pv_ir(True),
+        f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+        "declare float @llvm.fma.f32(float, float, float)",
+        f"declare {_VF} @llvm.masked.load.v8f32.p0(ptr, i32, <8 x i1>, {_VF})",
+        f"declare void @llvm.masked.store.v8f32.p0({_VF}, ptr, i32, <8 x i1>)"])
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_PROTOS = {
+    "rope": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I),
+    "scores": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I,
+                               _I),
+    "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _I, _I, _P),
+    "decode": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _I),
+    "pv": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
+    "pv1": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
+}
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("gqa", module_ir, _PROTOS, REQUIRES)
+
+
+def unavailable() -> str | None:
+    """None when the kernels run here, else why not (asked per call: a remembered answer)."""
+    try:
+        _module()
+    except jit.Unavailable as exc:
+        return str(exc)
+    return None
+
+
+def mlas_stride_k(N: int, K: int) -> int:
+    """MLAS's K stride of an SGEMM with A not transposed (MlasSgemmOperation: strides of 128
+    x 128, the N stride doubled while K fits in half the K stride, else the K stride doubled
+    while N fits in half the N stride)."""
+    stride_n = stride_k = 128
+    if N >= K:
+        while stride_k // 2 >= K:
+            stride_n, stride_k = stride_n * 2, stride_k // 2
+    else:
+        while stride_n > 16 and stride_n // 2 >= N:
+            stride_n, stride_k = stride_n // 2, stride_k * 2
+    return stride_k
+
+
+def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
+         rot_dim: int) -> np.ndarray:
+    """The rotary embedding of the first ``rot_dim`` features of float32 ``x`` (last axis) as
+    MLAS's AVX2 rope kernel computes it; ``cos``/``sin`` (rot_dim / 2 on the last axis)
+    broadcast against ``x[..., :rot_dim // 2]``. A new array."""
+    half = rot_dim // 2
+    y = np.array(x, dtype=np.float32, copy=True)
+    if interleaved:
+        re, im = x[..., 0:rot_dim:2], x[..., 1:rot_dim:2]
+    else:
+        re, im = x[..., :half], x[..., half:rot_dim]
+    shape = re.shape
+    re, im = np.ascontiguousarray(re, np.float32), np.ascontiguousarray(im, np.float32)
+    c = np.ascontiguousarray(np.broadcast_to(cos, shape), np.float32)
+    s = np.ascontiguousarray(np.broadcast_to(sin, shape), np.float32)
+    ore, oim = np.empty(shape, np.float32), np.empty(shape, np.float32)
+    if re.size:
+        _module().rope(address(re), address(im), address(c), address(s), address(ore),
+                       address(oim), re.size)
+    if interleaved:
+        y[..., 0:rot_dim:2], y[..., 1:rot_dim:2] = ore, oim
+    else:
+        y[..., :half], y[..., half:rot_dim] = ore, oim
+    return y
+
+
+_LIBM_EXPF: int | None = None
+
+
+def _expf() -> int:
+    """The address of the C library's expf (std::exp of a float in onnxruntime's C++)."""
+    global _LIBM_EXPF
+    if _LIBM_EXPF is None:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+        _LIBM_EXPF = ctypes.cast(libm.expf, ctypes.c_void_p).value
+    return _LIBM_EXPF
+
+
+def l2_cache_size() -> int:
+    """sysconf(_SC_LEVEL2_CACHE_SIZE) as onnxruntime's Env reads it (its flash attention's
+    block sizes follow it); 0 where unknown."""
+    try:
+        return max(int(ctypes.CDLL(None).sysconf(191)), 0)  # glibc's _SC_LEVEL2_CACHE_SIZE
+    except (OSError, AttributeError):
+        return 0
+
+
+def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
+           window: int = -1, l2: int | None = None) -> np.ndarray:
+    """One sequence's attention as onnxruntime's GroupQueryAttention computes it (its flash
+    path): ``q`` (N, S, H) float32 (rotary applied), ``k`` and ``v`` (Nkv, T, H) float32 with
+    rows contiguous (the cache: T >= total, the first ``total`` keys valid), query s at
+    position past + s seeing keys up to there (the last ``window`` of them with window >= 0).
+    Returns (S, N * H) float32."""
+    N, S, H = q.shape
+    Nkv = k.shape[0]
+    fn = _module()
+    alpha = float(np.float32(alpha))
+    if S == 1:  # MlasGQADecodeGQAThreaded
+        qc = np.ascontiguousarray(q.reshape(N, H), np.float32)
+        out = np.empty((N, H), np.float32)
+        sc = np.empty(max(total, 1), np.float32)
+        ws = total - window if 0 <= window < total else 0
+        fn.decode(address(qc), address(k), address(v), address(out), address(sc), N,
+                  N // Nkv, total, H, k.strides[0] // 4, v.strides[0] // 4, alpha, ws)
+        return out.reshape(1, N * H)
+    return _prefill(fn, q, k, v, past, total, alpha, window,
+                    l2_cache_size() if l2 is None else l2)
+
+
+def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
+             l2: int) -> np.ndarray:
+    """MlasFlashAttentionGQAThreaded: per head and block of q_block query rows, KV blocks of
+    kv_block keys (both from the L2 cache size): scores by SGEMM (``scores``), the masked
+    keys at the lowest float, the online softmax step (``online``), O += exp scores x V by
+    SGEMM (``pv``; ``pv1`` for a block of one query row), O / l at the end. Every row here
+    at once: a row's numbers depend on its block only through that block's row count."""
+    N, S, H = q.shape
+    Nkv = k.shape[0]
+    G = N // Nkv
+    M = S * G
+    M8 = -(-M // 8) * 8
+    kvb = max(l2 // (4 * 4 * 2 * H), 1)
+    qb = min(kvb, 2 * H, S)
+    kvb = min(kvb, total)
+    # the query rows of each kv head as (s, g), transposed into qt [H][M8]
+    qt = np.zeros((Nkv, H, M8), np.float32)
+    qt[:, :, :M] = q.reshape(Nkv, G, S, H).transpose(0, 3, 2, 1).reshape(Nkv, H, M)
+    limit = np.zeros(M8, np.int64)  # keys a row may see: [start, limit)
+    limit[:M] = np.repeat(past + 1 + np.arange(S, dtype=np.int64), G)
+    start = np.zeros(M8, np.int64)
+    if window >= 0:
+        start[:M] = np.where(limit[:M] > window, limit[:M] - window, 0)
+    one_row = S % qb == 1  # the last block holds one query row: its S x V is MLAS's M == 1
+    rows_main = (S - 1) * G if one_row else M
+    m = np.full(Nkv * M8, _LOWEST, np.float32)
+    lsum = np.zeros(Nkv * M8, np.float32)
+    O = np.zeros((Nkv, M8, H), np.float32)
+    k_rs, v_rs = k.strides[1] // 4, v.strides[1] // 4
+    for ir in range(0, min(total, past + S), kvb):
+        R = min(kvb, total - ir)
+        sc = np.empty((Nkv, M8, R), np.float32)
+        tl = np.full(M8 // 8, R, np.int64)
+        kb, vb = k[:, ir:], v[:, ir:]
+        fn.scores(address(qt), address(kb), address(sc), address(tl), M8 // 8, M8, H, k_rs,
+                  mlas_stride_k(R, H), alpha, Nkv, H * M8, k.strides[0] // 4, M8 * R, R)
+        pos = ir + np.arange(R)
+        masked = (pos[None, :] >= limit[:, None]) | (pos[None, :] < start[:, None])
+        np.copyto(sc, np.float32(_LOWEST), where=masked[None])
+        fn.online(address(sc), Nkv * M8, R, address(m), address(lsum), address(O), H,
+                  int(ir == 0), _expf())
+        lens = np.clip(limit - ir, 0, R)
+        fn.pv(address(sc), R, address(vb), v_rs, address(O), H, rows_main, address(lens),
+              H // 8, mlas_stride_k(H, R), Nkv, M8 * R, v.strides[0] // 4, M8 * H, int(ir > 0))
+        if one_row:
+            r0 = rows_main
+            fn.pv1(address(sc[:, r0:]), R, address(vb), v_rs, address(O[:, r0:]), H, G,
+                   address(lens[r0:]), H // 8, 0, Nkv, M8 * R, v.strides[0] // 4, M8 * H,
+                   int(ir > 0))
+    inv = np.zeros(Nkv * M8, np.float32)
+    np.divide(np.float32(1), lsum, out=inv, where=lsum > 0)
+    O *= inv.reshape(Nkv, M8, 1)
+    return O[:, :M].reshape(Nkv, S, G, H).transpose(1, 0, 2, 3).reshape(S, N * H)
+
+
+BUNDLE = {"gqa": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "REQUIRES", "attend", "l2_cache_size", "mlas_stride_k", "module_ir", "rope",
+           "unavailable"]
