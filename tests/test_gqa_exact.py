@@ -1,0 +1,157 @@
+"""float32 GroupQueryAttention: onnxruntime 1.32's numbers bit for bit (compiled/gqa.py: its
+flash path, the decode GEMV kernel for one new token, the tiled kernel for a prompt, MLAS's
+rope, SGEMM and exp), onnxruntime as the oracle: prompts and decode steps, packed and
+separate Q/K/V, rotary inside (plain and interleaved) or none, several head counts, kv heads
+and head sizes 32-128, lengths that are not multiples of 8 or 16, prompts longer than one KV
+block and whose last query block holds one row, a local window, batches, the shared
+past/present buffer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper
+
+import onnxrun
+from onnxrun.providers.cpu.compiled import gqa
+from onnxrun.providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.skipif(gqa.unavailable() is not None,
+                                reason=f"compiled kernel: {gqa.unavailable()}")
+
+MAX_POS = 1024
+
+
+def _model(N: int, Nkv: int, H: int, rotary: bool, interleaved: bool, window: int,
+           packed: bool) -> bytes:
+    D = (N + 2 * Nkv) * H if packed else N * H
+    inputs = [helper.make_tensor_value_info("query", TP.FLOAT, ["B", "S", D])]
+    names = ["query", "", ""]
+    if not packed:
+        inputs += [helper.make_tensor_value_info(n, TP.FLOAT, ["B", "S", Nkv * H])
+                   for n in ("key", "value")]
+        names[1:] = ["key", "value"]
+    inputs += [helper.make_tensor_value_info(n, TP.FLOAT, ["B", Nkv, "P", H])
+               for n in ("past_key", "past_value")]
+    inputs += [helper.make_tensor_value_info("seqlens_k", TP.INT32, ["B"]),
+               helper.make_tensor_value_info("total_sequence_length", TP.INT32, [])]
+    names += ["past_key", "past_value", "seqlens_k", "total_sequence_length"]
+    attrs = dict(num_heads=N, kv_num_heads=Nkv, local_window_size=window)
+    if rotary:
+        inputs += [helper.make_tensor_value_info(n, TP.FLOAT, [MAX_POS, H // 2])
+                   for n in ("cos_cache", "sin_cache")]
+        names += ["cos_cache", "sin_cache"]
+        attrs.update(do_rotary=1, rotary_interleaved=int(interleaved))
+    node = helper.make_node("GroupQueryAttention", names, ["out", "present_key",
+                                                           "present_value"],
+                            domain="com.microsoft", **attrs)
+    outputs = [helper.make_tensor_value_info(n, TP.FLOAT, None)
+               for n in ("out", "present_key", "present_value")]
+    graph = helper.make_graph([node], "gqa", inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+
+
+def _caches(H: int) -> dict:
+    inv = 1.0 / (10000 ** (np.arange(0, H, 2) / H))
+    angles = np.arange(MAX_POS)[:, None] * inv[None]
+    return {"cos_cache": np.cos(angles).astype(np.float32),
+            "sin_cache": np.sin(angles).astype(np.float32)}
+
+
+def _sessions(data: bytes, share: bool):
+    so = onnxrun.SessionOptions()
+    if share:
+        so.add_session_config_entry(SHARE_PAST_PRESENT, "1")
+    ours = onnxrun.InferenceSession(data, so)
+    ort_so = ort.SessionOptions()
+    ort_so.intra_op_num_threads = 1
+    theirs = ort.InferenceSession(data, ort_so, providers=["CPUExecutionProvider"])
+    return ours, theirs
+
+
+def _assert_same(got, want):
+    for g, w, name in zip(got, want, ("output", "present_key", "present_value"), strict=True):
+        assert g.shape == w.shape, name
+        diff = np.count_nonzero(g.view(np.int32) != w.view(np.int32))
+        assert diff == 0, f"{name}: {diff} of {w.size} differ (max {np.abs(g - w).max():.3g})"
+
+
+CASES = [  # N, Nkv, H, batch, prompt, decode steps, rotary, interleaved, window, packed
+    (14, 2, 64, 1, 37, 3, True, False, -1, True),  # Qwen2-0.5B's attention
+    (14, 2, 64, 1, 300, 1, True, False, -1, True),  # two KV blocks
+    (14, 2, 64, 1, 129, 1, True, False, -1, True),  # last query block of one row
+    (4, 2, 128, 1, 150, 2, True, False, -1, True),  # head size 128: KV blocks of 128
+    (8, 8, 64, 1, 13, 2, False, False, -1, True),  # no rotary, as many kv heads as heads
+    (6, 3, 32, 1, 70, 2, True, True, -1, False),  # interleaved rotary, separate Q/K/V
+    (4, 1, 64, 2, 11, 2, True, False, -1, True),  # a batch
+    (4, 2, 64, 1, 23, 3, True, False, 8, True),  # local window
+    (4, 2, 64, 1, 1, 2, True, False, -1, True),  # one-token prompt
+]
+
+
+# onnxruntime refuses a batch's prompt into a past buffer (batch_size must be 1 when
+# sequence_length > 1 and past context is given): batches without the shared buffer
+@pytest.mark.parametrize("N,Nkv,H,B,S,steps,rotary,interleaved,window,packed,share",
+                         [(*c, share) for c in CASES for share in (False, True)
+                          if not (share and c[3] > 1)])
+def test_prompt_then_decode_bit_exact(N, Nkv, H, B, S, steps, rotary, interleaved, window,
+                                      packed, share):
+    data = _model(N, Nkv, H, rotary, interleaved, window, packed)
+    ours, theirs = _sessions(data, share)
+    rng = np.random.default_rng(N * 1000 + S)
+    caches = _caches(H) if rotary else {}
+    # a max_length buffer with share (genai's past_present_share_buffer), else a growing one
+    P = S + steps + 5 if share else 0
+    past_k = np.zeros((B, Nkv, P, H), np.float32)
+    state = {"ours": (past_k, past_k.copy()), "theirs": (past_k.copy(), past_k.copy())}
+    total = 0
+    for step, n in enumerate([S] + [1] * steps):
+        total += n
+        D = (N + 2 * Nkv) * H if packed else N * H
+        feed = {"query": (rng.standard_normal((B, n, D)) * 2).astype(np.float32),
+                "seqlens_k": np.full(B, total - 1, np.int32),
+                "total_sequence_length": np.array(max(total, P), np.int32), **caches}
+        if not packed:
+            feed["key"] = (rng.standard_normal((B, n, Nkv * H)) * 2).astype(np.float32)
+            feed["value"] = rng.standard_normal((B, n, Nkv * H)).astype(np.float32)
+        if share and step == 0:
+            feed["total_sequence_length"] = np.array(P, np.int32)
+        got = ours.run(None, {**feed, "past_key": state["ours"][0],
+                              "past_value": state["ours"][1]})
+        want = theirs.run(None, {**feed, "past_key": state["theirs"][0],
+                                 "past_value": state["theirs"][1]})
+        _assert_same(got, want)
+        state = {"ours": (got[1], got[2]), "theirs": (want[1], want[2])}
+
+
+def test_mlas_stride_k():
+    # MlasSgemmOperation's K strides: the N stride doubles while K fits half the K stride,
+    # else the K stride doubles while N fits half the N stride
+    assert gqa.mlas_stride_k(300, 64) == 64
+    assert gqa.mlas_stride_k(300, 256) == 128
+    assert gqa.mlas_stride_k(64, 300) == 256
+    assert gqa.mlas_stride_k(128, 300) == 128
+    assert gqa.mlas_stride_k(32, 1000) == 512
+
+
+def test_small_blocks_match_the_reference_order():
+    """The tiled kernel with small L2-derived blocks (several KV blocks and query blocks,
+    online rescaling with the C library's expf) stays within float tolerance of plain
+    attention: the block logic itself, apart from the oracle's machine."""
+    rng = np.random.default_rng(3)
+    N, Nkv, H, S = 4, 2, 32, 45
+    q = rng.standard_normal((N, S, H)).astype(np.float32)
+    k = rng.standard_normal((Nkv, S, H)).astype(np.float32)
+    v = rng.standard_normal((Nkv, S, H)).astype(np.float32)
+    got = gqa.attend(q, k, v, 0, S, 1 / np.sqrt(H), l2=4 * 4 * 2 * H * 16)  # blocks of 16
+    kk, vv = np.repeat(k, N // Nkv, 0), np.repeat(v, N // Nkv, 0)
+    scores = np.einsum("nsh,nth->nst", q, kk) / np.sqrt(H)
+    scores[:, np.triu(np.ones((S, S), bool), 1)] = -np.inf
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.einsum("nst,nth->snh", probs, vv).reshape(S, N * H)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
