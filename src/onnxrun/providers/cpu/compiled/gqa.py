@@ -1,28 +1,27 @@
-"""GroupQueryAttention's float32 arithmetic as onnxruntime 1.32 computes it on x86-64 with AVX2
-(contrib_ops/cpu/bert/gqa_attention_base.h over MLAS), operation for operation, so that the
-results are onnxruntime's bit for bit. An LLM's attention output feeds an int8-quantized
-product (MatMulNBits, accuracy_level 4), where a last-bit difference grows layer by layer
-(compiled/nbits_gemm.py).
-
-Per (batch, query head), onnxruntime computes:
+"""GroupQueryAttention's float32 arithmetic as onnxruntime 1.32 computes it on x86-64 (its flash
+path: group_query_attention.cc's ApplyAttentionFlash over MLAS's flashattn_gqa.cpp), operation
+for operation, so that the results are onnxruntime's bit for bit. An LLM's attention output
+feeds an int8-quantized product (MatMulNBits, accuracy_level 4), where a last-bit difference
+grows layer by layer (compiled/nbits_gemm.py). onnxruntime takes that path whenever the total
+sequence length exceeds 1 and there is no softcap, smooth softmax, head sink or QK output.
 
 - rotary (MLAS's AVX2 rope kernel): re' = fma(re, cos, -(im * sin)),
-  im' = fma(re, sin, im * cos), each product rounded where the kernel rounds it (``rope``);
-- scores = GemmEx(NoTrans, Trans, S, total, H, alpha = scale, q, k): MLAS's FMA3 SGEMM, each
-  dot product a chain of fused multiply-adds over H from zero, split in MLAS's K strides; the
-  first stride's sum times alpha, each later one fma(sum, alpha, C) (``scores``);
-- per query row, ComputeAttentionSoftmaxInplace over its causal length (local window: its
-  last window + 1 keys, zeros before): MLAS's softmax: the maximum; exp(x - max) by MLAS's
-  polynomial (MlasComputeSumExpF32KernelFma3) summed in 8 lanes (element j in lane j % 8),
-  the lanes added pairwise ((0+1)+(2+3)) + ((4+5)+(6+7)); each value times 1 / sum
-  (``softmax``);
-- out = GemmEx(NoTrans, NoTrans, S, H, total, 1, probs, v): for S > 1 the FMA3 SGEMM over K =
-  the keys in MLAS's K strides, each stride's chain of fused multiply-adds added to C
-  (``pv``); for S == 1 MLAS's M == 1 kernel (SgemmKernelM1Avx: no FMA; products of 4 keys
-  added in order, then added to C; 2 then 1 for the rest: ``pv1``).
-
-Keys past a row's causal length take no part: onnxruntime's probabilities there are 0, whose
-products leave every sum as it is.
+  im' = fma(re, sin, im * cos) (``rope``);
+- one new token (MlasGQADecodeGQAThreaded): per query head, each score = scale * the dot
+  product in 8 lanes of products added in order, the lanes added ((0+1)+(2+3)) +
+  ((4+5)+(6+7)); keys before the local window at the lowest float; the maximum; MLAS's
+  sum-exp kernel (MlasComputeSumExpF32KernelFma3: exp(x - max) by its polynomial, summed in 8
+  lanes, element j in lane j % 8, the lanes added the same way); out = (sum over the keys in
+  order of exp * v, a multiply and an add each) * (1 / sum) (``decode``);
+- a prompt (MlasFlashAttentionGQAThreaded): query blocks of min(kv_block, 2 H) rows and KV
+  blocks of kv_block = L2 size / (32 H) keys (sysconf's L2 cache size, as onnxruntime's Env
+  reads it); per KV block the scores by MLAS's FMA3 SGEMM (each dot product a chain of fused
+  multiply-adds over H from zero, in MLAS's K strides, times alpha: ``scores``), masked keys at
+  the lowest float, the online-softmax step (running maximum, the sum-exp kernel, the C
+  library's expf of the maximum's change to rescale the sum and the output: ``online``), then
+  O += exp scores x V by the SGEMM (``pv``; a query block of one row takes MLAS's M == 1
+  kernel, SgemmKernelM1Avx: products of 4 keys added in order, then to C: ``pv1``); O / sum
+  at the end.
 """
 
 from __future__ import annotations
@@ -127,6 +126,57 @@ def _rope_ir() -> list[str]:
             "  %j.next = add i64 %j, 1",
             "  %smore = icmp slt i64 %j.next, %n",
             "  br i1 %smore, label %sloop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _rope_rows_ir() -> list[str]:
+    """rope_rows(x, rows, ld, cos, sin, half, interleaved): the rope kernel's arithmetic in
+    place on ``rows`` rows of x (ld floats apart) sharing one position's cos / sin (half
+    floats each): pairs (i, half + i), or (2i, 2i + 1) interleaved. One new token's heads."""
+    return ["define void @rope_rows(ptr %x, i64 %rows, i64 %ld, ptr %cs, ptr %sn, i64 %half, "
+            "i64 %inter) nounwind {",
+            "entry:",
+            "  %il = icmp ne i64 %inter, 0",
+            "  %go0 = icmp sgt i64 %rows, 0",
+            "  %go1 = icmp sgt i64 %half, 0",
+            "  %go = and i1 %go0, %go1",
+            "  br i1 %go, label %rloop, label %end",
+            "rloop:",
+            "  %r = phi i64 [0, %entry], [%r.next, %rnext]",
+            "  %ro = mul i64 %r, %ld",
+            "  %row = getelementptr float, ptr %x, i64 %ro",
+            "  br label %iloop",
+            "iloop:",
+            "  %i = phi i64 [0, %rloop], [%i.next, %iloop]",
+            "  %i2 = shl i64 %i, 1",
+            "  %i2b = add i64 %i2, 1",
+            "  %ih = add i64 %i, %half",
+            "  %ja = select i1 %il, i64 %i2, i64 %i",
+            "  %jb = select i1 %il, i64 %i2b, i64 %ih",
+            "  %pa = getelementptr float, ptr %row, i64 %ja",
+            "  %pb = getelementptr float, ptr %row, i64 %jb",
+            "  %re = load float, ptr %pa, align 4",
+            "  %im = load float, ptr %pb, align 4",
+            "  %cp = getelementptr float, ptr %cs, i64 %i",
+            "  %c = load float, ptr %cp, align 4",
+            "  %sp = getelementptr float, ptr %sn, i64 %i",
+            "  %s = load float, ptr %sp, align 4",
+            "  %is = fmul float %im, %s",
+            "  %nis = fneg float %is",
+            "  %ore = call float @llvm.fma.f32(float %re, float %c, float %nis)",
+            "  %ic = fmul float %im, %c",
+            "  %oim = call float @llvm.fma.f32(float %re, float %s, float %ic)",
+            "  store float %ore, ptr %pa, align 4",
+            "  store float %oim, ptr %pb, align 4",
+            "  %i.next = add i64 %i, 1",
+            "  %imore = icmp slt i64 %i.next, %half",
+            "  br i1 %imore, label %iloop, label %rnext",
+            "rnext:",
+            "  %r.next = add i64 %r, 1",
+            "  %rmore = icmp slt i64 %r.next, %rows",
+            "  br i1 %rmore, label %rloop, label %end",
             "end:",
             "  ret void",
             "}"]
@@ -544,12 +594,13 @@ def _decode_ir() -> list[str]:
 
 
 def _pv_ir(m1: bool) -> list[str]:
-    """pv / pv1(p, ldp, v, ldv, out, ldo, rows, len, nv, ks, heads, sp, sv, so): per head and
-    query row m (probabilities p + m * ldp, len[m] keys), the row times V (rows ldv apart,
-    nv vectors of 8 columns) into out + m * ldo. pv: MLAS's FMA3 SGEMM (chains of fused
-    multiply-adds over the keys of each K stride of ks, each stride's sum added to C); pv1:
-    MLAS's M == 1 kernel (groups of 4 products added in order, then to C; a pair, then one,
-    for the rest). Columns 32 at a time (4 accumulators), then 8."""
+    """pv / pv1(p, ldp, v, ldv, out, ldo, rows, len, nv, ks, heads, sp, sv, so, accum): per
+    head and query row m (weights p + m * ldp, len[m] keys), the row times V (rows ldv apart,
+    nv vectors of 8 columns) into out + m * ldo, C starting from out's row (accum: the SGEMM's
+    beta 1) or from zeros. pv: MLAS's FMA3 SGEMM (chains of fused multiply-adds over the keys
+    of each K stride of ks, each stride's sum added to C); pv1: MLAS's M == 1 kernel (groups
+    of 4 products added in order, then to C; a pair, then one, for the rest). Columns 32 at a
+    time (4 accumulators), then 8."""
     name = "pv1" if m1 else "pv"
     L = [f"define void @{name}(ptr %p, i64 %ldp, ptr %v, i64 %ldv, ptr %out, i64 %ldo, "
          "i64 %rows, ptr %len, i64 %nv, i64 %ks, i64 %heads, i64 %sp, i64 %sv, i64 %so, "
@@ -730,7 +781,7 @@ def _pv_ir(m1: bool) -> list[str]:
 
 def module_ir(target=None) -> str:
     return "\n".join([
-        *_rope_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
+        *_rope_ir(), *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
         *_pv_ir(False), *_pv_ir(True),
         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
         "declare float @llvm.fma.f32(float, float, float)",
@@ -741,6 +792,7 @@ def module_ir(target=None) -> str:
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _PROTOS = {
     "rope": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I),
+    "rope_rows": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _I),
     "scores": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I,
                                _I),
     "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _I, _I, _P),
@@ -752,6 +804,15 @@ _PROTOS = {
 
 def _module() -> jit.Module:
     return jit.compile_module("gqa", module_ir, _PROTOS, REQUIRES)
+
+
+def kernels() -> jit.Module | None:
+    """The compiled module for the target selected now, or None where it cannot run (one
+    lookup per call of a kernel: it follows compiled.disabled() and forced targets)."""
+    try:
+        return _module()
+    except jit.Unavailable:
+        return None
 
 
 def unavailable() -> str | None:
@@ -778,7 +839,7 @@ def mlas_stride_k(N: int, K: int) -> int:
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
-         rot_dim: int) -> np.ndarray:
+         rot_dim: int, fn: jit.Module | None = None) -> np.ndarray:
     """The rotary embedding of the first ``rot_dim`` features of float32 ``x`` (last axis) as
     MLAS's AVX2 rope kernel computes it; ``cos``/``sin`` (rot_dim / 2 on the last axis)
     broadcast against ``x[..., :rot_dim // 2]``. A new array."""
@@ -794,7 +855,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
     s = np.ascontiguousarray(np.broadcast_to(sin, shape), np.float32)
     ore, oim = np.empty(shape, np.float32), np.empty(shape, np.float32)
     if re.size:
-        _module().rope(address(re), address(im), address(c), address(s), address(ore),
+        (fn or _module()).rope(address(re), address(im), address(c), address(s), address(ore),
                        address(oim), re.size)
     if interleaved:
         y[..., 0:rot_dim:2], y[..., 1:rot_dim:2] = ore, oim
@@ -824,8 +885,22 @@ def l2_cache_size() -> int:
         return 0
 
 
+def decode_packed(fn, qkv: np.ndarray, N: int, Nkv: int, cos: np.ndarray | None,
+                  sin: np.ndarray | None, interleaved: bool) -> np.ndarray:
+    """One new token's packed (N + 2 Nkv) * H row: q and k heads rotated in place on a copy
+    (``rope_rows``; cos / sin: one position's rows of rot / 2 floats, None without rotary).
+    Returns the copy as (N + 2 Nkv, H)."""
+    H = qkv.size // (N + 2 * Nkv)
+    x = np.array(qkv, np.float32).reshape(N + 2 * Nkv, H)
+    if cos is not None:
+        c = np.ascontiguousarray(cos, np.float32)
+        s = np.ascontiguousarray(sin, np.float32)
+        fn.rope_rows(address(x), N + Nkv, H, address(c), address(s), c.size, int(interleaved))
+    return x
+
+
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
-           window: int = -1, l2: int | None = None) -> np.ndarray:
+           window: int = -1, l2: int | None = None, fn: jit.Module | None = None) -> np.ndarray:
     """One sequence's attention as onnxruntime's GroupQueryAttention computes it (its flash
     path): ``q`` (N, S, H) float32 (rotary applied), ``k`` and ``v`` (Nkv, T, H) float32 with
     rows contiguous (the cache: T >= total, the first ``total`` keys valid), query s at
@@ -833,10 +908,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
     Returns (S, N * H) float32."""
     N, S, H = q.shape
     Nkv = k.shape[0]
-    fn = _module()
+    fn = fn or _module()
     alpha = float(np.float32(alpha))
     if S == 1:  # MlasGQADecodeGQAThreaded
-        qc = np.ascontiguousarray(q.reshape(N, H), np.float32)
+        qc = np.ascontiguousarray(q.reshape(N, H))
         out = np.empty((N, H), np.float32)
         sc = np.empty(max(total, 1), np.float32)
         ws = total - window if 0 <= window < total else 0
@@ -904,5 +979,5 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
 
 BUNDLE = {"gqa": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "attend", "l2_cache_size", "mlas_stride_k", "module_ir", "rope",
+__all__ = ["BUNDLE", "REQUIRES", "attend", "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir", "rope",
            "unavailable"]

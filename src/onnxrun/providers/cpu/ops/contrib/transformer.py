@@ -482,6 +482,8 @@ class GroupQueryAttention:
         # the decode step of a builder's model, in a few numpy calls (_decode_one)
         self.simple = not (self.want_qk or self.softcap or self.window > 0 or self.smooth
                            or not self.causal)
+        # what onnxruntime's flash path (compiled.gqa) excludes, known from the attributes
+        self._exact_node = not (self.want_qk or self.softcap or self.smooth or not self.causal)
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -542,9 +544,12 @@ class GroupQueryAttention:
             cos = cos_cache.astype(cdt, copy=False)[pos][:, None]  # (B, 1, S, rot/2)
             sin = sin_cache.astype(cdt, copy=False)[pos][:, None]
             rot = cos_cache.shape[1] * 2
-            rope = rotate if exact is None else exact.rope
-            q = rope(q, cos, sin, self.interleaved, rot)
-            k = rope(k, cos, sin, self.interleaved, rot)
+            if exact is None:
+                q = rotate(q, cos, sin, self.interleaved, rot)
+                k = rotate(k, cos, sin, self.interleaved, rot)
+            else:
+                q = _gqa.rope(q, cos, sin, self.interleaved, rot, fn=exact)
+                k = _gqa.rope(k, cos, sin, self.interleaved, rot, fn=exact)
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
         if exact is not None and (np.all(past_len >= 0) if not first_prompt
@@ -552,8 +557,8 @@ class GroupQueryAttention:
             kc, vc = _rows_contiguous(present_k), _rows_contiguous(present_v)
             out = np.empty((B, S, N * H), np.float32)
             for b in range(B):
-                out[b] = exact.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
-                                      _scale(self.scale, H), self.window)
+                out[b] = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
+                                     _scale(self.scale, H), self.window, fn=exact)
             return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
@@ -590,42 +595,43 @@ class GroupQueryAttention:
 
     def _exact_kernels(self, query, key, past_key, seqlens_k, total_sequence_length,
                        attention_bias, head_sink, q_norm_weight, query_seqlens):
-        """compiled.gqa (onnxruntime's arithmetic, bit for bit) where it covers the node and
-        this call: float32, causal, no softcap, smooth softmax, sink, bias, per-head norm or
-        QK output, head size a multiple of 8; else None (the numpy paths)."""
-        if (query.dtype != np.float32 or self.want_qk or self.softcap or self.smooth
-                or not self.causal or attention_bias is not None or head_sink is not None
-                or q_norm_weight is not None or query_seqlens is not None
+        """compiled.gqa's kernels (onnxruntime's arithmetic, bit for bit: its flash path)
+        where they cover the node and this call: float32, causal, no softcap, smooth softmax,
+        sink, bias, per-head norm or QK output, a head size that is a multiple of 8 and a
+        scale other than 1; else None (the numpy paths)."""
+        if (not self._exact_node or query.dtype != np.float32 or attention_bias is not None
+                or head_sink is not None or q_norm_weight is not None
+                or query_seqlens is not None
                 or (past_key is not None and past_key.dtype != np.float32)):
             return None
         H = query.shape[2] // (self.N + 2 * self.Nkv if key is None else self.N)
-        # one query row with scale 1 takes MLAS's M == 1 kernel for Q K^T (another order)
-        if H % 8 or (query.shape[1] == 1 and _scale(self.scale, H) == 1.0):
+        # scale 1 takes MLAS's M == 1 kernels for a one-row Q K^T (another order)
+        if H % 8 or _scale(self.scale, H) == 1.0:
             return None
-        from ...compiled import gqa
+        global _gqa
+        if _gqa is None:
+            from ...compiled import gqa as _gqa  # jit on first use only
+        return _gqa.kernels()
 
-        return gqa if gqa.unavailable() is None else None
-
-    def _decode_exact(self, gqa, query, past_key, past_value, total, T_max, cos_cache,
+    def _decode_exact(self, fn, query, past_key, past_value, total, T_max, cos_cache,
                       sin_cache, position_ids):
         """One new token of one sequence (packed QKV) on compiled.gqa: rotary, the new key and
         value written at position total - 1 (_present), attention over ``total`` keys."""
         N, Nkv = self.N, self.Nkv
         H = query.shape[2] // (N + 2 * Nkv)
         p = total - 1
-        qk = query[0, 0, :(N + Nkv) * H].reshape(N + Nkv, H)  # q's heads then k's
+        cos = sin = None
         if self.rotary:
             pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
-            qk = gqa.rope(qk, cos_cache[pos].astype(np.float32, copy=False),
-                          sin_cache[pos].astype(np.float32, copy=False), self.interleaved,
-                          cos_cache.shape[1] * 2)
-        v = query[0, 0, (N + Nkv) * H:].reshape(1, Nkv, 1, H)
+            cos, sin = cos_cache[pos], sin_cache[pos]
+        x = _gqa.decode_packed(fn, query.reshape(-1), N, Nkv, cos, sin, self.interleaved)
         present_k, present_v = self._present(
-            past_key, past_value, qk[N:].reshape(1, Nkv, 1, H), v, np.array([p]),
-            np.array([1]), T_max, np.dtype(np.float32))
-        out = gqa.attend(qk[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
-                         _rows_contiguous(present_v)[0], p, total, _scale(self.scale, H),
-                         self.window)
+            past_key, past_value, x[N:N + Nkv].reshape(1, Nkv, 1, H),
+            x[N + Nkv:].reshape(1, Nkv, 1, H), np.array([p]), np.array([1]), T_max,
+            np.dtype(np.float32))
+        out = _gqa.attend(x[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
+                          _rows_contiguous(present_v)[0], p, total, _scale(self.scale, H),
+                          self.window, fn=fn)
         return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
@@ -707,6 +713,9 @@ class GroupQueryAttention:
             dst[b_idx, past_len[b_idx] + s_idx] = np.moveaxis(new, 2, 1)[b_idx, s_idx]
             out.append(present)
         return out
+
+
+_gqa = None  # compiled.gqa, imported on first use (it loads jit)
 
 
 def _rows_contiguous(x: np.ndarray) -> np.ndarray:
