@@ -85,6 +85,7 @@ CASES = [  # N, Nkv, H, batch, prompt, decode steps, rotary, interleaved, window
     (14, 2, 64, 1, 300, 1, True, False, -1, True),  # two KV blocks
     (14, 2, 64, 1, 129, 1, True, False, -1, True),  # last query block of one row
     (4, 2, 128, 1, 150, 2, True, False, -1, True),  # head size 128: KV blocks of 128
+    (4, 2, 96, 1, 19, 2, True, False, -1, True),  # Phi-3's 96: 1 / sqrt(96) in float32
     (8, 8, 64, 1, 13, 2, False, False, -1, True),  # no rotary, as many kv heads as heads
     (6, 3, 32, 1, 70, 2, True, True, -1, False),  # interleaved rotary, separate Q/K/V
     (4, 1, 64, 2, 11, 2, True, False, -1, True),  # a batch

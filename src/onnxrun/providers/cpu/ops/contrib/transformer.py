@@ -262,6 +262,14 @@ def _scale(scale: float, head_size: int) -> float:
     return scale if scale else 1.0 / math.sqrt(head_size)
 
 
+def _float32_scale(scale: float, head_size: int) -> float:
+    """onnxruntime's float32 scale: 1.0f / sqrt(float(head size)) (not the double rounded:
+    they differ for head sizes 24, 72, 96, 112, ...)."""
+    if scale:
+        return float(np.float32(scale))
+    return float(np.float32(1) / np.sqrt(np.float32(head_size)))
+
+
 # -- Attention (packed QKV weights) ------------------------------------------------------------
 
 
@@ -558,7 +566,7 @@ class GroupQueryAttention:
             out = np.empty((B, S, N * H), np.float32)
             for b in range(B):
                 out[b] = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
-                                     _scale(self.scale, H), self.window, fn=exact)
+                                     _float32_scale(self.scale, H), self.window, fn=exact)
             return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
@@ -606,7 +614,7 @@ class GroupQueryAttention:
             return None
         H = query.shape[2] // (self.N + 2 * self.Nkv if key is None else self.N)
         # scale 1 takes MLAS's M == 1 kernels for a one-row Q K^T (another order)
-        if H % 8 or _scale(self.scale, H) == 1.0:
+        if H % 8 or _float32_scale(self.scale, H) == 1.0:
             return None
         global _gqa
         if _gqa is None:
@@ -630,8 +638,8 @@ class GroupQueryAttention:
             x[N + Nkv:].reshape(1, Nkv, 1, H), np.array([p]), np.array([1]), T_max,
             np.dtype(np.float32))
         out = _gqa.attend(x[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
-                          _rows_contiguous(present_v)[0], p, total, _scale(self.scale, H),
-                          self.window, fn=fn)
+                          _rows_contiguous(present_v)[0], p, total,
+                          _float32_scale(self.scale, H), self.window, fn=fn)
         return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
