@@ -35,9 +35,9 @@ try:
 except ImportError:
     print("onnxruntime: not installed")
 PY
-timeout 240 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
+timeout 300 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
 tests=${PIPESTATUS[0]}
-timeout "${BENCH_TIMEOUT:-300}" "$py" benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
+timeout "${BENCH_TIMEOUT:-240}" "$py" benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
   2>&1 | tee "$out/gpu-bench.txt" | tail -20
 bench=${PIPESTATUS[0]}
 echo "tests exit $tests, benchmark exit $bench"
