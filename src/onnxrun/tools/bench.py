@@ -125,6 +125,7 @@ class Isolated:
     baseline_bytes: int  # peak RSS after the imports and the inputs, before the session
     peak_bytes: int  # peak RSS after creating the session and one run
     compiled: list[str] | None = None  # onnxrun: the compiled modules loaded (name/target)
+    create_cpu_s: float | None = None  # the process's CPU time of the creation (a loaded host)
 
     @property
     def delta_bytes(self) -> int:
@@ -319,16 +320,17 @@ so.execution_mode = getattr(rt.ExecutionMode, cfg["mode"])
 so.graph_optimization_level = getattr(rt.GraphOptimizationLevel, cfg["level"])
 so.log_severity_level = 3
 baseline = peak()
-t0 = time.perf_counter()
+c0, t0 = time.process_time(), time.perf_counter()
 sess = rt.InferenceSession(cfg["model"], so, providers=["CPUExecutionProvider"])
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 sess.run(None, feeds)
 t2 = time.perf_counter()
 compiled = None
 if cfg["engine"] == "onnxrun":
     from onnxrun.providers.cpu import compiled as ck
     compiled = ck.loaded()
-print("BENCH-CHILD " + json.dumps({"create_s": t1 - t0, "first_run_s": t2 - t1,
+print("BENCH-CHILD " + json.dumps({"create_s": t1 - t0, "create_cpu_s": c1 - c0,
+                                   "first_run_s": t2 - t1,
                                    "baseline": baseline, "peak": peak(), "compiled": compiled}))
 """
 
@@ -356,7 +358,7 @@ def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOption
         if line.startswith("BENCH-CHILD "):
             r = json.loads(line[len("BENCH-CHILD "):])
             return Isolated(r["create_s"], r["first_run_s"], int(r["baseline"]), int(r["peak"]),
-                            r.get("compiled"))
+                            r.get("compiled"), r.get("create_cpu_s"))
     tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     raise RuntimeError(f"the {engine} child process failed: {tail}")
 
