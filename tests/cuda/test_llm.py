@@ -182,3 +182,64 @@ def test_rotary_embedding(on_device, ndim, interleaved, offset):
     pos = np.array([3]) if offset else rng.integers(0, 32, (B, S))
     compare(m, {"x": rng.standard_normal(shape).astype(np.float32), "pos": pos},
             rtol=1e-5, atol=1e-6)
+
+
+def _mha_model(N, H, *, past, mask_rank, causal, bias, attn_bias, kv4=False):
+    D = N * H
+    names = ["q", "k", "v", "bias" if bias else "", "mask" if mask_rank else "",
+             "ab" if attn_bias else "", "past_k" if past else "", "past_v" if past else ""]
+    while names and not names[-1]:
+        names.pop()
+    kv = [_vi("k", TensorProto.FLOAT, ["B", N, "L", H] if kv4 else ["B", "L", D]),
+          _vi("v", TensorProto.FLOAT, ["B", N, "L", H] if kv4 else ["B", "L", D])]
+    inputs = [_vi("q", TensorProto.FLOAT, ["B", "S", D]), *kv]
+    if bias:
+        inputs.append(_vi("bias", TensorProto.FLOAT, [3 * D]))
+    if mask_rank:
+        inputs.append(_vi("mask", TensorProto.INT32, ["M"] if mask_rank == 1 else ["B", "T"]))
+    if attn_bias:
+        inputs.append(_vi("ab", TensorProto.FLOAT, [1, N, "S", "T"]))
+    if past:
+        inputs += [_vi("past_k", TensorProto.FLOAT, ["B", N, "P", H]),
+                   _vi("past_v", TensorProto.FLOAT, ["B", N, "P", H])]
+    node = helper.make_node("MultiHeadAttention", names, ["out", "present_k", "present_v"],
+                            domain=MS, num_heads=N, unidirectional=int(causal))
+    outputs = [_vi("out", TensorProto.FLOAT, ["B", "S", D]),
+               _vi("present_k", TensorProto.FLOAT, ["B", N, "T", H]),
+               _vi("present_v", TensorProto.FLOAT, ["B", N, "T", H])]
+    return _model([node], inputs, outputs)
+
+
+@pytest.mark.parametrize("case", ["prompt-causal-mask2", "decode-past-lengths", "bias-attn-bias",
+                                  "kv-heads", "start-end-mask"])
+def test_multi_head_attention(on_device, case):
+    N, H, B = 4, 8, 2
+    S, L, P = (5, 5, 0) if case in ("prompt-causal-mask2", "bias-attn-bias") else (1, 1, 6)
+    kw = dict(past=P > 0, mask_rank=0, causal=case != "kv-heads", bias=False, attn_bias=False)
+    if case == "prompt-causal-mask2":
+        kw["mask_rank"] = 2
+    elif case in ("decode-past-lengths", "start-end-mask"):
+        kw["mask_rank"] = 1
+    elif case == "bias-attn-bias":
+        kw.update(bias=True, attn_bias=True)
+    elif case == "kv-heads":
+        kw.update(kv4=True, past=False)
+        L, P = 7, 0
+    T = P + L
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    feeds = {"q": f(B, S, N * H)}
+    feeds.update(k=f(B, N, L, H), v=f(B, N, L, H)) if kw.get("kv4") else feeds.update(
+        k=f(B, L, N * H), v=f(B, L, N * H))
+    if kw["bias"]:
+        feeds["bias"] = f(3 * N * H)
+    if kw["mask_rank"] == 2:
+        feeds["mask"] = np.array([[1] * T, [1] * (T - 2) + [0] * 2], np.int32)
+    elif case == "decode-past-lengths":
+        feeds["mask"] = np.array([T, T - 3], np.int32)
+    elif case == "start-end-mask":
+        feeds["mask"] = np.array([T, T - 1, 0, 2], np.int32)
+    if kw["attn_bias"]:
+        feeds["ab"] = f(1, N, S, T)
+    if kw["past"]:
+        feeds.update(past_k=f(B, N, P, H), past_v=f(B, N, P, H))
+    compare(_mha_model(N, H, **kw), feeds, rtol=1e-4, atol=1e-5)

@@ -262,7 +262,8 @@ class GroupQueryAttention:
         # keys past every row's total length are hidden: a large shared buffer is not read
         T = min(present_k.shape[2], int(total.max()))
         kc, vc = _compute(xp, present_k[:, :, :T, :]), _compute(xp, present_v[:, :, :T, :])
-        scale = self.scale or 1.0 / math.sqrt(H)
+        # onnxruntime's float32 scale, 1.0f / sqrtf(H) (the CPU provider's too)
+        scale = self.scale or float(np.float32(1) / np.sqrt(np.float32(H)))
         G = N // Nkv
         # one product per kv head, its group of query heads stacked: (B, Nkv, G S, H)
         scores = xp.matmul(xp.reshape(q * scale, (B, Nkv, G * S, H)), xp.matrix_transpose(kc))
@@ -351,3 +352,101 @@ def _softmax_with_sink(xp: Any, scores: Any, sink: Any) -> Any:
     if sink is not None:
         denom = denom + xp.exp(sink - m)
     return e / xp.where(denom == 0, xp.ones_like(denom), denom)
+
+
+def _device_mha(node: Any) -> bool:
+    """MultiHeadAttention with separate 3-D Q / K / V (or K / V already in heads), key masks of
+    rank 1-3: packed QKV, cache_indirection (beam search) and the scores output stay on the
+    CPU provider."""
+    from ....dtypes import type_shape
+
+    given = {i for i, v in enumerate(node.inputs) if v is not None and v.name}
+    if 9 in given or not {0, 1, 2} <= given:
+        return False
+    ranks = [type_shape(node.inputs[i].type) for i in (0, 1, 4) if i in given]
+    if any(r is None for r in ranks) or len(ranks[0]) != 3 or len(ranks[1]) not in (3, 4) or \
+            (4 in given and len(ranks[2]) not in (1, 2, 3)):
+        return False
+    outputs = node.graph.outputs if node.graph is not None else []
+    return not (len(node.outputs) > 3 and node.outputs[3].name and (
+        node.outputs[3].uses or node.outputs[3] in outputs))
+
+
+@op("MultiHeadAttention", 1, domain=MS, check=_device_mha)
+class MultiHeadAttention:
+    """com.microsoft MultiHeadAttention (as onnxruntime-genai's builder writes it for fp16 on
+    a provider without GroupQueryAttention's shared cache): the past keys and values
+    concatenated with the new ones (returned as present), key masks as the filter value,
+    causal (unidirectional) with the lowest float, attention bias added."""
+
+    def __init__(self, ctx: KernelContext, *, num_heads, mask_filter_value=-10000.0, scale=0.0,
+                 unidirectional=0) -> None:
+        self.N = int(num_heads)
+        self.filter = float(mask_filter_value)
+        self.scale = float(scale)
+        self.causal = bool(unidirectional)
+
+    def __call__(self, query, key=None, value=None, bias=None, key_padding_mask=None,
+                 attention_bias=None, past_key=None, past_value=None, past_sequence_length=None,
+                 cache_indirection=None):
+        xp = namespace(query)
+        N, dt = self.N, query.dtype
+        Q = _compute(xp, query)
+        B, S, D = Q.shape
+
+        def heads(t: Any) -> Any:  # (B, L, N H) -> (B, N, L, H)
+            return xp.permute_dims(xp.reshape(t, (B, t.shape[1], N, -1)), (0, 2, 1, 3))
+
+        b = None if bias is None else _compute(xp, bias)
+        q = heads(Q if b is None else Q + b[:D])
+        if key.ndim == 4:  # already projected (B, N, L, H): the bias is part of it
+            k, v = _compute(xp, key), _compute(xp, value)
+        else:
+            K, V = _compute(xp, key), _compute(xp, value)
+            if b is not None:
+                K, V = K + b[D:2 * D], V + b[2 * D:]
+            k, v = heads(K), heads(V)
+        P = 0
+        if past_key is not None:
+            P = past_key.shape[2]
+            k = xp.concat([_compute(xp, past_key), k], axis=2)
+            v = xp.concat([_compute(xp, past_value), v], axis=2)
+        T = k.shape[2]
+        H = q.shape[-1]
+        scale = self.scale or float(np.float32(1) / np.sqrt(np.float32(H)))
+        scores = xp.matmul(q * scale, xp.matrix_transpose(k))  # (B, N, S, T)
+        dev = scores.device
+        zero = xp.zeros((), dtype=scores.dtype, device=dev)
+        if key_padding_mask is not None:
+            scores = scores + xp.where(_key_allowed(xp, key_padding_mask, B, S, T), zero,
+                                       xp.full((), self.filter, dtype=scores.dtype, device=dev))
+        if self.causal and S > 1:
+            j = xp.reshape(xp.arange(T, device=dev), (1, T))
+            s = xp.reshape(xp.arange(S, device=dev), (S, 1)) + P
+            low = xp.full((), float(np.finfo(np.float32).min), dtype=scores.dtype, device=dev)
+            scores = scores + xp.where(j <= s, zero, low)
+        if attention_bias is not None:
+            scores = scores + _compute(xp, attention_bias)
+        out = xp.matmul(_softmax_with_sink(xp, scores, None), v)  # (B, N, S, Hv)
+        out = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (B, S, N * v.shape[-1]))
+        return xp.astype(out, dt), xp.astype(k, dt), xp.astype(v, dt), None
+
+
+def _key_allowed(xp: Any, mask: Any, B: int, S: int, T: int) -> Any:
+    """onnxruntime's key masks on the device: lengths (B), end and start positions (2B), raw
+    0/1 (B, T) or (B, S, T)."""
+    j = xp.reshape(xp.arange(T, device=mask.device), (1, 1, 1, T))
+    if mask.ndim == 1:
+        m = xp.astype(mask, xp.int64)
+        if mask.shape[0] == B:
+            return j < xp.reshape(m, (B, 1, 1, 1))
+        if mask.shape[0] == 2 * B:  # end positions, then start positions
+            return (j < xp.reshape(m[:B], (B, 1, 1, 1))) & (j >= xp.reshape(m[B:], (B, 1, 1, 1)))
+        raise ValueError(f"MultiHeadAttention: a 1-D key mask of {mask.shape[0]} values for "
+                         f"batch {B}")
+    if mask.ndim == 2:
+        if mask.shape[1] != T:
+            raise ValueError(f"MultiHeadAttention: 2-D key mask width {mask.shape[1]} != "
+                             f"total sequence length {T}")
+        return xp.reshape(mask > 0, (B, 1, 1, T))
+    return xp.reshape(mask > 0, (B, 1, S, T))
