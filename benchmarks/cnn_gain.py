@@ -11,6 +11,8 @@ Changes (each undone when its session is created; kernels keep their choices for
   silu    QuickGelu / SiLU in one compiled pass (compiled/logistic.py, else gelu.quick_gelu)
   nhwc    channels-last convolutions on the compiled GEMM (implicit GEMM, im2col)
   layout  Concat / Split / pools / Resize keep channels-last memory at the layout level
+  shuffle grouped 1x1 convolutions on the compiled GEMM and the channel shuffle in
+          channels-last memory (ShuffleNet)
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def undone(change: str):
             yield
         finally:
             fused.QuickGelu.__init__ = old
+        return
+    if change == "shuffle":
+        saved = conv._grouped_1x1_packable, conv.channel_shuffle, conv._LAYOUT_DEPTH
+        conv._grouped_1x1_packable = lambda _: False
+        conv.channel_shuffle = lambda _: None
+        conv._LAYOUT_DEPTH = 12
+        try:
+            yield
+        finally:
+            conv._grouped_1x1_packable, conv.channel_shuffle, conv._LAYOUT_DEPTH = saved
         return
     name = {"nhwc": "_packable", "layout": "_follows_layout"}[change]
     old = getattr(conv, name)

@@ -137,8 +137,63 @@ def test_writes_into_out_and_rejects_bad_inputs(variant):
         P.run(A, residual=np.ones((6, 5), np.float32))
     with pytest.raises(ValueError, match="out"):
         P.run(A, out=np.empty((4, 6), np.float32))
+    with pytest.raises(ValueError, match="out"):  # columns not contiguous
+        P.run(A, out=np.empty((6, 8), np.float32)[:, ::2])
     with pytest.raises(ValueError, match="2-D"):
         float_gemm.PackedMatrix(np.ones(3, np.float32), variant)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_groups_into_column_ranges_of_a_wider_output(variant, threads):
+    """A grouped 1x1 convolution's product (Conv._grouped_1x1): A a range of the columns of
+    channels-last rows, the result written into its range of a wider output's columns (the
+    row stride is the whole width), bias and clip fused; the other columns stay untouched."""
+    rng = np.random.default_rng(6)
+    g, P_, Cg, Mg = 4, 37, 9, 21  # a partial panel in every group
+    X = rng.standard_normal((P_, g * Cg), np.float32)
+    Ws = rng.standard_normal((g, Cg, Mg), np.float32)
+    bias = rng.standard_normal(g * Mg).astype(np.float32)
+    Y = np.full((P_, g * Mg + 3), 7.0, np.float32)
+    for i in range(g):
+        P = _packed(Ws[i], variant)
+        got = P.run(X[:, i * Cg:(i + 1) * Cg], bias[i * Mg:(i + 1) * Mg], bounds=(0.0, 2.0),
+                    out=Y[:, i * Mg:(i + 1) * Mg], threads=threads)
+        assert got.base is Y or got.base is Y.base
+        _close(Y[:, i * Mg:(i + 1) * Mg], _reference(X[:, i * Cg:(i + 1) * Cg], Ws[i],
+                                                      bias[i * Mg:(i + 1) * Mg], None,
+                                                      (0.0, 2.0)), Cg)
+    assert (Y[:, g * Mg:] == 7.0).all()
+
+
+@pytest.mark.parametrize("shape", [(4, 37, 9, 21), (3, 1, 5, 16), (2, 50, 300, 3),
+                                   (8, 13, 16, 40)])
+def test_grouped_products_in_one_call(variant, shape):
+    """PackedGroups: g products in one call of the kernel, group i reading A's columns
+    [i*K, (i+1)*K) and writing the output's [i*N, (i+1)*N), bias and clip fused; the same
+    numbers at any thread count, and the same as one PackedMatrix per group."""
+    g, M, K, N = shape
+    rng = np.random.default_rng(9)
+    A = rng.standard_normal((M, g * K), np.float32)
+    Bs = rng.standard_normal((g, K, N), np.float32)
+    bias = rng.standard_normal(g * N).astype(np.float32)
+    try:
+        P = float_gemm.PackedGroups(Bs, variant)
+    except jit.Unavailable as exc:
+        pytest.skip(str(exc))
+    one = P.run(A, bias, bounds=(-1.0, 1.5))
+    for i in range(g):
+        _close(one[:, i * N:(i + 1) * N], _reference(A[:, i * K:(i + 1) * K], Bs[i],
+                                                      bias[i * N:(i + 1) * N], None,
+                                                      (-1.0, 1.5)), K)
+        np.testing.assert_array_equal(one[:, i * N:(i + 1) * N], _packed(Bs[i], variant).run(
+            A[:, i * K:(i + 1) * K], bias[i * N:(i + 1) * N], bounds=(-1.0, 1.5)))
+    for threads in (2, 3):
+        np.testing.assert_array_equal(P.run(A, bias, bounds=(-1.0, 1.5), threads=threads), one)
+    np.testing.assert_array_equal(P.run(np.asfortranarray(A)), P.run(A))  # copied to rows
+    with pytest.raises(ValueError, match="bias"):
+        P.run(A, np.ones(3, np.float32))
+    with pytest.raises(ValueError, match=r"\[M, "):
+        P.run(A[:, 1:])
 
 
 # -- the operators ------------------------------------------------------------------------------

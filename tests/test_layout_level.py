@@ -137,41 +137,65 @@ def _neck_session(level, blob):
     return onnxrun.InferenceSession(blob, so)
 
 
-def test_concat_split_pools_and_resize_keep_the_layout_with_onnxruntimes_results():
+def _both_levels(blob) -> tuple[onnxrun.InferenceSession, onnxrun.InferenceSession]:
+    """Sessions at the layout level (3) and at level 2, 1 thread."""
+    return _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
+        LEVELS.ORT_ENABLE_EXTENDED, blob)
+
+
+def _needs_compiled_gemm() -> None:
     from onnxrun.providers.cpu.ops import conv as conv_mod
 
     if not conv_mod._packable(np.float32):
         pytest.skip("the compiled float32 GEMM does not run here")
+
+
+def _assert_matches(layout, plain, blob, feeds) -> list[np.ndarray]:
+    """The layout level's outputs are NCHW and equal level 2's and onnxruntime's."""
     import onnxruntime as ort
 
-    blob = _neck_model()
-    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
-        LEVELS.ORT_ENABLE_EXTENDED, blob)
-    # every convolution but the last (a graph output's) writes channels-last
-    assert _channels_last_steps(layout) == 3 and _channels_last_steps(plain) == 0
-    assert layout.get_optimization_report().layout == (3, 4)
-    seen = {}
-    for i, step in enumerate(layout._program.steps):  # record each operator's output layout
-        def spy(*args, _k=step.kernel, _op=step.node.op_type, _name=step.node.outputs[0].name):
-            out = _k(*args)
-            first = out[0] if isinstance(out, tuple) else out
-            seen[_name] = (_op, first.transpose(0, 2, 3, 1).strides[-1] == first.itemsize)
-            return out
-        layout._program.steps[i] = step._replace(kernel=spy)
-    program = layout._program
-    program._plans.clear()
-    program.full_plan = program.plan(tuple(program.output_slots))
-    program.specializer = None
-    x = np.random.default_rng(4).normal(size=(2, 24, 15, 17)).astype(np.float32)
-    got = layout.run(None, {"X": x})
-    for name in ("m", "v", "c", "u"):  # MaxPool, AveragePool, Concat, Resize: channels-last
-        assert seen[name][1], (name, seen[name])
-    want, theirs = plain.run(None, {"X": x}), ort.InferenceSession(
-        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    got = layout.run(None, feeds)
+    want, theirs = plain.run(None, feeds), ort.InferenceSession(
+        blob, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, w, t in zip(got, want, theirs, strict=True):
         assert g.flags.c_contiguous  # graph outputs are NCHW
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(g, t, rtol=1e-4, atol=1e-4)
+    return got
+
+
+def _spy_layouts(sess) -> dict[str, tuple[str, bool]]:
+    """Wraps every kernel of ``sess``: after a run, output name -> (operator, whether that
+    4-D output came channels-last)."""
+    seen = {}
+    for i, step in enumerate(sess._program.steps):
+        def spy(*args, _k=step.kernel, _op=step.node.op_type, _name=step.node.outputs[0].name):
+            out = _k(*args)
+            first = out[0] if isinstance(out, tuple) else out
+            seen[_name] = (_op, first.ndim == 4 and
+                           first.transpose(0, 2, 3, 1).strides[-1] == first.itemsize)
+            return out
+        sess._program.steps[i] = step._replace(kernel=spy)
+    program = sess._program
+    program._plans.clear()
+    program.full_plan = program.plan(tuple(program.output_slots))
+    program.specializer = None
+    return seen
+
+
+def test_concat_split_pools_and_resize_keep_the_layout_with_onnxruntimes_results():
+    _needs_compiled_gemm()
+
+    blob = _neck_model()
+    layout, plain = _both_levels(blob)
+    # every convolution but the last (a graph output's) writes channels-last
+    assert _channels_last_steps(layout) == 3 and _channels_last_steps(plain) == 0
+    assert layout.get_optimization_report().layout == (3, 4)
+    seen = _spy_layouts(layout)
+    x = np.random.default_rng(4).normal(size=(2, 24, 15, 17)).astype(np.float32)
+    _assert_matches(layout, plain, blob, {"X": x})
+    for name in ("m", "v", "c", "u"):  # MaxPool, AveragePool, Concat, Resize: channels-last
+        assert seen[name][1], (name, seen[name])
 
 
 def test_a_concat_of_channels_last_operands_that_is_a_graph_output_stays_nchw():
@@ -192,8 +216,7 @@ def test_a_concat_of_channels_last_operands_that_is_a_graph_output_stays_nchw():
         model.graph.initializer.append(onnx.numpy_helper.from_array(
             rng.normal(0, 0.2, shape).astype(np.float32), name))
     blob = model.SerializeToString()
-    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
-        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    layout, plain = _both_levels(blob)
     x = rng.normal(size=(1, 16, 20, 20)).astype(np.float32)
     for g, w in zip(layout.run(None, {"X": x}), plain.run(None, {"X": x}), strict=True):
         assert g.flags.c_contiguous
@@ -256,12 +279,7 @@ def test_a_dense_block_stays_channels_last_past_batch_norms_and_an_nchw_operand(
     MaxPool passes the layout on) -> MaxPool, joined by Concats with the layers' channels-last
     outputs; BatchNormalization and Relu between keep the layout; results equal onnxruntime's
     and level 2's."""
-    import onnxruntime as ort
-
-    from onnxrun.providers.cpu.ops import conv as conv_mod
-
-    if not conv_mod._packable(np.float32):
-        pytest.skip("the compiled float32 GEMM does not run here")
+    _needs_compiled_gemm()
     model = onnx.parser.parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[1, 3, 40, 44] X) => (float[1, 64, 1, 1] Y) {
@@ -294,26 +312,16 @@ def test_a_dense_block_stays_channels_last_past_batch_norms_and_an_nchw_operand(
             model.graph.initializer.append(onnx.numpy_helper.from_array(
                 value.astype(np.float32), name))
     blob = model.SerializeToString()
-    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
-        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    layout, plain = _both_levels(blob)
     assert _channels_last_steps(layout) == 5  # the stem too
-    x = rng.normal(size=(1, 3, 40, 44)).astype(np.float32)
-    got = layout.run(None, {"X": x})[0]
-    np.testing.assert_allclose(got, plain.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got, ort.InferenceSession(
-        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0], rtol=1e-4, atol=1e-4)
+    _assert_matches(layout, plain, blob, {"X": rng.normal(size=(1, 3, 40, 44)).astype(np.float32)})
 
 
 def test_residual_sums_stay_channels_last():
     """ResNet-style (the light zoo's joins are Sum): stem -> MaxPool -> bottleneck blocks whose
     Sum joins a channels-last shortcut; every convolution writes channels-last, results equal
     onnxruntime's and level 2's."""
-    import onnxruntime as ort
-
-    from onnxrun.providers.cpu.ops import conv as conv_mod
-
-    if not conv_mod._packable(np.float32):
-        pytest.skip("the compiled float32 GEMM does not run here")
+    _needs_compiled_gemm()
     model = onnx.parser.parse_model("""
     <ir_version: 8, opset_import: ["" : 17]>
     g (float[1, 3, 96, 88] X) => (float[1, 32, 1, 1] Y) {
@@ -344,11 +352,74 @@ def test_residual_sums_stay_channels_last():
         model.graph.initializer.append(onnx.numpy_helper.from_array(
             rng.normal(0, 0.3, shape).astype(np.float32), name))
     blob = model.SerializeToString()
-    layout, plain = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, blob), _neck_session(
-        LEVELS.ORT_ENABLE_EXTENDED, blob)
+    layout, plain = _both_levels(blob)
     assert _channels_last_steps(layout) == 8
-    x = rng.normal(size=(1, 3, 96, 88)).astype(np.float32)
-    got = layout.run(None, {"X": x})[0]
-    np.testing.assert_allclose(got, plain.run(None, {"X": x})[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(got, ort.InferenceSession(
-        blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0], rtol=1e-4, atol=1e-4)
+    _assert_matches(layout, plain, blob, {"X": rng.normal(size=(1, 3, 96, 88)).astype(np.float32)})
+
+
+_SHUFFLE = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 62, 54] X) => (float[1, 48] Y) {
+    s = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (X, W0)
+    m = MaxPool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (m0)
+    m0 = Relu (s)
+    a = Conv <kernel_shape = [1, 1], group = 4> (m, W1, B1)
+    ar = Relu (a)
+    r = Reshape (ar, S1)
+    t = Transpose <perm = [0, 2, 1, 3, 4]> (r)
+    sh = Reshape (t, S2)
+    d = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2], group = 48> (sh, W2)
+    e = Conv <kernel_shape = [1, 1], group = 4> (d, W3, B3)
+    p = AveragePool <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (m)
+    c = Concat <axis = 1> (e, p)
+    cr = Relu (c)
+    f = Conv <kernel_shape = [1, 1], group = 4> (cr, W4)
+    fr = Relu (f)
+    r2 = Reshape (fr, S3)
+    t2 = Transpose <perm = [0, 2, 1, 3, 4]> (r2)
+    sh2 = Reshape (t2, S4)
+    h = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], group = 48> (sh2, W5, B5)
+    k = Conv <kernel_shape = [1, 1], group = 4> (h, W6)
+    j = Sum (k, cr)
+    o = Relu (j)
+    q = AveragePool <kernel_shape = [8, 7]> (o)
+    Y = Flatten (q)
+}
+""")
+
+
+def _shuffle_model() -> bytes:
+    rng = np.random.default_rng(11)
+    model = onnx.ModelProto()
+    model.CopyFrom(_SHUFFLE)
+    for name, value in (("W0", rng.normal(0, 0.3, (24, 3, 3, 3))),
+                        ("W1", rng.normal(0, 0.3, (48, 6, 1, 1))), ("B1", rng.normal(0, 1, 48)),
+                        ("W2", rng.normal(0, 0.3, (48, 1, 3, 3))),
+                        ("W3", rng.normal(0, 0.3, (24, 12, 1, 1))), ("B3", rng.normal(0, 1, 24)),
+                        ("W4", rng.normal(0, 0.3, (48, 12, 1, 1))),
+                        ("W5", rng.normal(0, 0.3, (48, 1, 3, 3))), ("B5", rng.normal(0, 1, 48)),
+                        ("W6", rng.normal(0, 0.3, (48, 12, 1, 1))),
+                        ("S1", np.array([1, 4, 12, 16, 14])), ("S2", np.array([1, -1, 16, 14])),
+                        ("S3", np.array([1, 4, 12, 8, 7])), ("S4", np.array([0, 48, 8, 7]))):
+        dtype = np.int64 if name.startswith("S") else np.float32
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(dtype), name))
+    return model.SerializeToString()
+
+
+def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle():
+    """ShuffleNet's units: grouped 1x1 convolutions on the compiled GEMM (a GEMM per group on
+    channels-last rows), the channel shuffle (Reshape-Transpose-Reshape) passing the layout on
+    with one copy, depthwise layers of stride 2 and 1, AveragePool + Concat and a residual Sum;
+    every convolution writes channels-last, results equal level 2's and onnxruntime's."""
+    _needs_compiled_gemm()
+    blob = _shuffle_model()
+    layout, plain = _both_levels(blob)
+    assert _channels_last_steps(layout) == 7 and _channels_last_steps(plain) == 0
+    grouped = [s.kernel for s in layout._program.steps
+               if s.node.op_type in ("Conv", "FusedConv") and s.node.attr("group", 1) == 4]
+    assert len(grouped) == 4 and all(k.group_packed is not None for k in grouped)
+    seen = _spy_layouts(layout)
+    x = np.random.default_rng(12).normal(size=(1, 3, 62, 54)).astype(np.float32)
+    _assert_matches(layout, plain, blob, {"X": x})
+    for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):  # the shuffles' ends included
+        assert seen[name][1], (name, seen[name])

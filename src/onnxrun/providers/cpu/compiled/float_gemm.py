@@ -226,19 +226,39 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     for r in range(R):
         for v in range(NV):
             L.append(f"  store {VT} %o{r}_{v}, ptr %cp{r}_{v}, align 4")
-    L += ["  ret void", "stm:"]
+    # A partial panel's rows: through a buffer, then ncols scalar stores each. A masked store
+    # is microcoded on AMD (vmaskmovps: ~12-19 cycles each, 12 per tile): 68 columns of 196
+    # rows cost more than 80 did (46 against 42 us at K = 68), ShuffleNet's 34 / 68 / 136.
+    L += ["  ret void", "stm:",
+          f"  %sbuf = alloca [{NR} x float], align {4 * W}"]
+    for v in range(NV):
+        L.append(f"  %sbv{v} = getelementptr float, ptr %sbuf, i64 {v * W}")
+    L.append("  br label %sr0")
     for r in range(R):
-        for v in range(NV):
-            L.append(f"  call void @llvm.masked.store.{sfx}.p0({VT} %o{r}_{v}, "
-                     f"ptr %cp{r}_{v}, i32 4, {VM} %mask{v})")
-    L += ["  ret void", "}"]
+        nxt = f"%sr{r + 1}" if r + 1 < R else "%sret"
+        L.append(f"sr{r}:")
+        L += [f"  store {VT} %o{r}_{v}, ptr %sbv{v}, align {4 * W}" for v in range(NV)]
+        L += [f"  br label %sl{r}",
+              f"sl{r}:",
+              f"  %sj{r} = phi i64 [0, %sr{r}], [%sjn{r}, %sl{r}]",
+              f"  %sp{r} = getelementptr float, ptr %sbuf, i64 %sj{r}",
+              f"  %sx{r} = load float, ptr %sp{r}, align 4",
+              f"  %sq{r} = getelementptr float, ptr %cp{r}_0, i64 %sj{r}",
+              f"  store float %sx{r}, ptr %sq{r}, align 4",
+              f"  %sjn{r} = add i64 %sj{r}, 1",
+              f"  %sjm{r} = icmp slt i64 %sjn{r}, %ncols",
+              f"  br i1 %sjm{r}, label %sl{r}, label {nxt}"]
+    L += ["sret:", "  ret void", "}"]
     return L
 
 
 # @sgemm's parameters, in the order of its int64 argument array
-# (``ajump``: floats A moves on at each K block besides the block's width; 0 for a plain A)
+# (``ajump``: floats A moves on at each K block besides the block's width; 0 for a plain A.
+# ``snp, sa, sc, sN``: a grouped product's sets of panels, ``snp`` panels per set (all of them
+# for one product); set s reads A from column s * sa, writes C, the bias and R from column
+# s * sc on, sN columns)
 PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
-          "ncb", "ajump", "m0", "m1", "p0", "p1")
+          "ncb", "ajump", "snp", "sa", "sc", "sN", "m0", "m1", "p0", "p1")
 _POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
 
 
@@ -289,14 +309,21 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %am = mul i64 %m, %lda",
          "  %ak0 = add i64 %am, %k0",
          "  %ak = add i64 %ak0, %kjump",
-         "  %At = getelementptr float, ptr %A, i64 %ak",
+         "  %At0 = getelementptr float, ptr %A, i64 %ak",
          "  %cm = mul i64 %m, %ldc",
          "  %rm = mul i64 %m, %ldr",
          "  br label %ploop",
          "ploop:",
          "  %p = phi i64 [%g0, %mloop], [%pn, %pnext]",
-         f"  %n0 = mul i64 %p, {NR}",
-         "  %nleft = sub i64 %N, %n0",
+         "  %set = sdiv i64 %p, %snp",
+         "  %sp = mul i64 %set, %snp",
+         "  %pl = sub i64 %p, %sp",
+         "  %sax = mul i64 %set, %sa",
+         "  %At = getelementptr float, ptr %At0, i64 %sax",
+         "  %scx = mul i64 %set, %sc",
+         f"  %n00 = mul i64 %pl, {NR}",
+         "  %nleft = sub i64 %sN, %n00",
+         "  %n0 = add i64 %n00, %scx",
          f"  %nfit = icmp slt i64 %nleft, {NR}",
          f"  %nc = select i1 %nfit, i64 %nleft, i64 {NR}",
          "  %bpk = mul i64 %p, %K",
@@ -398,6 +425,17 @@ def pack_stack(Bs: np.ndarray) -> list[PackedMatrix] | None:
         return None
 
 
+def pack_groups(Bs: np.ndarray) -> PackedGroups | None:
+    """A grouped product's (G, K, N) float32 weights as PackedGroups, or None where the
+    kernel does not run."""
+    if Bs.ndim != 3 or Bs.dtype != np.float32 or unavailable() is not None:
+        return None
+    try:
+        return PackedGroups(Bs)
+    except jit.Unavailable:
+        return None
+
+
 def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
     """(G, K, N) -> (G, N/NR panels, K, NR), 64-byte aligned, missing columns zero: the full
     panels in one strided copy for the whole stack, each panel's row of NR floats moved as
@@ -473,8 +511,10 @@ class PackedMatrix:
             residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
             threads: int = 1) -> np.ndarray:
         """clip(A @ B + bias + residual, *bounds) as a new (M, N) float32 array (or into
-        ``out``, C-contiguous). A: (M, K) float32, rows any stride apart (else copied);
-        ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column stride."""
+        ``out``: unit column stride, rows any stride apart, e.g. a range of the columns of a
+        wider matrix: a grouped convolution's group). A: (M, K) float32, rows any stride apart
+        (else copied); ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column
+        stride."""
         if A.ndim != 2 or A.shape[1] != self.K:
             raise ValueError(f"float GEMM: expected A of shape [M, {self.K}], got "
                              f"{list(A.shape)}")
@@ -483,8 +523,10 @@ class PackedMatrix:
         M, N, K = A.shape[0], self.N, self.K
         if out is None:
             out = np.empty((M, N), np.float32)
-        elif out.shape != (M, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {[M, N]}")
+        elif out.shape != (M, N) or out.dtype != np.float32 or out.strides[1] != 4 or \
+                out.strides[0] % 4 or out.strides[0] < 4 * N:
+            raise ValueError(f"float GEMM: out must be a float32 {[M, N]} with rows of "
+                             "contiguous floats")
         if residual is not None and (residual.shape != (M, N) or residual.dtype != np.float32):
             raise ValueError(f"float GEMM: residual must be float32 {[M, N]}, got "
                              f"{residual.dtype}{list(residual.shape)}")
@@ -545,12 +587,17 @@ class PackedMatrix:
                             flags, block, jump, threads)
 
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
-                ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int) -> np.ndarray:
+                ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
+                sets: int = 1) -> np.ndarray:
+        """One call of the kernel (or one per thread): ``sets`` products of this matrix's
+        shape whose panels follow each other in memory (PackedGroups), set s reading A
+        from column s * K and writing out's columns from s * N."""
         N, K = self.N, self.K
         clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
-        npan = -(-N // self.NR)
-        head = [a_ptr, lda, self._ptr, K, address(out), N, N, b_ptr, r_ptr, ldr,
-                address(clip), flags, kcb, self._ncb, ajump]
+        snp = -(-N // self.NR)
+        npan = sets * snp
+        head = [a_ptr, lda, self._ptr, K, address(out), out.strides[0] // 4, N, b_ptr, r_ptr,
+                ldr, address(clip), flags, kcb, self._ncb, ajump, snp, K, N, N]
         MR = self.MR
         if threads <= 1 or M * npan <= MR:
             params = np.array(head + [0, M, 0, npan], np.int64)
@@ -572,8 +619,56 @@ class PackedMatrix:
 _NO_CLIP = np.array((-np.inf, np.inf), np.float32)
 
 
+class PackedGroups:
+    """A grouped product's g constant (K, N) float32 matrices (a grouped 1x1 convolution's
+    weights, one per group) in one buffer of panels: ``run`` computes group i's columns
+    [i*N, (i+1)*N) of the (M, g*N) result from A's columns [i*K, (i+1)*K), all groups in one
+    call of the kernel (the panels of every group split over the threads). Raises
+    ``jit.Unavailable`` where the kernel cannot run here."""
+
+    __slots__ = ("g", "K", "N", "first", "_zeros", "_zeros_ptr")
+
+    def __init__(self, Bs: np.ndarray, tile: Tile | None = None) -> None:
+        if Bs.ndim != 3:
+            raise ValueError(f"PackedGroups: expected (groups, K, N), got {list(Bs.shape)}")
+        self.g, self.K, self.N = Bs.shape
+        self.first = PackedMatrix.stack(Bs, tile)[0]  # its panels: the start of the buffer
+        self._zeros = aligned_zeros(self.g * self.first.panels.shape[0] * self.first.NR,
+                                    np.float32)  # no bias / residual, for every group
+        self._zeros_ptr = address(self._zeros)
+
+    @property
+    def nbytes(self) -> int:
+        return self.first.panels.base.nbytes if self.first.panels.base is not None \
+            else self.first.panels.nbytes
+
+    def run(self, A: np.ndarray, bias: np.ndarray | None = None, bounds=None,
+            threads: int = 1) -> np.ndarray:
+        """clip(group products + bias, *bounds) as a new (M, g*N) float32 array. A: (M, g*K)
+        float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,)."""
+        g, K, N = self.g, self.K, self.N
+        if A.ndim != 2 or A.shape[1] != g * K or A.dtype != np.float32:
+            raise ValueError(f"grouped float GEMM: expected float32 A of shape [M, {g * K}], "
+                             f"got {A.dtype}{list(A.shape)}")
+        if A.strides[1] != 4 or A.strides[0] % 4 or A.strides[0] < 4 * g * K:
+            A = np.ascontiguousarray(A)
+        out = np.empty((A.shape[0], g * N), np.float32)
+        if out.size == 0:
+            return out
+        b_ptr, flags = self._zeros_ptr, 0
+        if bias is not None:
+            bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+            if bias.size != g * N:
+                raise ValueError(f"grouped float GEMM: bias must have {g * N} values, got "
+                                 f"{bias.size}")
+            b_ptr, flags = address(bias), 1
+        return self.first._launch(address(A), A.strides[0] // 4, A.shape[0], out, b_ptr,
+                                  self._zeros_ptr, 0, bounds, flags, KC, 0, threads, sets=g)
+
+
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"float_gemm": (module_ir, ())}
 
-__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "KC", "PackedMatrix", "Tile", "module_ir",
-           "pack", "pack_stack", "tile_for", "tile_ir", "unavailable"]
+__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "KC", "PackedGroups", "PackedMatrix", "Tile",
+           "module_ir", "pack", "pack_groups", "pack_stack", "tile_for", "tile_ir",
+           "unavailable"]

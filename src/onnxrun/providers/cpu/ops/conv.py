@@ -704,7 +704,54 @@ def _follows_layout(node) -> bool:
         mode = node.attr("mode", "nearest")
         return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest" and \
             _rank(node.inputs[0]) == 4
+    if op in ("Reshape", "Transpose"):
+        return channel_shuffle(node) is not None
     return False
+
+
+def _dims(value) -> tuple | None:
+    dims = type_shape(value.type) if value is not None and value.type is not None else None
+    return None if dims is None or not all(isinstance(d, int) and d > 0 for d in dims) \
+        else tuple(dims)
+
+
+def _shuffle_from(first) -> tuple | None:
+    """(first, transpose, last) when the Reshape ``first`` starts a channel shuffle."""
+    src, mid = _dims(first.inputs[0]), _dims(first.outputs[0])
+    if src is None or mid is None or len(src) != 4 or len(mid) != 5 or \
+            mid[0] != src[0] or mid[1] * mid[2] != src[1] or mid[3:] != src[2:] or \
+            len(first.outputs[0].uses) != 1:
+        return None
+    transpose = first.outputs[0].uses[0][0]
+    if transpose.domain != "" or transpose.op_type != "Transpose" or \
+            [int(p) for p in (transpose.attr("perm", None) or ())] != [0, 2, 1, 3, 4] or \
+            len(transpose.outputs[0].uses) != 1:
+        return None
+    last = transpose.outputs[0].uses[0][0]
+    if last.domain != "" or last.op_type != "Reshape" or _dims(last.outputs[0]) != src:
+        return None
+    return first, transpose, last
+
+
+def channel_shuffle(node) -> tuple | None:
+    """The channel shuffle (ShuffleNet's Reshape (N, C, H, W) -> (N, g, C/g, H, W), Transpose
+    (0, 2, 1, 3, 4), Reshape back to (N, C, H, W)) that ``node`` belongs to, as (first,
+    transpose, last), or None. Channels-last memory passes through it: the first Reshape
+    and the Transpose are views, the last Reshape one copy that interleaves the groups'
+    channels of each pixel (ops/tensor.py)."""
+    if node.domain != "" or node.op_type not in ("Reshape", "Transpose") or \
+            node.inputs[0] is None:
+        return None
+    if node.op_type == "Reshape" and _rank(node.outputs[0]) == 5:
+        return _shuffle_from(node)
+    producer = node.inputs[0].producer
+    if node.op_type == "Transpose":
+        found = None if producer is None or producer.op_type != "Reshape" else \
+            channel_shuffle(producer)
+    else:
+        found = None if producer is None or producer.op_type != "Transpose" else \
+            channel_shuffle(producer)
+    return found if found is not None and node in found else None
 
 
 def _rank(value) -> int | None:
@@ -730,7 +777,10 @@ def channels_inner(X: np.ndarray) -> bool:
 
 
 _JOIN = frozenset({"Add", "Sub", "Mul", "Sum"})  # channels-last only when every operand is
-_LAYOUT_DEPTH = 12  # operators followed from a convolution, either way, deciding its layout
+# operators followed from a convolution, either way, deciding its layout: a chain of residual
+# blocks without convolutions on the skip path (ShuffleNet's Sum -> Relu -> Sum ...) is
+# followed block after block (12 left ShuffleNet's last 13 convolutions NCHW)
+_LAYOUT_DEPTH = 48
 
 
 def conv_kind(node, threads: int = 1) -> str:
@@ -749,9 +799,10 @@ def conv_kind(node, threads: int = 1) -> str:
     auto_pad = node.attr("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
     kernel = tuple(W.shape[2:])
-    if group == 1 and kernel == (1, 1) and strides == (1, 1) and not any(pads) and \
-            auto_pad in ("NOTSET", "VALID"):
-        return "1x1"
+    if kernel == (1, 1) and strides == (1, 1) and not any(pads) and \
+            auto_pad in ("NOTSET", "VALID") and \
+            (group == 1 or _grouped_1x1_packable(W.dtype)):
+        return "1x1"  # (grouped: all groups in one compiled GEMM call, Conv._grouped_1x1)
     outs = None
     shape = _static_shape(node.inputs[0])
     if shape is not None:
@@ -794,6 +845,12 @@ def _packable(dtype) -> bool:
     from ..compiled import float_gemm
 
     return float_gemm.unavailable() is None
+
+
+def _grouped_1x1_packable(dtype) -> bool:
+    """Whether a grouped 1x1 convolution runs on the compiled GEMM (Conv._grouped_1x1),
+    reading and writing channels-last memory."""
+    return _packable(dtype)
 
 
 def method_threads(threads: int, dtype) -> int:
@@ -855,6 +912,9 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
             kinds |= more
         elif node.domain == "" and node.op_type == "GlobalAveragePool":
             kinds.add("pool")
+        elif _follows_layout(node) and node.op_type in ("MaxPool", "AveragePool") and \
+                index == 0 and (_dims(node.outputs[0]) or (0, 0, 0))[2:] == (1, 1):
+            kinds.add("pool")  # one pixel: channels-last memory is NCHW memory
         elif _follows_layout(node):
             inner = joins
             if node.op_type == "Concat":  # (its NCHW operands are copied in, transposed)
@@ -1036,6 +1096,7 @@ class Conv(_ConvBase):
         self.W_shape = None
         self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
         self.gemm_t_packed = None  # "gemm_t" in the compiled GEMM's panels
+        self.group_packed = None  # a grouped 1x1's (C/g, M/g) per group, in those panels
         self.nhwc_packed = None  # (kh * kw * C, M) in the compiled GEMM's panels (_conv_nhwc)
         self.packable = False  # a constant float32 W, the compiled GEMM here
         self.w_depthwise = self.w_depthwise_2d = None
@@ -1104,13 +1165,22 @@ class Conv(_ConvBase):
                     # operands, views of W, are rebuilt if an input comes otherwise)
                     self.prepacked_inputs = (1,)
                     self.prepared.clear()
+        elif self.channels_last and kernel == (1,) * nd == (1, 1) and \
+                _grouped_1x1_packable(cdt) and self.packable and \
+                all(s == 1 for s in strides) and not any(self.pads) and \
+                self.auto_pad in ("NOTSET", "VALID"):
+            from ..compiled.float_gemm import pack_groups
+
+            g = self.group  # (g, C/g, M/g): each group's weight transposed, one buffer
+            self.group_packed = pack_groups(np.ascontiguousarray(
+                W.reshape(g, W.shape[0] // g, W.shape[1]).transpose(0, 2, 1), np.float32))
 
     @property
     def uses_compiled_gemm(self) -> bool | None:
         """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
         depthwise kernels). The session weighs these (BLAS's thread count)."""
         if self.winograd_packed is not None or self.gemm_t_packed is not None or \
-                self.nhwc_packed is not None:
+                self.nhwc_packed is not None or self.group_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -1225,6 +1295,10 @@ class Conv(_ConvBase):
         if one_by_one and method == "gemm" and self.gemm_t_packed is not None and \
                 X.dtype == np.float32 and _is_channels_last(X):
             return self._gemm_1x1_compiled(X, b, Z, act)
+        if one_by_one and method == "gemm" and self.group_packed is not None and \
+                X.dtype == np.float32 and const_w:
+            Y = self._grouped_1x1(X, b, Z, act)
+            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
         packed = self.winograd_packed if method == "winograd" and X.dtype == np.float32 \
             else None
         Wm = self.prepared.get(method)
@@ -1343,6 +1417,23 @@ class Conv(_ConvBase):
         Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
                                    None if b is None else b.reshape(M),
                                    bounds=bounds if fused else None, threads=self.threads)
+        Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
+        return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
+
+    def _grouped_1x1(self, X, b, Z, act):
+        """A grouped 1x1 convolution on the compiled GEMM, channels-last: group i's pixels x
+        C/g channels (read in place, rows C floats apart) @ its packed weight, written into
+        its range of the output's channels, every group in one call (ShuffleNet's layers,
+        where BLAS ran a GEMM per group on NCHW planes); the bias and a Relu / Clip (without
+        Z) in the epilogue."""
+        N, C = X.shape[:2]
+        pk = self.group_packed
+        M = pk.g * pk.N
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
+                   None if b is None else b.reshape(M), bounds=bounds if fused else None,
+                   threads=self.threads)
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 

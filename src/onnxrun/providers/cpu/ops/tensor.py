@@ -79,11 +79,36 @@ class Reshape:
             # without zeros to copy, the target is fixed: numpy infers the -1 itself
             self.shape = tuple(shape) if allowzero or 0 not in shape else None
             self.zero_shape = shape
+        from .conv import channel_shuffle, keeps_layout
+
+        # the end of a channel shuffle at the layout level: channels-last memory stays so
+        node = getattr(ctx, "node", None)
+        self.shuffle_end = node is not None and keeps_layout(ctx) and \
+            (channel_shuffle(node) or (None,) * 3)[2] is node
 
     def __call__(self, data, shape):
-        if self.shape is not None:
-            return _reshaped(data, self.shape)
-        return _reshaped(data, _reshape_target(data.shape, _ints(shape), self.allowzero))
+        target = self.shape if self.shape is not None else \
+            _reshape_target(data.shape, _ints(shape), self.allowzero)
+        if self.shuffle_end and data.ndim == 5 and len(target) == 4 and \
+                max(data.strides[1:3]) < data.strides[4]:
+            return _shuffled_channels_last(data, target)
+        return _reshaped(data, target)
+
+
+def _shuffled_channels_last(data: np.ndarray, target) -> np.ndarray:
+    """A channel shuffle's last Reshape, (N, a, b, H, W) -> (N, a*b, H, W), of channels-last
+    data (its axes a, b innermost in memory): one copy into (N, H, W, a, b) memory, returned
+    as an NCHW view of it (numpy's reshape would copy into NCHW memory). One copy per b:
+    runs of a channels in, every b-th float out (2x faster than one copy whose inner loop
+    is the b floats of a pixel)."""
+    N, a, b, H, W = data.shape
+    if list(target) not in ([N, a * b, H, W], [N, -1, H, W], [-1, a * b, H, W]):
+        return _reshaped(data, target)
+    Yt = np.empty((N, H, W, a, b), data.dtype)
+    src = data.transpose(0, 3, 4, 1, 2)
+    for j in range(b):
+        np.copyto(Yt[..., j], src[..., j])
+    return Yt.reshape(N, H, W, a * b).transpose(0, 3, 1, 2)
 
 
 @op("Reshape", 1)
