@@ -440,11 +440,14 @@ def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
 
 @pytest.mark.parametrize("rows,lda,block,blocks,jump", [
     (1, 3, 3, 1, 0), (7, 5, 10, 3, 31), (40, 16, 48, 3, 100), (13, 33, 99, 2, 1),
+    (9, 20, 100, 6, 7), (5, 40, 300, 2, 3), (20, 16, 48, 9, 5),
 ])
 def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, blocks, jump):
     """A's element (m, k) is base[m * lda + k + (k // block) * jump]: overlapping rows (lda
-    below K, an implicit-GEMM convolution's taps), each K block further on; both tiles, a
-    bias and a clip, split over threads; A reaching past ``base`` is refused."""
+    below K, an implicit-GEMM convolution's taps), each block of K further on (several blocks
+    in one pass of the kernel's K blocking, in registers; K blocks of several such blocks;
+    blocks wider than the K blocking); both tiles, a bias and a clip, split over threads; A
+    reaching past ``base`` is refused."""
     rng = np.random.default_rng(rows)
     K, N = block * blocks, 37
     size = (rows - 1) * lda + K + (blocks - 1) * jump

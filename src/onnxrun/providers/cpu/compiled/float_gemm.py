@@ -28,6 +28,7 @@ split, so results do not depend on the thread count.
 from __future__ import annotations
 
 import ctypes
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -102,7 +103,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     iota = lambda off: "<" + ", ".join(f"i32 {i + off}" for i in range(W)) + ">"  # noqa: E731
     L = [f"define internal void @tile{R}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
          "i64 %ncols, i1 %first, i1 %last, ptr %bias, ptr %Rs, i64 %ldr, ptr %clip, "
-         "i64 %flags) nounwind {",
+         "i64 %flags, i64 %blk, i64 %astep, i64 %nob) nounwind {",
          "entry:",
          "  %full = icmp eq i64 %ncols, " + str(NR),
          "  %nc32 = trunc i64 %ncols to i32",
@@ -112,7 +113,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
         L.append(f"  %mask{v} = icmp slt {VI} {iota(v * W)}, %ncv")
     for r in range(R):
         L += [f"  %ao{r} = mul i64 {r}, %lda",
-              f"  %ap{r} = getelementptr float, ptr %A, i64 %ao{r}",
+              f"  %apb{r} = getelementptr float, ptr %A, i64 %ao{r}",
               f"  %co{r} = mul i64 {r}, %ldc"]
         for v in range(NV):
             L += [f"  %cx{r}_{v} = add i64 %co{r}, {v * W}",
@@ -127,6 +128,21 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     for r in range(R):
         for v in range(NV):
             L.append(f"  %i{r}_{v} = phi {VT} [zeroinitializer, %zero], [%c{r}_{v}, %loadc]")
+    # kc in sub-blocks of %blk rows of K, A's rows moving on %astep floats after each (an
+    # implicit-GEMM convolution: a sub-block is a row of kernel taps, kw * C floats in place),
+    # B's rows following each other; the accumulators stay in registers throughout
+    L += ["  br label %oloop",
+          "oloop:",
+          "  %ob = phi i64 [0, %pre], [%obn, %olatch]"]
+    for r in range(R):
+        for v in range(NV):
+            L.append(f"  %ai{r}_{v} = phi {VT} [%i{r}_{v}, %pre], [%s{r}_{v}, %olatch]")
+    L += ["  %aoff = mul i64 %ob, %astep",
+          "  %boff0 = mul i64 %ob, %blk",
+          f"  %boff = mul i64 %boff0, {NR}",
+          "  %Bb = getelementptr float, ptr %B, i64 %boff"]
+    L += [f"  %ap{r} = getelementptr float, ptr %apb{r}, i64 %aoff" for r in range(R)]
+    loop = len(L)
     # the K loop unrolled U times, then single steps for the rest
     L += [f"  %ku = and i64 %kc, {-U}",
           "  %anyu = icmp sgt i64 %ku, 0",
@@ -184,7 +200,16 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     for r in range(R):
         for v in range(NV):
             L.append(f"  %s{r}_{v} = phi {VT} [%m{r}_{v}, %umid], [%tn_{r}_{v}, %tloop]")
-    L += ["  br i1 %last, label %epi, label %out", "epi:",
+    # within the sub-block: %blk rows of K from %Bb, accumulators from %ai
+    L[loop:] = [re.sub(r"%kc\b", "%blk", re.sub(r"%i(\d+_\d+)", r"%ai\1", line))
+                .replace("%pre]", "%oloop]").replace("ptr %B,", "ptr %Bb,") for line in L[loop:]]
+    L += ["  br label %olatch",
+          "olatch:",
+          "  %obn = add i64 %ob, 1",
+          "  %omore = icmp ult i64 %obn, %nob",
+          "  br i1 %omore, label %oloop, label %odone",
+          "odone:",
+          "  br i1 %last, label %epi, label %out", "epi:",
           "  %fb = and i64 %flags, 1",
           "  %hb = icmp ne i64 %fb, 0",
           "  %fr = and i64 %flags, 2",
@@ -221,7 +246,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     L += ["  br label %out", "out:"]
     for r in range(R):
         for v in range(NV):
-            L.append(f"  %o{r}_{v} = phi {VT} [%s{r}_{v}, %after], [%e{r}_{v}, %epi]")
+            L.append(f"  %o{r}_{v} = phi {VT} [%s{r}_{v}, %odone], [%e{r}_{v}, %epi]")
     L += ["  br i1 %full, label %st, label %stm", "st:"]
     for r in range(R):
         for v in range(NV):
@@ -253,12 +278,13 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
 
 
 # @sgemm's parameters, in the order of its int64 argument array
-# (``ajump``: floats A moves on at each K block besides the block's width; 0 for a plain A.
+# (``ajump``: floats A moves on after each ``blk`` rows of K besides their width, 0 for a
+# plain A; ``blk`` 0: no such sub-blocks. ``kcb`` is then a multiple of ``blk``.
 # ``snp, sa, sc, sN``: a grouped product's sets of panels, ``snp`` panels per set (all of them
 # for one product); set s reads A from column s * sa, writes C, the bias and R from column
 # s * sc on, sN columns)
 PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
-          "ncb", "ajump", "snp", "sa", "sc", "sN", "m0", "m1", "p0", "p1")
+          "ncb", "ajump", "blk", "snp", "sa", "sc", "sN", "m0", "m1", "p0", "p1")
 _POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
 
 
@@ -269,7 +295,8 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     implicit-GEMM convolution: each block is a row of kernel taps, read in place)."""
     NR = NV * W
     args = "ptr %At, i64 %lda, ptr %Bt, i64 %kc, ptr %Ct, i64 %ldc, i64 %nc, i1 %first, " \
-        "i1 %last, ptr %bt, ptr %Rt, i64 %ldr, ptr %clip, i64 %flags"
+        "i1 %last, ptr %bt, ptr %Rt, i64 %ldr, ptr %clip, i64 %flags, i64 %tblk, i64 %astep, " \
+        "i64 %nob"
     L = ["define void @sgemm(ptr %args) nounwind {",
          "entry:"]
     for i, name in enumerate(PARAMS):  # one pointer argument: a ctypes call costs per argument
@@ -290,7 +317,11 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %kfit = icmp slt i64 %kleft, %kcb",
          "  %kc = select i1 %kfit, i64 %kleft, i64 %kcb",
          "  %first = icmp eq i64 %k0, 0",
-         "  %kb = sdiv i64 %k0, %kcb",
+         "  %noblk = icmp eq i64 %blk, 0",
+         "  %tblk = select i1 %noblk, i64 %kc, i64 %blk",
+         "  %astep = add i64 %tblk, %ajump",
+         "  %nob = udiv i64 %kc, %tblk",  # sub-blocks of this K block (once, not per tile)
+         "  %kb = sdiv i64 %k0, %tblk",
          "  %kjump = mul i64 %kb, %ajump",
          "  %k0n = add i64 %k0, %kc",
          "  %last = icmp sge i64 %k0n, %K",
@@ -583,12 +614,16 @@ class PackedMatrix:
             if bias.size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {bias.size}")
             b_ptr, flags = address(bias), 1
+        # K blocks of whole rows of taps, as near KC as they come: the sub-blocks (rows of
+        # taps) of one K block run with the accumulators in registers (a K block per row of
+        # taps made 3 passes over C for a 3x3 kernel, of 48 rows of K at 16 channels)
+        kcb = max(1, KC // block) * block
         return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
-                            flags, block, jump, threads)
+                            flags, kcb, jump, threads, blk=block)
 
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
-                sets: int = 1) -> np.ndarray:
+                sets: int = 1, blk: int = 0) -> np.ndarray:
         """One call of the kernel (or one per thread): ``sets`` products of this matrix's
         shape whose panels follow each other in memory (PackedGroups), set s reading A
         from column s * K and writing out's columns from s * N."""
@@ -597,7 +632,7 @@ class PackedMatrix:
         snp = -(-N // self.NR)
         npan = sets * snp
         head = [a_ptr, lda, self._ptr, K, address(out), out.strides[0] // 4, N, b_ptr, r_ptr,
-                ldr, address(clip), flags, kcb, self._ncb, ajump, snp, K, N, N]
+                ldr, address(clip), flags, kcb, self._ncb, ajump, blk, snp, K, N, N]
         MR = self.MR
         if threads <= 1 or M * npan <= MR:
             params = np.array(head + [0, M, 0, npan], np.int64)
