@@ -29,6 +29,10 @@ import numpy as np
 import onnxrun
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run_suite  # noqa: E402 - the benchmarks' shared helpers, beside this script
+
+sys.path.pop(0)
 CASES = ("yolo_style", "densenet_style", "zoo:squeezenet", "zoo:shufflenet", "zoo:resnet50")
 QUICK = ("yolo_style", "zoo:squeezenet")
 
@@ -72,23 +76,7 @@ def undone(change: str):
 
 
 def cases(words: list[str], quick: bool):
-    sys.path.insert(0, str(HERE))
-    try:
-        import run_suite
-        import suite_models
-    finally:
-        sys.path.pop(0)
-    out = []
-    for name in QUICK if quick else CASES:
-        if words and not any(w in name for w in words):
-            continue
-        if name.startswith("zoo:"):
-            out.append((f"zoo {name[4:]}", str(run_suite.LIGHT / f"light_{name[4:]}.onnx"), None))
-            continue
-        path = suite_models.ensure(name, run_suite.default_cache())
-        feeds = {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
-        out.append((suite_models.MODELS[name][1], str(path), feeds))
-    return out
+    return run_suite.ab_cases(QUICK if quick else CASES, words)
 
 
 def compare(model: str, feeds, change: str, runs: int, threads: int) -> dict[str, float]:
@@ -139,17 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"onnxrun with each change undone -> with it, ratio to onnxruntime; medians of {runs} "
           f"interleaved rounds, {args.threads} thread(s); load before: {load}")
-    print("| change | model | CPU before | CPU after | onnxruntime | ratio before -> after "
-          "(CPU) | wall ratio before -> after | max diff |")
-    print("| --- | --- | --: | --: | --: | --: | --: | --: |")
+    header = ["change", "model", "CPU before", "CPU after", "onnxruntime",
+              "ratio before -> after (CPU)", "wall ratio before -> after", "max diff"]
+    print("\n".join(run_suite.markdown(header, [])))
     for change in [c.strip() for c in args.changes.split(",") if c.strip()]:
         for label, model, feeds in cases(words, args.quick):
             r = compare(model, feeds, change, runs, args.threads)
-            print(f"| {change} | {label} | {r['cpu_before'] * 1e3:.1f} ms | "
-                  f"{r['cpu_after'] * 1e3:.1f} ms | {r['cpu_ort'] * 1e3:.1f} ms | "
-                  f"{r['cpu_before'] / r['cpu_ort']:.2f} -> {r['cpu_after'] / r['cpu_ort']:.2f} | "
-                  f"{r['wall_before'] / r['wall_ort']:.2f} -> "
-                  f"{r['wall_after'] / r['wall_ort']:.2f} | {r['diff']:.1e} |", flush=True)
+            row = [change, label, f"{r['cpu_before'] * 1e3:.1f} ms",
+                   f"{r['cpu_after'] * 1e3:.1f} ms", f"{r['cpu_ort'] * 1e3:.1f} ms",
+                   f"{r['cpu_before'] / r['cpu_ort']:.2f} -> {r['cpu_after'] / r['cpu_ort']:.2f}",
+                   f"{r['wall_before'] / r['wall_ort']:.2f} -> "
+                   f"{r['wall_after'] / r['wall_ort']:.2f}", f"{r['diff']:.1e}"]
+            print(run_suite.markdown(header, [row])[-1], flush=True)
     print(f"load after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 

@@ -24,34 +24,20 @@ import numpy as np
 import onnxrun
 
 HERE = Path(__file__).resolve().parent
-LIGHT_CNNS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "squeezenet")
+sys.path.insert(0, str(HERE))
+import run_suite  # noqa: E402 - the benchmarks' shared helpers, beside this script
+
+sys.path.pop(0)
+LIGHT_CNNS = ("densenet121", "inception_v1", "inception_v2", "resnet50", "shufflenet",
+              "squeezenet")
 SUITE_CNNS = ("yolo_style", "dbnet_style", "densenet_style", "inception_style")
 QUICK = ("yolo_style", "densenet_style")
 
 
 def cases(words: list[str], quick: bool) -> list[tuple[str, str, dict[str, np.ndarray] | None]]:
     """(label, model path, feeds or None for random ones)."""
-    sys.path.insert(0, str(HERE))
-    try:
-        import run_suite
-        import suite_models
-    finally:
-        sys.path.pop(0)
-    cache = run_suite.default_cache()
-    out = []
-    for name in QUICK if quick else SUITE_CNNS:
-        label = suite_models.MODELS[name][1]
-        if words and not any(w in (name + label).lower() for w in words):
-            continue
-        path = suite_models.ensure(name, cache)
-        feeds = {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
-        out.append((label, str(path), feeds))
-    if not quick:
-        for name in LIGHT_CNNS:
-            if words and not any(w in name for w in words):
-                continue
-            out.append((f"zoo {name}", str(run_suite.LIGHT / f"light_{name}.onnx"), None))
-    return out
+    names = QUICK if quick else SUITE_CNNS + tuple(f"zoo:{n}" for n in LIGHT_CNNS)
+    return run_suite.ab_cases(names, words)
 
 
 def channels_last_convs(sess: onnxrun.InferenceSession) -> tuple[int, int]:
@@ -101,16 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     load = "/".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"level 3 (ORT_ENABLE_LAYOUT) vs level 2 (ORT_ENABLE_EXTENDED), onnxrun, {runs} runs "
           f"each, interleaved, {args.threads} thread(s); load before: {load}")
-    print("| model | channels-last convs (2 -> 3) | wall 2 | wall 3 | 3/2 | CPU 2 | CPU 3 | 3/2 "
-          "| max diff |")
-    print("| --- | --: | --: | --: | --: | --: | --: | --: | --: |")
+    header = ["model", "channels-last convs (2 -> 3)", "wall 2", "wall 3", "3/2", "CPU 2",
+              "CPU 3", "3/2", "max diff"]
+    print("\n".join(run_suite.markdown(header, [])))
     for label, model, feeds in cases(words, args.quick):
         r = compare(model, feeds, runs, args.threads)
-        print(f"| {label} | {r['cl2']} -> {r['cl3']} of {r['convs']} | "
-              f"{r['wall2'] * 1e3:.1f} ms | {r['wall3'] * 1e3:.1f} ms | "
-              f"{r['wall3'] / r['wall2']:.2f} | {r['cpu2'] * 1e3:.1f} ms | "
-              f"{r['cpu3'] * 1e3:.1f} ms | {r['cpu3'] / r['cpu2']:.2f} | {r['diff']:.1e} |",
-              flush=True)
+        row = [label, f"{r['cl2']} -> {r['cl3']} of {r['convs']}", f"{r['wall2'] * 1e3:.1f} ms",
+               f"{r['wall3'] * 1e3:.1f} ms", f"{r['wall3'] / r['wall2']:.2f}",
+               f"{r['cpu2'] * 1e3:.1f} ms", f"{r['cpu3'] * 1e3:.1f} ms",
+               f"{r['cpu3'] / r['cpu2']:.2f}", f"{r['diff']:.1e}"]
+        print(run_suite.markdown(header, [row])[-1], flush=True)
     return 0
 
 

@@ -298,6 +298,31 @@ def mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f}"
 
 
+def ab_cases(names, words: list[str]) -> list[tuple[str, str, dict | None]]:
+    """(label, model path, feeds or None for random ones) of ``names`` that ``words`` select
+    (by name or label), for the scripts that compare onnxrun variants in one process
+    (cnn_gain.py, layout_gain.py): "zoo:NAME" a light zoo model, else a suite_models.py
+    model, written to the cache first where missing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    try:
+        import suite_models
+    finally:
+        sys.path.pop(0)
+    out = []
+    for name in names:
+        zoo = name.startswith("zoo:")
+        label = f"zoo {name[4:]}" if zoo else suite_models.MODELS[name][1]
+        if words and not any(w in (name + " " + label).lower() for w in words):
+            continue
+        if zoo:
+            out.append((label, str(LIGHT / f"light_{name[4:]}.onnx"), None))
+            continue
+        path = suite_models.ensure(name, default_cache())
+        feeds = {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
+        out.append((label, str(path), feeds))
+    return out
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     align = ["---"] + ["--:"] * (len(header) - 1)
     return ["| " + " | ".join(r) + " |" for r in [header, align, *rows]]

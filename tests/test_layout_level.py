@@ -421,5 +421,6 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     seen = _spy_layouts(layout)
     x = np.random.default_rng(12).normal(size=(1, 3, 62, 54)).astype(np.float32)
     _assert_matches(layout, plain, blob, {"X": x})
-    for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):  # the shuffles' ends included
+    # every 4-D value channels-last, the shuffles' ends (sh, sh2) included
+    for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):
         assert seen[name][1], (name, seen[name])

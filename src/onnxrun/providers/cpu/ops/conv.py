@@ -584,6 +584,8 @@ def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1) -> np.ndarray:
     ranges of rows (axis 2) for the intra-op threads."""
     if Y is None:
         Y = np.empty(src.shape, src.dtype)
+    elif b is None and Z is None and act is None:  # nothing to add or activate
+        return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
     if Y.size == 0:  # an empty batch or output: nothing to add or activate
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
     if Z is not None and Z.shape != Y.shape:
