@@ -204,8 +204,14 @@ def test_channels_last_im2col_choice():
     # strided or dilated: explicit im2col with 32+ channels up to 40 x 40 outputs
     assert method(32, 64, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "nhwc"
     assert method(32, 64, (3, 3), (1, 1), (2, 2), 1, (40, 40), **packed) == "nhwc"
-    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "gemm"
-    assert method(32, 32, (3, 3), (2, 2), (1, 1), 1, (80, 80), **packed) == "gemm"
+    # other stride-2 ones (2+ taps each way): space-to-depth + implicit GEMM
+    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "s2d"
+    assert method(32, 32, (3, 3), (2, 2), (1, 1), 1, (80, 80), **packed) == "s2d"
+    assert method(3, 64, (7, 7), (2, 2), (1, 1), 1, (112, 112), **packed) == "s2d"
+    assert method(16, 32, (3, 1), (2, 2), (1, 1), 1, (80, 80), **packed) == "gemm"
+    assert method(16, 32, (3, 3), (2, 1), (1, 1), 1, (80, 80), **packed) == "gemm"
+    assert method(16, 32, (3, 3), (2, 2), (2, 2), 1, (80, 80), **packed) == "gemm"
+    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40)) == "gemm"  # not packed
     # no compiled GEMM, a 1x1, groups
     assert method(128, 32, (3, 3), (1, 1), (1, 1), 1, (28, 28), 1) == "shifted"
     assert method(64, 64, (1, 1), (1, 1), (1, 1), 1, (20, 20), **packed) == "gemm"
@@ -213,7 +219,42 @@ def test_channels_last_im2col_choice():
     # sizes not known when prepared: stride 1 as any size; strided, the BLAS methods
     assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "nhwc"
     assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "winograd"
-    assert method(64, 64, (3, 3), (2, 2), (1, 1), 1, None, **packed) == "gemm"
+    assert method(64, 64, (3, 3), (2, 2), (1, 1), 1, None, **packed) == "s2d"
+    assert method(64, 64, (3, 3), (3, 3), (1, 1), 1, None, **packed) == "gemm"
+
+
+def _s2d_steps(sess) -> int:
+    return sum(getattr(s.kernel, "s2d_packed", None) is not None
+               for s in sess._program.full_plan.steps)
+
+
+@pytest.mark.parametrize("C,kernel,attrs", [
+    (3, (3, 3), {"pads": [1, 1, 1, 1]}),
+    (16, (3, 3), {"pads": [1, 1, 1, 1]}),
+    (5, (3, 3), {"pads": [0, 1, 1, 0]}),
+    (16, (3, 3), {"auto_pad": "SAME_UPPER"}),
+    (16, (3, 3), {"auto_pad": "SAME_LOWER"}),
+    (16, (3, 3), {}),
+    (4, (5, 5), {"pads": [2, 2, 2, 2]}),
+    (3, (7, 7), {"pads": [3, 3, 3, 3]}),
+    (8, (2, 2), {}),
+    (6, (2, 3), {"pads": [1, 0, 0, 2]}),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else "-".join(
+    f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v))
+def test_stride_2_by_space_to_depth(C, kernel, attrs):
+    """Stride-2 convolutions below the channels-last im2col's 32 channels (the stems, YOLO's
+    16-channel layers): space-to-depth + the implicit GEMM (Conv._conv_s2d); odd sizes,
+    asymmetric and SAME pads, kernels of 2 to 7, a batch of 2; bias / none; Relu / Clip fused
+    into the GEMM or not; split over 2 threads; onnxruntime's numbers."""
+    _needs_packed_gemm()
+    M = 20
+    for act, bias in [("Relu", True), (None, False), ("Clip", True)]:
+        model, feeds = conv_model((2, C, 61, 58), rand(M, C, *kernel, scale=0.2),
+                                  rand(M) if bias else None, act, strides=[2, 2], **attrs)
+        assert _s2d_steps(session(model, threads=1)) == 1
+        check(model, feeds, threads=1)
+    check(*conv_model((1, C, 63, 57), rand(M, C, *kernel, scale=0.2), rand(M), "Relu",
+                      strides=[2, 2], **attrs), threads=2)
 
 
 def test_channels_last_im2col_without_a_constant_weight_or_shapes():

@@ -452,6 +452,9 @@ _WINOGRAD_THREADED_MACS = 1 << 24
 # im2col: 0.7-0.95x with 32+ channels up to 40 x 40 outputs; slower with fewer channels (each
 # tap's copy moves runs of C floats) and on larger images (the column matrix outgrows caches).
 _NHWC_IMPLICIT_CHANNELS = 8
+# Strided layers the channels-last im2col does not take: space-to-depth + implicit GEMM
+# (Conv._conv_s2d); None: im2col + BLAS as before (benchmarks/cnn_gain.py --changes s2d)
+_S2D_STRIDES = (2, 2)
 _NHWC_IM2COL_CHANNELS = 32
 _NHWC_IM2COL_PIXELS = 40 * 40
 
@@ -815,6 +818,8 @@ def conv_kind(node, threads: int = 1) -> str:
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
                            outs, method_threads(threads, compute_dtype(W.dtype)),
                            _packable(W.dtype))
+    if method == "s2d":  # an implicit GEMM on a copy of the input, as "nhwc"
+        return "nhwc"
     return method if method in ("winograd", "nhwc") else "other"
 
 
@@ -1026,10 +1031,11 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
     """Which kernel computes a non-depthwise convolution, by measurement on 2-D CNN layers:
     with the compiled float32 GEMM (``packed``), channels-last implicit GEMM for stride 1
     (bar Winograd's layers of 128+ channels) and channels-last im2col for small strided
-    ones ("nhwc"); Winograd where the GEMM dominates (many channels in and out, enough 2x2
-    tiles for the 16 GEMMs to be efficient, and with several BLAS threads only GEMMs large
-    enough to share: the transforms run on one), per-tap GEMMs where im2col would copy more
-    than the output it makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
+    ones ("nhwc"), other stride-2 ones by space-to-depth + implicit GEMM ("s2d"); Winograd
+    where the GEMM dominates (many channels in and out, enough 2x2 tiles for the 16 GEMMs to
+    be efficient, and with several BLAS threads only GEMMs large enough to share: the
+    transforms run on one), per-tap GEMMs where im2col would copy more than the output it
+    makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
     if group != 1 or len(kernel) != 2 or (kernel == (1, 1) and all(s == 1 for s in strides)):
         return "gemm"
     classic = _blas_method(C, M, kernel, strides, dilations, outs, threads)
@@ -1041,6 +1047,9 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
         elif C >= _NHWC_IM2COL_CHANNELS and outs is not None and \
                 outs[0] * outs[1] <= _NHWC_IM2COL_PIXELS:
             return "nhwc"
+        elif tuple(strides) == _S2D_STRIDES and all(d == 1 for d in dilations) and \
+                min(kernel) >= 2:  # (a 1-wide kernel would multiply 2-4x as many zeros)
+            return "s2d"  # (Conv._conv_s2d: where im2col + BLAS ran them)
     return classic
 
 
@@ -1099,6 +1108,7 @@ class Conv(_ConvBase):
         self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
         self.gemm_t_packed = None  # "gemm_t" in the compiled GEMM's panels
         self.group_packed = None  # a grouped 1x1's (C/g, M/g) per group, in those panels
+        self.s2d_packed = None  # a stride-2 convolution's weight for _conv_s2d, in them
         self.nhwc_packed = None  # (kh * kw * C, M) in the compiled GEMM's panels (_conv_nhwc)
         self.packable = False  # a constant float32 W, the compiled GEMM here
         self.w_depthwise = self.w_depthwise_2d = None
@@ -1145,6 +1155,9 @@ class Conv(_ConvBase):
             if self.nhwc_packed is not None and W.dtype == np.float32:
                 self.prepacked_inputs = (1,)
             return
+        if method == "s2d":
+            self.s2d_packed = self._s2d_weights(W)
+            return
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack_stack
@@ -1182,7 +1195,8 @@ class Conv(_ConvBase):
         """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
         depthwise kernels). The session weighs these (BLAS's thread count)."""
         if self.winograd_packed is not None or self.gemm_t_packed is not None or \
-                self.nhwc_packed is not None or self.group_packed is not None:
+                self.nhwc_packed is not None or self.group_packed is not None or \
+                self.s2d_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -1291,6 +1305,15 @@ class Conv(_ConvBase):
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
                                    self.method_threads)
+        if method == "s2d":
+            if self.s2d_packed is None:  # shapes not known when prepared: packed once, here
+                self.s2d_packed = self._s2d_weights(self._weight(W))
+            if self.s2d_packed is not None:
+                Y = self._conv_s2d(X, b, Z, act, heads, outs, kernel)
+                return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
+            self.packable = False
+            method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
+                                   self.method_threads)
         g = self.group
         one_by_one = all(k == 1 for k in kernel) and not any(heads) and \
             all(s == 1 for s in strides) and outs == X.shape[2:]
@@ -1376,20 +1399,7 @@ class Conv(_ConvBase):
             Y = pk.run_shifted(flat, rows, C, kw * C, Wp * C - kw * C,
                                None if b is None else b.reshape(-1),
                                bounds=bounds if fused else None, threads=self.threads)
-            M = pk.N
-            if N == 1:
-                full = Y.reshape(Ho, Wp, M)[None]
-            else:
-                full = np.lib.stride_tricks.as_strided(
-                    Y, (N, Ho, Wp, M), (Hp * Wp * M * 4, Wp * M * 4, M * 4, 4), writeable=False)
-            Y = np.empty((N, Ho, Wo, M), np.float32)
-            np.copyto(Y, full[:, :, :Wo])
-            Y = Y.transpose(0, 3, 1, 2)
-            if Z is not None:
-                Y += Z
-            if act is not None and not fused:
-                act(Y)
-            return Y if self.channels_last else np.ascontiguousarray(Y)
+            return self._wide_rows_out(Y, N, Hp, Wp, outs, Z, act, fused)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
         else:
@@ -1408,6 +1418,69 @@ class Conv(_ConvBase):
         if act is not None and not fused:
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
+
+    def _wide_rows_out(self, Y, N, Hp, Wp, outs, Z, act, fused):
+        """The (rows, M) result of an implicit GEMM on a padded grid (image n's pixels from
+        row n * Hp * Wp, output rows Wp wide): its Wo columns of each row copied out
+        channels-last, Z and an unfused activation applied."""
+        (Ho, Wo), M = outs, Y.shape[1]
+        if N == 1:
+            full = Y.reshape(Ho, Wp, M)[None]
+        else:
+            full = np.lib.stride_tricks.as_strided(
+                Y, (N, Ho, Wp, M), (Hp * Wp * M * 4, Wp * M * 4, M * 4, 4), writeable=False)
+        Y = np.empty((N, Ho, Wo, M), np.float32)
+        np.copyto(Y, full[:, :, :Wo])
+        Y = Y.transpose(0, 3, 1, 2)
+        if Z is not None:
+            Y += Z
+        if act is not None and not fused:
+            act(Y)
+        return Y if self.channels_last else np.ascontiguousarray(Y)
+
+    def _conv_s2d(self, X, b, Z, act, heads, outs, kernel):
+        """A stride-2 convolution as a stride-1 one on the space-to-depth input: each 2 x 2
+        block of padded pixels one pixel of 4 * C channels ((N, Hq, Wq, 2, 2, C), filled by
+        four strided copies), the kernel ceil(k/2) x ceil(k/2) over it (the weight's missing
+        taps zero: _s2d_weights), then the implicit GEMM of the stride-1 path (a row of taps
+        in place: ceil(kw/2) * 4C floats). 3x3: 16/9 of im2col's products at the compiled
+        GEMM's speed, where im2col + BLAS ran the stems and the 16-channel stride-2 layers at
+        4-9 GFLOP/s (YOLO-style: 3 -> 16 at 320 x 320, 16 -> 32 at 160 x 160)."""
+        N, C, H, Wd = X.shape
+        (kh, kw), (Ho, Wo) = kernel, outs
+        qh, qw = -(-kh // 2), -(-kw // 2)
+        Hq, Wq = Ho + qh - 1, Wo + qw - 1
+        size = N * Hq * Wq * 4 * C
+        flat = scratch("conv_nhwc_pad", (size + (qw - 1) * 4 * C,), np.float32)
+        flat[size:] = 0  # the last rows' dropped columns read this far
+        S = flat[:size].reshape(N, Hq, Wq, 2, 2, C)
+        for a in range(2):
+            x0 = (a - heads[0]) % 2  # the first input row of padded-row parity a
+            for c in range(2):
+                y0 = (c - heads[1]) % 2
+                _pad_into(S[:, :, :, a, c].transpose(0, 3, 1, 2), X[:, :, x0::2, y0::2],
+                          ((x0 + heads[0] - a) // 2, (y0 + heads[1] - c) // 2))
+        pk = self.s2d_packed
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        rows = ((N - 1) * Hq + Ho) * Wq
+        Y = pk.run_shifted(flat, rows, 4 * C, qw * 4 * C, (Wq - qw) * 4 * C,
+                           None if b is None else b.reshape(-1),
+                           bounds=bounds if fused else None, threads=self.threads)
+        return self._wide_rows_out(Y, N, Hq, Wq, outs, Z, act, fused)
+
+    def _s2d_weights(self, W: np.ndarray):
+        """W (M, C, kh, kw) as _conv_s2d's (qh * qw * 4C, M) operand, rows in the order (row
+        of 2 x 2 blocks, block column, row in block, column in block, channel), taps past the
+        kernel zero; in the compiled GEMM's panels."""
+        from ..compiled.float_gemm import pack
+
+        M, C, kh, kw = W.shape
+        qh, qw = -(-kh // 2), -(-kw // 2)
+        Wz = np.zeros((M, C, 2 * qh, 2 * qw), np.float32)
+        Wz[:, :, :kh, :kw] = W
+        return pack(np.ascontiguousarray(
+            Wz.reshape(M, C, qh, 2, qw, 2).transpose(2, 4, 3, 5, 1, 0).reshape(-1, M)))
 
     def _gemm_1x1_compiled(self, X, b, Z, act):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
