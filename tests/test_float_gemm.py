@@ -462,6 +462,11 @@ def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, bloc
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     clipped = pk.run_shifted(base, rows, lda, block, jump, bias, bounds=(-1, 2), threads=3)
     np.testing.assert_allclose(clipped, np.clip(want, -1, 2), rtol=1e-4, atol=1e-4)
+    buf = np.full((rows, N), np.nan, np.float32)  # a caller's buffer (a convolution's scratch)
+    assert pk.run_shifted(base, rows, lda, block, jump, bias, out=buf) is buf
+    np.testing.assert_array_equal(buf, got)
+    with pytest.raises(ValueError, match="out"):
+        pk.run_shifted(base, rows, lda, block, jump, out=np.empty((rows, N + 1), np.float32))
     with pytest.raises(ValueError, match="past"):
         pk.run_shifted(base[:-1].copy(), rows, lda, block, jump)
     with pytest.raises(ValueError, match="bad shifted"):

@@ -593,8 +593,10 @@ class PackedMatrix:
                             threads)
 
     def run_shifted(self, base: np.ndarray, rows: int, lda: int, block: int, jump: int,
-                    bias: np.ndarray | None = None, bounds=None, threads: int = 1) -> np.ndarray:
-        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array, where A's element
+                    bias: np.ndarray | None = None, bounds=None, threads: int = 1,
+                    out: np.ndarray | None = None) -> np.ndarray:
+        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array (or into ``out``, a
+        C-contiguous one: a caller's scratch buffer, no fresh pages per call), where A's element
         (m, k) is ``base[m * lda + k + (k // block) * jump]`` (``base``: contiguous float32,
         read in place): a stride-1 convolution on its zero-padded channels-last input, rows of
         A the pixels (lda = C), a K block a row of taps (block = kw * C, jump = the padded row
@@ -607,7 +609,10 @@ class PackedMatrix:
                              f"{block}, K {K})")
         if (rows - 1) * lda + K + (K // block - 1) * jump > base.size:
             raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
-        out = np.empty((rows, N), np.float32)
+        if out is None:
+            out = np.empty((rows, N), np.float32)
+        elif out.shape != (rows, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {[rows, N]}")
         b_ptr, flags = self._zeros_ptr, 0
         if bias is not None:
             bias = np.ascontiguousarray(bias, np.float32).reshape(-1)

@@ -1398,7 +1398,8 @@ class Conv(_ConvBase):
             rows = ((N - 1) * Hp + Ho) * Wp  # image n's pixels start at row n * Hp * Wp
             Y = pk.run_shifted(flat, rows, C, kw * C, Wp * C - kw * C,
                                None if b is None else b.reshape(-1),
-                               bounds=bounds if fused else None, threads=self.threads)
+                               bounds=bounds if fused else None, threads=self.threads,
+                               out=scratch("conv_nhwc_wide", (rows, pk.N), np.float32))
             return self._wide_rows_out(Y, N, Hp, Wp, outs, Z, act, fused)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
@@ -1421,8 +1422,9 @@ class Conv(_ConvBase):
 
     def _wide_rows_out(self, Y, N, Hp, Wp, outs, Z, act, fused):
         """The (rows, M) result of an implicit GEMM on a padded grid (image n's pixels from
-        row n * Hp * Wp, output rows Wp wide): its Wo columns of each row copied out
-        channels-last, Z and an unfused activation applied."""
+        row n * Hp * Wp, output rows Wp wide; a scratch buffer, reused: a fresh one cost its
+        page faults at every call, ~1 ms for a 3 MB stem output): its Wo columns of each row
+        copied out channels-last, Z and an unfused activation applied."""
         (Ho, Wo), M = outs, Y.shape[1]
         if N == 1:
             full = Y.reshape(Ho, Wp, M)[None]
@@ -1466,7 +1468,8 @@ class Conv(_ConvBase):
         rows = ((N - 1) * Hq + Ho) * Wq
         Y = pk.run_shifted(flat, rows, 4 * C, qw * 4 * C, (Wq - qw) * 4 * C,
                            None if b is None else b.reshape(-1),
-                           bounds=bounds if fused else None, threads=self.threads)
+                           bounds=bounds if fused else None, threads=self.threads,
+                           out=scratch("conv_nhwc_wide", (rows, pk.N), np.float32))
         return self._wide_rows_out(Y, N, Hq, Wq, outs, Z, act, fused)
 
     def _s2d_weights(self, W: np.ndarray):
