@@ -117,7 +117,9 @@ def test_convolution_through_cudnn_frontend_where_it_imports():
     sess = onnxrun.InferenceSession(CONV, providers=CUDA)
     np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-3, atol=1e-3)
     kernels = [s.kernel for s in sess._program.steps if getattr(s.kernel, "cudnn", None)]
-    assert kernels and sum(c.built for k in kernels for c in k.cudnn_convs.values()) == 1
+    convs = [c for k in kernels for c in k.cudnn_convs.values()]
+    assert kernels and sum(c.built for c in convs) == 1
+    assert all(g is not False for c in convs for g in c.graphs.values())  # it ran too
     with cudnn.disabled():
         gemm = onnxrun.InferenceSession(CONV, providers=CUDA)
     np.testing.assert_allclose(gemm.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
