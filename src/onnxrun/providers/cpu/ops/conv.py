@@ -136,13 +136,15 @@ _TILE = 1 << 20  # elements of im2col matrix built at a time: a few MB, cache-fr
 _SMALL_CONV = 1 << 14  # im2col elements up to which a convolution takes the inline path
 
 
-def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> np.ndarray:
+def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1,
+                 scratch_out: bool = False) -> np.ndarray:
     """(N, g, M/g, *outs) = Wm @ im2col, the column matrix built a band of output rows at a time.
 
     ``view`` is the strided (N, C, *kernel, *outs) window view. Copying it band by band keeps
     the copy in cache and never materializes the whole (C*K, O) matrix of a large image; the
     intra-op threads copy a range of channels each, then each band is one 2-D GEMM (on BLAS's
-    threads) written straight into the output.
+    threads) written straight into the output (``scratch_out``: a scratch buffer of this
+    thread, for a caller that copies the result out: no fresh pages per call).
     """
     N, C = view.shape[:2]
     nd = (view.ndim - 2) // 2
@@ -151,7 +153,8 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1) -> 
     Cg = C // g
     rest = int(np.prod(outs[1:]))
     Mg = Wm.shape[1]
-    Y = np.empty((N, g, Mg) + tuple(outs), dtype=Wm.dtype)
+    Y = scratch("conv_im2col_out", (N, g, Mg) + tuple(outs), Wm.dtype) if scratch_out else \
+        np.empty((N, g, Mg) + tuple(outs), dtype=Wm.dtype)
     rows = max(1, min(outs[0], _TILE // max(1, Cg * K * rest)))
     for n in range(N):
         for gi in range(g):
@@ -1367,9 +1370,14 @@ class Conv(_ConvBase):
                       np.broadcast_to(Z, Y.shape), act)
             return self._laid_out(Y if Y.dtype == out_dtype else Y.astype(out_dtype))
         Xp = pad_spatial(X, heads, outs, kernel, strides, dilations, 0)
-        Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads)
-        return self._laid_out(_finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype,
-                                      self.threads))
+        # written channels-last (a stem before a pool): the NCHW product is an intermediate,
+        # kept in scratch (a fresh 3 MB one paid ~1-2 ms of page faults per call)
+        temp = self.channels_last and len(outs) == 2
+        Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads,
+                         scratch_out=temp)
+        Y = _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
+        out = self._laid_out(Y)
+        return out.copy() if temp and out is Y else out  # scratch never leaves the kernel
 
     def _laid_out(self, Y: np.ndarray) -> np.ndarray:
         """The NCHW result of an im2col / per-tap / gather convolution, copied channels-last
