@@ -187,3 +187,36 @@ def test_sessions_created_on_threads_at_once_find_every_kernel():
     """
     got = _run(code)
     assert got == {"errors": [], "same": True, "n": 4}
+
+
+def test_attribute_params_read_off_the_code_match_the_signatures():
+    """Every registered kernel's attributes (keyword-only parameters and defaults), read off
+    its code object, are what inspect.signature gives, including a wrapped function's."""
+    import functools
+    import inspect
+
+    from onnxrun.providers import registry
+    from onnxrun.providers.cpu import CPUExecutionProvider
+
+    def by_signature(impl, is_class):
+        sig = inspect.signature(impl.__init__ if is_class else impl)
+        return {p.name: p.default for p in sig.parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    reg = CPUExecutionProvider().registry
+    reg.import_all()
+    defs = {id(d.impl): d for ds in reg._defs.values() for d in ds}
+    assert len(defs) > 300
+    for d in defs.values():
+        assert registry._attribute_params(d.impl, d.is_class) == \
+            by_signature(d.impl, d.is_class), d.op_type
+
+    def kernel(x, *, axis=1, mode):
+        return x
+
+    @functools.wraps(kernel)
+    def wrapped(x, *args, **kwargs):
+        return kernel(x, *args, **kwargs)
+
+    assert registry._attribute_params(kernel, False) == {"axis": 1, "mode": registry.REQUIRED}
+    assert registry._attribute_params(wrapped, False) == {"axis": 1, "mode": registry.REQUIRED}

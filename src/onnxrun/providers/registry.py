@@ -24,6 +24,7 @@ import bisect
 import functools
 import importlib
 import inspect
+import types
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,7 +125,15 @@ class KernelDef:
 
 
 def _attribute_params(impl: Callable[..., Any], is_class: bool) -> dict[str, Any]:
-    sig = inspect.signature(impl.__init__ if is_class else impl)
+    fn = impl.__init__ if is_class else impl
+    if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
+        # a plain function: its keyword-only parameters read off the code object (what
+        # inspect.signature finds, ~30x cheaper: a first session reads one per kernel class)
+        code = fn.__code__
+        defaults = fn.__kwdefaults__ or {}
+        names = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+        return {name: defaults.get(name, REQUIRED) for name in names}
+    sig = inspect.signature(fn)
     return {
         p.name: p.default
         for p in sig.parameters.values()
