@@ -684,3 +684,17 @@ def test_panels_layout(G, K, N, NR):
     got = float_gemm._panels(Bs, NR)
     np.testing.assert_array_equal(got, want.reshape(G, K, npan, NR).transpose(0, 2, 1, 3))
     assert got.size == 0 or got.ctypes.data % 64 == 0
+
+
+@pytest.mark.parametrize("shape", [(20, 3, 3, 3), (40, 7, 1, 1), (33, 16, 3, 3)])
+def test_packed_rows_of_a_weight_view(shape):
+    """pack_rows of a convolution weight's (kh, kw, C, M) view and pack of a transposed
+    (non-contiguous) matrix: the panels of the contiguous (K, N) copy, bit for bit."""
+    W = np.random.default_rng(shape[0]).standard_normal(shape).astype(np.float32)
+    V = W.transpose(2, 3, 1, 0)
+    B = np.ascontiguousarray(V).reshape(-1, shape[0])
+    want = float_gemm.pack(B)
+    for got in (float_gemm.pack_rows(V), float_gemm.pack(np.asfortranarray(B))):
+        assert (got.K, got.N) == (want.K, want.N)
+        np.testing.assert_array_equal(got.panels, want.panels)
+        np.testing.assert_array_equal(got.matrix(), B)

@@ -1236,11 +1236,10 @@ class Conv(_ConvBase):
     def _nhwc_weights(self, W: np.ndarray):
         """W (M, C, kh, kw) as the (kh * kw * C, M) right operand of channels-last im2col, in
         the compiled GEMM's panels."""
-        from ..compiled.float_gemm import pack
+        from ..compiled.float_gemm import pack_rows
 
-        M, C, kh, kw = W.shape
-        return pack(np.ascontiguousarray(W.transpose(2, 3, 1, 0).reshape(kh * kw * C, M),
-                                         dtype=np.float32))
+        # (kh, kw, C, M): the rows in that order, copied once, straight into the panels
+        return pack_rows(W.transpose(2, 3, 1, 0).astype(np.float32, copy=False))
 
     def _depthwise_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (K, C, 1, ..., 1): one per-channel multiplier per kernel offset
