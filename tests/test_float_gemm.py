@@ -698,3 +698,26 @@ def test_packed_rows_of_a_weight_view(shape):
         assert (got.K, got.N) == (want.K, want.N)
         np.testing.assert_array_equal(got.panels, want.panels)
         np.testing.assert_array_equal(got.matrix(), B)
+
+
+def test_convolution_kinds_remembered_per_graph_not_kept_alive():
+    """The kinds the layout choices remember belong to one graph: a session built under
+    compiled.disabled() from the same model decides afresh (no compiled layouts), and a
+    dropped session's graph is not kept alive by them."""
+    import gc
+    import weakref
+
+    from onnxrun.providers.cpu.ops import conv
+
+    model = _conv_chain([(32, 3, 1), (32, 1, 1), (32, 3, 32), (48, 1, 1)],
+                        [1, 32, 12, 12]).SerializeToString()
+    sess = onnxrun.InferenceSession(model)
+    with jit.disabled():
+        plain = onnxrun.InferenceSession(model)
+    assert _conv_kernels(sess)[0].nhwc_packed is not None
+    assert all(k.nhwc_packed is None and k.gemm_t_packed is None for k in _conv_kernels(plain))
+    graph = weakref.ref(sess._model.graph)
+    assert graph() in conv._KINDS
+    del sess
+    gc.collect()
+    assert graph() is None
