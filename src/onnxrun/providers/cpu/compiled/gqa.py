@@ -6,7 +6,7 @@ grows layer by layer (compiled/nbits_gemm.py). onnxruntime takes that path whene
 sequence length exceeds 1 and there is no softcap, smooth softmax, head sink or QK output.
 
 - rotary (MLAS's AVX2 rope kernel): re' = fma(re, cos, -(im * sin)),
-  im' = fma(re, sin, im * cos) (``rope``);
+  im' = fma(re, sin, im * cos) (``rope_rows``);
 - one new token (MlasGQADecodeGQAThreaded): per query head, each score = scale * the dot
   product in 8 lanes of products added in order, the lanes added ((0+1)+(2+3)) +
   ((4+5)+(6+7)); keys before the local window at the lowest float; the maximum; MLAS's
@@ -81,62 +81,13 @@ def _lane_mask(name: str, count: str) -> list[str]:
             f"i32 7>, {name}.v"]
 
 
-def _rope_ir() -> list[str]:
-    """rope(re, im, cos, sin, out_re, out_im, n): the rotary pairs, 8 at a time, the rest one
-    by one (the same operations)."""
-    def body(ty: str, v: str, fma: str) -> list[str]:
-        return [f"  %{v}.is = fmul {ty} %{v}.im, %{v}.s",
-                f"  %{v}.nis = fneg {ty} %{v}.is",
-                f"  %{v}.ore = call {ty} {fma}({ty} %{v}.re, {ty} %{v}.c, {ty} %{v}.nis)",
-                f"  %{v}.ic = fmul {ty} %{v}.im, %{v}.c",
-                f"  %{v}.oim = call {ty} {fma}({ty} %{v}.re, {ty} %{v}.s, {ty} %{v}.ic)"]
-
-    def loads(ty: str, v: str, i: str) -> list[str]:
-        L = []
-        for name, ptr in (("re", "%re"), ("im", "%im"), ("c", "%cs"), ("s", "%sn")):
-            L += [f"  %{v}.{name}p = getelementptr float, ptr {ptr}, i64 {i}",
-                  f"  %{v}.{name} = load {ty}, ptr %{v}.{name}p, align 4"]
-        return L
-
-    def stores(ty: str, v: str, i: str) -> list[str]:
-        return [f"  %{v}.orp = getelementptr float, ptr %ore, i64 {i}",
-                f"  store {ty} %{v}.ore, ptr %{v}.orp, align 4",
-                f"  %{v}.oip = getelementptr float, ptr %oim, i64 {i}",
-                f"  store {ty} %{v}.oim, ptr %{v}.oip, align 4"]
-
-    return ["define void @rope(ptr %re, ptr %im, ptr %cs, ptr %sn, ptr %ore, ptr %oim, "
-            "i64 %n) nounwind {",
-            "entry:",
-            "  %n8 = and i64 %n, -8",
-            "  %any8 = icmp sgt i64 %n8, 0",
-            "  br i1 %any8, label %vloop, label %vdone",
-            "vloop:",
-            "  %i = phi i64 [0, %entry], [%i.next, %vloop]",
-            *loads(_VF, "v", "%i"), *body(_VF, "v", _FMA), *stores(_VF, "v", "%i"),
-            "  %i.next = add i64 %i, 8",
-            "  %more = icmp slt i64 %i.next, %n8",
-            "  br i1 %more, label %vloop, label %vdone",
-            "vdone:",
-            "  %anyr = icmp slt i64 %n8, %n",
-            "  br i1 %anyr, label %sloop, label %end",
-            "sloop:",
-            "  %j = phi i64 [%n8, %vdone], [%j.next, %sloop]",
-            *loads("float", "s", "%j"), *body("float", "s", "@llvm.fma.f32"),
-            *stores("float", "s", "%j"),
-            "  %j.next = add i64 %j, 1",
-            "  %smore = icmp slt i64 %j.next, %n",
-            "  br i1 %smore, label %sloop, label %end",
-            "end:",
-            "  ret void",
-            "}"]
-
-
 def _rope_rows_ir() -> list[str]:
-    """rope_rows(x, rows, ld, cos, sin, half, interleaved): the rope kernel's arithmetic in
-    place on ``rows`` rows of x (ld floats apart) sharing one position's cos / sin (half
-    floats each): pairs (i, half + i), or (2i, 2i + 1) interleaved. One new token's heads."""
-    return ["define void @rope_rows(ptr %x, i64 %rows, i64 %ld, ptr %cs, ptr %sn, i64 %half, "
-            "i64 %inter) nounwind {",
+    """rope_rows(x, rows, ld, cos, sin, half, interleaved, S): the rope kernel's arithmetic in
+    place on ``rows`` rows of x (ld floats apart), row r at the position of cos / sin row
+    r % S (rows of half floats): pairs (i, half + i), or (2i, 2i + 1) interleaved. Heads of S
+    consecutive positions, (head, position) rows."""
+    return ["define void @rope_rows(ptr %x, i64 %rows, i64 %ld, ptr %cs0, ptr %sn0, i64 %half, "
+            "i64 %inter, i64 %S) nounwind {",
             "entry:",
             "  %il = icmp ne i64 %inter, 0",
             "  %go0 = icmp sgt i64 %rows, 0",
@@ -147,6 +98,10 @@ def _rope_rows_ir() -> list[str]:
             "  %r = phi i64 [0, %entry], [%r.next, %rnext]",
             "  %ro = mul i64 %r, %ld",
             "  %row = getelementptr float, ptr %x, i64 %ro",
+            "  %rs = urem i64 %r, %S",  # the row's position: cos / sin row r % S
+            "  %co = mul i64 %rs, %half",
+            "  %cs = getelementptr float, ptr %cs0, i64 %co",
+            "  %sn = getelementptr float, ptr %sn0, i64 %co",
             "  br label %iloop",
             "iloop:",
             "  %i = phi i64 [0, %rloop], [%i.next, %iloop]",
@@ -403,14 +358,16 @@ def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
 
 
 def _online_ir() -> list[str]:
-    """online(sc, rows, R, m, l, O, H, first, expf): one KV block's online-softmax step of
-    MlasFlashAttentionGQA for each row r of scores (R floats, masked keys at the lowest
-    float): a row with nothing unmasked becomes zeros; else the running maximum m[r] =
-    max(m[r], row max), the row replaced by exp(x - m[r]) (@sumexp) whose sum s gives l[r] =
-    s on the first block, else l[r] = e * l[r] + s and O[r] (H floats) times e, e =
-    expf(old m - new m) (``expf``: the C library's, as std::exp)."""
-    return ["define void @online(ptr %sc, i64 %rows, i64 %R, ptr %m, ptr %l, ptr %O, i64 %H, "
-            "i64 %first, ptr %expf) nounwind {",
+    """online(sc, rows, R, cnt, m, l, O, H, first, expf): one KV block's online-softmax step
+    of MlasFlashAttentionGQA for each row r of scores (rows R floats apart; its first cnt[r]
+    keys, those before the causal limit, masked ones among them at the lowest float; the
+    keys after the limit only add exps of exactly 0 there): a row with nothing unmasked
+    becomes zeros; else the running maximum m[r] = max(m[r], row max), the row replaced by
+    exp(x - m[r]) (@sumexp) whose sum s gives l[r] = s on the first block, else l[r] = e *
+    l[r] + s and O[r] (H floats) times e, e = expf(old m - new m) (``expf``: the C
+    library's, as std::exp)."""
+    return ["define void @online(ptr %sc, i64 %rows, i64 %R, ptr %cnt, ptr %m, ptr %l, ptr %O, "
+            "i64 %H, i64 %first, ptr %expf) nounwind {",
             "entry:",
             "  %isfirst = icmp ne i64 %first, 0",
             "  %anyrow = icmp sgt i64 %rows, 0",
@@ -419,7 +376,12 @@ def _online_ir() -> list[str]:
             "  %r = phi i64 [0, %entry], [%r.next, %rnext]",
             "  %ro = mul i64 %r, %R",
             "  %row = getelementptr float, ptr %sc, i64 %ro",
-            *_rowmax_ir("%row", "%R", "%mx", "rloop"),
+            "  %np = getelementptr i64, ptr %cnt, i64 %r",
+            "  %n = load i64, ptr %np, align 8",
+            "  %anyn = icmp sgt i64 %n, 0",
+            "  br i1 %anyn, label %hasn, label %rnext",
+            "hasn:",
+            *_rowmax_ir("%row", "%n", "%mx", "hasn"),
             f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
             "  br i1 %none, label %zloop, label %upd",
             "zloop:",
@@ -427,7 +389,7 @@ def _online_ir() -> list[str]:
             "  %zp = getelementptr float, ptr %row, i64 %z",
             "  store float 0.0, ptr %zp, align 4",
             "  %z.next = add i64 %z, 1",
-            "  %zmore = icmp slt i64 %z.next, %R",
+            "  %zmore = icmp slt i64 %z.next, %n",
             "  br i1 %zmore, label %zloop, label %rnext",
             "upd:",
             "  %mp = getelementptr float, ptr %m, i64 %r",
@@ -437,7 +399,7 @@ def _online_ir() -> list[str]:
             "  store float %mn, ptr %mp, align 4",
             "  %md = fsub float %mo, %mn",
             "  %negmax = fneg float %mn",
-            "  %s = call float @sumexp(ptr %row, i64 %R, float %negmax)",
+            "  %s = call float @sumexp(ptr %row, i64 %n, float %negmax)",
             "  %lp = getelementptr float, ptr %l, i64 %r",
             "  br i1 %isfirst, label %lfirst, label %lnext",
             "lfirst:",
@@ -781,7 +743,7 @@ def _pv_ir(m1: bool) -> list[str]:
 
 def module_ir(target=None) -> str:
     return "\n".join([
-        *_rope_ir(), *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
+        *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
         *_pv_ir(False), *_pv_ir(True),
         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
         "declare float @llvm.fma.f32(float, float, float)",
@@ -791,11 +753,10 @@ def module_ir(target=None) -> str:
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _PROTOS = {
-    "rope": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I),
-    "rope_rows": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _I),
+    "rope_rows": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _I, _I),
     "scores": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I,
                                _I),
-    "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _I, _I, _P),
+    "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P),
     "decode": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _I),
     "pv": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
     "pv1": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
@@ -838,32 +799,6 @@ def mlas_stride_k(N: int, K: int) -> int:
     return stride_k
 
 
-def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool,
-         rot_dim: int, fn: jit.Module | None = None) -> np.ndarray:
-    """The rotary embedding of the first ``rot_dim`` features of float32 ``x`` (last axis) as
-    MLAS's AVX2 rope kernel computes it; ``cos``/``sin`` (rot_dim / 2 on the last axis)
-    broadcast against ``x[..., :rot_dim // 2]``. A new array."""
-    half = rot_dim // 2
-    y = np.array(x, dtype=np.float32, copy=True)
-    if interleaved:
-        re, im = x[..., 0:rot_dim:2], x[..., 1:rot_dim:2]
-    else:
-        re, im = x[..., :half], x[..., half:rot_dim]
-    shape = re.shape
-    re, im = np.ascontiguousarray(re, np.float32), np.ascontiguousarray(im, np.float32)
-    c = np.ascontiguousarray(np.broadcast_to(cos, shape), np.float32)
-    s = np.ascontiguousarray(np.broadcast_to(sin, shape), np.float32)
-    ore, oim = np.empty(shape, np.float32), np.empty(shape, np.float32)
-    if re.size:
-        (fn or _module()).rope(address(re), address(im), address(c), address(s), address(ore),
-                       address(oim), re.size)
-    if interleaved:
-        y[..., 0:rot_dim:2], y[..., 1:rot_dim:2] = ore, oim
-    else:
-        y[..., :half], y[..., half:rot_dim] = ore, oim
-    return y
-
-
 _LIBM_EXPF: int | None = None
 
 
@@ -895,8 +830,23 @@ def decode_packed(fn, qkv: np.ndarray, N: int, Nkv: int, cos: np.ndarray | None,
     if cos is not None:
         c = np.ascontiguousarray(cos, np.float32)
         s = np.ascontiguousarray(sin, np.float32)
-        fn.rope_rows(address(x), N + Nkv, H, address(c), address(s), c.size, int(interleaved))
+        fn.rope_rows(address(x), N + Nkv, H, address(c), address(s), c.size, int(interleaved),
+                     1)
     return x
+
+
+def rope_heads(fn, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved: bool
+               ) -> np.ndarray:
+    """``x`` (heads, S, H) rotated (a contiguous float32 copy), position s at cos / sin row s
+    ((S, rot / 2) each: consecutive positions' rows of the caches)."""
+    y = np.array(x, np.float32, order="C")
+    heads, S, H = y.shape
+    c = np.ascontiguousarray(cos, np.float32)
+    s = np.ascontiguousarray(sin, np.float32)
+    if y.size:
+        fn.rope_rows(address(y), heads * S, H, address(c), address(s), c.shape[-1],
+                     int(interleaved), S)
+    return y
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
@@ -954,16 +904,18 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     for ir in range(0, min(total, past + S), kvb):
         R = min(kvb, total - ir)
         sc = np.empty((Nkv, M8, R), np.float32)
-        tl = np.full(M8 // 8, R, np.int64)
+        # keys a block of 8 rows needs: up to its last row's limit (later ones are masked)
+        tl = np.ascontiguousarray(np.clip(limit.reshape(-1, 8).max(axis=1) - ir, 0, R))
         kb, vb = k[:, ir:], v[:, ir:]
         fn.scores(address(qt), address(kb), address(sc), address(tl), M8 // 8, M8, H, k_rs,
                   mlas_stride_k(R, H), alpha, Nkv, H * M8, k.strides[0] // 4, M8 * R, R)
-        pos = ir + np.arange(R)
-        masked = (pos[None, :] >= limit[:, None]) | (pos[None, :] < start[:, None])
-        np.copyto(sc, np.float32(_LOWEST), where=masked[None])
-        fn.online(address(sc), Nkv * M8, R, address(m), address(lsum), address(O), H,
-                  int(ir == 0), _expf())
-        lens = np.clip(limit - ir, 0, R)
+        lens = np.clip(limit - ir, 0, R)  # the keys before each row's causal limit
+        if window >= 0:  # those before the window, masked
+            before = ir + np.arange(R)[None, :] < start[:, None]
+            np.copyto(sc, np.float32(_LOWEST), where=before[None])
+        lens_h = np.tile(lens, Nkv)
+        fn.online(address(sc), Nkv * M8, R, address(lens_h), address(m), address(lsum),
+                  address(O), H, int(ir == 0), _expf())
         fn.pv(address(sc), R, address(vb), v_rs, address(O), H, rows_main, address(lens),
               H // 8, mlas_stride_k(H, R), Nkv, M8 * R, v.strides[0] // 4, M8 * H, int(ir > 0))
         if one_row:
@@ -979,5 +931,5 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
 
 BUNDLE = {"gqa": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "attend", "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir", "rope",
-           "unavailable"]
+__all__ = ["BUNDLE", "REQUIRES", "attend", "decode_packed", "kernels", "l2_cache_size",
+           "mlas_stride_k", "module_ir", "rope_heads", "unavailable"]

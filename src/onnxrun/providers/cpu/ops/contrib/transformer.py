@@ -555,9 +555,11 @@ class GroupQueryAttention:
             if exact is None:
                 q = rotate(q, cos, sin, self.interleaved, rot)
                 k = rotate(k, cos, sin, self.interleaved, rot)
-            else:
-                q = _gqa.rope(q, cos, sin, self.interleaved, rot, fn=exact)
-                k = _gqa.rope(k, cos, sin, self.interleaved, rot, fn=exact)
+            else:  # per sequence: heads x positions rows, one cache row per position
+                q = np.stack([_gqa.rope_heads(exact, q[b], cos[b, 0], sin[b, 0],
+                                              self.interleaved) for b in range(B)])
+                k = np.stack([_gqa.rope_heads(exact, k[b], cos[b, 0], sin[b, 0],
+                                              self.interleaved) for b in range(B)])
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
         if exact is not None and (np.all(past_len >= 0) if not first_prompt
