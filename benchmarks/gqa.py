@@ -2,7 +2,9 @@
 next to the numpy path it replaced, on onnxrun.genai's builder folders (int4,
 tests/genai/make_models.py): one decode step and one prompt, the two paths taking turns in
 one process (per token: the same generator, so both see the same cache lengths; per prompt:
-a fresh generator each), medians of the process's CPU time and their ratio.
+a fresh generator each), medians of the process's CPU time and their ratio, and the thread
+CPU time spent inside the GroupQueryAttention nodes alone (the figure the paths change; the
+whole prompt or step varies more than that with the load).
 
     python benchmarks/gqa.py            # small (4 layers, hidden 256) and 0.5b, 1 thread
     python benchmarks/gqa.py --quick    # small only, fewer tokens
@@ -28,12 +30,25 @@ def _paths():
     from onnxrun.providers.cpu.ops.contrib import transformer
 
     cls = transformer.GroupQueryAttention
-    exact = cls._exact_kernels
+    exact, call = cls._exact_kernels, cls.__call__
+    inside = [0.0]
+
+    def timed(self, *args, **kwargs):
+        t0 = time.thread_time()
+        try:
+            return call(self, *args, **kwargs)
+        finally:
+            inside[0] += time.thread_time() - t0
+
+    cls.__call__ = timed
 
     def use(path: str) -> None:
         cls._exact_kernels = exact if path == "exact" else (lambda self, *a: None)
 
-    return use
+    def restore() -> None:
+        cls._exact_kernels, cls.__call__ = exact, call
+
+    return use, inside, restore
 
 
 def measure(name: str, prompt: int, steps: int, prompts: int) -> str:
@@ -48,7 +63,7 @@ def measure(name: str, prompt: int, steps: int, prompts: int) -> str:
     root = Path(tempfile.mkdtemp(prefix="gqa-bench-"))
     folder = threaded_view(make_models.build(arch, size, "int4"), 1, root)
     model = og.Model(og.Config(str(folder)))
-    use = _paths()
+    use, inside, restore = _paths()
     rng = np.random.default_rng(0)
     ids = np.array([rng.integers(5, 1000, prompt)], np.int32)
 
@@ -57,7 +72,8 @@ def measure(name: str, prompt: int, steps: int, prompts: int) -> str:
         params.set_search_options(max_length=prompt + steps + 1, do_sample=False)
         return og.Generator(model, params)
 
-    times = {"exact": {"prompt": [], "step": []}, "numpy": {"prompt": [], "step": []}}
+    times = {p: {"prompt": [], "step": [], "gqa prompt": [], "gqa step": []}
+             for p in ("exact", "numpy")}
     for path in ("exact", "numpy"):  # warm-up: kernels loaded, first-call costs paid
         use(path)
         generator().append_tokens(ids)
@@ -65,20 +81,24 @@ def measure(name: str, prompt: int, steps: int, prompts: int) -> str:
         path = ("exact", "numpy")[i % 2]
         use(path)
         gen = generator()
+        inside[0] = 0.0
         t0 = time.process_time()
         gen.append_tokens(ids)
         times[path]["prompt"].append(time.process_time() - t0)
+        times[path]["gqa prompt"].append(inside[0])
     for i in range(steps):
         path = ("exact", "numpy")[i % 2]
         use(path)
+        inside[0] = 0.0
         t0 = time.process_time()
         gen.generate_next_token()
         times[path]["step"].append(time.process_time() - t0)
-    use("exact")
+        times[path]["gqa step"].append(inside[0])
+    restore()
     e, n = ({k: np.median(v) * 1e3 for k, v in times[p].items()} for p in ("exact", "numpy"))
-    return (f"| {name} | {prompt} | {n['prompt']:.0f} / {e['prompt']:.0f} "
-            f"({e['prompt'] / n['prompt']:.2f}x) | {n['step']:.2f} / {e['step']:.2f} "
-            f"({e['step'] / n['step']:.2f}x) |")
+    return " | ".join([f"| {name} | {prompt}"] + [
+        f"{n[k]:.{d}f} / {e[k]:.{d}f} ({e[k] / n[k]:.2f}x)"
+        for k, d in (("prompt", 0), ("gqa prompt", 1), ("step", 2), ("gqa step", 3))]) + " |"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     steps, prompts = (20, 2) if args.quick else (40, 3)
     print(f"GroupQueryAttention paths, 1 thread, process CPU ms, medians; load "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}\n")
-    print("| model | prompt | prompt ms (numpy / exact) | decode step ms (numpy / exact) |")
-    print("|---|---|---|---|")
+    print("| model | prompt | prompt ms (numpy / exact) | its GQA nodes | decode step ms | "
+          "its GQA nodes |")
+    print("|---|---|---|---|---|---|")
     for name in models:
         print(measure(name, args.prompt, steps, prompts), flush=True)
     return 0
