@@ -875,17 +875,21 @@ def _row(zp: bool) -> list[str]:
 
 def _row_job() -> list[str]:
     """row_job(args): @row or @rowzp on an argument block (spin.fork's job: one part of a
-    row's columns per thread), i64 words A, buf, Z, B, sb, bias, C, n0, n1, N, kb, nfold,
-    with zero points (0 / 1)."""
-    names = ["A", "buf", "Z", "B", "sb", "bias", "C", "n0", "n1", "N", "kb", "nfold", "zp"]
+    row's columns per thread), i64 words A, C, Z, B, sb, bias, n0, n1, N, kb, nfold, with
+    zero points (0 / 1); the scratch on the stack, as rowc's."""
+    names = ["A", "C", "Z", "B", "sb", "bias", "n0", "n1", "N", "kb", "nfold", "zp"]
     L = ["define void @row_job(ptr %args) nounwind {", "entry:"]
     for i, v in enumerate(names):
-        ty = "ptr" if i < 7 else "i64"
+        ty = "ptr" if i < 6 else "i64"
         L += [f"  %{v}.p = getelementptr i64, ptr %args, i64 {i}",
               f"  %{v} = load {ty}, ptr %{v}.p, align 8"]
     call = ("(ptr %A, ptr %buf, ptr %Z, ptr %B, ptr %sb, ptr %bias, ptr %C, i64 %n0, i64 %n1, "
             "i64 %N, i64 %kb, i64 %nfold)")
-    return L + ["  %haszp = icmp ne i64 %zp, 0",
+    return L + ["  %K = mul i64 %kb, 32",
+                "  %kb20 = mul i64 %kb, 20",
+                "  %size = add i64 %K, %kb20",
+                "  %buf = alloca i8, i64 %size, align 32",
+                "  %haszp = icmp ne i64 %zp, 0",
                 "  br i1 %haszp, label %withzp, label %sym",
                 "withzp:", f"  call void @rowzp{call}", "  ret void",
                 "sym:", f"  call void @row{call}", "  ret void", "}"]
@@ -1025,12 +1029,12 @@ class Gemm:
         self._row_ptrs = (self.zq, self.ptrs[0], self.ptrs[1], self.ptrs[3])
         self._buf = self.K + self.kb * 20  # row's scratch: codes, four-fold scales, block sums
         self._job = ctypes.cast(module.row_job, ctypes.c_void_p).value
-        self._job_words = [*self._row_ptrs[:3], self._row_ptrs[3], self.N, self.kb, self.nfold,
-                           int(zero_points is not None)]
-        self._ranges: dict[int, list[tuple[int, int]]] = {}
         self._rowc = module.rowc if self.K <= MAX_STACK_K else None
-        self._consts = np.array(self._job_words, np.int64)
+        words = [*self._row_ptrs, self.N, self.kb, self.nfold, int(zero_points is not None)]
+        self._consts = np.array(words, np.int64)
         self._pconsts = self._consts.ctypes.data
+        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row_job's blocks, offsets
+        self._job_words = words[:4] + [0, 0] + words[4:]
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """[0, N) in at most ``parts`` ranges whose inner ends are multiples of 4."""
@@ -1071,21 +1075,27 @@ class Gemm:
     def row_parts(self, a: np.ndarray, out: np.ndarray, parts: int, pool) -> None:
         """row(a, out) with the columns in ``parts`` ranges run at once on ``pool``
         (compiled/spin.py: workers that are already spinning take theirs within a microsecond;
-        each part quantizes the row itself, ~1 us, rather than wait for one copy)."""
+        each part quantizes the row itself, ~1 us, rather than wait for one copy). Rows
+        longer than MAX_STACK_K take row()."""
+        if self.K > MAX_STACK_K:
+            self.row(a, out)
+            return
         a = self._padded(a)
-        ranges = self._ranges.get(parts)
-        if ranges is None:
-            ranges = self._ranges[parts] = self.ranges(parts)
-        n = len(ranges)
-        bufs = np.empty((n, self._buf), np.uint8)  # rows 4-byte aligned: K % 32 == 0
+        blocks = self._parts.get(parts)
+        if blocks is None:
+            ranges = self.ranges(parts)
+            template = np.zeros((len(ranges), 16), np.int64)  # a 128-byte block per part
+            for i, (n0, n1) in enumerate(ranges):
+                w = list(self._job_words)
+                w[4:6] = n0, n1
+                template[i, 2:12] = w
+            blocks = self._parts[parts] = (template, np.arange(len(ranges)) * 128)
+        template, offsets = blocks
+        args = template.copy()  # per call: concurrent runs each have their own
         address = jit.address
-        pa, pb, po = address(a), address(bufs), address(out)
-        Z, B, S, bias, N, kb, nfold, zp = self._job_words
-        args = np.array([w for i, (n0, n1) in enumerate(ranges) for w in (
-            pa, pb + i * self._buf, Z, B, S, bias, po, n0, n1, N, kb, nfold, zp, 0, 0, 0)],
-            np.int64)
-        argv = address(args) + np.arange(0, n * 128, 128, dtype=np.int64)
-        pool.fork(self._job, argv)
+        args[:, 0] = address(a)
+        args[:, 1] = address(out)
+        pool.fork(self._job, offsets + address(args))
 
     def __call__(self, qa: np.ndarray, sa4: np.ndarray, asum: np.ndarray, out: np.ndarray,
                  n0: int, n1: int) -> None:

@@ -8,14 +8,16 @@ for up to ``SPIN_MS``, and only then goes back to sleep on a ``threading.Event``
 out work as a compiled job function ``void job(ptr args)`` and one argument block per part
 (``fork``): the calling thread runs part 0 and takes back any part no worker has begun yet
 (a worker the OS has not scheduled costs a wait of nothing, as in parallel._Job), so a
-``fork`` always finishes and never waits for a sleeping thread. Workers found asleep are
-woken for the next fork, not this one.
+``fork`` always finishes and never waits for a sleeping thread.
 
 Each worker's control word (``state``): 0 asleep, 1 spinning, 3 claimed by a caller (the
 caller writes the job), 2 job posted, 4 job running. Only a caller moves 1 -> 3 -> 2 and
 2 -> 3 -> 1 (taking a part back); only the worker moves 2 -> 4 -> 1 and 1 -> 0. Words
 [1-4]: job function, argument block, the job's sequence number, the last finished one (the
 caller waits for its number, never for the state: the worker may have been claimed again).
+A caller also posts to a worker it has just woken (0 -> 3 -> 2): a large part is still the
+worker's when it arrives; taken back, the word is 0 again, and a worker that finds 0 at the
+end of its polling sleeps.
 Several calling threads may fork at once: a worker someone else holds is simply not used.
 """
 
@@ -76,12 +78,16 @@ def module_ir(target=None) -> str:
         "timeout:",  # fails while a caller holds the word (3): then poll on
         "  %sl = " + cas.format(p="%ctrl", old=1, new=0),
         "  %slept = extractvalue { i64, i1 } %sl, 1",
-        "  br i1 %slept, label %exit, label %outer",
+        "  %slv = extractvalue { i64, i1 } %sl, 0",
+        "  %put = icmp eq i64 %slv, 0",  # a caller took back a part posted while asleep
+        "  %leave = or i1 %slept, %put",
+        "  br i1 %leave, label %exit, label %outer",
         "exit:",
         "  ret void",
         "}",
-        # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning, part 0 here,
-        # then each part no worker took; returns the mask of workers found asleep
+        # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning or asleep
+        # (the caller wakes those first), part 0 here, then each part no worker has begun;
+        # returns the mask of workers claimed asleep
         "define i64 @fork(ptr %ctrls, i64 %nw, ptr %fn, ptr %argv) nounwind {",
         "entry:",
         "  %seqs = alloca [64 x i64], align 8",
@@ -97,8 +103,17 @@ def module_ir(target=None) -> str:
         "  %claimed = extractvalue { i64, i1 } %cl, 1",
         "  %old = extractvalue { i64, i1 } %cl, 0",
         "  %bit = shl i64 1, %w",
-        "  br i1 %claimed, label %write, label %skip",
+        "  br i1 %claimed, label %write, label %try0",
+        "try0:",  # asleep (being woken by the caller): posted all the same, maybe taken back
+        "  %was0 = icmp eq i64 %old, 0",
+        "  br i1 %was0, label %claim0, label %skip",
+        "claim0:",
+        "  %cl0 = " + cas.format(p="%ctrl", old=0, new=3),
+        "  %claimed0 = extractvalue { i64, i1 } %cl0, 1",
+        "  %asleep.w = or i64 %asleep, %bit",
+        "  br i1 %claimed0, label %write, label %skip",
         "write:",
+        "  %asleep.p = phi i64 [%asleep, %post], [%asleep.w, %claim0]",
         "  %sp = getelementptr i64, ptr %ctrl, i64 3",
         "  %seq0 = load i64, ptr %sp, align 8",
         "  %seq = add i64 %seq0, 1",
@@ -116,13 +131,10 @@ def module_ir(target=None) -> str:
         "  %held.w = or i64 %held, %bit",
         "  br label %post.next",
         "skip:",
-        "  %was0 = icmp eq i64 %old, 0",
-        "  %sbit = select i1 %was0, i64 %bit, i64 0",
-        "  %asleep.s = or i64 %asleep, %sbit",
         "  br label %post.next",
         "post.next:",
         "  %held.n = phi i64 [%held.w, %write], [%held, %skip]",
-        "  %asleep.n = phi i64 [%asleep, %write], [%asleep.s, %skip]",
+        "  %asleep.n = phi i64 [%asleep.p, %write], [%asleep, %skip]",
         "  %w.next = add i64 %w, 1",
         "  %w.more = icmp slt i64 %w.next, %nw",
         "  br i1 %w.more, label %post, label %self",
@@ -147,9 +159,12 @@ def module_ir(target=None) -> str:
         "  %rc = " + cas.format(p="%jc", old=2, new=3),
         "  %back = extractvalue { i64, i1 } %rc, 1",
         "  br i1 %back, label %runback, label %wait",
-        "runback:",
+        "runback:",  # the word as it was claimed: 0 where the worker was asleep
         "  call void %fn(ptr %aj)",
-        "  store atomic i64 1, ptr %jc release, align 8",
+        "  %ja = and i64 %asleepf, %jbit",
+        "  %jwas0 = icmp ne i64 %ja, 0",
+        "  %jst = select i1 %jwas0, i64 0, i64 1",
+        "  store atomic i64 %jst, ptr %jc release, align 8",
         "  br label %join.next",
         "wait:",
         "  %jslot = getelementptr i64, ptr %seqs, i64 %j",
@@ -227,12 +242,16 @@ class Pool:
         """job(argv[i]) for every i, at once where workers are spinning: ``job`` a compiled
         function's address, ``argv`` (parts,) int64 addresses of argument blocks (kept alive
         by the caller until this returns). Part 0 runs on this thread."""
-        workers = min(len(argv) - 1, self.size)
-        if workers < len(argv) - 1:
+        workers = len(argv) - 1
+        if workers > self.size:
             raise ValueError(f"fork: {len(argv)} parts for {self.size} workers")
-        asleep = self._fork(self.base, workers, job, argv.ctypes.data)
+        ctrl, asleep = self.ctrl, 0
+        for i in range(workers):  # woken first: a large part is still theirs in ~50 us
+            if ctrl[i, 0] == 0:
+                asleep |= 1 << i
         if asleep:
             self._wake(asleep)
+        self._fork(self.base, workers, job, jit.address(argv))
 
 
 _pool: Pool | None = None
