@@ -212,3 +212,26 @@ def test_layout_helpers_do_not_load_the_compiler_machinery():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["False", "False", "True"]
+
+
+def test_why_unavailable_is_remembered_per_switch_state(fresh_jit, monkeypatch):
+    """Kernels ask at every call (Sigmoid, MatMulNBits): _why's checks run once per state of
+    the switch and the forced target, and the answer still follows them."""
+    calls = []
+    why = jit._why
+
+    def counted(requires=()):
+        calls.append(tuple(requires))
+        return why(requires)
+
+    monkeypatch.setattr(jit, "_why", counted)
+    first = jit.why_unavailable()
+    assert jit.why_unavailable() == first and len(calls) == 1
+    with compiled.disabled():
+        assert jit.why_unavailable() is not None
+        jit.why_unavailable()
+    assert len(calls) == 2
+    monkeypatch.setenv(targets.ENV, "sse2")
+    assert jit.why_unavailable().startswith(f"{targets.ENV}=sse2")
+    monkeypatch.delenv(targets.ENV)
+    assert jit.why_unavailable() == first and len(calls) == 3

@@ -426,12 +426,8 @@ def _module(tile: Tile | None = None) -> jit.Module:
 def unavailable() -> str | None:
     """None when the kernel can run here (its object loaded for the selected target), else
     why not. Asked by every convolution's layout choice about each neighbour (YOLO-style: ~750
-    times a session): compile_module's remembered answer keeps it at a dictionary lookup."""
-    try:
-        _module()
-    except jit.Unavailable as exc:
-        return str(exc)
-    return None
+    times a session): both answers are remembered per switch state, two dictionary lookups."""
+    return jit.why_unavailable() or jit.why_not_loaded("float_gemm", _module)
 
 
 def pack(B: np.ndarray | None) -> PackedMatrix | None:

@@ -193,23 +193,37 @@ def _why(requires: Iterable[str]) -> tuple[Target | None, str | None]:
     return selected, None
 
 
+def _switches() -> tuple:
+    """What the answers below depend on besides the host: the switch and the forced target."""
+    return (_forced_off, os.environ.get(_ENV_SWITCH),
+            _forced_targets[-1] if _forced_targets else os.environ.get(targets.ENV))
+
+
+def _answers() -> dict:
+    """compile_module's and why_unavailable's remembered answers (kernels ask per call, e.g.
+    Sigmoid whether its compiled path runs: a lookup instead of _why's checks, ~12 us), tied
+    to _modules' identity: tests that reset it start from nothing."""
+    global _ready, _ready_owner
+    if _ready_owner is not _modules:
+        _ready, _ready_owner = {}, _modules
+    return _ready
+
+
 def why_unavailable(requires: Iterable[str] = ()) -> str | None:
     """None when modules needing the features ``requires`` (LLVM's names) can be compiled for
-    the selected target and loaded here, else the reason."""
-    return _why(requires)[1]
+    the selected target and loaded here, else the reason (remembered per switch state)."""
+    key = ("why", tuple(requires), *_switches())
+    answers = _answers()
+    if key not in answers:
+        answers[key] = _why(requires)[1]
+    return answers[key]
 
 
 def why_not_loaded(name: str, get: Callable[[], Module]) -> str | None:
-    """None when module ``name`` is loaded for the selected target or ``get()`` (its
-    ``compile_module`` call) loads it, else why not: a kernel asks before it takes its
-    compiled path, so an object that cannot be had (damaged, refused by the loader) leaves it
-    on its numpy path. Cheap once answered."""
-    selected, _ = _selected()
-    if selected is not None:
-        if (name, selected.name) in _modules:
-            return None
-        if (name, selected.name) in _failed:
-            return _failed[name, selected.name]
+    """None when ``get()`` (module ``name``'s ``compile_module`` call) loads it for the
+    selected target, else why not: a kernel asks before it takes its compiled path, so an
+    object that cannot be had (damaged, refused by the loader) leaves it on its numpy path.
+    A lookup once answered (compile_module remembers failures too)."""
     try:
         get()
     except Unavailable as exc:
@@ -247,25 +261,24 @@ def compile_module(name: str, ir: IR, signatures: dict[str, Any],
     exported function to its ctypes prototype (``ctypes.CFUNCTYPE(...)``); ``requires``: the
     features (LLVM's names) the IR needs of the target. Raises ``Unavailable`` (remembered:
     not retried) where the object cannot be had."""
-    global _ready, _ready_owner
     requires = tuple(requires)
-    # Kernels call this per run (their module for the target selected now): the answer is
-    # remembered per switch/target state (~0.3 us instead of ~12 us for _why's checks).
-    # Tied to _modules' identity: tests that reset it start from nothing.
-    state = (name, tuple(requires), _forced_off, os.environ.get(_ENV_SWITCH),
-             _forced_targets[-1] if _forced_targets else os.environ.get(targets.ENV))
-    if _ready_owner is _modules:
-        module = _ready.get(state)
-        if module is not None:
-            return module
-    else:
-        _ready, _ready_owner = {}, _modules
-    module = _compile_module(name, ir, signatures, requires)
-    _ready[state] = module
-    return module
+    # Kernels call this per run (their module for the target selected now): the answer, a
+    # module or why not, is remembered per switch/target state (~0.3 us instead of ~12 us).
+    state = (name, requires, *_switches())
+    answers = _answers()
+    answer = answers.get(state)
+    if answer is None:
+        try:
+            answer = _compile_module(name, ir, signatures, requires)
+        except Unavailable as exc:
+            answer = exc
+        answers[state] = answer
+    if isinstance(answer, Unavailable):
+        raise Unavailable(str(answer))
+    return answer
 
 
-_ready: dict[tuple, Module] = {}  # compile_module's answers by state (see there)
+_ready: dict[tuple, Any] = {}  # compile_module's and why_unavailable's answers (_answers)
 _ready_owner: dict | None = None
 
 

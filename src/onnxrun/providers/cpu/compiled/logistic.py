@@ -133,13 +133,9 @@ def _module() -> jit.Module:
 
 def unavailable() -> str | None:
     """None when the kernel runs here, else why not. Sigmoid asks at every call (the choice
-    follows compiled.disabled() / forced targets at run time): compile_module's remembered
-    answer keeps that at a dictionary lookup."""
-    try:
-        _module()
-    except jit.Unavailable as exc:
-        return str(exc)
-    return None
+    follows compiled.disabled() / forced targets at run time): both answers are remembered
+    per switch state (jit._answers), so that is two dictionary lookups."""
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("logistic", _module)
 
 
 _CHUNK = 1 << 15  # elements per thread's piece

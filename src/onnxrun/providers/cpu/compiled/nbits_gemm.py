@@ -960,8 +960,9 @@ def supported(bits: int, block_size: int) -> bool:
     return bits == 4 and block_size == BLOCK
 
 
-def quantize(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """quantize_rows by the compiled kernel (one pass over A)."""
+def quantize(A: np.ndarray, fn=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """quantize_rows by the compiled kernel (one pass over A); ``fn``: the module's quantize,
+    where the caller holds it (Gemm.quantize)."""
     M, K = A.shape
     kb = -(-K // BLOCK)
     if K % BLOCK or not A.flags.c_contiguous or A.dtype != np.float32:
@@ -971,8 +972,8 @@ def quantize(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     qa = np.empty((M, kb * BLOCK), np.int8)
     sa4 = np.empty((M, kb * 4), np.float32)
     asum = np.empty((M, kb), np.float32)
-    address = jit.address  # ~6x cheaper than .ctypes.data: a decode step calls this per product
-    _module().quantize(address(A), address(qa), address(sa4), address(asum), M, kb)
+    address = jit.address  # ~6x cheaper than .ctypes.data
+    (fn or _module().quantize)(address(A), address(qa), address(sa4), address(asum), M, kb)
     return qa, sa4, asum
 
 
@@ -1020,6 +1021,7 @@ class Gemm:
         module = _module()
         self.fn, self.zfn = module.gemm, module.zshare
         self.fn1 = module.gemm1 if zero_points is None else module.gemm1zp
+        self._quantize = module.quantize
         self.zq = 0 if zero_points is None else zero_points.ctypes.data
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zshare.ctypes.data,
                      bias.ctypes.data)
@@ -1064,6 +1066,10 @@ class Gemm:
         buf = np.empty(self._buf, np.uint8)  # held here: the kernel writes it
         self._row(address(a), address(buf), Z, B, S, bias, address(out), n0,
                   self.N if n1 is None else n1, self.N, self.kb, self.nfold)
+
+    def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """quantize(A) on the module this weight was prepared with (bound once)."""
+        return quantize(A, self._quantize)
 
     def _padded(self, a: np.ndarray) -> np.ndarray:
         if a.size != self.K or a.dtype != np.float32 or not a.flags.c_contiguous:

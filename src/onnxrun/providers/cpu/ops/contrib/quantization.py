@@ -688,10 +688,8 @@ class MatMulNBits:
 
     def _exact(self, A: np.ndarray) -> np.ndarray:
         """Two rows or more on compiled/nbits_gemm.py, bias and zero points included."""
-        from ...compiled import nbits_gemm
-
         M, N = A.shape[0], self.N
-        qa, sa4, asum = nbits_gemm.quantize(A)
+        qa, sa4, asum = self.gemm.quantize(A)
         Y = np.empty((M, N), F32)
         gemm = self.gemm
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:
