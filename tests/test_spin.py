@@ -5,6 +5,7 @@ threads forking at once never wait for each other forever."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -76,3 +77,22 @@ def test_more_parts_than_workers_is_an_error():
     g = _gemm(64, 16, False, np.random.default_rng(2))
     with pytest.raises(ValueError, match="3 parts for 1 workers"):
         g.row_parts(np.zeros(64, np.float32), np.empty(16, np.float32), 3, pool)
+
+
+def test_workers_that_fall_asleep_between_forks(monkeypatch):
+    """Workers that stop polling after a few microseconds: most forks find them asleep or
+    about to sleep (a part posted to a worker being woken, often taken back): the numbers
+    are one thread's and every fork returns."""
+    monkeypatch.setattr(spin, "SPIN_TICKS", 2_000)
+    rng = np.random.default_rng(3)
+    pool = spin.Pool(2)
+    g = _gemm(288, 200, True, rng)
+    a = rng.standard_normal(288).astype(np.float32)
+    want = np.empty(200, np.float32)
+    g.row(a, want)
+    for i in range(300):
+        got = np.full(200, np.nan, np.float32)
+        g.row_parts(a, got, 3, pool)
+        assert got.tobytes() == want.tobytes(), i
+        if i % 50 == 0:
+            time.sleep(0.002)  # longer than the polling: the workers are asleep again
