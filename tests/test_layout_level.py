@@ -424,3 +424,41 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     # every 4-D value channels-last, the shuffles' ends (sh, sh2) included
     for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):
         assert seen[name][1], (name, seen[name])
+
+
+def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(monkeypatch):
+    """BatchNormalization at inference (a DenseNet's after each Concat) on channels-last
+    memory: rows of pixels in long blocks (conv.scale_shift_channels), the NCHW path's numbers
+    bit for bit, the result channels-last; a channel range of such an array too."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+    from onnxrun.providers.cpu.ops import normalization
+    from onnxrun.providers.cpu.ops.normalization import BatchNormalization
+
+    blocks = []
+    monkeypatch.setattr(normalization, "scale_shift_channels", lambda *a: blocks.append(1) or
+                        conv_mod.scale_shift_channels(*a))
+
+    class Ctx:
+        opset = 15
+        node = None
+
+        def constant(self, i):
+            return None
+
+    rng = np.random.default_rng(13)
+    bn = BatchNormalization(Ctx())
+    for shape in ((2, 24, 7, 9), (1, 5, 3, 700), (1, 300, 4, 4)):
+        X = rng.normal(size=shape).astype(np.float32)
+        params = [rng.uniform(0.5, 1.5, shape[1]).astype(np.float32),
+                  rng.normal(size=shape[1]).astype(np.float32),
+                  rng.normal(size=shape[1]).astype(np.float32),
+                  rng.uniform(0.5, 2, shape[1]).astype(np.float32)]
+        want = bn(X, *params)
+        cl = np.ascontiguousarray(X.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        got = bn(cl, *params)
+        assert got.transpose(0, 2, 3, 1).flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(bn(cl[:, 1:], *(p[1:] for p in params)), want[:, 1:])
+    assert len(blocks) == 6  # the channels-last calls took the blocked path
+    bn(X, *params)
+    assert len(blocks) == 6  # NCHW: numpy's broadcast as before

@@ -9,7 +9,7 @@ import numpy as np
 from ....dtypes import np_dtype
 from ..kernels import KernelContext, op
 from ..random_state import generator
-from .conv import compute_dtype
+from .conv import channels_inner, compute_dtype, scale_shift_channels
 
 
 def _stat_dtype(dtype: np.dtype) -> np.dtype:
@@ -60,6 +60,8 @@ class BatchNormalization:
         a, b = self.folded if self.folded is not None else self._fold(
             scale, B, input_mean, input_var
         )
+        if X.dtype == cdt and a.size == X.shape[1] < 4096 and channels_inner(X):
+            return scale_shift_channels(X, a.astype(cdt, copy=False), b.astype(cdt, copy=False))
         Y = X.astype(cdt, copy=False) * _per_channel(a, X, cdt)
         Y += _per_channel(b, X, cdt)
         return Y.astype(X.dtype, copy=False)
