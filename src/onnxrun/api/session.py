@@ -30,6 +30,7 @@ from ..plan import Program
 from ..profile import Profiler
 from ..proto import onnx
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
+from ..providers.cpu import blas
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
 from . import devices, sparse, thread_pools
@@ -202,8 +203,7 @@ class InferenceSession:
         }
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
-        self._blas_threads = _BlasThreads.for_session(
-            1 if _compiled_products(self._program) else self._threads.intra_op_num_threads)
+        self._blas_threads = _BLAS_HELD  # BLAS at one thread during runs (_BlasHeld)
         # enable_cpu_mem_arena is stored, not acted on: glibc's malloc settings belong to the host
         # process (docs/PERFORMANCE.md, "Memory": the GLIBC_TUNABLES opt-in and its figures).
 
@@ -919,59 +919,93 @@ def _blas_libraries() -> list[Any]:
             _blas_found = (len(sys.modules), [])
             return []
         libs = ThreadpoolController().select(user_api="blas").lib_controllers
-        _blas_found = (len(sys.modules), libs)
+        _blas_found = (len(sys.modules), [_direct(lib) for lib in libs])
     return _blas_found[1]
 
 
-def _compiled_products(program: Any) -> bool:
-    """Whether compiled GEMMs carry the products of the top-level graph: kernels say
-    ``uses_compiled_gemm`` True (a compiled GEMM, split over onnxrun's intra-op threads) or
-    False (BLAS); when the compiled ones are at least as many, BLAS is held to one thread, so
-    that its idle threads (which spin after each call) never take the cores those kernels'
-    ranges run on. A CNN whose only compiled product is its classifier keeps BLAS's threads."""
-    votes = [getattr(step.kernel, "uses_compiled_gemm", None) for step in program.steps]
-    compiled = votes.count(True)
-    return compiled > 0 and compiled >= votes.count(False)
+class _OpenBLASCount:
+    """An OpenBLAS (pthreads) library's thread count through its own functions. threadpoolctl
+    (3.8) lets only one Python thread set OpenBLAS's count, the first that did, while it lives:
+    sets from other threads (runs on them) are dropped without a word, so a run on another
+    thread could neither hold BLAS nor give the host's count back. Ours go under _BlasHeld's
+    lock."""
+
+    def __init__(self, get: Any, set_: Any) -> None:
+        self._get, self._set = get, set_
+
+    @property
+    def num_threads(self) -> int:
+        return int(self._get())
+
+    def set_num_threads(self, n: int) -> None:
+        self._set(n)
 
 
-class _BlasThreads:
-    """``intra_op_num_threads`` (> 0) applied to BLAS, the one multi-threaded part of the CPU
-    kernels, for the duration of each run, through threadpoolctl. BLAS's
-    thread count is process-wide: overlapping runs keep the first one's limit until the last one
-    ends, then the previous count comes back."""
+def _direct(lib: Any) -> Any:
+    """``lib`` (a threadpoolctl controller), or for OpenBLAS on pthreads its own functions."""
+    if getattr(lib, "internal_api", "") != "openblas" or \
+            getattr(lib, "threading_layer", "") == "openmp":
+        return lib
+    import ctypes
+
+    dll = getattr(lib, "dynlib", None)  # the library threadpoolctl opened
+    if dll is None:
+        return lib
+    for prefix in ("openblas", "scipy_openblas"):
+        for suffix in ("", "64_"):
+            get = getattr(dll, f"{prefix}_get_num_threads{suffix}", None)
+            set_ = getattr(dll, f"{prefix}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                get.restype, set_.restype = ctypes.c_int, None
+                set_.argtypes = [ctypes.c_int]
+                return _OpenBLASCount(get, set_)
+    return lib
+
+
+class _BlasHeld:
+    """BLAS held to one thread while any run is in progress, whatever the sessions'
+    ``intra_op_num_threads``: onnxrun's own threads carry a session's intra-op work (the
+    compiled kernels' ranges, and ``blas.matmul``'s ranges of rows or columns, one BLAS thread
+    in each), so no second pool takes their cores (OpenBLAS's idle threads spin ~0.1 s after
+    each call), and runs that overlap on sessions with different thread counts want the same
+    setting (a count per session let the first run's hold for all of them, and OpenBLAS's
+    spinning cost up to ~10x the CPU time). BLAS's count is process-wide: the host's own
+    count comes back when the last overlapping run ends."""
 
     _lock = threading.Lock()
     _depth = 0
-    _active: list[Any] = []  # the libraries whose thread counts the runs in progress set
+    _active: list[Any] = []  # the libraries set to one thread, and their counts before
     _saved: list[int] = []
 
-    def __init__(self, n: int) -> None:
-        self._n = n
-
-
-    @staticmethod
-    def for_session(n: int) -> contextlib.AbstractContextManager:
-        return _BlasThreads(n) if n > 0 else contextlib.nullcontext()
-
     def __enter__(self) -> None:
-        cls = _BlasThreads
+        cls = _BlasHeld
         with cls._lock:
             if cls._depth == 0:
                 # Looked up at the run, not at session creation: threadpoolctl's scan of the
                 # loaded libraries then costs a session nothing until it runs.
-                cls._active = _blas_libraries()
-                cls._saved = [lib.num_threads for lib in cls._active]
+                saved = [(lib, lib.num_threads) for lib in _blas_libraries()]
+                cls._active = [lib for lib, n in saved if n != 1]
+                cls._saved = [n for _, n in saved if n != 1]
                 for lib in cls._active:
-                    lib.set_num_threads(self._n)
+                    lib.set_num_threads(1)
+                # OpenBLAS 0.3.31 ignores the sets of other threads once the main thread has
+                # set its count: then its products stay whole (two cut ones would queue for
+                # its threads), see blas.matmul
+                blas.one_thread = all(lib.num_threads == 1 for lib in cls._active)
             cls._depth += 1
 
     def __exit__(self, *exc: object) -> None:
-        cls = _BlasThreads
+        cls = _BlasHeld
         with cls._lock:
             cls._depth -= 1
             if cls._depth == 0:
                 for lib, n in zip(cls._active, cls._saved, strict=True):
                     lib.set_num_threads(n)
+                cls._active, cls._saved = [], []
+                blas.one_thread = False
+
+
+_BLAS_HELD = _BlasHeld()
 
 
 __all__ = ["InferenceSession", "InvalidGraph", "ModelMetadata", "NodeArg"]

@@ -11,11 +11,13 @@ WebAssembly kernel there too.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 
 import numpy as np
 
 from . import wasm_gemm
+from .parallel import run_ranges, work_ranges
 
 
 @functools.cache
@@ -39,13 +41,18 @@ def _fortran(x: np.ndarray) -> tuple[np.ndarray, int]:
     return np.asfortranarray(x), 0
 
 
-def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
+           threads: int = 1) -> np.ndarray:
     """``np.matmul(a, b, out=out)``; float products through the WebAssembly kernel or SciPy's
-    BLAS in Pyodide (a stack of matrices: one GEMM per matrix)."""
+    BLAS in Pyodide (a stack of matrices: one GEMM per matrix). ``threads`` > 1 (the kernel's
+    intra-op threads): a large product is cut into ranges of rows or columns that run on
+    onnxrun's threads, BLAS at one thread in each (the session holds it there during runs)."""
     if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or not a.size or not b.size:
         return np.matmul(a, b, out=out)
     gemm = _gemms().get(a.dtype)
     if gemm is None and not (a.dtype == np.float32 and wasm_gemm.available()):
+        if threads > 1 and one_thread and a.dtype.kind == "f":
+            return _split_matmul(a, b, out, threads)
         return np.matmul(a, b, out=out)
     if a.ndim > 2 or b.ndim > 2:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -57,6 +64,42 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
             _gemm2(gemm, a[i], b[i], out[i])
         return out
     return _gemm2(gemm, a, b, out)
+
+
+# Whether BLAS runs on one thread now: set by the session while runs are in progress (it holds
+# BLAS there). Only then are products cut for onnxrun's threads: OpenBLAS serves one call at
+# a time on its own threads, so cut products would queue for them.
+one_thread = False
+
+# Ranges start at multiples of this many rows (columns): whole tiles of BLAS's micro-kernels.
+_ALIGN = 16
+
+
+def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
+                  threads: int) -> np.ndarray:
+    """np.matmul(a, b, out=out) over ranges of a's rows (or b's columns, when they are more),
+    each range one BLAS call (numpy releases the GIL in it) on onnxrun's intra-op threads.
+    The cut depends on the shapes and the thread count only, so a session's results are the
+    same run after run; OpenBLAS sums some elements of a smaller product in another order
+    (its kernels depend on the sizes), so they can move in their last bits with the thread
+    count, as they did with OpenBLAS's own threads."""
+    (M, K), N = a.shape[-2:], b.shape[-1]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    per_row = math.prod(batch) * K
+    rows = M >= N
+    n = M if rows else N
+    units = work_ranges(-(-n // _ALIGN), threads, _ALIGN * per_row * (N if rows else M))
+    ranges = [(u0 * _ALIGN, min(n, u1 * _ALIGN)) for u0, u1 in units]
+    if len(ranges) == 1:
+        return np.matmul(a, b, out=out)
+    if out is None:
+        out = np.empty(batch + (M, N), np.result_type(a, b))
+    if rows:
+        run_ranges(lambda r0, r1: np.matmul(a[..., r0:r1, :], b, out=out[..., r0:r1, :]),
+                   ranges)
+    else:
+        run_ranges(lambda c0, c1: np.matmul(a, b[..., c0:c1], out=out[..., c0:c1]), ranges)
+    return out
 
 
 def _gemm2(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:

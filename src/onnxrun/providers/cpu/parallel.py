@@ -93,6 +93,29 @@ def split(n: int, parts: int) -> list[tuple[int, int]]:
     return ranges
 
 
+# Below this many multiply-adds per range, a product is not worth handing to another thread:
+# waking a worker and passing the GIL costs 50-80 us on the 2-vCPU development VM (run_ranges
+# of two sleeping ranges against one), the time of ~2M multiply-adds on one AVX2 core.
+MIN_MACS_PER_RANGE = 1 << 22
+# At most this many ranges per thread: a worker the OS wakes late still finds ranges to take
+# (run_ranges hands them out in turn) instead of the caller doing the whole second half alone.
+RANGES_PER_THREAD = 4
+
+
+def work_ranges(n: int, threads: int, work_per_item: int, least: int | None = None,
+                per_thread: int = RANGES_PER_THREAD) -> list[tuple[int, int]]:
+    """How to cut ``n`` items of ``work_per_item`` work each (multiply-adds, say) for
+    ``threads`` threads: ranges of at least ``least`` work (MIN_MACS_PER_RANGE), at most
+    ``per_thread`` a thread; one range (no hand-off) when the whole is under two ranges' worth."""
+    if threads <= 1 or n <= 1:
+        return [(0, n)]
+    least = MIN_MACS_PER_RANGE if least is None else least
+    worth = (n * max(1, work_per_item)) // max(1, least)
+    if worth < 2:
+        return [(0, n)]
+    return split(n, min(threads * per_thread, worth))
+
+
 def ranges_for(n: int, threads: int, bytes_per_item: int) -> list[tuple[int, int]]:
     """How to cut ``n`` items of ``bytes_per_item`` work each for ``threads`` threads: one range
     when the whole is too small to be worth a hand-off."""
@@ -174,5 +197,6 @@ def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,
     return run_ranges(fn, ranges_for(n, threads, bytes_per_item))
 
 
-__all__ = ["MIN_BYTES_PER_RANGE", "parallel_for", "ranges_for", "run_each", "run_ranges", "split",
-           "split_threads", "threads_for", "usable_cores"]
+__all__ = ["MIN_BYTES_PER_RANGE", "MIN_MACS_PER_RANGE", "RANGES_PER_THREAD", "parallel_for",
+           "ranges_for", "run_each", "run_ranges", "split", "split_threads", "threads_for",
+           "usable_cores", "work_ranges"]

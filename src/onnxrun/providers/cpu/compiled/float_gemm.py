@@ -655,18 +655,24 @@ class PackedMatrix:
         head = [a_ptr, lda, self._ptr, K, address(out), out.strides[0] // 4, N, b_ptr, r_ptr,
                 ldr, address(clip), flags, kcb, self._ncb, ajump, blk, snp, K, N, N]
         MR = self.MR
-        if threads <= 1 or M * npan <= MR:
-            params = np.array(head + [0, M, 0, npan], np.int64)
+        ranges = [(0, M, 0, npan)]
+        if threads > 1 and M * npan > MR:
+            # ranges of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a small product
+            # stays on the calling thread), two a thread for a worker the OS wakes late
+            from ..parallel import work_ranges
+
+            if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
+                ranges = [(0, M, p0, p1) for p0, p1 in
+                          work_ranges(npan, threads, M * K * self.NR, per_thread=2)]
+            else:  # few panels: strips of rows, whole tiles each
+                ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
+                          work_ranges(-(-M // MR), threads, MR * K * N, per_thread=2)]
+        params = np.array([head + list(r) for r in ranges], np.int64)  # alive until the calls end
+        if len(ranges) == 1:
             self._fn(address(params))
             return out
-        from ..parallel import run_ranges, split
+        from ..parallel import run_ranges
 
-        if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
-            ranges = [(0, M, p0, p1) for p0, p1 in split(npan, threads)]
-        else:  # few panels: strips of rows, whole tiles each
-            ranges = [(s0 * MR, min(M, s1 * MR), 0, npan)
-                      for s0, s1 in split(-(-M // MR), threads)]
-        params = np.array([head + list(r) for r in ranges], np.int64)
         run_ranges(lambda i, _: self._fn(address(params[i])), [(i, i + 1)
                                                                 for i in range(len(ranges))])
         return out

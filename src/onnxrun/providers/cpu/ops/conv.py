@@ -23,7 +23,8 @@ from numpy.lib.stride_tricks import as_strided
 from ....dtypes import BFLOAT16, np_dtype, type_shape
 from .. import blas
 from ..kernels import KernelContext, op
-from ..parallel import parallel_for, run_ranges, split, split_threads, threads_for
+from ..parallel import (parallel_for, run_ranges, split, split_threads, threads_for,
+                        work_ranges)
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -169,7 +170,7 @@ def _im2col_gemm(Wm: np.ndarray, view: np.ndarray, g: int, threads: int = 1,
                 parallel_for(functools.partial(_copy_channels, cols, src[band]), Cg, threads,
                              K * h * rest * Wm.itemsize)
                 blas.matmul(Wm[gi], cols.reshape(Cg * K, h * rest),
-                            out=dst[:, r:r + h].reshape(Mg, h * rest))  # a view
+                            out=dst[:, r:r + h].reshape(Mg, h * rest), threads=threads)
     return Y
 
 
@@ -500,9 +501,9 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
         Mm = scratch("conv_gemm", (16, T, M), X.dtype)
         if packed is not None:
             run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
-                       split(16, threads))
+                       work_ranges(16, threads, T * C * M, per_thread=8))
         else:
-            blas.matmul(V.reshape(16, T, C), U, out=Mm)
+            blas.matmul(V.reshape(16, T, C), U, out=Mm, threads=threads)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
@@ -558,7 +559,7 @@ def _winograd_output(Mm, b, Y, t0: int, r0: int, r1: int) -> None:
         y -= s[3]
 
 
-def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
+def _shifted_gemm(X, Wk, heads, outs, kernel, dilations, threads: int = 1) -> np.ndarray:
     """Stride-1 convolution (group 1) as one GEMM per kernel tap on the padded input itself:
     with every image flattened on a "wide" grid of row width Wp, tap (i, j) is the contiguous
     column range starting at i*dh*Wp + j*dw. No im2col matrix: the cheaper choice when the
@@ -578,7 +579,7 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations) -> np.ndarray:
     for k in range(K):
         i, j = divmod(k, kw)
         off = i * dh * Wp + j * dw
-        blas.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp)
+        blas.matmul(Wk[k], flat[:, off:off + L], out=Y if k == 0 else tmp, threads=threads)
         if k:
             Y += tmp
     sM, item = Y.strides
@@ -1058,7 +1059,8 @@ def _is_channels_last(X: np.ndarray) -> bool:
     return X.ndim == 4 and X.transpose(0, 2, 3, 1).flags.c_contiguous
 
 
-def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarray:
+def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None,
+              threads: int = 1) -> np.ndarray:
     """1x1 stride-1 convolution, (g, M/g, C/g) weights: one GEMM per group on the input
     itself, whatever its layout (BLAS takes transposed operands). With ``WmT`` (C, M) the
     output is written channels-last: pixels x channels = (pixels x C) @ WmT."""
@@ -1066,12 +1068,12 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None) -> np.ndarr
     g, Mg = Wm.shape[:2]
     if WmT is not None and g == 1:
         if _is_channels_last(X):  # every pixel of every image: one GEMM on a view
-            Y = blas.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT)
+            Y = blas.matmul(X.transpose(0, 2, 3, 1).reshape(-1, C), WmT, threads=threads)
         else:
-            Y = blas.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT)
+            Y = blas.matmul(X.reshape(N, C, -1).transpose(0, 2, 1), WmT, threads=threads)
         return Y.reshape((N,) + X.shape[2:] + (Mg,)).transpose(0, 3, 1, 2)
     cols = X.reshape(N, g, C // g, -1)  # a view for NCHW and for NHWC memory
-    return blas.matmul(Wm, cols).reshape((N, g * Mg) + X.shape[2:])
+    return blas.matmul(Wm, cols, threads=threads).reshape((N, g * Mg) + X.shape[2:])
 
 
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
@@ -1388,11 +1390,11 @@ class Conv(_ConvBase):
             return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype,
                            self.threads)
         if method == "shifted":
-            src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations)
+            src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations, self.threads)
             return self._laid_out(_finish(None, src, b, Z, act, out_dtype, self.threads))
         if one_by_one:
-            return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t")), None, b, Z, act,
-                           out_dtype, self.threads)
+            return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t"), self.threads), None,
+                           b, Z, act, out_dtype, self.threads)
         if N == 1 and g == 1 and X.shape[1] * math.prod(kernel) * math.prod(outs) <= \
                 _SMALL_CONV:
             # A small convolution (a streaming model's 1-D layers: a few frames): the columns

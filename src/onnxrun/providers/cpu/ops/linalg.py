@@ -43,13 +43,13 @@ def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
     return Y.reshape(A.shape[:-1] + (packed.N,))
 
 
-def matmul(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1) -> np.ndarray:
     """numpy matmul, with a stack of rows times one matrix done as a single GEMM (a strided
     stack is gathered first: one copy costs less than a GEMM call per matrix of the stack)."""
     if B.ndim == 2 and A.ndim > 2 and A.size:
-        Y = blas.matmul(A.reshape(-1, A.shape[-1]), B)
+        Y = blas.matmul(A.reshape(-1, A.shape[-1]), B, threads=threads)
         return Y.reshape(A.shape[:-1] + (B.shape[1],))
-    return blas.matmul(A, B)
+    return blas.matmul(A, B, threads=threads)
 
 
 def _floating(x: np.ndarray) -> bool:
@@ -71,7 +71,7 @@ class MatMul:
         self.threads = threads_for(ctx)
 
     @property
-    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+    def uses_compiled_gemm(self) -> bool:  # read by profiles and tests
         return self.packed is not None
 
     def __call__(self, A, B):
@@ -82,8 +82,8 @@ class MatMul:
         cdt = compute_dtype(A.dtype)
         if cdt != A.dtype:
             Bc = self.B if self.B is not None else B.astype(cdt)
-            return matmul(A.astype(cdt), Bc).astype(A.dtype)
-        return matmul(A, B)
+            return matmul(A.astype(cdt), Bc, self.threads).astype(A.dtype)
+        return matmul(A, B, self.threads)
 
 
 def packed_gemm(ctx: KernelContext, alpha: float, beta: float, transB: bool):
@@ -166,7 +166,8 @@ class Gemm:
         elif cdt != B.dtype:
             B = B.astype(cdt)
         Bm = B.T if self.transB else B
-        Y = blas.matmul(Am, Bm) if Am.ndim == 2 and Bm.ndim == 2 else np.dot(Am, Bm)
+        Y = blas.matmul(Am, Bm, threads=self.threads) if Am.ndim == 2 and Bm.ndim == 2 \
+            else np.dot(Am, Bm)
         integral = Y.dtype.kind in "iu"
         if not scaled:
             if integral:

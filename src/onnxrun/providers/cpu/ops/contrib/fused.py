@@ -164,9 +164,10 @@ class FusedGemm:
         cdt = compute_dtype(A.dtype)
         Am = (A.T if self.transA else A).astype(cdt, copy=False)
         if self.B is not None:
-            Y = blas.matmul(Am, self.B)
+            Y = blas.matmul(Am, self.B, threads=self.threads)
         else:
-            Y = blas.matmul(Am, (B.T if self.transB else B).astype(cdt, copy=False))
+            Y = blas.matmul(Am, (B.T if self.transB else B).astype(cdt, copy=False),
+                            threads=self.threads)
             if self.alpha != 1.0:
                 Y *= cdt.type(self.alpha)
         if C is not None and self.beta != 0.0:
@@ -222,9 +223,10 @@ class FusedMatMul:
         cdt = compute_dtype(A.dtype)
         a, b = A.astype(cdt, copy=False), B.astype(cdt, copy=False)
         if b.ndim == 2 and a.ndim > 2 and a.size:  # one GEMM over all rows (gathered first)
-            Y = blas.matmul(a.reshape(-1, a.shape[-1]), b).reshape(a.shape[:-1] + (b.shape[1],))
+            Y = blas.matmul(a.reshape(-1, a.shape[-1]), b, threads=self.threads).reshape(
+                a.shape[:-1] + (b.shape[1],))
         else:
-            Y = blas.matmul(a, b)
+            Y = blas.matmul(a, b, threads=self.threads)
         Y = np.asarray(Y)
         if self.alpha != 1.0:
             Y = Y * cdt.type(self.alpha)
