@@ -203,7 +203,8 @@ class InferenceSession:
         }
         self._output_names = [v.name for v in g.outputs]
         self._all_fetches = tuple(self._program.output_slots)
-        self._blas_threads = _BLAS_HELD  # BLAS at one thread during runs (_BlasHeld)
+        # BLAS at one thread during runs (_BlasHeld); a device's kernels leave it alone
+        self._blas_threads = _BLAS_HELD if self._device is None else contextlib.nullcontext()
         # enable_cpu_mem_arena is stored, not acted on: glibc's malloc settings belong to the host
         # process (docs/PERFORMANCE.md, "Memory": the GLIBC_TUNABLES opt-in and its figures).
 
