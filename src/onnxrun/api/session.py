@@ -30,7 +30,6 @@ from ..plan import Program
 from ..profile import Profiler
 from ..proto import onnx
 from ..providers import CPU, ExecutionProvider, available_providers, create_provider
-from ..providers.cpu import blas
 from ..specialize import attach as specialize_shapes
 from ..validate import validate
 from . import devices, sparse, thread_pools
@@ -992,6 +991,8 @@ class _BlasHeld:
                 # OpenBLAS 0.3.31 ignores the sets of other threads once the main thread has
                 # set its count: then its products stay whole (two cut ones would queue for
                 # its threads), see blas.matmul
+                from ..providers.cpu import blas  # (not at import: the CPU kernels load lazily)
+
                 blas.one_thread = all(lib.num_threads == 1 for lib in cls._active)
             cls._depth += 1
 
@@ -1003,6 +1004,8 @@ class _BlasHeld:
                 for lib, n in zip(cls._active, cls._saved, strict=True):
                     lib.set_num_threads(n)
                 cls._active, cls._saved = [], []
+                from ..providers.cpu import blas
+
                 blas.one_thread = False
 
 

@@ -620,7 +620,7 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> argparse.Arg
     p.add_argument("-m", "--duration", type=_positive_float, metavar="SECONDS",
                    help="run for this long instead of -r N runs")
     p.add_argument("-x", "--intra-op-threads", type=_non_negative_int, default=0, metavar="N",
-                   help="intra-op threads (onnxrun: BLAS threads; default 0: engine default)")
+                   help="intra-op threads (default 0: engine default)")
     p.add_argument("-y", "--inter-op-threads", type=_non_negative_int, default=0, metavar="N",
                    help="inter-op threads, used with -P (default 0: engine default)")
     p.add_argument("-P", "--parallel", action="store_true",
