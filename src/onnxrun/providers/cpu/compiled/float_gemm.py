@@ -666,8 +666,9 @@ class PackedMatrix:
                           work_ranges(npan, threads, M * K * self.NR, per_thread=2)]
             else:  # few panels: strips of rows, whole tiles each
                 ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
-                          work_ranges(-(-M // MR), threads, MR * K * N, per_thread=2)]
-        params = np.array([head + list(r) for r in ranges], np.int64)  # alive until the calls end
+                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR,
+                                      per_thread=2)]
+        params = np.array([head + list(r) for r in ranges], np.int64)  # alive through the calls
         if len(ranges) == 1:
             self._fn(address(params))
             return out
