@@ -210,33 +210,22 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
     """x * sigmoid(alpha x) of a 1-D contiguous float32 ``x`` into ``out`` (1-D, x's size;
     may be ``x``; new if None): SiLU at alpha 1, QuickGelu's default 1.702. ``fn``:
     silu_function(alpha), when the caller holds it."""
-    if x.dtype != np.float32 or x.ndim != 1 or not x.flags.c_contiguous:
+    if x.ndim != 1:
         raise ValueError("quick_gelu: expected a 1-D contiguous float32 array")
-    if out is None:
-        out = np.empty(x.shape, np.float32)
-    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"quick_gelu: out must be a contiguous float32 [{x.size}]")
-    n = x.size
-    if n == 0:
-        return out
     if fn is None:
         fn = _silu_module(alpha).silu
-    whole, rest = divmod(n, _SILU_CHUNK)
-    xa, ya, za = address(x), address(out), address(_ZEROS)
+    za = address(_ZEROS)
 
-    def rows(r0: int, r1: int) -> None:
-        fn(xa, za, ya, _SILU_CHUNK, r0, r1)
+    def rows(xa: int, ya: int, a: int, b: int) -> None:
+        # rows of _SILU_CHUNK (the bias row of zeros is that long), then the short last one
+        whole, rest = divmod(b - a, _SILU_CHUNK)
+        if whole:
+            fn(xa + 4 * a, za, ya + 4 * a, _SILU_CHUNK, 0, whole)
+        if rest:
+            at = 4 * (b - rest)
+            fn(xa + at, za, ya + at, rest, 0, 1)
 
-    if threads > 1 and whole >= 16:
-        from ..parallel import run_ranges, split
-
-        run_ranges(rows, split(whole, threads))
-    elif whole:
-        rows(0, whole)
-    if rest:  # the last, short row
-        at = whole * _SILU_CHUNK * 4
-        fn(xa + at, za, ya + at, rest, 0, 1)
-    return out
+    return jit.elementwise("quick_gelu", x, out, rows, threads, _SILU_CHUNK, 16 * _SILU_CHUNK)
 
 
 __all__ = ["bias_gelu", "module_ir", "quick_gelu", "silu_function", "silu_unavailable",

@@ -15,7 +15,6 @@ import ctypes
 import numpy as np
 
 from . import jit
-from .jit import address
 
 REQUIRES = ("avx2", "fma")
 
@@ -141,29 +140,20 @@ def unavailable() -> str | None:
 _CHUNK = 1 << 15  # elements per thread's piece
 
 
-def _apply(x: np.ndarray, out: np.ndarray | None, alpha: float, mul: int,
-           threads: int) -> np.ndarray:
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        raise ValueError("logistic: expected a contiguous float32 array")
-    if out is None:
-        out = np.empty(x.shape, np.float32)
-    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"logistic: out must be a contiguous float32 {list(x.shape)}")
-    n = x.size
-    fn = _module().logistic
-    xa, ya = address(x), address(out)
-    if threads > 1 and n >= 4 * _CHUNK:
-        from ..parallel import run_ranges, split
+def function():
+    """The compiled function (a kernel takes it once, when it is prepared)."""
+    return _module().logistic
 
-        def part(a: int, b: int) -> None:
-            fn(xa + 4 * a, ya + 4 * a, b - a, alpha, mul)
 
-        # pieces of whole vectors of 8
-        cuts = [(a * 8, min(b * 8, n)) for a, b in split(-(-n // 8), threads)]
-        run_ranges(part, cuts)
-    elif n:
-        fn(xa, ya, n, alpha, mul)
-    return out
+def _apply(x: np.ndarray, out: np.ndarray | None, alpha: float, mul: int, threads: int,
+           fn=None) -> np.ndarray:
+    if fn is None:
+        fn = _module().logistic
+
+    def part(xa: int, ya: int, a: int, b: int) -> None:
+        fn(xa + 4 * a, ya + 4 * a, b - a, alpha, mul)
+
+    return jit.elementwise("logistic", x, out, part, threads, 8, 4 * _CHUNK)
 
 
 def sigmoid(x: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
@@ -172,11 +162,13 @@ def sigmoid(x: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> n
 
 
 def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
-               threads: int = 1) -> np.ndarray:
-    """x * logistic(alpha x) of a contiguous float32 array as onnxruntime's QuickGelu."""
-    return _apply(x, out, float(np.float32(alpha)), 1, threads)
+               threads: int = 1, fn=None) -> np.ndarray:
+    """x * logistic(alpha x) of a contiguous float32 array as onnxruntime's QuickGelu;
+    ``fn``: function(), when the caller holds it."""
+    return _apply(x, out, float(np.float32(alpha)), 1, threads, fn)
 
 
 BUNDLE = {"logistic": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "module_ir", "quick_gelu", "sigmoid", "unavailable"]
+__all__ = ["BUNDLE", "REQUIRES", "function", "module_ir", "quick_gelu", "sigmoid",
+           "unavailable"]

@@ -330,14 +330,20 @@ class QuickGelu:
         from ...compiled import gelu, logistic
 
         self.exact = logistic if logistic.unavailable() is None else None
+        # the compiled functions taken now: a module lookup per call costs microseconds
+        self.logistic = None if self.exact is None else logistic.function()
         self.compiled = gelu if gelu.silu_unavailable(self.alpha) is None else None
         self.silu = None if self.compiled is None else gelu.silu_function(self.alpha)
 
     def __call__(self, X):
         if self.exact is not None and X.dtype == np.float32 and X.size:
+            if X.flags.c_contiguous:  # a decode step's case: no layout questions
+                return self.exact.quick_gelu(X, self.alpha, threads=self.threads,
+                                             fn=self.logistic)
             order = dense_order(X)
             if order is not None:
-                y = self.exact.quick_gelu(flat(X, order), self.alpha, threads=self.threads)
+                y = self.exact.quick_gelu(flat(X, order), self.alpha, threads=self.threads,
+                                          fn=self.logistic)
                 return shaped_like(y, X, order)
         if self.compiled is not None and X.dtype == np.float32 and X.size >= _SILU_COMPILED_MIN:
             order = dense_order(X)

@@ -115,6 +115,14 @@ def _rms_float32(x: np.ndarray, scale: np.ndarray, epsilon: float, fma_lanes: bo
     return Y, inv
 
 
+def _compiled_rms():
+    """compiled/rms_norm's kernels (the same arithmetic in one pass), or None where they do not
+    run here: asked once, when a kernel is prepared."""
+    from ...compiled import rms_norm
+
+    return rms_norm.kernels()
+
+
 def _exact_rows(X: np.ndarray, scale: np.ndarray, lanes: int = 1) -> bool:
     """Whether X's last axis takes onnxruntime's float32 arithmetic here: float32 X and
     scale over the last axis only, a multiple of ``lanes`` long."""
@@ -131,10 +139,17 @@ class SimplifiedLayerNormalization:
     def __init__(self, ctx: KernelContext, *, axis=-1, epsilon=1e-5, stash_type=1) -> None:
         self.axis = int(axis)
         self.epsilon = float(epsilon)
+        self.compiled = _compiled_rms()
 
     def __call__(self, X, scale):
         if self.axis in (-1, X.ndim - 1) and _exact_rows(X, scale, 8):
-            Y, inv = _rms_float32(X.reshape(-1, X.shape[-1]), scale, self.epsilon, True)
+            rows = X.reshape(-1, X.shape[-1])
+            if self.compiled is not None:
+                Y, inv = self.compiled.lanes(np.ascontiguousarray(rows),
+                                             np.ascontiguousarray(scale.reshape(-1)),
+                                             self.epsilon)
+            else:
+                Y, inv = _rms_float32(rows, scale, self.epsilon, True)
             return Y.reshape(X.shape), inv.reshape(X.shape[:-1] + (1,))
         Y, inv = rms_normalize(X, scale, self.axis, self.epsilon, _stat_dtype(X.dtype))
         return Y.astype(scale.dtype, copy=False), inv.astype(np.float32, copy=False)
@@ -174,8 +189,22 @@ class SkipSimplifiedLayerNormalization:
         self.epsilon = float(epsilon)
         self.want_sum = ctx.output_used(3)
         self.want_mean = ctx.output_used(1)
+        self.compiled = _compiled_rms()
 
     def __call__(self, input, skip, gamma, bias=None):  # noqa: A002 - the schema's name
+        if self.compiled is not None and skip.shape == input.shape and \
+                skip.dtype == np.float32 and _exact_rows(input, gamma) and \
+                (bias is None or (bias.dtype == np.float32 and bias.size == gamma.size)):
+            n = input.shape[-1]
+            c = np.ascontiguousarray
+            Y, inv, total = self.compiled.skip(
+                c(input.reshape(-1, n)), c(skip.reshape(-1, n)),
+                None if bias is None else c(bias.reshape(-1)), c(gamma.reshape(-1)),
+                self.epsilon)
+            inv = inv.reshape(input.shape[:-1] + (1,))
+            mean = np.zeros(inv.shape, np.float32) if self.want_mean else None
+            return (Y.reshape(input.shape), mean, inv,
+                    total.reshape(input.shape) if self.want_sum else None)
         sd = _stat_dtype(input.dtype)
         s = _skip_sum(input, skip, bias, sd)
         # the sum is a new array, and normalizing reads it without writing it
