@@ -18,9 +18,9 @@ import numpy as np
 
 from .errors import InvalidGraph
 from .execute import (
+    CompiledSteps,
     ParallelSchedule,
     Step,
-    compile_steps,
     parallel_schedule,
     run_steps,
     run_steps_parallel,
@@ -46,7 +46,7 @@ class Plan(NamedTuple):
     steps: list[Step]
     fetch_slots: list[int]
     schedule: ParallelSchedule | None = None  # set when the program runs in parallel mode
-    compiled: list[tuple[Any, ...]] | None = None  # compile_steps(steps), for run_steps
+    compiled: CompiledSteps | None = None  # the steps as one function, for run_steps
 
 
 class Subgraph:
@@ -208,7 +208,7 @@ class Program:
                 frees[i].append(s)
         steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
         schedule = parallel_schedule(steps, keep) if self.pool is not None else None
-        plan = Plan(steps, list(fetch_slots), schedule, compile_steps(steps))
+        plan = Plan(steps, list(fetch_slots), schedule, CompiledSteps(steps, fetch_slots))
         with self._lock:
             if len(self._plans) < 64:
                 self._plans[key] = plan
