@@ -119,7 +119,8 @@ class OrtEpAssignedSubgraph:
 class _InputSpec:
     """What run() checks a fed value against."""
 
-    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default", "sparse", "map_key")
+    __slots__ = ("name", "slot", "kind", "dtype", "shape", "has_default", "sparse", "map_key",
+                 "fixed")
 
     def __init__(self, value: Value, slot: int, has_default: bool, sparse: bool = False) -> None:
         self.name = value.name
@@ -137,6 +138,13 @@ class _InputSpec:
             except TypeError:
                 self.dtype = None
             self.shape = dtypes.type_shape(tp)
+        # a host array of the declared dtype passes when these (axis, size) pairs hold; None:
+        # every value takes _check_value's whole path (a string type, an unknown rank)
+        self.fixed: tuple[tuple[int, int], ...] | None = None
+        if self.kind == "tensor_type" and self.dtype is not None and self.dtype.kind != "O" \
+                and self.shape is not None and not sparse:
+            self.fixed = tuple((i, d) for i, d in enumerate(self.shape)
+                               if isinstance(d, int) and d >= 0)
 
 
 class InferenceSession:
@@ -589,6 +597,16 @@ class InferenceSession:
             spec = self._inputs_by_name.get(name)
             if spec is None:
                 self._check_feed_names(input_feed)  # raises, listing the expected names
+            fixed = spec.fixed
+            if fixed is not None and type(value) is np.ndarray and self._device is None and \
+                    value.dtype == spec.dtype and value.ndim == len(spec.shape):
+                shape = value.shape  # the usual feed: one comparison per declared dimension
+                for i, d in fixed:
+                    if shape[i] != d:
+                        break
+                else:
+                    feeds.append((spec.slot, value))
+                    continue
             feeds.append((spec.slot, _check_value(spec, value, self._device_for(spec))))
         if len(feeds) < len(self._input_specs):
             missing = [s.name for s in self._input_specs

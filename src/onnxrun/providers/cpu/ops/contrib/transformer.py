@@ -123,6 +123,14 @@ def _compiled_rms():
     return rms_norm.kernels()
 
 
+def _vector(a: np.ndarray) -> np.ndarray:
+    """``a`` as a contiguous 1-D array: itself when it is one (a constant keeps its identity,
+    by which the compiled kernels remember its address)."""
+    if a.ndim == 1 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a.reshape(-1))
+
+
 def _exact_rows(X: np.ndarray, scale: np.ndarray, lanes: int = 1) -> bool:
     """Whether X's last axis takes onnxruntime's float32 arithmetic here: float32 X and
     scale over the last axis only, a multiple of ``lanes`` long."""
@@ -145,8 +153,7 @@ class SimplifiedLayerNormalization:
         if self.axis in (-1, X.ndim - 1) and _exact_rows(X, scale, 8):
             rows = X.reshape(-1, X.shape[-1])
             if self.compiled is not None:
-                Y, inv = self.compiled.lanes(np.ascontiguousarray(rows),
-                                             np.ascontiguousarray(scale.reshape(-1)),
+                Y, inv = self.compiled.lanes(np.ascontiguousarray(rows), _vector(scale),
                                              self.epsilon)
             else:
                 Y, inv = _rms_float32(rows, scale, self.epsilon, True)
@@ -199,8 +206,7 @@ class SkipSimplifiedLayerNormalization:
             c = np.ascontiguousarray
             Y, inv, total = self.compiled.skip(
                 c(input.reshape(-1, n)), c(skip.reshape(-1, n)),
-                None if bias is None else c(bias.reshape(-1)), c(gamma.reshape(-1)),
-                self.epsilon)
+                None if bias is None else _vector(bias), _vector(gamma), self.epsilon)
             inv = inv.reshape(input.shape[:-1] + (1,))
             mean = np.zeros(inv.shape, np.float32) if self.want_mean else None
             return (Y.reshape(input.shape), mean, inv,
