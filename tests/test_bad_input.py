@@ -568,3 +568,23 @@ def test_valid_external_data_loads(tmp_path: Path, location: str):
                                 str(folder))
     np.testing.assert_allclose(InferenceSession(path.read_bytes(), so).run(None, {"X": x})[0],
                                want)
+
+
+def test_feed_checks_of_the_usual_feed():
+    """A host array of the declared dtype takes the feed check's short path (one comparison
+    per fixed dimension): what it lets through and what still fails, with onnxruntime's
+    words."""
+    sess = InferenceSession(onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[2, N, 3] x) => (float[2, N, 3] y) { y = Relu(x) }"""))
+    x = np.arange(-12, 12, dtype=np.float32).reshape(2, 4, 3)
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], np.maximum(x, 0))
+    view = np.arange(-24, 24, dtype=np.float32).reshape(2, 8, 3)[:, ::2]  # not contiguous
+    np.testing.assert_array_equal(sess.run(None, {"x": view})[0], np.maximum(view, 0))
+    with pytest.raises(onnxrun.InvalidArgument, match=r"invalid dimensions for input: x.*"
+                       r"index: 2 Got: 4 Expected: 3"):
+        sess.run(None, {"x": np.zeros((2, 4, 4), np.float32)})
+    with pytest.raises(onnxrun.InvalidArgument, match="Invalid rank for input: x Got: 2"):
+        sess.run(None, {"x": np.zeros((2, 3), np.float32)})
+    with pytest.raises(onnxrun.InvalidArgument, match="Unexpected input data type"):
+        sess.run(None, {"x": np.zeros((2, 4, 3), np.float64)})
