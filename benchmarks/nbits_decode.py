@@ -2,13 +2,16 @@
 Qwen2's product shapes (issue #14): onnxruntime, onnxrun's default (blocks of 32:
 compiled/nbits_gemm.py's exact M == 1 kernel, MLAS's numbers), and compiled/nbits_gemv.py's
 gemv8 (Gemv.decode, what blocks of 64-256 run). One session per engine and path, all in this
-process, run in turn (the order reversed every round), 1 thread; medians of the calling
+process, run in turn (the order reversed every round), 1 thread (--threads); medians of the calling
 thread's CPU time (steadier than wall time on a loaded machine), and per token: each shape's
 median times its calls in one 0.5b token.
 
     python benchmarks/nbits_decode.py            # block 32, 30 rounds (lm_head 8)
     python benchmarks/nbits_decode.py --quick    # 8 rounds (lm_head 3)
     python benchmarks/nbits_decode.py --block 128
+    python benchmarks/nbits_decode.py --quick --threads 2   # wall time (the split's gain)
+
+At 2+ threads the medians are wall time (thread CPU misses the workers' share).
 """
 
 from __future__ import annotations
@@ -41,9 +44,9 @@ def model(K: int, N: int, block: int, rng) -> bytes:
     return m.SerializeToString()
 
 
-def sessions(data: bytes) -> dict:
+def sessions(data: bytes, threads: int = 1) -> dict:
     so = onnxrun.SessionOptions()
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = threads
     out = {"onnxrun": onnxrun.InferenceSession(data, so)}
     gemv8 = onnxrun.InferenceSession(data, so)
     kernel = gemv8._program.steps[0].kernel
@@ -54,7 +57,7 @@ def sessions(data: bytes) -> dict:
         import onnxruntime as ort
 
         o = ort.SessionOptions()
-        o.intra_op_num_threads = 1
+        o.intra_op_num_threads = threads
         out["onnxruntime"] = ort.InferenceSession(data, o, providers=["CPUExecutionProvider"])
     except ImportError:
         pass
@@ -66,23 +69,26 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--block", type=int, default=32)
     ap.add_argument("-r", "--rounds", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     rounds = args.rounds or (8 if args.quick else 30)
     rng = np.random.default_rng(0)
     totals: dict[str, float] = {}
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"block {args.block}, 1 thread, load average {load}")
-    print("| K x N | calls per token | median thread CPU ms per engine |")
+    clock, what = (time.thread_time, "thread CPU") if args.threads == 1 else \
+        (time.perf_counter, "wall")
+    print(f"block {args.block}, {args.threads} thread(s), load average {load}")
+    print(f"| K x N | calls per token | median {what} ms per engine |")
     for K, N, calls in SHAPES:
-        sess = sessions(model(K, N, args.block, rng))
+        sess = sessions(model(K, N, args.block, rng), args.threads)
         a = {"A": rng.standard_normal((1, K)).astype(np.float32)}
         times: dict[str, list[float]] = {name: [] for name in sess}
         names = list(sess)
         for r in range(rounds if N < 100_000 else max(3, rounds // 4)):
             for name in names if r % 2 else names[::-1]:
-                t = time.thread_time()
+                t = clock()
                 sess[name].run(None, a)
-                times[name].append(time.thread_time() - t)
+                times[name].append(clock() - t)
         med = {name: float(np.median(v)) * 1e3 for name, v in times.items()}
         for name, v in med.items():
             totals[name] = totals.get(name, 0.0) + v * calls
