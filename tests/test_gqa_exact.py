@@ -62,13 +62,14 @@ def _caches(H: int) -> dict:
             "sin_cache": np.sin(angles).astype(np.float32)}
 
 
-def _sessions(data: bytes, share: bool):
+def _sessions(data: bytes, share: bool, threads: int = 1):
     so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = threads
     if share:
         so.add_session_config_entry(SHARE_PAST_PRESENT, "1")
     ours = onnxrun.InferenceSession(data, so)
     ort_so = ort.SessionOptions()
-    ort_so.intra_op_num_threads = 1
+    ort_so.intra_op_num_threads = threads
     theirs = ort.InferenceSession(data, ort_so, providers=["CPUExecutionProvider"])
     return ours, theirs
 
@@ -127,6 +128,23 @@ def test_prompt_then_decode_bit_exact(N, Nkv, H, B, S, steps, rotary, interleave
                                  "past_value": state["theirs"][1]})
         _assert_same(got, want)
         state = {"ours": (got[1], got[2]), "theirs": (want[1], want[2])}
+
+
+@pytest.mark.parametrize("window", [-1, 200])
+def test_flash_decoding_split_bit_exact(window):
+    """One new token with batch x heads under the thread count and more than one KV block:
+    onnxruntime splits the keys in blocks (flash decoding) and combines the blocks' results
+    (expf rescaling); the same session thread count here takes the same order."""
+    N, Nkv, H, past = 2, 1, 64, 300  # 301 keys: two blocks of 256 (L2 512 KiB)
+    data = _model(N, Nkv, H, True, False, window, True)
+    ours, theirs = _sessions(data, False, threads=4)
+    rng = np.random.default_rng(7)
+    feed = {"query": (rng.standard_normal((1, 1, (N + 2 * Nkv) * H)) * 2).astype(np.float32),
+            "past_key": rng.standard_normal((1, Nkv, past, H)).astype(np.float32),
+            "past_value": rng.standard_normal((1, Nkv, past, H)).astype(np.float32),
+            "seqlens_k": np.array([past], np.int32),
+            "total_sequence_length": np.array(past + 1, np.int32), **_caches(H)}
+    _assert_same(ours.run(None, feed), theirs.run(None, feed))
 
 
 def test_mlas_stride_k():

@@ -440,8 +440,10 @@ def _decode_ir() -> list[str]:
     lowest float, @sumexp after the maximum, then out = (sum over t in order of sc[t] * v[t],
     a multiply and an add each) * (1 / sum). H a multiple of 8."""
     L = ["define void @decode(ptr %q, ptr %k, ptr %v, ptr %out, ptr %sc, i64 %N, i64 %G, "
-         "i64 %T, i64 %H, i64 %sk, i64 %sv, float %scale, i64 %ws) nounwind {",
+         "i64 %T, i64 %H, i64 %sk, i64 %sv, float %scale, i64 %ws, i64 %raw, ptr %ml) "
+         "nounwind {",
          "entry:",
+         "  %israw = icmp ne i64 %raw, 0",
          "  %nv = lshr i64 %H, 3",
          "  %nv4 = and i64 %nv, -4",
          "  %any4 = icmp sgt i64 %nv4, 0",
@@ -489,11 +491,18 @@ def _decode_ir() -> list[str]:
          *_rowmax_ir("%sc", "%T", "%mx", "smax"),
          f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
          "  %negmax = fneg float %mx",
+         "  %mlo = shl i64 %n, 1",
+         "  %mlp = getelementptr float, ptr %ml, i64 %mlo",
+         "  %mlp1 = getelementptr float, ptr %mlp, i64 1",
          "  br i1 %none, label %zero, label %norm",
-         "zero:",  # every key masked: zeros
+         "zero:",  # every key masked: zeros (a split's chunk: maximum lowest, sum 0)
+         "  br i1 %israw, label %zml, label %zloop",
+         "zml:",
+         f"  store float {_c(_LOWEST)}, ptr %mlp, align 4",
+         "  store float 0.0, ptr %mlp1, align 4",
          "  br label %zloop",
          "zloop:",
-         "  %zi = phi i64 [0, %zero], [%zi.next, %zloop]",
+         "  %zi = phi i64 [0, %zero], [0, %zml], [%zi.next, %zloop]",
          "  %zp = getelementptr float, ptr %oh, i64 %zi",
          "  store float 0.0, ptr %zp, align 4",
          "  %zi.next = add i64 %zi, 1",
@@ -503,7 +512,15 @@ def _decode_ir() -> list[str]:
          "  %sum = call float @sumexp(ptr %sc, i64 %T, float %negmax)",
          "  %pos = fcmp ogt float %sum, 0.0",
          "  %inv0 = fdiv float 1.0, %sum",
-         "  %inv = select i1 %pos, float %inv0, float 0.0",
+         "  %inv1 = select i1 %pos, float %inv0, float 0.0",
+         # a split's chunk (raw): its maximum and sum kept, the output not normalized
+         "  %inv = select i1 %israw, float 1.0, float %inv1",
+         "  br i1 %israw, label %nml, label %nml.done",
+         "nml:",
+         "  store float %mx, ptr %mlp, align 4",
+         "  store float %sum, ptr %mlp1, align 4",
+         "  br label %nml.done",
+         "nml.done:",
          *_splat("%vinv", "%inv"),
          "  br i1 %any4, label %c4.top, label %c4.done"]
 
@@ -540,7 +557,7 @@ def _decode_ir() -> list[str]:
               f"  br i1 %{p}.jmore, label %{p}.top, label %{done}"]
         return G
 
-    L += chunk(4, "c4", "0", "norm", "%nv4", "c4.done")
+    L += chunk(4, "c4", "0", "nml.done", "%nv4", "c4.done")
     L += ["c4.done:",
           "  %anyc = icmp slt i64 %nv4, %nv",
           "  br i1 %anyc, label %c1.top, label %hnext"]
@@ -757,7 +774,8 @@ _PROTOS = {
     "scores": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I,
                                _I),
     "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P),
-    "decode": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _I),
+    "decode": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _I, _I,
+                               _P),
     "pv": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
     "pv1": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
 }
@@ -799,16 +817,23 @@ def mlas_stride_k(N: int, K: int) -> int:
     return stride_k
 
 
-_LIBM_EXPF: int | None = None
+_LIBM_EXPF = None
 
 
-def _expf() -> int:
-    """The address of the C library's expf (std::exp of a float in onnxruntime's C++)."""
+def _libm_expf():
+    """The C library's expf (std::exp of a float in onnxruntime's C++), as a ctypes function."""
     global _LIBM_EXPF
     if _LIBM_EXPF is None:
         libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-        _LIBM_EXPF = ctypes.cast(libm.expf, ctypes.c_void_p).value
+        fn = libm.expf
+        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+        _LIBM_EXPF = fn
     return _LIBM_EXPF
+
+
+def _expf() -> int:
+    """The address of the C library's expf, for the compiled kernels to call."""
+    return ctypes.cast(_libm_expf(), ctypes.c_void_p).value
 
 
 def l2_cache_size() -> int:
@@ -850,26 +875,62 @@ def rope_heads(fn, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved:
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
-           window: int = -1, l2: int | None = None, fn: jit.Module | None = None) -> np.ndarray:
+           window: int = -1, l2: int | None = None, fn: jit.Module | None = None,
+           split: bool = False) -> np.ndarray:
     """One sequence's attention as onnxruntime's GroupQueryAttention computes it (its flash
     path): ``q`` (N, S, H) float32 (rotary applied), ``k`` and ``v`` (Nkv, T, H) float32 with
     rows contiguous (the cache: T >= total, the first ``total`` keys valid), query s at
     position past + s seeing keys up to there (the last ``window`` of them with window >= 0).
-    Returns (S, N * H) float32."""
+    ``split``: one new token whose batch x heads is below onnxruntime's thread count, where
+    it splits the keys in KV blocks (flash decoding). Returns (S, N * H) float32."""
     N, S, H = q.shape
     Nkv = k.shape[0]
     fn = fn or _module()
     alpha = float(np.float32(alpha))
-    if S == 1:  # MlasGQADecodeGQAThreaded
-        qc = np.ascontiguousarray(q.reshape(N, H))
-        out = np.empty((N, H), np.float32)
-        sc = np.empty(max(total, 1), np.float32)
-        ws = total - window if 0 <= window < total else 0
-        fn.decode(address(qc), address(k), address(v), address(out), address(sc), N,
-                  N // Nkv, total, H, k.strides[0] // 4, v.strides[0] // 4, alpha, ws)
+    l2 = l2_cache_size() if l2 is None else l2
+    if S > 1:
+        return _prefill(fn, q, k, v, past, total, alpha, window, l2)
+    # MlasGQADecodeGQAThreaded, or MlasFlashDecodingGQAThreaded's blocks of keys
+    kvb = min(max(l2 // (4 * 4 * 2 * H), 1), max(total, 1))
+    chunks = -(-total // kvb) if split else 1
+    qc = np.ascontiguousarray(q.reshape(N, H))
+    ws = total - window if 0 <= window < total else 0
+    out = np.empty((chunks, N, H), np.float32)
+    ml = np.empty((chunks, N, 2), np.float32)
+    sc = np.empty(max(total, 1), np.float32)
+    for c in range(chunks):
+        ir = c * kvb if chunks > 1 else 0
+        R = min(kvb, total - ir) if chunks > 1 else total
+        fn.decode(address(qc), address(k[:, ir:]), address(v[:, ir:]), address(out[c]),
+                  address(sc), N, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, alpha,
+                  min(max(ws - ir, 0), R), int(chunks > 1), address(ml[c]))
+    if chunks == 1:
         return out.reshape(1, N * H)
-    return _prefill(fn, q, k, v, past, total, alpha, window,
-                    l2_cache_size() if l2 is None else l2)
+    return _reduce_chunks(out, ml).reshape(1, N * H)
+
+
+def _reduce_chunks(out: np.ndarray, ml: np.ndarray) -> np.ndarray:
+    """MlasFlashDecodingGQAReduceThreaded: per head, the largest chunk maximum gm; over the
+    chunks in order (those with a positive sum), r = expf(m - gm), l += r * sum and o += r *
+    chunk output (a multiply and an add each); o * (1 / l)."""
+    expf = _libm_expf()
+    chunks, N, H = out.shape
+    gm = np.full(N, _LOWEST, np.float32)
+    for c in range(chunks):
+        gm = np.where(gm < ml[c, :, 0], ml[c, :, 0], gm)  # std::max(gm, m)
+    o = np.zeros((N, H), np.float32)
+    gl = np.zeros(N, np.float32)
+    for c in range(chunks):
+        for n in range(N):
+            m, s = ml[c, n]
+            if s <= 0:
+                continue
+            r = np.float32(expf(float(np.float32(m - gm[n]))))
+            gl[n] = np.float32(gl[n] + np.float32(r * s))
+            o[n] = o[n] + r * out[c, n]
+    inv = np.zeros(N, np.float32)
+    np.divide(np.float32(1), gl, out=inv, where=gl > 0)
+    return o * inv[:, None]
 
 
 def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,

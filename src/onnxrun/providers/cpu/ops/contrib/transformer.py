@@ -15,6 +15,7 @@ import numpy as np
 
 from ... import blas
 from ...kernels import KernelContext, op
+from ...parallel import threads_for
 from ..attention import (
     BIASED,
     LOG2E,
@@ -527,6 +528,9 @@ class GroupQueryAttention:
                            or not self.causal)
         # what onnxruntime's flash path (compiled.gqa) excludes, known from the attributes
         self._exact_node = not (self.want_qk or self.softcap or self.smooth or not self.causal)
+        # onnxruntime splits one token's keys across its threads (flash decoding) when batch x
+        # heads is below its intra-op thread count: the session's, as here
+        self.threads = threads_for(ctx)
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -601,9 +605,12 @@ class GroupQueryAttention:
                                   else np.all(total == S)):  # no padding rows
             kc, vc = _rows_contiguous(present_k), _rows_contiguous(present_v)
             out = np.empty((B, S, N * H), np.float32)
+            # flash decoding: one token, batch x heads under the threads, equal lengths
+            split = S == 1 and B * N < self.threads and bool(np.all(total == total[0]))
             for b in range(B):
                 out[b] = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
-                                     _float32_scale(self.scale, H), self.window, fn=exact)
+                                     _float32_scale(self.scale, H), self.window, fn=exact,
+                                     split=split)
             return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
@@ -676,7 +683,8 @@ class GroupQueryAttention:
             np.dtype(np.float32))
         out = _gqa.attend(x[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
                           _rows_contiguous(present_v)[0], p, total,
-                          _float32_scale(self.scale, H), self.window, fn=fn)
+                          _float32_scale(self.scale, H), self.window, fn=fn,
+                          split=N < self.threads)
         return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
