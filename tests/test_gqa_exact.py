@@ -174,3 +174,26 @@ def test_small_blocks_match_the_reference_order():
     probs /= probs.sum(-1, keepdims=True)
     want = np.einsum("nst,nth->snh", probs, vv).reshape(S, N * H)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_lengths_past_the_cache_never_reach_the_kernels():
+    """seqlens_k beyond the cache: the compiled kernels (which read keys unchecked) are not
+    called; the numpy path answers as before (an error naming the node)."""
+    N, Nkv, H = 4, 2, 64
+    data = _model(N, Nkv, H, False, False, -1, True)
+    ours, _ = _sessions(data, False)
+    rng = np.random.default_rng(1)
+    calls = []
+    real = gqa.attend
+    gqa.attend = lambda *a, **k: calls.append(1) or real(*a, **k)
+    try:
+        feed = {"query": rng.standard_normal((1, 1, (N + 2 * Nkv) * H)).astype(np.float32),
+                "past_key": np.zeros((1, Nkv, 8, H), np.float32),
+                "past_value": np.zeros((1, Nkv, 8, H), np.float32),
+                "seqlens_k": np.array([5000], np.int32),
+                "total_sequence_length": np.array(9, np.int32)}
+        with pytest.raises(onnxrun.errors.OnnxRunError, match="GroupQueryAttention"):
+            ours.run(None, feed)  # the numpy path's error, naming the node
+    finally:
+        gqa.attend = real
+    assert not calls

@@ -545,7 +545,8 @@ class GroupQueryAttention:
         if exact is not None and B == 1 and S == 1 and key is None and past_key is not None:
             total = int(seqlens_k.reshape(-1)[0]) + 1
             T_max = int(np.asarray(total_sequence_length).reshape(-1)[0])
-            if T_max != 1 and total <= max(past_key.shape[2], T_max):  # not a first prompt
+            # not a first prompt; the keys within the cache (the kernels read them unchecked)
+            if T_max != 1 and 1 <= total <= max(past_key.shape[2], T_max):
                 return self._decode_exact(exact, query, past_key, past_value, total, T_max,
                                           cos_cache, sin_cache, position_ids)
         if (exact is None and self.simple and B == 1 and S == 1 and key is None
@@ -601,8 +602,10 @@ class GroupQueryAttention:
                                               self.interleaved) for b in range(B)])
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
-        if exact is not None and (np.all(past_len >= 0) if not first_prompt
-                                  else np.all(total == S)):  # no padding rows
+        if (exact is not None and S and total.min() >= 1
+                and total.max() <= present_k.shape[2]  # the kernels read the keys unchecked
+                and (np.all(past_len >= 0) if not first_prompt
+                     else np.all(total == S))):  # no padding rows
             kc, vc = _rows_contiguous(present_k), _rows_contiguous(present_v)
             out = np.empty((B, S, N * H), np.float32)
             # flash decoding: one token, batch x heads under the threads, equal lengths
