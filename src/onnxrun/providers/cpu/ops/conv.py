@@ -673,6 +673,8 @@ def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndar
     operand at 64-256 channels and 56 x 56, bit for bit the same)."""
     N, C, H, W = X.shape
     Yt = np.empty((N, H, W, C), X.dtype)
+    if Yt.size == 0:  # an empty batch or image: nothing to scale
+        return Yt.transpose(0, 3, 1, 2)
     src, dst = X.transpose(0, 2, 3, 1).reshape(-1, C), Yt.reshape(-1, C)
     R = min(src.shape[0], max(1, 8192 // C))
     whole = src.shape[0] // R * R
