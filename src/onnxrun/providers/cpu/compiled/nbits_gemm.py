@@ -40,7 +40,7 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from . import jit, nbits_gemv
 
 REQUIRES = ("avx2", "fma")
 BLOCK = 32
@@ -460,98 +460,6 @@ def _zshare() -> list[str]:
         "}"]
 
 
-def _quantize() -> list[str]:
-    """quantize(A, qa, sa4, asum, M, kb): A (M, kb * 32) float32 to quantize_rows's codes,
-    four-fold scales and block sums (the same float operations: amax, amax / 127, 127 / amax
-    or 0, rint of a * inv, scale * float(sum of the codes))."""
-    VF32, VI32, VB16 = "<32 x float>", "<32 x i32>", "<16 x i8>"
-    evens = _mask(range(0, 32, 2))
-    odds = _mask(range(1, 32, 2))
-    return [
-        "define void @quantize(ptr noalias %A, ptr noalias %qa, ptr noalias %sa4, "
-        "ptr noalias %asum, i64 %M, i64 %kb) nounwind {",
-        "entry:",
-        "  %K = mul i64 %kb, 32",
-        "  %kb4 = mul i64 %kb, 4",
-        "  %pairs2 = and i64 %kb, -2",  # blocks in whole pairs
-        "  %any = icmp sgt i64 %M, 0",
-        "  br i1 %any, label %m.loop, label %end",
-        "m.loop:",
-        "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
-        "  %arow = mul i64 %m, %K",
-        "  %srow = mul i64 %m, %kb",
-        "  %s4row = mul i64 %m, %kb4",
-        "  br label %b.loop",
-        "b.loop:",
-        "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
-        "  %boff = mul i64 %b, 32",
-        "  %base = add i64 %arow, %boff",
-        "  %p = getelementptr float, ptr %A, i64 %base",
-        f"  %v = load {VF32}, ptr %p, align 4",
-        f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
-        f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %av)",
-        "  %nz = fcmp one float %amax, 0.0",
-        "  %inv0 = fdiv float 127.0, %amax",
-        "  %inv = select i1 %nz, float %inv0, float 0.0",
-        "  %scale = fdiv float %amax, 127.0",
-        f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
-        f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer",
-        f"  %ws = fmul {VF32} %v, %invv",
-        f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
-        f"  %wi = fptosi {VF32} %wr to {VI32}",
-        f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %wi)",
-        "  %totalf = sitofp i32 %total to float",
-        "  %bsum = fmul float %scale, %totalf",
-        "  %si = add i64 %srow, %b",
-        "  %sp = getelementptr float, ptr %asum, i64 %si",
-        "  store float %bsum, ptr %sp, align 4",
-        "  %s4i0 = mul i64 %b, 4",
-        "  %s4i = add i64 %s4row, %s4i0",
-        "  %s4p = getelementptr float, ptr %sa4, i64 %s4i",
-        "  %sc0 = insertelement <4 x float> poison, float %scale, i64 0",
-        "  %sc4 = shufflevector <4 x float> %sc0, <4 x float> poison, <4 x i32> "
-        "zeroinitializer",
-        "  store <4 x float> %sc4, ptr %s4p, align 4",
-        "  %wb = trunc <32 x i32> %wi to <32 x i8>",
-        # where the codes go: in a pair, [b even | b+1 even | b odd | b+1 odd]; alone, in order
-        "  %inpair = icmp slt i64 %b, %pairs2",
-        "  %half = and i64 %b, 1",
-        "  %pb = sub i64 %b, %half",
-        "  %pbase0 = mul i64 %pb, 32",
-        "  %h16 = mul i64 %half, 16",
-        "  %pbase = add i64 %pbase0, %h16",
-        "  %ebase = add i64 %arow, %pbase",
-        "  %obase = add i64 %ebase, 32",
-        "  br i1 %inpair, label %pair, label %alone",
-        "pair:",
-        f"  %ev = shufflevector <32 x i8> %wb, <32 x i8> poison, <16 x i32> {evens}",
-        f"  %od = shufflevector <32 x i8> %wb, <32 x i8> poison, <16 x i32> {odds}",
-        "  %ep = getelementptr i8, ptr %qa, i64 %ebase",
-        f"  store {VB16} %ev, ptr %ep, align 1",
-        "  %op = getelementptr i8, ptr %qa, i64 %obase",
-        f"  store {VB16} %od, ptr %op, align 1",
-        "  br label %b.end",
-        "alone:",
-        "  %lp = getelementptr i8, ptr %qa, i64 %base",
-        "  store <32 x i8> %wb, ptr %lp, align 1",
-        "  br label %b.end",
-        "b.end:",
-        "  %b.next = add i64 %b, 1",
-        "  %b.more = icmp slt i64 %b.next, %kb",
-        "  br i1 %b.more, label %b.loop, label %m.end",
-        "m.end:",
-        "  %m.next = add i64 %m, 1",
-        "  %m.more = icmp slt i64 %m.next, %M",
-        "  br i1 %m.more, label %m.loop, label %end",
-        "end:",
-        "  ret void",
-        "}",
-        f"declare {VF32} @llvm.fabs.v32f32({VF32})",
-        f"declare float @llvm.vector.reduce.fmax.v32f32({VF32})",
-        f"declare {VF32} @llvm.rint.v32f32({VF32})",
-        f"declare i32 @llvm.vector.reduce.add.v32i32({VI32})"]
-
-
 def _loop(label: str, var: str, start: str, stop: str, step: int, body: list[str],
           after: str) -> list[str]:
     """A counted loop ``var`` = start, start + step, ... < stop around ``body`` (whose blocks
@@ -924,7 +832,8 @@ def module_ir(target=None) -> str:
     tiles += [line for fold in (True, False) for line in _tile(1, fold, sym=True)]
     tiles += [line for fold in (True, False) for line in _tile_zp1(fold)]
     rows = [line for zp in (False, True) for line in _row8(zp) + _row(zp)] + _row_job() + _rowc()
-    return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *_zshare(), *_quantize(),
+    return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *_zshare(),
+                      *nbits_gemv.quantize_ir(pairs=True),
                       *rows,
                       f"declare {_V32B} @llvm.x86.avx2.psign.b({_V32B}, {_V32B})",
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",

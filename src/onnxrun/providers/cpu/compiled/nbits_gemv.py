@@ -415,81 +415,136 @@ def _function8() -> list[str]:
     return L
 
 
-def _quantize() -> list[str]:
-    """quantize(A, qa, sa, asum, M, kb, groups): A (M, kb * groups * 32) float32 as
-    quantize_rows quantizes it, with the same float operations in the same order (amax,
-    127 / amax, rint of a * inv, amax / 127), and each block's sa * (sum of its codes, exact):
-    the factor of the zero points' share."""
-    VF32, VI32, VB32 = "<32 x float>", "<32 x i32>", "<32 x i8>"
+def quantize_ir(pairs: bool = False) -> list[str]:
+    """quantize(A, qa, sa, asum, M, kb[, groups]): A's rows to quantize_rows's int8 codes with
+    the same float operations in the same order (amax, 127 / amax or 0, rint of a * inv,
+    amax / 127), and each block's sa * (sum of its codes, exact): the factor of the zero
+    points' share. One generator for both kernels' layouts:
+
+    - ``pairs=False`` (this module): blocks of ``groups`` x 32 values, each 32 codes the 16
+      even-indexed then the 16 odd-indexed, one scale per block in ``sa``;
+    - ``pairs=True`` (nbits_gemm, no ``groups``: blocks of 32): two neighbouring blocks'
+      codes as [b even | b+1 even | b odd | b+1 odd] (a last unpaired block in order), each
+      scale four times in ``sa`` (MLAS's four-lane scale vectors)."""
+    VF32, VI32, VB32, VB16 = "<32 x float>", "<32 x i32>", "<32 x i8>", "<16 x i8>"
     # each 32 codes: the 16 even-indexed, then the 16 odd-indexed
     order = "<32 x i32> <" + ", ".join(
         f"i32 {i}" for i in [*range(0, 32, 2), *range(1, 32, 2)]) + ">"
-    return [
-        "define void @quantize(ptr noalias %A, ptr noalias %qa, ptr noalias %sa, "
-        "ptr noalias %asum, i64 %M, i64 %kb, i64 %groups) nounwind {",
-        "entry:",
-        "  %bsz = mul i64 %groups, 32",
-        "  %K = mul i64 %kb, %bsz",
-        "  %any = icmp sgt i64 %M, 0",
-        "  br i1 %any, label %m.loop, label %end",
-        "m.loop:",
-        "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
-        "  %arow = mul i64 %m, %K",
-        "  %srow = mul i64 %m, %kb",
-        "  br label %b.loop",
-        "b.loop:",
-        "  %b = phi i64 [0, %m.loop], [%b.next, %q.end]",
-        "  %boff = mul i64 %b, %bsz",
-        "  %base = add i64 %arow, %boff",
-        "  br label %x.loop",
-        "x.loop:",  # the block's amax
-        "  %g = phi i64 [0, %b.loop], [%g.next, %x.loop]",
-        f"  %mx = phi {VF32} [zeroinitializer, %b.loop], [%mx.next, %x.loop]",
-        "  %goff = mul i64 %g, 32",
-        "  %i = add i64 %base, %goff",
-        "  %p = getelementptr float, ptr %A, i64 %i",
-        f"  %v = load {VF32}, ptr %p, align 4",
-        f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
-        f"  %mx.next = call {VF32} @llvm.maxnum.v32f32({VF32} %mx, {VF32} %av)",
-        "  %g.next = add i64 %g, 1",
-        "  %g.more = icmp slt i64 %g.next, %groups",
-        "  br i1 %g.more, label %x.loop, label %x.end",
-        "x.end:",
-        f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %mx.next)",
-        "  %nz = fcmp one float %amax, 0.0",
-        "  %inv0 = fdiv float 127.0, %amax",
-        "  %inv = select i1 %nz, float %inv0, float 0.0",
-        "  %scale = fdiv float %amax, 127.0",
-        "  %si = add i64 %srow, %b",
-        "  %sp = getelementptr float, ptr %sa, i64 %si",
-        "  store float %scale, ptr %sp, align 4",
-        f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
-        f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer",
-        "  br label %q.loop",
-        "q.loop:",  # codes, in the kernels' layout, and their sum
-        "  %h = phi i64 [0, %x.end], [%h.next, %q.loop]",
-        f"  %sum = phi {VI32} [zeroinitializer, %x.end], [%sum.next, %q.loop]",
-        "  %hoff = mul i64 %h, 32",
-        "  %j = add i64 %base, %hoff",
-        "  %pj = getelementptr float, ptr %A, i64 %j",
-        f"  %w = load {VF32}, ptr %pj, align 4",
-        f"  %ws = fmul {VF32} %w, %invv",
-        f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
-        f"  %wi = fptosi {VF32} %wr to {VI32}",
-        f"  %sum.next = add {VI32} %sum, %wi",
-        f"  %wo = shufflevector {VI32} %wi, {VI32} poison, {order}",
-        f"  %wb = trunc {VI32} %wo to {VB32}",
-        "  %pq = getelementptr i8, ptr %qa, i64 %j",
-        f"  store {VB32} %wb, ptr %pq, align 1",
-        "  %h.next = add i64 %h, 1",
-        "  %h.more = icmp slt i64 %h.next, %groups",
-        "  br i1 %h.more, label %q.loop, label %q.end",
-        "q.end:",
-        f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %sum.next)",
+    head = "ptr noalias %A, ptr noalias %qa, ptr noalias %sa, ptr noalias %asum, i64 %M, i64 %kb"
+    L = [f"define void @quantize({head}{'' if pairs else ', i64 %groups'}) nounwind {{",
+         "entry:"]
+    if pairs:
+        L += ["  %K = mul i64 %kb, 32", "  %pairs2 = and i64 %kb, -2"]  # blocks in whole pairs
+    else:
+        L += ["  %bsz = mul i64 %groups, 32", "  %K = mul i64 %kb, %bsz"]
+    L += ["  %any = icmp sgt i64 %M, 0",
+          "  br i1 %any, label %m.loop, label %end",
+          "m.loop:",
+          "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+          "  %arow = mul i64 %m, %K",
+          "  %srow = mul i64 %m, %kb",
+          "  br label %b.loop",
+          "b.loop:",
+          "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]"]
+    if pairs:  # one vector a block: its amax straight from it
+        L += ["  %boff = mul i64 %b, 32",
+              "  %base = add i64 %arow, %boff",
+              "  %p = getelementptr float, ptr %A, i64 %base",
+              f"  %v = load {VF32}, ptr %p, align 4",
+              f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
+              f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %av)"]
+    else:
+        L += ["  %boff = mul i64 %b, %bsz",
+              "  %base = add i64 %arow, %boff",
+              "  br label %x.loop",
+              "x.loop:",  # the block's amax
+              "  %g = phi i64 [0, %b.loop], [%g.next, %x.loop]",
+              f"  %mx = phi {VF32} [zeroinitializer, %b.loop], [%mx.next, %x.loop]",
+              "  %goff = mul i64 %g, 32",
+              "  %i = add i64 %base, %goff",
+              "  %p = getelementptr float, ptr %A, i64 %i",
+              f"  %v = load {VF32}, ptr %p, align 4",
+              f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
+              f"  %mx.next = call {VF32} @llvm.maxnum.v32f32({VF32} %mx, {VF32} %av)",
+              "  %g.next = add i64 %g, 1",
+              "  %g.more = icmp slt i64 %g.next, %groups",
+              "  br i1 %g.more, label %x.loop, label %x.end",
+              "x.end:",
+              f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %mx.next)"]
+    L += ["  %nz = fcmp one float %amax, 0.0",
+          "  %inv0 = fdiv float 127.0, %amax",
+          "  %inv = select i1 %nz, float %inv0, float 0.0",
+          "  %scale = fdiv float %amax, 127.0",
+          "  %si = add i64 %srow, %b",
+          f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
+          f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer"]
+    if pairs:
+        L += ["  %s4i = mul i64 %si, 4",
+              "  %s4p = getelementptr float, ptr %sa, i64 %s4i",
+              "  %sc0 = insertelement <4 x float> poison, float %scale, i64 0",
+              "  %sc4 = shufflevector <4 x float> %sc0, <4 x float> poison, <4 x i32> "
+              "zeroinitializer",
+              "  store <4 x float> %sc4, ptr %s4p, align 4",
+              f"  %ws = fmul {VF32} %v, %invv",
+              f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
+              f"  %wi = fptosi {VF32} %wr to {VI32}",
+              f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %wi)",
+              f"  %wb = trunc {VI32} %wi to {VB32}",
+              "  %inpair = icmp slt i64 %b, %pairs2",
+              "  %half = and i64 %b, 1",
+              "  %pb = sub i64 %b, %half",
+              "  %pbase0 = mul i64 %pb, 32",
+              "  %h16 = mul i64 %half, 16",
+              "  %pbase = add i64 %pbase0, %h16",
+              "  %ebase = add i64 %arow, %pbase",
+              "  %obase = add i64 %ebase, 32",
+              "  br i1 %inpair, label %pair, label %alone",
+              "pair:",
+              f"  %ev = shufflevector {VB32} %wb, {VB32} poison, <16 x i32> "
+              f"<{', '.join(f'i32 {i}' for i in range(0, 32, 2))}>",
+              f"  %od = shufflevector {VB32} %wb, {VB32} poison, <16 x i32> "
+              f"<{', '.join(f'i32 {i}' for i in range(1, 32, 2))}>",
+              "  %ep = getelementptr i8, ptr %qa, i64 %ebase",
+              f"  store {VB16} %ev, ptr %ep, align 1",
+              "  %op = getelementptr i8, ptr %qa, i64 %obase",
+              f"  store {VB16} %od, ptr %op, align 1",
+              "  br label %sums",
+              "alone:",
+              "  %lp = getelementptr i8, ptr %qa, i64 %base",
+              f"  store {VB32} %wb, ptr %lp, align 1",
+              "  br label %sums",
+              "sums:"]
+    else:
+        L += ["  %sp = getelementptr float, ptr %sa, i64 %si",
+              "  store float %scale, ptr %sp, align 4",
+              "  br label %q.loop",
+              "q.loop:",  # codes, in the kernels' layout, and their sum
+              "  %h = phi i64 [0, %x.end], [%h.next, %q.loop]",
+              f"  %sum = phi {VI32} [zeroinitializer, %x.end], [%sum.next, %q.loop]",
+              "  %hoff = mul i64 %h, 32",
+              "  %j = add i64 %base, %hoff",
+              "  %pj = getelementptr float, ptr %A, i64 %j",
+              f"  %w = load {VF32}, ptr %pj, align 4",
+              f"  %ws = fmul {VF32} %w, %invv",
+              f"  %wr = call {VF32} @llvm.rint.v32f32({VF32} %ws)",
+              f"  %wi = fptosi {VF32} %wr to {VI32}",
+              f"  %sum.next = add {VI32} %sum, %wi",
+              f"  %wo = shufflevector {VI32} %wi, {VI32} poison, {order}",
+              f"  %wb = trunc {VI32} %wo to {VB32}",
+              "  %pq = getelementptr i8, ptr %qa, i64 %j",
+              f"  store {VB32} %wb, ptr %pq, align 1",
+              "  %h.next = add i64 %h, 1",
+              "  %h.more = icmp slt i64 %h.next, %groups",
+              "  br i1 %h.more, label %q.loop, label %q.end",
+              "q.end:",
+              f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %sum.next)"]
+    return L + [
         "  %totalf = sitofp i32 %total to float",
         "  %blocksum = fmul float %scale, %totalf",
         "  %up = getelementptr float, ptr %asum, i64 %si",
         "  store float %blocksum, ptr %up, align 4",
+        "  br label %b.end",
+        "b.end:",
         "  %b.next = add i64 %b, 1",
         "  %b.more = icmp slt i64 %b.next, %kb",
         "  br i1 %b.more, label %b.loop, label %m.end",
@@ -501,7 +556,7 @@ def _quantize() -> list[str]:
         "  ret void",
         "}",
         f"declare {VF32} @llvm.fabs.v32f32({VF32})",
-        f"declare {VF32} @llvm.maxnum.v32f32({VF32}, {VF32})",
+        *([] if pairs else [f"declare {VF32} @llvm.maxnum.v32f32({VF32}, {VF32})"]),
         f"declare float @llvm.vector.reduce.fmax.v32f32({VF32})",
         f"declare {VF32} @llvm.rint.v32f32({VF32})",
         f"declare i32 @llvm.vector.reduce.add.v32i32({VI32})"]
@@ -513,7 +568,7 @@ def module_ir(target=None) -> str:
     block size / 32; qa is (M, kb * groups * 32) int8 laid out as above, sa (M, kb), B
     (N, kb, groups * 16) bytes, sb (N, kb), C (M, N) float32."""
     return "\n".join([*_function("gemv", 1), *_function("gemv4", 4), *_function8(),
-                      *_quantize(),
+                      *quantize_ir(),
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       f"declare float @llvm.vector.reduce.fadd.v8f32(float, {_VF})",
                       f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
