@@ -48,7 +48,8 @@ def _sum(x, axes, keep):
         out = sum_trailing(x, n)
         return out.reshape(_reduced_shape(x.shape, axes, keep))
     acc = _acc(x.dtype)
-    return np.sum(x, axis=axes, dtype=acc, keepdims=keep).astype(x.dtype, copy=False)
+    # np.add.reduce is what np.sum calls, without its Python wrapper (~5 us a small call)
+    return np.add.reduce(x, axis=axes, dtype=acc, keepdims=keep).astype(x.dtype, copy=False)
 
 
 def _reduced_shape(shape, axes, keep):
@@ -77,7 +78,14 @@ def _mean(x, axes, keep):
         out *= 1.0 / n
         return out.reshape(_reduced_shape(x.shape, axes, keep))
     acc = _acc(x.dtype)
-    return np.mean(x, axis=axes, dtype=acc, keepdims=keep).astype(x.dtype, copy=False)
+    # np.mean's own steps (the sum in acc, divided by the count in acc) without its wrapper
+    total = np.add.reduce(x, axis=axes, dtype=acc, keepdims=keep)
+    count = x.size // max(np.size(total), 1)
+    if isinstance(total, np.ndarray):
+        np.true_divide(total, count, out=total, casting="unsafe")
+    else:
+        total = total.dtype.type(total / count)
+    return total.astype(x.dtype, copy=False)
 
 
 def _extreme(fn, nan_ufunc, arg_fn, empty_value):
