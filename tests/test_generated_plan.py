@@ -64,7 +64,7 @@ def test_runs_match_and_use_the_generated_function(with_options):
     sess = onnxrun.InferenceSession(_model())
     rng = np.random.default_rng(0)
     options = onnxrun.RunOptions() if with_options else None
-    for i in range(RUNS):
+    for _ in range(RUNS):
         x = rng.standard_normal((3, 4)).astype(np.float32)
         w = rng.standard_normal((4, 5)).astype(np.float32)
         got = sess.run(None, {"x": x, "w": w}, options)
