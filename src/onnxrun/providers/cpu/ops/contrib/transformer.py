@@ -602,7 +602,7 @@ class GroupQueryAttention:
                                               self.interleaved) for b in range(B)])
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
-        if (exact is not None and S and total.min() >= 1
+        if (exact is not None and B and S and total.min() >= 1
                 and total.max() <= present_k.shape[2]  # the kernels read the keys unchecked
                 and (np.all(past_len >= 0) if not first_prompt
                      else np.all(total == S))):  # no padding rows
