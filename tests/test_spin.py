@@ -96,3 +96,35 @@ def test_workers_that_fall_asleep_between_forks(monkeypatch):
         assert got.tobytes() == want.tobytes(), i
         if i % 50 == 0:
             time.sleep(0.002)  # longer than the polling: the workers are asleep again
+
+
+def test_concurrent_callers_on_one_weight():
+    """Several threads running one weight's product at once: one writes the weight's own
+    argument blocks, the others copies of them; each gets its own row's numbers."""
+    rng = np.random.default_rng(4)
+    pool = spin.Pool(2)
+    g = _gemm(640, 512, True, rng)
+    inputs = [rng.standard_normal(640).astype(np.float32) for _ in range(4)]
+    wants = []
+    for a in inputs:
+        w = np.empty(512, np.float32)
+        g.row(a, w)
+        wants.append(w)
+    errors = []
+
+    def caller(i):
+        try:
+            for _ in range(200):
+                got = np.empty(512, np.float32)
+                g.row_parts(inputs[i], got, 3, pool)
+                assert got.tobytes() == wants[i].tobytes()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a fork never returned"
+    assert not errors, errors[0]

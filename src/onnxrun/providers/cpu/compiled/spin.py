@@ -238,10 +238,11 @@ class Pool:
                             self.started[i] = True
                 self.events[i].set()
 
-    def fork(self, job: int, argv: np.ndarray) -> None:
+    def fork(self, job: int, argv: np.ndarray, at: int = 0) -> None:
         """job(argv[i]) for every i, at once where workers are spinning: ``job`` a compiled
         function's address, ``argv`` (parts,) int64 addresses of argument blocks (kept alive
-        by the caller until this returns). Part 0 runs on this thread."""
+        by the caller until this returns), ``at`` its address where the caller holds it.
+        Part 0 runs on this thread."""
         workers = len(argv) - 1
         if workers > self.size:
             raise ValueError(f"fork: {len(argv)} parts for {self.size} workers")
@@ -251,7 +252,7 @@ class Pool:
                 asleep |= 1 << i
         if asleep:
             self._wake(asleep)
-        self._fork(self.base, workers, job, jit.address(argv))
+        self._fork(self.base, workers, job, at or jit.address(argv))
 
 
 _pool: Pool | None = None
