@@ -48,7 +48,7 @@ def test_concurrent_callers_share_workers():
     gemms = [_gemm(512, 640, i % 2 == 1, rng) for i in range(4)]
     inputs = [rng.standard_normal(512).astype(np.float32) for _ in gemms]
     wants = []
-    for g, a in zip(gemms, inputs):
+    for g, a in zip(gemms, inputs, strict=True):
         w = np.empty(640, np.float32)
         g.row(a, w)
         wants.append(w)
