@@ -836,13 +836,19 @@ def _expf() -> int:
     return ctypes.cast(_libm_expf(), ctypes.c_void_p).value
 
 
+_L2: int | None = None
+
+
 def l2_cache_size() -> int:
     """sysconf(_SC_LEVEL2_CACHE_SIZE) as onnxruntime's Env reads it (its flash attention's
-    block sizes follow it); 0 where unknown."""
-    try:
-        return max(int(ctypes.CDLL(None).sysconf(191)), 0)  # glibc's _SC_LEVEL2_CACHE_SIZE
-    except (OSError, AttributeError):
-        return 0
+    block sizes follow it); 0 where unknown. Read once per process."""
+    global _L2
+    if _L2 is None:
+        try:
+            _L2 = max(int(ctypes.CDLL(None).sysconf(191)), 0)  # glibc's _SC_LEVEL2_CACHE_SIZE
+        except (OSError, AttributeError):
+            _L2 = 0
+    return _L2
 
 
 def decode_packed(fn, qkv: np.ndarray, N: int, Nkv: int, cos: np.ndarray | None,
