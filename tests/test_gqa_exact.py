@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto as TP
 from onnx import helper
+from ort_bits import assert_ort_bits
 
 import onnxrun
 from onnxrun.providers.cpu.compiled import gqa
@@ -76,9 +77,7 @@ def _sessions(data: bytes, share: bool, threads: int = 1):
 
 def _assert_same(got, want):
     for g, w, name in zip(got, want, ("output", "present_key", "present_value"), strict=True):
-        assert g.shape == w.shape, name
-        diff = np.count_nonzero(g.view(np.int32) != w.view(np.int32))
-        assert diff == 0, f"{name}: {diff} of {w.size} differ (max {np.abs(g - w).max():.3g})"
+        assert_ort_bits(g, w, err=name)
 
 
 CASES = [  # N, Nkv, H, batch, prompt, decode steps, rotary, interleaved, window, packed
