@@ -90,7 +90,8 @@ _LOAD_ERROR = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("case", ["type_mismatch", "missing_attribute", "unknown_op"])
+@pytest.mark.parametrize(
+    "case", ["type_mismatch", "missing_attribute", "unknown_op", "too_few_inputs", "no_inputs"])
 def test_bad_models_fail_at_load_as_with_onnx(tmp_path, case):
     if case == "type_mismatch":
         mp = _model([helper.make_node("Add", ["x", "y"], ["z"], name="add")],
@@ -99,6 +100,13 @@ def test_bad_models_fail_at_load_as_with_onnx(tmp_path, case):
     elif case == "missing_attribute":  # Cast without its required 'to'
         mp = _model([helper.make_node("Cast", ["x"], ["z"], name="cast")],
                     [_vi("x", TensorProto.FLOAT, [2])], [_vi("z", TensorProto.FLOAT, [2])])
+    elif case in ("too_few_inputs", "no_inputs"):  # Reshape needs its shape (2 inputs)
+        # Without onnx this was a run-time error (1 input) or an IndexError in an optimizer
+        # pass (none, after a Flatten: the reshape-chain fusion).
+        mp = _model([helper.make_node("Flatten", ["x"], ["f"], name="flat"),
+                     helper.make_node("Reshape", ["f"] if case == "too_few_inputs" else [],
+                                      ["z"], name="rs")],
+                    [_vi("x", TensorProto.FLOAT, [2, 3])], [_vi("z", TensorProto.FLOAT, [6])])
     else:
         mp = _model([helper.make_node("NoSuchOperator", ["x"], ["z"], name="nso")],
                     [_vi("x", TensorProto.FLOAT, [2])], [_vi("z", TensorProto.FLOAT, [2])])
@@ -111,8 +119,33 @@ def test_bad_models_fail_at_load_as_with_onnx(tmp_path, case):
     assert "OnnxRunError" in mro
     # The same kind of error as with onnx, naming the node or the operator.
     assert name == type(with_onnx.value).__name__
-    needle = {"type_mismatch": "add", "missing_attribute": "to", "unknown_op": "NoSuchOperator"}
+    needle = {"type_mismatch": "add", "missing_attribute": "to", "unknown_op": "NoSuchOperator",
+              "too_few_inputs": "rs", "no_inputs": "rs"}
     assert needle[case] in message, message
+
+
+def test_kernels_need_no_more_inputs_than_the_schemas():
+    """Validation without onnx refuses a node with fewer inputs than its kernel needs
+    (``KernelDef.min_inputs``): that refuses no model onnx's checker accepts only while no
+    CPU kernel needs more inputs than its operator's schema at any opset."""
+    from onnxrun.providers.cpu.kernels import cpu_kernels as registry
+
+    registry.import_all()
+    stricter, compared = [], 0
+    for domain, op_type, _ in registry.operators():
+        if domain != "":
+            continue
+        for opset in range(1, onnx.defs.onnx_opset_version() + 1):
+            kdef = registry.lookup("", op_type, opset)
+            try:
+                schema = onnx.defs.get_schema(op_type, opset, "")
+            except onnx.defs.SchemaError:
+                continue
+            if kdef is not None:
+                compared += 1
+                if kdef.min_inputs > schema.min_input:
+                    stricter.append((op_type, opset, kdef.min_inputs, schema.min_input))
+    assert compared > 1000 and not stricter, stricter
 
 
 def _local_function_model() -> onnx.ModelProto:

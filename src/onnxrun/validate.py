@@ -162,13 +162,15 @@ def validate(
     infer_shapes: bool = True,
     has_kernel: Callable[[str, int], bool] | None = None,
     released_opsets_only: bool = True,
+    min_inputs: Callable[[str, int], int | None] | None = None,
 ) -> None:
     """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR.
 
     ``has_kernel(op_type, opset)`` says whether a provider runs an ai.onnx operator that onnx
     itself does not define at that opset (see _UNCHECKED_DOMAIN). ``released_opsets_only``
     (onnxruntime's ``session.allow_released_opsets_only``): refuse operator sets newer than
-    onnxrun knows."""
+    onnxrun knows. ``min_inputs(op_type, opset)``: how many inputs an ai.onnx operator's
+    kernel needs at the least (None: no kernel), for the checks without onnx."""
     check_versions(model, released_opsets_only)
     if not HAVE_ONNX:
         # No checker or shape inference (Pyodide): onnxrun's own checks of what the kernels
@@ -176,6 +178,8 @@ def validate(
         # refused when the session plans its kernels).
         if has_kernel is not None:
             _check_known_ops(model, has_kernel)
+        if min_inputs is not None:
+            _check_input_counts(model, min_inputs)
         check_types(model)
         return
     # The IR lists the proto's nodes in its order (unless the caller sorted the proto since).
@@ -367,6 +371,29 @@ def _check_known_ops(model: Model, has_kernel: Callable[[str, int], bool]) -> No
                         f"domain_version of {opset} (node '{node.label}')"
                     )
                 seen.add(node.op_type)
+
+
+def _check_input_counts(model: Model, min_inputs: Callable[[str, int], int | None]) -> None:
+    """Without onnx's schemas: a node with fewer inputs than its kernel needs is refused as the
+    checker refuses it (InvalidGraph), not met later by an optimizer pass or the run. The
+    kernels need no more than the schemas' minimum (tests/test_without_onnx.py checks)."""
+    opset = model.opset("")
+    if opset is None:
+        return
+    needs: dict[str, int | None] = {}
+    for g in _graphs(model.graph):
+        for node in g.nodes:
+            if node.domain != "":
+                continue
+            if node.op_type not in needs:
+                needs[node.op_type] = min_inputs(node.op_type, opset)
+            least = needs[node.op_type]
+            if least is not None and len(node.inputs) < least:
+                raise InvalidGraph(
+                    f"model failed validation: Node({node.label}) of type {node.op_type} "
+                    f"(opset {opset}) has input size {len(node.inputs)}, fewer than the "
+                    f"{least} it needs"
+                )
 
 
 def check_versions(model: Model, released_opsets_only: bool = True) -> None:

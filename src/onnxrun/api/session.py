@@ -240,7 +240,8 @@ class InferenceSession:
         # 2. validate
         validate(proto, model, has_kernel=lambda op_type, opset: any(
             p.registry.lookup("", op_type, opset) is not None for p in self._providers),
-            released_opsets_only=opts._config.get("session.allow_released_opsets_only") != "0")
+            released_opsets_only=opts._config.get("session.allow_released_opsets_only") != "0",
+            min_inputs=self._min_inputs)
         del proto
         # 3. optimize
         self._device = next((p for p in self._providers if p.device != "cpu"), None)
@@ -317,6 +318,13 @@ class InferenceSession:
         if all(p.name != CPU for p in chosen):
             chosen.append(create_provider(CPU))  # CPU is always the fallback
         return chosen
+
+    def _min_inputs(self, op_type: str, opset: int) -> int | None:
+        """The fewest inputs any provider's kernel of an ai.onnx operator runs with (None:
+        none runs it): validation's input counts where onnx's checker is not there."""
+        found = [k.min_inputs for p in self._providers
+                 if (k := p.registry.lookup("", op_type, opset)) is not None]
+        return min(found) if found else None
 
     def _apply_option_overrides(self, model: Model) -> None:
         opts = self._sess_options

@@ -113,6 +113,21 @@ class KernelDef:
         creation time."""
         return _attribute_params(self.impl, self.is_class)
 
+    @functools.cached_property
+    def min_inputs(self) -> int:
+        """How many inputs a run passes at the least: the call's positional parameters
+        without a default (a node with fewer cannot run)."""
+        fn = self.impl.__call__ if self.is_class else self.impl
+        if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
+            required = fn.__code__.co_argcount - len(fn.__defaults__ or ())
+            return required - 1 if self.is_class else required  # not self
+        return sum(
+            1 for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY,
+                          inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            and p.default is REQUIRED and not (self.is_class and p.name == "self")
+        )
+
     def instantiate(self, ctx: KernelContext, attrs: dict[str, Any]) -> Callable[..., Any]:
         """Bind parsed attributes (and prepare a class kernel): the result takes inputs only."""
         bound = {k: v for k, v in attrs.items() if k in self.attributes}
