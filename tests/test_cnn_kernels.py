@@ -461,3 +461,23 @@ def test_small_convolutions_take_the_gather_path_with_onnxruntimes_results(x_sha
     check(model, feeds, threads=1)
     after = conv_mod._small_conv_columns.cache_info()
     assert after.hits + after.misses > before.hits + before.misses  # the path was taken
+
+
+@pytest.mark.parametrize("act", [None, "Relu"])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", SMALL)
+def test_small_convolutions_plan_once_per_shape_with_the_first_runs_results(x_shape, w_shape,
+                                                                            attrs, act):
+    """The second run of a shape reuses the first's plan (no geometry, method choice or column
+    indices again) and gives bit for bit what a first run of the same input gives."""
+    model, feeds = conv_model(x_shape, rand(*w_shape, scale=0.3), rand(w_shape[0]), act,
+                              **attrs)
+    sess = session(model, threads=1)
+    sess.run(None, feeds)
+    later = {"X": rand(*x_shape)}
+    calls = conv_mod._small_conv_columns.cache_info()
+    got = sess.run(None, later)[0]
+    again = conv_mod._small_conv_columns.cache_info()
+    assert again.hits + again.misses == calls.hits + calls.misses  # planned: not recomputed
+    np.testing.assert_array_equal(got, session(model, threads=1).run(None, later)[0])
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, later)
+    np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
