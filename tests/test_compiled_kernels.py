@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 from concurrency import assert_threads_match_serial
 from one_node_harness import one_node
+import onnx
 from onnx import TensorProto as TP
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
 from onnxrun.providers.cpu.compiled import int8_depthwise, int8_gemm, ir, lstm, quantize, targets
+from onnxrun.providers.cpu.ops import rnn
 from onnxrun.providers.cpu.ops.contrib.quantization import dynamic_quantize
 from onnxrun.providers.cpu.ops.quantization import DynamicQuantizeLinear
 from onnxrun.providers.cpu.ops.rnn import fast_lstm_cell
@@ -950,3 +952,42 @@ def test_bad_ir_is_a_clear_unavailable():
 
     with pytest.raises(jit.Unavailable, match="compiling broken"):
         jit.compile_module("broken", "define void @f( {", {"f": None})
+
+
+@pytest.mark.parametrize("T,batch,want_y", [(1, 1, True), (1, 1, False), (1, 3, True),
+                                            (4, 2, True)])
+def test_float_lstm_streaming_step_equals_the_general_path(T, batch, want_y, monkeypatch):
+    """A forward float32 LSTM on whole sequences with initial states (a streaming model's one
+    step a call) takes _compiled_forward: bit for bit what the general path (_run, here
+    through a sequence_lens of full lengths) gives, and onnxruntime's within tolerance."""
+    I, H = 10, 16
+    X, W, R, B = _float_rnn_inputs(4, 1, T, batch, I, H)
+    h0, c0 = (RNG.standard_normal((1, batch, H)).astype(np.float32) for _ in range(2))
+    outs = 3 if want_y else 2
+
+    def model(lens):
+        m, feeds = one_node("LSTM", [X, W, R, B, lens, h0, c0], opset=14, n_out=3,
+                            const=(1, 2, 3), out_types=[TP.FLOAT] * 3, hidden_size=H)
+        if not want_y:  # Y unused: its output name left empty
+            proto = onnx.load_from_string(m)
+            proto.graph.node[0].output[0] = ""
+            del proto.graph.output[0]
+            m = proto.SerializeToString()
+        return m, feeds
+
+    fast_model, feeds = model(None)
+    general_model, general_feeds = model(np.full(batch, T, np.int32))
+    counter = _Counting(monkeypatch, rnn.LSTM, "_compiled_forward")
+    got = _sessions(fast_model)[1].run(None, feeds)
+    assert counter.calls == 1
+    want = _sessions(general_model)[1].run(None, general_feeds)
+    assert counter.calls == 1 and len(got) == outs
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+    ort = pytest.importorskip("onnxruntime")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    ref = ort.InferenceSession(fast_model, so, providers=["CPUExecutionProvider"])
+    for g, e in zip(got, ref.run(None, feeds), strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)

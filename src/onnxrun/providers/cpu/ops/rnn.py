@@ -405,6 +405,10 @@ class LSTM(_Recurrent):
         h0 = self._states_in(initial_h, batch, H, dt)
         c0 = self._states_in(initial_c, batch, H, dt)
 
+        if w["fast"] and w["recurrences"] is not None and sequence_lens is None and \
+                self.D == 1 and not self.reverse[0] and not self.layout and \
+                X.dtype == np.float32 and X.ndim == 3 and X.shape[1] <= COMPILED_MAX_ROWS:
+            return self._compiled_forward(X, w, initial_h, initial_c)
         if w["fast"]:
             cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, _recurrent_weights(w), out=out),
                                   w["half"], clip, biased)
@@ -447,6 +451,22 @@ class LSTM(_Recurrent):
 
         ys, (hT, cT) = self._run(Xc, w["WT"], w["bias"], sequence_lens, [h0, c0], cell)
         return self._outputs(X.dtype, ys, [hT, cT])
+
+
+    def _compiled_forward(self, X: np.ndarray, w: dict[str, Any], initial_h, initial_c
+                          ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        """The usual forward float32 LSTM on whole sequences (a streaming model's one step a
+        call): what _run does for it (the input GEMM, the compiled recurrence on copies of the
+        states, in place), the same operations, without the generality's Python."""
+        T, B, I = X.shape
+        H = w["H"]
+        h = np.array(self._states_in(initial_h, B, H, np.float32), order="C")  # [1, B, H]
+        c = np.array(self._states_in(initial_c, B, H, np.float32), order="C")
+        xw = np.matmul(X.reshape(T * B, I), w["WT"])
+        xw += w["bias"]
+        ys = (np.zeros if self.want_y else np.empty)((T, 1, B, H), np.float32)
+        w["recurrences"][0].run(xw.reshape(T, B, -1), h[0], c[0], ys[:, 0])
+        return (ys if self.want_y else None), h, c
 
 
 # Rows up to which the compiled recurrence was measured to beat the numpy loop (one GEMM per
