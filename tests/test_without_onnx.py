@@ -124,6 +124,25 @@ def test_bad_models_fail_at_load_as_with_onnx(tmp_path, case):
     assert needle[case] in message, message
 
 
+def test_a_bypassed_node_keeps_the_graph_outputs_declared_type(tmp_path):
+    """Relu -> Identity -> graph output: the Identity is bypassed and Relu's output takes the
+    output's name. Without shape inference Relu's output has no type: the output's declared
+    type stays what get_outputs reports (it reported "unknown", [])."""
+    mp = _model([helper.make_node("Relu", ["x"], ["b"]),
+                 helper.make_node("Identity", ["b"], ["y"])],
+                [_vi("x", TensorProto.FLOAT, [2])], [_vi("y", TensorProto.FLOAT, [2])])
+    path = _write(tmp_path, "bypass.onnx", mp)
+    expected = [(o.name, o.type, o.shape) for o in onnxrun.InferenceSession(path).get_outputs()]
+    r = _child(f"""
+        s = onnxrun.InferenceSession({path!r})
+        result["outputs"] = [(o.name, o.type, o.shape) for o in s.get_outputs()]
+        result["y"] = s.run(None, {{"x": np.array([-1, 1], np.float32)}})[0].tolist()
+    """)
+    assert expected == [("y", "tensor(float)", [2])]
+    assert [tuple(o) for o in r["outputs"]] == expected
+    assert r["y"] == [0, 1]
+
+
 def test_kernels_need_no_more_inputs_than_the_schemas():
     """Validation without onnx refuses a node with fewer inputs than its kernel needs
     (``KernelDef.min_inputs``): that refuses no model onnx's checker accepts only while no

@@ -130,6 +130,8 @@ def replace_value(old: Value, new: Value) -> bool:
         name = old.name
         old.replace_all_uses_with(new)
         new.name = name
+        if new.type is None or new.type.WhichOneof("value") is None:
+            new.type = old.type  # the output's declared type, where nothing inferred new's
         return True
     old.replace_all_uses_with(new)
     return True
