@@ -501,30 +501,6 @@ def test_instances_run_concurrently():
         scheduler.close()
 
 
-def test_blas_held_at_one_thread_while_sessions_run_concurrently(tmp_path):
-    threadpoolctl = pytest.importorskip("threadpoolctl")
-    from onnxrun.serve.server import _one_blas_thread
-
-    def blas_threads():
-        return [i["num_threads"] for i in threadpoolctl.threadpool_info()
-                if i["user_api"] == "blas"]
-
-    write_model(tmp_path / "one", "m", ADDMUL)
-    write_model(tmp_path / "two", "m", ADDMUL, "instance_group [ { count: 2 } ]")
-    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
-        before = blas_threads()
-        if not before or max(before) < 2:
-            pytest.skip("no multi-threaded BLAS in this process")
-        for folder, inside in (("one", before), ("two", [1] * len(before))):
-            repository = Repository(tmp_path / folder)
-            try:
-                hold = _one_blas_thread(repository)
-                with hold:
-                    assert blas_threads() == inside, folder
-                assert blas_threads() == before  # restored when serving ends
-            finally:
-                repository.close()
-
 def test_cancelled_and_expired_requests_leave_the_instance_serving(tmp_path):
     """A request whose caller cancelled it (a client that went away) is dropped from the
     queue, and several requests timing out together fail alone: the instance's thread goes on

@@ -128,3 +128,61 @@ def test_concurrent_callers_on_one_weight():
         t.join(60)
     assert not any(t.is_alive() for t in threads), "a fork never returned"
     assert not errors, errors[0]
+
+
+def _spy_forks(monkeypatch):
+    forks = []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    return forks
+
+
+@pytest.mark.parametrize("M,N", [(5, 300), (200, 20), (97, 129), (1, 700)])
+def test_float_gemm_split_on_the_spinning_workers(monkeypatch, M, N):
+    """The compiled float GEMM's split (panels or row strips) runs on spin.py's workers, and
+    gives one thread's bits: the sum over K runs in one order whatever the split."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import float_gemm
+
+    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 10)  # small products split too
+    monkeypatch.setattr(parallel, "run_ranges", None)  # not the queue's threads
+    forks = _spy_forks(monkeypatch)
+    rng = np.random.default_rng(M + N)
+    A = rng.standard_normal((M, 600), np.float32)
+    B = rng.standard_normal((600, N), np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    P = float_gemm.pack(B)
+    one = P.run(A, bias)
+    for threads in (2, 3, 4):
+        for _ in range(20):  # workers asleep at first, then spinning
+            assert P.run(A, bias, threads=threads).tobytes() == one.tobytes()
+        assert forks == [min(threads, spin.pool().size + 1)] * 20
+        forks.clear()
+
+
+def test_run_blocks_chains_rows_per_part(monkeypatch):
+    """More products than threads (Winograd's 16 on 2): each thread's products in one chained
+    job, every product whole on one thread, the same bits as one by one."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import float_gemm
+
+    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 10)
+    forks = _spy_forks(monkeypatch)
+    rng = np.random.default_rng(4)
+    Bs = rng.standard_normal((16, 40, 33)).astype(np.float32)
+    packed = float_gemm.pack_stack(Bs)
+    A = rng.standard_normal((16, 50, 40)).astype(np.float32)
+    want = np.stack([p.run(a) for p, a in zip(packed, A, strict=True)])
+    for threads in (2, 3):
+        for _ in range(20):
+            got = np.full((16, 50, 33), np.nan, np.float32)
+            float_gemm.run_all(packed, A, got, threads)
+            assert got.tobytes() == want.tobytes()
+        assert forks == [min(threads, spin.pool().size + 1)] * 20
+        forks.clear()
+    # below the threshold: no fork, one thread
+    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 22)
+    got = np.empty_like(want)
+    float_gemm.run_all(packed, A, got, 2)
+    assert got.tobytes() == want.tobytes() and forks == []

@@ -62,11 +62,16 @@ def test_small_products_stay_on_the_calling_thread(monkeypatch):
 
     if float_gemm.unavailable() is not None:
         pytest.skip(float_gemm.unavailable())
+    from onnxrun.providers.cpu.compiled import spin
+
     calls = []
     monkeypatch.setattr(blas, "one_thread", True)  # as during a run
     monkeypatch.setattr(parallel, "run_ranges", lambda fn, r: calls.append(r) or [
         fn(*x) for x in r])
     monkeypatch.setattr(blas, "run_ranges", parallel.run_ranges)
+    run_blocks = spin.run_blocks  # the compiled GEMM's split (spin.py's workers)
+    monkeypatch.setattr(spin, "run_blocks", lambda job, b, t: calls.append(list(b)) or
+                        run_blocks(job, b, t))
     rng = np.random.default_rng(1)
     B = rng.standard_normal((256, 256)).astype(np.float32)
     A = rng.standard_normal((32, 256)).astype(np.float32)  # a decoder's 32 tokens: 2M MACs

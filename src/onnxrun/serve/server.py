@@ -91,7 +91,6 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
         for sig in signals:
             previous[sig] = signal.getsignal(sig)
             loop.add_signal_handler(sig, stop)
-    blas = _one_blas_thread(repository)  # set now, restored in the finally below
     try:
         if grpc_server is not None:
             log.info("onnxrun serve: gRPC on %s:%d", host, grpc_port)
@@ -110,19 +109,3 @@ async def _serve(repository: Repository, host: str, http_port: int, grpc_port: i
             metrics.shutdown()
         if not force:  # else the instances' (daemon) threads end with the process
             await asyncio.to_thread(repository.close)
-        blas.__exit__(None, None, None)
-
-
-def _one_blas_thread(repository: Repository) -> contextlib.AbstractContextManager:
-    """BLAS held at one thread while the server serves, when it can run more than one session
-    at a time (instances of all its models > 1): OpenBLAS's idle threads spin after each call,
-    and a session's run that sets BLAS's thread count for its duration flips it under the
-    runs of other threads; two BERT instances on two threads then cost ~10x the CPU of one
-    (benchmarks/serve_load.py --batch-cost). Entered here, restored when serving ends."""
-    if sum(m.config.instance_count for m in repository.models()) < 2:
-        return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")

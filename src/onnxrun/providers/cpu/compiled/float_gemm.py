@@ -34,7 +34,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import jit
+from ..parallel import work_ranges
+from . import jit, spin
 from .jit import address
 from .layout import aligned_zeros
 
@@ -657,26 +658,54 @@ class PackedMatrix:
         MR = self.MR
         ranges = [(0, M, 0, npan)]
         if threads > 1 and M * npan > MR:
-            # ranges of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a small product
-            # stays on the calling thread), two a thread for a worker the OS wakes late
-            from ..parallel import work_ranges
-
+            # a range a thread, each of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a
+            # small product stays on the calling thread), on spin.py's workers: one that is
+            # still spinning from the previous product takes its range within a microsecond
             if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
                 ranges = [(0, M, p0, p1) for p0, p1 in
-                          work_ranges(npan, threads, M * K * self.NR, per_thread=2)]
+                          work_ranges(npan, threads, M * K * self.NR, per_thread=1)]
             else:  # few panels: strips of rows, whole tiles each
                 ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
                           work_ranges(-(-M // MR), threads, MR * K * npan * self.NR,
-                                      per_thread=2)]
+                                      per_thread=1)]
         params = np.array([head + list(r) for r in ranges], np.int64)  # alive through the calls
         if len(ranges) == 1:
             self._fn(address(params))
-            return out
-        from ..parallel import run_ranges
-
-        run_ranges(lambda i, _: self._fn(address(params[i])), [(i, i + 1)
-                                                                for i in range(len(ranges))])
+        else:
+            spin.run_blocks(self._fn, params, threads)
         return out
+
+    def args(self, A: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The kernel's argument block (int64) for out = A @ B on one thread, for a caller
+        that runs many products as one job (``run_all``). A: (M, K) float32 with contiguous
+        rows, ``out`` (M, N) float32 C-contiguous; both kept alive by the caller."""
+        M, N, K = A.shape[0], self.N, self.K
+        if A.shape != (M, K) or A.dtype != np.float32 or A.strides[1] != 4 or \
+                A.strides[0] % 4 or A.strides[0] < 4 * K or out.shape != (M, N) or \
+                out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: bad operands {A.dtype}{list(A.shape)} -> "
+                             f"{out.dtype}{list(out.shape)} for [{K}, {N}]")
+        snp = -(-N // self.NR)
+        return np.array([address(A), A.strides[0] // 4, self._ptr, K, address(out), N, N,
+                         self._zeros_ptr, self._zeros_ptr, 0, address(_NO_CLIP), 0, KC,
+                         self._ncb, 0, 0, snp, K, N, N, 0, M, 0, snp], np.int64)
+
+
+def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
+    """outs[i] = As[i] @ packed[i] for every i, the products split over ``threads`` threads
+    (spin.py's workers), each product whole on one thread: the same numbers as one by one.
+    Empty products (M, N or K of 0) are run alone."""
+    blocks = [p.args(a, o) for p, a, o in zip(packed, As, outs, strict=True)
+              if a.shape[0] and p.N and p.K]
+    if len(blocks) < len(packed):
+        for p, a, o in zip(packed, As, outs, strict=True):
+            if not (a.shape[0] and p.N and p.K):
+                p.run(a, out=o)
+    if blocks:
+        # the small-work threshold as for one product: a part of >= MIN_MACS_PER_RANGE
+        macs = sum(a.shape[0] * p.K * p.N for p, a in zip(packed, As, strict=True))
+        threads = len(work_ranges(len(blocks), threads, macs // len(blocks), per_thread=1))
+        spin.run_blocks(packed[0]._fn, np.stack(blocks), threads)
 
 
 _NO_CLIP = np.array((-np.inf, np.inf), np.float32)

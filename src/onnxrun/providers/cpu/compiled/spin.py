@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..parallel import usable_cores
+from ..parallel import run_ranges, split, usable_cores
 from . import jit
 
 REQUIRES = ()
@@ -188,6 +188,27 @@ def module_ir(target=None) -> str:
         "done:",
         "  ret i64 %asleepf",
         "}",
+        # chain(block): block = [fn, n, args_0 .. args_{n-1}]: fn(args_i) for each, in turn (a
+        # part of several products, e.g. Winograd's 16, as one fork job)
+        "define void @chain(ptr %a) nounwind {",
+        "entry:",
+        "  %cfn = load ptr, ptr %a, align 8",
+        "  %cnp = getelementptr i64, ptr %a, i64 1",
+        "  %cn = load i64, ptr %cnp, align 8",
+        "  %cany = icmp sgt i64 %cn, 0",
+        "  br i1 %cany, label %loop, label %end",
+        "loop:",
+        "  %i = phi i64 [0, %entry], [%i1, %loop]",
+        "  %i2 = add i64 %i, 2",
+        "  %bp = getelementptr i64, ptr %a, i64 %i2",
+        "  %b = load ptr, ptr %bp, align 8",
+        "  call void %cfn(ptr %b)",
+        "  %i1 = add i64 %i, 1",
+        "  %cmore = icmp slt i64 %i1, %cn",
+        "  br i1 %cmore, label %loop, label %end",
+        "end:",
+        "  ret void",
+        "}",
         "declare i64 @llvm.readcyclecounter()",
         "declare void @llvm.x86.sse2.pause()"])
 
@@ -195,10 +216,12 @@ def module_ir(target=None) -> str:
 _SPIN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
 _FORK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
                          ctypes.c_void_p)
+_JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("spin", module_ir, {"spin": _SPIN, "fork": _FORK}, REQUIRES)
+    return jit.compile_module("spin", module_ir, {"spin": _SPIN, "fork": _FORK, "chain": _JOB},
+                              REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -273,6 +296,44 @@ def function_address(fn) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value
 
 
+def usable() -> Pool | None:
+    """The pool, or None where the spinning workers cannot run here (then a kernel splits
+    on parallel.py's queue)."""
+    return pool() if unavailable() is None else None
+
+
+def run_blocks(job, blocks: np.ndarray, threads: int) -> None:
+    """``job(block)`` for every row of ``blocks`` ((n, words) int64, C-contiguous: one argument
+    block per call; ``job`` a ctypes function of one pointer). One row runs here; several
+    run at once on the spinning workers, at most one part a thread: each thread's rows
+    chained in one @chain block (the caller takes back a part no worker has begun). Without
+    the pool (not x86, say) the rows go to parallel.py's queue."""
+    n = len(blocks)
+    if n == 0:
+        return
+    base, step = jit.address(blocks), blocks.strides[0]
+    if n == 1 or threads <= 1:
+        for i in range(n):
+            job(base + i * step)
+        return
+    p = usable()
+    if p is None:
+        run_ranges(lambda i, _: job(base + i * step), [(i, i + 1) for i in range(n)])
+        return
+    parts = split(n, min(threads, p.size + 1))
+    if len(parts) == n:  # a row a part: the job itself
+        p.fork(function_address(job), base + np.arange(n, dtype=np.int64) * step)
+        return
+    chains = np.zeros((len(parts), 2 + max(b - a for a, b in parts)), np.int64)
+    fn = function_address(job)
+    for i, (a, b) in enumerate(parts):
+        chains[i, :2] = fn, b - a
+        chains[i, 2:2 + b - a] = base + np.arange(a, b, dtype=np.int64) * step
+    p.fork(function_address(_module().chain),
+           jit.address(chains) + np.arange(len(parts), dtype=np.int64) * chains.strides[0])
+
+
 BUNDLE = {"spin": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "Pool", "SPIN_TICKS", "function_address", "pool", "unavailable"]
+__all__ = ["BUNDLE", "Pool", "SPIN_TICKS", "function_address", "pool", "run_blocks",
+           "unavailable", "usable"]

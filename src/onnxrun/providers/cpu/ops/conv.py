@@ -23,8 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 from ....dtypes import BFLOAT16, np_dtype, type_shape
 from .. import blas
 from ..kernels import KernelContext, op
-from ..parallel import (parallel_for, run_ranges, split, split_threads, threads_for,
-                        work_ranges)
+from ..parallel import parallel_for, split_threads, threads_for
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -474,7 +473,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
     sums and differences of strided slices, done channels-last so that their inner loops run
     along the channels, on the intra-op threads a range of tile rows each (the GEMMs use
     BLAS's threads; or, given ``packed``, the 16 matrices of U in the compiled GEMM's panels,
-    the 16 products split over the intra-op threads). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2),
+    the 16 products split over spin.py's workers). Returns (N, 2*ceil(Ho/2), 2*ceil(Wo/2),
     M) channels-last, bias added, a fresh array."""
     N, C = X.shape[:2]
     M = packed[0].N if packed is not None else U.shape[2]
@@ -500,19 +499,14 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
         T = N * nt * tw
         Mm = scratch("conv_gemm", (16, T, M), X.dtype)
         if packed is not None:
-            run_ranges(functools.partial(_products, packed, V.reshape(16, T, C), Mm),
-                       work_ranges(16, threads, T * C * M, per_thread=8))
+            from ..compiled.float_gemm import run_all
+
+            run_all(packed, V.reshape(16, T, C), Mm, threads)  # on spin.py's workers
         else:
             blas.matmul(V.reshape(16, T, C), U, out=Mm, threads=threads)
         parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
                                        t0), nt, threads, 16 * N * tw * M * item)
     return Y
-
-
-def _products(packed, V, Mm, t0: int, t1: int) -> None:
-    """Mm[t] = V[t] @ U[t] for t in [t0, t1), U[t] in the compiled GEMM's panels."""
-    for t in range(t0, t1):
-        packed[t].run(V[t], out=Mm[t])
 
 
 def _winograd_input(P, V, t0: int, r0: int, r1: int) -> None:
