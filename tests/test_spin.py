@@ -161,9 +161,9 @@ def test_float_gemm_split_on_the_spinning_workers(monkeypatch, M, N):
         forks.clear()
 
 
-def test_run_blocks_chains_rows_per_part(monkeypatch):
-    """More products than threads (Winograd's 16 on 2): each thread's products in one chained
-    job, every product whole on one thread, the same bits as one by one."""
+def test_run_blocks_takes_rows_in_turn(monkeypatch):
+    """More products than threads (Winograd's 16 on 2): the threads take products in turn
+    (@grab), every product whole on one thread: the same bits as one by one."""
     from onnxrun.providers.cpu import parallel
     from onnxrun.providers.cpu.compiled import float_gemm
 

@@ -29,6 +29,7 @@ def main() -> None:
             pass
         llvm.initialize_native_target()  # jit.py starts a compiler on x86-64 hosts only
         llvm.initialize_native_asmprinter()
+        llvm.initialize_native_asmparser()  # inline assembly (spin.py's sched_yield)
         target = request["target"]
         # position-independent code: jit.py copies it to memory of its own choosing
         tm = llvm.Target.from_triple(target["triple"]).create_target_machine(

@@ -658,16 +658,16 @@ class PackedMatrix:
         MR = self.MR
         ranges = [(0, M, 0, npan)]
         if threads > 1 and M * npan > MR:
-            # a range a thread, each of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a
-            # small product stays on the calling thread), on spin.py's workers: one that is
-            # still spinning from the previous product takes its range within a microsecond
+            # ranges of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a small product
+            # stays on the calling thread), several a thread, taken in turn by the caller and
+            # spin.py's workers: one still spinning from the previous product starts within a
+            # microsecond, one woken late (or slowed by other processes) takes fewer
             if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
                 ranges = [(0, M, p0, p1) for p0, p1 in
-                          work_ranges(npan, threads, M * K * self.NR, per_thread=1)]
+                          work_ranges(npan, threads, M * K * self.NR)]
             else:  # few panels: strips of rows, whole tiles each
                 ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
-                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR,
-                                      per_thread=1)]
+                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR)]
         params = np.array([head + list(r) for r in ranges], np.int64)  # alive through the calls
         if len(ranges) == 1:
             self._fn(address(params))
@@ -704,7 +704,8 @@ def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
     if blocks:
         # the small-work threshold as for one product: a part of >= MIN_MACS_PER_RANGE
         macs = sum(a.shape[0] * p.K * p.N for p, a in zip(packed, As, strict=True))
-        threads = len(work_ranges(len(blocks), threads, macs // len(blocks), per_thread=1))
+        if len(work_ranges(len(blocks), threads, macs // len(blocks))) == 1:
+            threads = 1
         spin.run_blocks(packed[0]._fn, np.stack(blocks), threads)
 
 

@@ -28,7 +28,7 @@ import threading
 
 import numpy as np
 
-from ..parallel import run_ranges, split, usable_cores
+from ..parallel import run_ranges, usable_cores
 from . import jit
 
 REQUIRES = ()
@@ -36,6 +36,13 @@ REQUIRES = ()
 # (~1-3 GHz): about 1 ms, longer than the gaps between a decode step's products
 SPIN_TICKS = 2_000_000
 _WORDS = 8  # one 64-byte line per worker
+# After this many ticks (~20-50 us) of polling, a worker or a waiting caller yields its core
+# (sched_yield) on each turn: on an idle machine the call returns at once, on a busy one
+# (more runnable threads than cores) another thread runs instead of the polling. Measured on
+# the 2-vCPU VM at load ~5: without it, 2 threads took longer than 1 (ResNet-50 0.73-0.99x).
+YIELD_TICKS = 50_000
+# Linux x86-64's sched_yield (system call 24), inline: the compiled objects link nothing
+_YIELD = 'call i64 asm sideeffect "syscall", "={rax},{rax},~{rcx},~{r11},~{memory}"(i64 24)'
 
 
 def module_ir(target=None) -> str:
@@ -74,7 +81,13 @@ def module_ir(target=None) -> str:
         "  %t = call i64 @llvm.readcyclecounter()",
         "  %dt = sub i64 %t, %t0",
         "  %more = icmp ult i64 %dt, %ticks",
-        "  br i1 %more, label %poll, label %timeout",
+        "  br i1 %more, label %polite, label %timeout",
+        "polite:",  # past the first YIELD_TICKS: the core to any other runnable thread
+        f"  %late = icmp ugt i64 %dt, {YIELD_TICKS}",
+        "  br i1 %late, label %yield, label %poll",
+        "yield:",
+        "  " + _YIELD,
+        "  br label %poll",
         "timeout:",  # fails while a caller holds the word (3): then poll on
         "  %sl = " + cas.format(p="%ctrl", old=1, new=0),
         "  %slept = extractvalue { i64, i1 } %sl, 1",
@@ -170,13 +183,20 @@ def module_ir(target=None) -> str:
         "  %jslot = getelementptr i64, ptr %seqs, i64 %j",
         "  %want = load i64, ptr %jslot, align 8",
         "  %jdp = getelementptr i64, ptr %jc, i64 4",
+        "  %w0 = call i64 @llvm.readcyclecounter()",
         "  br label %wait.poll",
         "wait.poll:",
         "  %fin = load atomic i64, ptr %jdp acquire, align 8",
         "  %ready = icmp sge i64 %fin, %want",
         "  br i1 %ready, label %join.next, label %wait.pause",
-        "wait.pause:",
+        "wait.pause:",  # a worker the OS took off its core: after YIELD_TICKS, yield to it
         "  call void @llvm.x86.sse2.pause()",
+        "  %wt = call i64 @llvm.readcyclecounter()",
+        "  %wdt = sub i64 %wt, %w0",
+        f"  %wlate = icmp ugt i64 %wdt, {YIELD_TICKS}",
+        "  br i1 %wlate, label %wait.yield, label %wait.poll",
+        "wait.yield:",
+        "  " + _YIELD,
         "  br label %wait.poll",
         "run:",  # no worker held: the part runs here
         "  call void %fn(ptr %aj)",
@@ -188,25 +208,28 @@ def module_ir(target=None) -> str:
         "done:",
         "  ret i64 %asleepf",
         "}",
-        # chain(block): block = [fn, n, args_0 .. args_{n-1}]: fn(args_i) for each, in turn (a
-        # part of several products, e.g. Winograd's 16, as one fork job)
-        "define void @chain(ptr %a) nounwind {",
+        # grab(block): block = [fn, n, next, args_0 .. args_{n-1}]: every thread given the
+        # block takes the next i (atomically) and runs fn(args_i) until none is left, so a
+        # worker that starts late, or is slowed by other processes, takes fewer and the
+        # caller waits at most for the one it is running
+        "define void @grab(ptr %a) nounwind {",
         "entry:",
-        "  %cfn = load ptr, ptr %a, align 8",
-        "  %cnp = getelementptr i64, ptr %a, i64 1",
-        "  %cn = load i64, ptr %cnp, align 8",
-        "  %cany = icmp sgt i64 %cn, 0",
-        "  br i1 %cany, label %loop, label %end",
-        "loop:",
-        "  %i = phi i64 [0, %entry], [%i1, %loop]",
-        "  %i2 = add i64 %i, 2",
-        "  %bp = getelementptr i64, ptr %a, i64 %i2",
-        "  %b = load ptr, ptr %bp, align 8",
-        "  call void %cfn(ptr %b)",
-        "  %i1 = add i64 %i, 1",
-        "  %cmore = icmp slt i64 %i1, %cn",
-        "  br i1 %cmore, label %loop, label %end",
-        "end:",
+        "  %gfn = load ptr, ptr %a, align 8",
+        "  %gnp = getelementptr i64, ptr %a, i64 1",
+        "  %gn = load i64, ptr %gnp, align 8",
+        "  %gcp = getelementptr i64, ptr %a, i64 2",
+        "  br label %next",
+        "next:",
+        "  %gi = atomicrmw add ptr %gcp, i64 1 seq_cst",
+        "  %gmore = icmp slt i64 %gi, %gn",
+        "  br i1 %gmore, label %grun, label %gend",
+        "grun:",
+        "  %gi3 = add i64 %gi, 3",
+        "  %gbp = getelementptr i64, ptr %a, i64 %gi3",
+        "  %gb = load ptr, ptr %gbp, align 8",
+        "  call void %gfn(ptr %gb)",
+        "  br label %next",
+        "gend:",
         "  ret void",
         "}",
         "declare i64 @llvm.readcyclecounter()",
@@ -220,7 +243,7 @@ _JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("spin", module_ir, {"spin": _SPIN, "fork": _FORK, "chain": _JOB},
+    return jit.compile_module("spin", module_ir, {"spin": _SPIN, "fork": _FORK, "grab": _JOB},
                               REQUIRES)
 
 
@@ -304,33 +327,26 @@ def usable() -> Pool | None:
 
 def run_blocks(job, blocks: np.ndarray, threads: int) -> None:
     """``job(block)`` for every row of ``blocks`` ((n, words) int64, C-contiguous: one argument
-    block per call; ``job`` a ctypes function of one pointer). One row runs here; several
-    run at once on the spinning workers, at most one part a thread: each thread's rows
-    chained in one @chain block (the caller takes back a part no worker has begun). Without
-    the pool (not x86, say) the rows go to parallel.py's queue."""
+    block per call; ``job`` a ctypes function of one pointer), on up to ``threads`` threads:
+    the caller and the spinning workers take rows in turn (@grab), each row whole on one
+    thread. Without the pool (not x86, say) the rows go to parallel.py's queue."""
     n = len(blocks)
     if n == 0:
         return
     base, step = jit.address(blocks), blocks.strides[0]
-    if n == 1 or threads <= 1:
-        for i in range(n):
-            job(base + i * step)
-        return
-    p = usable()
+    p = usable() if n > 1 and threads > 1 else None
     if p is None:
-        run_ranges(lambda i, _: job(base + i * step), [(i, i + 1) for i in range(n)])
+        if n == 1 or threads <= 1:
+            for i in range(n):
+                job(base + i * step)
+        else:
+            run_ranges(lambda i, _: job(base + i * step), [(i, i + 1) for i in range(n)])
         return
-    parts = split(n, min(threads, p.size + 1))
-    if len(parts) == n:  # a row a part: the job itself
-        p.fork(function_address(job), base + np.arange(n, dtype=np.int64) * step)
-        return
-    chains = np.zeros((len(parts), 2 + max(b - a for a, b in parts)), np.int64)
-    fn = function_address(job)
-    for i, (a, b) in enumerate(parts):
-        chains[i, :2] = fn, b - a
-        chains[i, 2:2 + b - a] = base + np.arange(a, b, dtype=np.int64) * step
-    p.fork(function_address(_module().chain),
-           jit.address(chains) + np.arange(len(parts), dtype=np.int64) * chains.strides[0])
+    grab = np.empty(3 + n, np.int64)  # per call: concurrent callers each have their own
+    grab[:3] = function_address(job), n, 0
+    grab[3:] = base + np.arange(n, dtype=np.int64) * step
+    parts = min(threads, p.size + 1, n)
+    p.fork(function_address(_module().grab), np.full(parts, jit.address(grab), np.int64))
 
 
 BUNDLE = {"spin": (module_ir, REQUIRES)}
