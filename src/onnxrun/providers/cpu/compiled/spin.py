@@ -19,6 +19,8 @@ A caller also posts to a worker it has just woken (0 -> 3 -> 2): a large part is
 worker's when it arrives; taken back, the word is 0 again, and a worker that finds 0 at the
 end of its polling sleeps.
 Several calling threads may fork at once: a worker someone else holds is simply not used.
+``run_blocks`` hands out many ranges (the float GEMM's, Winograd's 16 products) by one fork:
+every part runs @grab on one shared block, taking the next range until none is left.
 """
 
 from __future__ import annotations
