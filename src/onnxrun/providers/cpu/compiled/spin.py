@@ -264,6 +264,7 @@ class Pool:
         self.base = self.ctrl.ctypes.data
         module = _module()
         self._spin, self._fork = module.spin, module.fork
+        self.grab = function_address(module.grab)  # run_blocks' job
         self.events = [threading.Event() for _ in range(size)]
         self.started = [False] * size
         self.lock = threading.Lock()
@@ -323,7 +324,9 @@ def function_address(fn) -> int:
 
 def usable() -> Pool | None:
     """The pool, or None where the spinning workers cannot run here (then a kernel splits
-    on parallel.py's queue)."""
+    on parallel.py's queue). Once the pool exists (its module compiled), ~0.1 us a call."""
+    if _pool is not None:
+        return _pool
     return pool() if unavailable() is None else None
 
 
@@ -348,7 +351,7 @@ def run_blocks(job, blocks: np.ndarray, threads: int) -> None:
     grab[:3] = function_address(job), n, 0
     grab[3:] = base + np.arange(n, dtype=np.int64) * step
     parts = min(threads, p.size + 1, n)
-    p.fork(function_address(_module().grab), np.full(parts, jit.address(grab), np.int64))
+    p.fork(p.grab, np.full(parts, jit.address(grab), np.int64))
 
 
 BUNDLE = {"spin": (module_ir, REQUIRES)}
