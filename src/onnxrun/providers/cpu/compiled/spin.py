@@ -173,7 +173,19 @@ def module_ir(target=None) -> str:
         "  %jc = getelementptr i64, ptr %ctrls, i64 %joff",
         "  %rc = " + cas.format(p="%jc", old=2, new=3),
         "  %back = extractvalue { i64, i1 } %rc, 1",
-        "  br i1 %back, label %runback, label %wait",
+        "  br i1 %back, label %reclaimed, label %wait",
+        # the posted part may be another caller's: ours finished, then that caller claimed
+        # the word (1 -> 3 -> 2) before this check (ABA): its post stands, ours is done
+        "reclaimed:",
+        "  %rsp = getelementptr i64, ptr %jc, i64 3",
+        "  %rseq = load i64, ptr %rsp, align 8",
+        "  %rslot = getelementptr i64, ptr %seqs, i64 %j",
+        "  %rwant = load i64, ptr %rslot, align 8",
+        "  %rmine = icmp eq i64 %rseq, %rwant",
+        "  br i1 %rmine, label %runback, label %notmine",
+        "notmine:",
+        "  store atomic i64 2, ptr %jc release, align 8",
+        "  br label %wait",
         "runback:",  # the word as it was claimed: 0 where the worker was asleep
         "  call void %fn(ptr %aj)",
         "  %ja = and i64 %asleepf, %jbit",
