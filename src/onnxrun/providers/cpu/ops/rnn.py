@@ -407,7 +407,8 @@ class LSTM(_Recurrent):
 
         if w["fast"] and w["recurrences"] is not None and sequence_lens is None and \
                 self.D == 1 and not self.reverse[0] and not self.layout and \
-                X.dtype == np.float32 and X.ndim == 3 and X.shape[1] <= COMPILED_MAX_ROWS:
+                X.dtype == np.float32 and X.ndim == 3 and 0 < X.shape[1] <= COMPILED_MAX_ROWS and \
+                X.shape[0] > 0:  # empty sequences / batches: the general path's shapes
             return self._compiled_forward(X, w, initial_h, initial_c)
         if w["fast"]:
             cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, _recurrent_weights(w), out=out),
