@@ -24,7 +24,7 @@ def test_exclusions_and_baseline_are_well_formed():
     assert len(passed) > 1000
     files = {t.split("::")[0] for t in passed}
     # every pattern names a file of the suite, and matches at least one test onnxruntime passes
-    for pattern in [*ex.out_of_scope, *ex.pending]:
+    for pattern in [*ex.out_of_scope, *ex.pending, *ex.flaky]:
         assert pattern.split("::")[0] in files or "*" in pattern.split("::")[0], pattern
         assert any(lane.fnmatch.fnmatchcase(t, pattern) for t in passed), pattern
 
@@ -66,6 +66,19 @@ def test_verdicts(tmp_path: Path):
     assert (c.expected, c.passed, c.out_of_scope) == (4, 2, 1)
     assert c.pending == [f"{f}::T::pending"] and c.pending_now_passing == [f"{f}::T::fixed"]
     assert c.regressions == [(f"{f}::T::broken", "failed", "AssertionError: 1 != 2")]
+
+
+def test_a_flaky_test_that_fails_is_named_not_counted_against_onnxrun(tmp_path: Path):
+    f = "quantization/test_x.py"
+    baseline = {f"{f}::T::flaky_fails", f"{f}::T::flaky_passes", f"{f}::T::plain"}
+    ex = lane.Exclusions(flaky={f"{f}::T::flaky_*": "unseeded random data"})
+    d = _results(tmp_path, f, {f"{f}::T::flaky_fails": ["failed", "tolerance"],
+                               f"{f}::T::flaky_passes": ["passed", ""],
+                               f"{f}::T::plain": ["failed", "tolerance"]})
+    c = lane.compare(lane.read_results(d, [f]), baseline, ex, [f])
+    assert c.flaky_failed == [f"{f}::T::flaky_fails"] and c.passed == 1
+    assert [t for t, _, _ in c.regressions] == [f"{f}::T::plain"]  # only listed ones are let go
+    assert lane.Exclusions.load().flaky  # the committed list has its section
 
 
 def test_a_file_that_does_not_import_fails_each_of_its_tests(tmp_path: Path):
