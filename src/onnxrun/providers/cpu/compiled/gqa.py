@@ -53,6 +53,14 @@ _MAX_EXPONENT = 0x3F800000
 _LOWEST = float(np.finfo(np.float32).min)
 
 
+def _latch(var: str, step, flag: str, stop: str, loop: str, exit_: str) -> list[str]:
+    """The back edge of a counted loop: %{var}.next = %{var} + step, then on to block ``loop``
+    while it is below ``stop``, else to ``exit_``."""
+    return [f"  %{var}.next = add i64 %{var}, {step}",
+            f"  %{flag} = icmp slt i64 %{var}.next, {stop}",
+            f"  br i1 %{flag}, label %{loop}, label %{exit_}"]
+
+
 def _c(x: float) -> str:
     """A float32 constant as LLVM IR writes it (the double with the float32's value)."""
     return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
@@ -125,13 +133,9 @@ def _rope_rows_ir() -> list[str]:
             "  %oim = call float @llvm.fma.f32(float %re, float %s, float %ic)",
             "  store float %ore, ptr %pa, align 4",
             "  store float %oim, ptr %pb, align 4",
-            "  %i.next = add i64 %i, 1",
-            "  %imore = icmp slt i64 %i.next, %half",
-            "  br i1 %imore, label %iloop, label %rnext",
+            *_latch("i", "1", "imore", "%half", "iloop", "rnext"),
             "rnext:",
-            "  %r.next = add i64 %r, 1",
-            "  %rmore = icmp slt i64 %r.next, %rows",
-            "  br i1 %rmore, label %rloop, label %end",
+            *_latch("r", "1", "rmore", "%rows", "rloop", "end"),
             "end:",
             "  ret void",
             "}"]
@@ -206,9 +210,7 @@ def _scores_ir() -> list[str]:
                   *_splat(f"%{p}.kv{j}", f"%{p}.kx{j}"),
                   f"  {accs[j]}.n = call {_VF} {_FMA}({_VF} %{p}.q, {_VF} %{p}.kv{j}, "
                   f"{_VF} {accs[j]})"]
-        G += [f"  %{p}.hh.next = add i64 %{p}.hh, 1",
-              f"  %{p}.hmore = icmp slt i64 %{p}.hh.next, %{p}.he",
-              f"  br i1 %{p}.hmore, label %{p}.h, label %{p}.kbnext",
+        G += [*_latch(f"{p}.hh", "1", f"{p}.hmore", f"%{p}.he", f"{p}.h", f"{p}.kbnext"),
               f"{p}.kbnext:",
               f"  %{p}.isfirst = icmp eq i64 %{p}.kb0, 0"]
         for j in range(J):
@@ -228,9 +230,7 @@ def _scores_ir() -> list[str]:
                       f"  %{p}.o{j}_{i} = add i64 %{p}.ro{j}_{i}, %{p}.tj{j}",
                       f"  %{p}.op{j}_{i} = getelementptr float, ptr %oh, i64 %{p}.o{j}_{i}",
                       f"  store float %{p}.e{j}_{i}, ptr %{p}.op{j}_{i}, align 4"]
-        G += [f"  %{p}.t.next = add i64 %{p}.t, {J}",
-              f"  %{p}.more = icmp slt i64 %{p}.t.next, {back}",
-              f"  br i1 %{p}.more, label %{p}.top, label %{done}"]
+        G += _latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
         return G
 
     L += group(4, "g4", "0", "bloop", "%T4", "g4.done")
@@ -239,13 +239,9 @@ def _scores_ir() -> list[str]:
           "  br i1 %anyr, label %g1.top, label %bnext"]
     L += group(1, "g1", "%T4", "g4.done", "%T", "bnext")
     L += ["bnext:",
-          "  %b.next = add i64 %b, 1",
-          "  %bmore = icmp slt i64 %b.next, %nblk",
-          "  br i1 %bmore, label %bloop, label %hnext",
+          *_latch("b", "1", "bmore", "%nblk", "bloop", "hnext"),
           "hnext:",
-          "  %hd.next = add i64 %hd, 1",
-          "  %hmore = icmp slt i64 %hd.next, %heads",
-          "  br i1 %hmore, label %hloop, label %end",
+          *_latch("hd", "1", "hmore", "%heads", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -298,9 +294,7 @@ def _sumexp_ir() -> list[str]:
             *_exp_ir("x", "%ex"),
             f"  store {_VF} %x.e, ptr %ep, align 4",
             f"  %acc.n = fadd {_VF} %acc, %x.e",
-            "  %ei.next = add i64 %ei, 8",
-            "  %emore = icmp slt i64 %ei.next, %n8",
-            "  br i1 %emore, label %eloop, label %edone",
+            *_latch("ei", "8", "emore", "%n8", "eloop", "edone"),
             "edone:",
             f"  %acc.d = phi {_VF} [zeroinitializer, %entry], [%acc.n, %eloop]",
             "  %rem = sub i64 %n, %n8",
@@ -351,9 +345,7 @@ def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
             f"  %{t}.v = load float, ptr %{t}.p, align 4",
             f"  %{t}.lt = fcmp olt float %{t}.m, %{t}.v",  # std::max(m, v)
             f"  {out} = select i1 %{t}.lt, float %{t}.v, float %{t}.m",
-            f"  %{t}.i.next = add i64 %{t}.i, 1",
-            f"  %{t}.more = icmp slt i64 %{t}.i.next, {n}",
-            f"  br i1 %{t}.more, label %{t}.loop, label %{t}.done",
+            *_latch(f"{t}.i", "1", f"{t}.more", n, f"{t}.loop", f"{t}.done"),
             f"{t}.done:"]
 
 
@@ -388,9 +380,7 @@ def _online_ir() -> list[str]:
             "  %z = phi i64 [0, %mx.done], [%z.next, %zloop]",
             "  %zp = getelementptr float, ptr %row, i64 %z",
             "  store float 0.0, ptr %zp, align 4",
-            "  %z.next = add i64 %z, 1",
-            "  %zmore = icmp slt i64 %z.next, %n",
-            "  br i1 %zmore, label %zloop, label %rnext",
+            *_latch("z", "1", "zmore", "%n", "zloop", "rnext"),
             "upd:",
             "  %mp = getelementptr float, ptr %m, i64 %r",
             "  %mo = load float, ptr %mp, align 4",
@@ -420,13 +410,9 @@ def _online_ir() -> list[str]:
             "  %ov = load float, ptr %op, align 4",
             "  %ox = fmul float %ov, %ed",
             "  store float %ox, ptr %op, align 4",
-            "  %oi.next = add i64 %oi, 1",
-            "  %omore = icmp slt i64 %oi.next, %H",
-            "  br i1 %omore, label %oloop, label %rnext",
+            *_latch("oi", "1", "omore", "%H", "oloop", "rnext"),
             "rnext:",
-            "  %r.next = add i64 %r, 1",
-            "  %rmore = icmp slt i64 %r.next, %rows",
-            "  br i1 %rmore, label %rloop, label %end",
+            *_latch("r", "1", "rmore", "%rows", "rloop", "end"),
             "end:",
             "  ret void",
             "}"]
@@ -474,9 +460,7 @@ def _decode_ir() -> list[str]:
          f"  %kv = load {_VF}, ptr %kp, align 4",
          f"  %pr = fmul {_VF} %qv, %kv",
          f"  %acc.n = fadd {_VF} %acc, %pr",
-         "  %d.next = add i64 %d, 8",
-         "  %dmore = icmp slt i64 %d.next, %H",
-         "  br i1 %dmore, label %dloop, label %tdone",
+         *_latch("d", "8", "dmore", "%H", "dloop", "tdone"),
          "tdone:",
          *_tree("%acc.n", "%dot"),
          "  %sv0 = fmul float %dot, %scale",
@@ -484,9 +468,7 @@ def _decode_ir() -> list[str]:
          f"  %svm = select i1 %masked, float {_c(_LOWEST)}, float %sv0",
          "  %scp = getelementptr float, ptr %sc, i64 %t",
          "  store float %svm, ptr %scp, align 4",
-         "  %t.next = add i64 %t, 1",
-         "  %tmore = icmp slt i64 %t.next, %T",
-         "  br i1 %tmore, label %tloop, label %smax",
+         *_latch("t", "1", "tmore", "%T", "tloop", "smax"),
          "smax:",
          *_rowmax_ir("%sc", "%T", "%mx", "smax"),
          f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
@@ -505,9 +487,7 @@ def _decode_ir() -> list[str]:
          "  %zi = phi i64 [0, %zero], [0, %zml], [%zi.next, %zloop]",
          "  %zp = getelementptr float, ptr %oh, i64 %zi",
          "  store float 0.0, ptr %zp, align 4",
-         "  %zi.next = add i64 %zi, 1",
-         "  %zmore = icmp slt i64 %zi.next, %H",
-         "  br i1 %zmore, label %zloop, label %hnext",
+         *_latch("zi", "1", "zmore", "%H", "zloop", "hnext"),
          "norm:",
          "  %sum = call float @sumexp(ptr %sc, i64 %T, float %negmax)",
          "  %pos = fcmp ogt float %sum, 0.0",
@@ -544,17 +524,13 @@ def _decode_ir() -> list[str]:
                   f"  %{p}.v{w} = load {_VF}, ptr %{p}.vp{w}, align 4",
                   f"  %{p}.m{w} = fmul {_VF} %{p}.pv, %{p}.v{w}",
                   f"  %{p}.a{w}.n = fadd {_VF} %{p}.a{w}, %{p}.m{w}"]
-        G += [f"  %{p}.tt.next = add i64 %{p}.tt, 1",
-              f"  %{p}.tmore = icmp slt i64 %{p}.tt.next, %T",
-              f"  br i1 %{p}.tmore, label %{p}.t, label %{p}.st",
+        G += [*_latch(f"{p}.tt", "1", f"{p}.tmore", "%T", f"{p}.t", f"{p}.st"),
               f"{p}.st:"]
         for w in range(W):
             G += [f"  %{p}.r{w} = fmul {_VF} %{p}.a{w}.n, %vinv",
                   f"  %{p}.o{w} = getelementptr float, ptr %oh, i64 %{p}.c8{w}",
                   f"  store {_VF} %{p}.r{w}, ptr %{p}.o{w}, align 4"]
-        G += [f"  %{p}.j.next = add i64 %{p}.j, {W}",
-              f"  %{p}.jmore = icmp slt i64 %{p}.j.next, {back}",
-              f"  br i1 %{p}.jmore, label %{p}.top, label %{done}"]
+        G += _latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
         return G
 
     L += chunk(4, "c4", "0", "nml.done", "%nv4", "c4.done")
@@ -563,9 +539,7 @@ def _decode_ir() -> list[str]:
           "  br i1 %anyc, label %c1.top, label %hnext"]
     L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "hnext")
     L += ["hnext:",
-          "  %n.next = add i64 %n, 1",
-          "  %nmore = icmp slt i64 %n.next, %N",
-          "  br i1 %nmore, label %hloop, label %end",
+          *_latch("n", "1", "nmore", "%N", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -655,9 +629,7 @@ def _pv_ir(m1: bool) -> list[str]:
                 G += vload(p, w, f"%{p}.tt", "")
                 G.append(f"  %{p}.acc{w}.n = call {_VF} {_FMA}({_VF} %{p}.pv, "
                          f"{_VF} %{p}.v_{w}, {_VF} %{p}.acc{w})")
-            G += [f"  %{p}.tt.next = add i64 %{p}.tt, 1",
-                  f"  %{p}.tmore = icmp slt i64 %{p}.tt.next, %{p}.te",
-                  f"  br i1 %{p}.tmore, label %{p}.t, label %{p}.kbnext",
+            G += [*_latch(f"{p}.tt", "1", f"{p}.tmore", f"%{p}.te", f"{p}.t", f"{p}.kbnext"),
                   f"{p}.kbnext:",
                   f"  %{p}.kb00 = icmp eq i64 %{p}.kb0, 0",
                   f"  %{p}.noacc = xor i1 %acc.on, true",
@@ -691,9 +663,7 @@ def _pv_ir(m1: bool) -> list[str]:
                       f"  %{p}.s2_{w} = fadd {_VF} %{p}.s1_{w}, %{p}.m2_{w}",
                       f"  %{p}.s3_{w} = fadd {_VF} %{p}.s2_{w}, %{p}.m3_{w}",
                       f"  {Cs[w]}.n = fadd {_VF} %{p}.s3_{w}, {Cs[w]}"]
-            G += [f"  %{p}.tq.next = add i64 %{p}.tq, 4",
-                  f"  %{p}.qmore = icmp slt i64 %{p}.tq.next, %{p}.K4",
-                  f"  br i1 %{p}.qmore, label %{p}.q, label %{p}.qdone",
+            G += [*_latch(f"{p}.tq", "4", f"{p}.qmore", f"%{p}.K4", f"{p}.q", f"{p}.qdone"),
                   f"{p}.qdone:"]
             G += [f"  %{p}.D{w} = phi {_VF} [%{p}.I{w}, %{p}.top], [{Cs[w]}.n, %{p}.q]"
                   for w in range(W)]
@@ -734,9 +704,7 @@ def _pv_ir(m1: bool) -> list[str]:
                   f"  %{p}.oc8{w} = shl i64 %{p}.oc{w}, 3",
                   f"  %{p}.op{w} = getelementptr float, ptr %orow, i64 %{p}.oc8{w}",
                   f"  store {_VF} %{p}.R{w}, ptr %{p}.op{w}, align 4"]
-        G += [f"  %{p}.j.next = add i64 %{p}.j, {W}",
-              f"  %{p}.jmore = icmp slt i64 %{p}.j.next, {back}",
-              f"  br i1 %{p}.jmore, label %{p}.top, label %{done}"]
+        G += _latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
         return G
 
     L += chunk(4, "c4", "0", "rloop", "%nv4", "c4.done")
@@ -745,13 +713,9 @@ def _pv_ir(m1: bool) -> list[str]:
           "  br i1 %anyc, label %c1.top, label %rnext"]
     L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "rnext")
     L += ["rnext:",
-          "  %m.next = add i64 %m, 1",
-          "  %mmore = icmp slt i64 %m.next, %rows",
-          "  br i1 %mmore, label %rloop, label %hnext",
+          *_latch("m", "1", "mmore", "%rows", "rloop", "hnext"),
           "hnext:",
-          "  %hd.next = add i64 %hd, 1",
-          "  %hmore = icmp slt i64 %hd.next, %heads",
-          "  br i1 %hmore, label %hloop, label %end",
+          *_latch("hd", "1", "hmore", "%heads", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
