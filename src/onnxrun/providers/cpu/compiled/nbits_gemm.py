@@ -782,6 +782,19 @@ def _row(zp: bool) -> list[str]:
             "}"]
 
 
+def _row_on_stack_scratch(call: str) -> list[str]:
+    """The end of row_job and rowc: the row's scratch (K + 20 kb bytes) on the stack, then
+    @rowzp or @row (zero points or not) with the arguments ``call``."""
+    return ["  %K = mul i64 %kb, 32",
+            "  %kb20 = mul i64 %kb, 20",
+            "  %size = add i64 %K, %kb20",
+            "  %buf = alloca i8, i64 %size, align 32",
+            "  %haszp = icmp ne i64 %zp, 0",
+            "  br i1 %haszp, label %withzp, label %sym",
+            "withzp:", f"  call void @rowzp{call}", "  ret void",
+            "sym:", f"  call void @row{call}", "  ret void", "}"]
+
+
 def _row_job() -> list[str]:
     """row_job(args): @row or @rowzp on an argument block (spin.fork's job: one part of a
     row's columns per thread), i64 words A, C, Z, B, sb, bias, n0, n1, N, kb, nfold, with
@@ -794,14 +807,7 @@ def _row_job() -> list[str]:
               f"  %{v} = load {ty}, ptr %{v}.p, align 8"]
     call = ("(ptr %A, ptr %buf, ptr %Z, ptr %B, ptr %sb, ptr %bias, ptr %C, i64 %n0, i64 %n1, "
             "i64 %N, i64 %kb, i64 %nfold)")
-    return L + ["  %K = mul i64 %kb, 32",
-                "  %kb20 = mul i64 %kb, 20",
-                "  %size = add i64 %K, %kb20",
-                "  %buf = alloca i8, i64 %size, align 32",
-                "  %haszp = icmp ne i64 %zp, 0",
-                "  br i1 %haszp, label %withzp, label %sym",
-                "withzp:", f"  call void @rowzp{call}", "  ret void",
-                "sym:", f"  call void @row{call}", "  ret void", "}"]
+    return L + _row_on_stack_scratch(call)
 
 
 def _rowc() -> list[str]:
@@ -817,14 +823,7 @@ def _rowc() -> list[str]:
               f"  %{v} = load {ty}, ptr %{v}.p, align 8"]
     call = ("(ptr %A, ptr %buf, ptr %Z, ptr %B, ptr %sb, ptr %bias, ptr %C, i64 0, i64 %N, "
             "i64 %N, i64 %kb, i64 %nfold)")
-    return L + ["  %K = mul i64 %kb, 32",
-                "  %kb20 = mul i64 %kb, 20",
-                "  %size = add i64 %K, %kb20",
-                "  %buf = alloca i8, i64 %size, align 32",
-                "  %haszp = icmp ne i64 %zp, 0",
-                "  br i1 %haszp, label %withzp, label %sym",
-                "withzp:", f"  call void @rowzp{call}", "  ret void",
-                "sym:", f"  call void @row{call}", "  ret void", "}"]
+    return L + _row_on_stack_scratch(call)
 
 
 def module_ir(target=None) -> str:
