@@ -195,20 +195,12 @@ def _scale8(L: list[str], tag: str, block: str) -> str:
     """sa[m, block] * sb[n..n+8, block] as a vector; returns its name."""
     L += [f"  %{tag}sai = add i64 %sarow, {block}",
           f"  %{tag}sap = getelementptr float, ptr %sa, i64 %{tag}sai",
-          f"  %{tag}sav = load float, ptr %{tag}sap, align 4",
-          f"  %{tag}sbi = add i64 %srow, {block}"]
-    prev = "poison"
-    for c in range(8):
-        L += [f"  %{tag}sbo{c} = mul i64 %kb, {c}",
-              f"  %{tag}sbi{c} = add i64 %{tag}sbi, %{tag}sbo{c}",
-              f"  %{tag}sbp{c} = getelementptr float, ptr %sb, i64 %{tag}sbi{c}",
-              f"  %{tag}sb{c} = load float, ptr %{tag}sbp{c}, align 4",
-              f"  %{tag}sbv{c} = insertelement {_VF} {prev}, float %{tag}sb{c}, i64 {c}"]
-        prev = f"%{tag}sbv{c}"
+          f"  %{tag}sav = load float, ptr %{tag}sap, align 4"]
+    sb = _gather8(L, tag, "%sb", block)
     L += [f"  %{tag}sas = insertelement {_VF} poison, float %{tag}sav, i64 0",
           f"  %{tag}sa8 = shufflevector {_VF} %{tag}sas, {_VF} poison, <8 x i32> "
           "zeroinitializer",
-          f"  %{tag}scale = fmul {_VF} %{tag}sa8, {prev}"]
+          f"  %{tag}scale = fmul {_VF} %{tag}sa8, {sb}"]
     return f"%{tag}scale"
 
 
