@@ -12,6 +12,7 @@ the calling thread's CPU time, so a loaded machine's waits stay out:
 
     python benchmarks/overhead_ab.py --baseline-src /path/to/other/checkout/src
     python benchmarks/overhead_ab.py --baseline-src ../main/src --quick --cases vad,chain
+    python benchmarks/overhead_ab.py --baseline-src ../main/src --cases decode --threads 1
 
 Each child imports onnxrun from the tree it is given (PYTHONPATH), so both run with this
 interpreter and its packages. A run inside one process keeps its caches warm: compare these
@@ -44,6 +45,11 @@ if case == "decode":
     import make_models
     import onnxrun.genai as og
     folder = make_models.build("llama", "small", "int4")
+    if int(sys.argv[4]):  # the folder with intra_op_num_threads set (genai.py's view)
+        import tempfile
+        sys.path.insert(0, str(Path(bench)))
+        import genai
+        folder = genai.threaded_view(folder, int(sys.argv[4]), Path(tempfile.mkdtemp()))
     model = og.Model(str(folder))
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     prompt = np.random.default_rng(0).integers(5, vocab, (1, 128)).astype(np.int32)
@@ -88,9 +94,10 @@ else:
 '''
 
 
-def _child(src: Path, case: str, runs: int) -> list[float]:
+def _child(src: Path, case: str, runs: int, threads: int = 0) -> list[float]:
     env = dict(os.environ, PYTHONPATH=str(src))
-    out = subprocess.run([sys.executable, "-c", CHILD, case, str(HERE), str(runs)], env=env,
+    out = subprocess.run([sys.executable, "-c", CHILD, case, str(HERE), str(runs),
+                          str(threads)], env=env,
                          capture_output=True, text=True, cwd=str(HERE))
     if out.returncode:
         raise RuntimeError(f"{case} child ({src}) failed:\n{out.stderr[-3000:]}")
@@ -104,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="vad,chain,decode")
     ap.add_argument("--rounds", type=int, default=None, help="children per tree (default 6)")
     ap.add_argument("--quick", action="store_true", help="2 rounds, 200 runs a child")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="decode: the session's intra_op_num_threads (default: the folder's, "
+                         "i.e. onnxrun's default)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 6)
     runs = 200 if args.quick else 400
@@ -115,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for r in range(rounds):
                 for name in (list(trees) if r % 2 == 0 else list(trees)[::-1]):
-                    got[name] += _child(trees[name], case, runs)
+                    got[name] += _child(trees[name], case, runs, args.threads)
         except RuntimeError as e:
             print(f"{case}: skipped ({str(e).splitlines()[0]})")
             continue

@@ -196,3 +196,90 @@ def test_lengths_past_the_cache_never_reach_the_kernels():
     finally:
         gqa.attend = real
     assert not calls
+
+
+@pytest.mark.parametrize("rotary,interleaved,window,positions", [
+    (True, False, -1, False), (True, True, 8, False), (False, False, -1, False),
+    (True, False, -1, True)])
+def test_decode_step_fast_path(rotary, interleaved, window, positions):
+    """The shared-buffer decode step (onnxrun.genai's) takes _decode_step, the two compiled
+    calls with little Python around them: the same bits as the general exact path of a
+    session without the shared buffer, step after step, with position_ids too; calls it does
+    not cover (a position past the rotary caches, a cache of another shape) fall back to the
+    general path and its answer."""
+    from onnxrun.providers.cpu.ops.contrib.transformer import GroupQueryAttention
+
+    N, Nkv, H, S, steps = 8, 4, 32, 9, 4
+    data = _model(N, Nkv, H, rotary, interleaved, window, True)
+    if positions:  # position_ids: input 9, after the rotary caches
+        import onnx
+
+        m = onnx.load_from_string(data)
+        m.graph.node[0].input.append("position_ids")
+        m.graph.input.append(helper.make_tensor_value_info("position_ids", TP.INT64, [1, 1]))
+        data = m.SerializeToString()
+    sessions = []
+    for share in (True, False):
+        so = onnxrun.SessionOptions()
+        so.intra_op_num_threads = 1
+        if share:
+            so.add_session_config_entry(SHARE_PAST_PRESENT, "1")
+        sessions.append(onnxrun.InferenceSession(data, so))
+    shared, plain = sessions
+    caches = _caches(H) if rotary else {}
+    rng = np.random.default_rng(11)
+    P = S + steps + 3
+    past = rng.standard_normal((1, Nkv, P, H)).astype(np.float32)
+    kv_shared = (past.copy(), past.copy())
+    taken = []
+    real = GroupQueryAttention._decode_step
+
+    def spy(self, *a):
+        out = real(self, *a)
+        taken.append(out is not None)
+        return out
+
+    GroupQueryAttention._decode_step = spy
+    try:
+        for total in range(S + 1, S + 1 + steps):
+            feed = {"query": (rng.standard_normal((1, 1, (N + 2 * Nkv) * H)) * 2).astype(
+                        np.float32),
+                    "seqlens_k": np.array([total - 1], np.int32),
+                    "total_sequence_length": np.array(P, np.int32), **caches}
+            if positions:
+                feed["position_ids"] = np.array([[total + 100]], np.int64)
+            got = shared.run(None, {**feed, "past_key": kv_shared[0],
+                                    "past_value": kv_shared[1]})
+            # the general path: no shared buffer, the past as the shared one was before
+            before = [c.copy() for c in kv_shared]
+            before[0][0, :, total - 1] = 0
+            before[1][0, :, total - 1] = 0
+            want = plain.run(None, {**feed, "past_key": before[0], "past_value": before[1]})
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g[:, :, :total] if g.ndim == 4 else g,
+                                              w[:, :, :total] if w.ndim == 4 else w)
+            np.testing.assert_array_equal(kv_shared[0], got[1])  # written in place
+        assert taken == [True, False] * steps  # the plain session's: no shared buffer
+        if rotary:  # a position past the caches: the general path's error, as before
+            feed["seqlens_k"] = np.array([MAX_POS + 3], np.int32)
+            feed["total_sequence_length"] = np.array(MAX_POS + 10, np.int32)
+            big = np.zeros((1, Nkv, MAX_POS + 10, H), np.float32)
+            if positions:
+                feed["position_ids"] = np.array([[MAX_POS]], np.int64)
+            with pytest.raises(onnxrun.errors.OnnxRunError, match="GroupQueryAttention"):
+                shared.run(None, {**feed, "past_key": big, "past_value": big.copy()})
+            assert taken[-1] is False
+        # a cache whose head count is not the node's: not this path's case
+        feed = {"query": np.ones((1, 1, (N + 2 * Nkv) * H), np.float32),
+                "seqlens_k": np.array([3], np.int32),
+                "total_sequence_length": np.array(P, np.int32), **caches}
+        if positions:
+            feed["position_ids"] = np.array([[3]], np.int64)
+        odd = np.zeros((1, 2 * Nkv, P, H), np.float32)
+        try:
+            shared.run(None, {**feed, "past_key": odd, "past_value": odd.copy()})
+        except onnxrun.errors.OnnxRunError:
+            pass
+        assert taken[-1] is False
+    finally:
+        GroupQueryAttention._decode_step = real

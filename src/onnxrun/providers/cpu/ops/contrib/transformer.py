@@ -10,6 +10,7 @@ aware) with an additive bias built from their mask formats.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
@@ -531,11 +532,21 @@ class GroupQueryAttention:
         # onnxruntime splits one token's keys across its threads (flash decoding) when batch x
         # heads is below its intra-op thread count: the session's, as here
         self.threads = threads_for(ctx)
+        self._step = None  # _decode_step's constants of the query's width
+        # the rotary caches' addresses (constants, read-only: ~3 us each through ctypes)
+        self._cos, self._sin = _HeldAddress(), _HeldAddress()
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
                  position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
                  v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None):
+        if (key is None and past_key is not None and self.N >= self.threads
+                and query.shape[:2] == (1, 1) and self._exact_node and attention_bias is None
+                and head_sink is None and q_norm_weight is None and query_seqlens is None):
+            out = self._decode_step(query, past_key, past_value, seqlens_k,
+                                    total_sequence_length, cos_cache, sin_cache, position_ids)
+            if out is not None:
+                return out
         N, Nkv = self.N, self.Nkv
         dt = query.dtype
         cdt = compute_dtype(dt)
@@ -668,6 +679,79 @@ class GroupQueryAttention:
             from ...compiled import gqa as _gqa  # jit on first use only
         return _gqa.kernels()
 
+    def _decode_step(self, query, past_key, past_value, seqlens_k, total_sequence_length,
+                     cos_cache, sin_cache, position_ids):
+        """_decode_exact's case with a shared cache and no split of the keys (heads >= threads):
+        onnxrun.genai's decode step, with as little Python around the two compiled calls as
+        it takes (the general path's checks, views and allocations were ~80% of a small
+        model's call): the packed row copied and rotated (``rope_rows``), the new key and
+        value written at position total - 1 of the past buffers, then ``decode`` over
+        ``total`` keys: the same calls with the same operands as _decode_exact. None where
+        the call is not that case (the caller goes on to the general paths, which answer it
+        as before)."""
+        N, Nkv = self.N, self.Nkv
+        step = self._step
+        if step is None or step[0] != query.shape[2]:
+            step = self._step = self._step_constants(query.shape[2])
+        W, H, alpha = step
+        if (alpha is None or query.dtype != np.float32 or past_key.dtype != np.float32
+                or past_value.dtype != np.float32 or seqlens_k.size != 1
+                or total_sequence_length.size != 1 or not self.share):
+            return None
+        total = seqlens_k.item() + 1
+        T_max = total_sequence_length.item()
+        P = past_key.shape[2]
+        # not a first prompt; the new row inside the buffers, which hold the whole sequence
+        # (_present's shared case); rows of H floats as the kernel reads them
+        if (T_max == 1 or not 1 <= total <= P or P < T_max
+                or past_key.shape != (1, Nkv, P, H) or past_value.shape != past_key.shape
+                or not (past_key.flags.writeable and past_value.flags.writeable)
+                or past_key.strides[2:] != (4 * H, 4) or past_value.strides[2:] != (4 * H, 4)
+                or past_key.strides[1] % 4 or past_value.strides[1] % 4):
+            return None
+        fn = _gqa.kernels()
+        if fn is None:
+            return None
+        p = total - 1
+        x = query.reshape(N + 2 * Nkv, H).copy()
+        if self.rotary:
+            if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
+                    or sin_cache.shape != cos_cache.shape or cos_cache.dtype != np.float32
+                    or sin_cache.dtype != np.float32 or not cos_cache.flags.c_contiguous
+                    or not sin_cache.flags.c_contiguous or 2 * cos_cache.shape[1] > H
+                    or (position_ids is not None and position_ids.size != 1)):
+                return None
+            pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
+            half = cos_cache.shape[1]
+            if not 0 <= pos < cos_cache.shape[0]:
+                return None
+            cos_at = self._cos(cos_cache) + pos * 4 * half
+            sin_at = self._sin(sin_cache) + pos * 4 * half
+            fn.rope_rows(address(x), N + Nkv, H, cos_at, sin_at, half, int(self.interleaved), 1)
+        past_key[0, :, p] = x[N:N + Nkv]
+        past_value[0, :, p] = x[N + Nkv:]
+        ws = total - self.window if 0 <= self.window < total else 0
+        out = np.empty((1, 1, N * H), np.float32)
+        sc = np.empty(total, np.float32)
+        fn.decode(address(x), address(past_key), address(past_value), address(out),
+                  address(sc), N, N // Nkv, total, H, past_key.strides[1] // 4,
+                  past_value.strides[1] // 4, alpha, ws, 0, None)
+        return out, past_key, past_value, None
+
+    def _step_constants(self, W: int) -> tuple:
+        """(the packed row's width W, the head size, the float32 scale or None where
+        compiled.gqa does not take a node of that width: _exact_kernels' conditions)."""
+        global _gqa, address
+        H = W // (self.N + 2 * self.Nkv)
+        alpha = _float32_scale(self.scale, H)
+        if W != H * (self.N + 2 * self.Nkv) or not H or H % 8 or alpha == 1.0:
+            return W, H, None
+        if _gqa is None:
+            from ...compiled import gqa as _gqa  # jit on first use only
+        if address is None:
+            from ...compiled.jit import address
+        return W, H, alpha
+
     def _decode_exact(self, fn, query, past_key, past_value, total, T_max, cos_cache,
                       sin_cache, position_ids):
         """One new token of one sequence (packed QKV) on compiled.gqa: rotary, the new key and
@@ -772,6 +856,24 @@ class GroupQueryAttention:
 
 
 _gqa = None  # compiled.gqa, imported on first use (it loads jit)
+address = None  # compiled.jit.address, the same
+
+
+class _HeldAddress:
+    """An array's address, remembered while the same array comes back (held weakly: the
+    array is not kept alive); one tuple swapped whole, so concurrent runs read a matching
+    pair."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = (lambda: None, 0)
+
+    def __call__(self, a: np.ndarray) -> int:
+        held = self.held
+        if held[0]() is not a:
+            held = self.held = (weakref.ref(a), address(a))
+        return held[1]
 
 
 def _rows_contiguous(x: np.ndarray) -> np.ndarray:
