@@ -160,3 +160,35 @@ def test_llm_mlp_chain_equals_onnxruntime_bit_for_bit():
     got = onnxrun.InferenceSession(data).run(None, feed)[0]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     assert_ort_bits(got, want, rtol=1e-3)
+
+
+def test_one_row_split_only_where_it_gains():
+    """At two threads one row's product goes to compiled/spin.py's workers only from
+    SPLIT_ROW_BYTES of packed weight (a 896 x 1200 projection, 525 KiB, and up): a small
+    model's products (its 256 x 2012 lm_head, 251 KiB) run on the calling thread without
+    waking or holding a worker every token. The numbers are one thread's either way."""
+    from onnxrun.providers.cpu.compiled import spin
+    from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
+
+    if spin.unavailable() is not None:
+        pytest.skip(f"spinning workers: {spin.unavailable()}")
+    rng = np.random.default_rng(9)
+    forks = []
+    real = spin.Pool.fork
+    spin.Pool.fork = lambda self, *a: forks.append(1) or real(self, *a)
+    try:
+        for K, N, split in ((256, 2012, False), (896, 1200, True)):
+            assert (K * N // 2 >= MatMulNBits.SPLIT_ROW_BYTES) == split
+            data = _model(K, N, False, False, rng)
+            got = {}
+            for threads in (1, 2):
+                so = onnxrun.SessionOptions()
+                so.intra_op_num_threads = threads
+                sess = onnxrun.InferenceSession(data, so)
+                a = np.random.default_rng(K).standard_normal((1, K)).astype(np.float32)
+                forks.clear()
+                got[threads] = sess.run(None, {"A": a})[0]
+                assert bool(forks) == (split and threads == 2), (K, N, threads)
+            assert got[1].tobytes() == got[2].tobytes()
+    finally:
+        spin.Pool.fork = real

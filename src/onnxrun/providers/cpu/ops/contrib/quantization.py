@@ -592,9 +592,11 @@ class MatMulNBits:
     # packed weight bytes from which one row's product is split over the threads: waking a
     # worker costs 20-80 us (parallel.py), a 1 MiB weight streams in ~100-200 us
     SPLIT_BYTES = 1 << 20
-    # the same for one row on compiled/spin.py's spinning workers (a hand-off of ~1 us): a
-    # 128 KiB weight is ~15-30 us of work
-    SPLIT_ROW_BYTES = 1 << 17
+    # the same for one row on compiled/spin.py's spinning workers (a hand-off of ~1 us when a
+    # worker spins, a wake of 5-200 us when it sleeps): a 512 KiB weight is ~30-60 us of work.
+    # Below it the split gained <= 2 us at best (896x896, 392 KiB: 24.4 -> 22.3 us) and a small
+    # model's products (256 x 2012, 251 KiB) kept a worker spinning, or woke it, every token
+    SPLIT_ROW_BYTES = 1 << 19
 
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
