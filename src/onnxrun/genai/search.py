@@ -158,7 +158,7 @@ class GreedySearch(Search):
             self._append_next()
 
     def select_top(self) -> None:
-        self._choose(np.argmax)
+        self._choose(np.ndarray.argmax)  # the first maximum, without np.argmax's dispatch
 
     def sample_top_k(self, k: int, temperature: float) -> None:
         self.sample_top_k_top_p(k, 0.0, temperature)

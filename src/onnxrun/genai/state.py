@@ -44,6 +44,14 @@ class DecoderState:
         self.kv: list[np.ndarray] = []  # past keys then past values, per layer
         self.outputs: dict[str, np.ndarray] = {}
         self.inputs: dict[str, np.ndarray] = {}
+        # what a step feeds and fetches by name, the same every step
+        m = model
+        self._past_names = m.past_keys + m.past_values
+        self._cache_names = [*m.present_keys, *m.present_values]
+        extra_out = [n for n in m.output_names if n != m.logits and n not in self._cache_names]
+        # with the shared buffer GroupQueryAttention writes each step's rows into self.kv
+        self._fetch = [m.logits, *extra_out] if self.shared else \
+            [m.logits, *self._cache_names, *extra_out]
         self._alloc_cache()
 
     def _alloc_cache(self) -> None:
@@ -64,13 +72,13 @@ class DecoderState:
         first = self.length == 0
         if first:
             ids = np.repeat(tokens, self.beams, axis=0) if self.beams > 1 else tokens
-            new_mask = ids != self.pad if self.batch > 1 else np.ones(ids.shape, bool)
+            new_mask = ids != self.pad if self.batch > 1 else True
         else:
             ids = tokens.reshape(self.rows, -1)
             if beam_indices is not None:
                 self.kv = [c[beam_indices] for c in self.kv]
                 self._mask_buf[:, :self.length] = self._mask_buf[beam_indices, :self.length]
-            new_mask = np.ones(ids.shape, bool)
+            new_mask = True
         S = ids.shape[1]
         self._mask_buf[:, self.length:self.length + S] = new_mask
         self.length += S
@@ -84,32 +92,27 @@ class DecoderState:
             else:
                 pos = self.mask.sum(axis=1, keepdims=True) - 1 + np.arange(S) - (S - 1)
             feed[m.position_ids] = pos.astype(m.input_dtypes[m.position_ids], copy=False)
-        for name, c in zip(m.past_keys + m.past_values, self.kv, strict=True):
-            feed[name] = c
+        feed.update(zip(self._past_names, self.kv, strict=True))
         feed.update(self.extra)
         self.inputs = feed
-        cache = [*m.present_keys, *m.present_values]
-        extra_out = [n for n in m.output_names if n != m.logits and n not in cache]
+        names = self._fetch
+        out = m.session.run(names, feed, self.run_options)
+        self.outputs = dict(zip(names, out, strict=True))
         if self.shared:  # GroupQueryAttention wrote this step's rows into self.kv itself
-            names = [m.logits, *extra_out]
-            out = m.session.run(names, feed, self.run_options)
-            self.outputs = dict(zip(names, out, strict=True))
-            self.outputs.update(zip(cache, self.kv, strict=True))
+            self.outputs.update(zip(self._cache_names, self.kv, strict=True))
         else:
-            names = [m.logits, *cache, *extra_out]
-            out = m.session.run(names, feed, self.run_options)
-            self.outputs = dict(zip(names, out, strict=True))
             self.kv = list(out[1:1 + 2 * m.layers])
         logits = out[0]
         if logits.ndim == 2:  # (rows, vocab): the model keeps only the last position
             logits = logits[:, None]
-        if logits.shape[1] == 1:
-            last = np.zeros(self.rows, np.int64)
-        elif first and self.batch > 1:
-            last = new_mask.sum(axis=1) - 1  # right padding: each row's last real token
+        if logits.shape[1] == 1:  # a decode step: no copy (the search copies the scores)
+            logits = logits[:, 0]
         else:
-            last = np.full(self.rows, logits.shape[1] - 1)
-        logits = logits[np.arange(self.rows), last]
+            if first and self.batch > 1:
+                last = new_mask.sum(axis=1) - 1  # right padding: each row's last real token
+            else:
+                last = np.full(self.rows, logits.shape[1] - 1)
+            logits = logits[np.arange(self.rows), last]
         self.outputs[m.logits] = logits[:, None]  # as genai's get_output: (rows, 1, vocab)
         return logits.astype(np.float32, copy=False)
 

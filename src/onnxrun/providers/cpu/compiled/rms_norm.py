@@ -229,15 +229,22 @@ class RmsNorm:
 
     def skip(self, a: np.ndarray, b: np.ndarray, bias: np.ndarray | None, scale: np.ndarray,
              epsilon: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(Y, inv, sum) of the rows of contiguous float32 ``a`` + ``b`` (rows, n) [+ bias
-        (n,)], by ``scale`` (n,)."""
-        rows, n = a.shape
-        y = np.empty((rows, n), np.float32)
-        s = np.empty((rows, n), np.float32)
-        inv = np.empty(rows, np.float32)
+        """(Y, inv, sum) of float32 ``a`` + ``b`` [+ bias (n,)], any shape (the same), by
+        ``scale`` (n,) over the last axis (n > 0 long): Y and the sum in a's shape, inv with
+        a last axis of 1. The outputs are made in those shapes and C-contiguous inputs read
+        as they come: a decode step's call is the kernel's and little else."""
+        shape = a.shape
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        if not b.flags.c_contiguous:
+            b = np.ascontiguousarray(b)
+        n = shape[-1]
+        y = np.empty(shape, np.float32)
+        s = np.empty(shape, np.float32)
+        inv = np.empty(shape[:-1] + (1,), np.float32)
         addr = jit.address
         self._skip(addr(a), addr(b), 0 if bias is None else self._address(bias),
-                   self._address(scale), addr(y), addr(s), addr(inv), rows, n, epsilon,
+                   self._address(scale), addr(y), addr(s), addr(inv), a.size // n, n, epsilon,
                    bias is not None)
         return y, inv, s
 

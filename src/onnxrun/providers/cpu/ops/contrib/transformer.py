@@ -204,15 +204,11 @@ class SkipSimplifiedLayerNormalization:
         if self.compiled is not None and skip.shape == input.shape and \
                 skip.dtype == np.float32 and _exact_rows(input, gamma) and \
                 (bias is None or (bias.dtype == np.float32 and bias.size == gamma.size)):
-            n = input.shape[-1]
-            c = np.ascontiguousarray
             Y, inv, total = self.compiled.skip(
-                c(input.reshape(-1, n)), c(skip.reshape(-1, n)),
-                None if bias is None else _vector(bias), _vector(gamma), self.epsilon)
-            inv = inv.reshape(input.shape[:-1] + (1,))
+                input, skip, None if bias is None else _vector(bias), _vector(gamma),
+                self.epsilon)
             mean = np.zeros(inv.shape, np.float32) if self.want_mean else None
-            return (Y.reshape(input.shape), mean, inv,
-                    total.reshape(input.shape) if self.want_sum else None)
+            return Y, mean, inv, total if self.want_sum else None
         sd = _stat_dtype(input.dtype)
         s = _skip_sum(input, skip, bias, sd)
         # the sum is a new array, and normalizing reads it without writing it
@@ -540,9 +536,9 @@ class GroupQueryAttention:
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
                  position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
                  v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None):
-        if (key is None and past_key is not None and self.N >= self.threads
-                and query.shape[:2] == (1, 1) and self._exact_node and attention_bias is None
-                and head_sink is None and q_norm_weight is None and query_seqlens is None):
+        if (key is None and past_key is not None and query.shape[:2] == (1, 1)
+                and self._exact_node and attention_bias is None and head_sink is None
+                and q_norm_weight is None and query_seqlens is None):
             out = self._decode_step(query, past_key, past_value, seqlens_k,
                                     total_sequence_length, cos_cache, sin_cache, position_ids)
             if out is not None:
@@ -681,20 +677,20 @@ class GroupQueryAttention:
 
     def _decode_step(self, query, past_key, past_value, seqlens_k, total_sequence_length,
                      cos_cache, sin_cache, position_ids):
-        """_decode_exact's case with a shared cache and no split of the keys (heads >= threads):
-        onnxrun.genai's decode step, with as little Python around the two compiled calls as
-        it takes (the general path's checks, views and allocations were ~80% of a small
-        model's call): the packed row copied and rotated (``rope_rows``), the new key and
-        value written at position total - 1 of the past buffers, then ``decode`` over
-        ``total`` keys: the same calls with the same operands as _decode_exact. None where
+        """_decode_exact's case with a shared cache (onnxrun.genai's decode step) with as
+        little Python around compiled.gqa as it takes (the general path's checks, views and
+        allocations were ~2/3 of a small model's call): the packed row copied and rotated
+        (``rope_rows`` on the rotary caches' rows, their addresses held), the new key and
+        value written at position total - 1 of the past buffers, then ``attend`` over
+        ``total`` keys: the same kernels on the same operands as _decode_exact. None where
         the call is not that case (the caller goes on to the general paths, which answer it
         as before)."""
         N, Nkv = self.N, self.Nkv
         step = self._step
         if step is None or step[0] != query.shape[2]:
             step = self._step = self._step_constants(query.shape[2])
-        W, H, alpha = step
-        if (alpha is None or query.dtype != np.float32 or past_key.dtype != np.float32
+        W, H, alpha, fn = step
+        if (fn is None or query.dtype != np.float32 or past_key.dtype != np.float32
                 or past_value.dtype != np.float32 or seqlens_k.size != 1
                 or total_sequence_length.size != 1 or not self.share):
             return None
@@ -708,9 +704,6 @@ class GroupQueryAttention:
                 or not (past_key.flags.writeable and past_value.flags.writeable)
                 or past_key.strides[2:] != (4 * H, 4) or past_value.strides[2:] != (4 * H, 4)
                 or past_key.strides[1] % 4 or past_value.strides[1] % 4):
-            return None
-        fn = _gqa.kernels()
-        if fn is None:
             return None
         p = total - 1
         x = query.reshape(N + 2 * Nkv, H).copy()
@@ -730,27 +723,25 @@ class GroupQueryAttention:
             fn.rope_rows(address(x), N + Nkv, H, cos_at, sin_at, half, int(self.interleaved), 1)
         past_key[0, :, p] = x[N:N + Nkv]
         past_value[0, :, p] = x[N + Nkv:]
-        ws = total - self.window if 0 <= self.window < total else 0
-        out = np.empty((1, 1, N * H), np.float32)
-        sc = np.empty(total, np.float32)
-        fn.decode(address(x), address(past_key), address(past_value), address(out),
-                  address(sc), N, N // Nkv, total, H, past_key.strides[1] // 4,
-                  past_value.strides[1] // 4, alpha, ws, 0, None)
-        return out, past_key, past_value, None
+        out = _gqa.attend(x[:N].reshape(N, 1, H), past_key[0], past_value[0], p, total, alpha,
+                          self.window, fn=fn, split=N < self.threads)
+        return out.reshape(1, 1, N * H), past_key, past_value, None
 
     def _step_constants(self, W: int) -> tuple:
-        """(the packed row's width W, the head size, the float32 scale or None where
-        compiled.gqa does not take a node of that width: _exact_kernels' conditions)."""
+        """(the packed row's width W, the head size, the float32 scale, compiled.gqa's
+        kernels or None where they do not take a node of that width: _exact_kernels'
+        conditions). The kernels are taken once, as the other compiled kernels take theirs
+        when prepared (a lookup per call cost ~2-4 us: it reads the environment's switches)."""
         global _gqa, address
         H = W // (self.N + 2 * self.Nkv)
         alpha = _float32_scale(self.scale, H)
         if W != H * (self.N + 2 * self.Nkv) or not H or H % 8 or alpha == 1.0:
-            return W, H, None
+            return W, H, alpha, None
         if _gqa is None:
             from ...compiled import gqa as _gqa  # jit on first use only
         if address is None:
             from ...compiled.jit import address
-        return W, H, alpha
+        return W, H, alpha, _gqa.kernels()
 
     def _decode_exact(self, fn, query, past_key, past_value, total, T_max, cos_cache,
                       sin_cache, position_ids):
