@@ -15,14 +15,14 @@ from onnx import helper
 from ort_bits import assert_ort_bits
 
 import onnxrun
-from onnxrun.providers.cpu.compiled import gqa
+from onnxrun.providers.cpu.compiled import gqa, spin
 from onnxrun.providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
 
 ort = pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.skipif(gqa.unavailable() is not None,
                                 reason=f"compiled kernel: {gqa.unavailable()}")
 
-MAX_POS = 1024
+MAX_POS = 2048
 
 
 def _model(N: int, Nkv: int, H: int, rotary: bool, interleaved: bool, window: int,
@@ -127,6 +127,83 @@ def test_prompt_then_decode_bit_exact(N, Nkv, H, B, S, steps, rotary, interleave
                                  "past_value": state["theirs"][1]})
         _assert_same(got, want)
         state = {"ours": (got[1], got[2]), "theirs": (want[1], want[2])}
+
+
+TWO_THREAD_CASES = [  # as CASES, run with intra_op_num_threads=2 on both engines
+    (14, 2, 64, 1, 300, 2, True, False, -1, True),  # Qwen2-0.5B: a kv head per thread
+    (4, 1, 64, 1, 129, 2, True, False, -1, True),  # one kv head: its rows split, one-row block
+    (4, 1, 64, 1, 300, 1, True, False, 100, True),  # the same over two KV blocks, a window
+    (6, 3, 32, 1, 70, 2, True, True, -1, False),  # three kv heads, separate Q/K/V
+    (4, 1, 64, 2, 40, 2, True, False, -1, True),  # a batch
+]
+
+
+def _split_calls(monkeypatch) -> list:
+    """(blocks, threads) of every spin.run_blocks call the GQA kernels make."""
+    calls = []
+    real = spin.run_blocks
+    monkeypatch.setattr(spin, "run_blocks",
+                        lambda job, blocks, threads: calls.append((len(blocks), threads))
+                        or real(job, blocks, threads))
+    return calls
+
+
+@pytest.mark.parametrize("N,Nkv,H,B,S,steps,rotary,interleaved,window,packed,share",
+                         [(*c, share) for c in TWO_THREAD_CASES for share in (False, True)
+                          if not (share and c[3] > 1)])
+def test_two_threads_bit_exact(N, Nkv, H, B, S, steps, rotary, interleaved, window, packed,
+                               share, monkeypatch):
+    """Prompts and decode steps on two threads: the prompt's query rows and a step's heads
+    split over the spinning workers, the numbers onnxruntime's at 2 threads."""
+    calls = _split_calls(monkeypatch)
+    data = _model(N, Nkv, H, rotary, interleaved, window, packed)
+    ours, theirs = _sessions(data, share, threads=2)
+    rng = np.random.default_rng(N * 1000 + S + 7)
+    caches = _caches(H) if rotary else {}
+    P = S + steps + 5 if share else 0
+    past_k = np.zeros((B, Nkv, P, H), np.float32)
+    state = {"ours": (past_k, past_k.copy()), "theirs": (past_k.copy(), past_k.copy())}
+    total = 0
+    for step, n in enumerate([S] + [1] * steps):
+        total += n
+        D = (N + 2 * Nkv) * H if packed else N * H
+        feed = {"query": (rng.standard_normal((B, n, D)) * 2).astype(np.float32),
+                "seqlens_k": np.full(B, total - 1, np.int32),
+                "total_sequence_length": np.array(max(total, P), np.int32), **caches}
+        if not packed:
+            feed["key"] = (rng.standard_normal((B, n, Nkv * H)) * 2).astype(np.float32)
+            feed["value"] = rng.standard_normal((B, n, Nkv * H)).astype(np.float32)
+        got = ours.run(None, {**feed, "past_key": state["ours"][0],
+                              "past_value": state["ours"][1]})
+        want = theirs.run(None, {**feed, "past_key": state["theirs"][0],
+                                 "past_value": state["theirs"][1]})
+        _assert_same(got, want)
+        state = {"ours": (got[1], got[2]), "theirs": (want[1], want[2])}
+    if spin.usable() is not None:  # the prompt went to two threads in parts
+        assert any(n > 1 and t == 2 for n, t in calls)
+
+
+@pytest.mark.parametrize("N,Nkv,past,window", [
+    (14, 2, 300, -1), (14, 2, 1000, -1), (14, 2, 2000, -1), (14, 2, 1000, 500),
+    (1, 1, 300, -1), (1, 1, 2000, -1), (1, 1, 2000, 700),  # heads < threads: key blocks
+    (3, 1, 1000, -1)])
+def test_two_threads_long_cache_decode_bit_exact(N, Nkv, past, window, monkeypatch):
+    """One new token over a long cache on two threads: heads split (heads >= threads) or,
+    with fewer heads than threads, the keys in KV blocks (flash decoding) as onnxruntime
+    does at 2 threads, each block's task on either thread."""
+    calls = _split_calls(monkeypatch)
+    H = 64
+    data = _model(N, Nkv, H, True, False, window, True)
+    ours, theirs = _sessions(data, False, threads=2)
+    rng = np.random.default_rng(past + N)
+    feed = {"query": (rng.standard_normal((1, 1, (N + 2 * Nkv) * H)) * 2).astype(np.float32),
+            "past_key": (rng.standard_normal((1, Nkv, past, H)) * 2).astype(np.float32),
+            "past_value": rng.standard_normal((1, Nkv, past, H)).astype(np.float32),
+            "seqlens_k": np.array([past], np.int32),
+            "total_sequence_length": np.array(past + 1, np.int32), **_caches(H)}
+    _assert_same(ours.run(None, feed), theirs.run(None, feed))
+    if spin.usable() is not None:
+        assert any(n > 1 and t == 2 for n, t in calls)
 
 
 @pytest.mark.parametrize("window", [-1, 200])

@@ -31,7 +31,7 @@ import ctypes.util
 
 import numpy as np
 
-from . import jit
+from . import jit, spin
 from .jit import address
 
 REQUIRES = ("avx2", "fma")
@@ -350,16 +350,17 @@ def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
 
 
 def _online_ir() -> list[str]:
-    """online(sc, rows, R, cnt, m, l, O, H, first, expf): one KV block's online-softmax step
-    of MlasFlashAttentionGQA for each row r of scores (rows R floats apart; its first cnt[r]
-    keys, those before the causal limit, masked ones among them at the lowest float; the
-    keys after the limit only add exps of exactly 0 there): a row with nothing unmasked
+    """online(sc, rows, R, cnt, st, m, l, O, H, first, expf): one KV block's online-softmax
+    step of MlasFlashAttentionGQA for each row r of scores (rows R floats apart; its first
+    cnt[r] keys, those before the causal limit, the first st[r] of them, before a local
+    window, set to the lowest float; the keys after the limit only add exps of exactly 0
+    there): a row with nothing unmasked
     becomes zeros; else the running maximum m[r] = max(m[r], row max), the row replaced by
     exp(x - m[r]) (@sumexp) whose sum s gives l[r] = s on the first block, else l[r] = e *
     l[r] + s and O[r] (H floats) times e, e = expf(old m - new m) (``expf``: the C
     library's, as std::exp)."""
-    return ["define void @online(ptr %sc, i64 %rows, i64 %R, ptr %cnt, ptr %m, ptr %l, ptr %O, "
-            "i64 %H, i64 %first, ptr %expf) nounwind {",
+    return ["define void @online(ptr %sc, i64 %rows, i64 %R, ptr %cnt, ptr %st, ptr %m, ptr %l, "
+            "ptr %O, i64 %H, i64 %first, ptr %expf) nounwind {",
             "entry:",
             "  %isfirst = icmp ne i64 %first, 0",
             "  %anyrow = icmp sgt i64 %rows, 0",
@@ -372,8 +373,18 @@ def _online_ir() -> list[str]:
             "  %n = load i64, ptr %np, align 8",
             "  %anyn = icmp sgt i64 %n, 0",
             "  br i1 %anyn, label %hasn, label %rnext",
-            "hasn:",
-            *_rowmax_ir("%row", "%n", "%mx", "hasn"),
+            "hasn:",  # the first st[r] keys, before the local window, at the lowest float
+            "  %stp = getelementptr i64, ptr %st, i64 %r",
+            "  %ns = load i64, ptr %stp, align 8",
+            "  %anys = icmp sgt i64 %ns, 0",
+            "  br i1 %anys, label %wloop, label %wdone",
+            "wloop:",
+            "  %w = phi i64 [0, %hasn], [%w.next, %wloop]",
+            "  %wp = getelementptr float, ptr %row, i64 %w",
+            f"  store float {_c(_LOWEST)}, ptr %wp, align 4",
+            *_latch("w", "1", "wmore", "%ns", "wloop", "wdone"),
+            "wdone:",
+            *_rowmax_ir("%row", "%n", "%mx", "wdone"),
             f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
             "  br i1 %none, label %zloop, label %upd",
             "zloop:",
@@ -419,24 +430,25 @@ def _online_ir() -> list[str]:
 
 
 def _decode_ir() -> list[str]:
-    """decode(q, k, v, out, sc, N, G, T, H, sk, sv, scale, ws): MlasGQADecodeGQAThreaded for
-    one sequence: per query head n (q and out rows of H floats; kv head n / G: k and v rows
+    """decode(q, k, v, out, sc, n0, N, G, T, H, sk, sv, scale, ws, raw, ml):
+    MlasGQADecodeGQAThreaded for one sequence: per query head n in [n0, N), one of its tasks
+    (q and out rows of H floats; kv head n / G: k and v rows
     of H floats, heads sk / sv floats apart), scores[t] = scale * (8 lanes of products added
     in order, the lanes added as a tree) into ``sc`` (T floats), the keys before ws at the
     lowest float, @sumexp after the maximum, then out = (sum over t in order of sc[t] * v[t],
     a multiply and an add each) * (1 / sum). H a multiple of 8."""
-    L = ["define void @decode(ptr %q, ptr %k, ptr %v, ptr %out, ptr %sc, i64 %N, i64 %G, "
-         "i64 %T, i64 %H, i64 %sk, i64 %sv, float %scale, i64 %ws, i64 %raw, ptr %ml) "
-         "nounwind {",
+    L = ["define void @decode(ptr %q, ptr %k, ptr %v, ptr %out, ptr %sc, i64 %n0, i64 %N, "
+         "i64 %G, i64 %T, i64 %H, i64 %sk, i64 %sv, float %scale, i64 %ws, i64 %raw, "
+         "ptr %ml) nounwind {",
          "entry:",
          "  %israw = icmp ne i64 %raw, 0",
          "  %nv = lshr i64 %H, 3",
          "  %nv4 = and i64 %nv, -4",
          "  %any4 = icmp sgt i64 %nv4, 0",
-         "  %anyn = icmp sgt i64 %N, 0",
+         "  %anyn = icmp slt i64 %n0, %N",
          "  br i1 %anyn, label %hloop, label %end",
          "hloop:",
-         "  %n = phi i64 [0, %entry], [%n.next, %hnext]",
+         "  %n = phi i64 [%n0, %entry], [%n.next, %hnext]",
          "  %kvh = udiv i64 %n, %G",
          "  %ko = mul i64 %kvh, %sk",
          "  %kh = getelementptr float, ptr %k, i64 %ko",
@@ -722,27 +734,65 @@ def _pv_ir(m1: bool) -> list[str]:
     return L
 
 
+# the kernels' arguments: p a pointer, i an i64, f a float
+_SIGS = {"rope_rows": "piippiii", "scores": "ppppiiiiifiiiii", "online": "piipppppiip",
+         "decode": "pppppiiiiiiifiip", "pv": "pipipiipiiiiiii", "pv1": "pipipiipiiiiiii"}
+_TYPES = {"p": "ptr", "i": "i64", "f": "float"}
+# the kernels a thread's share of the work calls (spin.py's jobs: one argument block each)
+_JOBS = ("scores", "online", "decode", "pv", "pv1")
+
+
+def _job_ir(name: str) -> list[str]:
+    """{name}_job(a): @name on the words of the argument block ``a`` (pointers and integers
+    as i64 words, a float as the float32 bits in a word's low half): spin.py's job form."""
+    L = [f"define void @{name}_job(ptr %a) nounwind {{", "entry:"]
+    args = []
+    for i, kind in enumerate(_SIGS[name]):
+        L += [f"  %a{i}.p = getelementptr i64, ptr %a, i64 {i}",
+              f"  %a{i} = load {_TYPES[kind]}, ptr %a{i}.p, align 8"]
+        args.append(f"{_TYPES[kind]} %a{i}")
+    return L + [f"  call void @{name}({', '.join(args)})", "  ret void", "}"]
+
+
+def _seq_ir() -> list[str]:
+    """seq(a): a = [n, fn_0, args_0, .., fn_{n-1}, args_{n-1}]: fn_i(args_i) in order (one
+    thread's whole share of a prompt: every KV block's kernels for its query rows)."""
+    return ["define void @seq(ptr %a) nounwind {",
+            "entry:",
+            "  %n = load i64, ptr %a, align 8",
+            "  %any = icmp sgt i64 %n, 0",
+            "  br i1 %any, label %loop, label %end",
+            "loop:",
+            "  %i = phi i64 [0, %entry], [%i.next, %loop]",
+            "  %i2 = shl i64 %i, 1",
+            "  %fo = add i64 %i2, 1",
+            "  %fp = getelementptr i64, ptr %a, i64 %fo",
+            "  %f = load ptr, ptr %fp, align 8",
+            "  %ao = add i64 %i2, 2",
+            "  %ap = getelementptr i64, ptr %a, i64 %ao",
+            "  %args = load ptr, ptr %ap, align 8",
+            "  call void %f(ptr %args)",
+            *_latch("i", "1", "more", "%n", "loop", "end"),
+            "end:",
+            "  ret void",
+            "}"]
+
+
 def module_ir(target=None) -> str:
     return "\n".join([
         *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
-        *_pv_ir(False), *_pv_ir(True),
+        *_pv_ir(False), *_pv_ir(True), *[line for n in _JOBS for line in _job_ir(n)],
+        *_seq_ir(),
         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
         "declare float @llvm.fma.f32(float, float, float)",
         f"declare {_VF} @llvm.masked.load.v8f32.p0(ptr, i32, <8 x i1>, {_VF})",
         f"declare void @llvm.masked.store.v8f32.p0({_VF}, ptr, i32, <8 x i1>)"])
 
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_PROTOS = {
-    "rope_rows": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _I, _I, _I),
-    "scores": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F, _I, _I, _I, _I,
-                               _I),
-    "online": ctypes.CFUNCTYPE(None, _P, _I, _I, _P, _P, _P, _P, _I, _I, _P),
-    "decode": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I, _F, _I, _I,
-                               _P),
-    "pv": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
-    "pv1": ctypes.CFUNCTYPE(None, _P, _I, _P, _I, _P, _I, _I, _P, _I, _I, _I, _I, _I, _I, _I),
-}
+_CT = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
+_JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_PROTOS = {**{n: ctypes.CFUNCTYPE(None, *[_CT[c] for c in sig]) for n, sig in _SIGS.items()},
+           **{f"{n}_job": _JOB for n in _JOBS}, "seq": _JOB}
 
 
 def _module() -> jit.Module:
@@ -844,36 +894,74 @@ def rope_heads(fn, x: np.ndarray, cos: np.ndarray, sin: np.ndarray, interleaved:
     return y
 
 
+# Multiply-adds (Q K^T and S x V) from which one call is split over the threads (spin.py's
+# pool): under them the hand-off and the argument blocks cost about what the second thread
+# saves (a decode step of the small Llama, 8 heads of 32 x ~150 keys: ~77 K, stays whole)
+DECODE_SPLIT = 1 << 17
+PROMPT_SPLIT = 1 << 18
+
+
+def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    """n tasks over ``parts`` threads as MLAS hands them out (the first n % parts one more)."""
+    q, r = divmod(n, parts)
+    return [(i * q + min(i, r), (i + 1) * q + min(i + 1, r)) for i in range(parts)]
+
+
+def _word(x: float) -> int:
+    """A float argument's word in an argument block: the float32's bits."""
+    return int(np.float32(x).view(np.int32))
+
+
+def _run(job, blocks: list[list[int]], threads: int) -> None:
+    """job(block) for each argument block (lists of at most 16 words), over ``threads``."""
+    words = np.zeros((len(blocks), 16), np.int64)
+    for i, b in enumerate(blocks):
+        words[i, :len(b)] = b
+    spin.run_blocks(job, words, threads)
+
+
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
            window: int = -1, l2: int | None = None, fn: jit.Module | None = None,
-           split: bool = False) -> np.ndarray:
+           split: bool = False, threads: int = 1) -> np.ndarray:
     """One sequence's attention as onnxruntime's GroupQueryAttention computes it (its flash
     path): ``q`` (N, S, H) float32 (rotary applied), ``k`` and ``v`` (Nkv, T, H) float32 with
     rows contiguous (the cache: T >= total, the first ``total`` keys valid), query s at
     position past + s seeing keys up to there (the last ``window`` of them with window >= 0).
     ``split``: one new token whose batch x heads is below onnxruntime's thread count, where
-    it splits the keys in KV blocks (flash decoding). Returns (S, N * H) float32."""
+    it splits the keys in KV blocks (flash decoding). ``threads``: the session's intra-op
+    threads, over which the work is split (spin.py's pool; above DECODE_SPLIT /
+    PROMPT_SPLIT) in onnxruntime's units: one token's query heads or, with ``split``, its KV
+    blocks; a prompt's query rows of each kv head. Each output element is computed on one
+    thread in the same order, so the numbers do not depend on ``threads``. Returns (S, N * H)
+    float32."""
     N, S, H = q.shape
     Nkv = k.shape[0]
     fn = fn or _module()
     alpha = float(np.float32(alpha))
     l2 = l2_cache_size() if l2 is None else l2
     if S > 1:
-        return _prefill(fn, q, k, v, past, total, alpha, window, l2)
-    # MlasGQADecodeGQAThreaded, or MlasFlashDecodingGQAThreaded's blocks of keys
+        return _prefill(fn, q, k, v, past, total, alpha, window, l2, threads)
+    # MlasGQADecodeGQAThreaded's tasks (query heads), or MlasFlashDecodingGQAThreaded's
+    # (blocks of keys, every head: each block's maximum, sum and raw output)
     kvb = min(max(l2 // (4 * 4 * 2 * H), 1), max(total, 1))
     chunks = -(-total // kvb) if split else 1
     qc = np.ascontiguousarray(q.reshape(N, H))
     ws = total - window if 0 <= window < total else 0
     out = np.empty((chunks, N, H), np.float32)
     ml = np.empty((chunks, N, 2), np.float32)
-    sc = np.empty(max(total, 1), np.float32)
-    for c in range(chunks):
-        ir = c * kvb if chunks > 1 else 0
-        R = min(kvb, total - ir) if chunks > 1 else total
-        fn.decode(address(qc), address(k[:, ir:]), address(v[:, ir:]), address(out[c]),
-                  address(sc), N, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, alpha,
-                  min(max(ws - ir, 0), R), int(chunks > 1), address(ml[c]))
+    if chunks > 1:
+        units = [(0, N, c, c * kvb, min(kvb, total - c * kvb)) for c in range(chunks)]
+    else:
+        parts = min(threads, N) if 2 * N * total * H >= DECODE_SPLIT else 1
+        units = [(n0, n1, 0, 0, total) for n0, n1 in _ranges(N, parts)]
+    sc = np.empty((len(units), max(total if chunks == 1 else kvb, 1)), np.float32)
+    qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
+    kr, vr = k.strides[1], v.strides[1]
+    blocks = [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4, sa + i * sc.strides[0], n0,
+               n1, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, _word(alpha),
+               min(max(ws - ir, 0), R), int(chunks > 1), ma + c * N * 8]
+              for i, (n0, n1, c, ir, R) in enumerate(units)]
+    _run(fn.decode_job, blocks, threads)
     if chunks == 1:
         return out.reshape(1, N * H)
     return _reduce_chunks(out, ml).reshape(1, N * H)
@@ -903,13 +991,31 @@ def _reduce_chunks(out: np.ndarray, ml: np.ndarray) -> np.ndarray:
     return o * inv[:, None]
 
 
+def _row_units(work: np.ndarray, Nkv: int, threads: int) -> list[tuple[int, int, int, int]]:
+    """A prompt's tasks (kv heads h0..h1, 8-row blocks b0..b1): with one thread, or at least
+    as many kv heads as threads, ranges of whole heads (MLAS's split of its tasks); else each
+    head's row blocks in ceil(threads / Nkv) ranges of about equal work (``work``: keys per
+    row block; a causal prompt's later rows see more)."""
+    nb = len(work)
+    if threads <= 1 or Nkv >= threads:
+        return [(h0, h1, 0, nb) for h0, h1 in _ranges(Nkv, max(1, min(threads, Nkv)))]
+    parts = min(-(-threads // Nkv), nb)
+    cum = np.cumsum(work)
+    cuts = [0, *np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, "right").tolist(),
+            nb]
+    cuts = sorted(set(cuts))
+    return [(h, h + 1, b0, b1) for h in range(Nkv) for b0, b1 in zip(cuts, cuts[1:])]
+
+
 def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
-             l2: int) -> np.ndarray:
+             l2: int, threads: int = 1) -> np.ndarray:
     """MlasFlashAttentionGQAThreaded: per head and block of q_block query rows, KV blocks of
     kv_block keys (both from the L2 cache size): scores by SGEMM (``scores``), the masked
-    keys at the lowest float, the online softmax step (``online``), O += exp scores x V by
-    SGEMM (``pv``; ``pv1`` for a block of one query row), O / l at the end. Every row here
-    at once: a row's numbers depend on its block only through that block's row count."""
+    keys at the lowest float (``online``), the online softmax step (``online``), O += exp
+    scores x V by SGEMM (``pv``; ``pv1`` for a block of one query row), O / l at the end. A
+    row's numbers depend on its query block only through that block's row count, so the rows
+    go to the threads in any grouping: each task (kv heads, 8-row blocks; _row_units) runs
+    every KV block's kernels for its rows in order on one thread (``seq``)."""
     N, S, H = q.shape
     Nkv = k.shape[0]
     G = N // Nkv
@@ -931,29 +1037,63 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     m = np.full(Nkv * M8, _LOWEST, np.float32)
     lsum = np.zeros(Nkv * M8, np.float32)
     O = np.zeros((Nkv, M8, H), np.float32)
-    k_rs, v_rs = k.strides[1] // 4, v.strides[1] // 4
-    for ir in range(0, min(total, past + S), kvb):
-        R = min(kvb, total - ir)
-        sc = np.empty((Nkv, M8, R), np.float32)
-        # keys a block of 8 rows needs: up to its last row's limit (later ones are masked)
-        tl = np.ascontiguousarray(np.clip(limit.reshape(-1, 8).max(axis=1) - ir, 0, R))
-        kb, vb = k[:, ir:], v[:, ir:]
-        fn.scores(address(qt), address(kb), address(sc), address(tl), M8 // 8, M8, H, k_rs,
-                  mlas_stride_k(R, H), alpha, Nkv, H * M8, k.strides[0] // 4, M8 * R, R)
-        lens = np.clip(limit - ir, 0, R)  # the keys before each row's causal limit
-        if window >= 0:  # those before the window, masked
-            before = ir + np.arange(R)[None, :] < start[:, None]
-            np.copyto(sc, np.float32(_LOWEST), where=before[None])
-        lens_h = np.tile(lens, Nkv)
-        fn.online(address(sc), Nkv * M8, R, address(lens_h), address(m), address(lsum),
-                  address(O), H, int(ir == 0), _expf())
-        fn.pv(address(sc), R, address(vb), v_rs, address(O), H, rows_main, address(lens),
-              H // 8, mlas_stride_k(H, R), Nkv, M8 * R, v.strides[0] // 4, M8 * H, int(ir > 0))
-        if one_row:
-            r0 = rows_main
-            fn.pv1(address(sc[:, r0:]), R, address(vb), v_rs, address(O[:, r0:]), H, G,
-                   address(lens[r0:]), H // 8, 0, Nkv, M8 * R, v.strides[0] // 4, M8 * H,
-                   int(ir > 0))
+    irs = np.arange(0, min(total, past + S), kvb, dtype=np.int64)
+    Rs = np.minimum(kvb, total - irs)[:, None]
+    # per KV block: the keys each 8-row block's scores need (up to its last row's limit),
+    # each row's keys before its causal limit (cnt) and before its window (masked)
+    tl = np.clip(limit.reshape(-1, 8).max(axis=1)[None] - irs[:, None], 0, Rs)
+    cnt = np.ascontiguousarray(np.broadcast_to(
+        np.clip(limit[None] - irs[:, None], 0, Rs)[:, None], (len(irs), Nkv, M8)))
+    masked = np.zeros_like(cnt) if window < 0 else np.ascontiguousarray(np.broadcast_to(
+        np.clip(start[None] - irs[:, None], 0, Rs)[:, None], cnt.shape))
+    sc = np.empty((Nkv, M8, kvb), np.float32)  # each task's rows: its own part
+    work = np.minimum(limit.reshape(-1, 8).max(axis=1), total)
+    threads = threads if 2 * H * N * int(np.minimum(limit[:M], total).sum()) // G >= \
+        PROMPT_SPLIT else 1
+    units = _row_units(work, Nkv, threads)
+    qa, ka, va, sa, ta, ca, wa, mla, la, oa = (address(x) for x in (
+        qt, k, v, sc, tl, cnt, masked, m, lsum, O))
+    jobs = [spin.function_address(f) for f in (fn.scores_job, fn.online_job, fn.pv_job,
+                                               fn.pv1_job)]
+    sk, sv = k.strides[0] // 4, v.strides[0] // 4
+    a = _word(alpha)
+    calls, seqs = [], []
+    for h0, h1, b0, b1 in units:
+        r0, r1, nh = 8 * b0, 8 * b1, h1 - h0
+        hr = h0 * M8 + r0  # the task's first row, as a row of every (kv head, row) array
+        seq = []
+        for i, (ir, R) in enumerate(zip(irs.tolist(), Rs[:, 0].tolist())):
+            if not tl[i, b0:b1].any():  # past the causal limit of every row: nothing to add
+                continue
+            kb, vb = ka + h0 * sk * 4 + ir * k.strides[1], va + h0 * sv * 4 + ir * v.strides[1]
+            ci = ca + (i * Nkv * M8 + hr) * 8
+            lens = ca + (i * Nkv * M8 + r0) * 8  # a head's rows (the same for every head)
+            seq.append((0, [qa + (h0 * H * M8 + r0) * 4, kb, sa + hr * kvb * 4,
+                            ta + (i * tl.shape[1] + b0) * 8, b1 - b0, M8, H, k.strides[1] // 4,
+                            mlas_stride_k(R, H), a, nh, H * M8, sk, M8 * kvb, kvb]))
+            rows = (r1 - r0) if nh == 1 else nh * M8  # whole heads: rows across them
+            seq.append((1, [sa + hr * kvb * 4, rows, kvb, ci, wa + (ci - ca), mla + hr * 4,
+                            la + hr * 4, oa + hr * H * 4, H, int(ir == 0), _expf()]))
+            for j, (p0, p1) in enumerate(((r0, min(r1, rows_main)),
+                                          (max(r0, rows_main), min(r1, M) if one_row else 0))):
+                if p1 > p0:
+                    seq.append((2 + j, [sa + (h0 * M8 + p0) * kvb * 4, kvb, vb, v.strides[1] // 4,
+                                        oa + (h0 * M8 + p0) * H * 4, H, p1 - p0,
+                                        lens + (p0 - r0) * 8, H // 8,
+                                        0 if j else mlas_stride_k(H, R), nh, M8 * kvb, sv,
+                                        M8 * H, int(ir > 0)]))
+        seqs.append([(len(calls) + n, jobs[f]) for n, (f, _) in enumerate(seq)])
+        calls += [w for _, w in seq]
+    words = np.zeros((max(len(calls), 1), 16), np.int64)
+    for i, w in enumerate(calls):
+        words[i, :len(w)] = w
+    wa0 = address(words)
+    program = np.zeros((len(seqs), 1 + 2 * max(map(len, seqs), default=0)), np.int64)
+    for u, seq in enumerate(seqs):
+        program[u, 0] = len(seq)
+        for n, (i, f) in enumerate(seq):
+            program[u, 1 + 2 * n:3 + 2 * n] = f, wa0 + i * 128
+    spin.run_blocks(fn.seq, program, threads)
     inv = np.zeros(Nkv * M8, np.float32)
     np.divide(np.float32(1), lsum, out=inv, where=lsum > 0)
     O *= inv.reshape(Nkv, M8, 1)

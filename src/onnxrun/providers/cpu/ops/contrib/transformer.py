@@ -620,7 +620,7 @@ class GroupQueryAttention:
             for b in range(B):
                 out[b] = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
                                      _float32_scale(self.scale, H), self.window, fn=exact,
-                                     split=split)
+                                     split=split, threads=self.threads)
             return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
@@ -762,7 +762,7 @@ class GroupQueryAttention:
         out = _gqa.attend(x[:N].reshape(N, 1, H), _rows_contiguous(present_k)[0],
                           _rows_contiguous(present_v)[0], p, total,
                           _float32_scale(self.scale, H), self.window, fn=fn,
-                          split=N < self.threads)
+                          split=N < self.threads, threads=self.threads)
         return out.reshape(1, 1, N * H), present_k, present_v, None
 
     def _decode_one(self, query, past_key, past_value, total, T_max, cos_cache, sin_cache,
