@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import struct
 
 import numpy as np
 
@@ -429,6 +430,42 @@ def _online_ir() -> list[str]:
             "}"]
 
 
+def _dots_ir(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[str]:
+    """The decode kernel's scores of keys t .. t + J - 1 at once (from label {p}.top, t from
+    ``t0`` entered from ``first``, on while below ``back``): each key's dot product with the
+    head's query its own chain (8 lanes of products added in order over H, the lanes added
+    as a tree), J chains interleaved; times the scale, keys before ws at the lowest float."""
+    G = [f"{p}.top:",
+         f"  %{p}.t = phi i64 [{t0}, %{first}], [%{p}.t.next, %{p}.end]"]
+    for j in range(J):
+        G += [f"  %{p}.tj{j} = add i64 %{p}.t, {j}",
+              f"  %{p}.kro{j} = mul i64 %{p}.tj{j}, %H",
+              f"  %{p}.krow{j} = getelementptr float, ptr %kh, i64 %{p}.kro{j}"]
+    G += [f"  br label %{p}.d",
+          f"{p}.d:",
+          f"  %{p}.dd = phi i64 [0, %{p}.top], [%{p}.dd.next, %{p}.d]"]
+    G += [f"  %{p}.acc{j} = phi {_VF} [zeroinitializer, %{p}.top], [%{p}.acc{j}.n, %{p}.d]"
+          for j in range(J)]
+    G += [f"  %{p}.qp = getelementptr float, ptr %qh, i64 %{p}.dd",
+          f"  %{p}.qv = load {_VF}, ptr %{p}.qp, align 4"]
+    for j in range(J):
+        G += [f"  %{p}.kp{j} = getelementptr float, ptr %{p}.krow{j}, i64 %{p}.dd",
+              f"  %{p}.kv{j} = load {_VF}, ptr %{p}.kp{j}, align 4",
+              f"  %{p}.pr{j} = fmul {_VF} %{p}.qv, %{p}.kv{j}",
+              f"  %{p}.acc{j}.n = fadd {_VF} %{p}.acc{j}, %{p}.pr{j}"]
+    G += [*_latch(f"{p}.dd", "8", f"{p}.dmore", "%H", f"{p}.d", f"{p}.end"),
+          f"{p}.end:"]
+    for j in range(J):
+        G += [*_tree(f"%{p}.acc{j}.n", f"%{p}.dot{j}"),
+              f"  %{p}.sv{j} = fmul float %{p}.dot{j}, %scale",
+              f"  %{p}.msk{j} = icmp slt i64 %{p}.tj{j}, %ws",
+              f"  %{p}.svm{j} = select i1 %{p}.msk{j}, float {_c(_LOWEST)}, "
+              f"float %{p}.sv{j}",
+              f"  %{p}.scp{j} = getelementptr float, ptr %sc, i64 %{p}.tj{j}",
+              f"  store float %{p}.svm{j}, ptr %{p}.scp{j}, align 4"]
+    return G + _latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
+
+
 def _decode_ir() -> list[str]:
     """decode(q, k, v, out, sc, n0, N, G, T, H, sk, sv, scale, ws, raw, ml):
     MlasGQADecodeGQAThreaded for one sequence: per query head n in [n0, N), one of its tasks
@@ -457,30 +494,14 @@ def _decode_ir() -> list[str]:
          "  %qo = mul i64 %n, %H",
          "  %qh = getelementptr float, ptr %q, i64 %qo",
          "  %oh = getelementptr float, ptr %out, i64 %qo",
-         "  br label %tloop",
-         "tloop:",
-         "  %t = phi i64 [0, %hloop], [%t.next, %tdone]",
-         "  %kro = mul i64 %t, %H",
-         "  %krow = getelementptr float, ptr %kh, i64 %kro",
-         "  br label %dloop",
-         "dloop:",
-         "  %d = phi i64 [0, %tloop], [%d.next, %dloop]",
-         f"  %acc = phi {_VF} [zeroinitializer, %tloop], [%acc.n, %dloop]",
-         "  %qp = getelementptr float, ptr %qh, i64 %d",
-         f"  %qv = load {_VF}, ptr %qp, align 4",
-         "  %kp = getelementptr float, ptr %krow, i64 %d",
-         f"  %kv = load {_VF}, ptr %kp, align 4",
-         f"  %pr = fmul {_VF} %qv, %kv",
-         f"  %acc.n = fadd {_VF} %acc, %pr",
-         *_latch("d", "8", "dmore", "%H", "dloop", "tdone"),
-         "tdone:",
-         *_tree("%acc.n", "%dot"),
-         "  %sv0 = fmul float %dot, %scale",
-         "  %masked = icmp slt i64 %t, %ws",
-         f"  %svm = select i1 %masked, float {_c(_LOWEST)}, float %sv0",
-         "  %scp = getelementptr float, ptr %sc, i64 %t",
-         "  store float %svm, ptr %scp, align 4",
-         *_latch("t", "1", "tmore", "%T", "tloop", "smax"),
+         "  %T4 = and i64 %T, -4",
+         "  %anyt4 = icmp sgt i64 %T4, 0",
+         "  br i1 %anyt4, label %k4.top, label %k4.done",
+         *_dots_ir(4, "k4", "0", "hloop", "%T4", "k4.done"),
+         "k4.done:",
+         "  %anyt1 = icmp slt i64 %T4, %T",
+         "  br i1 %anyt1, label %k1.top, label %smax",
+         *_dots_ir(1, "k1", "%T4", "k4.done", "%T", "smax"),
          "smax:",
          *_rowmax_ir("%sc", "%T", "%mx", "smax"),
          f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
@@ -909,7 +930,7 @@ def _ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 def _word(x: float) -> int:
     """A float argument's word in an argument block: the float32's bits."""
-    return int(np.float32(x).view(np.int32))
+    return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
 def _run(job, blocks: list[list[int]], threads: int) -> None:
@@ -957,11 +978,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
     sc = np.empty((len(units), max(total if chunks == 1 else kvb, 1)), np.float32)
     qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
     kr, vr = k.strides[1], v.strides[1]
-    blocks = [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4, sa + i * sc.strides[0], n0,
-               n1, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, _word(alpha),
-               min(max(ws - ir, 0), R), int(chunks > 1), ma + c * N * 8]
-              for i, (n0, n1, c, ir, R) in enumerate(units)]
-    _run(fn.decode_job, blocks, threads)
+    if len(units) == 1:  # one task: a direct call (no argument blocks)
+        fn.decode(qa, ka, va, oa, sa, 0, N, N // Nkv, total, H, k.strides[0] // 4,
+                  v.strides[0] // 4, alpha, ws, 0, ma)
+    else:
+        a = _word(alpha)
+        _run(fn.decode_job, [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4,
+                              sa + i * sc.strides[0], n0, n1, N // Nkv, R, H,
+                              k.strides[0] // 4, v.strides[0] // 4, a,
+                              min(max(ws - ir, 0), R), int(chunks > 1), ma + c * N * 8]
+                             for i, (n0, n1, c, ir, R) in enumerate(units)], threads)
     if chunks == 1:
         return out.reshape(1, N * H)
     return _reduce_chunks(out, ml).reshape(1, N * H)
