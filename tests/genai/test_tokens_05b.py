@@ -33,11 +33,29 @@ def _oracle(og, model, prompt: list[int]) -> list[int]:
     return [int(t) for t in gen.get_sequence(0)[len(prompt):]]
 
 
-def test_05b_int4_greedy_tokens_equal_onnxruntime_genai(genai_folder, og):
+def _threaded(folder: str, threads: int, root: Path) -> str:
+    """``folder`` with genai_config.json asking for ``threads`` intra-op threads."""
+    view = root / "view"
+    view.mkdir()
+    for f in Path(folder).iterdir():
+        if f.name != "genai_config.json":
+            (view / f.name).symlink_to(f.resolve())
+    cfg = json.loads(Path(folder, "genai_config.json").read_text())
+    cfg["model"]["decoder"].setdefault("session_options", {})["intra_op_num_threads"] = threads
+    (view / "genai_config.json").write_text(json.dumps(cfg))
+    return str(view)
+
+
+# 2 threads: onnxruntime's GroupQueryAttention splits heads, rows (and key blocks where heads
+# are fewer than threads) over its threads; onnxrun's on spin.py's workers, the same numbers
+@pytest.mark.parametrize("threads", [1, 2])
+def test_05b_int4_greedy_tokens_equal_onnxruntime_genai(genai_folder, og, threads, tmp_path):
     folder = genai_folder("qwen2", "int4", "0.5b")
     cfg = json.loads(Path(folder, "genai_config.json").read_text())["model"]
-    sess = onnxrun.InferenceSession(str(Path(folder, cfg["decoder"]["filename"])))
-    model = og.Model(folder)
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = threads
+    sess = onnxrun.InferenceSession(str(Path(folder, cfg["decoder"]["filename"])), so)
+    model = og.Model(_threaded(folder, threads, tmp_path))
     rng = np.random.default_rng(0)
     for length in (1, 17, 300):  # 300: two of onnxruntime's KV blocks in the prompt
         prompt = [int(cfg["bos_token_id"])] + [

@@ -350,6 +350,45 @@ def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
             f"{t}.done:"]
 
 
+def _vrowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
+    """``out``: the maximum of the ``n`` (>= 1) floats at ``p`` as _rowmax_ir's, in 8 lanes
+    (std::max(m, v) per lane from lowest, the rest one at a time, then the lanes': the order
+    does not matter); entered from block ``first``, on in block {out}.done."""
+    t = out[1:]
+    low = _vc(_LOWEST)
+    return [f"  %{t}.n8 = and i64 {n}, -8",
+            f"  %{t}.any8 = icmp sgt i64 %{t}.n8, 0",
+            f"  br i1 %{t}.any8, label %{t}.vl, label %{t}.vd",
+            f"{t}.vl:",
+            f"  %{t}.vi = phi i64 [0, %{first}], [%{t}.vi.next, %{t}.vl]",
+            f"  %{t}.vm = phi {_VF} [{low}, %{first}], [%{t}.vm.n, %{t}.vl]",
+            f"  %{t}.vp = getelementptr float, ptr {p}, i64 %{t}.vi",
+            f"  %{t}.vv = load {_VF}, ptr %{t}.vp, align 4",
+            f"  %{t}.vlt = fcmp olt {_VF} %{t}.vm, %{t}.vv",
+            f"  %{t}.vm.n = select <8 x i1> %{t}.vlt, {_VF} %{t}.vv, {_VF} %{t}.vm",
+            *_latch(f"{t}.vi", "8", f"{t}.vmore", f"%{t}.n8", f"{t}.vl", f"{t}.vd"),
+            f"{t}.vd:",
+            f"  %{t}.vf = phi {_VF} [{low}, %{first}], [%{t}.vm.n, %{t}.vl]",
+            *[f"  %{t}.e{i} = extractelement {_VF} %{t}.vf, i64 {i}" for i in range(8)],
+            *[line for i in range(1, 8) for line in (
+                f"  %{t}.c{i} = fcmp olt float {f'%{t}.m{i - 1}' if i > 1 else f'%{t}.e0'}, "
+                f"%{t}.e{i}",
+                f"  %{t}.m{i} = select i1 %{t}.c{i}, float %{t}.e{i}, "
+                f"float {f'%{t}.m{i - 1}' if i > 1 else f'%{t}.e0'}")],
+            f"  %{t}.anyr = icmp slt i64 %{t}.n8, {n}",
+            f"  br i1 %{t}.anyr, label %{t}.sl, label %{t}.done",
+            f"{t}.sl:",
+            f"  %{t}.si = phi i64 [%{t}.n8, %{t}.vd], [%{t}.si.next, %{t}.sl]",
+            f"  %{t}.sm = phi float [%{t}.m7, %{t}.vd], [%{t}.sm.n, %{t}.sl]",
+            f"  %{t}.sp = getelementptr float, ptr {p}, i64 %{t}.si",
+            f"  %{t}.sv = load float, ptr %{t}.sp, align 4",
+            f"  %{t}.slt = fcmp olt float %{t}.sm, %{t}.sv",
+            f"  %{t}.sm.n = select i1 %{t}.slt, float %{t}.sv, float %{t}.sm",
+            *_latch(f"{t}.si", "1", f"{t}.smore", n, f"{t}.sl", f"{t}.done"),
+            f"{t}.done:",
+            f"  {out} = phi float [%{t}.m7, %{t}.vd], [%{t}.sm.n, %{t}.sl]"]
+
+
 def _online_ir() -> list[str]:
     """online(sc, rows, R, cnt, st, m, l, O, H, first, expf): one KV block's online-softmax
     step of MlasFlashAttentionGQA for each row r of scores (rows R floats apart; its first
@@ -430,6 +469,44 @@ def _online_ir() -> list[str]:
             "}"]
 
 
+def _tree4_ir(p: str, accs: list[str]) -> list[str]:
+    """Four keys' scores t .. t + 3 from their accumulators (``_tree``'s additions for each:
+    ((0+1)+(2+3)) + ((4+5)+(6+7)), as lane-wise additions of shuffled pairs), times the
+    scale, those before ws at the lowest float, stored at sc + t."""
+    V4 = "<4 x float>"
+    ev = "<8 x i32> <i32 0, i32 2, i32 4, i32 6, i32 8, i32 10, i32 12, i32 14>"
+    od = "<8 x i32> <i32 1, i32 3, i32 5, i32 7, i32 9, i32 11, i32 13, i32 15>"
+    G = []
+    for name, (a, b) in (("s01", accs[:2]), ("s23", accs[2:])):  # pairs of lanes
+        G += [f"  %{p}.{name}e = shufflevector {_VF} {a}, {_VF} {b}, {ev}",
+              f"  %{p}.{name}o = shufflevector {_VF} {a}, {_VF} {b}, {od}",
+              f"  %{p}.{name} = fadd {_VF} %{p}.{name}e, %{p}.{name}o"]
+    G += [f"  %{p}.qe = shufflevector {_VF} %{p}.s01, {_VF} %{p}.s23, {ev}",  # halves
+          f"  %{p}.qo = shufflevector {_VF} %{p}.s01, {_VF} %{p}.s23, {od}",
+          f"  %{p}.qs = fadd {_VF} %{p}.qe, %{p}.qo",
+          f"  %{p}.de = shufflevector {_VF} %{p}.qs, {_VF} poison, "
+          "<4 x i32> <i32 0, i32 2, i32 4, i32 6>",
+          f"  %{p}.do = shufflevector {_VF} %{p}.qs, {_VF} poison, "
+          "<4 x i32> <i32 1, i32 3, i32 5, i32 7>",
+          f"  %{p}.dots = fadd {V4} %{p}.de, %{p}.do",
+          f"  %{p}.sc.i = insertelement {V4} poison, float %scale, i64 0",
+          f"  %{p}.sc4 = shufflevector {V4} %{p}.sc.i, {V4} poison, <4 x i32> zeroinitializer",
+          f"  %{p}.sv = fmul {V4} %{p}.dots, %{p}.sc4",
+          f"  %{p}.t.i = insertelement <4 x i64> poison, i64 %{p}.t, i64 0",
+          f"  %{p}.t4 = shufflevector <4 x i64> %{p}.t.i, <4 x i64> poison, "
+          "<4 x i32> zeroinitializer",
+          f"  %{p}.tv = add <4 x i64> %{p}.t4, <i64 0, i64 1, i64 2, i64 3>",
+          f"  %{p}.ws.i = insertelement <4 x i64> poison, i64 %ws, i64 0",
+          f"  %{p}.ws4 = shufflevector <4 x i64> %{p}.ws.i, <4 x i64> poison, "
+          "<4 x i32> zeroinitializer",
+          f"  %{p}.msk = icmp slt <4 x i64> %{p}.tv, %{p}.ws4",
+          f"  %{p}.svm = select <4 x i1> %{p}.msk, {V4} <float {_c(_LOWEST)}, float "
+          f"{_c(_LOWEST)}, float {_c(_LOWEST)}, float {_c(_LOWEST)}>, {V4} %{p}.sv",
+          f"  %{p}.scp = getelementptr float, ptr %sc, i64 %{p}.t",
+          f"  store {V4} %{p}.svm, ptr %{p}.scp, align 4"]
+    return G
+
+
 def _dots_ir(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[str]:
     """The decode kernel's scores of keys t .. t + J - 1 at once (from label {p}.top, t from
     ``t0`` entered from ``first``, on while below ``back``): each key's dot product with the
@@ -455,6 +532,9 @@ def _dots_ir(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[
               f"  %{p}.acc{j}.n = fadd {_VF} %{p}.acc{j}, %{p}.pr{j}"]
     G += [*_latch(f"{p}.dd", "8", f"{p}.dmore", "%H", f"{p}.d", f"{p}.end"),
           f"{p}.end:"]
+    if J == 4:  # the four trees at once: the same additions, lanes paired by shuffles
+        return G + _tree4_ir(p, [f"%{p}.acc{j}.n" for j in range(4)]) + _latch(
+            f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
     for j in range(J):
         G += [*_tree(f"%{p}.acc{j}.n", f"%{p}.dot{j}"),
               f"  %{p}.sv{j} = fmul float %{p}.dot{j}, %scale",
@@ -481,7 +561,8 @@ def _decode_ir() -> list[str]:
          "  %israw = icmp ne i64 %raw, 0",
          "  %nv = lshr i64 %H, 3",
          "  %nv4 = and i64 %nv, -4",
-         "  %any4 = icmp sgt i64 %nv4, 0",
+         "  %nv8 = and i64 %nv, -8",
+         "  %any8 = icmp sgt i64 %nv8, 0",
          "  %anyn = icmp slt i64 %n0, %N",
          "  br i1 %anyn, label %hloop, label %end",
          "hloop:",
@@ -503,7 +584,7 @@ def _decode_ir() -> list[str]:
          "  br i1 %anyt1, label %k1.top, label %smax",
          *_dots_ir(1, "k1", "%T4", "k4.done", "%T", "smax"),
          "smax:",
-         *_rowmax_ir("%sc", "%T", "%mx", "smax"),
+         *_vrowmax_ir("%sc", "%T", "%mx", "smax"),
          f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
          "  %negmax = fneg float %mx",
          "  %mlo = shl i64 %n, 1",
@@ -535,7 +616,7 @@ def _decode_ir() -> list[str]:
          "  br label %nml.done",
          "nml.done:",
          *_splat("%vinv", "%inv"),
-         "  br i1 %any4, label %c4.top, label %c4.done"]
+         "  br i1 %any8, label %c8.top, label %c8.done"]
 
     def chunk(W: int, p: str, j0: str, first: str, back: str, done: str) -> list[str]:
         G = [f"{p}.top:",
@@ -566,7 +647,11 @@ def _decode_ir() -> list[str]:
         G += _latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
         return G
 
-    L += chunk(4, "c4", "0", "nml.done", "%nv4", "c4.done")
+    L += chunk(8, "c8", "0", "nml.done", "%nv8", "c8.done")
+    L += ["c8.done:",
+          "  %anyc4 = icmp slt i64 %nv8, %nv4",
+          "  br i1 %anyc4, label %c4.top, label %c4.done"]
+    L += chunk(4, "c4", "%nv8", "c8.done", "%nv4", "c4.done")
     L += ["c4.done:",
           "  %anyc = icmp slt i64 %nv4, %nv",
           "  br i1 %anyc, label %c1.top, label %hnext"]
