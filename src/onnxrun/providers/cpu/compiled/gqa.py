@@ -951,9 +951,15 @@ def _libm_expf():
     return _LIBM_EXPF
 
 
+_EXPF: int | None = None
+
+
 def _expf() -> int:
     """The address of the C library's expf, for the compiled kernels to call."""
-    return ctypes.cast(_libm_expf(), ctypes.c_void_p).value
+    global _EXPF
+    if _EXPF is None:
+        _EXPF = ctypes.cast(_libm_expf(), ctypes.c_void_p).value
+    return _EXPF
 
 
 _L2: int | None = None
@@ -1019,11 +1025,8 @@ def _word(x: float) -> int:
 
 
 def _run(job, blocks: list[list[int]], threads: int) -> None:
-    """job(block) for each argument block (lists of at most 16 words), over ``threads``."""
-    words = np.zeros((len(blocks), 16), np.int64)
-    for i, b in enumerate(blocks):
-        words[i, :len(b)] = b
-    spin.run_blocks(job, words, threads)
+    """job(block) for each argument block (lists of 16 words), over ``threads``."""
+    spin.run_blocks(job, np.array(blocks, np.int64), threads)
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
@@ -1058,7 +1061,9 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
     if chunks > 1:
         units = [(0, N, c, c * kvb, min(kvb, total - c * kvb)) for c in range(chunks)]
     else:
-        parts = min(threads, N) if 2 * N * total * H >= DECODE_SPLIT else 1
+        # on spinning workers only: parallel.py's queue wake costs what a step's heads take
+        parts = min(threads, N) if (2 * N * total * H >= DECODE_SPLIT and threads > 1
+                                    and spin.usable() is not None) else 1
         units = [(n0, n1, 0, 0, total) for n0, n1 in _ranges(N, parts)]
     sc = np.empty((len(units), max(total if chunks == 1 else kvb, 1)), np.float32)
     qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
@@ -1100,6 +1105,18 @@ def _reduce_chunks(out: np.ndarray, ml: np.ndarray) -> np.ndarray:
     inv = np.zeros(N, np.float32)
     np.divide(np.float32(1), gl, out=inv, where=gl > 0)
     return o * inv[:, None]
+
+
+_JOB_ADDRESSES: dict[int, tuple[object, list[int]]] = {}
+
+
+def _job_addresses(fn) -> list[int]:
+    """The machine-code addresses of ``fn``'s scores, online, pv and pv1 jobs (per module)."""
+    got = _JOB_ADDRESSES.get(id(fn))
+    if got is None or got[0] is not fn:
+        got = _JOB_ADDRESSES[id(fn)] = (fn, [spin.function_address(f) for f in (
+            fn.scores_job, fn.online_job, fn.pv_job, fn.pv1_job)])
+    return got[1]
 
 
 def _row_units(work: np.ndarray, Nkv: int, threads: int) -> list[tuple[int, int, int, int]]:
@@ -1164,8 +1181,8 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     units = _row_units(work, Nkv, threads)
     qa, ka, va, sa, ta, ca, wa, mla, la, oa = (address(x) for x in (
         qt, k, v, sc, tl, cnt, masked, m, lsum, O))
-    jobs = [spin.function_address(f) for f in (fn.scores_job, fn.online_job, fn.pv_job,
-                                               fn.pv1_job)]
+    jobs = _job_addresses(fn)
+    expf = _expf()
     sk, sv = k.strides[0] // 4, v.strides[0] // 4
     a = _word(alpha)
     calls, seqs = [], []
@@ -1184,7 +1201,7 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
                             mlas_stride_k(R, H), a, nh, H * M8, sk, M8 * kvb, kvb]))
             rows = (r1 - r0) if nh == 1 else nh * M8  # whole heads: rows across them
             seq.append((1, [sa + hr * kvb * 4, rows, kvb, ci, wa + (ci - ca), mla + hr * 4,
-                            la + hr * 4, oa + hr * H * 4, H, int(ir == 0), _expf()]))
+                            la + hr * 4, oa + hr * H * 4, H, int(ir == 0), expf]))
             for j, (p0, p1) in enumerate(((r0, min(r1, rows_main)),
                                           (max(r0, rows_main), min(r1, M) if one_row else 0))):
                 if p1 > p0:
@@ -1195,15 +1212,11 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
                                         M8 * H, int(ir > 0)]))
         seqs.append([(len(calls) + n, jobs[f]) for n, (f, _) in enumerate(seq)])
         calls += [w for _, w in seq]
-    words = np.zeros((max(len(calls), 1), 16), np.int64)
-    for i, w in enumerate(calls):
-        words[i, :len(w)] = w
+    words = np.array([w + [0] * (16 - len(w)) for w in calls] or [[0] * 16], np.int64)
     wa0 = address(words)
-    program = np.zeros((len(seqs), 1 + 2 * max(map(len, seqs), default=0)), np.int64)
-    for u, seq in enumerate(seqs):
-        program[u, 0] = len(seq)
-        for n, (i, f) in enumerate(seq):
-            program[u, 1 + 2 * n:3 + 2 * n] = f, wa0 + i * 128
+    width = max(map(len, seqs), default=0)
+    program = np.array([[len(seq)] + [x for i, f in seq for x in (f, wa0 + i * 128)]
+                        + [0, 0] * (width - len(seq)) for seq in seqs], np.int64)
     spin.run_blocks(fn.seq, program, threads)
     inv = np.zeros(Nkv * M8, np.float32)
     np.divide(np.float32(1), lsum, out=inv, where=lsum > 0)
