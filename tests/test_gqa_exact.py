@@ -183,25 +183,29 @@ def test_two_threads_bit_exact(N, Nkv, H, B, S, steps, rotary, interleaved, wind
         assert any(n > 1 and t == 2 for n, t in calls)
 
 
-@pytest.mark.parametrize("N,Nkv,past,window", [
-    (14, 2, 300, -1), (14, 2, 1000, -1), (14, 2, 2000, -1), (14, 2, 1000, 500),
-    (1, 1, 300, -1), (1, 1, 2000, -1), (1, 1, 2000, 700),  # heads < threads: key blocks
-    (3, 1, 1000, -1)])
-def test_two_threads_long_cache_decode_bit_exact(N, Nkv, past, window, monkeypatch):
-    """One new token over a long cache on two threads: heads split (heads >= threads) or,
-    with fewer heads than threads, the keys in KV blocks (flash decoding) as onnxruntime
-    does at 2 threads, each block's task on either thread."""
+@pytest.mark.parametrize("N,Nkv,past,window,share", [
+    (14, 2, 300, -1, False), (14, 2, 1000, -1, False), (14, 2, 2000, -1, False),
+    (14, 2, 1000, 500, False), (14, 2, 300, -1, True), (14, 2, 2000, -1, True),
+    (1, 1, 300, -1, False), (1, 1, 2000, -1, False), (1, 1, 2000, 700, False),  # key blocks
+    (3, 1, 1000, -1, False), (3, 1, 1000, 300, True)])
+def test_two_threads_long_cache_decode_bit_exact(N, Nkv, past, window, share, monkeypatch):
+    """One new token over a long cache on two threads: heads split (heads >= threads; with
+    the shared buffer, onnxrun.genai's decode step) or, with fewer heads than threads, the
+    keys in KV blocks (flash decoding) as onnxruntime does at 2 threads, each block's task
+    on either thread."""
     calls = _split_calls(monkeypatch)
     H = 64
     data = _model(N, Nkv, H, True, False, window, True)
-    ours, theirs = _sessions(data, False, threads=2)
+    ours, theirs = _sessions(data, share, threads=2)
     rng = np.random.default_rng(past + N)
+    P = past + 1 if share else past  # a shared buffer holds the new row too
+    cache = [(rng.standard_normal((1, Nkv, P, H)) * s).astype(np.float32) for s in (2, 1)]
     feed = {"query": (rng.standard_normal((1, 1, (N + 2 * Nkv) * H)) * 2).astype(np.float32),
-            "past_key": (rng.standard_normal((1, Nkv, past, H)) * 2).astype(np.float32),
-            "past_value": rng.standard_normal((1, Nkv, past, H)).astype(np.float32),
             "seqlens_k": np.array([past], np.int32),
             "total_sequence_length": np.array(past + 1, np.int32), **_caches(H)}
-    _assert_same(ours.run(None, feed), theirs.run(None, feed))
+    want = theirs.run(None, {**feed, "past_key": cache[0].copy(), "past_value": cache[1].copy()})
+    got = ours.run(None, {**feed, "past_key": cache[0], "past_value": cache[1]})
+    _assert_same(got, want)
     if spin.usable() is not None:
         assert any(n > 1 and t == 2 for n, t in calls)
 

@@ -1058,29 +1058,38 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
     ws = total - window if 0 <= window < total else 0
     out = np.empty((chunks, N, H), np.float32)
     ml = np.empty((chunks, N, 2), np.float32)
-    if chunks > 1:
-        units = [(0, N, c, c * kvb, min(kvb, total - c * kvb)) for c in range(chunks)]
-    else:
-        # on spinning workers only: parallel.py's queue wake costs what a step's heads take
-        parts = min(threads, N) if (2 * N * total * H >= DECODE_SPLIT and threads > 1
-                                    and spin.usable() is not None) else 1
-        units = [(n0, n1, 0, 0, total) for n0, n1 in _ranges(N, parts)]
-    sc = np.empty((len(units), max(total if chunks == 1 else kvb, 1)), np.float32)
-    qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
-    kr, vr = k.strides[1], v.strides[1]
-    if len(units) == 1:  # one task: a direct call (no argument blocks)
-        fn.decode(qa, ka, va, oa, sa, 0, N, N // Nkv, total, H, k.strides[0] // 4,
-                  v.strides[0] // 4, alpha, ws, 0, ma)
-    else:
-        a = _word(alpha)
-        _run(fn.decode_job, [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4,
-                              sa + i * sc.strides[0], n0, n1, N // Nkv, R, H,
-                              k.strides[0] // 4, v.strides[0] // 4, a,
-                              min(max(ws - ir, 0), R), int(chunks > 1), ma + c * N * 8]
-                             for i, (n0, n1, c, ir, R) in enumerate(units)], threads)
     if chunks == 1:
+        decode_heads(fn, address(qc), address(k), address(v), address(out), N, N // Nkv,
+                     total, H, k.strides[0] // 4, v.strides[0] // 4, alpha, ws, threads)
         return out.reshape(1, N * H)
+    sc = np.empty((chunks, kvb), np.float32)
+    qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
+    kr, vr, a = k.strides[1], v.strides[1], _word(alpha)
+    _run(fn.decode_job, [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4, sa + c * kvb * 4,
+                          0, N, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, a,
+                          min(max(ws - ir, 0), R), 1, ma + c * N * 8]
+                         for c, ir, R in ((c, c * kvb, min(kvb, total - c * kvb))
+                                          for c in range(chunks))], threads)
     return _reduce_chunks(out, ml).reshape(1, N * H)
+
+
+def decode_heads(fn, q: int, k: int, v: int, out: int, N: int, G: int, T: int, H: int,
+                 sk: int, sv: int, alpha: float, ws: int, threads: int = 1) -> None:
+    """One new token's attention over T keys, MlasGQADecodeGQAThreaded's tasks (query
+    heads): the ``decode`` kernel on addresses (q and out: N rows of H floats; k and v: a
+    kv head's rows of H floats, heads sk / sv floats apart, head n's the n / G-th), its
+    heads split over ``threads`` in MLAS's ranges where the work reaches DECODE_SPLIT and
+    spin.py's workers run here (parallel.py's queue wake costs what a step's heads take)."""
+    parts = min(threads, N) if (threads > 1 and 2 * N * T * H >= DECODE_SPLIT
+                                and spin.usable() is not None) else 1
+    sc = np.empty((parts, max(T, 1)), np.float32)
+    sa = address(sc)
+    if parts == 1:  # a direct call (no argument blocks)
+        fn.decode(q, k, v, out, sa, 0, N, G, T, H, sk, sv, alpha, ws, 0, None)
+        return
+    a = _word(alpha)
+    _run(fn.decode_job, [[q, k, v, out, sa + i * sc.strides[0], n0, n1, G, T, H, sk, sv, a,
+                          ws, 0, 0] for i, (n0, n1) in enumerate(_ranges(N, parts))], threads)
 
 
 def _reduce_chunks(out: np.ndarray, ml: np.ndarray) -> np.ndarray:
@@ -1226,5 +1235,6 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
 
 BUNDLE = {"gqa": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "attend", "decode_packed", "kernels", "l2_cache_size",
-           "mlas_stride_k", "module_ir", "rope_heads", "unavailable"]
+__all__ = ["BUNDLE", "DECODE_SPLIT", "PROMPT_SPLIT", "REQUIRES", "attend", "decode_heads",
+           "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir",
+           "rope_heads", "unavailable"]

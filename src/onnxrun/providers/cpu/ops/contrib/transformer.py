@@ -724,7 +724,7 @@ class GroupQueryAttention:
         past_key[0, :, p] = x[N:N + Nkv]
         past_value[0, :, p] = x[N + Nkv:]
         out = _gqa.attend(x[:N].reshape(N, 1, H), past_key[0], past_value[0], p, total, alpha,
-                          self.window, fn=fn, split=N < self.threads)
+                          self.window, fn=fn, split=N < self.threads, threads=self.threads)
         return out.reshape(1, 1, N * H), past_key, past_value, None
 
     def _step_constants(self, W: int) -> tuple:
