@@ -1,7 +1,8 @@
 """MatMulNBits for one row (an LLM's decode step), its kernels side by side on the 0.5b
 Qwen2's product shapes (issue #14): onnxruntime, onnxrun's default (blocks of 32:
-compiled/nbits_gemm.py's exact M == 1 kernel, MLAS's numbers), and compiled/nbits_gemv.py's
-gemv8 (Gemv.decode, what blocks of 64-256 run). One session per engine and path, all in this
+compiled/nbits_gemm.py's exact M == 1 kernel, MLAS's numbers; other blocks:
+compiled/nbits_blocks.py's), and for blocks of 32 compiled/nbits_gemv.py's gemv8 (Gemv.decode,
+not MLAS's float order). One session per engine and path, all in this
 process, run in turn (the order reversed every round), 1 thread (--threads); medians of the calling
 thread's CPU time (steadier than wall time on a loaded machine), and per token: each shape's
 median times its calls in one 0.5b token.

@@ -377,7 +377,7 @@ def _tile_zp1(fold: bool) -> list[str]:
     return L
 
 
-def _zshare() -> list[str]:
+def zshare_ir() -> list[str]:
     """zshare(as, zs, Z, M, n0, n1, N, kb): Z[m, n] = sum over b of as[m, b] * -zs[b, n] by
     fused multiply-adds in block order from 0 (MLAS's float GEMM kernel for the zero points'
     share, its QuantBBlkSum being -zp * scale; zs = zp * scale is nbits_gemv's array, negated
@@ -832,7 +832,7 @@ def module_ir(target=None) -> str:
     tiles += [line for fold in (True, False) for line in _tile(1, fold, sym=True)]
     tiles += [line for fold in (True, False) for line in _tile_zp1(fold)]
     rows = [line for zp in (False, True) for line in _row8(zp) + _row(zp)] + _row_job() + _rowc()
-    return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *_zshare(),
+    return "\n".join([*tiles, *_gemm(), *_gemm("sym"), *_gemm("zp"), *zshare_ir(),
                       *nbits_gemv.quantize_ir(pairs=True),
                       *rows,
                       f"declare {_V32B} @llvm.x86.avx2.psign.b({_V32B}, {_V32B})",

@@ -578,12 +578,12 @@ class MatMulNBits:
     that path (int8_a_block; zero points absent or packed uint8, no g_idx); otherwise, and at
     levels 0-3, the product is in float32.
 
-    Constant 4-bit weights at level 4 in blocks of 32-256 run on the compiled kernel
-    (compiled/nbits_gemv.py) and stay packed: the int8 block products come straight from the
-    4-bit weight, split over the session's threads by output column, for decoding (one row)
-    and prompts alike (no float32 copy of the weight, ever). In blocks of 32 (the builder's
-    default) take compiled/nbits_gemm.py, MLAS's arithmetic to the bit for any number of rows
-    (see that module for why it matters).
+    Constant 4-bit weights (zero points absent or packed, no g_idx) run on compiled kernels
+    with MLAS's arithmetic to the bit, for any number of rows (see compiled/nbits_gemm.py for
+    why it matters): at level 4 in blocks of 32 (the builder's default) compiled/nbits_gemm.py,
+    in blocks of 16, 64-256 compiled/nbits_blocks.py, the weight kept packed (no float32 copy);
+    at levels 0-3 in blocks of 16-256 nbits_blocks.py's float kernels on the weight dequantized
+    once. The columns are split over the session's threads.
     Otherwise the weight is dequantized once, at session creation, and every run is one
     float32 GEMM."""
 
@@ -606,16 +606,18 @@ class MatMulNBits:
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
         self.a_block = int8_a_block(self.bits, self.block_size) if int(
             accuracy_level) == 4 else None
-        self.W = self.packed = self.gemm = self.spin = None
+        self.W = self.packed = self.gemm = self.spin = self.blocks = None
         self.threads = threads_for(ctx)
         c = ctx.constants_of((1, 2, 3, 4))
         if c is None or c[0] is None or c[1] is None or not c[0].size:
             return
         B, scales, zp, g_idx = c
+        if g_idx is None and (zp is None or zp.dtype == np.uint8) and self._blocks(B, scales, zp):
+            return
         if self.a_block is not None and g_idx is None and (zp is None or zp.dtype == np.uint8):
             from ...compiled import nbits_gemv
 
-            if nbits_gemv.supported(self.bits, self.block_size) and \
+            if self.block_size == 32 and nbits_gemv.supported(self.bits, self.block_size) and \
                     nbits_gemv.unavailable() is None:
                 kb = -(-self.K // self.block_size)
                 self.packed = np.ascontiguousarray(B.reshape(self.N, kb, self.block_size // 2))
@@ -628,6 +630,32 @@ class MatMulNBits:
                 self.gemm = self._gemm(ctx, zp)
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
+
+    def _blocks(self, B, scales, zp) -> bool:
+        """compiled/nbits_blocks.py where MLAS has the product and nbits_gemm does not: level 4
+        in blocks of 16, 64-256 (CompInt8), levels 0-3 in blocks of 16-256 (CompFp32)."""
+        from ...compiled import nbits_blocks
+
+        if self.a_block is not None:
+            if not nbits_blocks.supported_int8(self.bits, self.block_size):
+                return False
+        elif not nbits_blocks.supported_fp32(self.bits, self.block_size):
+            return False
+        if nbits_blocks.unavailable() is not None:
+            return False
+        kb = -(-self.K // self.block_size)
+        if self.a_block is None:  # dequantized once, as MLAS's SGEMM path reads it
+            self.blocks = nbits_blocks.Fp32(nbits_weight(B, scales, zp, None, self.K, self.N,
+                                                         self.block_size, self.bits))
+            return True
+        self.packed = np.ascontiguousarray(B.reshape(self.N, kb, self.block_size // 2))
+        self.scales = np.ascontiguousarray(scales.reshape(self.N, kb), dtype=F32)
+        zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
+            zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb])
+        z = np.float32(8) if zq is None else zq.astype(F32)
+        zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
+        self.blocks = nbits_blocks.Int8(self.packed, self.scales, self.block_size, zq, zs)
+        return True
 
     def _gemm(self, ctx: KernelContext, zp):
         """The MLAS-exact kernel for many rows (blocks of 32), its bias baked in where the
@@ -656,7 +684,7 @@ class MatMulNBits:
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
-        return self.packed is not None
+        return self.packed is not None or self.blocks is not None
 
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
@@ -672,6 +700,9 @@ class MatMulNBits:
         Af = A if A.dtype == F32 else A.astype(F32)
         if B.size == 0:  # an omitted projection: zeros, or the bias
             Y = np.zeros(A.shape[:-1] + (self.N,), F32)
+        elif self.blocks is not None:  # MLAS's arithmetic, bias included
+            Y = self._exact_blocks(Af.reshape(-1, self.K), bias).reshape(A.shape[:-1] + (self.N,))
+            return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         elif self.packed is not None:
             A2 = Af.reshape(-1, self.K)
             if self.gemm is not None:  # MLAS's arithmetic for any rows, bias included
@@ -697,15 +728,66 @@ class MatMulNBits:
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:
             gemm(qa, sa4, asum, Y, 0, N)
             return Y
-        chunks = [(qa[m0:m0 + self.ROWS], sa4[m0:m0 + self.ROWS], asum[m0:m0 + self.ROWS],
-                   Y[m0:m0 + self.ROWS]) for m0 in range(0, M, self.ROWS)]
+        chunks = []  # slices of A's codes that stay in cache; one row alone only as MLAS has it
+        for r0, r1 in self._mlas_ranges(M):
+            starts = list(range(r0, r1, self.ROWS))
+            if len(starts) > 1 and r1 - starts[-1] == 1:
+                starts.pop()  # a range's last row with the rows before it (MLAS's M > 1 kernel)
+            for m0, m1 in zip(starts, [*starts[1:], r1], strict=True):
+                chunks.append((qa[m0:m1], sa4[m0:m1], asum[m0:m1], Y[m0:m1]))
 
         def columns(n0: int, n1: int) -> None:  # one hand-off per thread
-            for chunk in chunks:  # a slice of A's codes stays in cache
+            for chunk in chunks:
                 gemm(*chunk, n0, n1)
 
         run_ranges(columns, gemm.ranges(self.threads))
         return Y
+
+    # MLAS hands a thread pool's products out in ranges of 128 rows: a range of one row takes
+    # its M == 1 kernel (onnxruntime with one intra-op thread has no pool: one range)
+    MLAS_ROWS = 128
+
+    def _mlas_ranges(self, M: int) -> list[tuple[int, int]]:
+        if self.threads > 1 and M > self.MLAS_ROWS:
+            return [(m, min(m + self.MLAS_ROWS, M)) for m in range(0, M, self.MLAS_ROWS)]
+        return [(0, M)]
+
+    def _exact_blocks(self, A: np.ndarray, bias) -> np.ndarray:
+        """compiled/nbits_blocks.py's product for the rows of A (M, K), bias included."""
+        M, N = A.shape[0], self.N
+        kernel = self.blocks
+        if bias is not None:
+            bias = np.ascontiguousarray(bias.reshape(-1), dtype=F32) if bias.size else None
+        int8 = self.a_block is not None
+        if int8:
+            Y = np.empty((M, N), F32)
+            width, grain = N, 4
+        else:
+            if bias is not None and kernel.Np != N:
+                bias = np.concatenate([bias, np.zeros(kernel.Np - N, F32)])
+            A = np.ascontiguousarray(A, dtype=F32)
+            Y = np.empty((M, kernel.Np), F32)
+            width, grain = kernel.Np, 8
+        rows = self._mlas_ranges(M)
+        weight_bytes = self.packed.nbytes if int8 else kernel.W.nbytes // 8
+        for m0, m1 in rows:
+            one = m1 - m0 == 1
+            a, y = A[m0:m1], Y[m0:m1]
+            if int8:
+                qa, sa, asum = kernel.quantize(a)
+
+                def part(n0, n1, qa=qa, sa=sa, asum=asum, y=y):
+                    kernel(qa, sa, asum, bias, y, n0, n1)
+            else:
+                def part(n0, n1, a=a, y=y, one=one):
+                    kernel(a, bias, y, n0, n1, one)
+            if self.threads == 1 or weight_bytes * (m1 - m0) < self.SPLIT_BYTES:
+                part(0, width)
+            else:
+                units = -(-width // grain)
+                run_ranges(part, [(a0 * grain, min(a1 * grain, width))
+                                  for a0, a1 in split(units, self.threads)])
+        return Y if Y.shape[1] == N else np.ascontiguousarray(Y[:, :N])
 
     def _packed(self, A: np.ndarray) -> np.ndarray:
         """The level-4 product from the packed weight (see the class's doc)."""

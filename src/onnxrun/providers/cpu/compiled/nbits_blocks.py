@@ -1,0 +1,719 @@
+"""com.microsoft MatMulNBits (4 bits) with MLAS's AVX2 arithmetic, bit for bit, where
+compiled/nbits_gemm.py (blocks of 32 at accuracy_level 4) does not reach: blocks of 16, 64,
+128 and 256 at accuracy_level 4 (MLAS's CompInt8 kernels), and any block at levels 0-3
+(CompFp32). Why the bits matter: see nbits_gemm.py (a level-4 product quantizes its input, so
+a last-bit difference upstream flips codes layer after layer).
+
+CompInt8 (onnxruntime 1.32, sqnbitgemm_kernel_avx2_int8_blklen16.h / _blklen64.h), per output
+(m, n), A quantized per block as nbits_gemm's quantize_rows does (amax / 127, round half even):
+- K in groups of 64 elements (a sub-block of a block of 64-256; four blocks of 16): the
+  u8 x s8 products summed exactly over each 8 consecutive elements, eight int32 lanes in the
+  order [0-7, 8-15, 32-39, 40-47, 16-23, 24-31, 48-55, 56-63], converted to float and
+  accumulated by one fused multiply-add with sa * sb of each lane's block;
+- blocks of 16 left over after the groups of four (kb % 4) one at a time, lane j the pair of
+  elements 2j, 2j + 1;
+- the lanes folded as FoldAccumulators (columns in MLAS's groups of four) or hsum_float_8 (the
+  last N % 4 columns), the bias added, then the zero points' share (nbits_gemm.zshare_ir);
+- except one row with blocks of 64-256 (MLAS's M == 1 kernel): the nibbles minus their zero
+  point in integers, the same lanes, no share after.
+In registers the lanes stay in element order (lane L: elements 8L..8L+7, MLAS's lane
+_SWAP[L]); the fold reads them in MLAS's order. A's codes are laid out per group of 64 as
+their 32 even-indexed then 32 odd-indexed elements, to meet the weight's low and high nibbles;
+a leftover block of 16 in element order.
+
+CompFp32 (levels 0-3): the weight dequantized once, (q - zp) * scale, K x N float32. One row
+(SQ4BitGemmM1Kernel_CompFp32_avx2): eight lanes per column, lane j the fused multiply-add
+chain over k = j, j + 8, ... in order; folded as FoldAccumulators, or for the last N % 4
+columns as (lo + hi) then two horizontal adds; the bias added. Several rows (the dequantized
+weight through MLAS's FMA3 SGEMM kernel over all of K): one fused multiply-add chain per
+output in k order, then the bias.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from . import jit
+from .nbits_gemm import zshare_ir
+
+REQUIRES = ("avx2", "fma")
+BLOCKS = (16, 64, 128, 256)  # CompInt8 here (32: nbits_gemm)
+ROWS = 4  # rows of A per column pass (their codes share the column's unpacked weight)
+
+_V32B = "<32 x i8>"
+_VH = "<16 x i16>"
+_V8 = "<8 x i32>"
+_VF = "<8 x float>"
+_SWAP = [0, 1, 4, 5, 2, 3, 6, 7]  # register lane L holds MLAS's lane _SWAP[L] (an involution)
+
+
+def _vec(elem: str, values) -> str:
+    return "<" + ", ".join(f"{elem} {v}" for v in values) + ">"
+
+
+def _splat(L: list[str], name: str, scalar: str, n: int = 8, ty: str = "float") -> str:
+    L += [f"  %{name}.0 = insertelement <{n} x {ty}> poison, {ty} {scalar}, i64 0",
+          f"  %{name} = shufflevector <{n} x {ty}> %{name}.0, <{n} x {ty}> poison, "
+          f"<{n} x i32> zeroinitializer"]
+    return f"%{name}"
+
+
+def _quantize(block: int) -> list[str]:
+    """quantize{block}(A, qa, sa, asum, M, kb): A (M, kb * block) float32 to MLAS's int8 codes
+    per block (in this module's layout), the scales (M, kb) and sa * (the sum of the codes)."""
+    C = min(block, 64)  # elements per chunk
+    VC, VI, VB = f"<{C} x float>", f"<{C} x i32>", f"<{C} x i8>"
+    chunks = range(block // C)
+    L = [f"define void @quantize{block}(ptr noalias %A, ptr noalias %qa, ptr noalias %sa, "
+         "ptr noalias %asum, i64 %M, i64 %kb) nounwind {",
+         "entry:",
+         f"  %K = mul i64 %kb, {block}",
+         "  %kb4 = and i64 %kb, -4",
+         "  %any = icmp sgt i64 %M, 0",
+         "  br i1 %any, label %m.loop, label %end",
+         "m.loop:",
+         "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+         "  %arow = mul i64 %m, %K",
+         "  %srow = mul i64 %m, %kb",
+         "  br label %b.loop",
+         "b.loop:",
+         "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
+         f"  %boff = mul i64 %b, {block}",
+         "  %base = add i64 %arow, %boff"]
+    prev = None
+    for c in chunks:
+        L += [f"  %o{c} = add i64 %base, {C * c}",
+              f"  %p{c} = getelementptr float, ptr %A, i64 %o{c}",
+              f"  %v{c} = load {VC}, ptr %p{c}, align 4",
+              f"  %av{c} = call {VC} @llvm.fabs.v{C}f32({VC} %v{c})"]
+        if prev is None:
+            prev = f"%av{c}"
+        else:
+            L += [f"  %mx{c} = call {VC} @llvm.maxnum.v{C}f32({VC} {prev}, {VC} %av{c})"]
+            prev = f"%mx{c}"
+    L += [f"  %amax = call float @llvm.vector.reduce.fmax.v{C}f32({VC} {prev})",
+          "  %nz = fcmp one float %amax, 0.0",
+          "  %inv0 = fdiv float 127.0, %amax",
+          "  %inv = select i1 %nz, float %inv0, float 0.0",
+          "  %scale = fdiv float %amax, 127.0",
+          "  %si = add i64 %srow, %b",
+          "  %sp = getelementptr float, ptr %sa, i64 %si",
+          "  store float %scale, ptr %sp, align 4",
+          f"  %invv.0 = insertelement {VC} poison, float %inv, i64 0",
+          f"  %invv = shufflevector {VC} %invv.0, {VC} poison, <{C} x i32> zeroinitializer"]
+    total = None
+    for c in chunks:
+        L += [f"  %ws{c} = fmul {VC} %v{c}, %invv",
+              f"  %wr{c} = call {VC} @llvm.rint.v{C}f32({VC} %ws{c})",
+              f"  %wi{c} = fptosi {VC} %wr{c} to {VI}",
+              f"  %t{c} = call i32 @llvm.vector.reduce.add.v{C}i32({VI} %wi{c})",
+              f"  %wb{c} = trunc {VI} %wi{c} to {VB}"]
+        if total is None:
+            total = f"%t{c}"
+        else:
+            L += [f"  %tt{c} = add i32 {total}, %t{c}"]
+            total = f"%tt{c}"
+    H = C // 2
+    even = _vec("i32", range(0, C, 2))
+    odd = _vec("i32", range(1, C, 2))
+    VH8 = f"<{H} x i8>"
+    if block >= 64:  # each chunk one group: its evens, then its odds
+        for c in chunks:
+            L += [f"  %ev{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {even}",
+                  f"  %od{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {odd}",
+                  f"  %q{c} = getelementptr i8, ptr %qa, i64 %o{c}",
+                  f"  store {VH8} %ev{c}, ptr %q{c}, align 1",
+                  f"  %qo{c} = getelementptr i8, ptr %q{c}, i64 {H}",
+                  f"  store {VH8} %od{c}, ptr %qo{c}, align 1"]
+        L += ["  br label %sums"]
+    else:  # a block of 16 in a group of four: evens at 8p, odds at 32 + 8p; else in order
+        L += ["  %ingroup = icmp slt i64 %b, %kb4",
+              "  br i1 %ingroup, label %grp, label %alone",
+              "grp:",
+              "  %pos = and i64 %b, 3",
+              "  %pos8 = mul i64 %pos, 8",
+              "  %gb = sub i64 %boff, %pos8",  # 16 b - 8 p = 64 (b / 4) + 8 p
+              "  %ge = add i64 %arow, %gb",
+              f"  %ev = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {even}",
+              f"  %od = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {odd}",
+              "  %qe = getelementptr i8, ptr %qa, i64 %ge",
+              "  store <8 x i8> %ev, ptr %qe, align 1",
+              "  %qo = getelementptr i8, ptr %qe, i64 32",
+              "  store <8 x i8> %od, ptr %qo, align 1",
+              "  br label %sums",
+              "alone:",
+              "  %ql = getelementptr i8, ptr %qa, i64 %base",
+              f"  store {VB} %wb0, ptr %ql, align 1",
+              "  br label %sums"]
+    return L + [
+        "sums:",
+        f"  %totalf = sitofp i32 {total} to float",
+        "  %blocksum = fmul float %scale, %totalf",
+        "  %up = getelementptr float, ptr %asum, i64 %si",
+        "  store float %blocksum, ptr %up, align 4",
+        "  br label %b.end",
+        "b.end:",
+        "  %b.next = add i64 %b, 1",
+        "  %b.more = icmp slt i64 %b.next, %kb",
+        "  br i1 %b.more, label %b.loop, label %m.end",
+        "m.end:",
+        "  %m.next = add i64 %m, 1",
+        "  %m.more = icmp slt i64 %m.next, %M",
+        "  br i1 %m.more, label %m.loop, label %end",
+        "end:",
+        "  ret void",
+        "}"]
+
+
+def _column(block: int, rows: int, m1: bool) -> list[str]:
+    """@col{block}_{rows}{m1}: C[m..m+rows, n] of one column (see the module's doc). Without
+    ``m1`` C holds the zero points' share on entry; with it Zq holds the (N, kb) zero points
+    as bytes (8s where the model has none)."""
+    R = range(rows)
+    name = f"col{block}_{rows}{'_m1' if m1 else ''}"
+    per = block // 64  # groups per block (blocks of 64-256)
+    L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa, ptr noalias %Zq, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %m, i64 %n, "
+         "i64 %N, i64 %kb, i64 %nfold) nounwind alwaysinline {",
+         "entry:",
+         f"  %K = mul i64 %kb, {block}",
+         f"  %rowbytes = mul i64 %kb, {block // 2}",
+         f"  %groups = {'lshr i64 %kb, 2' if block == 16 else f'mul i64 %kb, {per}'}",
+         *(f"  %mr{r} = add i64 %m, {r}" for r in R),
+         *(f"  %arow{r} = mul i64 %mr{r}, %K" for r in R),
+         *(f"  %srow{r} = mul i64 %mr{r}, %kb" for r in R),
+         "  %brow = mul i64 %n, %rowbytes",
+         "  %bsrow = mul i64 %n, %kb",
+         "  %anyg = icmp ugt i64 %groups, 0",
+         "  br i1 %anyg, label %g.loop, label %g.end",
+         "g.loop:",
+         "  %g = phi i64 [0, %entry], [%g.next, %g.loop]",
+         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]" for r in R),
+         "  %g32 = mul i64 %g, 32",
+         "  %bo = add i64 %brow, %g32",
+         "  %bp = getelementptr i8, ptr %B, i64 %bo",
+         f"  %w = load {_V32B}, ptr %bp, align 1",
+         f"  %lo = and {_V32B} %w, {_vec('i8', [15] * 32)}",
+         f"  %hi = lshr {_V32B} %w, {_vec('i8', [4] * 32)}",
+         "  %g64 = mul i64 %g, 64"]
+    if block == 16:  # blocks 4g..4g+3: lane L's block is L // 2
+        L += ["  %b4 = shl i64 %g, 2",
+              "  %sbi = add i64 %bsrow, %b4",
+              "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+              "  %sb4 = load <4 x float>, ptr %sbp, align 4"]
+    else:
+        shift = per.bit_length() - 1
+        L += [f"  %blk = lshr i64 %g, {shift}" if shift else "  %blk = add i64 %g, 0",
+              "  %sbi = add i64 %bsrow, %blk",
+              "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+              "  %sbv = load float, ptr %sbp, align 4"]
+        if m1:
+            L += ["  %zp = getelementptr i8, ptr %Zq, i64 %sbi",
+                  "  %zb = load i8, ptr %zp, align 1",
+                  "  %z = zext i8 %zb to i32",
+                  f"  %zv.0 = insertelement {_V8} poison, i32 %z, i64 0",
+                  f"  %zv = shufflevector {_V8} %zv.0, {_V8} poison, <8 x i32> zeroinitializer"]
+    for r in R:
+        L += [f"  %ao{r} = add i64 %arow{r}, %g64",
+              f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
+              f"  %ae{r} = load {_V32B}, ptr %ap{r}, align 1",
+              f"  %apo{r} = getelementptr i8, ptr %ap{r}, i64 32",
+              f"  %ad{r} = load {_V32B}, ptr %apo{r}, align 1",
+              f"  %pe{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo, {_V32B} %ae{r})",
+              f"  %po{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi, {_V32B} %ad{r})",
+              f"  %ps{r} = add {_VH} %pe{r}, %po{r}",
+              f"  %q{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ps{r}, "
+              f"{_VH} {_vec('i16', [1] * 16)})"]
+        if m1:  # sum a * (w - z) = sum a * w - z * sum a, exactly
+            ones = _vec("i8", [1] * 32)
+            L += [f"  %se{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones}, "
+                  f"{_V32B} %ae{r})",
+                  f"  %so{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones}, "
+                  f"{_V32B} %ad{r})",
+                  f"  %ss{r} = add {_VH} %se{r}, %so{r}",
+                  f"  %sa8_{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ss{r}, "
+                  f"{_VH} {_vec('i16', [1] * 16)})",
+                  f"  %zc{r} = mul {_V8} %sa8_{r}, %zv",
+                  f"  %qz{r} = sub {_V8} %q{r}, %zc{r}"]
+        q = f"%qz{r}" if m1 else f"%q{r}"
+        L += [f"  %f{r} = sitofp {_V8} {q} to {_VF}"]
+        if block == 16:
+            L += [f"  %sai{r} = add i64 %srow{r}, %b4",
+                  f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+                  f"  %sa4_{r} = load <4 x float>, ptr %sap{r}, align 4",
+                  f"  %s4_{r} = fmul <4 x float> %sa4_{r}, %sb4",
+                  f"  %sv{r} = shufflevector <4 x float> %s4_{r}, <4 x float> poison, "
+                  f"<8 x i32> {_vec('i32', [0, 0, 1, 1, 2, 2, 3, 3])}"]
+        else:
+            L += [f"  %sai{r} = add i64 %srow{r}, %blk",
+                  f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+                  f"  %sav{r} = load float, ptr %sap{r}, align 4",
+                  f"  %s{r} = fmul float %sav{r}, %sbv"]
+            _splat(L, f"sv{r}", f"%s{r}")
+        L += [f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
+              f"{_VF} %acc{r})"]
+    L += ["  %g.next = add i64 %g, 1",
+          "  %g.more = icmp ult i64 %g.next, %groups",
+          "  br i1 %g.more, label %g.loop, label %g.end",
+          "g.end:",
+          *(f"  %accp{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]"
+            for r in R)]
+    fin = [f"%accp{r}" for r in R]
+    if block == 16:  # the blocks after the groups of four, one at a time
+        L += ["  %t0 = shl i64 %groups, 2",
+              "  %anyt = icmp ult i64 %t0, %kb",
+              "  br i1 %anyt, label %t.loop, label %t.end",
+              "t.loop:",
+              "  %t = phi i64 [%t0, %g.end], [%t.next, %t.loop]",
+              *(f"  %tacc{r} = phi {_VF} [%accp{r}, %g.end], [%tacc{r}.n, %t.loop]" for r in R),
+              "  %t8 = mul i64 %t, 8",
+              "  %tbo = add i64 %brow, %t8",
+              "  %tbp = getelementptr i8, ptr %B, i64 %tbo",
+              "  %tw = load <8 x i8>, ptr %tbp, align 1",
+              f"  %tlo = and <8 x i8> %tw, {_vec('i8', [15] * 8)}",
+              f"  %thi = lshr <8 x i8> %tw, {_vec('i8', [4] * 8)}",
+              "  %tw16 = shufflevector <8 x i8> %tlo, <8 x i8> %thi, <16 x i32> "
+              + _vec("i32", [v for j in range(8) for v in (j, 8 + j)]),
+              "  %t16 = mul i64 %t, 16",
+              "  %tsbi = add i64 %bsrow, %t",
+              "  %tsbp = getelementptr float, ptr %sb, i64 %tsbi",
+              "  %tsbv = load float, ptr %tsbp, align 4"]
+        for r in R:
+            L += [f"  %tao{r} = add i64 %arow{r}, %t16",
+                  f"  %tap{r} = getelementptr i8, ptr %qa, i64 %tao{r}",
+                  f"  %ta{r} = load <16 x i8>, ptr %tap{r}, align 1",
+                  f"  %tp{r} = call <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8> %tw16, "
+                  f"<16 x i8> %ta{r})",
+                  f"  %tq{r} = sext <8 x i16> %tp{r} to {_V8}",
+                  f"  %tqs{r} = shufflevector {_V8} %tq{r}, {_V8} poison, <8 x i32> "
+                  f"{_vec('i32', _SWAP)}",
+                  f"  %tf{r} = sitofp {_V8} %tqs{r} to {_VF}",
+                  f"  %tsai{r} = add i64 %srow{r}, %t",
+                  f"  %tsap{r} = getelementptr float, ptr %sa, i64 %tsai{r}",
+                  f"  %tsav{r} = load float, ptr %tsap{r}, align 4",
+                  f"  %ts{r} = fmul float %tsav{r}, %tsbv"]
+            _splat(L, f"tsv{r}", f"%ts{r}")
+            L += [f"  %tacc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %tf{r}, {_VF} %tsv{r}, "
+                  f"{_VF} %tacc{r})"]
+        L += ["  %t.next = add i64 %t, 1",
+              "  %t.more = icmp ult i64 %t.next, %kb",
+              "  br i1 %t.more, label %t.loop, label %t.end",
+              "t.end:",
+              *(f"  %accq{r} = phi {_VF} [%accp{r}, %g.end], [%tacc{r}.n, %t.loop]" for r in R)]
+        fin = [f"%accq{r}" for r in R]
+    L += ["  %hb = icmp ne ptr %bias, null",
+          "  br i1 %hb, label %bias.yes, label %bias.no",
+          "bias.yes:",
+          "  %bsp = getelementptr float, ptr %bias, i64 %n",
+          "  %bsv = load float, ptr %bsp, align 4",
+          "  br label %bias.no",
+          "bias.no:",
+          f"  %bval = phi float [%bsv, %bias.yes], [0.0, %{'t.end' if block == 16 else 'g.end'}]",
+          "  %infold = icmp slt i64 %n, %nfold"]
+    for r in R:
+        x = [f"%x{i}_{r}" for i in range(8)]
+        L += [f"  {x[i]} = extractelement {_VF} {fin[r]}, i64 {_SWAP[i]}" for i in range(8)]
+        L += [f"  %l1_{r} = fadd float {x[0]}, {x[1]}",
+              f"  %l2_{r} = fadd float %l1_{r}, {x[2]}",
+              f"  %l3_{r} = fadd float %l2_{r}, {x[3]}",
+              f"  %u1_{r} = fadd float {x[4]}, {x[5]}",
+              f"  %u2_{r} = fadd float %u1_{r}, {x[6]}",
+              f"  %u3_{r} = fadd float %u2_{r}, {x[7]}",
+              f"  %fo_{r} = fadd float %l3_{r}, %u3_{r}",
+              f"  %e04_{r} = fadd float {x[0]}, {x[4]}",
+              f"  %e26_{r} = fadd float {x[2]}, {x[6]}",
+              f"  %e15_{r} = fadd float {x[1]}, {x[5]}",
+              f"  %e37_{r} = fadd float {x[3]}, {x[7]}",
+              f"  %e0_{r} = fadd float %e04_{r}, %e26_{r}",
+              f"  %e1_{r} = fadd float %e15_{r}, %e37_{r}",
+              f"  %hs_{r} = fadd float %e0_{r}, %e1_{r}",
+              f"  %y_{r} = select i1 %infold, float %fo_{r}, float %hs_{r}",
+              f"  %yb0_{r} = fadd float %y_{r}, %bval",
+              f"  %yb_{r} = select i1 %hb, float %yb0_{r}, float %y_{r}",
+              f"  %ci0_{r} = mul i64 %mr{r}, %N",
+              f"  %ci_{r} = add i64 %ci0_{r}, %n",
+              f"  %cp_{r} = getelementptr float, ptr %C, i64 %ci_{r}"]
+        if m1:
+            L += [f"  store float %yb_{r}, ptr %cp_{r}, align 4"]
+        else:  # the zero points' share, already in C, added last
+            L += [f"  %zs_{r} = load float, ptr %cp_{r}, align 4",
+                  f"  %out_{r} = fadd float %yb_{r}, %zs_{r}",
+                  f"  store float %out_{r}, ptr %cp_{r}, align 4"]
+    return L + ["  ret void", "}"]
+
+
+def _gemm(block: int, m1: bool) -> list[str]:
+    """gemm{block}{_m1}(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns
+    [n0, n1) of C for M rows (m1: one row), each column's rows ROWS at a time, then one."""
+    tile = f"col{block}_{1 if m1 else ROWS}{'_m1' if m1 else ''}"
+    one = f"col{block}_1{'_m1' if m1 else ''}"
+    args = "ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, ptr %bias, ptr %C"
+    step = 1 if m1 else ROWS
+    return [f"define void @gemm{block}{'_m1' if m1 else ''}(ptr noalias %qa, ptr noalias %sa, "
+            "ptr noalias %Zq, ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, "
+            "i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
+            "entry:",
+            f"  %Mrest = srem i64 %M, {step}",
+            "  %Mtile = sub i64 %M, %Mrest",
+            "  %anyn = icmp slt i64 %n0, %n1",
+            "  br i1 %anyn, label %n.loop, label %end",
+            "n.loop:",
+            "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
+            "  %anyr = icmp sgt i64 %Mtile, 0",
+            "  br i1 %anyr, label %r.loop, label %o.pre",
+            "r.loop:",
+            "  %r = phi i64 [0, %n.loop], [%r.next, %r.loop]",
+            f"  call void @{tile}({args}, i64 %r, i64 %n, i64 %N, i64 %kb, i64 %nfold)",
+            f"  %r.next = add i64 %r, {step}",
+            "  %r.more = icmp slt i64 %r.next, %Mtile",
+            "  br i1 %r.more, label %r.loop, label %o.pre",
+            "o.pre:",
+            "  %anyo = icmp slt i64 %Mtile, %M",
+            "  br i1 %anyo, label %o.loop, label %n.end",
+            "o.loop:",
+            "  %o = phi i64 [%Mtile, %o.pre], [%o.next, %o.loop]",
+            f"  call void @{one}({args}, i64 %o, i64 %n, i64 %N, i64 %kb, i64 %nfold)",
+            "  %o.next = add i64 %o, 1",
+            "  %o.more = icmp slt i64 %o.next, %M",
+            "  br i1 %o.more, label %o.loop, label %n.end",
+            "n.end:",
+            "  %n.next = add i64 %n, 1",
+            "  %n.more = icmp slt i64 %n.next, %n1",
+            "  br i1 %n.more, label %n.loop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _fp32_m1() -> list[str]:
+    """fp32_m1(A, W, bias, C, K, Np, n0, n1, nfold): one row, columns [n0, n1) (multiples of
+    8) of C = A @ W, W (K, Np) float32: eight columns at once, MLAS's lane j of each column
+    in vector j (the chains over k = j mod 8), its folds lane-wise."""
+    J = range(8)
+    L = ["define void @fp32_m1(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
+         "ptr noalias %C, i64 %K, i64 %Np, i64 %n0, i64 %n1, i64 %nfold) nounwind {",
+         "entry:",
+         "  %K8 = and i64 %K, -8",
+         "  %Klast = sub i64 %K, 1",
+         "  %hb = icmp ne ptr %bias, null",
+         "  %anyn = icmp slt i64 %n0, %n1",
+         "  br i1 %anyn, label %n.loop, label %end",
+         "n.loop:",
+         "  %n = phi i64 [%n0, %entry], [%n.next, %bias.no]",
+         "  %anyk = icmp sgt i64 %K8, 0",
+         "  br i1 %anyk, label %k.loop, label %k.end",
+         "k.loop:",
+         "  %k = phi i64 [0, %n.loop], [%k.next, %k.loop]",
+         *(f"  %acc{j} = phi {_VF} [zeroinitializer, %n.loop], [%acc{j}.n, %k.loop]" for j in J)]
+    for j in J:
+        L += [f"  %k{j} = add i64 %k, {j}",
+              f"  %ap{j} = getelementptr float, ptr %A, i64 %k{j}",
+              f"  %a{j} = load float, ptr %ap{j}, align 4"]
+        _splat(L, f"as{j}", f"%a{j}")
+        L += [f"  %wi0_{j} = mul i64 %k{j}, %Np",
+              f"  %wi{j} = add i64 %wi0_{j}, %n",
+              f"  %wp{j} = getelementptr float, ptr %W, i64 %wi{j}",
+              f"  %w{j} = load {_VF}, ptr %wp{j}, align 4",
+              f"  %acc{j}.n = call {_VF} @llvm.fma.v8f32({_VF} %w{j}, {_VF} %as{j}, "
+              f"{_VF} %acc{j})"]
+    L += ["  %k.next = add i64 %k, 8",
+          "  %k.more = icmp slt i64 %k.next, %K8",
+          "  br i1 %k.more, label %k.loop, label %k.end",
+          "k.end:",
+          *(f"  %accp{j} = phi {_VF} [zeroinitializer, %n.loop], [%acc{j}.n, %k.loop]"
+            for j in J)]
+    x = []
+    for j in J:  # the last K % 8 elements (a clamped, unused load where there is none)
+        L += [f"  %tk{j} = add i64 %K8, {j}",
+              f"  %tin{j} = icmp slt i64 %tk{j}, %K",
+              f"  %tkc{j} = select i1 %tin{j}, i64 %tk{j}, i64 %Klast",
+              f"  %tap{j} = getelementptr float, ptr %A, i64 %tkc{j}",
+              f"  %ta{j} = load float, ptr %tap{j}, align 4"]
+        _splat(L, f"tas{j}", f"%ta{j}")
+        L += [f"  %twi0_{j} = mul i64 %tkc{j}, %Np",
+              f"  %twi{j} = add i64 %twi0_{j}, %n",
+              f"  %twp{j} = getelementptr float, ptr %W, i64 %twi{j}",
+              f"  %tw{j} = load {_VF}, ptr %twp{j}, align 4",
+              f"  %tf{j} = call {_VF} @llvm.fma.v8f32({_VF} %tw{j}, {_VF} %tas{j}, "
+              f"{_VF} %accp{j})",
+              f"  %x{j} = select i1 %tin{j}, {_VF} %tf{j}, {_VF} %accp{j}"]
+        x.append(f"%x{j}")
+    return _fp32_m1_tail(L, x)
+
+
+def _fp32_m1_tail(L: list[str], x: list[str]) -> list[str]:
+    """fp32_m1's end: the folds, the bias, the store of eight columns."""
+    L += [f"  %l1 = fadd {_VF} {x[0]}, {x[1]}",
+          f"  %l2 = fadd {_VF} %l1, {x[2]}",
+          f"  %l3 = fadd {_VF} %l2, {x[3]}",
+          f"  %u1 = fadd {_VF} {x[4]}, {x[5]}",
+          f"  %u2 = fadd {_VF} %u1, {x[6]}",
+          f"  %u3 = fadd {_VF} %u2, {x[7]}",
+          f"  %fo = fadd {_VF} %l3, %u3",
+          f"  %v0 = fadd {_VF} {x[0]}, {x[4]}",  # (lo + hi), then two horizontal adds
+          f"  %v1 = fadd {_VF} {x[1]}, {x[5]}",
+          f"  %v2 = fadd {_VF} {x[2]}, {x[6]}",
+          f"  %v3 = fadd {_VF} {x[3]}, {x[7]}",
+          f"  %h01 = fadd {_VF} %v0, %v1",
+          f"  %h23 = fadd {_VF} %v2, %v3",
+          f"  %hs = fadd {_VF} %h01, %h23",
+          "  br i1 %hb, label %bias.yes, label %bias.no",
+          "bias.yes:",
+          "  %bp = getelementptr float, ptr %bias, i64 %n",
+          f"  %bv = load {_VF}, ptr %bp, align 4",
+          "  br label %bias.no",
+          "bias.no:",
+          f"  %bval = phi {_VF} [%bv, %bias.yes], [zeroinitializer, %k.end]",
+          f"  %fob = fadd {_VF} %fo, %bval",
+          f"  %fo2 = select i1 %hb, {_VF} %fob, {_VF} %fo",
+          f"  %hs2 = fadd {_VF} %hs, %bval",  # MLAS adds 0.0f where there is no bias
+          "  %n8.0 = insertelement <8 x i64> poison, i64 %n, i64 0",
+          "  %n8 = shufflevector <8 x i64> %n8.0, <8 x i64> poison, <8 x i32> zeroinitializer",
+          f"  %lanes = add <8 x i64> %n8, {_vec('i64', range(8))}",
+          "  %nf.0 = insertelement <8 x i64> poison, i64 %nfold, i64 0",
+          "  %nf8 = shufflevector <8 x i64> %nf.0, <8 x i64> poison, <8 x i32> zeroinitializer",
+          "  %infold = icmp slt <8 x i64> %lanes, %nf8",
+          f"  %y = select <8 x i1> %infold, {_VF} %fo2, {_VF} %hs2",
+          "  %cp = getelementptr float, ptr %C, i64 %n",
+          f"  store {_VF} %y, ptr %cp, align 4",
+          "  %n.next = add i64 %n, 8",
+          "  %n.more = icmp slt i64 %n.next, %n1",
+          "  br i1 %n.more, label %n.loop, label %end",
+          "end:",
+          "  ret void",
+          "}"]
+    return L
+
+
+def _fp32_rows() -> list[str]:
+    """fp32_rows(A, W, bias, C, M, K, Np, n0, n1): rows of C = A @ W (+ bias), A (M, K),
+    W (K, Np), C (M, Np); eight columns of ROWS rows (then one) at a time, each output one
+    fused multiply-add chain in k order (MLAS's SGEMM kernel over the dequantized weight)."""
+    def tile(rows: int, tag: str, m: str, after: str) -> list[str]:
+        R = range(rows)
+        T = [f"{tag}.pre:",
+             *(f"  %{tag}arow{r} = mul i64 {m}, %K" if r == 0 else
+               f"  %{tag}arow{r} = add i64 %{tag}arow{r - 1}, %K" for r in R),
+             "  br label %" + f"{tag}.k",
+             f"{tag}.k:",
+             f"  %{tag}k = phi i64 [0, %{tag}.pre], [%{tag}k.next, %{tag}.k]",
+             *(f"  %{tag}acc{r} = phi {_VF} [zeroinitializer, %{tag}.pre], "
+               f"[%{tag}acc{r}.n, %{tag}.k]" for r in R),
+             f"  %{tag}wi0 = mul i64 %{tag}k, %Np",
+             f"  %{tag}wi = add i64 %{tag}wi0, %n",
+             f"  %{tag}wp = getelementptr float, ptr %W, i64 %{tag}wi",
+             f"  %{tag}w = load {_VF}, ptr %{tag}wp, align 4"]
+        for r in R:
+            T += [f"  %{tag}ai{r} = add i64 %{tag}arow{r}, %{tag}k",
+                  f"  %{tag}ap{r} = getelementptr float, ptr %A, i64 %{tag}ai{r}",
+                  f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4"]
+            _splat(T, f"{tag}as{r}", f"%{tag}a{r}")
+            T += [f"  %{tag}acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %{tag}as{r}, "
+                  f"{_VF} %{tag}w, {_VF} %{tag}acc{r})"]
+        T += [f"  %{tag}k.next = add i64 %{tag}k, 1",
+              f"  %{tag}k.more = icmp slt i64 %{tag}k.next, %K",
+              f"  br i1 %{tag}k.more, label %{tag}.k, label %{tag}.out",
+              f"{tag}.out:"]
+        for r in R:
+            T += [f"  %{tag}yb{r} = fadd {_VF} %{tag}acc{r}.n, %bval",
+                  f"  %{tag}y{r} = select i1 %hb, {_VF} %{tag}yb{r}, {_VF} %{tag}acc{r}.n",
+                  f"  %{tag}m{r} = add i64 {m}, {r}",
+                  f"  %{tag}ci0{r} = mul i64 %{tag}m{r}, %Np",
+                  f"  %{tag}ci{r} = add i64 %{tag}ci0{r}, %n",
+                  f"  %{tag}cp{r} = getelementptr float, ptr %C, i64 %{tag}ci{r}",
+                  f"  store {_VF} %{tag}y{r}, ptr %{tag}cp{r}, align 4"]
+        return T + [f"  br label %{after}"]
+
+    return ["define void @fp32_rows(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
+            "ptr noalias %C, i64 %M, i64 %K, i64 %Np, i64 %n0, i64 %n1) nounwind {",
+            "entry:",
+            "  %hb = icmp ne ptr %bias, null",
+            f"  %Mrest = srem i64 %M, {ROWS}",
+            "  %Mtile = sub i64 %M, %Mrest",
+            "  %anyn = icmp slt i64 %n0, %n1",
+            "  %anyk = icmp sgt i64 %K, 0",
+            "  %any = and i1 %anyn, %anyk",
+            "  br i1 %any, label %n.loop, label %end",
+            "n.loop:",
+            "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
+            "  br i1 %hb, label %bias.yes, label %bias.no",
+            "bias.yes:",
+            "  %bp = getelementptr float, ptr %bias, i64 %n",
+            f"  %bv = load {_VF}, ptr %bp, align 4",
+            "  br label %bias.no",
+            "bias.no:",
+            f"  %bval = phi {_VF} [%bv, %bias.yes], [zeroinitializer, %n.loop]",
+            "  %anyr = icmp sgt i64 %Mtile, 0",
+            "  br i1 %anyr, label %r.loop, label %o.head",
+            "r.loop:",
+            "  %r = phi i64 [0, %bias.no], [%r.next, %r.latch]",
+            "  br label %rt.pre",
+            *tile(ROWS, "rt", "%r", "r.latch"),
+            "r.latch:",
+            f"  %r.next = add i64 %r, {ROWS}",
+            "  %r.more = icmp slt i64 %r.next, %Mtile",
+            "  br i1 %r.more, label %r.loop, label %o.head",
+            "o.head:",
+            "  %o = phi i64 [%Mtile, %bias.no], [%Mtile, %r.latch], [%o.next, %o.latch]",
+            "  %o.ok = icmp slt i64 %o, %M",
+            "  br i1 %o.ok, label %ot.pre, label %n.end",
+            *tile(1, "ot", "%o", "o.latch"),
+            "o.latch:",
+            "  %o.next = add i64 %o, 1",
+            "  br label %o.head",
+            "n.end:",
+            "  %n.next = add i64 %n, 8",
+            "  %n.more = icmp slt i64 %n.next, %n1",
+            "  br i1 %n.more, label %n.loop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def module_ir(target=None) -> str:
+    parts = [*_fp32_m1(), *_fp32_rows(), *zshare_ir()]
+    for block in BLOCKS:
+        parts += _quantize(block)
+        parts += _column(block, ROWS, False) + _column(block, 1, False) + _gemm(block, False)
+        if block > 32:
+            parts += _column(block, 1, True) + _gemm(block, True)
+    decl = []
+    for C in (16, 64):
+        VC, VI = f"<{C} x float>", f"<{C} x i32>"
+        decl += [f"declare {VC} @llvm.fabs.v{C}f32({VC})",
+                 f"declare {VC} @llvm.maxnum.v{C}f32({VC}, {VC})",
+                 f"declare float @llvm.vector.reduce.fmax.v{C}f32({VC})",
+                 f"declare {VC} @llvm.rint.v{C}f32({VC})",
+                 f"declare i32 @llvm.vector.reduce.add.v{C}i32({VI})"]
+    return "\n".join([*parts, *decl,
+                      f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+                      "declare float @llvm.fma.f32(float, float, float)",
+                      f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
+                      "declare <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8>, <16 x i8>)",
+                      f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"])
+
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int64
+_QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
+_GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
+_ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
+_FP32_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
+_FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
+
+
+def _module() -> jit.Module:
+    signatures = {"fp32_m1": _FP32_M1, "fp32_rows": _FP32_ROWS, "zshare": _ZSHARE}
+    for block in BLOCKS:
+        signatures[f"quantize{block}"] = _QUANT
+        signatures[f"gemm{block}"] = _GEMM
+        if block > 32:
+            signatures[f"gemm{block}_m1"] = _GEMM
+    return jit.compile_module("nbits_blocks", module_ir, signatures, REQUIRES)
+
+
+def unavailable() -> str | None:
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("nbits_blocks", _module)
+
+
+def supported_int8(bits: int, block_size: int) -> bool:
+    return bits == 4 and block_size in BLOCKS
+
+
+def supported_fp32(bits: int, block_size: int) -> bool:
+    """MLAS's CompFp32 path: 4 bits, blocks of 16 to 256."""
+    return bits == 4 and block_size in (16, 32, 64, 128, 256)
+
+
+class Int8:
+    """MLAS's CompInt8 product for one constant weight (blocks of 16, 64, 128, 256): packed
+    (N, kb, block / 2) bytes, scales (N, kb), zero points (N, kb) bytes or None (8), and
+    zp * scale transposed, (kb, N) (the zero points' share for several rows)."""
+
+    def __init__(self, packed: np.ndarray, scales: np.ndarray, block: int,
+                 zero_points: np.ndarray | None, zs: np.ndarray) -> None:
+        self.N, self.kb = scales.shape
+        self.block, self.K = block, self.kb * block
+        zq = np.full((self.N, self.kb), 8, np.uint8) if zero_points is None else \
+            np.ascontiguousarray(zero_points, dtype=np.uint8)
+        self.keep = (packed, scales, zq, zs)  # the kernel reads them
+        self.ptrs = (packed.ctypes.data, scales.ctypes.data, zq.ctypes.data, zs.ctypes.data)
+        self.nfold = self.N - self.N % 4
+        module = _module()
+        self._quantize = getattr(module, f"quantize{block}")
+        self.fn = getattr(module, f"gemm{block}")
+        self.fn1 = getattr(module, f"gemm{block}_m1", None)  # MLAS's M == 1 kernel (64-256)
+        self.zfn = module.zshare
+
+    def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A (M, K) float32 as MLAS quantizes it: codes (this module's layout), scales and
+        sa * (sum of codes), per block; K padded with zeros to whole blocks."""
+        M, K = A.shape
+        if K != self.K or A.dtype != np.float32 or not A.flags.c_contiguous:
+            full = np.zeros((M, self.K), np.float32)
+            full[:, :K] = A
+            A = full
+        qa = np.empty((M, self.K), np.int8)
+        sa = np.empty((M, self.kb), np.float32)
+        asum = np.empty((M, self.kb), np.float32)
+        address = jit.address
+        self._quantize(address(A), address(qa), address(sa), address(asum), M, self.kb)
+        return qa, sa, asum
+
+    def one_row(self, M: int) -> bool:
+        """Whether M rows take MLAS's M == 1 arithmetic (blocks of 64-256, one row)."""
+        return M == 1 and self.fn1 is not None
+
+    def __call__(self, qa: np.ndarray, sa: np.ndarray, asum: np.ndarray, bias, out: np.ndarray,
+                 n0: int, n1: int) -> None:
+        """out[:, n0:n1] = the rows' products (out (M, N) float32 C-contiguous; bias (N,)
+        float32 or None)."""
+        B, S, Zq, zs = self.ptrs
+        M = qa.shape[0]
+        address = jit.address
+        pq, ps, po = address(qa), address(sa), address(out)
+        pb = None if bias is None else address(bias)
+        if self.one_row(M):
+            self.fn1(pq, ps, Zq, B, S, pb, po, 1, n0, n1, self.N, self.kb, self.nfold)
+            return
+        self.zfn(address(asum), zs, po, M, n0, n1, self.N, self.kb)
+        self.fn(pq, ps, Zq, B, S, pb, po, M, n0, n1, self.N, self.kb, self.nfold)
+
+
+class Fp32:
+    """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight, dequantized once:
+    W (K, N) float32, kept with its columns padded to a multiple of 8."""
+
+    def __init__(self, W: np.ndarray) -> None:
+        self.K, self.N = W.shape
+        self.Np = -(-self.N // 8) * 8
+        if self.Np != self.N or not W.flags.c_contiguous or W.dtype != np.float32:
+            padded = np.zeros((self.K, self.Np), np.float32)
+            padded[:, :self.N] = W
+            W = padded
+        self.W = W
+        self.nfold = self.N - self.N % 4
+        module = _module()
+        self.fn1, self.fn = module.fp32_m1, module.fp32_rows
+
+    def __call__(self, A: np.ndarray, bias, out: np.ndarray, n0: int, n1: int,
+                 one_row: bool) -> None:
+        """out[:, n0:n1] = A @ W (+ bias) in MLAS's order; A (M, K), out (M, Np), bias (Np,)
+        or None, all float32 C-contiguous; n0, n1 multiples of 8. ``one_row``: MLAS's
+        M == 1 kernel (A one row)."""
+        address = jit.address
+        pb = None if bias is None else address(bias)
+        if one_row:
+            self.fn1(address(A), address(self.W), pb, address(out), self.K, self.Np, n0, n1,
+                     self.nfold)
+        else:
+            self.fn(address(A), address(self.W), pb, address(out), A.shape[0], self.K, self.Np,
+                    n0, n1)
+
+
+BUNDLE = {"nbits_blocks": (module_ir, REQUIRES)}
+
+__all__ = ["BLOCKS", "BUNDLE", "REQUIRES", "Fp32", "Int8", "module_ir", "supported_fp32",
+           "supported_int8", "unavailable"]
