@@ -12,7 +12,7 @@ import numpy as np
 
 from . import profile
 from .dtypes import describe
-from .errors import Fail, RuntimeException
+from .errors import Fail, InvalidArgument, RuntimeException
 from .ir import Node
 
 
@@ -347,14 +347,16 @@ def run_steps_parallel(steps: list[Step], schedule: ParallelSchedule, slots: lis
         raise state["error"]
 
 
-def kernel_error(node: Node, args: list[Any], error: Exception) -> RuntimeException:
+def kernel_error(node: Node, args: list[Any], error: Exception) -> Fail | RuntimeException:
     if isinstance(error, RuntimeException) and "while running node" in str(error):
         # An error from inside a subgraph: keep its node context and add ours in front.
         return RuntimeException(
             f"while running node '{node.label}' ({node.op_type}) subgraph: {error}"
         )
     shapes = ", ".join(describe(a) for a in args[: len(node.inputs)])
-    return RuntimeException(
+    # a kernel's InvalidArgument (inputs onnxruntime refuses as INVALID_ARGUMENT) keeps its type
+    kind = InvalidArgument if isinstance(error, InvalidArgument) else RuntimeException
+    return kind(
         f"while running node '{node.label}' ({node.op_type}) with inputs {shapes}: "
         f"{type(error).__name__}: {error}"
     )

@@ -14,6 +14,7 @@ import weakref
 
 import numpy as np
 
+from .....errors import InvalidArgument
 from ... import blas
 from ...kernels import KernelContext, op
 from ...parallel import threads_for
@@ -543,6 +544,8 @@ class GroupQueryAttention:
                                     total_sequence_length, cos_cache, sin_cache, position_ids)
             if out is not None:
                 return out
+        self._check_inputs(query, key, value, past_key, past_value, seqlens_k,
+                           total_sequence_length)
         N, Nkv = self.N, self.Nkv
         dt = query.dtype
         cdt = compute_dtype(dt)
@@ -655,6 +658,67 @@ class GroupQueryAttention:
             qk = qk.astype(dt, copy=False)
         return from_heads(out).astype(dt, copy=False), present_k, present_v, qk
 
+    def _check_inputs(self, query, key, value, past_key, past_value, seqlens_k,
+                      total_sequence_length) -> None:
+        """onnxruntime's checks of a call (group_query_attention_helper.h), as InvalidArgument
+        naming the input and its shape, before any path reads the inputs (the compiled
+        kernels read the cache unchecked): ranks, widths and head counts; seqlens_k one value
+        per sequence, each within the present cache (max(past length, total_sequence_length))
+        and, after a first prompt, covering the new rows; total_sequence_length one positive
+        value. An empty batch is refused too (onnxruntime 1.32 crashes on it)."""
+        N, Nkv = self.N, self.Nkv
+        if query.ndim != 3:
+            raise InvalidArgument(f"input 'query' must have 3 dimensions (batch, sequence, "
+                                  f"hidden), got shape {list(query.shape)}")
+        B, S, D = query.shape
+        if B == 0:
+            raise InvalidArgument(f"input 'query' has an empty batch (shape {list(query.shape)})")
+        width = N + 2 * Nkv if key is None else N
+        if D % width:
+            raise InvalidArgument(
+                f"input 'query' has hidden size {D}, not a multiple of "
+                + (f"num_heads + 2 * kv_num_heads = {width} (packed Q, K, V)" if key is None
+                   else f"num_heads = {N}"))
+        H = D // width
+        for name, t in (("key", key), ("value", value)):
+            if key is not None and (t is None or t.shape != (B, S, Nkv * H)):
+                raise InvalidArgument(f"input '{name}' must have shape {[B, S, Nkv * H]} "
+                                      f"(query {list(query.shape)}), got "
+                                      f"{None if t is None else list(t.shape)}")
+        P = 0
+        if past_key is not None or past_value is not None:
+            for name, t in (("past_key", past_key), ("past_value", past_value)):
+                if t is None or t.ndim != 4 or t.shape[0] != B or t.shape[1] != Nkv or \
+                        t.shape[3] != H:
+                    raise InvalidArgument(
+                        f"input '{name}' must have shape [{B}, {Nkv}, past_sequence, {H}] "
+                        f"(batch, kv_num_heads, sequence, head_size), got "
+                        f"{None if t is None else list(t.shape)}")
+            if past_value.shape[2] != past_key.shape[2]:
+                raise InvalidArgument(f"inputs 'past_key' {list(past_key.shape)} and "
+                                      f"'past_value' {list(past_value.shape)} differ in length")
+            P = past_key.shape[2]
+        if seqlens_k is None or seqlens_k.size != B:
+            raise InvalidArgument(f"input 'seqlens_k' must hold batch_size ({B}) values, got "
+                                  f"{None if seqlens_k is None else list(seqlens_k.shape)}")
+        tsl = total_sequence_length
+        if tsl is None or tsl.size != 1:
+            raise InvalidArgument("input 'total_sequence_length' must hold one value, got shape "
+                                  f"{None if tsl is None else list(tsl.shape)}")
+        T = int(total_sequence_length.reshape(-1)[0])
+        if T <= 0:
+            raise InvalidArgument(f"input 'total_sequence_length' must be positive, got {T}")
+        seq = seqlens_k.reshape(-1)
+        lo, hi = (int(seq[0]),) * 2 if B == 1 else (int(seq.min()), int(seq.max()))
+        present = max(P, T)
+        if lo < 0 or hi >= present:
+            raise InvalidArgument(
+                f"input 'seqlens_k' {seq.tolist()} is out of range [0, {present}): the present "
+                f"cache holds max(past length {P}, total_sequence_length {T}) positions")
+        if S != T and lo + 1 < S:  # not a first prompt: the new rows follow the past
+            raise InvalidArgument(f"input 'seqlens_k' {seq.tolist()} is too small for "
+                                  f"{S} new rows (query {list(query.shape)})")
+
     def _exact_kernels(self, query, key, past_key, seqlens_k, total_sequence_length,
                        attention_bias, head_sink, q_norm_weight, query_seqlens):
         """compiled.gqa's kernels (onnxruntime's arithmetic, bit for bit: its flash path)
@@ -699,7 +763,7 @@ class GroupQueryAttention:
         P = past_key.shape[2]
         # not a first prompt; the new row inside the buffers, which hold the whole sequence
         # (_present's shared case); rows of H floats as the kernel reads them
-        if (T_max == 1 or not 1 <= total <= P or P < T_max
+        if (T_max <= 1 or not 1 <= total <= P or P < T_max
                 or past_key.shape != (1, Nkv, P, H) or past_value.shape != past_key.shape
                 or not (past_key.flags.writeable and past_value.flags.writeable)
                 or past_key.strides[2:] != (4 * H, 4) or past_value.strides[2:] != (4 * H, 4)
