@@ -1009,17 +1009,18 @@ class _BlasHeld:
             if cls._depth == 0:
                 # Looked up at the run, not at session creation: threadpoolctl's scan of the
                 # loaded libraries then costs a session nothing until it runs.
-                saved = [(lib, lib.num_threads) for lib in _blas_libraries()]
-                cls._active = [lib for lib, n in saved if n != 1]
-                cls._saved = [n for _, n in saved if n != 1]
-                for lib in cls._active:
-                    lib.set_num_threads(1)
+                active, saved = [], []
+                for lib in _blas_libraries():
+                    n = lib.num_threads
+                    if n != 1:
+                        lib.set_num_threads(1)
+                        active.append(lib)
+                        saved.append(n)
+                cls._active, cls._saved = active, saved
                 # OpenBLAS 0.3.31 ignores the sets of other threads once the main thread has
                 # set its count: then its products stay whole (two cut ones would queue for
                 # its threads), see blas.matmul
-                from ..providers.cpu import blas  # (not at import: the CPU kernels load lazily)
-
-                blas.one_thread = all(lib.num_threads == 1 for lib in cls._active)
+                _cpu_blas().one_thread = all(lib.num_threads == 1 for lib in active)
             cls._depth += 1
 
     def __exit__(self, *exc: object) -> None:
@@ -1030,12 +1031,22 @@ class _BlasHeld:
                 for lib, n in zip(cls._active, cls._saved, strict=True):
                     lib.set_num_threads(n)
                 cls._active, cls._saved = [], []
-                from ..providers.cpu import blas
-
-                blas.one_thread = False
+                _cpu_blas().one_thread = False
 
 
 _BLAS_HELD = _BlasHeld()
+_blas_module: Any = None
+
+
+def _cpu_blas() -> Any:
+    """providers.cpu.blas, imported at the first run (the CPU kernels load lazily), then held:
+    an import statement per run cost ~0.5 us twice."""
+    global _blas_module
+    if _blas_module is None:
+        from ..providers.cpu import blas
+
+        _blas_module = blas
+    return _blas_module
 
 
 __all__ = ["InferenceSession", "InvalidGraph", "ModelMetadata", "NodeArg"]
