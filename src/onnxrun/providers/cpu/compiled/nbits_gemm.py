@@ -976,6 +976,14 @@ class Gemm:
         self._row(address(a), address(buf), Z, B, S, bias, address(out), n0,
                   self.N if n1 is None else n1, self.N, self.kb, self.nfold)
 
+    def one_row(self) -> tuple | None:
+        """row()'s single compiled call for a whole row, for a caller that checks the row
+        itself (a contiguous float32 of self.K, whole blocks) and calls ``fn(address(a),
+        address(out), consts)``:
+        (fn, consts, address); None where row() takes its general path (K beyond
+        MAX_STACK_K)."""
+        return None if self._rowc is None else (self._rowc, self._pconsts, jit.address)
+
     def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """quantize(A) on the module this weight was prepared with (bound once)."""
         return quantize(A, self._quantize)

@@ -601,6 +601,7 @@ class MatMulNBits:
     def __init__(self, ctx: KernelContext, *, K, N, block_size, accuracy_level=0, bits=4,
                  weight_prepacked=0) -> None:
         self.K, self.N = int(K), int(N)
+        self.row1 = None  # nbits_gemm's one call for a decode step's row where unsplit (_gemm)
         self.block_size, self.bits = int(block_size), int(bits)
         if int(weight_prepacked):
             raise ValueError("MatMulNBits: prepacked weights are specific to other providers")
@@ -680,7 +681,10 @@ class MatMulNBits:
                 self.spin = spin.pool()
                 self.spin_parts = min(self.threads, self.spin.size + 1)
         # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
-        return nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
+        gemm = nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
+        if gemm.K == self.K and (self.spin is None or self.packed.nbytes < self.SPLIT_ROW_BYTES):
+            self.row1 = gemm.one_row()  # a decode step's whole-block row on this thread
+        return gemm
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
@@ -689,6 +693,12 @@ class MatMulNBits:
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
+        row1 = self.row1
+        if row1 is not None and A.size == self.K and A.dtype == F32 and A.flags.c_contiguous:
+            Y = np.empty(A.shape[:-1] + (self.N,), F32)  # Gemm.row's call, less its checks
+            fn, consts, address = row1
+            fn(address(A), address(Y), consts)
+            return Y
         if A.size == self.K and self.gemm is not None and A.dtype == F32:  # a decode step
             Y = np.empty(A.shape[:-1] + (self.N,), F32)
             if self.spin is not None and self.packed.nbytes >= self.SPLIT_ROW_BYTES:
