@@ -25,6 +25,7 @@ import pytest
 from one_node_harness import one_node
 
 import onnxrun
+from onnxrun import disk_cache
 from onnxrun.providers.cpu.compiled import cache, elf, int8_gemm, jit, targets
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("llvmlite") is None,
@@ -48,7 +49,7 @@ def folder(tmp_path, monkeypatch):
     monkeypatch.setenv("ONNXRUN_KERNEL_CACHE", str(path))
     monkeypatch.setattr(jit, "_modules", {})
     monkeypatch.setattr(jit, "_failed", {})
-    monkeypatch.setattr(cache, "_refused", set())
+    monkeypatch.setattr(disk_cache, "_refused", set())
     return path
 
 

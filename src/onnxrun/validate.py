@@ -16,6 +16,7 @@ from .dtypes import has_negative_dim, type_shape, type_string, without_negative_
 from .errors import InvalidGraph
 from .ir import Graph, Model
 from .ir.toposort import stable_topological_order
+from . import validate_cache
 from .proto import HAVE_ONNX, onnx
 from .validate_types import check_types
 
@@ -118,13 +119,18 @@ def _reads(node: onnx.NodeProto) -> set[str]:
 _UNCHECKED_DOMAIN = "onnxrun.unchecked"
 
 
+def _ai_onnx_opset(skel: onnx.ModelProto) -> int | None:
+    return next((o.version for o in skel.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
 def _hide_unknown_ai_onnx_ops(
     skel: onnx.ModelProto, has_kernel: Callable[[str, int], bool]
-) -> None:
-    opset = next((o.version for o in skel.opset_import if o.domain in ("", "ai.onnx")), None)
+) -> set[str]:
+    """Move the operators of _UNCHECKED_DOMAIN's kind there; returns their types."""
+    opset = _ai_onnx_opset(skel)
     if opset is None:
-        return
-    hidden = False
+        return set()
+    hidden: set[str] = set()
     hide: dict[str, bool] = {}  # op_type -> whether to hide it (one schema lookup per type)
     for node in _all_node_protos(skel.graph):
         if node.domain not in ("", "ai.onnx"):
@@ -139,9 +145,10 @@ def _hide_unknown_ai_onnx_ops(
             h = hide[op_type] = not known and has_kernel(op_type, opset)
         if h:
             node.domain = _UNCHECKED_DOMAIN
-            hidden = True
+            hidden.add(op_type)
     if hidden:
         skel.opset_import.append(helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+    return hidden
 
 
 def _all_node_protos(g: onnx.GraphProto):
@@ -163,6 +170,7 @@ def validate(
     has_kernel: Callable[[str, int], bool] | None = None,
     released_opsets_only: bool = True,
     min_inputs: Callable[[str, int], int | None] | None = None,
+    cache: bool = False,
 ) -> None:
     """Raise InvalidGraph if the model is malformed; fill in inferred value types on the IR.
 
@@ -170,7 +178,9 @@ def validate(
     itself does not define at that opset (see _UNCHECKED_DOMAIN). ``released_opsets_only``
     (onnxruntime's ``session.allow_released_opsets_only``): refuse operator sets newer than
     onnxrun knows. ``min_inputs(op_type, opset)``: how many inputs an ai.onnx operator's
-    kernel needs at the least (None: no kernel), for the checks without onnx."""
+    kernel needs at the least (None: no kernel), for the checks without onnx. ``cache``: look
+    the skeleton up in, and store an acceptance to, the validation cache
+    (validate_cache.py)."""
     check_versions(model, released_opsets_only)
     if not HAVE_ONNX:
         # No checker or shape inference (Pyodide): onnxrun's own checks of what the kernels
@@ -186,10 +196,14 @@ def validate(
     presorted = len(model.graph.nodes) == len(mp.graph.node) and _ir_sorted(model.graph)
     skel = skeleton(mp, presorted)
     _add_shape_constants(skel, model)
-    if has_kernel is not None:
-        _hide_unknown_ai_onnx_ops(skel, has_kernel)
-    data = skel.SerializeToString()  # once, for the checker and the inference
+    data = skel.SerializeToString()  # once, for the cache's key, the checker and the inference
     if _NEGATIVE_FIELD_1.search(data) and _unknown_negative_dims(skel, model):
+        data = skel.SerializeToString()
+    entry_key = validate_cache.key(data, infer_shapes) if cache else None
+    if _cached(entry_key, skel, model, has_kernel):
+        return
+    hidden = _hide_unknown_ai_onnx_ops(skel, has_kernel) if has_kernel is not None else set()
+    if hidden:
         data = skel.SerializeToString()
     checked = _with_ranks(skel)
     try:
@@ -197,6 +211,7 @@ def validate(
     except onnx.checker.ValidationError as e:
         raise InvalidGraph(f"model failed validation: {_first_line(e)}") from None
     if not infer_shapes:
+        validate_cache.write(entry_key, hidden, None)
         return
     try:
         inferred = _infer(data)
@@ -208,14 +223,35 @@ def validate(
             raise
         lenient, reported = lenient
         inferred = _infer(lenient.SerializeToString())
+        entry_key = None  # the IR's declarations were changed: not a result to replay
     else:
         reported = {}
-    if inferred is not None:
-        _apply_value_info(model, inferred)
+    types = None if inferred is None else _inferred_types(inferred)
+    if types is not None:
+        _apply_value_info(model, types)
+    validate_cache.write(entry_key, hidden, types)
     for g in _graphs(model.graph):
         for v in g.outputs:
             if v.name in reported:
                 v.type = reported[v.name]
+
+
+def _cached(entry_key: str | None, skel: onnx.ModelProto, model: Model,
+            has_kernel: Callable[[str, int], bool] | None) -> bool:
+    """Whether the validation cache accepted this skeleton: then its inferred types are on the
+    IR. The operators it hid from the checker must still be run by a provider here."""
+    found = validate_cache.read(entry_key)
+    if found is None:
+        return False
+    hidden, types = found
+    if hidden:
+        opset = _ai_onnx_opset(skel)
+        if has_kernel is None or opset is None or not all(
+                has_kernel(op_type, opset) for op_type in hidden):
+            return False
+    if types is not None:
+        _apply_value_info(model, types)
+    return True
 
 
 def _infer(data: bytes) -> onnx.ModelProto | None:
@@ -524,9 +560,14 @@ def _with_ranks(skel: onnx.ModelProto) -> onnx.ModelProto:
     return copy
 
 
-def _apply_value_info(model: Model, inferred: onnx.ModelProto) -> None:
+def _inferred_types(inferred: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The main graph's inferred value types by name (an output's over its value_info)."""
     types = {vi.name: vi.type for vi in inferred.graph.value_info}
     types.update({vi.name: vi.type for vi in inferred.graph.output})
+    return types
+
+
+def _apply_value_info(model: Model, types: dict[str, onnx.TypeProto]) -> None:
     g = model.graph
     for node in g.nodes:
         for v in node.outputs:

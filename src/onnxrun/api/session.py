@@ -241,7 +241,9 @@ class InferenceSession:
         validate(proto, model, has_kernel=lambda op_type, opset: any(
             p.registry.lookup("", op_type, opset) is not None for p in self._providers),
             released_opsets_only=opts._config.get("session.allow_released_opsets_only") != "0",
-            min_inputs=self._min_inputs)
+            min_inputs=self._min_inputs,
+            # a model file is what a later process loads again (one built in memory seldom is)
+            cache=self._model_path is not None)
         del proto
         # 3. optimize
         self._device = next((p for p in self._providers if p.device != "cpu"), None)

@@ -1,64 +1,21 @@
-"""The on-disk cache of compiled objects (``ONNXRUN_KERNEL_CACHE``, default
-``~/.cache/onnxrun/kernels``; ``0`` turns it off): one entry per compiler request, keyed by
-the IR and the target it was compiled for, so a later process loads the objects without a
-compiler.
-
-Whoever can write the cache decides the machine code every later process runs, so an entry
-is used only when:
-
-- the folder belongs to the current user and is not writable by group or others (otherwise
-  the cache is not used at all, with one warning per process: the kernels compile in memory);
-- the entry is a regular file of that user, not writable by group or others;
-- its tag, keyed BLAKE2b (a MAC by design, no HMAC construction needed) with a per-user
-  secret (``secret``: 32 random bytes, created atomically with mode 0600 in the folder,
-  refused with a warning if its owner or mode is wrong), matches the key and the bytes. A plain digest would catch damage only: anyone able
-  to plant an entry could write its digest too. The secret also ties an entry to the cache
-  that wrote it: entries copied from another user or machine are refused.
-
-An entry that fails its tag (damaged, planted, written by another secret) is deleted and the
-request compiled afresh. Every file is reached through the opened folder's descriptor, so a
-folder swapped after its check is never followed.
+"""The compiled objects' entries in onnxrun's cache folder (``disk_cache.py``: where it is,
+``ONNXRUN_KERNEL_CACHE``, and why an entry is trusted): one entry per compiler request, keyed
+by the IR and the target it was compiled for, so a later process loads the objects without a
+compiler. An entry that verifies but does not parse is deleted and compiled afresh.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import stat
-import warnings
 
+from .... import disk_cache
+from ....disk_cache import blake2b, folder
 from .targets import Target
 
-# BLAKE2b and the constant-time comparison from the interpreter's own modules: hashlib and
-# hmac import OpenSSL's libcrypto, which costs a process's first session 3.5 MiB resident
-# and ~5 ms for digests of a few hundred kilobytes (the same functions, the same results).
-try:
-    from _blake2 import blake2b
-    from _operator import _compare_digest as compare_digest
-except ImportError:  # another interpreter
-    from hashlib import blake2b
-    from hmac import compare_digest
-
-_CACHE_ENV = "ONNXRUN_KERNEL_CACHE"
 _VERSION = 4  # 2: entries carry an HMAC tag; 3: objects compiled for a named target;
 # 4: keys and tags by (keyed) BLAKE2b
 _MAGIC = b"onnxrun-kernels 4\n"
-_SECRET = "secret"
-_SECRET_BYTES = 32
 _MAX_ENTRY = 64 << 20
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-
-_refused: set[str] = set()  # folders refused in this process: not used again, warned once
-
-
-def folder() -> str | None:
-    """The cache folder, or None when the cache is switched off."""
-    configured = os.environ.get(_CACHE_ENV)
-    if configured is not None:
-        return None if configured in ("", "0") else configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "onnxrun", "kernels")
 
 
 def key(modules: dict[str, str], target: Target) -> str | None:
@@ -78,169 +35,23 @@ def entry_name(entry_key: str) -> str:
     return f"{entry_key}.kernels"
 
 
-def _refuse(path: str, why: str) -> None:
-    if path in _refused:
-        return
-    _refused.add(path)
-    try:
-        warnings.warn(f"onnxrun: the kernel cache {path} is not used: {why}; the compiled "
-                      f"kernels are compiled in memory (fix it, or set {_CACHE_ENV}=0)",
-                      RuntimeWarning, stacklevel=2)
-    except Warning:  # warnings turned into errors: the refusal stands, the session goes on
-        pass
-
-
-def _owned_safely(st: os.stat_result) -> bool:
-    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
-class _Folder:
-    """The checked, opened cache folder (``with _Folder(create) as f``); ``f.fd`` is None
-    where it is missing, off or refused."""
-
-    def __init__(self, create: bool) -> None:
-        self.path, self.fd = folder(), None
-        if self.path is None or self.path in _refused:
-            return
-        try:
-            if create:
-                os.makedirs(self.path, mode=0o700, exist_ok=True)
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
-        except OSError:  # missing, or not ours to create: only the cache is lost
-            return
-        st = os.fstat(fd)
-        if not _owned_safely(st):
-            os.close(fd)
-            owner = "another user" if st.st_uid != os.getuid() else "you"
-            _refuse(self.path, f"it belongs to {owner} (uid {st.st_uid}) with mode "
-                    f"{stat.S_IMODE(st.st_mode):04o}; it must be yours and not writable by "
-                    "group or others")
-            return
-        self.fd = fd
-
-    def __enter__(self) -> _Folder:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-    def open_file(self, name: str) -> tuple[int, os.stat_result] | None:
-        """A file of the folder opened for reading, if it is a regular file of ours that
-        group and others cannot write; None where it is missing; refused (with the warning)
-        otherwise."""
-        try:
-            fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC, dir_fd=self.fd)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:  # a symbolic link (ELOOP), unreadable: not one of ours
-            _refuse(self.path, f"{name}: {exc.strerror}")
-            raise _Refused from exc
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or not _owned_safely(st):
-            os.close(fd)
-            _refuse(self.path, f"{name} belongs to uid {st.st_uid} with mode "
-                    f"{stat.S_IMODE(st.st_mode):04o}")
-            raise _Refused
-        return fd, st
-
-    def write_file(self, name: str, data: bytes, exclusive: bool) -> None:
-        """``data`` as ``name``, whole or not at all (a temporary file renamed, or linked
-        where ``exclusive``: a file already there is kept)."""
-        tmp = f".tmp-{os.urandom(8).hex()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC,
-                     0o600, dir_fd=self.fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            if exclusive:
-                try:
-                    os.link(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-                except FileExistsError:
-                    pass
-            else:
-                os.replace(tmp, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
-        finally:
-            try:
-                os.unlink(tmp, dir_fd=self.fd)
-            except FileNotFoundError:  # renamed
-                pass
-
-    def secret(self, create: bool) -> bytes | None:
-        """The folder's MAC key (made on first write), or None."""
-        opened = self.open_file(_SECRET)
-        if opened is None:
-            if not create:
-                return None
-            self.write_file(_SECRET, os.urandom(_SECRET_BYTES), exclusive=True)
-            opened = self.open_file(_SECRET)
-            if opened is None:
-                return None
-        fd, st = opened
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(_SECRET_BYTES + 1)
-        if st.st_mode & 0o077 or len(data) != _SECRET_BYTES:
-            _refuse(self.path, f"its {_SECRET} must be {_SECRET_BYTES} bytes with mode 0600 "
-                    f"(found {len(data)} bytes, mode {stat.S_IMODE(st.st_mode):04o})")
-            raise _Refused
-        return data
-
-
-class _Refused(Exception):
-    """The folder or one of its files failed a check (already warned about)."""
-
-
-def _tag(secret: bytes, entry_key: str, payload: bytes) -> bytes:
-    mac = blake2b(_MAGIC + entry_key.encode() + b"\0", digest_size=32, key=secret)
-    mac.update(payload)
-    return mac.hexdigest().encode()
-
-
 def read(entry_key: str | None) -> dict | None:
     """The compiler's answer stored for ``entry_key`` if its tag verifies, else None (missing,
     refused, or damaged: then deleted)."""
     if entry_key is None:
         return None
-    name = entry_name(entry_key)
-    with _Folder(create=False) as f:
-        if f.fd is None:
-            return None
-        try:
-            opened = f.open_file(name)
-            if opened is None:
-                return None
-            fd, st = opened
-            with os.fdopen(fd, "rb") as file:
-                data = file.read(_MAX_ENTRY + 1)
-            secret = f.secret(create=False)
-        except (_Refused, OSError):
-            return None
-        answer = _verified(data, secret, entry_key)
-        if answer is None:
-            try:  # unless another process has just replaced it
-                if os.stat(name, dir_fd=f.fd, follow_symlinks=False).st_ino == st.st_ino:
-                    os.unlink(name, dir_fd=f.fd)
-            except OSError:
-                pass
-        return answer
-
-
-def _verified(data: bytes, secret: bytes | None, entry_key: str) -> dict | None:
-    head, tag_end = len(_MAGIC), len(_MAGIC) + 64
-    if secret is None or len(data) > _MAX_ENTRY or not data.startswith(_MAGIC) or \
-            data[tag_end:tag_end + 1] != b"\n":
-        return None
-    payload = data[tag_end + 1:]
-    if not compare_digest(data[head:tag_end], _tag(secret, entry_key, payload)):
+    payload = disk_cache.read(entry_name(entry_key), _MAGIC, entry_key, _MAX_ENTRY)
+    if payload is None:
         return None
     try:
         answer = json.loads(payload)
-        if answer["key"] != entry_key:
-            return None
-        return {"error": None, "objects": dict(answer["objects"]),
-                "errors": dict(answer["errors"])}
+        if answer["key"] == entry_key:
+            return {"error": None, "objects": dict(answer["objects"]),
+                    "errors": dict(answer["errors"])}
     except (ValueError, TypeError, KeyError):
-        return None
+        pass
+    discard(entry_key)
+    return None
 
 
 def write(entry_key: str | None, answer: dict) -> None:
@@ -250,29 +61,13 @@ def write(entry_key: str | None, answer: dict) -> None:
         return
     payload = json.dumps({"key": entry_key, "objects": answer["objects"],
                           "errors": answer["errors"]}).encode()
-    with _Folder(create=True) as f:
-        if f.fd is None:
-            return
-        try:
-            secret = f.secret(create=True)
-            if secret is not None:
-                f.write_file(entry_name(entry_key),
-                             _MAGIC + _tag(secret, entry_key, payload) + b"\n" + payload,
-                             exclusive=False)
-        except (_Refused, OSError):
-            pass
+    disk_cache.write(entry_name(entry_key), _MAGIC, entry_key, payload)
 
 
 def discard(entry_key: str | None) -> None:
     """Delete the entry (its objects did not load): the next process stores a good one."""
-    if entry_key is None:
-        return
-    with _Folder(create=False) as f:
-        if f.fd is not None:
-            try:
-                os.unlink(entry_name(entry_key), dir_fd=f.fd)
-            except OSError:
-                pass
+    if entry_key is not None:
+        disk_cache.discard(entry_name(entry_key))
 
 
 __all__ = ["discard", "entry_name", "folder", "key", "read", "write"]
