@@ -8,12 +8,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..ir import Graph, Model, Node, Value
+from ..ir.core import holding_graphs
 
 
 def all_graphs(graph: Graph) -> Iterator[Graph]:
     """The graph and, depth first, every subgraph."""
     yield graph
-    for node in list(graph.nodes):
+    for node in holding_graphs(list(graph.nodes)):
         for sub in node.subgraphs():
             yield from all_graphs(sub)
 
