@@ -164,7 +164,7 @@ def test_two_threads_bit_exact(N, Nkv, H, B, S, steps, rotary, interleaved, wind
     past_k = np.zeros((B, Nkv, P, H), np.float32)
     state = {"ours": (past_k, past_k.copy()), "theirs": (past_k.copy(), past_k.copy())}
     total = 0
-    for step, n in enumerate([S] + [1] * steps):
+    for n in [S] + [1] * steps:
         total += n
         D = (N + 2 * Nkv) * H if packed else N * H
         feed = {"query": (rng.standard_normal((B, n, D)) * 2).astype(np.float32),

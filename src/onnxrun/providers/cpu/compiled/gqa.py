@@ -1141,7 +1141,7 @@ def _row_units(work: np.ndarray, Nkv: int, threads: int) -> list[tuple[int, int,
     cuts = [0, *np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts, "right").tolist(),
             nb]
     cuts = sorted(set(cuts))
-    return [(h, h + 1, b0, b1) for h in range(Nkv) for b0, b1 in zip(cuts, cuts[1:])]
+    return [(h, h + 1, b0, b1) for h in range(Nkv) for b0, b1 in zip(cuts, cuts[1:], strict=False)]
 
 
 def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
@@ -1199,7 +1199,7 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
         r0, r1, nh = 8 * b0, 8 * b1, h1 - h0
         hr = h0 * M8 + r0  # the task's first row, as a row of every (kv head, row) array
         seq = []
-        for i, (ir, R) in enumerate(zip(irs.tolist(), Rs[:, 0].tolist())):
+        for i, (ir, R) in enumerate(zip(irs.tolist(), Rs[:, 0].tolist(), strict=True)):
             if not tl[i, b0:b1].any():  # past the causal limit of every row: nothing to add
                 continue
             kb, vb = ka + h0 * sk * 4 + ir * k.strides[1], va + h0 * sv * 4 + ir * v.strides[1]
