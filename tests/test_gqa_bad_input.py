@@ -112,7 +112,9 @@ def test_empty_batch_is_refused(S, P):
 
 @pytest.mark.parametrize("kw,match", [(dict(tot=0), "must be positive, got 0"),
                                       (dict(sk=[9], tot=8, P=8), r"out of range \[0, 8\)"),
-                                      (dict(sk=[-1], tot=8, P=8), r"out of range \[0, 8\)")])
+                                      (dict(sk=[-1], tot=8, P=8), r"out of range \[0, 8\)"),
+                                      (dict(q=(1, 1), P=8, sk=[4], tot=8),
+                                       "'query' must have 3 dimensions")])
 def test_shared_buffer_decode_step_refuses(kw, match):
     """onnxrun.genai's decode step (a max_length buffer written in place, rotary) takes its
     own fast path only for a valid call; a bad one gets the same error."""

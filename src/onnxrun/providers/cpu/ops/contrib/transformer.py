@@ -537,9 +537,9 @@ class GroupQueryAttention:
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
                  position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
                  v_scale=None, q_norm_weight=None, k_norm_weight=None, query_seqlens=None):
-        if (key is None and past_key is not None and query.shape[:2] == (1, 1)
-                and self._exact_node and attention_bias is None and head_sink is None
-                and q_norm_weight is None and query_seqlens is None):
+        if (key is None and past_key is not None and query.ndim == 3
+                and query.shape[:2] == (1, 1) and self._exact_node and attention_bias is None
+                and head_sink is None and q_norm_weight is None and query_seqlens is None):
             out = self._decode_step(query, past_key, past_value, seqlens_k,
                                     total_sequence_length, cos_cache, sin_cache, position_ids)
             if out is not None:
@@ -745,8 +745,9 @@ class GroupQueryAttention:
         little Python around compiled.gqa as it takes (the general path's checks, views and
         allocations were ~2/3 of a small model's call): the packed row copied and rotated
         (``rope_rows`` on the rotary caches' rows, their addresses held), the new key and
-        value written at position total - 1 of the past buffers, then ``attend`` over
-        ``total`` keys: the same kernels on the same operands as _decode_exact. None where
+        value written at position total - 1 of the past buffers, then attention over
+        ``total`` keys (``decode_heads``, or ``attend`` for flash decoding's split): the
+        same kernels on the same operands as _decode_exact. None where
         the call is not that case (the caller goes on to the general paths, which answer it
         as before)."""
         N, Nkv = self.N, self.Nkv
@@ -787,9 +788,16 @@ class GroupQueryAttention:
             fn.rope_rows(address(x), N + Nkv, H, cos_at, sin_at, half, int(self.interleaved), 1)
         past_key[0, :, p] = x[N:N + Nkv]
         past_value[0, :, p] = x[N + Nkv:]
-        out = _gqa.attend(x[:N].reshape(N, 1, H), past_key[0], past_value[0], p, total, alpha,
-                          self.window, fn=fn, split=N < self.threads, threads=self.threads)
-        return out.reshape(1, 1, N * H), past_key, past_value, None
+        if N < self.threads:  # flash decoding (the keys split in blocks): attend's
+            out = _gqa.attend(x[:N].reshape(N, 1, H), past_key[0], past_value[0], p, total,
+                              alpha, self.window, fn=fn, split=True, threads=self.threads)
+            return out.reshape(1, 1, N * H), past_key, past_value, None
+        out = np.empty((1, 1, N * H), np.float32)  # attend's one-token case, on addresses
+        ws = total - self.window if 0 <= self.window < total else 0
+        _gqa.decode_heads(fn, address(x), address(past_key), address(past_value), address(out),
+                          N, N // Nkv, total, H, past_key.strides[1] // 4,
+                          past_value.strides[1] // 4, alpha, ws, self.threads)
+        return out, past_key, past_value, None
 
     def _step_constants(self, W: int) -> tuple:
         """(the packed row's width W, the head size, the float32 scale, compiled.gqa's
