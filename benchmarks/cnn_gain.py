@@ -13,8 +13,6 @@ Changes (each undone when its session is created; kernels keep their choices for
   layout  Concat / Split / pools / Resize keep channels-last memory at the layout level
   shuffle grouped 1x1 convolutions on the compiled GEMM and the channel shuffle in
           channels-last memory (ShuffleNet)
-  s2d     stride-2 convolutions below 32 channels (or above 40 x 40 outputs) by
-          space-to-depth + implicit GEMM instead of im2col + BLAS
 """
 
 from __future__ import annotations
@@ -67,13 +65,6 @@ def undone(change: str):
             yield
         finally:
             conv._grouped_1x1_packable, conv.channel_shuffle, conv._LAYOUT_DEPTH = saved
-        return
-    if change == "s2d":
-        saved_strides, conv._S2D_STRIDES = conv._S2D_STRIDES, None
-        try:
-            yield
-        finally:
-            conv._S2D_STRIDES = saved_strides
         return
     name = {"nhwc": "_packable", "layout": "_follows_layout"}[change]
     old = getattr(conv, name)

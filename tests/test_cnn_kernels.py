@@ -200,32 +200,36 @@ def test_channels_last_im2col_choice():
     assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, (28, 28), **packed) == "winograd"
     assert method(256, 256, (3, 3), (1, 1), (1, 1), 1, (14, 14), **packed) == "nhwc"
     assert method(16, 16, (3, 3), (1, 1), (1, 1), 1, (80, 80), **packed) == "nhwc"
-    assert method(4, 16, (3, 3), (1, 1), (1, 1), 1, (80, 80), **packed) == "gemm"
-    # strided or dilated: explicit im2col with 32+ channels up to 40 x 40 outputs
+    assert method(4, 16, (3, 3), (1, 1), (1, 1), 1, (80, 80), **packed) == "hcw"
+    # strided and undilated: the implicit GEMM, on an (H, C, W) buffer below 8 channels
     assert method(32, 64, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "nhwc"
+    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "nhwc"
+    assert method(32, 32, (3, 3), (2, 2), (1, 1), 1, (80, 80), **packed) == "nhwc"
+    assert method(128, 128, (3, 3), (2, 2), (1, 1), 1, (28, 28), **packed) == "nhwc"
+    assert method(16, 32, (3, 1), (2, 2), (1, 1), 1, (80, 80), **packed) == "nhwc"
+    assert method(16, 32, (3, 3), (2, 1), (1, 1), 1, (80, 80), **packed) == "nhwc"
+    assert method(256, 512, (1, 1), (2, 2), (1, 1), 1, (28, 28), **packed) == "nhwc"
+    assert method(3, 16, (3, 3), (2, 2), (1, 1), 1, (160, 160), **packed) == "hcw"
+    assert method(3, 64, (7, 7), (2, 2), (1, 1), 1, (112, 112), **packed) == "hcw"  # a stem
+    # dilated: explicit im2col with 32+ channels up to 40 x 40 outputs, else BLAS
     assert method(32, 64, (3, 3), (1, 1), (2, 2), 1, (40, 40), **packed) == "nhwc"
-    # other stride-2 ones (2+ taps each way): space-to-depth + implicit GEMM
-    assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40), **packed) == "s2d"
-    assert method(32, 32, (3, 3), (2, 2), (1, 1), 1, (80, 80), **packed) == "s2d"
-    assert method(3, 16, (3, 3), (2, 2), (1, 1), 1, (160, 160), **packed) == "s2d"
-    assert method(3, 64, (7, 7), (2, 2), (1, 1), 1, (112, 112), **packed) == "gemm"  # a stem
-    assert method(16, 32, (3, 1), (2, 2), (1, 1), 1, (80, 80), **packed) == "gemm"
-    assert method(16, 32, (3, 3), (2, 1), (1, 1), 1, (80, 80), **packed) == "gemm"
     assert method(16, 32, (3, 3), (2, 2), (2, 2), 1, (80, 80), **packed) == "gemm"
     assert method(16, 32, (3, 3), (2, 2), (1, 1), 1, (40, 40)) == "gemm"  # not packed
     # no compiled GEMM, a 1x1, groups
     assert method(128, 32, (3, 3), (1, 1), (1, 1), 1, (28, 28), 1) == "shifted"
     assert method(64, 64, (1, 1), (1, 1), (1, 1), 1, (20, 20), **packed) == "gemm"
     assert method(64, 64, (3, 3), (1, 1), (1, 1), 2, (20, 20), **packed) == "gemm"
-    # sizes not known when prepared: stride 1 as any size; strided, the BLAS methods
+    # sizes not known when prepared: as any size; dilated and strided, the BLAS methods
     assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "nhwc"
     assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "winograd"
-    assert method(64, 64, (3, 3), (2, 2), (1, 1), 1, None, **packed) == "s2d"
-    assert method(64, 64, (3, 3), (3, 3), (1, 1), 1, None, **packed) == "gemm"
+    assert method(64, 64, (3, 3), (2, 2), (1, 1), 1, None, **packed) == "nhwc"
+    assert method(64, 64, (3, 3), (3, 3), (1, 1), 1, None, **packed) == "nhwc"
+    assert method(64, 64, (3, 3), (2, 2), (2, 2), 1, None, **packed) == "gemm"
 
 
-def _s2d_steps(sess) -> int:
-    return sum(getattr(s.kernel, "s2d_packed", None) is not None
+def _implicit_steps(sess) -> int:
+    return sum(getattr(s.kernel, "nhwc_packed", None) is not None or
+               getattr(s.kernel, "hcw_packed", None) is not None
                for s in sess._program.full_plan.steps)
 
 
@@ -242,25 +246,29 @@ def _s2d_steps(sess) -> int:
     (6, (2, 3), {"pads": [1, 0, 0, 2]}),
 ], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else "-".join(
     f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v))
-def test_stride_2_by_space_to_depth(C, kernel, attrs):
-    """Stride-2 convolutions below the channels-last im2col's 32 channels (the stems, YOLO's
-    16-channel layers): space-to-depth + the implicit GEMM (Conv._conv_s2d); odd sizes,
-    asymmetric and SAME pads, kernels of 2 to 7, a batch of 2; bias / none; Relu / Clip fused
-    into the GEMM or not; split over 2 threads; onnxruntime's numbers."""
+def test_strided_implicit_gemm(C, kernel, attrs):
+    """Strided undilated convolutions on the implicit GEMM, its rows of A wrapping at each
+    output row (Conv._conv_implicit; on an (H, C, W) buffer below 8 channels, channels-last
+    from 8 on): odd sizes, asymmetric and SAME pads, kernels of 2 to 7, strides 2 and 3, a
+    batch of 2; bias / none; Relu / Clip fused into the GEMM or not; split over 2 threads;
+    onnxruntime's numbers."""
     _needs_packed_gemm()
-    M = 16  # (3-channel stems take it up to 16 outputs)
-    for act, bias in [("Relu", True), (None, False), ("Clip", True)]:
-        model, feeds = conv_model((2, C, 61, 58), rand(M, C, *kernel, scale=0.2),
-                                  rand(M) if bias else None, act, strides=[2, 2], **attrs)
-        assert _s2d_steps(session(model, threads=1)) == 1
+    M = 24
+    for act, bias, s in [("Relu", True, 2), (None, False, 2), ("Clip", True, 3)]:
+        model, feeds = conv_model((2, C, 91, 88), rand(M, C, *kernel, scale=0.2),
+                                  rand(M) if bias else None, act, strides=[s, s], **attrs)
+        assert _implicit_steps(session(model, threads=1)) == 1
         check(model, feeds, threads=1)
     check(*conv_model((1, C, 63, 57), rand(M, C, *kernel, scale=0.2), rand(M), "Relu",
                       strides=[2, 2], **attrs), threads=2)
+    check(*conv_model((1, C, 30, 33), rand(M, C, *kernel, scale=0.2), rand(M), None,
+                      **attrs), threads=1)  # stride 1, each output row wrapping too
 
 
 def test_channels_last_im2col_without_a_constant_weight_or_shapes():
     """A weight fed at run time takes the BLAS methods; a symbolic image size packs the
-    weight at the first run."""
+    weight of a dilated convolution (whose method depends on the size) at the first run, an
+    undilated one's when the session is created."""
     _needs_packed_gemm()
     C, M = 40, 24
     model, feeds = conv_model((1, C, 12, 12), rand(M, C, 3, 3, scale=0.2), rand(M),
@@ -270,19 +278,21 @@ def test_channels_last_im2col_without_a_constant_weight_or_shapes():
     assert _nhwc_steps(sess) == 0
     w = rand(M, C, 3, 3, scale=0.2)
     inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(rand(M), "B")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["X", "W", "B"], ["Y"], pads=[1, 1, 1, 1], strides=[2, 2])],
-        "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, C, "h", "w"])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    blob = model.SerializeToString()
-    sess = session(blob, threads=1)
-    assert _nhwc_steps(sess) == 0  # not known yet
-    for size in [(29, 21), (40, 42)]:
-        check(blob, {"X": rand(1, C, *size)}, threads=1)
-    sess.run(None, {"X": rand(1, C, 29, 21)})
-    assert _nhwc_steps(sess) == 1
+    for attrs, known in [(dict(pads=[2, 2, 2, 2], dilations=[2, 2]), 0),
+                         (dict(pads=[1, 1, 1, 1], strides=[2, 2]), 1)]:
+        graph = helper.make_graph(
+            [helper.make_node("Conv", ["X", "W", "B"], ["Y"], **attrs)],
+            "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, C, "h", "w"])],
+            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        blob = model.SerializeToString()
+        sess = session(blob, threads=1)
+        assert _nhwc_steps(sess) == known
+        for size in [(29, 21), (40, 42)]:
+            check(blob, {"X": rand(1, C, *size)}, threads=1)
+        sess.run(None, {"X": rand(1, C, 29, 21)})
+        assert _nhwc_steps(sess) == 1
 
 
 def test_channels_last_im2col_chain_with_a_residual():

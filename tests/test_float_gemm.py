@@ -448,6 +448,35 @@ def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, bloc
         pk.run_shifted(base, rows, lda, block + 1, jump)
 
 
+@pytest.mark.parametrize("rows,wrap,lda,wstep,block,blocks,jump", [
+    (12, 4, 6, 50, 9, 3, 41), (7, 1, 3, 20, 6, 2, 14), (25, 5, 2, 30, 3, 9, 27),
+    (40, 7, 16, 300, 48, 3, 100), (6, 6, 4, 24, 12, 1, 0), (13, 2, 8, 40, 16, 2, 9),
+])
+def test_shifted_a_rows_wrap(variant, rows, wrap, lda, wstep, block, blocks, jump):
+    """With ``wrap``, row m of A starts at (m // wrap) * wstep + (m % wrap) * lda (a strided
+    convolution's output pixels, ``wrap`` of them a row): rows that wrap inside a tile (wrap
+    below and above the tile's rows, 1), both tiles, split over threads; the exact end of
+    the last row read checked."""
+    rng = np.random.default_rng(rows * wrap)
+    K, N = block * blocks, 21
+    m, k = np.arange(rows)[:, None], np.arange(K)[None, :]
+    idx = m // wrap * wstep + m % wrap * lda + k + (k // block) * jump
+    base = rng.standard_normal(int(idx.max()) + 1).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    pk = _packed(B, variant)
+    want = base[idx].astype(np.float64) @ B + bias
+    got = pk.run_shifted(base, rows, lda, block, jump, bias, wrap=wrap, wstep=wstep)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    split = pk.run_shifted(base, rows, lda, block, jump, bias, threads=3, wrap=wrap,
+                           wstep=wstep)
+    np.testing.assert_array_equal(split, got)
+    with pytest.raises(ValueError, match="past"):
+        pk.run_shifted(base[:-1].copy(), rows, lda, block, jump, wrap=wrap, wstep=wstep)
+    with pytest.raises(ValueError, match="bad shifted"):
+        pk.run_shifted(base, rows, lda, block, jump, wrap=0, wstep=wstep)
+
+
 # -- the session holds a packed weight once (issue #18) -------------------------------------------
 
 

@@ -93,7 +93,8 @@ def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str
 
 
 def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
-    """``@tile{R}``: an R x 2W tile over ``%kc`` rows of K. ``%first``: start from zero (else
+    """``@tile{R}``: an R x 2W tile over ``%kc`` rows of K, row r of A at ``%roff[r]`` floats
+    from ``%A``. ``%first``: start from zero (else
     from the partial sums stored in C); ``%last``: add the bias (``%flags`` bit 0) and the
     residual rows (bit 1), clip to ``%clip`` = (lo, hi), store. Columns past ``%ncols`` are
     masked (the panel's B columns there are zeros)."""
@@ -105,7 +106,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     iota = lambda off: "<" + ", ".join(f"i32 {i + off}" for i in range(W)) + ">"  # noqa: E731
     L = [f"define internal void @tile{R}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
          "i64 %ncols, i1 %first, i1 %last, ptr %bias, ptr %Rs, i64 %ldr, ptr %clip, "
-         "i64 %flags, i64 %blk, i64 %astep, i64 %nob) nounwind {",
+         "i64 %flags, i64 %blk, i64 %astep, i64 %nob, ptr %roff) nounwind {",
          "entry:",
          "  %full = icmp eq i64 %ncols, " + str(NR),
          "  %nc32 = trunc i64 %ncols to i32",
@@ -114,7 +115,8 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     for v in range(NV):
         L.append(f"  %mask{v} = icmp slt {VI} {iota(v * W)}, %ncv")
     for r in range(R):
-        L += [f"  %ao{r} = mul i64 {r}, %lda",
+        L += [f"  %aop{r} = getelementptr i64, ptr %roff, i64 {r}",  # (the driver's)
+              f"  %ao{r} = load i64, ptr %aop{r}, align 8",
               f"  %apb{r} = getelementptr float, ptr %A, i64 %ao{r}",
               f"  %co{r} = mul i64 {r}, %ldc"]
         for v in range(NV):
@@ -284,10 +286,32 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
 # plain A; ``blk`` 0: no such sub-blocks. ``kcb`` is then a multiple of ``blk``.
 # ``snp, sa, sc, sN``: a grouped product's sets of panels, ``snp`` panels per set (all of them
 # for one product); set s reads A from column s * sa, writes C, the bias and R from column
-# s * sc on, sN columns)
+# s * sc on, sN columns; ``wrap, wstep``: row m of A starts at (m // wrap) * wstep +
+# (m % wrap) * lda, a strided convolution's output rows of ``wrap`` pixels, 2**62 and 0 for a
+# plain A)
 PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
-          "ncb", "ajump", "blk", "snp", "sa", "sc", "sN", "m0", "m1", "p0", "p1")
+          "ncb", "ajump", "blk", "snp", "sa", "sc", "sN", "wrap", "wstep", "m0", "m1", "p0", "p1")
 _POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
+
+
+def _row_offsets(MR: int) -> list[str]:
+    """``%roff[r]``, r = 1..MR-1: row m + r's start in A less row m's (``%am``), rows wrapping
+    to the next output row (``%wstep`` on) after ``%wrap`` pixels; no division per row."""
+    L = []
+    for r in range(1, MR):
+        p = r - 1
+        L += [f"  %mr{r}a = add i64 %mr{p}, 1",
+              f"  %mw{r} = icmp eq i64 %mr{r}a, %wrap",
+              f"  %mr{r} = select i1 %mw{r}, i64 0, i64 %mr{r}a",
+              f"  %mwi{r} = zext i1 %mw{r} to i64",
+              f"  %mq{r} = add i64 %mq{p}, %mwi{r}",
+              f"  %aq{r} = mul i64 %mq{r}, %wstep",
+              f"  %ar{r} = mul i64 %mr{r}, %lda",
+              f"  %aa{r} = add i64 %aq{r}, %ar{r}",
+              f"  %ad{r} = sub i64 %aa{r}, %am",
+              f"  %rop{r} = getelementptr i64, ptr %roff, i64 {r}",
+              f"  store i64 %ad{r}, ptr %rop{r}, align 8"]
+    return L
 
 
 def _driver(W: int, MR: int, NV: int) -> list[str]:
@@ -298,9 +322,10 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     NR = NV * W
     args = "ptr %At, i64 %lda, ptr %Bt, i64 %kc, ptr %Ct, i64 %ldc, i64 %nc, i1 %first, " \
         "i1 %last, ptr %bt, ptr %Rt, i64 %ldr, ptr %clip, i64 %flags, i64 %tblk, i64 %astep, " \
-        "i64 %nob"
+        "i64 %nob, ptr %roff"
     L = ["define void @sgemm(ptr %args) nounwind {",
-         "entry:"]
+         "entry:",
+         f"  %roff = alloca [{MR} x i64], align 8"]
     for i, name in enumerate(PARAMS):  # one pointer argument: a ctypes call costs per argument
         L += [f"  %{name}.p = getelementptr i64, ptr %args, i64 {i}",
               f"  %{name}.i = load i64, ptr %{name}.p, align 8"]
@@ -339,7 +364,14 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %mleft = sub i64 %m1, %m",
          f"  %mfit = icmp slt i64 %mleft, {MR}",
          f"  %rows = select i1 %mfit, i64 %mleft, i64 {MR}",
-         "  %am = mul i64 %m, %lda",
+         "  %mq0 = udiv i64 %m, %wrap",  # (once per strip: the rows' offsets below)
+         "  %mqw = mul i64 %mq0, %wrap",
+         "  %mr0 = sub i64 %m, %mqw",
+         "  %amq = mul i64 %mq0, %wstep",
+         "  %amr = mul i64 %mr0, %lda",
+         "  %am = add i64 %amq, %amr",
+         "  store i64 0, ptr %roff, align 8",
+         *_row_offsets(MR),
          "  %ak0 = add i64 %am, %k0",
          "  %ak = add i64 %ak0, %kjump",
          "  %At0 = getelementptr float, ptr %A, i64 %ak",
@@ -502,6 +534,10 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
     return panels
 
 
+_NO_CLIP = np.array((-np.inf, np.inf), np.float32)
+_NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
+
+
 class PackedMatrix:
     """A constant (K, N) float32 matrix packed once into the panels of the selected target's
     tile: (N/NR panels, K, NR) floats, 64-byte aligned, the last panel's missing columns zero.
@@ -611,20 +647,29 @@ class PackedMatrix:
 
     def run_shifted(self, base: np.ndarray, rows: int, lda: int, block: int, jump: int,
                     bias: np.ndarray | None = None, bounds=None, threads: int = 1,
-                    out: np.ndarray | None = None) -> np.ndarray:
+                    out: np.ndarray | None = None, wrap: int | None = None,
+                    wstep: int = 0) -> np.ndarray:
         """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array (or into ``out``, a
         C-contiguous one: a caller's scratch buffer, no fresh pages per call), where A's element
-        (m, k) is ``base[m * lda + k + (k // block) * jump]`` (``base``: contiguous float32,
-        read in place): a stride-1 convolution on its zero-padded channels-last input, rows of
-        A the pixels (lda = C), a K block a row of taps (block = kw * C, jump = the padded row
-        minus the block). Raises ValueError where A would reach outside ``base``."""
+        (m, k) is ``base[start(m) + k + (k // block) * jump]`` (``base``: contiguous float32,
+        read in place), start(m) = m * lda, or with ``wrap``, (m // wrap) * wstep + (m % wrap)
+        * lda: a convolution on its zero-padded input, rows of A the output pixels (wrap of
+        them a row, lda = the stride times C channels-last, wstep = the vertical stride times
+        the padded row), a K block a row of taps (block = kw * C, jump = the padded row minus
+        the block). Raises ValueError where A would reach outside ``base``."""
         K, N = self.K, self.N
         if base.dtype != np.float32 or not base.flags.c_contiguous:
             raise TypeError("float GEMM: the shifted A must be contiguous float32")
-        if rows <= 0 or lda <= 0 or block <= 0 or jump < 0 or K % block:
+        if rows <= 0 or lda <= 0 or block <= 0 or jump < 0 or K % block or \
+                (wrap is not None and (wrap <= 0 or wstep < 0)):
             raise ValueError(f"float GEMM: bad shifted A (rows {rows}, lda {lda}, block "
-                             f"{block}, K {K})")
-        if (rows - 1) * lda + K + (K // block - 1) * jump > base.size:
+                             f"{block}, K {K}, wrap {wrap})")
+        if wrap is None:
+            wrap, wstep, last = _NO_WRAP, 0, (rows - 1) * lda
+        else:
+            q, r = divmod(rows - 1, wrap)  # the last row, or the row before it wrapped
+            last = max(q * wstep + r * lda, (q - 1) * wstep + (wrap - 1) * lda if q else 0)
+        if last + K + (K // block - 1) * jump > base.size:
             raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
         if out is None:
             out = np.empty((rows, N), np.float32)
@@ -641,11 +686,12 @@ class PackedMatrix:
         # taps made 3 passes over C for a 3x3 kernel, of 48 rows of K at 16 channels)
         kcb = max(1, KC // block) * block
         return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
-                            flags, kcb, jump, threads, blk=block)
+                            flags, kcb, jump, threads, blk=block, wrap=wrap, wstep=wstep)
 
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
-                sets: int = 1, blk: int = 0) -> np.ndarray:
+                sets: int = 1, blk: int = 0, wrap: int = _NO_WRAP,
+                wstep: int = 0) -> np.ndarray:
         """One call of the kernel (or one per thread): ``sets`` products of this matrix's
         shape whose panels follow each other in memory (PackedGroups), set s reading A
         from column s * K and writing out's columns from s * N."""
@@ -654,7 +700,7 @@ class PackedMatrix:
         snp = -(-N // self.NR)
         npan = sets * snp
         head = [a_ptr, lda, self._ptr, K, address(out), out.strides[0] // 4, N, b_ptr, r_ptr,
-                ldr, address(clip), flags, kcb, self._ncb, ajump, blk, snp, K, N, N]
+                ldr, address(clip), flags, kcb, self._ncb, ajump, blk, snp, K, N, N, wrap, wstep]
         MR = self.MR
         ranges = [(0, M, 0, npan)]
         if threads > 1 and M * npan > MR:
@@ -688,7 +734,7 @@ class PackedMatrix:
         snp = -(-N // self.NR)
         return np.array([address(A), A.strides[0] // 4, self._ptr, K, address(out), N, N,
                          self._zeros_ptr, self._zeros_ptr, 0, address(_NO_CLIP), 0, KC,
-                         self._ncb, 0, 0, snp, K, N, N, 0, M, 0, snp], np.int64)
+                         self._ncb, 0, 0, snp, K, N, N, _NO_WRAP, 0, 0, M, 0, snp], np.int64)
 
 
 def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
@@ -709,7 +755,6 @@ def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
         spin.run_blocks(packed[0]._fn, np.stack(blocks), threads)
 
 
-_NO_CLIP = np.array((-np.inf, np.inf), np.float32)
 
 
 class PackedGroups:

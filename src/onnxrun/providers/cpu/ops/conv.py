@@ -455,13 +455,10 @@ _WINOGRAD_THREADED_MACS = 1 << 24
 # x 56 to 224 x 224), but 1.2-1.7x with 128 and 256: Winograd keeps those. Strided, explicit
 # im2col: 0.7-0.95x with 32+ channels up to 40 x 40 outputs; slower with fewer channels (each
 # tap's copy moves runs of C floats) and on larger images (the column matrix outgrows caches).
+# Session 9: strided undilated layers take the implicit GEMM too (rows of A wrapping at each
+# output row: no column matrix, no space-to-depth), 0.6-0.8x the time of space-to-depth and
+# im2col on YOLO's stride-2 layers (docs/PERFORMANCE.md); below 8 channels on (H, C, W).
 _NHWC_IMPLICIT_CHANNELS = 8
-# Strided layers the channels-last im2col does not take: space-to-depth + implicit GEMM
-# (Conv._conv_s2d); None: im2col + BLAS as before (benchmarks/cnn_gain.py --changes s2d)
-_S2D_STRIDES = (2, 2)
-# (a 1-wide kernel would multiply 2-4x as many zeros; 3-channel stems gain only with few
-# outputs: 3 -> 16 at 320 x 320 0.68x, 3 -> 24 and 3 -> 64 at 224 x 224 1.09x and 1.14x)
-_S2D_STEM_OUT = 16
 _NHWC_IM2COL_CHANNELS = 32
 _NHWC_IM2COL_PIXELS = 40 * 40
 
@@ -863,7 +860,7 @@ def _conv_kind(node, threads: int) -> str:
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
                            outs, method_threads(threads, compute_dtype(W.dtype)),
                            _packable(W.dtype))
-    if method == "s2d":  # an implicit GEMM on a copy of the input, as "nhwc"
+    if method == "hcw":  # an implicit GEMM on a copy of the input, as "nhwc"
         return "nhwc"
     return method if method in ("winograd", "nhwc") else "other"
 
@@ -1075,9 +1072,10 @@ def _gemm_1x1(X: np.ndarray, Wm: np.ndarray, WmT: np.ndarray | None,
 def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
                   threads: int = 1, packed: bool = False) -> str:
     """Which kernel computes a non-depthwise convolution, by measurement on 2-D CNN layers:
-    with the compiled float32 GEMM (``packed``), channels-last implicit GEMM for stride 1
-    (bar Winograd's layers of 128+ channels) and channels-last im2col for small strided
-    ones ("nhwc"), other stride-2 ones by space-to-depth + implicit GEMM ("s2d"); Winograd
+    with the compiled float32 GEMM (``packed``), the implicit GEMM for every undilated
+    convolution (Conv._conv_implicit: "nhwc" channels-last, "hcw" on an (H, C, W) buffer
+    below 8 channels) bar Winograd's stride-1 layers of 128+ channels, channels-last im2col
+    for small dilated ones ("nhwc"); Winograd
     where the GEMM dominates (many channels in and out, enough 2x2 tiles for the 16 GEMMs to
     be efficient, and with several BLAS threads only GEMMs large enough to share: the
     transforms run on one), per-tap GEMMs where im2col would copy more than the output it
@@ -1087,15 +1085,14 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
     classic = _blas_method(C, M, kernel, strides, dilations, outs, threads)
     if packed and (outs is None or C * math.prod(kernel) * math.prod(outs) > _SMALL_CONV):
         # (smaller ones, at batch 1, take the gather path: one np.take, one GEMM)
-        if all(s == 1 for s in strides) and all(d == 1 for d in dilations):
-            if C >= _NHWC_IMPLICIT_CHANNELS and (classic != "winograd" or min(C, M) < 128):
+        if all(d == 1 for d in dilations):
+            if C < _NHWC_IMPLICIT_CHANNELS:  # stems: on an (H, C, W) buffer
+                return "hcw"
+            if any(s != 1 for s in strides) or classic != "winograd" or min(C, M) < 128:
                 return "nhwc"
         elif C >= _NHWC_IM2COL_CHANNELS and outs is not None and \
                 outs[0] * outs[1] <= _NHWC_IM2COL_PIXELS:
             return "nhwc"
-        elif tuple(strides) == _S2D_STRIDES and all(d == 1 for d in dilations) and \
-                min(kernel) >= 2 and (C >= _NHWC_IMPLICIT_CHANNELS or M <= _S2D_STEM_OUT):
-            return "s2d"  # (Conv._conv_s2d: where im2col + BLAS ran them)
     return classic
 
 
@@ -1154,8 +1151,8 @@ class Conv(_ConvBase):
         self.winograd_packed = None  # Winograd's 16 GEMM operands in the compiled GEMM's panels
         self.gemm_t_packed = None  # "gemm_t" in the compiled GEMM's panels
         self.group_packed = None  # a grouped 1x1's (C/g, M/g) per group, in those panels
-        self.s2d_packed = None  # a stride-2 convolution's weight for _conv_s2d, in them
         self.nhwc_packed = None  # (kh * kw * C, M) in the compiled GEMM's panels (_conv_nhwc)
+        self.hcw_packed = None  # (kh * C * kw, M) in them (_conv_implicit on (H, C, W))
         self.packable = False  # a constant float32 W, the compiled GEMM here
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
@@ -1202,8 +1199,8 @@ class Conv(_ConvBase):
             if self.nhwc_packed is not None and W.dtype == np.float32:
                 self.prepacked_inputs = (1,)
             return
-        if method == "s2d":
-            self.s2d_packed = self._s2d_weights(W)
+        if method == "hcw":
+            self.hcw_packed = self._hcw_weights(W)
             return
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
@@ -1243,7 +1240,7 @@ class Conv(_ConvBase):
         depthwise kernels). The session weighs these (BLAS's thread count)."""
         if self.winograd_packed is not None or self.gemm_t_packed is not None or \
                 self.nhwc_packed is not None or self.group_packed is not None or \
-                self.s2d_packed is not None:
+                self.hcw_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -1281,6 +1278,13 @@ class Conv(_ConvBase):
 
         # (kh, kw, C, M): the rows in that order, copied once, straight into the panels
         return pack_rows(W.transpose(2, 3, 1, 0).astype(np.float32, copy=False))
+
+    def _hcw_weights(self, W: np.ndarray):
+        """W (M, C, kh, kw) as the (kh * C * kw, M) right operand of the implicit GEMM on an
+        (H, C, W) buffer (_conv_implicit with hcw), in the compiled GEMM's panels."""
+        from ..compiled.float_gemm import pack_rows
+
+        return pack_rows(W.transpose(2, 1, 3, 0).astype(np.float32, copy=False))
 
     def _depthwise_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (K, C, 1, ..., 1): one per-channel multiplier per kernel offset
@@ -1354,11 +1358,12 @@ class Conv(_ConvBase):
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
                                    self.method_threads)
-        if method == "s2d":
-            if self.s2d_packed is None:  # shapes not known when prepared: packed once, here
-                self.s2d_packed = self._s2d_weights(self._weight(W))
-            if self.s2d_packed is not None:
-                Y = self._conv_s2d(X, b, Z, act, heads, outs, kernel)
+        if method == "hcw":
+            if self.hcw_packed is None:  # shapes not known when prepared: packed once, here
+                self.hcw_packed = self._hcw_weights(self._weight(W))
+            if self.hcw_packed is not None:
+                Y = self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides,
+                                        self.hcw_packed, True)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1452,28 +1457,16 @@ class Conv(_ConvBase):
         """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
         NHWC scratch buffer, one GEMM (pixels x taps*C) @ the packed weight with the bias and
         a Relu / Clip fused; the output channels-last (copied out to NCHW unless it stays so:
-        channels_last_output). Stride 1: the GEMM reads the taps in place (implicit GEMM: on
-        the padded width, pixel q's row of taps i is the kw*C floats from (q + i*Wp)*C; the
-        outputs at the Wp - Wo extra columns of each row are computed and dropped); otherwise
-        each tap's strided window is copied into a column matrix as runs of C floats."""
+        channels_last_output). Undilated: the implicit GEMM (_conv_implicit); dilated, each
+        tap's strided window is copied into a column matrix as runs of C floats."""
         N, C = X.shape[:2]
         (kh, kw), (Ho, Wo), (sh, sw), (dh, dw) = kernel, outs, strides, dilations
         Hp, Wp = (Ho - 1) * sh + (kh - 1) * dh + 1, (Wo - 1) * sw + (kw - 1) * dw + 1
         pk = self.nhwc_packed
         bounds = getattr(act, "bounds", None)
         fused = bounds is not None and Z is None
-        if strides == (1, 1) and dilations == (1, 1):
-            size = N * Hp * Wp * C
-            flat = scratch("conv_nhwc_pad", (size + (kw - 1) * C,), np.float32)
-            flat[size:] = 0  # the last rows' dropped columns read this far
-            P = flat[:size].reshape(N, Hp, Wp, C)
-            _pad_into(P.transpose(0, 3, 1, 2), X, heads)
-            rows = ((N - 1) * Hp + Ho) * Wp  # image n's pixels start at row n * Hp * Wp
-            Y = pk.run_shifted(flat, rows, C, kw * C, Wp * C - kw * C,
-                               None if b is None else b.reshape(-1),
-                               bounds=bounds if fused else None, threads=self.threads,
-                               out=scratch("conv_nhwc_wide", (rows, pk.N), np.float32))
-            return self._wide_rows_out(Y, N, Hp, Wp, outs, Z, act, fused)
+        if dilations == (1, 1):
+            return self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides, pk, False)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
         else:
@@ -1493,70 +1486,41 @@ class Conv(_ConvBase):
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
 
-    def _wide_rows_out(self, Y, N, Hp, Wp, outs, Z, act, fused):
-        """The (rows, M) result of an implicit GEMM on a padded grid (image n's pixels from
-        row n * Hp * Wp, output rows Wp wide; a scratch buffer, reused: a fresh one cost its
-        page faults at every call, ~1 ms for a 3 MB stem output): its Wo columns of each row
-        copied out channels-last, Z and an unfused activation applied."""
-        (Ho, Wo), M = outs, Y.shape[1]
-        if N == 1:
-            full = Y.reshape(Ho, Wp, M)[None]
-        else:
-            full = np.lib.stride_tricks.as_strided(
-                Y, (N, Ho, Wp, M), (Hp * Wp * M * 4, Wp * M * 4, M * 4, 4), writeable=False)
-        Y = np.empty((N, Ho, Wo, M), np.float32)
-        np.copyto(Y, full[:, :, :Wo])
-        Y = Y.transpose(0, 3, 1, 2)
+    def _conv_implicit(self, X, b, Z, act, heads, outs, kernel, strides, pk, hcw: bool):
+        """An undilated convolution as an implicit GEMM on the compiled kernel: the input
+        copied once into a zero-padded scratch buffer, the GEMM's row of A for output pixel
+        (oh, ow) read in place from (oh * sh, ow * sw) on (rows of ``Wo`` pixels: run_shifted's
+        wrap), a K block a row of taps; the bias and a Relu / Clip fused, the output written
+        once, channels-last (copied out to NCHW unless it stays so). The buffer is NHWC (a
+        row of taps kw * C floats), or with ``hcw`` (H, C, W) (a row of taps kw floats per
+        channel, Wp apart: few-channel stems, whose NCHW input copies into it by rows, where
+        a channels-last copy moved 3 floats at a time: 254 against 27 us at 224 x 224)."""
+        N, C = X.shape[:2]
+        (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
+        Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
+        bounds = getattr(act, "bounds", None)
+        fused = bounds is not None and Z is None
+        if hcw:  # K in (kh, C, kw) order: _hcw_weights
+            P = scratch("conv_nhwc_pad", (N, Hp, C, Wp), np.float32)
+            _pad_into(P.transpose(0, 2, 1, 3), X, heads)
+            lda, block, jump, wstep = sw, kw, Wp - kw, sh * C * Wp
+        else:  # K in (kh, kw, C) order: _nhwc_weights
+            P = scratch("conv_nhwc_pad", (N, Hp, Wp, C), np.float32)
+            _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+            lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
+        flat = P.reshape(N, -1)
+        Y = np.empty((N, Ho * Wo, pk.N), np.float32)
+        bias = None if b is None else b.reshape(-1)
+        for n in range(N):
+            pk.run_shifted(flat[n], Ho * Wo, lda, block, jump, bias,
+                           bounds=bounds if fused else None, threads=self.threads, out=Y[n],
+                           wrap=Wo, wstep=wstep)
+        Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
         if act is not None and not fused:
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
-
-    def _conv_s2d(self, X, b, Z, act, heads, outs, kernel):
-        """A stride-2 convolution as a stride-1 one on the space-to-depth input: each 2 x 2
-        block of padded pixels one pixel of 4 * C channels ((N, Hq, Wq, 2, 2, C), filled by
-        four strided copies), the kernel ceil(k/2) x ceil(k/2) over it (the weight's missing
-        taps zero: _s2d_weights), then the implicit GEMM of the stride-1 path (a row of taps
-        in place: ceil(kw/2) * 4C floats). 3x3: 16/9 of im2col's products at the compiled
-        GEMM's speed, where im2col + BLAS ran the stems and the 16-channel stride-2 layers at
-        4-9 GFLOP/s (YOLO-style: 3 -> 16 at 320 x 320, 16 -> 32 at 160 x 160)."""
-        N, C, H, Wd = X.shape
-        (kh, kw), (Ho, Wo) = kernel, outs
-        qh, qw = -(-kh // 2), -(-kw // 2)
-        Hq, Wq = Ho + qh - 1, Wo + qw - 1
-        size = N * Hq * Wq * 4 * C
-        flat = scratch("conv_nhwc_pad", (size + (qw - 1) * 4 * C,), np.float32)
-        flat[size:] = 0  # the last rows' dropped columns read this far
-        S = flat[:size].reshape(N, Hq, Wq, 2, 2, C)
-        for a in range(2):
-            x0 = (a - heads[0]) % 2  # the first input row of padded-row parity a
-            for c in range(2):
-                y0 = (c - heads[1]) % 2
-                _pad_into(S[:, :, :, a, c].transpose(0, 3, 1, 2), X[:, :, x0::2, y0::2],
-                          ((x0 + heads[0] - a) // 2, (y0 + heads[1] - c) // 2))
-        pk = self.s2d_packed
-        bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
-        rows = ((N - 1) * Hq + Ho) * Wq
-        Y = pk.run_shifted(flat, rows, 4 * C, qw * 4 * C, (Wq - qw) * 4 * C,
-                           None if b is None else b.reshape(-1),
-                           bounds=bounds if fused else None, threads=self.threads,
-                           out=scratch("conv_nhwc_wide", (rows, pk.N), np.float32))
-        return self._wide_rows_out(Y, N, Hq, Wq, outs, Z, act, fused)
-
-    def _s2d_weights(self, W: np.ndarray):
-        """W (M, C, kh, kw) as _conv_s2d's (qh * qw * 4C, M) operand, rows in the order (row
-        of 2 x 2 blocks, block column, row in block, column in block, channel), taps past the
-        kernel zero; in the compiled GEMM's panels."""
-        from ..compiled.float_gemm import pack
-
-        M, C, kh, kw = W.shape
-        qh, qw = -(-kh // 2), -(-kw // 2)
-        Wz = np.zeros((M, C, 2 * qh, 2 * qw), np.float32)
-        Wz[:, :, :kh, :kw] = W
-        return pack(np.ascontiguousarray(
-            Wz.reshape(M, C, qh, 2, qw, 2).transpose(2, 4, 3, 5, 1, 0).reshape(-1, M)))
 
     def _gemm_1x1_compiled(self, X, b, Z, act):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
