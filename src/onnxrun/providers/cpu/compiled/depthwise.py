@@ -25,17 +25,20 @@ from .jit import address
 from .layout import aligned_zeros
 
 REQUIRES = ()  # generic vector IR: every target
+_NEG_INF = "<" + ", ".join(["float 0xFFF0000000000000"] * 16) + ">"
 MAX_TAPS = 49  # unrolled up to 7x7; larger windows keep the numpy path
 _V, _VF = ir.V, ir.VF
 
 
 def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
-            masked: bool = True) -> list[str]:
+            masked: bool = True, op: str = "fma") -> list[str]:
     """The loop over output pixels [lo, hi) of a row and 16-channel chunk, labelled ``tag``:
     the taps' sum, bias, clip, store. ``checked``: columns at the image's left or right edge,
     each tap's lanes masked off where its column is outside the image (the rows' masks
     %mr{i} already are). ``masked`` False: a whole chunk with every tap row inside the image,
-    read and written by plain loads and stores (masked ones cost more, most on AVX2)."""
+    read and written by plain loads and stores (masked ones cost more, most on AVX2).
+    ``op`` "max" / "avg" (compiled/pool.py): the taps' maximum (NaN kept, as numpy's; taps
+    outside the image read -inf) or their sum times ``%W[%sr + ow]``, stored as they are."""
     t = f"%{tag}"
     L = [f"  {t}.any = icmp slt i64 {lo}, {hi}",
          f"  br i1 {t}.any, label {t}.loop, label {t}.done",
@@ -52,6 +55,7 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
             L += [f"  {t}.cj{j} = add i64 {t}.c, %cd{j}",
                   f"  {t}.cv{j} = icmp ult i64 {t}.cj{j}, %Wd"]
     prev = f"{_VF} zeroinitializer"
+    fill = _NEG_INF if op == "max" else "zeroinitializer"  # what a tap outside reads
     for i in range(kh):
         for j in range(kw):
             k = i * kw + j
@@ -60,14 +64,42 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
                 mask = f"{t}.m{k}"
                 L.append(f"  {mask} = select i1 {t}.cv{j}, <16 x i1> %mr{i}, "
                          "<16 x i1> zeroinitializer")
+            x = f"{t}.x{k}"
             L += [f"  {t}.xa{k} = add i64 {t}.xb, %off{k}",
                   f"  {t}.xp{k} = getelementptr float, ptr %X, i64 {t}.xa{k}",
-                  f"  {t}.x{k} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {t}.xp{k}, i32 4, "
-                  f"<16 x i1> {mask}, {_VF} zeroinitializer)" if masked else
-                  f"  {t}.x{k} = load {_VF}, ptr {t}.xp{k}, align 4",
-                  f"  {t}.a{k} = call {_VF} @llvm.fma.v16f32({_VF} {t}.x{k}, {_VF} %w{k}, "
-                  f"{prev})"]
+                  f"  {x} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {t}.xp{k}, i32 4, "
+                  f"<16 x i1> {mask}, {_VF} {fill})" if masked else
+                  f"  {x} = load {_VF}, ptr {t}.xp{k}, align 4"]
+            if op == "fma":
+                L.append(f"  {t}.a{k} = call {_VF} @llvm.fma.v16f32({_VF} {x}, {_VF} %w{k}, "
+                         f"{prev})")
+            elif k == 0:
+                prev = f"{_VF} {x}"
+                continue
+            elif op == "avg":
+                L.append(f"  {t}.a{k} = fadd {prev}, {x}")
+            else:  # numpy's maximum: a NaN on either side wins
+                L += [f"  {t}.g{k} = fcmp ogt {_VF} {x}, {prev[len(_VF) + 1:]}",
+                      f"  {t}.b{k} = select <16 x i1> {t}.g{k}, {_VF} {x}, {prev}",
+                      f"  {t}.n{k} = fcmp uno {_VF} {x}, zeroinitializer",
+                      f"  {t}.a{k} = select <16 x i1> {t}.n{k}, {_VF} {x}, {_VF} {t}.b{k}"]
             prev = f"{_VF} {t}.a{k}"
+    if op != "fma":
+        if op == "avg":  # times the pixel's 1 / count
+            L += [f"  {t}.si = add i64 %sr, {t}.ow",
+                  f"  {t}.sp = getelementptr float, ptr %W, i64 {t}.si",
+                  f"  {t}.sf = load float, ptr {t}.sp, align 4",
+                  *ir.splat(f"{t}.sv", f"{t}.sf"),
+                  f"  {t}.o = fmul {prev}, {t}.sv"]
+            prev = f"{_VF} {t}.o"
+        L += [f"  {t}.yp = getelementptr float, ptr %Y, i64 {t}.ya",
+              f"  call void @llvm.masked.store.v16f32.p0({prev}, ptr {t}.yp, i32 4, "
+              "<16 x i1> %mask)" if masked else f"  store {prev}, ptr {t}.yp, align 4",
+              f"  {t}.own = add i64 {t}.ow, 1",
+              f"  {t}.more = icmp slt i64 {t}.own, {hi}",
+              f"  br i1 {t}.more, label {t}.loop, label {t}.done",
+              f"{tag}.done:"]
+        return L
     L += [f"  {t}.s = fadd {prev}, %bv",
           # numpy's clip: NaN stays NaN
           f"  {t}.lt = fcmp olt {_VF} {t}.s, %lo",
@@ -84,19 +116,22 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
     return L
 
 
-def _kernel(kh: int, kw: int) -> str:
+def _kernel(kh: int, kw: int, op: str = "fma") -> str:
     """``@dw_f32``: rows [r0, r1) of output pixels (n, oh) of the unpadded channels-last input
     (N, H, Wd, C); per row and 16-channel chunk (the last masked) the taps' weights stay in
     registers while the row's pixels stream past them. Padding is never materialized: a tap
     row outside the image has its lanes masked off for the whole row, and the output columns
     [0, ow_lo) and [ow_hi, Wo), whose windows cross the left or right edge, check each tap's
-    column. ``%bounds`` = (lo, hi); strides in elements."""
+    column. ``%bounds`` = (lo, hi); strides in elements. ``op`` "max" / "avg": ``@pool_f32``
+    of the same parameters, the window's maximum or sum (_pixels), ``%W`` the pixels' 1 /
+    count (avg), ``%bias`` and ``%bounds`` unread."""
     T = kh * kw
-    L = ["define void @dw_f32(ptr %X, ptr %W, ptr %bias, ptr %bounds, ptr %Y, i64 %C, "
+    L = [f"define void @{'dw' if op == 'fma' else 'pool'}_f32(ptr %X, ptr %W, ptr %bias, "
+         "ptr %bounds, ptr %Y, i64 %C, "
          "i64 %Cp, i64 %H, i64 %Wd, i64 %Ho, i64 %Wo, i64 %sh, i64 %sw, i64 %dh, i64 %dw, "
          "i64 %pt, i64 %pl, i64 %ow_lo, i64 %ow_hi, i64 %r0, i64 %r1) nounwind {",
          "entry:",
-         *ir.load_params("%bounds", ("lo", "hi")),
+         *(ir.load_params("%bounds", ("lo", "hi")) if op == "fma" else []),
          "  %rowc = mul i64 %Wd, %C",
          "  %img = mul i64 %H, %rowc",
          "  %swc = mul i64 %sw, %C"]
@@ -122,6 +157,7 @@ def _kernel(kh: int, kw: int) -> str:
           "  %inc = mul i64 %pl, %C",
           "  %in1 = add i64 %ina, %inb",
           "  %in0 = sub i64 %in1, %inc",  # pixel ow's window starts at in0 + ow * swc
+          "  %sr = mul i64 %oh, %Wo",
           "  %outa = mul i64 %r, %Wo",
           "  %out0 = mul i64 %outa, %C"]
     for i in range(kh):
@@ -131,29 +167,31 @@ def _kernel(kh: int, kw: int) -> str:
           "cloop:",
           "  %c0 = phi i64 [0, %rloop], [%c0n, %right.done]",
           "  %left = sub i64 %C, %c0",
-          *ir.lane_mask("%mask", "%left"),
-          "  %bp = getelementptr float, ptr %bias, i64 %c0",
-          f"  %bv = load {_VF}, ptr %bp, align 4"]
+          *ir.lane_mask("%mask", "%left")]
+    if op == "fma":
+        L += ["  %bp = getelementptr float, ptr %bias, i64 %c0",
+              f"  %bv = load {_VF}, ptr %bp, align 4"]
     L.append("  %fast0 = icmp sge i64 %left, 16")
     for i in range(kh):
         L += [f"  %mr{i} = select i1 %rv{i}, <16 x i1> %mask, <16 x i1> zeroinitializer",
               f"  %fast{i + 1} = and i1 %fast{i}, %rv{i}"]
     L.append(f"  %fast = or i1 %fast{kh}, false")
-    L += ir.tap_weights(T, align=64)
+    if op == "fma":
+        L += ir.tap_weights(T, align=64)
     L += ["  %xc = add i64 %in0, %c0",
           "  %yc = add i64 %out0, %c0",
           "  br label %left.pre",
           "left.pre:",
-          *_pixels("left", kh, kw, "0", "%ow_lo", True),
+          *_pixels("left", kh, kw, "0", "%ow_lo", True, op=op),
           "  br i1 %fast, label %fmid.pre, label %mid.pre",
           "fmid.pre:",
-          *_pixels("fmid", kh, kw, "%ow_lo", "%ow_hi", False, masked=False),
+          *_pixels("fmid", kh, kw, "%ow_lo", "%ow_hi", False, masked=False, op=op),
           "  br label %right.pre",
           "mid.pre:",
-          *_pixels("mid", kh, kw, "%ow_lo", "%ow_hi", False),
+          *_pixels("mid", kh, kw, "%ow_lo", "%ow_hi", False, op=op),
           "  br label %right.pre",
           "right.pre:",
-          *_pixels("right", kh, kw, "%ow_hi", "%Wo", True),
+          *_pixels("right", kh, kw, "%ow_hi", "%Wo", True, op=op),
           *ir.chunk_and_row_loop_end()]
     return "\n".join(L)
 

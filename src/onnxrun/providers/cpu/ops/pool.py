@@ -55,6 +55,25 @@ class _Pool:
     def taps(self, outs):
         return window_slices(outs, self.kernel, self.strides, self.dilations)
 
+    def compiled(self, X: np.ndarray, op: str, heads, outs, scale=None) -> np.ndarray | None:
+        """The compiled pool (compiled/pool.py) of a channels-last 2-D float32 X whose layout
+        passes on, or None where it does not run (the numpy path then)."""
+        if not (self.keep_layout and X.ndim == 4 and X.dtype == np.float32 and
+                channels_inner(X) and X.shape[1] > 0):
+            return None
+        from ..compiled import jit, pool
+
+        if not 0 < math.prod(self.kernel) <= pool.MAX_TAPS:
+            return None
+        if op == "avg" and not isinstance(scale, np.ndarray):
+            scale = np.full(outs, scale, np.float32)
+        try:
+            Y = pool.pool(X.transpose(0, 2, 3, 1), op, self.kernel, heads, outs, self.strides,
+                          self.dilations, scale, self.threads)
+        except jit.Unavailable:
+            return None
+        return Y.transpose(0, 3, 1, 2)
+
     def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc, scale=None) -> np.ndarray:
         """``ufunc`` (np.maximum, np.add) over each window, times ``scale`` when given, in a
         fresh C-contiguous array; padding counts as ``fill``, the identity of ``ufunc`` (or,
@@ -203,7 +222,8 @@ class MaxPool(_Pool):
         heads, _, outs = self.geometry(X)
         fill = _lowest(X.dtype)
         if not self.want_indices:
-            return self.reduce_windows(X, heads, outs, fill, np.maximum)
+            Y = self.compiled(X, "max", heads, outs)
+            return Y if Y is not None else self.reduce_windows(X, heads, outs, fill, np.maximum)
         Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         return self._with_indices(X, Xp, heads, outs)
 
@@ -256,6 +276,9 @@ class AveragePool(_Pool):
         counts = self.counts(X.shape[2:], heads, tails, outs, self.include_pad)
         scale = cdt.type(1.0 / int(np.prod(self.kernel))) if counts is None else \
             1 / counts.astype(cdt)
+        Y = self.compiled(X, "avg", heads, outs, scale)
+        if Y is not None:
+            return Y
         Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, scale=scale)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 

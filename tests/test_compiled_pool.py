@@ -1,0 +1,140 @@
+"""The compiled channels-last MaxPool / AveragePool (compiled/pool.py) against onnxruntime and
+the numpy path: pads, strides, dilations, ceil_mode, count_include_pad, channel counts off the
+16-lane chunks, a batch of 2, 2 threads, NaN and infinities; the AVX2 code (every target
+builds it: tests/test_compiled_targets.py, the bundle). In a session it runs where the layout
+passes channels-last memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxrun
+from onnxrun.providers.cpu import compiled
+from onnxrun.providers.cpu.compiled import jit
+from onnxrun.providers.cpu.compiled import pool as cpool
+from onnxrun.providers.cpu.ops import pool as pool_ops
+from onnxrun.providers.cpu.ops.conv import window_geometry
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("llvmlite")
+
+CASES = [  # kernel, attrs
+    ((3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((3, 3), dict(strides=[2, 2])),
+    ((3, 3), dict(strides=[2, 2], ceil_mode=1)),
+    ((5, 5), dict(pads=[2, 2, 2, 2])),
+    ((3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1)),
+    ((2, 3), dict(strides=[1, 2], pads=[0, 1, 1, 0], dilations=[2, 1])),
+    ((3, 3), dict(strides=[3, 3], pads=[1, 1, 1, 1], ceil_mode=1)),
+    ((7, 7), dict(auto_pad="SAME_UPPER")),
+]
+
+
+def _model(op, kernel, attrs):
+    if op == "MaxPool":
+        attrs = {k: v for k, v in attrs.items() if k != "count_include_pad"}
+    else:
+        attrs = {k: v for k, v in attrs.items() if k != "dilations"}
+    node = helper.make_node(op, ["X"], ["Y"], kernel_shape=list(kernel), **attrs)
+    graph = helper.make_graph([node], "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]) \
+        .SerializeToString()
+
+
+def _compiled(X, op, kernel, attrs, threads=1):
+    """The compiled pool of NCHW ``X`` (fed channels-last), as NCHW."""
+    strides = tuple(attrs.get("strides", (1, 1)))
+    dilations = tuple(attrs.get("dilations", (1, 1)))
+    if op == "AveragePool":
+        dilations = (1, 1)
+    heads, tails, outs = window_geometry(
+        X.shape[2:], tuple(kernel), strides, dilations, tuple(attrs.get("pads", ())),
+        attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0), dilated_same=False)
+    heads, tails, outs = tuple(heads), tuple(tails), tuple(outs)
+    scale = None
+    if op == "AveragePool":
+        counts = pool_ops._counts(X.shape[2:], heads, tails, outs,
+                                  bool(attrs.get("count_include_pad", 0)), tuple(kernel),
+                                  strides, dilations)
+        scale = np.full(outs, 1 / np.prod(kernel), np.float32) if counts is None else \
+            1 / counts.astype(np.float32)
+    Y = cpool.pool(np.ascontiguousarray(X.transpose(0, 2, 3, 1)),
+                   "max" if op == "MaxPool" else "avg", kernel, heads, outs, strides,
+                   dilations, scale, threads)
+    return Y.transpose(0, 3, 1, 2)
+
+
+@pytest.fixture(autouse=True)
+def avx2():
+    with compiled.forced_target("avx2"):
+        if jit.why_unavailable() is not None:
+            pytest.skip(jit.why_unavailable())
+        yield
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("kernel,attrs", CASES, ids=str)
+@pytest.mark.parametrize("C", [5, 16, 37])
+def test_compiled_pool_equals_onnxruntime(op, kernel, attrs, C):
+    rng = np.random.default_rng(C)
+    X = rng.standard_normal((2, C, 23, 19)).astype(np.float32)
+    want = ort.InferenceSession(_model(op, kernel, attrs),
+                                providers=["CPUExecutionProvider"]).run(None, {"X": X})[0]
+    for threads in (1, 2):
+        got = _compiled(X, op, kernel, attrs, threads)
+        assert got.shape == want.shape
+        if op == "MaxPool":
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+def test_compiled_pool_nan_and_infinities_as_the_numpy_path(op):
+    """A NaN in a window makes its maximum (and sum) NaN, as numpy's; infinities pass."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((1, 20, 15, 14)).astype(np.float32)
+    X[0, 3, 4, 5] = np.nan
+    X[0, 17, 0, 0] = np.nan
+    X[0, 8, 7, 7] = np.inf
+    X[0, 9, 2, 2] = -np.inf
+    kernel, attrs = (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1])
+    sess = onnxrun.InferenceSession(_model(op, kernel, attrs))  # NCHW: the numpy path
+    want = sess.run(None, {"X": X})[0]
+    got = _compiled(X, op, kernel, attrs)
+    assert np.isnan(got).sum() == np.isnan(want).sum() > 0
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_session_pools_channels_last_input_compiled(monkeypatch):
+    """Conv -> MaxPool -> AveragePool -> Conv at the layout level: the pools get the first
+    convolution's channels-last output and run compiled; onnxruntime's numbers."""
+    rng = np.random.default_rng(5)
+    C = 24
+    w = [numpy_helper.from_array((rng.standard_normal((C, C, 3, 3)) * 0.1).astype(np.float32),
+                                 f"w{i}") for i in range(2)]
+    nodes = [helper.make_node("Conv", ["X", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["a"], ["b"], kernel_shape=[3, 3], strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("AveragePool", ["b"], ["c"], kernel_shape=[3, 3],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c", "w1"], ["Y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                             [1, C, 40, 40])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], w)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    blob = model.SerializeToString()
+    calls = []
+    real = cpool.pool
+    monkeypatch.setattr(cpool, "pool", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    X = rng.standard_normal((1, C, 40, 40)).astype(np.float32)
+    got = onnxrun.InferenceSession(blob).run(None, {"X": X})[0]
+    assert calls == ["max", "avg"]
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"X": X})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
