@@ -159,7 +159,9 @@ def _assert_matches(layout, plain, blob, feeds) -> list[np.ndarray]:
         blob, providers=["CPUExecutionProvider"]).run(None, feeds)
     for g, w, t in zip(got, want, theirs, strict=True):
         assert g.flags.c_contiguous  # graph outputs are NCHW
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        # (atol as against onnxruntime: a channels-last AveragePool sums each window in row
+        # order, compiled/pool.py, the NCHW one by axis; values here reach 20)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(g, t, rtol=1e-4, atol=1e-4)
     return got
 
@@ -261,7 +263,10 @@ def test_layout_keeping_kernels_on_channels_last_inputs():
         kernel.keep_layout = True
         got = kernel(*args)
         assert is_cl(got), type(kernel).__name__
-        np.testing.assert_array_equal(got, want)
+        if isinstance(kernel, AveragePool):  # compiled: each window summed in row order
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+        else:
+            np.testing.assert_array_equal(got, want)
         kernel.keep_layout = False
         assert kernel(*args).flags.c_contiguous
     concat = Concat(Ctx(), axis=1)

@@ -67,9 +67,9 @@ class _Pool:
             return None
         if op == "avg" and not isinstance(scale, np.ndarray):
             scale = np.full(outs, scale, np.float32)
-        try:
-            Y = pool.pool(X.transpose(0, 2, 3, 1), op, self.kernel, heads, outs, self.strides,
-                          self.dilations, scale, self.threads)
+        try:  # (a view of part of the channels, a Split's output, copied)
+            Y = pool.pool(np.ascontiguousarray(X.transpose(0, 2, 3, 1)), op, self.kernel, heads,
+                          outs, self.strides, self.dilations, scale, self.threads)
         except jit.Unavailable:
             return None
         return Y.transpose(0, 3, 1, 2)
