@@ -13,6 +13,8 @@ Changes (each undone when its session is created; kernels keep their choices for
   layout  Concat / Split / pools / Resize keep channels-last memory at the layout level
   shuffle grouped 1x1 convolutions on the compiled GEMM and the channel shuffle in
           channels-last memory (ShuffleNet)
+  pool    MaxPool / AveragePool of channels-last input on the compiled kernel
+          (compiled/pool.py) instead of numpy's strided passes
 """
 
 from __future__ import annotations
@@ -65,6 +67,15 @@ def undone(change: str):
             yield
         finally:
             conv._grouped_1x1_packable, conv.channel_shuffle, conv._LAYOUT_DEPTH = saved
+        return
+    if change == "pool":
+        from onnxrun.providers.cpu.ops import pool
+
+        pool.COMPILED = False
+        try:
+            yield
+        finally:
+            pool.COMPILED = True
         return
     name = {"nhwc": "_packable", "layout": "_follows_layout"}[change]
     old = getattr(conv, name)

@@ -24,6 +24,10 @@ from .conv import (
     window_slices,
 )
 
+# channels-last float32 windows on the compiled kernel (compiled/pool.py), read when a
+# pooling kernel is prepared
+COMPILED = True
+
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -43,6 +47,7 @@ class _Pool:
         self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
         self.threads = threads_for(ctx)
         self.keep_layout = keeps_layout(ctx)  # a channels-last input gives a channels-last Y
+        self.use_compiled = COMPILED  # (benchmarks/cnn_gain.py --changes pool: False)
 
     def geometry(self, X: np.ndarray):
         if X.ndim != len(self.kernel) + 2:
@@ -58,8 +63,8 @@ class _Pool:
     def compiled(self, X: np.ndarray, op: str, heads, outs, scale=None) -> np.ndarray | None:
         """The compiled pool (compiled/pool.py) of a channels-last 2-D float32 X whose layout
         passes on, or None where it does not run (the numpy path then)."""
-        if not (self.keep_layout and X.ndim == 4 and X.dtype == np.float32 and
-                channels_inner(X) and X.shape[1] > 0):
+        if not (self.use_compiled and self.keep_layout and X.ndim == 4 and
+                X.dtype == np.float32 and channels_inner(X) and X.shape[1] > 0):
             return None
         from ..compiled import jit, pool
 

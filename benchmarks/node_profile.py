@@ -1,0 +1,109 @@
+"""Where a CNN's run goes, node by node, in onnxrun and in onnxruntime: both engines' own
+profilers (SessionOptions.enable_profiling, onnxruntime's Chrome-trace format), 1 intra-op
+thread, the kernel time per operator type and the slowest nodes with their shapes beside
+onnxruntime's nodes of the same operator and shapes (its node names differ: fusions, NCHWc).
+
+    python benchmarks/node_profile.py                       # the suite's CNN cases
+    python benchmarks/node_profile.py --quick               # fewer runs, YOLO and squeezenet
+    python benchmarks/node_profile.py --models shufflenet -r 20 --top 30
+
+Profiled times include each engine's per-node cost of the profiler; compare rows, not the
+totals with run_suite.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import onnxrun
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import run_suite  # noqa: E402 - the benchmarks' shared helpers, beside this script
+
+sys.path.pop(0)
+CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zoo:resnet50")
+QUICK = ("yolo_style", "zoo:squeezenet")
+
+
+def node_events(engine: str, model: str, feeds: dict, runs: int) -> list[dict]:
+    """The kernel-time events of ``runs`` profiled runs (after one warm-up) of ``engine``."""
+    import onnxruntime as ort
+
+    folder = tempfile.mkdtemp(prefix="node-profile-")
+    mod = ort if engine == "onnxruntime" else onnxrun
+    so = mod.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(folder, engine)
+    sess = mod.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    for _ in range(runs + 1):
+        sess.run(None, feeds)
+    with open(sess.end_profiling()) as f:
+        events = [e for e in json.load(f) if e.get("cat") == "Node" and
+                  e["name"].endswith("_kernel_time")]
+    # the warm-up's events are the first ones of each node: dropped
+    seen: set[str] = set()
+    kept = []
+    for e in events:
+        if e["name"] in seen:
+            kept.append(e)
+        seen.add(e["name"])
+    return kept
+
+
+def _key(e: dict) -> tuple[str, str]:
+    a = e["args"]
+    shapes = [list(s.values())[0] for s in a.get("input_type_shape", [])[:2]]
+    return a.get("op_name", "?"), " ".join("x".join(map(str, s)) for s in shapes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="", help="comma-separated words to select cases")
+    parser.add_argument("-r", "--runs", type=int, default=None, help="profiled runs (10; "
+                        "quick 5)")
+    parser.add_argument("--top", type=int, default=20, help="slowest node groups shown")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    runs = args.runs or (5 if args.quick else 10)
+    words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
+    print(f"load before: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}; {runs} profiled "
+          "runs per engine, 1 thread; microseconds per run")
+    for label, model, feeds in run_suite.ab_cases(QUICK if args.quick else CASES, words):
+        if feeds is None:
+            from onnxrun.tools.common import make_feeds
+
+            feeds, _ = make_feeds(onnxrun.InferenceSession(model), {}, {}, 0)
+        ours, theirs = (node_events(e, model, feeds, runs) for e in ("onnxrun", "onnxruntime"))
+        per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        per_key: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        for i, events in enumerate((ours, theirs)):
+            for e in events:
+                per_op[e["args"].get("op_name", "?")][i] += e["dur"] / runs
+                per_key[_key(e)][i] += e["dur"] / runs
+        total = [sum(v[i] for v in per_op.values()) for i in (0, 1)]
+        print(f"\n## {label}: kernels {total[0]:.0f} us (onnxrun), {total[1]:.0f} us "
+              "(onnxruntime)\n")
+        print("\n".join(run_suite.markdown(
+            ["operator", "onnxrun", "onnxruntime"],
+            [[op, f"{a:.0f}", f"{b:.0f}"] for op, (a, b) in
+             sorted(per_op.items(), key=lambda kv: -max(kv[1]))])))
+        print()
+        rows = sorted(per_key.items(), key=lambda kv: -(kv[1][0] - kv[1][1]))[:args.top]
+        print("\n".join(run_suite.markdown(
+            ["operator", "inputs", "onnxrun", "onnxruntime", "gap"],
+            [[op, shapes, f"{a:.0f}", f"{b:.0f}", f"{a - b:+.0f}"]
+             for (op, shapes), (a, b) in rows])), flush=True)
+    print(f"\nload after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
