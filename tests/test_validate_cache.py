@@ -208,3 +208,20 @@ def test_a_later_process_skips_the_checker(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True, text=True,
                            check=True, env=env).stdout.strip() for _ in range(2)]
     assert runs == ["1", "0"]
+
+
+@pytest.mark.parametrize("payload", [b"not json", b'{"key": "another"}',
+                                     b'{"key": "%s", "hidden": [], "types": "!!"}'])
+def test_verified_but_unreadable_entry_is_dropped(folder, checks, tmp_path, payload):
+    """An entry whose tag verifies but whose contents do not parse (another onnxrun's format)
+    is deleted and the model validated afresh, its result stored again."""
+    path = _save(_model(), tmp_path / "m.onnx")
+    first = _session(path)
+    (entry,) = _entries(folder)
+    key = entry.stem
+    disk_cache.write(entry.name, validate_cache._MAGIC, key, payload.replace(b"%s", key.encode()))
+    checks.clear()
+    again = _session(path)
+    assert "check" in checks
+    assert [o.shape for o in again.get_outputs()] == [o.shape for o in first.get_outputs()]
+    assert b'"hidden"' in entry.read_bytes()  # rewritten by the full validation

@@ -77,7 +77,7 @@ def read(entry_key: str | None) -> tuple[list[str], dict[str, onnx.TypeProto] | 
         hidden = [str(op) for op in entry["hidden"]]
         types = None
         if entry["types"] is not None:
-            graph = onnx.GraphProto.FromString(base64.b64decode(entry["types"]))
+            graph = onnx.GraphProto.FromString(base64.b64decode(entry["types"], validate=True))
             types = {vi.name: vi.type for vi in graph.value_info}
         return hidden, types
     except Exception:  # verified yet unreadable (another onnxrun's format): validate afresh
