@@ -167,12 +167,11 @@ def _quantize(block: int) -> list[str]:
         "}"]
 
 
-def _column(block: int, rows: int, m1: bool) -> list[str]:
-    """@col{block}_{rows}{m1}: C[m..m+rows, n] of one column (see the module's doc). Without
-    ``m1`` C holds the zero points' share on entry; with it Zq holds the (N, kb) zero points
-    as bytes (8s where the model has none)."""
+def _column(block: int, rows: int) -> list[str]:
+    """@col{block}_{rows}: C[m..m+rows, n] of one column for several rows (see the module's
+    doc); C holds the zero points' share on entry (Zq is not read)."""
     R = range(rows)
-    name = f"col{block}_{rows}{'_m1' if m1 else ''}"
+    name = f"col{block}_{rows}"
     per = block // 64  # groups per block (blocks of 64-256)
     L = [f"define internal void @{name}(ptr noalias %qa, ptr noalias %sa, ptr noalias %Zq, "
          "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %m, i64 %n, "
@@ -209,12 +208,6 @@ def _column(block: int, rows: int, m1: bool) -> list[str]:
               "  %sbi = add i64 %bsrow, %blk",
               "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
               "  %sbv = load float, ptr %sbp, align 4"]
-        if m1:
-            L += ["  %zp = getelementptr i8, ptr %Zq, i64 %sbi",
-                  "  %zb = load i8, ptr %zp, align 1",
-                  "  %z = zext i8 %zb to i32",
-                  f"  %zv.0 = insertelement {_V8} poison, i32 %z, i64 0",
-                  f"  %zv = shufflevector {_V8} %zv.0, {_V8} poison, <8 x i32> zeroinitializer"]
     for r in R:
         L += [f"  %ao{r} = add i64 %arow{r}, %g64",
               f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
@@ -226,19 +219,7 @@ def _column(block: int, rows: int, m1: bool) -> list[str]:
               f"  %ps{r} = add {_VH} %pe{r}, %po{r}",
               f"  %q{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ps{r}, "
               f"{_VH} {_vec('i16', [1] * 16)})"]
-        if m1:  # sum a * (w - z) = sum a * w - z * sum a, exactly
-            ones = _vec("i8", [1] * 32)
-            L += [f"  %se{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones}, "
-                  f"{_V32B} %ae{r})",
-                  f"  %so{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones}, "
-                  f"{_V32B} %ad{r})",
-                  f"  %ss{r} = add {_VH} %se{r}, %so{r}",
-                  f"  %sa8_{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ss{r}, "
-                  f"{_VH} {_vec('i16', [1] * 16)})",
-                  f"  %zc{r} = mul {_V8} %sa8_{r}, %zv",
-                  f"  %qz{r} = sub {_V8} %q{r}, %zc{r}"]
-        q = f"%qz{r}" if m1 else f"%q{r}"
-        L += [f"  %f{r} = sitofp {_V8} {q} to {_VF}"]
+        L += [f"  %f{r} = sitofp {_V8} %q{r} to {_VF}"]
         if block == 16:
             L += [f"  %sai{r} = add i64 %srow{r}, %b4",
                   f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
@@ -334,24 +315,161 @@ def _column(block: int, rows: int, m1: bool) -> list[str]:
               f"  %yb_{r} = select i1 %hb, float %yb0_{r}, float %y_{r}",
               f"  %ci0_{r} = mul i64 %mr{r}, %N",
               f"  %ci_{r} = add i64 %ci0_{r}, %n",
-              f"  %cp_{r} = getelementptr float, ptr %C, i64 %ci_{r}"]
-        if m1:
-            L += [f"  store float %yb_{r}, ptr %cp_{r}, align 4"]
-        else:  # the zero points' share, already in C, added last
-            L += [f"  %zs_{r} = load float, ptr %cp_{r}, align 4",
-                  f"  %out_{r} = fadd float %yb_{r}, %zs_{r}",
-                  f"  store float %out_{r}, ptr %cp_{r}, align 4"]
+              f"  %cp_{r} = getelementptr float, ptr %C, i64 %ci_{r}",
+              # the zero points' share, already in C, added last
+              f"  %zs_{r} = load float, ptr %cp_{r}, align 4",
+              f"  %out_{r} = fadd float %yb_{r}, %zs_{r}",
+              f"  store float %out_{r}, ptr %cp_{r}, align 4"]
     return L + ["  ret void", "}"]
 
 
-def _gemm(block: int, m1: bool) -> list[str]:
-    """gemm{block}{_m1}(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns
-    [n0, n1) of C for M rows (m1: one row), each column's rows ROWS at a time, then one."""
-    tile = f"col{block}_{1 if m1 else ROWS}{'_m1' if m1 else ''}"
-    one = f"col{block}_1{'_m1' if m1 else ''}"
+COLS = 4  # columns per pass of MLAS's M == 1 kernel (blocks of 64-256)
+
+
+def _columns_m1(block: int, cols: int) -> list[str]:
+    """@cols{block}_{cols}_m1: C[0, n..n+cols] of one row as MLAS's M == 1 kernel (blocks of
+    64-256): the columns side by side, A's codes and their lane sums loaded and formed once
+    per group of 64 for all of them; each column's integer lanes sum a * (w - zp) (as
+    sum a * w - zp * sum a, exactly), then its own fused multiply-add chain and fold."""
+    C = range(cols)
+    per = block // 64
+    shift = per.bit_length() - 1
+    ones8, ones16 = _vec("i8", [1] * 32), _vec("i16", [1] * 16)
+    L = [f"define internal void @cols{block}_{cols}_m1(ptr noalias %qa, ptr noalias %sa, "
+         "ptr noalias %Zq, ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, "
+         "i64 %n, i64 %kb, i64 %nfold) nounwind alwaysinline {",
+         "entry:",
+         f"  %rowbytes = mul i64 %kb, {block // 2}",
+         f"  %groups = mul i64 %kb, {per}",
+         *(f"  %nc{c} = add i64 %n, {c}" for c in C),
+         *(f"  %brow{c} = mul i64 %nc{c}, %rowbytes" for c in C),
+         *(f"  %bsrow{c} = mul i64 %nc{c}, %kb" for c in C),
+         "  br label %g.loop",
+         "g.loop:",
+         "  %g = phi i64 [0, %entry], [%g.next, %g.loop]",
+         *(f"  %acc{c} = phi {_VF} [zeroinitializer, %entry], [%acc{c}.n, %g.loop]" for c in C),
+         f"  %blk = lshr i64 %g, {shift}" if shift else "  %blk = add i64 %g, 0",
+         "  %g32 = mul i64 %g, 32",
+         "  %g64 = mul i64 %g, 64",
+         "  %ap = getelementptr i8, ptr %qa, i64 %g64",
+         f"  %ae = load {_V32B}, ptr %ap, align 1",
+         "  %apo = getelementptr i8, ptr %ap, i64 32",
+         f"  %ad = load {_V32B}, ptr %apo, align 1",
+         f"  %se = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones8}, {_V32B} %ae)",
+         f"  %so = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {ones8}, {_V32B} %ad)",
+         f"  %ss = add {_VH} %se, %so",
+         f"  %asl = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ss, {_VH} {ones16})",
+         "  %sap = getelementptr float, ptr %sa, i64 %blk",
+         "  %sav = load float, ptr %sap, align 4"]
+    if cols > 1:  # the next columns' bytes, a pass ahead (the hardware follows few streams)
+        L += [f"  %pfo = mul i64 %rowbytes, {cols}"]
+        for c in C:
+            L += [f"  %pf{c}.0 = add i64 %brow{c}, %pfo",
+                  f"  %pf{c}.1 = add i64 %pf{c}.0, %g32",
+                  f"  %pf{c} = getelementptr i8, ptr %B, i64 %pf{c}.1",
+                  f"  call void @llvm.prefetch.p0(ptr %pf{c}, i32 0, i32 3, i32 1)"]
+    for c in C:
+        L += [f"  %bo{c} = add i64 %brow{c}, %g32",
+              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
+              f"  %w{c} = load {_V32B}, ptr %bp{c}, align 1",
+              f"  %lo{c} = and {_V32B} %w{c}, {_vec('i8', [15] * 32)}",
+              f"  %hi{c} = lshr {_V32B} %w{c}, {_vec('i8', [4] * 32)}",
+              f"  %pe{c} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo{c}, {_V32B} %ae)",
+              f"  %po{c} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi{c}, {_V32B} %ad)",
+              f"  %ps{c} = add {_VH} %pe{c}, %po{c}",
+              f"  %q{c} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ps{c}, {_VH} {ones16})",
+              f"  %sbi{c} = add i64 %bsrow{c}, %blk",
+              f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
+              f"  %zb{c} = load i8, ptr %zp{c}, align 1",
+              f"  %z{c} = zext i8 %zb{c} to i32"]
+        zv = _splat(L, f"zv{c}", f"%z{c}", ty="i32")
+        L += [f"  %zc{c} = mul {_V8} %asl, {zv}",
+              f"  %qz{c} = sub {_V8} %q{c}, %zc{c}",
+              f"  %f{c} = sitofp {_V8} %qz{c} to {_VF}",
+              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
+              f"  %sbv{c} = load float, ptr %sbp{c}, align 4",
+              f"  %s{c} = fmul float %sav, %sbv{c}"]
+        sv = _splat(L, f"sv{c}", f"%s{c}")
+        L += [f"  %acc{c}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{c}, {_VF} {sv}, "
+              f"{_VF} %acc{c})"]
+    L += ["  %g.next = add i64 %g, 1",
+          "  %g.more = icmp ult i64 %g.next, %groups",
+          "  br i1 %g.more, label %g.loop, label %g.end",
+          "g.end:",
+          "  %hb = icmp ne ptr %bias, null",
+          "  br i1 %hb, label %bias.yes, label %bias.no",
+          "bias.yes:",
+          "  %bsp = getelementptr float, ptr %bias, i64 %n",
+          f"  %bsv = load <{cols} x float>, ptr %bsp, align 4",
+          "  br label %bias.no",
+          "bias.no:",
+          f"  %bval = phi <{cols} x float> [%bsv, %bias.yes], [zeroinitializer, %g.end]"]
+    for c in C:
+        x = [f"%x{i}_{c}" for i in range(8)]
+        L += [f"  {x[i]} = extractelement {_VF} %acc{c}.n, i64 {_SWAP[i]}" for i in range(8)]
+        L += [f"  %l1_{c} = fadd float {x[0]}, {x[1]}",
+              f"  %l2_{c} = fadd float %l1_{c}, {x[2]}",
+              f"  %l3_{c} = fadd float %l2_{c}, {x[3]}",
+              f"  %u1_{c} = fadd float {x[4]}, {x[5]}",
+              f"  %u2_{c} = fadd float %u1_{c}, {x[6]}",
+              f"  %u3_{c} = fadd float %u2_{c}, {x[7]}",
+              f"  %fo_{c} = fadd float %l3_{c}, %u3_{c}",
+              f"  %e04_{c} = fadd float {x[0]}, {x[4]}",
+              f"  %e26_{c} = fadd float {x[2]}, {x[6]}",
+              f"  %e15_{c} = fadd float {x[1]}, {x[5]}",
+              f"  %e37_{c} = fadd float {x[3]}, {x[7]}",
+              f"  %e0_{c} = fadd float %e04_{c}, %e26_{c}",
+              f"  %e1_{c} = fadd float %e15_{c}, %e37_{c}",
+              f"  %hs_{c} = fadd float %e0_{c}, %e1_{c}",
+              f"  %infold{c} = icmp slt i64 %nc{c}, %nfold",
+              f"  %y_{c} = select i1 %infold{c}, float %fo_{c}, float %hs_{c}",
+              f"  %bv{c} = extractelement <{cols} x float> %bval, i64 {c}",
+              f"  %yb0_{c} = fadd float %y_{c}, %bv{c}",
+              f"  %yb_{c} = select i1 %hb, float %yb0_{c}, float %y_{c}",
+              f"  %cp_{c} = getelementptr float, ptr %C, i64 %nc{c}",
+              f"  store float %yb_{c}, ptr %cp_{c}, align 4"]
+    return L + ["  ret void", "}"]
+
+
+def _gemm_m1(block: int) -> list[str]:
+    """gemm{block}_m1(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1)
+    of one row (M is 1), COLS at a time, then one by one."""
     args = "ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, ptr %bias, ptr %C"
-    step = 1 if m1 else ROWS
-    return [f"define void @gemm{block}{'_m1' if m1 else ''}(ptr noalias %qa, ptr noalias %sa, "
+    return [f"define void @gemm{block}_m1(ptr noalias %qa, ptr noalias %sa, ptr noalias %Zq, "
+            "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, i64 %M, i64 %n0, "
+            "i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
+            "entry:",
+            "  br label %v.head",
+            "v.head:",
+            "  %n = phi i64 [%n0, %entry], [%n.next, %v.body]",
+            f"  %nend = add i64 %n, {COLS}",
+            "  %v.ok = icmp sle i64 %nend, %n1",
+            "  br i1 %v.ok, label %v.body, label %s.head",
+            "v.body:",
+            f"  call void @cols{block}_{COLS}_m1({args}, i64 %n, i64 %kb, i64 %nfold)",
+            f"  %n.next = add i64 %n, {COLS}",
+            "  br label %v.head",
+            "s.head:",
+            "  %c = phi i64 [%n, %v.head], [%c.next, %s.body]",
+            "  %s.ok = icmp slt i64 %c, %n1",
+            "  br i1 %s.ok, label %s.body, label %end",
+            "s.body:",
+            f"  call void @cols{block}_1_m1({args}, i64 %c, i64 %kb, i64 %nfold)",
+            "  %c.next = add i64 %c, 1",
+            "  br label %s.head",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _gemm(block: int) -> list[str]:
+    """gemm{block}(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of
+    C for M rows (C holding the zero points' share), each column's rows ROWS at a time, then
+    one."""
+    tile, one = f"col{block}_{ROWS}", f"col{block}_1"
+    args = "ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, ptr %bias, ptr %C"
+    step = ROWS
+    return [f"define void @gemm{block}(ptr noalias %qa, ptr noalias %sa, "
             "ptr noalias %Zq, ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, "
             "i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
             "entry:",
@@ -576,9 +694,9 @@ def module_ir(target=None) -> str:
     parts = [*_fp32_m1(), *_fp32_rows(), *zshare_ir()]
     for block in BLOCKS:
         parts += _quantize(block)
-        parts += _column(block, ROWS, False) + _column(block, 1, False) + _gemm(block, False)
+        parts += _column(block, ROWS) + _column(block, 1) + _gemm(block)
         if block > 32:
-            parts += _column(block, 1, True) + _gemm(block, True)
+            parts += _columns_m1(block, COLS) + _columns_m1(block, 1) + _gemm_m1(block)
     decl = []
     for C in (16, 64):
         VC, VI = f"<{C} x float>", f"<{C} x i32>"
@@ -590,6 +708,7 @@ def module_ir(target=None) -> str:
     return "\n".join([*parts, *decl,
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       "declare float @llvm.fma.f32(float, float, float)",
+                      "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)",
                       f"declare {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B}, {_V32B})",
                       "declare <8 x i16> @llvm.x86.ssse3.pmadd.ub.sw.128(<16 x i8>, <16 x i8>)",
                       f"declare {_V8} @llvm.x86.avx2.pmadd.wd({_VH}, {_VH})"])
