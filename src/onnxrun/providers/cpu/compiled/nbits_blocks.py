@@ -41,6 +41,8 @@ from .nbits_gemm import zshare_ir
 REQUIRES = ("avx2", "fma")
 BLOCKS = (16, 64, 128, 256)  # CompInt8 here (32: nbits_gemm)
 ROWS = 4  # rows of A per column pass (their codes share the column's unpacked weight)
+NBLOCK = 16  # columns per block of the row loop (their weight stays in cache)
+PANEL = 16  # columns of the dequantized weight's panels (contiguous along K, as MLAS packs B)
 
 _V32B = "<32 x i8>"
 _VH = "<16 x i16>"
@@ -464,51 +466,79 @@ def _gemm_m1(block: int) -> list[str]:
 
 def _gemm(block: int) -> list[str]:
     """gemm{block}(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1) of
-    C for M rows (C holding the zero points' share), each column's rows ROWS at a time, then
-    one."""
-    tile, one = f"col{block}_{ROWS}", f"col{block}_1"
+    C for M rows (C holding the zero points' share): blocks of NBLOCK columns (their weight
+    stays in cache), in each the rows ROWS at a time (their codes stay in L1), then one by
+    one, and for each row tile the block's columns."""
     args = "ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, ptr %bias, ptr %C"
-    step = ROWS
+    tail = "i64 %N, i64 %kb, i64 %nfold)"
     return [f"define void @gemm{block}(ptr noalias %qa, ptr noalias %sa, "
             "ptr noalias %Zq, ptr noalias %B, ptr noalias %sb, ptr noalias %bias, ptr %C, "
             "i64 %M, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold) nounwind {",
             "entry:",
-            f"  %Mrest = srem i64 %M, {step}",
+            f"  %Mrest = srem i64 %M, {ROWS}",
             "  %Mtile = sub i64 %M, %Mrest",
-            "  %anyn = icmp slt i64 %n0, %n1",
-            "  br i1 %anyn, label %n.loop, label %end",
-            "n.loop:",
-            "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
-            "  %anyr = icmp sgt i64 %Mtile, 0",
-            "  br i1 %anyr, label %r.loop, label %o.pre",
-            "r.loop:",
-            "  %r = phi i64 [0, %n.loop], [%r.next, %r.loop]",
-            f"  call void @{tile}({args}, i64 %r, i64 %n, i64 %N, i64 %kb, i64 %nfold)",
-            f"  %r.next = add i64 %r, {step}",
-            "  %r.more = icmp slt i64 %r.next, %Mtile",
-            "  br i1 %r.more, label %r.loop, label %o.pre",
-            "o.pre:",
-            "  %anyo = icmp slt i64 %Mtile, %M",
-            "  br i1 %anyo, label %o.loop, label %n.end",
-            "o.loop:",
-            "  %o = phi i64 [%Mtile, %o.pre], [%o.next, %o.loop]",
-            f"  call void @{one}({args}, i64 %o, i64 %n, i64 %N, i64 %kb, i64 %nfold)",
+            "  br label %b.head",
+            "b.head:",
+            "  %nb = phi i64 [%n0, %entry], [%nb.next, %o.head]",
+            "  %b.ok = icmp slt i64 %nb, %n1",
+            "  br i1 %b.ok, label %b.body, label %end",
+            "b.body:",
+            f"  %ne0 = add i64 %nb, {NBLOCK}",
+            "  %ne.lt = icmp slt i64 %ne0, %n1",
+            "  %ne = select i1 %ne.lt, i64 %ne0, i64 %n1",
+            "  br label %r.head",
+            "r.head:",  # row tiles
+            "  %r = phi i64 [0, %b.body], [%r.next, %c.head]",
+            "  %r.ok = icmp slt i64 %r, %Mtile",
+            "  br i1 %r.ok, label %c.pre, label %o.pre",
+            "c.pre:",
+            "  br label %c.head",
+            "c.head:",
+            "  %c = phi i64 [%nb, %c.pre], [%c.next, %c.body]",
+            "  %c.ok = icmp slt i64 %c, %ne",
+            f"  %r.next = add i64 %r, {ROWS}",
+            "  br i1 %c.ok, label %c.body, label %r.head",
+            "c.body:",
+            f"  call void @col{block}_{ROWS}({args}, i64 %r, i64 %c, {tail}",
+            "  %c.next = add i64 %c, 1",
+            "  br label %c.head",
+            "o.pre:",  # the rows left, one by one
+            "  br label %o.head",
+            "o.head:",
+            "  %o = phi i64 [%Mtile, %o.pre], [%o.next, %d.head]",
+            "  %o.ok = icmp slt i64 %o, %M",
+            f"  %nb.next = add i64 %nb, {NBLOCK}",
+            "  br i1 %o.ok, label %d.pre, label %b.head",
+            "d.pre:",
+            "  br label %d.head",
+            "d.head:",
+            "  %d = phi i64 [%nb, %d.pre], [%d.next, %d.body]",
+            "  %d.ok = icmp slt i64 %d, %ne",
             "  %o.next = add i64 %o, 1",
-            "  %o.more = icmp slt i64 %o.next, %M",
-            "  br i1 %o.more, label %o.loop, label %n.end",
-            "n.end:",
-            "  %n.next = add i64 %n, 1",
-            "  %n.more = icmp slt i64 %n.next, %n1",
-            "  br i1 %n.more, label %n.loop, label %end",
+            "  br i1 %d.ok, label %d.body, label %o.head",
+            "d.body:",
+            f"  call void @col{block}_1({args}, i64 %o, i64 %d, {tail}",
+            "  %d.next = add i64 %d, 1",
+            "  br label %d.head",
             "end:",
             "  ret void",
             "}"]
 
 
+def _panel_base(n: str) -> list[str]:
+    """%pb = the index of W[0, n] in the panel layout: (n / 16) * K * 16 + n % 16."""
+    return [f"  %pn = lshr i64 {n}, 4",
+            "  %pk = mul i64 %K, 16",
+            "  %pbase = mul i64 %pn, %pk",
+            f"  %poff = and i64 {n}, 15",
+            "  %pb = add i64 %pbase, %poff"]
+
+
 def _fp32_m1() -> list[str]:
     """fp32_m1(A, W, bias, C, K, Np, n0, n1, nfold): one row, columns [n0, n1) (multiples of
-    8) of C = A @ W, W (K, Np) float32: eight columns at once, MLAS's lane j of each column
-    in vector j (the chains over k = j mod 8), its folds lane-wise."""
+    8) of C = A @ W, W in panels (Np / 16, K, 16) float32 (PANEL): eight columns at once,
+    MLAS's lane j of each column in vector j (the chains over k = j mod 8), its folds
+    lane-wise."""
     J = range(8)
     L = ["define void @fp32_m1(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
          "ptr noalias %C, i64 %K, i64 %Np, i64 %n0, i64 %n1, i64 %nfold) nounwind {",
@@ -520,6 +550,7 @@ def _fp32_m1() -> list[str]:
          "  br i1 %anyn, label %n.loop, label %end",
          "n.loop:",
          "  %n = phi i64 [%n0, %entry], [%n.next, %bias.no]",
+         *_panel_base("%n"),
          "  %anyk = icmp sgt i64 %K8, 0",
          "  br i1 %anyk, label %k.loop, label %k.end",
          "k.loop:",
@@ -530,8 +561,8 @@ def _fp32_m1() -> list[str]:
               f"  %ap{j} = getelementptr float, ptr %A, i64 %k{j}",
               f"  %a{j} = load float, ptr %ap{j}, align 4"]
         _splat(L, f"as{j}", f"%a{j}")
-        L += [f"  %wi0_{j} = mul i64 %k{j}, %Np",
-              f"  %wi{j} = add i64 %wi0_{j}, %n",
+        L += [f"  %wi0_{j} = mul i64 %k{j}, {PANEL}",
+              f"  %wi{j} = add i64 %wi0_{j}, %pb",
               f"  %wp{j} = getelementptr float, ptr %W, i64 %wi{j}",
               f"  %w{j} = load {_VF}, ptr %wp{j}, align 4",
               f"  %acc{j}.n = call {_VF} @llvm.fma.v8f32({_VF} %w{j}, {_VF} %as{j}, "
@@ -550,8 +581,8 @@ def _fp32_m1() -> list[str]:
               f"  %tap{j} = getelementptr float, ptr %A, i64 %tkc{j}",
               f"  %ta{j} = load float, ptr %tap{j}, align 4"]
         _splat(L, f"tas{j}", f"%ta{j}")
-        L += [f"  %twi0_{j} = mul i64 %tkc{j}, %Np",
-              f"  %twi{j} = add i64 %twi0_{j}, %n",
+        L += [f"  %twi0_{j} = mul i64 %tkc{j}, {PANEL}",
+              f"  %twi{j} = add i64 %twi0_{j}, %pb",
               f"  %twp{j} = getelementptr float, ptr %W, i64 %twi{j}",
               f"  %tw{j} = load {_VF}, ptr %twp{j}, align 4",
               f"  %tf{j} = call {_VF} @llvm.fma.v8f32({_VF} %tw{j}, {_VF} %tas{j}, "
@@ -607,41 +638,47 @@ def _fp32_m1_tail(L: list[str], x: list[str]) -> list[str]:
 
 def _fp32_rows() -> list[str]:
     """fp32_rows(A, W, bias, C, M, K, Np, n0, n1): rows of C = A @ W (+ bias), A (M, K),
-    W (K, Np), C (M, Np); eight columns of ROWS rows (then one) at a time, each output one
-    fused multiply-add chain in k order (MLAS's SGEMM kernel over the dequantized weight)."""
+    W in panels (Np / 16, K, 16), C (M, Np); a panel's 16 columns for ROWS rows (then one) at
+    a time, each output one fused multiply-add chain in k order (MLAS's SGEMM kernel over
+    the dequantized weight), then the bias. n0, n1 multiples of 16."""
     def tile(rows: int, tag: str, m: str, after: str) -> list[str]:
-        R = range(rows)
+        R, H = range(rows), range(2)
         T = [f"{tag}.pre:",
              *(f"  %{tag}arow{r} = mul i64 {m}, %K" if r == 0 else
                f"  %{tag}arow{r} = add i64 %{tag}arow{r - 1}, %K" for r in R),
              "  br label %" + f"{tag}.k",
              f"{tag}.k:",
              f"  %{tag}k = phi i64 [0, %{tag}.pre], [%{tag}k.next, %{tag}.k]",
-             *(f"  %{tag}acc{r} = phi {_VF} [zeroinitializer, %{tag}.pre], "
-               f"[%{tag}acc{r}.n, %{tag}.k]" for r in R),
-             f"  %{tag}wi0 = mul i64 %{tag}k, %Np",
-             f"  %{tag}wi = add i64 %{tag}wi0, %n",
-             f"  %{tag}wp = getelementptr float, ptr %W, i64 %{tag}wi",
-             f"  %{tag}w = load {_VF}, ptr %{tag}wp, align 4"]
+             *(f"  %{tag}acc{r}_{h} = phi {_VF} [zeroinitializer, %{tag}.pre], "
+               f"[%{tag}acc{r}_{h}.n, %{tag}.k]" for r in R for h in H),
+             f"  %{tag}wi0 = mul i64 %{tag}k, {PANEL}",
+             f"  %{tag}wi = add i64 %{tag}wi0, %pb",
+             f"  %{tag}wp0 = getelementptr float, ptr %W, i64 %{tag}wi",
+             f"  %{tag}w0 = load {_VF}, ptr %{tag}wp0, align 4",
+             f"  %{tag}wp1 = getelementptr float, ptr %{tag}wp0, i64 8",
+             f"  %{tag}w1 = load {_VF}, ptr %{tag}wp1, align 4"]
         for r in R:
             T += [f"  %{tag}ai{r} = add i64 %{tag}arow{r}, %{tag}k",
                   f"  %{tag}ap{r} = getelementptr float, ptr %A, i64 %{tag}ai{r}",
                   f"  %{tag}a{r} = load float, ptr %{tag}ap{r}, align 4"]
             _splat(T, f"{tag}as{r}", f"%{tag}a{r}")
-            T += [f"  %{tag}acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %{tag}as{r}, "
-                  f"{_VF} %{tag}w, {_VF} %{tag}acc{r})"]
+            T += [f"  %{tag}acc{r}_{h}.n = call {_VF} @llvm.fma.v8f32({_VF} %{tag}as{r}, "
+                  f"{_VF} %{tag}w{h}, {_VF} %{tag}acc{r}_{h})" for h in H]
         T += [f"  %{tag}k.next = add i64 %{tag}k, 1",
               f"  %{tag}k.more = icmp slt i64 %{tag}k.next, %K",
               f"  br i1 %{tag}k.more, label %{tag}.k, label %{tag}.out",
               f"{tag}.out:"]
         for r in R:
-            T += [f"  %{tag}yb{r} = fadd {_VF} %{tag}acc{r}.n, %bval",
-                  f"  %{tag}y{r} = select i1 %hb, {_VF} %{tag}yb{r}, {_VF} %{tag}acc{r}.n",
-                  f"  %{tag}m{r} = add i64 {m}, {r}",
+            T += [f"  %{tag}m{r} = add i64 {m}, {r}",
                   f"  %{tag}ci0{r} = mul i64 %{tag}m{r}, %Np",
-                  f"  %{tag}ci{r} = add i64 %{tag}ci0{r}, %n",
-                  f"  %{tag}cp{r} = getelementptr float, ptr %C, i64 %{tag}ci{r}",
-                  f"  store {_VF} %{tag}y{r}, ptr %{tag}cp{r}, align 4"]
+                  f"  %{tag}ci{r} = add i64 %{tag}ci0{r}, %n"]
+            for h in H:
+                T += [f"  %{tag}yb{r}_{h} = fadd {_VF} %{tag}acc{r}_{h}.n, %bval{h}",
+                      f"  %{tag}y{r}_{h} = select i1 %hb, {_VF} %{tag}yb{r}_{h}, "
+                      f"{_VF} %{tag}acc{r}_{h}.n",
+                      f"  %{tag}cj{r}_{h} = add i64 %{tag}ci{r}, {8 * h}",
+                      f"  %{tag}cp{r}_{h} = getelementptr float, ptr %C, i64 %{tag}cj{r}_{h}",
+                      f"  store {_VF} %{tag}y{r}_{h}, ptr %{tag}cp{r}_{h}, align 4"]
         return T + [f"  br label %{after}"]
 
     return ["define void @fp32_rows(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
@@ -656,13 +693,17 @@ def _fp32_rows() -> list[str]:
             "  br i1 %any, label %n.loop, label %end",
             "n.loop:",
             "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
+            *_panel_base("%n"),
             "  br i1 %hb, label %bias.yes, label %bias.no",
             "bias.yes:",
-            "  %bp = getelementptr float, ptr %bias, i64 %n",
-            f"  %bv = load {_VF}, ptr %bp, align 4",
+            "  %bp0 = getelementptr float, ptr %bias, i64 %n",
+            f"  %bv0 = load {_VF}, ptr %bp0, align 4",
+            "  %bp1 = getelementptr float, ptr %bp0, i64 8",
+            f"  %bv1 = load {_VF}, ptr %bp1, align 4",
             "  br label %bias.no",
             "bias.no:",
-            f"  %bval = phi {_VF} [%bv, %bias.yes], [zeroinitializer, %n.loop]",
+            f"  %bval0 = phi {_VF} [%bv0, %bias.yes], [zeroinitializer, %n.loop]",
+            f"  %bval1 = phi {_VF} [%bv1, %bias.yes], [zeroinitializer, %n.loop]",
             "  %anyr = icmp sgt i64 %Mtile, 0",
             "  br i1 %anyr, label %r.loop, label %o.head",
             "r.loop:",
@@ -682,7 +723,7 @@ def _fp32_rows() -> list[str]:
             "  %o.next = add i64 %o, 1",
             "  br label %o.head",
             "n.end:",
-            "  %n.next = add i64 %n, 8",
+            f"  %n.next = add i64 %n, {PANEL}",
             "  %n.more = icmp slt i64 %n.next, %n1",
             "  br i1 %n.more, label %n.loop, label %end",
             "end:",
@@ -803,16 +844,15 @@ class Int8:
 
 class Fp32:
     """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight, dequantized once:
-    W (K, N) float32, kept with its columns padded to a multiple of 8."""
+    W (K, N) float32, kept in panels of PANEL columns (the last padded with zeros)."""
 
     def __init__(self, W: np.ndarray) -> None:
         self.K, self.N = W.shape
-        self.Np = -(-self.N // 8) * 8
-        if self.Np != self.N or not W.flags.c_contiguous or W.dtype != np.float32:
-            padded = np.zeros((self.K, self.Np), np.float32)
-            padded[:, :self.N] = W
-            W = padded
-        self.W = W
+        self.Np = -(-self.N // PANEL) * PANEL
+        padded = np.zeros((self.K, self.Np), np.float32)
+        padded[:, :self.N] = W
+        # panels of 16 columns, each contiguous along K (as MLAS's dequantized B)
+        self.W = np.ascontiguousarray(padded.reshape(self.K, -1, PANEL).transpose(1, 0, 2))
         self.nfold = self.N - self.N % 4
         module = _module()
         self.fn1, self.fn = module.fp32_m1, module.fp32_rows
@@ -820,7 +860,7 @@ class Fp32:
     def __call__(self, A: np.ndarray, bias, out: np.ndarray, n0: int, n1: int,
                  one_row: bool) -> None:
         """out[:, n0:n1] = A @ W (+ bias) in MLAS's order; A (M, K), out (M, Np), bias (Np,)
-        or None, all float32 C-contiguous; n0, n1 multiples of 8. ``one_row``: MLAS's
+        or None, all float32 C-contiguous; n0, n1 multiples of PANEL. ``one_row``: MLAS's
         M == 1 kernel (A one row)."""
         address = jit.address
         pb = None if bias is None else address(bias)

@@ -777,7 +777,7 @@ class MatMulNBits:
                 bias = np.concatenate([bias, np.zeros(kernel.Np - N, F32)])
             A = np.ascontiguousarray(A, dtype=F32)
             Y = np.empty((M, kernel.Np), F32)
-            width, grain = kernel.Np, 8
+            width, grain = kernel.Np, 16
         rows = self._mlas_ranges(M)
         weight_bytes = self.packed.nbytes if int8 else kernel.W.nbytes // 8
         for m0, m1 in rows:
