@@ -530,6 +530,59 @@ def test_packed_weight_replaces_the_initializer(op, attrs, a_shape):
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("M,K,N", [(1, 128, 1), (1, 7, 5), (3, 33, 31), (7, 300, 65)])
+def test_prepared_product_equals_run(variant, M, K, N):
+    """PackedMatrix.prepared: the argument block of one shape built once, then each call
+    fills in A's and out's addresses: run's numbers bit for bit, bias and bounds included,
+    into a new array each call."""
+    rng = np.random.default_rng(M * K + N)
+    packed = _packed(rng.standard_normal((K, N)).astype(np.float32), variant)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for b, bounds in ((None, None), (bias, None), (bias, (0.0, np.inf)), (None, (-0.5, 0.5))):
+        call = packed.prepared(M, b, bounds)
+        assert call.shape == (M, K)
+        for _ in range(2):
+            A = rng.standard_normal((M, K)).astype(np.float32)
+            got = call(A)
+            assert got.shape == (M, N) and got is not call(A)
+            np.testing.assert_array_equal(got, packed.run(A, bias=b, bounds=bounds))
+    assert packed.prepared(0) is None
+    # a product run() would split over threads is not prepared (its block is per range)
+    assert packed.prepared(64, threads=2) is None or -(-N // packed.NR) * 64 <= packed.MR
+
+
+@pytest.mark.parametrize("op,attrs", [("Gemm", {"alpha": 0.5, "beta": 2.0, "transB": 1}),
+                                      ("FusedGemm", {"activation": "Sigmoid"}),
+                                      ("FusedGemm", {"activation": "Relu"}),
+                                      ("Gemm", {"transA": 1})])
+def test_gemm_repeats_its_shape_through_a_prepared_product(op, attrs, monkeypatch):
+    """A Gemm / FusedGemm on released panels keeps the product of the last shape of A
+    prepared (a streaming model's one row a call): later calls of that shape take it, with
+    the numbers of the first call's path, and a new shape prepares again; transA never
+    does (its operand is a transposed view)."""
+    calls = []
+    original = float_gemm.PreparedProduct.__call__
+    monkeypatch.setattr(float_gemm.PreparedProduct, "__call__",
+                        lambda self, A: calls.append(A.shape) or original(self, A))
+    a_shape = (64, "n") if attrs.get("transA") else ("n", 64)
+    model = _weight_model(op, a_shape=a_shape, **attrs)
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 1  # 2 threads would split the 3-row product: not prepared
+    sess = onnxrun.InferenceSession(model, so)
+    assert _released(sess)
+    ref = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    for n in (1, 1, 1, 3, 3, 1):
+        A = rng.standard_normal([n if d == "n" else d for d in a_shape]).astype(np.float32)
+        first = sess.run(None, {"A": A})[0]
+        again = sess.run(None, {"A": A})[0]
+        np.testing.assert_array_equal(again, first)
+        np.testing.assert_allclose(first, ref.run(None, {"A": A})[0], rtol=1e-5, atol=1e-5)
+    # every call but each new shape's first (n = 1, 3, 1 again)
+    assert calls == ([] if attrs.get("transA") else [(1, 64)] * 5 + [(3, 64)] * 3 +
+                     [(1, 64)])
+
+
 def test_packed_weight_is_freed():
     """The original float32 weight's memory is given back once packed: the session holds
     ~1x the weight (2x before: the initializer and its panels)."""

@@ -721,6 +721,29 @@ class PackedMatrix:
             spin.run_blocks(self._fn, params, threads)
         return out
 
+    def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
+                 threads: int = 1) -> PreparedProduct | None:
+        """``run`` for A of one shape (M, K), C-contiguous, with this ``bias`` and
+        ``bounds``, its argument block built once (a streaming model's small Gemm, called
+        with one shape every time: run's checks and block cost several times its one-row
+        product); None where that product would be split over threads, or is empty."""
+        N, K = self.N, self.K
+        snp = -(-N // self.NR)
+        if M <= 0 or N == 0 or K == 0 or (threads > 1 and M * snp > self.MR):
+            return None
+        keep = [_NO_CLIP if bounds is None else np.array(bounds, np.float32)]
+        b_ptr, flags = self._zeros_ptr, 0
+        if bias is not None:
+            keep.append(np.ascontiguousarray(bias, np.float32).reshape(-1))
+            if keep[-1].size != N:
+                raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
+            b_ptr, flags = address(keep[-1]), 1
+        # run's block for one range (A's and out's addresses filled in at each call)
+        block = np.array([0, K, self._ptr, K, 0, N, N, b_ptr, self._zeros_ptr, 0,
+                          address(keep[0]), flags, KC, self._ncb, 0, 0, snp, K, N, N,
+                          0, M, 0, snp], np.int64)
+        return PreparedProduct(self, (M, K), block, keep)
+
     def args(self, A: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The kernel's argument block (int64) for out = A @ B on one thread, for a caller
         that runs many products as one job (``run_all``). A: (M, K) float32 with contiguous
@@ -735,6 +758,28 @@ class PackedMatrix:
         return np.array([address(A), A.strides[0] // 4, self._ptr, K, address(out), N, N,
                          self._zeros_ptr, self._zeros_ptr, 0, address(_NO_CLIP), 0, KC,
                          self._ncb, 0, 0, snp, K, N, N, _NO_WRAP, 0, 0, M, 0, snp], np.int64)
+
+
+class PreparedProduct:
+    """``PackedMatrix.prepared``'s product: ``call(A)`` is ``run(A, bias, bounds)`` for a
+    C-contiguous float32 A of ``shape`` (the caller checks it), into a new array: the same
+    kernel call on the same block, so the same numbers."""
+
+    __slots__ = ("shape", "_fn", "_block", "_keep", "_out")
+
+    def __init__(self, packed: PackedMatrix, shape: tuple[int, int], block: np.ndarray,
+                 keep: list[np.ndarray]) -> None:
+        self.shape, self._fn, self._block = shape, packed._fn, block
+        self._keep = (packed, keep)  # the panels, clip bounds and bias the block points at
+        self._out = (shape[0], packed.N)
+
+    def __call__(self, A: np.ndarray) -> np.ndarray:
+        out = np.empty(self._out, np.float32)
+        block = self._block.copy()  # a block per call: concurrent runs share the kernel
+        block[0] = address(A)
+        block[4] = address(out)
+        self._fn(address(block))
+        return out
 
 
 def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:

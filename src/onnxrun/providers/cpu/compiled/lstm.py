@@ -590,6 +590,7 @@ class Float32Recurrence(_Recurrence):
             raw[2 * H:] = np.asarray(rbh, np.float32).reshape(-1)
         self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru",
                                   biased=biased)
+        self._panels_ptr, self._cols_ptr = address(self.panels), address(self.cols)
         self.fn = _function(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:
@@ -602,8 +603,19 @@ class Float32Recurrence(_Recurrence):
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
         gates = np.empty((GROUP, self.width), np.float32)
         self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,
-                self.H, address(self.panels), self.H, self.width, None, None,
-                address(self.cols), None, address(gates), None, None, 1.0)
+                self.H, self._panels_ptr, self.H, self.width, None, None,
+                self._cols_ptr, None, address(gates), None, None, 1.0)
+
+    def run_fresh(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray,
+                  steps: int, B: int) -> None:
+        """``run`` without its checks, for a caller that has just made the arrays: ``xw``
+        [steps * B, gates*H], ``h`` / ``c`` [1, B, H], ``ys`` [steps, 1, B, H], all new
+        C-contiguous float32 (a streaming LSTM's step a call: the checks and the reshapes
+        cost more than the step's products)."""
+        gates = np.empty((GROUP, self.width), np.float32)
+        self.fn(address(xw), B * self.gates * self.H, address(h), address(c), address(ys),
+                B * self.H, steps, B, self.H, self._panels_ptr, self.H, self.width, None, None,
+                self._cols_ptr, None, address(gates), None, None, 1.0)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

@@ -59,6 +59,15 @@ def sigmoid(X):
     return t
 
 
+def sigmoid_in_place(y):
+    """``sigmoid``'s steps on ``y`` itself (a fused activation: no temporary, no copy back)."""
+    np.negative(y, out=y)
+    with np.errstate(over="ignore"):
+        np.exp(y, out=y)
+    y += 1
+    np.reciprocal(y, out=y)
+
+
 @op("Tanh", 1, 6, 13)
 def Tanh(input):  # noqa: A002 - the schema's name
     if input.dtype.kind == "V":  # ml_dtypes' bfloat16 tanh is a slow scalar loop

@@ -43,6 +43,23 @@ def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
     return Y.reshape(A.shape[:-1] + (packed.N,))
 
 
+def gemm_packed(gemm, A: np.ndarray, B, bounds=None) -> np.ndarray | None:
+    """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer),
+    through ``gemm.prepared`` (PackedMatrix.prepared: the argument block built once) when A
+    has the shape of the last product that ran there: a streaming model calls its small
+    Gemm with one shape every time, where run_packed's checks cost more than the product."""
+    prepared = gemm.prepared
+    if prepared is not None and A.shape == prepared.shape and A.dtype == np.float32 and \
+            A.flags.c_contiguous:  # made only without transA
+        return prepared(A)
+    Y = run_packed(gemm.packed, gemm_operand(A, gemm.transA, B), gemm.threads,
+                   gemm.packed_bias, bounds, released=B is None)
+    if Y is not None and not gemm.transA and A.flags.c_contiguous:
+        gemm.prepared = gemm.packed.prepared(A.shape[0], gemm.packed_bias, bounds,
+                                             gemm.threads)
+    return Y
+
+
 def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1) -> np.ndarray:
     """numpy matmul, with a stack of rows times one matrix done as a single GEMM (a strided
     stack is gathered first: one copy costs less than a GEMM call per matrix of the stack)."""
@@ -131,6 +148,7 @@ class Gemm:
         self.packed, self.packed_bias = packed_gemm(ctx, self.alpha, self.beta, self.transB)
         # the panels (alpha folded in) and their bias (beta * C) replace B and C
         self.prepacked_inputs = (1, 2) if self.packed is not None else ()
+        self.prepared = None  # the panels' product for one shape of A (gemm_packed)
         self.B = None  # prepared B (alpha folded in), when B is a constant that needs it
         B = ctx.constant(1)
         if B is not None and _floating(B) and self.packed is None:
@@ -151,8 +169,7 @@ class Gemm:
 
     def __call__(self, A, B, C=None):
         if self.packed is not None and (A.ndim == 2 or B is None):
-            Y = run_packed(self.packed, gemm_operand(A, self.transA, B), self.threads,
-                           self.packed_bias, released=B is None)
+            Y = gemm_packed(self, A, B)
             if Y is not None:
                 return Y
         out_dtype = A.dtype

@@ -365,6 +365,13 @@ class LSTM(_Recurrent):
         self.input_forget = bool(input_forget)
         self._setup(ctx, activation_alpha, activation_beta, activations, clip, direction,
                     hidden_size, layout)
+        # the prepared float32 weights when every float32 X of up to COMPILED_MAX_ROWS rows
+        # goes straight to _compiled_forward (forward, one direction, no peepholes): the
+        # checks that do not depend on the inputs, made once
+        p = self.prepared
+        self.streaming = p if p is not None and p["dtype"] == np.float32 and p["fast"] and \
+            p["recurrences"] is not None and self.D == 1 and not self.reverse[0] and \
+            not self.layout else None
 
     def _prepare(self, dt, W, R, B, P) -> dict[str, Any]:
         H = self._check(W, R)
@@ -395,6 +402,11 @@ class LSTM(_Recurrent):
 
     def __call__(self, X, W, R, B=None, sequence_lens=None, initial_h=None, initial_c=None,
                  P=None):
+        w = self.streaming
+        if w is not None and sequence_lens is None and X.__class__ is np.ndarray and \
+                X.dtype == np.float32 and X.ndim == 3 and 0 < X.shape[1] <= COMPILED_MAX_ROWS \
+                and X.shape[0] > 0:  # empty sequences / batches: the general path's shapes
+            return self._compiled_forward(X, w, initial_h, initial_c)
         dt = _compute_dtype(X.dtype)
         w = self._weights(dt, W, R, B, P)
         H, peep, clip, biased = w["H"], w["P"], self.clip, w["biased"]
@@ -408,7 +420,7 @@ class LSTM(_Recurrent):
         if w["fast"] and w["recurrences"] is not None and sequence_lens is None and \
                 self.D == 1 and not self.reverse[0] and not self.layout and \
                 X.dtype == np.float32 and X.ndim == 3 and 0 < X.shape[1] <= COMPILED_MAX_ROWS and \
-                X.shape[0] > 0:  # empty sequences / batches: the general path's shapes
+                X.shape[0] > 0:  # weights fed at run time
             return self._compiled_forward(X, w, initial_h, initial_c)
         if w["fast"]:
             cell = fast_lstm_cell(H, lambda h, out: np.matmul(h, _recurrent_weights(w), out=out),
@@ -461,13 +473,24 @@ class LSTM(_Recurrent):
         states, in place), the same operations, without the generality's Python."""
         T, B, I = X.shape
         H = w["H"]
-        h = np.array(self._states_in(initial_h, B, H, np.float32), order="C")  # [1, B, H]
-        c = np.array(self._states_in(initial_c, B, H, np.float32), order="C")
+        h = _state_copy(self, initial_h, B, H)  # [1, B, H], updated in place
+        c = _state_copy(self, initial_c, B, H)
         xw = np.matmul(X.reshape(T * B, I), w["WT"])
         xw += w["bias"]
         ys = (np.zeros if self.want_y else np.empty)((T, 1, B, H), np.float32)
-        w["recurrences"][0].run(xw.reshape(T, B, -1), h[0], c[0], ys[:, 0])
+        # the arrays are made here with the layout the recurrence reads: no checks
+        w["recurrences"][0].run_fresh(xw, h, c, ys, T, B)
         return (ys if self.want_y else None), h, c
+
+
+def _state_copy(rnn: _Recurrent, state: np.ndarray | None, B: int, H: int) -> np.ndarray:
+    """A C-contiguous float32 copy of an initial state [1, B, H] (zeros without one)."""
+    if state is None:
+        return np.zeros((1, B, H), np.float32)
+    if state.__class__ is np.ndarray and state.dtype == np.float32 and \
+            state.shape == (1, B, H):
+        return state.copy()  # C order
+    return np.array(rnn._states_in(state, B, H, np.float32), order="C")
 
 
 # Rows up to which the compiled recurrence was measured to beat the numpy loop (one GEMM per

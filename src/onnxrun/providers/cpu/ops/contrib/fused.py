@@ -14,10 +14,10 @@ from ... import blas
 from ...kernels import KernelContext, op
 from ...compiled.layout import dense_order, flat, shaped_like
 from ...parallel import split_threads, threads_for
-from ..activation import sigmoid
+from ..activation import sigmoid, sigmoid_in_place
 from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
-from ..linalg import gemm_operand, packed_gemm, packed_weights, run_packed
+from ..linalg import gemm_packed, packed_gemm, packed_weights, run_packed
 from ..pool import MaxPool
 
 MS = "com.microsoft"
@@ -42,7 +42,7 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
     if name == "Tanh":
         return lambda y: np.tanh(y, out=y)
     if name in ("Sigmoid", "Logistic"):
-        return lambda y: np.copyto(y, sigmoid(y))
+        return sigmoid_in_place
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
 
@@ -134,6 +134,7 @@ class FusedGemm:
         # panels (alpha folded in) and bias (beta * C) replace B and C
         self.packed, self.packed_bias = packed_gemm(ctx, alpha, beta, transB)
         self.prepacked_inputs = (1, 2) if self.packed is not None else ()
+        self.prepared = None  # the panels' product for one shape of A (gemm_packed)
         self.bounds = getattr(self.act, "bounds", None)
         B = ctx.constant(1)
         self.B = None
@@ -155,8 +156,7 @@ class FusedGemm:
 
     def __call__(self, A, B, C=None):
         if self.packed is not None and (A.ndim == 2 or B is None):
-            Y = run_packed(self.packed, gemm_operand(A, self.transA, B), self.threads,
-                           self.packed_bias, self.bounds, released=B is None)
+            Y = gemm_packed(self, A, B, self.bounds)
             if Y is not None:
                 if self.act is not None and self.bounds is None:
                     self.act(Y)
