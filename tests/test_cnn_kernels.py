@@ -491,3 +491,26 @@ def test_small_convolutions_plan_once_per_shape_with_the_first_runs_results(x_sh
     np.testing.assert_array_equal(got, session(model, threads=1).run(None, later)[0])
     expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, later)
     np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs, padded", [(*SMALL[0], True),
+                                                             (*SMALL[2], False)])
+def test_small_convolution_plan_keeps_its_zero_padded_input(x_shape, w_shape, attrs, padded):
+    """A planned small convolution that reads padding copies its input into a buffer with the
+    zero column appended, kept with the plan and reused by the next run; one that reads no
+    padding gathers from the input itself. Later runs give a first run's numbers."""
+    model, feeds = conv_model(x_shape, rand(*w_shape, scale=0.3), rand(w_shape[0]), "Relu",
+                              **attrs)
+    sess = session(model, threads=1)
+    sess.run(None, feeds)
+    (kernel,) = [s.kernel for s in sess._program.steps if getattr(s.kernel, "small_plans", 0)]
+    pool = kernel.small_plans[x_shape][8]
+    assert (pool is not None) == padded
+    buffers = None if pool is None else [id(b) for b in pool]
+    for _ in range(3):
+        later = {"X": rand(*x_shape)}
+        got = sess.run(None, later)[0]
+        np.testing.assert_array_equal(got, session(model, threads=1).run(None, later)[0])
+    if padded:
+        assert [id(b) for b in pool] == buffers and len(pool) == 1
+        assert not pool[0][:, -1].any()  # the appended column stays zero

@@ -339,6 +339,34 @@ def test_pad_axes_and_versions():
     check("Pad", [np.arange(6, dtype=I64).reshape(2, 3), ints(1, 1, 1, 1)], opset=13)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "edge", "wrap"])
+@pytest.mark.parametrize("axes", [None, (0, -1)])
+def test_pad_gathers_planned_per_shape(mode, axes):
+    """Constant pads in a gathering mode: each input shape's gathers are made once and kept
+    by the kernel; every run of a shape gives onnxruntime's numbers."""
+    from one_node_harness import compare, oracle
+
+    pads = ints(1, 2, 3, 1) if axes else ints(0, 1, 2, 0, 2, 1)
+    inits = [numpy_helper.from_array(pads, "pads")]
+    names = ["x", "pads"]
+    if axes:
+        inits.append(numpy_helper.from_array(ints(*axes), "axes"))
+        names += ["", "axes"]
+    graph = helper.make_graph(
+        [helper.make_node("Pad", names, ["y"], mode=mode)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b", "c"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    model.ir_version = 9
+    model = model.SerializeToString()
+    sess = onnxrun.InferenceSession(model)
+    (kernel,) = [s.kernel for s in sess._program.steps]
+    for shape in [(3, 4, 5), (3, 4, 5), (4, 6, 7), (3, 4, 5)]:
+        feeds = {"x": rand(*shape)}
+        compare(sess.run(None, feeds), oracle(model, feeds), 0, 0)
+    assert sorted(kernel.gathers) == [(3, 4, 5), (4, 6, 7)]
+
+
 # -- index ops and reorderings ----------------------------------------------------------------
 
 

@@ -46,6 +46,15 @@ def _fortran(x: np.ndarray) -> tuple[np.ndarray, int]:
     return np.asfortranarray(x), 0
 
 
+def matmul_function(dtype: np.dtype):
+    """What ``matmul(a, b)`` of two ``dtype`` matrices on one thread calls: np.matmul itself
+    where no other GEMM takes them (for a caller that runs one product many times)."""
+    dtype = np.dtype(dtype)
+    if _gemms().get(dtype) is None and not (dtype == np.float32 and wasm_gemm.available()):
+        return np.matmul
+    return matmul
+
+
 def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
            threads: int = 1) -> np.ndarray:
     """``np.matmul(a, b, out=out)``; float products through the WebAssembly kernel or SciPy's

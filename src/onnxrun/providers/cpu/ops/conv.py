@@ -1408,8 +1408,12 @@ class Conv(_ConvBase):
             # more in Python than the arithmetic here.
             idx = _small_conv_columns(X.shape[2:], kernel, strides, dilations, heads, outs)
             C, S = X.shape[1], math.prod(X.shape[2:])
+            # the bias over the whole output (numpy adds a short broadcast row slowly); a
+            # pool of inputs with their zero column appended (none where nothing is padding)
+            bias = None if b is None else np.ascontiguousarray(np.broadcast_to(b, (M,) + outs))
             plan = (X.dtype, idx, Wm[0], (C, S), (C * math.prod(kernel), math.prod(outs)), b,
-                    (N, M) + outs)
+                    (N, M) + outs, bias, [] if (idx == S).any() else None,
+                    blas.matmul_function(cdt))
             if const_w and X.dtype == cdt and (B is None or self.bias is not None):
                 # all of the above depends on X's shape only: later calls of this shape go
                 # straight to _small_conv (a streaming model's 1-D layers: ~20 us a call)
@@ -1433,16 +1437,28 @@ class Conv(_ConvBase):
         the columns in one gather (cached indices, padding read from an appended zero), one
         GEMM, the epilogue inline; the padded copy, window view and banded, threaded path cost
         far more in Python than the arithmetic here. X in the compute dtype."""
-        _, idx, w, (C, S), cols_shape, b, y_shape = plan
-        Xz = np.empty((C, S + 1), X.dtype)
-        Xz[:, :S] = X.reshape(C, S)
-        Xz[:, S] = 0
-        cols = Xz.take(idx, axis=1)  # (C, K * P): (C, K) rows, as w's columns
-        Y = blas.matmul(w, cols.reshape(cols_shape)).reshape(y_shape)
-        if Z is not None:
-            Z = Z.astype(Y.dtype, copy=False)
-            if Z.shape != Y.shape:
-                Z = np.broadcast_to(Z, Y.shape)
+        _, idx, w, (C, S), cols_shape, b, y_shape, bias, padded, matmul = plan
+        if padded is None:
+            cols = X.reshape(C, S).take(idx, axis=1)
+        else:
+            try:  # list.pop and append are atomic: concurrent runs take different buffers
+                Xz = padded.pop()
+            except IndexError:
+                Xz = np.empty((C, S + 1), X.dtype)
+                Xz[:, S] = 0
+            Xz[:, :S] = X.reshape(C, S)
+            cols = Xz.take(idx, axis=1)  # (C, K * P): (C, K) rows, as w's columns
+            padded.append(Xz)
+        Y = matmul(w, cols.reshape(cols_shape)).reshape(y_shape)
+        if Z is None:
+            if bias is not None:
+                Y += bias
+            if act is not None:
+                act(Y)
+            return self._laid_out(Y)
+        Z = Z.astype(Y.dtype, copy=False)
+        if Z.shape != Y.shape:
+            Z = np.broadcast_to(Z, Y.shape)
         _epilogue(Y, None, b, Z, act)
         return self._laid_out(Y)
 

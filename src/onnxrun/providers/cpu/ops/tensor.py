@@ -348,7 +348,7 @@ class Slice:
 
 @op("Gather", 1, 11, 13)
 def Gather(data, indices, *, axis=0):
-    return np.take(data, as_intp(indices), axis=axis)
+    return data.take(as_intp(indices), axis=axis)  # the method: np.take's wrapper costs ~1 us
 
 
 def _along_axis_index(indices, axis):
@@ -542,6 +542,28 @@ def _pad(data, pads, mode, value, axes=None):
     raise ValueError(f"unsupported pad mode '{mode}'")
 
 
+def _pad_gathers(shape: tuple[int, ...], pads: list[int], mode: str, axes: list[int] | None
+                 ) -> list[tuple[int, np.ndarray]] | None:
+    """The gathers (axis, indices) that _pad makes for data of ``shape`` in a gathering mode
+    with non-negative ``pads``; None where it would raise (left to it, for its error)."""
+    r = len(shape)
+    axes = list(range(len(pads) // 2)) if axes is None else [a + r if a < 0 else a
+                                                             for a in axes]
+    n = len(axes)
+    if len(pads) != 2 * n or any(not 0 <= a < r for a in axes):
+        return None
+    before, after = [0] * r, [0] * r
+    for i, a in enumerate(axes):
+        before[a], after[a] = pads[i], pads[i + n]
+    gathers = []
+    for a, (b, e) in enumerate(zip(before, after, strict=True)):
+        if b or e:
+            if mode == "reflect" and shape[a] < 2 or shape[a] == 0:
+                return None
+            gathers.append((a, _pad_indices(mode, shape[a], b, e)))
+    return gathers
+
+
 @functools.lru_cache(maxsize=256)
 def _pad_indices(mode: str, n: int, before: int, after: int) -> np.ndarray:
     """Which element of an axis of length ``n`` each position of its padded version takes."""
@@ -573,8 +595,24 @@ class Pad:
         self.mode = mode
         self.pads = None if ctx.constant(1) is None else _ints(ctx.constant(1))
         self.axes = None if ctx.constant(3) is None else _ints(ctx.constant(3))
+        # constant pads and axes, a gathering mode: data's shape -> its gathers (axis,
+        # indices), as _pad makes them (a streaming model's STFT padding: one a call)
+        self.gathers: dict[tuple[int, ...], list] | None = None
+        if self.pads is not None and (self.axes is not None or not ctx.has_input(3)) and \
+                mode in ("reflect", "edge", "wrap") and min(self.pads, default=0) >= 0:
+            self.gathers = {}
 
     def __call__(self, data, pads, constant_value=None, axes=None):
+        gathers = self.gathers
+        if gathers is not None:
+            plan = gathers.get(data.shape)
+            if plan is None and len(gathers) < 64:
+                plan = gathers[data.shape] = _pad_gathers(data.shape, self.pads, self.mode,
+                                                          self.axes)
+            if plan is not None:
+                for a, idx in plan:
+                    data = data.take(idx, axis=a)
+                return data
         p = self.pads if self.pads is not None else _ints(pads)
         a = self.axes if self.axes is not None else (None if axes is None else _ints(axes))
         return _pad(data, p, self.mode, _pad_value(data, constant_value), a)
