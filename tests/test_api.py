@@ -361,6 +361,33 @@ def test_constant_output_is_a_fresh_writable_copy():
     np.testing.assert_array_equal(c2, [4.0, 5.0])
 
 
+@pytest.mark.parametrize("feed_kind", ["owning", "view", "frombuffer"])
+def test_outputs_never_share_memory_with_the_feeds(feed_kind):
+    """An output that is a feed, or a view of one (Identity, Reshape, Slice), is handed back
+    as a copy, whatever owns the fed memory; a fresh output is handed back as it is."""
+    m = onnx.parser.parse_model("""
+        <ir_version: 8, opset_import: ["" : 17]>
+        main (float[6] X) => (float[6] A, float[2, 3] B, float[6] C, float[6] D)
+        <int64[2] shape = {2, 3}, int64[1] one = {1}, int64[1] big = {9}>
+        { A = Identity(X)
+          B = Reshape(X, shape)
+          S = Slice(X, one, big)
+          C = Concat <axis = 0> (S, one_f)
+          D = Add(X, X)
+          one_f = Constant <value_floats = [7.0]> () }
+    """)
+    s = InferenceSession(m.SerializeToString())
+    data = np.arange(12, dtype=np.float32)
+    X = {"owning": lambda: data[:6].copy(), "view": lambda: data[3:9],
+         "frombuffer": lambda: np.frombuffer(bytearray(data[:6].tobytes()), np.float32)
+         }[feed_kind]()
+    outs = s.run(None, {"X": X})
+    for o in outs:
+        assert not np.may_share_memory(o, X)
+    np.testing.assert_array_equal(outs[0], X)
+    np.testing.assert_array_equal(outs[3], X + X)
+
+
 def test_lists_and_scalars_are_accepted_as_inputs(sess):
     out = sess.run(["Z"], {"X": [[1.0, -5.0, 2.0]], "Y": [0.0, 0.0, 0.0]})
     np.testing.assert_array_equal(out[0], [[1.0, 0.0, 2.0]])

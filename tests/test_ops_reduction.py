@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from one_node_harness import check, make_rand
+from one_node_harness import check, make_rand, one_node, oracle
+
+import onnxrun
 
 RNG = np.random.default_rng(2)
 rand = make_rand(RNG)
@@ -179,3 +181,17 @@ def test_reduce_max_min_nan_large():
     for op in ("ReduceMax", "ReduceMin"):
         check(op, [x, np.array([1], I64)], opset=18)
         check(op, [x, np.array([1], I64)], opset=18, keepdims=0)
+
+
+@pytest.mark.parametrize("axes,keepdims", [([2], 0), ([2], 1), ([0, 2], 0), ([-1], 1)])
+def test_mean_over_axes_of_one_element_is_its_sum_over_one(axes, keepdims):
+    """A mean over axes of length 1 (a streaming model pooling its one frame) skips the
+    reduction: the same bits as the sum divided by 1, -0.0 turned +0.0 as the sum does, NaN
+    and infinities kept, and onnxruntime's values."""
+    x = np.array([[[-0.0], [np.nan], [np.inf], [-np.inf], [1e-45], [3.5]]], np.float32)
+    model, feeds = one_node("ReduceMean", [x], opset=13, axes=axes, keepdims=keepdims)
+    got = onnxrun.InferenceSession(model).run(None, feeds)[0]
+    ax = tuple(sorted(a % 3 for a in axes))
+    want = np.add.reduce(x, axis=ax, keepdims=bool(keepdims))
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(got, oracle(model, feeds)[0])

@@ -66,6 +66,9 @@ def max_last(x):
 
 def _mean(x, axes, keep):
     if x.dtype in _BLAS and 0 < x.size < 4096:  # the steps below, their checks skipped
+        if axes and all(x.shape[a] == 1 for a in axes) and (keep or len(axes) < x.ndim):
+            # the mean of one element: its sum, 0 + x (-0.0 becomes +0.0), divided by 1
+            return np.add(x.reshape(_reduced_shape(x.shape, axes, keep)), x.dtype.type(0))
         total = np.add.reduce(x, axis=axes, dtype=x.dtype, keepdims=keep)
         count = x.size // total.size
         if total.__class__ is np.ndarray:
