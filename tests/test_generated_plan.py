@@ -110,3 +110,101 @@ def test_terminate_between_nodes_on_later_runs():
     options.terminate = True
     with pytest.raises(onnxrun.Fail, match="terminate"):
         sess.run(None, {"x": x, "w": w}, options)
+
+
+# -- an If's branches written into the generated function -------------------------------------
+
+IF_MODEL = """
+<ir_version: 8, opset_import: ["" : 18, "test.generated": 1]>
+g (bool c, float[N, 4] x, float[K, M] w) => (float[N, M] y, float[N, 4] z) {
+  k = Constant<value = float[1] {3.0}>()
+  y, z = If(c) <
+    then_branch = t () => (float[N, M] ty, float[N, 4] tz) {
+      half = Constant<value = float[1] {0.5}>()
+      a = Mul(x, half)
+      p, unused = test.generated.Pair(a)
+      ty = MatMul(p, w)
+      tz = Add(a, k)
+    },
+    else_branch = e () => (float[N, M] ey, float[N, 4] ez) {
+      ey = MatMul(x, w)
+      ez = Identity(x)
+    }>
+}
+"""
+
+
+def _if_model():
+    return onnx.parser.parse_model(IF_MODEL).SerializeToString()
+
+
+def _if_reference(c, x, w):
+    if c:
+        a = x * np.float32(0.5)
+        return (a * 2) @ w, a + np.float32(3.0)
+    return x @ w, x
+
+
+@pytest.mark.parametrize("with_options", [False, True])
+def test_if_branches_run_in_the_generated_function(with_options, monkeypatch):
+    """Later runs take the If's branches inside the generated function: no nested run of a
+    branch (Subgraph.__call__), the values of the enclosing graph and the branches'
+    constants where they belong, both branches' results."""
+    from onnxrun.plan import Subgraph
+
+    sess = onnxrun.InferenceSession(_if_model())
+    options = onnxrun.RunOptions() if with_options else None
+    rng = np.random.default_rng(4)
+    nested = []
+    original = Subgraph.__call__
+    monkeypatch.setattr(Subgraph, "__call__",
+                        lambda self, *a: nested.append(1) or original(self, *a))
+    for i in range(RUNS + 4):
+        c = np.array(i % 3 != 0)
+        x = rng.standard_normal((2, 4)).astype(np.float32)
+        w = rng.standard_normal((4, 3)).astype(np.float32)
+        nested.clear()
+        got = sess.run(None, {"c": c, "x": x, "w": w}, options)
+        for g, want in zip(got, _if_reference(c, x, w), strict=True):
+            np.testing.assert_allclose(g, want, rtol=1e-6)
+        assert not np.may_share_memory(got[1], x)
+    assert not nested  # the last runs ran no branch through a nested run
+
+
+def test_if_branch_values_are_freed_and_errors_name_both_nodes():
+    """A value made inside a branch is released after its last use; a kernel failing inside
+    a branch written in raises what the nested run raised: the If's node, then the failing
+    node and its inputs."""
+    model = onnx.parser.parse_model(IF_MODEL.replace("bool c", "bool[S] c"))
+    sess = onnxrun.InferenceSession(model.SerializeToString())
+    x = np.ones((2, 4), np.float32)
+    feeds = {"c": np.array([True]), "x": x, "w": np.ones((4, 3), np.float32)}
+    first = None
+    for i in range(RUNS):
+        _seen.clear()
+        sess.run(None, feeds)
+        gc.collect()
+        assert _seen and all(ref() is None for ref in _seen)  # Pair's output in the branch
+        if i == 0:  # the loop's nested run: the message to match later
+            with pytest.raises(onnxrun.RuntimeException) as info:
+                sess.run(None, dict(feeds, w=np.ones((3, 2), np.float32)))
+            first = str(info.value)
+    with pytest.raises(onnxrun.RuntimeException) as info:
+        sess.run(None, dict(feeds, w=np.ones((3, 2), np.float32)))
+    assert str(info.value) == first
+    assert "(If) subgraph: while running node" in first and "(MatMul)" in first
+    assert isinstance(info.value.__cause__, onnxrun.RuntimeException)
+    with pytest.raises(onnxrun.RuntimeException, match="If condition"):
+        sess.run(None, dict(feeds, c=np.array([True, False])))
+
+
+def test_if_branch_checks_terminate_on_later_runs():
+    sess = onnxrun.InferenceSession(_if_model())
+    feeds = {"c": np.array(True), "x": np.ones((2, 4), np.float32),
+             "w": np.ones((4, 3), np.float32)}
+    options = onnxrun.RunOptions()
+    for _ in range(RUNS):
+        sess.run(None, feeds, options)
+    options.terminate = True
+    with pytest.raises(onnxrun.Fail, match="terminate"):
+        sess.run(None, feeds, options)

@@ -33,16 +33,29 @@ NONE_SLOT = 0  # plan.NONE_SLOT: always None, a missing optional input reads it
 DISCARD = 1  # plan.DISCARD_SLOT: where the result of a node without outputs goes
 
 
+class Branches(NamedTuple):
+    """What an If-like kernel offers to be written into the generated function: its
+    ``inline_branches()`` returns these three (a tuple, or None): ``condition(value) ->
+    bool`` on its first input, then each branch's steps, slot template (its constants),
+    slots of the values it reads from the enclosing graph (the kernel's inputs after the
+    first, in order) and output slots (plan.Subgraph.inline_parts)."""
+
+    condition: Callable[[Any], bool]
+    then_branch: tuple[list[Step], list[Any], Sequence[int], Sequence[int]]
+    else_branch: tuple[list[Step], list[Any], Sequence[int], Sequence[int]]
+
+
 class CompiledSteps:
     """A plan's steps as the run loop reads them: once a plan has run GENERATE_AFTER times,
     one generated Python function of straight-line code, each value a local variable, each
     step one call of its kernel (a closure variable) on them, a value set to None after its
     last use. A node then costs its kernel call and a store: no loop, no slot list, no
     argument tuple (a chain of 1000 small Add/Mul nodes: 0.88 -> 0.53 us of CPU a node).
-    Compiling the function costs ~20-40 us a step (Python's compiler), tens of runs' savings:
-    until then, and for plans of more than MAX_GENERATED steps, the loop over a table
-    (``table``) runs it. The terminate check between nodes is in the variant made for runs
-    with RunOptions."""
+    An If's branches are written in as an if / else of their steps (``Branches``): no
+    nested run (slot list, plan lookup, function call) per call. Compiling the function
+    costs ~20-40 us a step (Python's compiler), tens of runs' savings: until then, and for
+    plans of more than MAX_GENERATED steps, the loop over a table (``table``) runs it. The
+    terminate check between nodes is in the variant made for runs with RunOptions."""
 
     __slots__ = ("steps", "fetch_slots", "table", "_fns", "_lines", "_runs")
 
@@ -55,8 +68,8 @@ class CompiledSteps:
         self.table = _table(steps)
         self._fns: dict[bool, Callable[[list[Any], Any], None]] = {}
         # per generated function's code: the line of a step's call -> (the step's index, the
-        # locals of its arguments)
-        self._lines: dict[Any, dict[int, tuple[int, tuple[str, ...]]]] = {}
+        # locals of its arguments, the node of a branch's step written in, else None)
+        self._lines: dict[Any, dict[int, tuple[int, tuple[str, ...], Node | None]]] = {}
         self._runs = 0
 
     def function(self, check_terminate: bool) -> Callable[[list[Any], Any], None] | None:
@@ -73,60 +86,118 @@ class CompiledSteps:
         steps = self.steps
         # Locals are reused once their value is freed (a register allocation): compiling a
         # function costs more than linear time in its number of distinct locals.
-        names: dict[int, str] = {NONE_SLOT: "None", DISCARD: "_d"}
+        names: dict[Any, str] = {NONE_SLOT: "None", DISCARD: "_d"}
         pool: list[str] = []
+        closure: list[Any] = []  # the kernels, conditions and branch constants
 
-        def assign(slot: int) -> str:
+        def assign(slot: Any) -> str:
             if slot not in names:
                 names[slot] = pool.pop() if pool else f"v{len(names)}"
             return names[slot]
+
+        def release(slot: Any) -> None:
+            pool.append(names.pop(slot))
+
+        def constant(value: Any) -> str:
+            closure.append(value)
+            return f"k{len(closure) - 1}"
 
         produced = {s for step in steps for s in step.outputs}
         read = {s for step in steps for s in step.inputs} | set(self.fetch_slots)
         external = sorted(read - produced - {NONE_SLOT, DISCARD})
         body = [f"    {assign(s)} = slots[{s}]" for s in external]
-        lines: dict[int, tuple[int, tuple[str, ...]]] = {}
+        lines: dict[int, tuple[int, tuple[str, ...], Node | None]] = {}
         first = 4  # the body's first line: after the factory's two lines and "def run"
-        for i, step in enumerate(steps):
+
+        def call(kernel: Any, args: tuple[str, ...], outs: list[str], indent: str,
+                 where: tuple[int, Node | None]) -> None:
             if check_terminate:
-                body.append("    if ro.terminate: raise _Terminated(_TERMINATED)")
-            args = tuple(names[s] for s in step.inputs)
-            call = f"k{i}({', '.join(args)})"
-            lines[first + len(body)] = (i, args)
-            outs = [assign(s) for s in step.outputs]
+                body.append(f"{indent}if ro.terminate: raise _Terminated(_TERMINATED)")
+            expr = f"{constant(kernel)}({', '.join(args)})"
+            lines[first + len(body)] = (where[0], args, where[1])
             if len(outs) > 1:
-                body.append(f"    {', '.join(outs)} = _spread({call}, {len(outs)})")
+                body.append(f"{indent}{', '.join(outs)} = _spread({expr}, {len(outs)})")
+            elif isinstance(kernel, np.ufunc) and kernel.nout == 1:
+                body.append(f"{indent}{outs[0] if outs else '_d'} = {expr}")
+            else:  # a kernel may return its outputs as a tuple, whatever the node uses
+                body.extend([f"{indent}r = {expr}",
+                             f"{indent}{outs[0] if outs else '_d'} = r[0] if r.__class__ "
+                             "is _tuple else r"])
+
+        def branch_steps(i: int, branch: tuple[list[Step], list[Any], Sequence[int],
+                                               Sequence[int]],
+                         captured: tuple[str, ...], outs: list[str]) -> None:
+            """One branch's steps under the If's condition: its slots as locals of their
+            own (keys (i, branch, slot)), the values it reads from the enclosing graph as
+            the If's argument locals, its constants as closure variables; its outputs
+            assigned to the If's."""
+            branch_steps_, template, outer, fetches = branch
+            tag = id(branch_steps_)
+            local: dict[int, str] = dict(zip(outer, captured, strict=False))
+
+            def name(s: int) -> str:
+                got = local.get(s) or names.get((i, tag, s))
+                if got is None:
+                    if s in (NONE_SLOT, DISCARD):
+                        return names[s]
+                    # read before any step writes it: a constant of the branch (or None)
+                    value = template[s]
+                    got = local[s] = "None" if value is None else constant(value)
+                return got
+
+            for step in branch_steps_:
+                args = tuple(name(s) for s in step.inputs)
+                outs_ = [("_d" if s == DISCARD else assign((i, tag, s))) for s in step.outputs]
+                call(step.kernel, args, outs_, "        ", (i, step.node))
+                for s in step.frees:
+                    if (i, tag, s) in names:
+                        body.append(f"        {names[(i, tag, s)]} = None")
+                        release((i, tag, s))
+            values = [name(s) for s in fetches]
+            body.append(f"        {', '.join(outs or ['_d'])}, = {', '.join(values)},")
+            for k in [k for k in names if isinstance(k, tuple) and k[:2] == (i, tag)]:
+                body.append(f"        {names[k]} = None")  # the branch's outputs, now the If's
+                release(k)
+
+        for i, step in enumerate(steps):
+            args = tuple(names[s] for s in step.inputs)
+            branches = _branches(step)
+            if branches is None:
+                call(step.kernel, args, [assign(s) for s in step.outputs], "    ", (i, None))
             else:
-                out = outs[0] if outs else "_d"
-                if isinstance(step.kernel, np.ufunc) and step.kernel.nout == 1:
-                    body.append(f"    {out} = {call}")
-                else:  # a kernel may return its outputs as a tuple, whatever the node uses
-                    body += [f"    r = {call}",
-                             f"    {out} = r[0] if r.__class__ is _tuple else r"]
+                if check_terminate:
+                    body.append("    if ro.terminate: raise _Terminated(_TERMINATED)")
+                lines[first + len(body)] = (i, args, None)  # the condition is the If's
+                body.append(f"    if {constant(branches.condition)}({args[0]}):")
+                outs = [assign(s) for s in step.outputs]
+                for k, branch in enumerate((branches.then_branch, branches.else_branch)):
+                    if k:
+                        body.append("    else:")
+                    branch_steps(i, branch, args[1:], outs)
             for s in step.frees:
                 if s not in (NONE_SLOT, DISCARD) and s in names:
                     body.append(f"    {names[s]} = None")
-                    pool.append(names.pop(s))
+                    release(s)
         body += [f"    slots[{s}] = {names[s]}" for s in self.fetch_slots if s != NONE_SLOT]
-        kernels = ", ".join(f"k{i}" for i in range(len(steps)))
+        kernels = ", ".join(f"k{i}" for i in range(len(closure)))
         source = "\n".join([
             "def _factory(_K, _spread, _tuple, _Terminated, _TERMINATED):",
-            f"  {kernels}{',' if len(steps) == 1 else ''} = _K" if steps else "  pass",
+            f"  {kernels}{',' if len(closure) == 1 else ''} = _K" if closure else "  pass",
             "  def run(slots, ro):",
             *[f"  {line}" for line in body],
             "      return",
             "  return run"])
         namespace: dict[str, Any] = {}
         exec(compile(source, "<onnxrun plan>", "exec"), namespace)  # noqa: S102 - our own code
-        run = namespace["_factory"](tuple(step.kernel for step in steps), _spread, tuple,
-                                    RunTerminated, _TERMINATED)
+        run = namespace["_factory"](tuple(closure), _spread, tuple, RunTerminated, _TERMINATED)
         self._lines[run.__code__] = lines
         return run
 
-    def failed_step(self, error: BaseException) -> tuple[int, list[Any]] | None:
-        """(the index of the step whose kernel raised ``error``, its arguments), from the
-        generated function's frame in the traceback; None if the error did not come from a
-        kernel call."""
+    def failed_step(self, error: BaseException
+                    ) -> tuple[int, list[Any], Node | None] | None:
+        """(the index of the step whose kernel raised ``error``, its arguments, the node of
+        the branch step written in that raised it or None), from the generated function's
+        frame in the traceback; None if the error did not come from a kernel call."""
         tb = error.__traceback__
         while tb is not None:
             lines = self._lines.get(tb.tb_frame.f_code)
@@ -134,14 +205,27 @@ class CompiledSteps:
                 found = lines.get(tb.tb_lineno)
                 if found is None:
                     return None
-                index, args = found
-                local = tb.tb_frame.f_locals
-                return index, [None if a == "None" else local.get(a) for a in args]
+                index, args, inner = found
+                local = tb.tb_frame.f_locals  # a branch's constants too (free variables)
+                return index, [None if a == "None" else local.get(a) for a in args], inner
             tb = tb.tb_next
         return None
 
 
 _TERMINATED = "Exiting due to terminate flag being set to true."
+
+
+def _branches(step: Step) -> Branches | None:
+    """The step's Branches when its kernel offers them and they fit its outputs."""
+    offer = getattr(type(step.kernel), "inline_branches", None)  # not a wrapper's
+    got = offer(step.kernel) if offer is not None else None
+    if got is None:
+        return None
+    got = Branches(*got)
+    if not step.inputs or any(len(b[3]) != len(step.outputs)
+                              for b in (got.then_branch, got.else_branch)):
+        return None
+    return got
 
 
 def _spread(result: Any, n: int) -> tuple[Any, ...]:
@@ -187,8 +271,14 @@ def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options
         failed = compiled.failed_step(e)
         if failed is None:
             raise
-        index, args = failed
-        raise kernel_error(steps[index].node, args, e) from e
+        index, args, inner = failed
+        if inner is None:
+            raise kernel_error(steps[index].node, args, e) from e
+        # in a branch written in: the error a nested run of it would have raised, named
+        # by the If's node as well
+        cause = kernel_error(inner, args, e)
+        cause.__cause__ = e
+        raise kernel_error(steps[index].node, [], cause) from cause
 
 
 def _run_table(steps: list[Step], table: list[tuple[Any, ...]], slots: list[Any],

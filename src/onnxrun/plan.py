@@ -67,6 +67,14 @@ class Subgraph:
         feeds = list(zip(program.input_slots, inputs, strict=False))
         return program.run(program.full_plan, feeds, captured, _run_options.get())
 
+    def inline_parts(self) -> tuple[list[Step], list[Any], list[int], list[int]]:
+        """(steps, slot template, captured values' slots, output slots) of a body without
+        formal inputs, what ``__call__`` runs: for an If's branch written into the enclosing
+        plan's generated function (execute.Branches)."""
+        program = self.program
+        plan = program.full_plan
+        return plan.steps, program.template, program.outer_slots, plan.fetch_slots
+
 
 class Program:
     def __init__(

@@ -69,8 +69,23 @@ class If:
         self.else_branch = else_branch
 
     def __call__(self, cond, *captured):
-        branch = self.then_branch if _scalar_bool(cond, "If condition") else self.else_branch
+        branch = self.then_branch if _if_condition(cond) else self.else_branch
         return tuple(branch((), captured))
+
+    def inline_branches(self):
+        """The condition and both branches' steps, for the enclosing plan's generated
+        function to run in place of this kernel (execute.Branches); None where a branch has
+        formal inputs (not an If body)."""
+        if self.then_branch.input_names or self.else_branch.input_names:
+            return None
+        return (_if_condition, self.then_branch.inline_parts(),
+                self.else_branch.inline_parts())
+
+
+def _if_condition(cond: Any) -> bool:
+    if cond.__class__ is np.ndarray and cond.size == 1:
+        return bool(cond.item())
+    return _scalar_bool(cond, "If condition")
 
 
 # -- Loop -----------------------------------------------------------------------------------------
