@@ -536,6 +536,7 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
 
 _NO_CLIP = np.array((-np.inf, np.inf), np.float32)
 _NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
+_PTR_A, _PTR_OUT = 0, 4  # A's and out's addresses in the argument block (PackedMatrix._head)
 
 
 class PackedMatrix:
@@ -688,6 +689,15 @@ class PackedMatrix:
         return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
                             flags, kcb, jump, threads, blk=block, wrap=wrap, wstep=wstep)
 
+    def _head(self, a_ptr: int, lda: int, out_ptr: int, ldc: int, b_ptr: int, r_ptr: int,
+              ldr: int, clip_ptr: int, flags: int, kcb: int = KC, ajump: int = 0,
+              blk: int = 0, wrap: int = _NO_WRAP, wstep: int = 0) -> list[int]:
+        """The kernel's argument block up to its range (rows m0, m1, panels p0, p1): the
+        one place that lays it out."""
+        N, K = self.N, self.K
+        return [a_ptr, lda, self._ptr, K, out_ptr, ldc, N, b_ptr, r_ptr, ldr, clip_ptr, flags,
+                kcb, self._ncb, ajump, blk, -(-N // self.NR), K, N, N, wrap, wstep]
+
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
                 sets: int = 1, blk: int = 0, wrap: int = _NO_WRAP,
@@ -699,8 +709,8 @@ class PackedMatrix:
         clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
         snp = -(-N // self.NR)
         npan = sets * snp
-        head = [a_ptr, lda, self._ptr, K, address(out), out.strides[0] // 4, N, b_ptr, r_ptr,
-                ldr, address(clip), flags, kcb, self._ncb, ajump, blk, snp, K, N, N, wrap, wstep]
+        head = self._head(a_ptr, lda, address(out), out.strides[0] // 4, b_ptr, r_ptr, ldr,
+                          address(clip), flags, kcb, ajump, blk, wrap, wstep)
         MR = self.MR
         ranges = [(0, M, 0, npan)]
         if threads > 1 and M * npan > MR:
@@ -739,10 +749,9 @@ class PackedMatrix:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
             b_ptr, flags = address(keep[-1]), 1
         # run's block for one range (A's and out's addresses filled in at each call)
-        block = np.array([0, K, self._ptr, K, 0, N, N, b_ptr, self._zeros_ptr, 0,
-                          address(keep[0]), flags, KC, self._ncb, 0, 0, snp, K, N, N,
-                          0, M, 0, snp], np.int64)
-        return PreparedProduct(self, (M, K), block, keep)
+        block = np.array(self._head(0, K, 0, N, b_ptr, self._zeros_ptr, 0, address(keep[0]),
+                                    flags) + [0, M, 0, snp], np.int64)
+        return PreparedProduct(self, (M, K), block, keep, _PTR_A, _PTR_OUT)
 
     def args(self, A: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The kernel's argument block (int64) for out = A @ B on one thread, for a caller
@@ -755,9 +764,9 @@ class PackedMatrix:
             raise ValueError(f"float GEMM: bad operands {A.dtype}{list(A.shape)} -> "
                              f"{out.dtype}{list(out.shape)} for [{K}, {N}]")
         snp = -(-N // self.NR)
-        return np.array([address(A), A.strides[0] // 4, self._ptr, K, address(out), N, N,
-                         self._zeros_ptr, self._zeros_ptr, 0, address(_NO_CLIP), 0, KC,
-                         self._ncb, 0, 0, snp, K, N, N, _NO_WRAP, 0, 0, M, 0, snp], np.int64)
+        return np.array(self._head(address(A), A.strides[0] // 4, address(out), N,
+                                   self._zeros_ptr, self._zeros_ptr, 0, address(_NO_CLIP), 0)
+                        + [0, M, 0, snp], np.int64)
 
 
 class PreparedProduct:
@@ -765,19 +774,20 @@ class PreparedProduct:
     C-contiguous float32 A of ``shape`` (the caller checks it), into a new array: the same
     kernel call on the same block, so the same numbers."""
 
-    __slots__ = ("shape", "_fn", "_block", "_keep", "_out")
+    __slots__ = ("shape", "_fn", "_block", "_keep", "_out", "_a", "_o")
 
     def __init__(self, packed: PackedMatrix, shape: tuple[int, int], block: np.ndarray,
-                 keep: list[np.ndarray]) -> None:
+                 keep: list[np.ndarray], a: int, o: int) -> None:
         self.shape, self._fn, self._block = shape, packed._fn, block
         self._keep = (packed, keep)  # the panels, clip bounds and bias the block points at
         self._out = (shape[0], packed.N)
+        self._a, self._o = a, o  # where A's and out's addresses go in the block
 
     def __call__(self, A: np.ndarray) -> np.ndarray:
         out = np.empty(self._out, np.float32)
         block = self._block.copy()  # a block per call: concurrent runs share the kernel
-        block[0] = address(A)
-        block[4] = address(out)
+        block[self._a] = address(A)
+        block[self._o] = address(out)
         self._fn(address(block))
         return out
 
