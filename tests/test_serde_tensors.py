@@ -47,3 +47,26 @@ def test_tensor_type_is_onnx_helpers(arr):
 
     want = helper.make_tensor_type_proto(elem_type(arr.dtype), list(arr.shape))
     assert tensor_type(arr).SerializeToString() == want.SerializeToString()
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32,
+                                   np.int64, np.uint64])
+@pytest.mark.parametrize("shape", [(), (0,), (4,), (2, 3)])
+def test_skeleton_constants_are_numpy_helpers(dtype, shape):
+    from onnxrun.validate import _int_tensor
+
+    arr = (np.arange(int(np.prod(shape))) - 1).astype(dtype).reshape(shape)
+    want = numpy_helper.from_array(arr, "c")
+    assert _int_tensor(arr, "c").SerializeToString() == want.SerializeToString()
+
+
+@pytest.mark.parametrize("dims", [[], [0], [5, 1, 3]])
+def test_skeleton_inputs_are_onnx_helpers(dims):
+    from onnx import GraphProto
+
+    from onnxrun.validate import _add_input
+
+    g = GraphProto()
+    _add_input(g, "w", TensorProto.FLOAT16, dims)
+    want = helper.make_tensor_value_info("w", TensorProto.FLOAT16, list(dims))
+    assert g.input[0].SerializeToString() == want.SerializeToString()
