@@ -21,12 +21,12 @@ _SWAP[L]); the fold reads them in MLAS's order. A's codes are laid out per group
 their 32 even-indexed then 32 odd-indexed elements, to meet the weight's low and high nibbles;
 a leftover block of 16 in element order.
 
-CompFp32 (levels 0-3): the weight dequantized once, (q - zp) * scale, K x N float32. One row
-(SQ4BitGemmM1Kernel_CompFp32_avx2): eight lanes per column, lane j the fused multiply-add
-chain over k = j, j + 8, ... in order; folded as FoldAccumulators, or for the last N % 4
-columns as (lo + hi) then two horizontal adds; the bias added. Several rows (the dequantized
-weight through MLAS's FMA3 SGEMM kernel over all of K): one fused multiply-add chain per
-output in k order, then the bias.
+CompFp32 (levels 0-3), each weight (q - zp) * scale in float32. One row
+(SQ4BitGemmM1Kernel_CompFp32_avx2, from the packed weight, dequantized in registers): eight
+lanes per column, lane j the fused multiply-add chain over k = j, j + 8, ... in order; folded
+as FoldAccumulators, or for the last N % 4 columns as (lo + hi) then two horizontal adds; the
+bias added. Several rows (the weight dequantized once, K x N, through MLAS's FMA3 SGEMM kernel
+over all of K): one fused multiply-add chain per output in k order, then the bias.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .nbits_gemm import zshare_ir
 
 REQUIRES = ("avx2", "fma")
 BLOCKS = (16, 64, 128, 256)  # CompInt8 here (32: nbits_gemm)
+FP32_BLOCKS = (16, 32, 64, 128, 256)  # CompFp32
 ROWS = 4  # rows of A per column pass (their codes share the column's unpacked weight)
 NBLOCK = 16  # columns per block of the row loop (their weight stays in cache)
 PANEL = 16  # columns of the dequantized weight's panels (contiguous along K, as MLAS packs B)
@@ -525,6 +526,135 @@ def _gemm(block: int) -> list[str]:
             "}"]
 
 
+def _fq_columns(block: int, cols: int) -> list[str]:
+    """@fq{block}_{cols}: C[0, n..n+cols] of one row at levels 0-3 straight from the packed
+    weight, as MLAS's M == 1 CompFp32 kernel: per sub-block of 32 elements (16 in blocks of 16)
+    the nibbles minus the zero point, converted and times the scale (each weight exactly the
+    dequantized one), then one fused multiply-add per 8 elements with A's (lane j: elements
+    j mod 8, in order); the columns side by side, A's floats loaded once for all."""
+    SB = min(block, 32)
+    C, I = range(cols), range(SB // 8)
+    per = block // SB
+    shift = per.bit_length() - 1
+    H = SB // 2
+    VS, VSI, VSF = f"<{H} x i8>", f"<{SB} x i8>", f"<{SB} x float>"
+    inter = _vec("i32", [v for j in range(H) for v in (j, H + j)])
+    L = [f"define internal void @fq{block}_{cols}(ptr noalias %A, ptr noalias %B, "
+         "ptr noalias %sb, ptr noalias %Zq, ptr noalias %bias, ptr %C, i64 %n, i64 %kb, "
+         "i64 %nfold) nounwind alwaysinline {",
+         "entry:",
+         f"  %rowbytes = mul i64 %kb, {block // 2}",
+         f"  %subs = mul i64 %kb, {per}",
+         *(f"  %nc{c} = add i64 %n, {c}" for c in C),
+         *(f"  %brow{c} = mul i64 %nc{c}, %rowbytes" for c in C),
+         *(f"  %bsrow{c} = mul i64 %nc{c}, %kb" for c in C),
+         "  br label %s.loop",
+         "s.loop:",
+         "  %s = phi i64 [0, %entry], [%s.next, %s.loop]",
+         *(f"  %acc{c} = phi {_VF} [zeroinitializer, %entry], [%acc{c}.n, %s.loop]" for c in C),
+         f"  %blk = lshr i64 %s, {shift}" if shift else "  %blk = add i64 %s, 0",
+         f"  %ao = mul i64 %s, {SB}",
+         "  %ap = getelementptr float, ptr %A, i64 %ao",
+         f"  %a = load {VSF}, ptr %ap, align 4",
+         *(f"  %a{i} = shufflevector {VSF} %a, {VSF} poison, <8 x i32> "
+           f"{_vec('i32', range(8 * i, 8 * i + 8))}" for i in I),
+         f"  %bo = mul i64 %s, {H}"]
+    for c in C:
+        L += [f"  %bo{c} = add i64 %brow{c}, %bo",
+              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
+              f"  %w{c} = load {VS}, ptr %bp{c}, align 1",
+              f"  %lo{c} = and {VS} %w{c}, {_vec('i8', [15] * H)}",
+              f"  %hi{c} = lshr {VS} %w{c}, {_vec('i8', [4] * H)}",
+              f"  %e{c} = shufflevector {VS} %lo{c}, {VS} %hi{c}, <{SB} x i32> {inter}",
+              f"  %sbi{c} = add i64 %bsrow{c}, %blk",
+              f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
+              f"  %z{c} = load i8, ptr %zp{c}, align 1"]
+        z = _splat(L, f"zv{c}", f"%z{c}", n=SB, ty="i8")
+        L += [f"  %d{c} = sub {VSI} %e{c}, {z}",
+              f"  %f{c} = sitofp {VSI} %d{c} to {VSF}",
+              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
+              f"  %sv{c} = load float, ptr %sbp{c}, align 4"]
+        sv = _splat(L, f"svv{c}", f"%sv{c}", n=SB)
+        L += [f"  %wf{c} = fmul {VSF} %f{c}, {sv}"]
+        prev = f"%acc{c}"
+        for i in I:
+            out = f"%acc{c}.n" if i == I[-1] else f"%acc{c}_{i}"
+            L += [f"  %wf{c}_{i} = shufflevector {VSF} %wf{c}, {VSF} poison, <8 x i32> "
+                  f"{_vec('i32', range(8 * i, 8 * i + 8))}",
+                  f"  {out} = call {_VF} @llvm.fma.v8f32({_VF} %wf{c}_{i}, {_VF} %a{i}, "
+                  f"{_VF} {prev})"]
+            prev = out
+    L += ["  %s.next = add i64 %s, 1",
+          "  %s.more = icmp ult i64 %s.next, %subs",
+          "  br i1 %s.more, label %s.loop, label %s.end",
+          "s.end:",
+          "  %hb = icmp ne ptr %bias, null",
+          "  br i1 %hb, label %bias.yes, label %bias.no",
+          "bias.yes:",
+          "  %bsp = getelementptr float, ptr %bias, i64 %n",
+          f"  %bsv = load <{cols} x float>, ptr %bsp, align 4",
+          "  br label %bias.no",
+          "bias.no:",
+          f"  %bval = phi <{cols} x float> [%bsv, %bias.yes], [zeroinitializer, %s.end]"]
+    for c in C:
+        x = [f"%x{i}_{c}" for i in range(8)]
+        L += [f"  {x[i]} = extractelement {_VF} %acc{c}.n, i64 {i}" for i in range(8)]
+        L += [f"  %l1_{c} = fadd float {x[0]}, {x[1]}",
+              f"  %l2_{c} = fadd float %l1_{c}, {x[2]}",
+              f"  %l3_{c} = fadd float %l2_{c}, {x[3]}",
+              f"  %u1_{c} = fadd float {x[4]}, {x[5]}",
+              f"  %u2_{c} = fadd float %u1_{c}, {x[6]}",
+              f"  %u3_{c} = fadd float %u2_{c}, {x[7]}",
+              f"  %fo_{c} = fadd float %l3_{c}, %u3_{c}",
+              f"  %v0_{c} = fadd float {x[0]}, {x[4]}",  # (lo + hi), two horizontal adds
+              f"  %v1_{c} = fadd float {x[1]}, {x[5]}",
+              f"  %v2_{c} = fadd float {x[2]}, {x[6]}",
+              f"  %v3_{c} = fadd float {x[3]}, {x[7]}",
+              f"  %h01_{c} = fadd float %v0_{c}, %v1_{c}",
+              f"  %h23_{c} = fadd float %v2_{c}, %v3_{c}",
+              f"  %hs_{c} = fadd float %h01_{c}, %h23_{c}",
+              f"  %bv{c} = extractelement <{cols} x float> %bval, i64 {c}",
+              f"  %fob_{c} = fadd float %fo_{c}, %bv{c}",
+              f"  %fo2_{c} = select i1 %hb, float %fob_{c}, float %fo_{c}",
+              f"  %hs2_{c} = fadd float %hs_{c}, %bv{c}",  # MLAS adds 0.0f without a bias
+              f"  %infold{c} = icmp slt i64 %nc{c}, %nfold",
+              f"  %y_{c} = select i1 %infold{c}, float %fo2_{c}, float %hs2_{c}",
+              f"  %cp_{c} = getelementptr float, ptr %C, i64 %nc{c}",
+              f"  store float %y_{c}, ptr %cp_{c}, align 4"]
+    return L + ["  ret void", "}"]
+
+
+def _fq_m1(block: int) -> list[str]:
+    """fq{block}_m1(A, B, sb, Zq, bias, C, n0, n1, kb, nfold): columns [n0, n1) of one row at
+    levels 0-3 from the packed weight (A zero-padded to whole blocks), COLS at a time."""
+    args = "ptr %A, ptr %B, ptr %sb, ptr %Zq, ptr %bias, ptr %C"
+    return [f"define void @fq{block}_m1(ptr noalias %A, ptr noalias %B, ptr noalias %sb, "
+            "ptr noalias %Zq, ptr noalias %bias, ptr %C, i64 %n0, i64 %n1, i64 %kb, "
+            "i64 %nfold) nounwind {",
+            "entry:",
+            "  br label %v.head",
+            "v.head:",
+            "  %n = phi i64 [%n0, %entry], [%n.next, %v.body]",
+            f"  %nend = add i64 %n, {COLS}",
+            "  %v.ok = icmp sle i64 %nend, %n1",
+            "  br i1 %v.ok, label %v.body, label %s.head",
+            "v.body:",
+            f"  call void @fq{block}_{COLS}({args}, i64 %n, i64 %kb, i64 %nfold)",
+            f"  %n.next = add i64 %n, {COLS}",
+            "  br label %v.head",
+            "s.head:",
+            "  %c = phi i64 [%n, %v.head], [%c.next, %s.body]",
+            "  %s.ok = icmp slt i64 %c, %n1",
+            "  br i1 %s.ok, label %s.body, label %end",
+            "s.body:",
+            f"  call void @fq{block}_1({args}, i64 %c, i64 %kb, i64 %nfold)",
+            "  %c.next = add i64 %c, 1",
+            "  br label %s.head",
+            "end:",
+            "  ret void",
+            "}"]
+
+
 def _panel_base(n: str) -> list[str]:
     """%pb = the index of W[0, n] in the panel layout: (n / 16) * K * 16 + n % 16."""
     return [f"  %pn = lshr i64 {n}, 4",
@@ -532,108 +662,6 @@ def _panel_base(n: str) -> list[str]:
             "  %pbase = mul i64 %pn, %pk",
             f"  %poff = and i64 {n}, 15",
             "  %pb = add i64 %pbase, %poff"]
-
-
-def _fp32_m1() -> list[str]:
-    """fp32_m1(A, W, bias, C, K, Np, n0, n1, nfold): one row, columns [n0, n1) (multiples of
-    8) of C = A @ W, W in panels (Np / 16, K, 16) float32 (PANEL): eight columns at once,
-    MLAS's lane j of each column in vector j (the chains over k = j mod 8), its folds
-    lane-wise."""
-    J = range(8)
-    L = ["define void @fp32_m1(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
-         "ptr noalias %C, i64 %K, i64 %Np, i64 %n0, i64 %n1, i64 %nfold) nounwind {",
-         "entry:",
-         "  %K8 = and i64 %K, -8",
-         "  %Klast = sub i64 %K, 1",
-         "  %hb = icmp ne ptr %bias, null",
-         "  %anyn = icmp slt i64 %n0, %n1",
-         "  br i1 %anyn, label %n.loop, label %end",
-         "n.loop:",
-         "  %n = phi i64 [%n0, %entry], [%n.next, %bias.no]",
-         *_panel_base("%n"),
-         "  %anyk = icmp sgt i64 %K8, 0",
-         "  br i1 %anyk, label %k.loop, label %k.end",
-         "k.loop:",
-         "  %k = phi i64 [0, %n.loop], [%k.next, %k.loop]",
-         *(f"  %acc{j} = phi {_VF} [zeroinitializer, %n.loop], [%acc{j}.n, %k.loop]" for j in J)]
-    for j in J:
-        L += [f"  %k{j} = add i64 %k, {j}",
-              f"  %ap{j} = getelementptr float, ptr %A, i64 %k{j}",
-              f"  %a{j} = load float, ptr %ap{j}, align 4"]
-        _splat(L, f"as{j}", f"%a{j}")
-        L += [f"  %wi0_{j} = mul i64 %k{j}, {PANEL}",
-              f"  %wi{j} = add i64 %wi0_{j}, %pb",
-              f"  %wp{j} = getelementptr float, ptr %W, i64 %wi{j}",
-              f"  %w{j} = load {_VF}, ptr %wp{j}, align 4",
-              f"  %acc{j}.n = call {_VF} @llvm.fma.v8f32({_VF} %w{j}, {_VF} %as{j}, "
-              f"{_VF} %acc{j})"]
-    L += ["  %k.next = add i64 %k, 8",
-          "  %k.more = icmp slt i64 %k.next, %K8",
-          "  br i1 %k.more, label %k.loop, label %k.end",
-          "k.end:",
-          *(f"  %accp{j} = phi {_VF} [zeroinitializer, %n.loop], [%acc{j}.n, %k.loop]"
-            for j in J)]
-    x = []
-    for j in J:  # the last K % 8 elements (a clamped, unused load where there is none)
-        L += [f"  %tk{j} = add i64 %K8, {j}",
-              f"  %tin{j} = icmp slt i64 %tk{j}, %K",
-              f"  %tkc{j} = select i1 %tin{j}, i64 %tk{j}, i64 %Klast",
-              f"  %tap{j} = getelementptr float, ptr %A, i64 %tkc{j}",
-              f"  %ta{j} = load float, ptr %tap{j}, align 4"]
-        _splat(L, f"tas{j}", f"%ta{j}")
-        L += [f"  %twi0_{j} = mul i64 %tkc{j}, {PANEL}",
-              f"  %twi{j} = add i64 %twi0_{j}, %pb",
-              f"  %twp{j} = getelementptr float, ptr %W, i64 %twi{j}",
-              f"  %tw{j} = load {_VF}, ptr %twp{j}, align 4",
-              f"  %tf{j} = call {_VF} @llvm.fma.v8f32({_VF} %tw{j}, {_VF} %tas{j}, "
-              f"{_VF} %accp{j})",
-              f"  %x{j} = select i1 %tin{j}, {_VF} %tf{j}, {_VF} %accp{j}"]
-        x.append(f"%x{j}")
-    return _fp32_m1_tail(L, x)
-
-
-def _fp32_m1_tail(L: list[str], x: list[str]) -> list[str]:
-    """fp32_m1's end: the folds, the bias, the store of eight columns."""
-    L += [f"  %l1 = fadd {_VF} {x[0]}, {x[1]}",
-          f"  %l2 = fadd {_VF} %l1, {x[2]}",
-          f"  %l3 = fadd {_VF} %l2, {x[3]}",
-          f"  %u1 = fadd {_VF} {x[4]}, {x[5]}",
-          f"  %u2 = fadd {_VF} %u1, {x[6]}",
-          f"  %u3 = fadd {_VF} %u2, {x[7]}",
-          f"  %fo = fadd {_VF} %l3, %u3",
-          f"  %v0 = fadd {_VF} {x[0]}, {x[4]}",  # (lo + hi), then two horizontal adds
-          f"  %v1 = fadd {_VF} {x[1]}, {x[5]}",
-          f"  %v2 = fadd {_VF} {x[2]}, {x[6]}",
-          f"  %v3 = fadd {_VF} {x[3]}, {x[7]}",
-          f"  %h01 = fadd {_VF} %v0, %v1",
-          f"  %h23 = fadd {_VF} %v2, %v3",
-          f"  %hs = fadd {_VF} %h01, %h23",
-          "  br i1 %hb, label %bias.yes, label %bias.no",
-          "bias.yes:",
-          "  %bp = getelementptr float, ptr %bias, i64 %n",
-          f"  %bv = load {_VF}, ptr %bp, align 4",
-          "  br label %bias.no",
-          "bias.no:",
-          f"  %bval = phi {_VF} [%bv, %bias.yes], [zeroinitializer, %k.end]",
-          f"  %fob = fadd {_VF} %fo, %bval",
-          f"  %fo2 = select i1 %hb, {_VF} %fob, {_VF} %fo",
-          f"  %hs2 = fadd {_VF} %hs, %bval",  # MLAS adds 0.0f where there is no bias
-          "  %n8.0 = insertelement <8 x i64> poison, i64 %n, i64 0",
-          "  %n8 = shufflevector <8 x i64> %n8.0, <8 x i64> poison, <8 x i32> zeroinitializer",
-          f"  %lanes = add <8 x i64> %n8, {_vec('i64', range(8))}",
-          "  %nf.0 = insertelement <8 x i64> poison, i64 %nfold, i64 0",
-          "  %nf8 = shufflevector <8 x i64> %nf.0, <8 x i64> poison, <8 x i32> zeroinitializer",
-          "  %infold = icmp slt <8 x i64> %lanes, %nf8",
-          f"  %y = select <8 x i1> %infold, {_VF} %fo2, {_VF} %hs2",
-          "  %cp = getelementptr float, ptr %C, i64 %n",
-          f"  store {_VF} %y, ptr %cp, align 4",
-          "  %n.next = add i64 %n, 8",
-          "  %n.more = icmp slt i64 %n.next, %n1",
-          "  br i1 %n.more, label %n.loop, label %end",
-          "end:",
-          "  ret void",
-          "}"]
-    return L
 
 
 def _fp32_rows() -> list[str]:
@@ -732,7 +760,9 @@ def _fp32_rows() -> list[str]:
 
 
 def module_ir(target=None) -> str:
-    parts = [*_fp32_m1(), *_fp32_rows(), *zshare_ir()]
+    parts = [*_fp32_rows(), *zshare_ir()]
+    for block in FP32_BLOCKS:
+        parts += _fq_columns(block, COLS) + _fq_columns(block, 1) + _fq_m1(block)
     for block in BLOCKS:
         parts += _quantize(block)
         parts += _column(block, ROWS) + _column(block, 1) + _gemm(block)
@@ -760,12 +790,14 @@ _I = ctypes.c_int64
 _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 _GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
 _ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
-_FP32_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
 _FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
+_FQ_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I)
 
 
 def _module() -> jit.Module:
-    signatures = {"fp32_m1": _FP32_M1, "fp32_rows": _FP32_ROWS, "zshare": _ZSHARE}
+    signatures = {"fp32_rows": _FP32_ROWS, "zshare": _ZSHARE}
+    for block in FP32_BLOCKS:
+        signatures[f"fq{block}_m1"] = _FQ_M1
     for block in BLOCKS:
         signatures[f"quantize{block}"] = _QUANT
         signatures[f"gemm{block}"] = _GEMM
@@ -784,7 +816,7 @@ def supported_int8(bits: int, block_size: int) -> bool:
 
 def supported_fp32(bits: int, block_size: int) -> bool:
     """MLAS's CompFp32 path: 4 bits, blocks of 16 to 256."""
-    return bits == 4 and block_size in (16, 32, 64, 128, 256)
+    return bits == 4 and block_size in FP32_BLOCKS
 
 
 class Int8:
@@ -843,19 +875,28 @@ class Int8:
 
 
 class Fp32:
-    """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight, dequantized once:
-    W (K, N) float32, kept in panels of PANEL columns (the last padded with zeros)."""
+    """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight: one row from the
+    packed weight (packed (N, kb, block / 2) bytes, scales (N, kb), zero points (N, kb) bytes
+    or None for 8), several rows on W (K, N) float32 dequantized once, kept in panels of PANEL
+    columns (the last padded with zeros)."""
 
-    def __init__(self, W: np.ndarray) -> None:
+    def __init__(self, W: np.ndarray, packed: np.ndarray, scales: np.ndarray, block: int,
+                 zero_points: np.ndarray | None) -> None:
         self.K, self.N = W.shape
         self.Np = -(-self.N // PANEL) * PANEL
         padded = np.zeros((self.K, self.Np), np.float32)
         padded[:, :self.N] = W
         # panels of 16 columns, each contiguous along K (as MLAS's dequantized B)
         self.W = np.ascontiguousarray(padded.reshape(self.K, -1, PANEL).transpose(1, 0, 2))
+        self.kb = scales.shape[1]
+        self.Kp = self.kb * block
+        zq = np.full((self.N, self.kb), 8, np.uint8) if zero_points is None else \
+            np.ascontiguousarray(zero_points, dtype=np.uint8)
+        self.keep = (packed, scales, zq)  # the kernel reads them
+        self.ptrs = (packed.ctypes.data, scales.ctypes.data, zq.ctypes.data)
         self.nfold = self.N - self.N % 4
         module = _module()
-        self.fn1, self.fn = module.fp32_m1, module.fp32_rows
+        self.fn, self.fq = module.fp32_rows, getattr(module, f"fq{block}_m1")
 
     def __call__(self, A: np.ndarray, bias, out: np.ndarray, n0: int, n1: int,
                  one_row: bool) -> None:
@@ -865,8 +906,13 @@ class Fp32:
         address = jit.address
         pb = None if bias is None else address(bias)
         if one_row:
-            self.fn1(address(A), address(self.W), pb, address(out), self.K, self.Np, n0, n1,
-                     self.nfold)
+            if A.size != self.Kp:  # the last block padded with zeros
+                full = np.zeros(self.Kp, np.float32)
+                full[:self.K] = A.reshape(-1)
+                A = full
+            B, S, Zq = self.ptrs
+            self.fq(address(A), B, S, Zq, pb, address(out), n0, min(n1, self.N), self.kb,
+                    self.nfold)
         else:
             self.fn(address(A), address(self.W), pb, address(out), A.shape[0], self.K, self.Np,
                     n0, n1)

@@ -645,14 +645,14 @@ class MatMulNBits:
         if nbits_blocks.unavailable() is not None:
             return False
         kb = -(-self.K // self.block_size)
-        if self.a_block is None:  # dequantized once, as MLAS's SGEMM path reads it
-            self.blocks = nbits_blocks.Fp32(nbits_weight(B, scales, zp, None, self.K, self.N,
-                                                         self.block_size, self.bits))
-            return True
         self.packed = np.ascontiguousarray(B.reshape(self.N, kb, self.block_size // 2))
         self.scales = np.ascontiguousarray(scales.reshape(self.N, kb), dtype=F32)
         zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb])
+        if self.a_block is None:  # one row from the packed weight; rows on it dequantized once
+            W = nbits_weight(B, scales, zp, None, self.K, self.N, self.block_size, self.bits)
+            self.blocks = nbits_blocks.Fp32(W, self.packed, self.scales, self.block_size, zq)
+            return True
         z = np.float32(8) if zq is None else zq.astype(F32)
         zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
         self.blocks = nbits_blocks.Int8(self.packed, self.scales, self.block_size, zq, zs)
@@ -779,7 +779,7 @@ class MatMulNBits:
             Y = np.empty((M, kernel.Np), F32)
             width, grain = kernel.Np, 16
         rows = self._mlas_ranges(M)
-        weight_bytes = self.packed.nbytes if int8 else kernel.W.nbytes // 8
+        weight_bytes = self.packed.nbytes
         for m0, m1 in rows:
             one = m1 - m0 == 1
             a, y = A[m0:m1], Y[m0:m1]
