@@ -126,3 +126,17 @@ def test_computed_bias_and_three_dimensional_input():
     for shape in ((1, 1, K), (2, 9, K)):
         a = rng.standard_normal(shape).astype(np.float32)
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0], err=str(shape))
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+def test_module_builds_for_avx2_and_avx512_targets(target):
+    """Compiled on its own (not in jit's bundle): its IR builds for the AVX-512 target too,
+    which this host may not run."""
+    import base64
+
+    from onnxrun.providers.cpu.compiled import elf, jit, targets
+
+    t = targets.get(target)
+    answer = jit._compile({"nbits_blocks": nbits_blocks.module_ir(t)}, t)
+    assert answer["error"] is None and answer["errors"] == {}
+    assert "gemm128_m1" in elf.load(base64.b64decode(answer["objects"]["nbits_blocks"])).address

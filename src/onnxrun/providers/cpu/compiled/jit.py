@@ -58,7 +58,7 @@ IR = str | Callable[[Target], str]
 # is cheap to write; one process start instead of one per module): each lists ``BUNDLE``,
 # name -> (IR generator taking the target, features the module needs of the target).
 _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise",
-           "float_gemm", "nbits_gemv", "nbits_gemm", "nbits_blocks", "logistic", "spin", "gqa",
+           "float_gemm", "nbits_gemv", "nbits_gemm", "logistic", "spin", "gqa",
            "rms_norm", "pool")
 
 

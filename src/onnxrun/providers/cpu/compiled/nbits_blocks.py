@@ -918,7 +918,7 @@ class Fp32:
                     n0, n1)
 
 
-BUNDLE = {"nbits_blocks": (module_ir, REQUIRES)}
-
-__all__ = ["BLOCKS", "BUNDLE", "REQUIRES", "Fp32", "Int8", "module_ir", "supported_fp32",
+# compiled on its own, on first use (not in jit._BUNDLE): its IR is the largest (~6 s of a
+# cold compile at load 11) and only models with these blocks or levels need it
+__all__ = ["BLOCKS", "REQUIRES", "Fp32", "Int8", "module_ir", "supported_fp32",
            "supported_int8", "unavailable"]
