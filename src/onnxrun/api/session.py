@@ -458,8 +458,8 @@ class InferenceSession:
         run_options: RunOptions | None = None,
     ) -> list[Any]:
         """Compute ``output_names`` (all outputs when None) from ``input_feed``."""
-        if not isinstance(input_feed, Mapping):
-            raise InvalidArgument(
+        if type(input_feed) is not dict and not isinstance(input_feed, Mapping):  # (ABC check:
+            raise InvalidArgument(  # ~1 us)
                 f"input_feed must be a dict of input name -> value, got {type(input_feed).__name__}"
             )
         if run_options is not None and run_options._active_adapters:

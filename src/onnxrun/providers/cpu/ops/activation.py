@@ -32,8 +32,14 @@ def _narrow_via_f32(fn):
     return kernel
 
 
+_F32 = np.dtype(np.float32)
+_RELU_F32 = (np.float32(0), np.float32(np.inf))
+
+
 @op("Relu", 1, 6, 13, 14)
 def Relu(X):
+    if X.dtype is _F32:  # the usual case, its bounds made once
+        return blas.clip(X, *_RELU_F32)
     if X.dtype.kind == "f":  # clip with two bounds is SIMD; maximum with a scalar is not
         t = X.dtype.type
         return blas.clip(X, t(0), t(np.inf))

@@ -64,11 +64,28 @@ def max_last(x):
     return np.take_along_axis(x, idx, axis=-1)
 
 
+# (shape, axes, keepdims) -> the result's shape where every reduced axis has length 1 (and
+# the result is an array), else None
+_ONE_ELEMENT: dict[tuple, tuple[int, ...] | None] = {}
+
+
+def _one_element(shape, axes, keep) -> tuple[int, ...] | None:
+    key = (shape, axes, keep)
+    got = _ONE_ELEMENT.get(key, False)
+    if got is False:
+        got = _reduced_shape(shape, axes, keep) if axes and all(
+            shape[a] == 1 for a in axes) and (keep or len(axes) < len(shape)) else None
+        if len(_ONE_ELEMENT) < 1024:
+            _ONE_ELEMENT[key] = got
+    return got
+
+
 def _mean(x, axes, keep):
     if x.dtype in _BLAS and 0 < x.size < 4096:  # the steps below, their checks skipped
-        if axes and all(x.shape[a] == 1 for a in axes) and (keep or len(axes) < x.ndim):
+        one = _one_element(x.shape, axes, keep)
+        if one is not None:
             # the mean of one element: its sum, 0 + x (-0.0 becomes +0.0), divided by 1
-            return np.add(x.reshape(_reduced_shape(x.shape, axes, keep)), x.dtype.type(0))
+            return np.add(x.reshape(one), x.dtype.type(0))
         total = np.add.reduce(x, axis=axes, dtype=x.dtype, keepdims=keep)
         count = x.size // total.size
         if total.__class__ is np.ndarray:

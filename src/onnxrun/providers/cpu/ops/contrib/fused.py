@@ -21,6 +21,7 @@ from ..linalg import gemm_packed, packed_gemm, packed_weights, run_packed
 from ..pool import MaxPool
 
 MS = "com.microsoft"
+_F32 = np.dtype(np.float32)
 
 
 def _text(value) -> str:
@@ -93,7 +94,12 @@ def _clipper(lo: float, hi: float):
     """y -> clip(y, lo, hi) in place; ``bounds`` lets a kernel clip while copying instead.
     (numpy's clip with two bounds is vectorized; maximum with a scalar is much slower.)"""
 
+    lo32, hi32 = np.float32(lo), np.float32(hi)
+
     def clip(y):
+        if y.dtype is _F32:  # the usual case, its bounds made once
+            blas.clip(y, lo32, hi32, out=y)
+            return
         t = y.dtype.type
         blas.clip(y, t(lo), t(hi), out=y)
 
