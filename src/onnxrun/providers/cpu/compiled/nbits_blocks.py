@@ -44,6 +44,7 @@ FP32_BLOCKS = (16, 32, 64, 128, 256)  # CompFp32
 ROWS = 4  # rows of A per column pass (their codes share the column's unpacked weight)
 NBLOCK = 16  # columns per block of the row loop (their weight stays in cache)
 PANEL = 16  # columns of the dequantized weight's panels (contiguous along K, as MLAS packs B)
+COLS = 4  # columns per pass of the one-row kernels (A's codes or floats loaded once for all)
 
 _V32B = "<32 x i8>"
 _VH = "<16 x i16>"
@@ -324,9 +325,6 @@ def _column(block: int, rows: int) -> list[str]:
               f"  %out_{r} = fadd float %yb_{r}, %zs_{r}",
               f"  store float %out_{r}, ptr %cp_{r}, align 4"]
     return L + ["  ret void", "}"]
-
-
-COLS = 4  # columns per pass of MLAS's M == 1 kernel (blocks of 64-256)
 
 
 def _columns_m1(block: int, cols: int) -> list[str]:
