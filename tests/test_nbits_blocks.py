@@ -71,6 +71,28 @@ def test_bit_for_bit_onnxruntime(block, level, zp, bias):
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0], err=f"M={M}")
 
 
+@pytest.mark.parametrize("block", [64, 128, 256])
+@pytest.mark.parametrize("zp,bias", [(False, False), (True, True)])
+def test_one_row_in_one_call(block, zp, bias, monkeypatch):
+    """A decode step's row with K in whole blocks and a constant bias: quantization and
+    product in one compiled call (Int8.row), the same bits."""
+    calls = []
+    original = nbits_blocks.Int8.row
+
+    def row(self, a, out):
+        calls.append(original(self, a, out))
+        return calls[-1]
+
+    monkeypatch.setattr(nbits_blocks.Int8, "row", row)
+    rng = np.random.default_rng(block + zp)
+    K, N = 4 * block, 45
+    sess, ref = _sessions(_model(K, N, block, 4, zp, bias, rng), 1)
+    for _ in range(3):
+        a = _rows(rng, 1, K)
+        assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0])
+    assert calls == [True] * 3
+
+
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_levels_below_4_are_mlas_fp32(level):
     """onnxruntime computes levels 1-3 with float activations exactly as level 0."""

@@ -36,7 +36,7 @@ import ctypes
 import numpy as np
 
 from . import jit
-from .nbits_gemm import zshare_ir
+from .nbits_gemm import MAX_STACK_K, zshare_ir
 
 REQUIRES = ("avx2", "fma")
 BLOCKS = (16, 64, 128, 256)  # CompInt8 here (32: nbits_gemm)
@@ -432,6 +432,34 @@ def _columns_m1(block: int, cols: int) -> list[str]:
     return L + ["  ret void", "}"]
 
 
+def _row(block: int) -> list[str]:
+    """row{block}(A, C, consts): one row's whole level-4 product in one call (a decode step's;
+    a ctypes argument costs ~0.25 us, the arrays of a separate quantization more than the
+    small products' arithmetic): A (kb * block floats) quantized into scratch on the stack
+    (kb * (block + 8) bytes), then gemm{block}_m1 over all N columns; ``consts``: i64 words
+    Zq, B, sb, bias (0: none), N, kb, nfold."""
+    names = ["Zq", "B", "sb", "bias", "N", "kb", "nfold"]
+    L = [f"define void @row{block}(ptr noalias %A, ptr %C, ptr noalias %consts) nounwind {{",
+         "entry:"]
+    for i, v in enumerate(names):
+        ty = "ptr" if i < 4 else "i64"
+        L += [f"  %{v}.p = getelementptr i64, ptr %consts, i64 {i}",
+              f"  %{v} = load {ty}, ptr %{v}.p, align 8"]
+    return L + [f"  %K = mul i64 %kb, {block}",
+                "  %kb8 = mul i64 %kb, 8",
+                "  %size = add i64 %K, %kb8",
+                "  %qa = alloca i8, i64 %size, align 32",
+                "  %sa = getelementptr i8, ptr %qa, i64 %K",
+                "  %kb4 = mul i64 %kb, 4",
+                "  %asum = getelementptr i8, ptr %sa, i64 %kb4",
+                f"  call void @quantize{block}(ptr %A, ptr %qa, ptr %sa, ptr %asum, i64 1, "
+                "i64 %kb)",
+                f"  call void @gemm{block}_m1(ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, "
+                "ptr %bias, ptr %C, i64 1, i64 0, i64 %N, i64 %N, i64 %kb, i64 %nfold)",
+                "  ret void",
+                "}"]
+
+
 def _gemm_m1(block: int) -> list[str]:
     """gemm{block}_m1(qa, sa, Zq, B, sb, bias, C, M, n0, n1, N, kb, nfold): columns [n0, n1)
     of one row (M is 1), COLS at a time, then one by one."""
@@ -766,6 +794,7 @@ def module_ir(target=None) -> str:
         parts += _column(block, ROWS) + _column(block, 1) + _gemm(block)
         if block > 32:
             parts += _columns_m1(block, COLS) + _columns_m1(block, 1) + _gemm_m1(block)
+            parts += _row(block)
     decl = []
     for C in (16, 64):
         VC, VI = f"<{C} x float>", f"<{C} x i32>"
@@ -789,6 +818,7 @@ _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 _GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
 _ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
 _FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
+_ROW = ctypes.CFUNCTYPE(None, _P, _P, _P)
 _FQ_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I)
 
 
@@ -801,6 +831,7 @@ def _module() -> jit.Module:
         signatures[f"gemm{block}"] = _GEMM
         if block > 32:
             signatures[f"gemm{block}_m1"] = _GEMM
+            signatures[f"row{block}"] = _ROW
     return jit.compile_module("nbits_blocks", module_ir, signatures, REQUIRES)
 
 
@@ -836,6 +867,27 @@ class Int8:
         self.fn = getattr(module, f"gemm{block}")
         self.fn1 = getattr(module, f"gemm{block}_m1", None)  # MLAS's M == 1 kernel (64-256)
         self.zfn = module.zshare
+        self._row = getattr(module, f"row{block}", None)
+        self._consts = None
+
+    def bind_bias(self, bias: np.ndarray | None) -> None:
+        """A constant bias (N,) float32, or None: row() adds it (kept alive here)."""
+        self.bias = bias
+        B, S, Zq, _ = self.ptrs
+        words = [Zq, B, S, 0 if bias is None else bias.ctypes.data, self.N, self.kb, self.nfold]
+        self._consts = np.array(words, np.int64)
+        self._pconsts = self._consts.ctypes.data
+
+    def row(self, a: np.ndarray, out: np.ndarray) -> bool:
+        """out (N,) = one row's product, the bound bias included, in one compiled call
+        (blocks of 64-256, a bound bias, ``a`` K contiguous float32 of whole blocks, K within
+        MAX_STACK_K); False where it does not apply (the caller takes the general path)."""
+        if self._row is None or self._consts is None or a.size != self.K or \
+                self.K > MAX_STACK_K or a.dtype != np.float32 or not a.flags.c_contiguous:
+            return False
+        address = jit.address
+        self._row(address(a), address(out), self._pconsts)
+        return True
 
     def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A (M, K) float32 as MLAS quantizes it: codes (this module's layout), scales and

@@ -613,7 +613,8 @@ class MatMulNBits:
         if c is None or c[0] is None or c[1] is None or not c[0].size:
             return
         B, scales, zp, g_idx = c
-        if g_idx is None and (zp is None or zp.dtype == np.uint8) and self._blocks(B, scales, zp):
+        if g_idx is None and (zp is None or zp.dtype == np.uint8) and \
+                self._blocks(ctx, B, scales, zp):
             return
         if self.a_block is not None and g_idx is None and (zp is None or zp.dtype == np.uint8):
             from ...compiled import nbits_gemv
@@ -632,7 +633,7 @@ class MatMulNBits:
                 return
         self.W = nbits_weight(B, scales, zp, g_idx, self.K, self.N, self.block_size, self.bits)
 
-    def _blocks(self, B, scales, zp) -> bool:
+    def _blocks(self, ctx: KernelContext, B, scales, zp) -> bool:
         """compiled/nbits_blocks.py where MLAS has the product and nbits_gemm does not: level 4
         in blocks of 16, 64-256 (CompInt8), levels 0-3 in blocks of 16-256 (CompFp32)."""
         from ...compiled import nbits_blocks
@@ -656,6 +657,10 @@ class MatMulNBits:
         z = np.float32(8) if zq is None else zq.astype(F32)
         zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
         self.blocks = nbits_blocks.Int8(self.packed, self.scales, self.block_size, zq, zs)
+        bias = ctx.constants_of((5,)) if ctx.has_input(5) else [None]
+        if bias is not None:  # a constant bias (or none): one row in one call (row)
+            self.blocks.bind_bias(None if bias[0] is None or not bias[0].size else
+                                  np.ascontiguousarray(bias[0].reshape(-1), dtype=F32))
         return True
 
     def _gemm(self, ctx: KernelContext, zp):
@@ -699,6 +704,11 @@ class MatMulNBits:
             fn, consts, address = row1
             fn(address(A), address(Y), consts)
             return Y
+        if A.size == self.K and self.blocks is not None and self.a_block is not None and \
+                (self.threads == 1 or self.packed.nbytes < self.SPLIT_BYTES):
+            Y = np.empty(A.shape[:-1] + (self.N,), F32)  # a decode step, bias bound
+            if self.blocks.row(A, Y):
+                return Y
         if A.size == self.K and self.gemm is not None and A.dtype == F32:  # a decode step
             Y = np.empty(A.shape[:-1] + (self.N,), F32)
             if self.spin is not None and self.packed.nbytes >= self.SPLIT_ROW_BYTES:
