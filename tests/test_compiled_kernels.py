@@ -979,8 +979,16 @@ def test_float_lstm_streaming_step_equals_the_general_path(T, batch, want_y, mon
     fast_model, feeds = model(None)
     general_model, general_feeds = model(np.full(batch, T, np.int32))
     counter = _Counting(monkeypatch, rnn.LSTM, "_compiled_forward")
-    got = _sessions(fast_model)[1].run(None, feeds)
+    fast = _sessions(fast_model)[1]
+    got = fast.run(None, feeds)
     assert counter.calls == 1
+    # the recurrence's scratch (and an unwanted Y) is kept for the next step: one set
+    (rec,) = _kernels(fast)[0].prepared["recurrences"]
+    kept = list(rec._scratch[(T, batch)])
+    for g, again in zip(got, fast.run(None, feeds), strict=True):
+        np.testing.assert_array_equal(g, again)
+    assert rec._scratch[(T, batch)] == kept and len(kept) == 1
+    counter.calls -= 1
     want = _sessions(general_model)[1].run(None, general_feeds)
     assert counter.calls == 1 and len(got) == outs
     for g, w in zip(got, want, strict=True):

@@ -591,6 +591,7 @@ class Float32Recurrence(_Recurrence):
         self.cols = _gate_columns(self.width, half, clip, raw, gru=kind == "gru",
                                   biased=biased)
         self._panels_ptr, self._cols_ptr = address(self.panels), address(self.cols)
+        self._scratch: dict[tuple[int, int], list] = {}  # run_fresh's, per (steps, B)
         self.fn = _function(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:
@@ -606,16 +607,29 @@ class Float32Recurrence(_Recurrence):
                 self.H, self._panels_ptr, self.H, self.width, None, None,
                 self._cols_ptr, None, address(gates), None, None, 1.0)
 
-    def run_fresh(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray,
+    def run_fresh(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray | None,
                   steps: int, B: int) -> None:
         """``run`` without its checks, for a caller that has just made the arrays: ``xw``
-        [steps * B, gates*H], ``h`` / ``c`` [1, B, H], ``ys`` [steps, 1, B, H], all new
-        C-contiguous float32 (a streaming LSTM's step a call: the checks and the reshapes
-        cost more than the step's products)."""
-        gates = np.empty((GROUP, self.width), np.float32)
-        self.fn(address(xw), B * self.gates * self.H, address(h), address(c), address(ys),
-                B * self.H, steps, B, self.H, self._panels_ptr, self.H, self.width, None, None,
-                self._cols_ptr, None, address(gates), None, None, 1.0)
+        [steps * B, gates*H], ``h`` / ``c`` [1, B, H], ``ys`` [steps, 1, B, H] (None: the
+        steps' h are not wanted), all new C-contiguous float32 (a streaming LSTM's step a
+        call: the checks and the reshapes cost more than the step's products). The kernel's
+        scratch (and an unwanted ys) come from a pool per shape: list pop / append are
+        atomic, so concurrent runs take different buffers."""
+        pool = self._scratch.get((steps, B))
+        try:
+            gates_ptr, ys_ptr, keep = pool.pop()
+        except (AttributeError, IndexError):
+            gates = np.empty((GROUP, self.width), np.float32)
+            unwanted = np.empty((steps, 1, B, self.H), np.float32)
+            gates_ptr, ys_ptr, keep = address(gates), address(unwanted), (gates, unwanted)
+            if pool is None and len(self._scratch) < 16:
+                pool = self._scratch.setdefault((steps, B), [])
+        self.fn(address(xw), B * self.gates * self.H, address(h), address(c),
+                ys_ptr if ys is None else address(ys), B * self.H, steps, B, self.H,
+                self._panels_ptr, self.H, self.width, None, None, self._cols_ptr, None,
+                gates_ptr, None, None, 1.0)
+        if pool is not None:
+            pool.append((gates_ptr, ys_ptr, keep))
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

@@ -477,10 +477,10 @@ class LSTM(_Recurrent):
         c = _state_copy(self, initial_c, B, H)
         xw = np.matmul(X.reshape(T * B, I), w["WT"])
         xw += w["bias"]
-        ys = (np.zeros if self.want_y else np.empty)((T, 1, B, H), np.float32)
+        ys = np.zeros((T, 1, B, H), np.float32) if self.want_y else None
         # the arrays are made here with the layout the recurrence reads: no checks
         w["recurrences"][0].run_fresh(xw, h, c, ys, T, B)
-        return (ys if self.want_y else None), h, c
+        return ys, h, c
 
 
 def _state_copy(rnn: _Recurrent, state: np.ndarray | None, B: int, H: int) -> np.ndarray:
