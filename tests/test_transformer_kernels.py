@@ -153,6 +153,47 @@ def test_attention_blocks_recomputed_the_stable_way(monkeypatch, mask, attrs, x)
     assert calls
 
 
+SPLIT_CASES = ["no mask", "padding keys skipped", "mask with holes", "mild filter", "causal"]
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES)
+def test_attention_split_over_threads(monkeypatch, case):
+    """At 2 threads the projection's ranges go to spin.py's workers and the blocks of heads
+    to parallel.py's (every split forced here): the bits of 1 thread, onnxruntime's values."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import float_gemm, spin
+
+    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1)
+    blocks, products = [], []
+    run_ranges, run_blocks = parallel.run_ranges, spin.run_blocks
+
+    def counted_ranges(fn, ranges):
+        blocks.append(len(ranges))
+        return run_ranges(fn, ranges)
+
+    def counted_blocks(job, params, threads):
+        products.append((len(params), threads))
+        return run_blocks(job, params, threads)
+
+    monkeypatch.setattr(parallel, "run_ranges", counted_ranges)
+    monkeypatch.setattr(spin, "run_blocks", counted_blocks)
+    check(*attention_model(*ATTENTION[case]))
+    assert blocks and max(blocks) >= 4  # B x heads cut into at least _MIN_BLOCKS blocks
+    if float_gemm.unavailable() is None:
+        assert any(n > 1 and threads == 2 for n, threads in products)
+
+
+def test_attention_head_blocks():
+    """Blocks of heads by the shapes alone: the cache bound, at least _MIN_BLOCKS blocks of
+    at least parallel.MIN_MACS_PER_RANGE multiply-adds each where the work allows."""
+    one_head = 128 * 128 * 64  # BERT-base's head at 128 tokens: 1M multiply-adds
+    assert attention._head_blocks(2, 12, 128 * 128 * 4, one_head) == 6  # 4 blocks
+    assert attention._head_blocks(1, 12, 128 * 128 * 4, one_head) == 4  # 3 of 4M each
+    assert attention._head_blocks(1, 4, 32 * 4, 32 * 64) == 4  # a decode step: one block
+    assert attention._head_blocks(8, 12, 128 * 128 * 4, one_head) == 12  # enough already
+    assert attention._head_blocks(1, 64, 2048 * 2048 * 4, 2048 * 2048 * 128) == 1  # cache
+
+
 def test_attention_past_and_key_lengths():
     past = f32(2, B, HEADS, 5, HID // HEADS)
     data, feeds = model("Attention", {"X": X, "W": W, "b": BIAS,
@@ -192,6 +233,34 @@ def test_gelu_blocks(op, bias):
     x = f32(512, 1536, scale=3.0)  # 12 blocks
     data, feeds = model(op, {"X": x}, {"B": f32(1536)} if bias else None)
     check(data, feeds, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op, domain, opset", [("BiasGelu", MS, 17), ("Gelu", MS, 17),
+                                               ("Gelu", "", 20)])
+def test_gelu_rows_on_spin_workers(monkeypatch, op, domain, opset):
+    """At 2 threads a large Gelu's rows go to spin.py's workers, with the bits of 1 thread."""
+    from onnxrun.providers.cpu.compiled import gelu, spin
+
+    if gelu.unavailable(attention_gelu_logit()) is not None:
+        pytest.skip("compiled kernels unavailable")
+    calls = []
+    run_blocks = spin.run_blocks
+
+    def counted(job, params, threads):
+        calls.append((len(params), threads))
+        return run_blocks(job, params, threads)
+
+    monkeypatch.setattr(spin, "run_blocks", counted)
+    consts = {"B": f32(1536)} if op == "BiasGelu" else None
+    check(*model(op, {"X": f32(256, 1536, scale=3.0)}, consts, domain=domain, opset=opset),
+          rtol=1e-5, atol=1e-6)
+    assert calls and all(n > 1 and threads == 2 for n, threads in calls)
+
+
+def attention_gelu_logit():
+    from onnxrun.providers.cpu.ops.elementwise import _GELU_LOGIT
+
+    return _GELU_LOGIT
 
 
 def test_onnx_gelu_blocks():

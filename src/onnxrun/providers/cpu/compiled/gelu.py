@@ -27,7 +27,8 @@ import math
 
 import numpy as np
 
-from . import ir, jit
+from ..parallel import work_ranges
+from . import ir, jit, spin
 from .jit import address
 
 _V, _VF = ir.V, ir.VF
@@ -133,16 +134,23 @@ def module_ir(coeffs, name: str = "bias_gelu") -> str:
     """Generic 16-lane IR (the same for every target: LLVM splits it on 8-lane ones) for the
     polynomial ``coeffs`` (highest degree first: the numpy path's, which is their home)."""
     decls = ir.declarations("load.f32", "store.f32", "fma", "rint", "minnum", "maxnum")
-    return "\n\n".join(["\n".join(decls), _kernel([float(c) for c in coeffs], name)])
+    # @<name>_job: the same on an argument block, a range of rows per spin.py worker
+    job = ir.job(f"{name}_job", name, ("ptr", "ptr", "ptr", "i64", "i64", "i64"))
+    return "\n\n".join(["\n".join(decls), _kernel([float(c) for c in coeffs], name),
+                         "\n".join(job)])
 
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I)
+_JOB = ctypes.CFUNCTYPE(None, _P)
+# elements per range of bias_gelu on the intra-op threads (~30-60 us of work on one AVX2 core):
+# a smaller product is not worth a hand-off to a worker that may be asleep
+_GELU_RANGE = 1 << 15
 
 
 def _module(coeffs) -> jit.Module:
     return jit.compile_module("bias_gelu", lambda target: module_ir(coeffs),
-                              {"bias_gelu": _PROTO})
+                              {"bias_gelu": _PROTO, "bias_gelu_job": _JOB})
 
 
 def unavailable(coeffs) -> str | None:
@@ -169,15 +177,15 @@ def bias_gelu(coeffs, x: np.ndarray, bias: np.ndarray | None = None,
         raise ValueError(f"bias_gelu: out must be a C-contiguous float32 {list(x.shape)}")
     if x.size == 0:
         return out
-    fn = _module(coeffs).bias_gelu
+    module = _module(coeffs)
     rows = x.size // width
-    args = (address(x), address(bias), address(out), width)
-    if threads > 1 and rows > 1 and x.size >= 1 << 16:
-        from ..parallel import run_ranges, split
-
-        run_ranges(lambda r0, r1: fn(*args, r0, r1), split(rows, threads))
+    args = [address(x), address(bias), address(out), width]
+    ranges = work_ranges(rows, threads, width, least=_GELU_RANGE)
+    if len(ranges) > 1:  # on spin.py's workers (one spinning since the product before)
+        spin.run_blocks(module.bias_gelu_job, np.array([args + [r0, r1] for r0, r1 in ranges],
+                                                        np.int64), threads)
     else:
-        fn(*args, 0, rows)
+        module.bias_gelu(*args, 0, rows)
     return out
 
 

@@ -163,6 +163,18 @@ def chunk_and_row_loop_end() -> list[str]:
             "}"]
 
 
+def job(name: str, fn: str, types: tuple[str, ...]) -> list[str]:
+    """``void @name(ptr %args)``: ``@fn`` called with its arguments (LLVM ``types``, ptr or
+    i64) read from the i64 words of ``args``: a job for spin.run_blocks, which hands out one
+    argument block per call."""
+    lines = [f"define void @{name}(ptr %args) nounwind {{", "entry:"]
+    for i, ty in enumerate(types):
+        lines += [f"  %a{i}.p = getelementptr i64, ptr %args, i64 {i}",
+                  f"  %a{i} = load {ty}, ptr %a{i}.p, align 8"]
+    call = ", ".join(f"{ty} %a{i}" for i, ty in enumerate(types))
+    return lines + [f"  call void @{fn}({call})", "  ret void", "}"]
+
+
 def load_params(pointer: str, names: tuple[str, ...]) -> list[str]:
     """Each of ``names`` (without %) = the float at its index behind ``pointer``, broadcast."""
     lines = []

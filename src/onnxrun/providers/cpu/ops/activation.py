@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import blas
 from ..kernels import KernelContext, op
+from ..parallel import threads_for
 from .conv import compute_dtype
 from .elementwise import erf, gelu_float32
 from .reduction import max_last, sum_trailing
@@ -200,8 +201,21 @@ def _half_via_f32(fn):
 
 
 @op("Gelu", 20)
+class Gelu:
+    """The exact (erf) float32 Gelu in compiled rows on the session's intra-op threads."""
+
+    def __init__(self, ctx: KernelContext, *, approximate="none") -> None:
+        self.approximate = approximate
+        self.threads = threads_for(ctx)
+
+    def __call__(self, X):
+        if self.approximate != "tanh" and X.dtype == np.float32:
+            return gelu_float32(np.ascontiguousarray(X), threads=self.threads)
+        return _gelu(X, approximate=self.approximate)
+
+
 @_half_via_f32
-def Gelu(X, *, approximate="none"):
+def _gelu(X, *, approximate="none"):
     if approximate == "tanh":
         t = X * X
         t *= 0.044715

@@ -19,6 +19,7 @@ import numpy as np
 from ....dtypes import np_dtype
 from .. import blas
 from ..kernels import KernelContext, op
+from .. import parallel
 from .activation import sigmoid
 from .reduction import max_last, sum_trailing
 
@@ -154,7 +155,8 @@ def _mask_block(bias: np.ndarray, b: int, h0: int, h1: int, lo: int, hi: int) ->
 def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
                 keep: np.ndarray | None = None, bias: np.ndarray | None = None,
                 key_ranges: list[tuple[int, int]] | None = None,
-                exact_bias: Callable[[], np.ndarray | None] | None = None) -> None:
+                exact_bias: Callable[[], np.ndarray | None] | None = None,
+                threads: int = 1) -> None:
     """Softmax attention (float32 or float64) of queries that come multiplied by
     scale * log2(e), so that the softmax's exponentials are numpy's exp2 (twice as fast as exp).
 
@@ -171,6 +173,9 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
     precision. Blocks with a row that fails the test (huge scores, fully masked rows) are
     computed again the usual way, from natural-unit scores and ``exact_bias()``. The
     normalization divides the (S, Dv) outputs rather than the (S, T) weights.
+
+    The blocks of heads (a batch's, cut by ``_head_blocks``: by the shapes only, so the
+    results do not depend on ``threads``) run on the intra-op threads, each whole on one.
     """
     B, N, S, _ = q.shape
     T = k.shape[2]
@@ -210,11 +215,35 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
         else:
             dst[...] = stable(b, h0, h1)
 
-    per_block = max(1, min(N, _CHUNK_BYTES // max(1, S * T * dt.itemsize)))
+    head_macs = S * T * (q.shape[-1] + v.shape[-1])
+    per_block = _head_blocks(B, N, S * T * dt.itemsize, head_macs)
+    blocks = [(b, h0, min(N, h0 + per_block)) for b in range(B) for h0 in range(0, N, per_block)]
     with np.errstate(all="ignore"):  # overflows and masked rows are handled above
-        for b in range(B):
-            for h0 in range(0, N, per_block):
-                block(b, h0, min(N, h0 + per_block))
+        if threads > 1 and len(blocks) > 1 and \
+                B * N * head_macs >= 2 * parallel.MIN_MACS_PER_RANGE:
+            parallel.run_ranges(lambda i, _: block(*blocks[i]),
+                                [(i, i + 1) for i in range(len(blocks))])
+        else:
+            for b, h0, h1 in blocks:
+                block(b, h0, h1)
+
+
+# attend_exp2 cuts a few large blocks further, into at least this many (of at least
+# parallel.MIN_MACS_PER_RANGE multiply-adds each), for the intra-op threads: BERT's 2
+# sequences of 12 heads are 2 blocks by the cache bound alone
+_MIN_BLOCKS = 4
+
+
+def _head_blocks(B: int, N: int, head_bytes: int, head_macs: int) -> int:
+    """Heads per block of attend_exp2: at most _CHUNK_BYTES of scores, and fewer when the
+    blocks would be under _MIN_BLOCKS, as long as each keeps parallel.MIN_MACS_PER_RANGE of
+    work. A function of the shapes only: a thread count never changes a result."""
+    per_block = max(1, min(N, _CHUNK_BYTES // max(1, head_bytes)))
+    if B * -(-N // per_block) < _MIN_BLOCKS:
+        wanted = -(-N // -(-_MIN_BLOCKS // B))  # heads per block for _MIN_BLOCKS blocks
+        least = -(-parallel.MIN_MACS_PER_RANGE // max(1, head_macs))  # worth a hand-off
+        per_block = min(per_block, max(wanted, least))
+    return per_block
 
 
 def neg_inf_where_not(allowed: np.ndarray, dtype: np.dtype) -> np.ndarray:

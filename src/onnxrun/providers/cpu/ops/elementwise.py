@@ -334,10 +334,11 @@ _GELU_COMPILED_MIN = 256
 
 
 def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
-                 out: np.ndarray | None = None) -> np.ndarray:
+                 out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
     """0.5 * (x + bias) * (1 + erf((x + bias) / sqrt 2)) of C-contiguous float32 ``x`` (``bias``
     along the last axis, optional), into ``out`` (which may be ``x``; a new array by default).
-    Rows are processed in blocks that stay in the cache."""
+    Rows are processed in blocks that stay in the cache; the compiled kernel's ranges of rows
+    on up to ``threads`` threads (each element's arithmetic is the same on any of them)."""
     if out is None:
         out = np.empty(x.shape, np.float32)
     if x.size == 0:
@@ -346,7 +347,7 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
         from ..compiled import gelu
 
         if gelu.unavailable(_GELU_LOGIT) is None:  # the same formula in one pass
-            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out)
+            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out, threads)
     width = x.shape[-1] if x.ndim else 1
     rows_in, rows_out = x.reshape(-1, width), out.reshape(-1, width)
     per_block = max(1, _GELU_BLOCK // width)

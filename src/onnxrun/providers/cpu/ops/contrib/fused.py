@@ -297,20 +297,28 @@ def _owned(X: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, n
 
 
 @op("Gelu", 1, domain=MS)
-def Gelu(X):
-    if X.dtype == np.float32:
-        return gelu_float32(np.ascontiguousarray(X))
-    x, _ = _owned(X)
-    return gelu_(x).astype(X.dtype, copy=False)
+class Gelu:
+    def __init__(self, ctx: KernelContext) -> None:
+        self.threads = threads_for(ctx)  # float32: compiled rows on the intra-op threads
+
+    def __call__(self, X):
+        if X.dtype == np.float32:
+            return gelu_float32(np.ascontiguousarray(X), threads=self.threads)
+        x, _ = _owned(X)
+        return gelu_(x).astype(X.dtype, copy=False)
 
 
 @op("BiasGelu", 1, domain=MS)
-def BiasGelu(A, B):
-    if A.dtype == np.float32 and B.dtype == np.float32 and B.shape == A.shape[-1:]:
-        # the bias is added block by block, inside the gelu passes
-        return gelu_float32(np.ascontiguousarray(A), B)
-    x, _ = _owned(A, B)
-    return gelu_(x).astype(A.dtype, copy=False)
+class BiasGelu:
+    def __init__(self, ctx: KernelContext) -> None:
+        self.threads = threads_for(ctx)
+
+    def __call__(self, A, B):
+        if A.dtype == np.float32 and B.dtype == np.float32 and B.shape == A.shape[-1:]:
+            # the bias is added block by block, inside the gelu passes
+            return gelu_float32(np.ascontiguousarray(A), B, threads=self.threads)
+        x, _ = _owned(A, B)
+        return gelu_(x).astype(A.dtype, copy=False)
 
 
 @op("FastGelu", 1, domain=MS)

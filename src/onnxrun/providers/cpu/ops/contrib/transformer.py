@@ -33,6 +33,7 @@ from ..attention import (
     softmax_,
     to_heads,
 )
+from ..linalg import packed_weights, run_packed
 from ..normalization import LayerNormalization
 
 MS = "com.microsoft"
@@ -313,6 +314,7 @@ class _Exp2Attention:
 
     causal: bool
     filter: float
+    threads: int = 1  # the session's intra-op threads
     _last_causal: tuple = (None, None)
 
     def _causal_keep(self, S: int, T: int, P: int, cdt: np.dtype) -> np.ndarray:
@@ -347,7 +349,7 @@ class _Exp2Attention:
         out = np.empty((B, S, N, v.shape[-1]), cdt)
         if out.size:  # T >= S >= 1
             attend_exp2(q, k, v, out, keep=keep, bias=bias_, key_ranges=ranges,
-                        exact_bias=exact_bias)
+                        exact_bias=exact_bias, threads=self.threads)
         return out
 
 
@@ -372,8 +374,25 @@ class Attention(_Exp2Attention):
         W, b = ctx.constant(1), ctx.constant(2)
         self.W = None if W is None else self._scaled(W.astype(compute_dtype(W.dtype)))
         self.b = None if b is None else self._scaled(b.astype(compute_dtype(b.dtype)))
-        # the scaled copies replace the constants: the session drops its own (plan.py)
-        self.prepacked_inputs = tuple(i for i, x in ((1, self.W), (2, self.b)) if x is not None)
+        self.threads = threads_for(ctx)
+        self.packed = None
+        if W is None or W.dtype.kind == "f":  # (QAttention packs its 8-bit W dequantized)
+            self._pack()
+
+    def _pack(self) -> None:
+        """A float32 W in the compiled GEMM's panels, its bias in the product's epilogue: the
+        projection (a quarter of a BERT layer's multiply-adds) then splits over the session's
+        threads like a MatMul's. The scaled copies (or the panels) replace the constants: the
+        session drops its own (plan.py)."""
+        self.packed = None
+        if self.W is not None and self.W.ndim == 2 and self.W.dtype == np.float32 and (
+                self.b is None or (self.b.dtype == np.float32 and
+                                   self.b.shape == (self.W.shape[1],))):
+            self.packed = packed_weights(self.W)
+            if self.packed is not None:
+                self.W = None  # held once, in the panels
+        self.prepacked_inputs = tuple(i for i, x in ((1, self.W), (1, self.packed), (2, self.b))
+                                      if x is not None)
 
 
     def _split(self, width: int) -> tuple[int, int, int]:
@@ -391,15 +410,21 @@ class Attention(_Exp2Attention):
         X = input
         B, S, _ = X.shape
         cdt = compute_dtype(X.dtype)
-        W = self.W if self.W is not None else self._scaled(weights.astype(cdt, copy=False))
+        A = X.astype(cdt, copy=False).reshape(B * S, X.shape[2])
         # one GEMM over every token
-        qkv = blas.matmul(X.astype(cdt, copy=False).reshape(B * S, X.shape[2]), W).reshape(
-            B, S, W.shape[1])  # explicit sizes: B or S may be 0
-        if self.b is not None:
-            qkv += self.b
-        elif bias is not None:
+        if self.packed is not None:
+            width = self.packed.N
+            qkv = run_packed(self.packed, A, self.threads, bias=self.b,
+                             released=True).reshape(B, S, width)
+        else:
+            W = self.W if self.W is not None else self._scaled(weights.astype(cdt, copy=False))
+            width = W.shape[1]
+            qkv = blas.matmul(A, W).reshape(B, S, width)  # uncut: the same bits at any count
+            if self.b is not None:
+                qkv += self.b
+        if self.b is None and bias is not None:
             qkv += self._scaled(bias.astype(cdt, copy=False))
-        dq, dk, dv = self._split(W.shape[1])
+        dq, dk, dv = self._split(width)
         N = self.N
         q = to_heads(qkv[..., :dq], N)
         k = to_heads(qkv[..., dq:dq + dk], N)
@@ -433,6 +458,7 @@ class MultiHeadAttention(_Exp2Attention):
         self.scale = float(scale)
         self.causal = bool(unidirectional)
         self.want_qk = ctx.output_used(3)
+        self.threads = threads_for(ctx)
 
     def __call__(self, query, key=None, value=None, bias=None, key_padding_mask=None,
                  attention_bias=None, past_key=None, past_value=None, past_sequence_length=None,
@@ -1049,15 +1075,16 @@ class QAttention(Attention):
         self.W = None
         if c is not None and all(v is not None for v in c):
             self.W = self._scaled(_dq(c[0], c[1], c[2]))
-        # the 8-bit weight is read per run unless dequantized here (Attention's own release
-        # judged the weight as a float one)
-        self.prepacked_inputs = tuple(i for i, x in ((1, self.W), (2, self.b)) if x is not None)
+        # the 8-bit weight is read per run unless dequantized here (Attention's own panels
+        # and release judged the weight as a float one)
+        self._pack()
 
     def __call__(self, input, weight, bias, input_scale, weight_scale, mask_index=None,  # noqa: A002
                  input_zero_point=None, weight_zero_point=None, past=None):
         izp = 0 if input_zero_point is None else input_zero_point
         wzp = 0 if weight_zero_point is None else weight_zero_point
-        W = weight if self.W is not None else _dq(weight, weight_scale, wzp)
+        held = self.W is not None or self.packed is not None
+        W = weight if held else _dq(weight, weight_scale, wzp)
         return super().__call__(_dq(input, input_scale, izp), W, bias, mask_index, past)
 
 
