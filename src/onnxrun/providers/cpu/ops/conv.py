@@ -488,11 +488,15 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
 
     parallel_for(pad_rows, 2 * th + 2, threads, 2 * N * Wp * C * item)
     band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
+    wk = _winograd_kernels(X.dtype)
     for t0 in range(0, th, band):
         nt = min(band, th - t0)
         V = scratch("conv_cols", (16, N, nt, tw, C), X.dtype)
-        parallel_for(functools.partial(_winograd_input, P, V, t0), nt, threads,
-                     24 * N * tw * C * item)
+        if wk is not None:  # one compiled pass, tile rows on spin.py's workers
+            wk.input_transform(P, V, t0, threads)
+        else:
+            parallel_for(functools.partial(_winograd_input, P, V, t0), nt, threads,
+                         24 * N * tw * C * item)
         T = N * nt * tw
         Mm = scratch("conv_gemm", (16, T, M), X.dtype)
         if packed is not None:
@@ -501,9 +505,22 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
             run_all(packed, V.reshape(16, T, C), Mm, threads)  # on spin.py's workers
         else:
             blas.matmul(V.reshape(16, T, C), U, out=Mm, threads=threads)
-        parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M), b, Y,
-                                       t0), nt, threads, 16 * N * tw * M * item)
+        if wk is not None:
+            wk.output_transform(Mm.reshape(16, N, nt, tw, M), b, Y, t0, threads)
+        else:
+            parallel_for(functools.partial(_winograd_output, Mm.reshape(4, 4, N, nt, tw, M),
+                                           b, Y, t0), nt, threads, 16 * N * tw * M * item)
     return Y
+
+
+def _winograd_kernels(dtype):
+    """compiled.winograd (its transforms: the numpy path's bits in one pass each) for float32
+    where it runs, else None."""
+    if dtype != np.float32:
+        return None
+    from ..compiled import winograd
+
+    return winograd if winograd.unavailable() is None else None
 
 
 def _winograd_input(P, V, t0: int, r0: int, r1: int) -> None:
