@@ -128,3 +128,30 @@ def test_winograd_convolution_through_the_compiled_transforms(monkeypatch):
     assert {"input_transform", "output_transform"} <= set(calls)
     one, two = (session(data, n).run(None, feeds)[0] for n in (1, 2))
     np.testing.assert_array_equal(one, two)
+
+
+def test_the_padded_copy_splits_at_two_threads(monkeypatch):
+    """Winograd's padded channels-last copy of a large input goes to the intra-op threads in
+    ranges of at least _WINOGRAD_PAD_BYTES (the other numpy passes stay whole by default)."""
+    from onnxrun.providers.cpu import parallel
+
+    pads = []
+
+    def counted(fn, n, threads, bytes_per_item=1 << 20, least=None):
+        ranges = parallel.ranges_for(n, threads, bytes_per_item, least)
+        if getattr(fn, "__name__", "") == "pad_rows":
+            pads.append(len(ranges))
+        return parallel.run_ranges(fn, ranges)
+
+    monkeypatch.setattr(parallel, "MIN_BYTES_PER_RANGE", None)
+    monkeypatch.setattr(conv, "parallel_for", counted)
+    rng = np.random.default_rng(3)
+    U = rng.standard_normal((16, 64, 8)).astype(np.float32)
+    results = []
+    for side, threads, cut in [(60, 2, 1), (120, 1, 1), (120, 2, 2)]:  # ~1 MiB, ~3.8 MiB
+        X = rng.standard_normal((1, 64, side, side)).astype(np.float32)
+        results.append(conv._winograd_3x3(X, U, None, (1, 1), (side, side), threads=threads))
+        assert pads[-1] == cut
+    X = rng.standard_normal((1, 64, 120, 120)).astype(np.float32)
+    np.testing.assert_array_equal(conv._winograd_3x3(X, U, None, (1, 1), (120, 120), 1),
+                                  conv._winograd_3x3(X, U, None, (1, 1), (120, 120), 2))

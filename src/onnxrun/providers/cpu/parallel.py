@@ -116,10 +116,13 @@ def work_ranges(n: int, threads: int, work_per_item: int, least: int | None = No
     return split(n, min(threads * per_thread, worth))
 
 
-def ranges_for(n: int, threads: int, bytes_per_item: int) -> list[tuple[int, int]]:
+def ranges_for(n: int, threads: int, bytes_per_item: int,
+               least: int | None = None) -> list[tuple[int, int]]:
     """How to cut ``n`` items of ``bytes_per_item`` work each for ``threads`` threads: one range
-    when the whole is too small to be worth a hand-off."""
-    least = MIN_BYTES_PER_RANGE
+    when the whole is too small to be worth a hand-off. ``least``: the bytes a range needs,
+    for a pass measured to gain from splitting (a large copy), where MIN_BYTES_PER_RANGE
+    (ONNXRUN_INTRA_OP_SPLIT_BYTES) is not set; without either, one range."""
+    least = MIN_BYTES_PER_RANGE if MIN_BYTES_PER_RANGE is not None else least
     if threads <= 1 or n <= 1 or not least:
         return [(0, n)]
     worth = max(1, (n * max(1, bytes_per_item)) // least)
@@ -192,9 +195,9 @@ def run_each(fn: Callable[[int], Any], n: int, threads: int) -> None:
 
 
 def parallel_for(fn: Callable[[int, int], Any], n: int, threads: int,
-                 bytes_per_item: int = 1 << 20) -> list[Any]:
-    """Run ``fn(start, stop)`` over [0, n) on up to ``threads`` threads."""
-    return run_ranges(fn, ranges_for(n, threads, bytes_per_item))
+                 bytes_per_item: int = 1 << 20, least: int | None = None) -> list[Any]:
+    """Run ``fn(start, stop)`` over [0, n) on up to ``threads`` threads (``ranges_for``)."""
+    return run_ranges(fn, ranges_for(n, threads, bytes_per_item, least))
 
 
 __all__ = ["MIN_BYTES_PER_RANGE", "MIN_MACS_PER_RANGE", "RANGES_PER_THREAD", "parallel_for",

@@ -441,6 +441,10 @@ def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
 
 
 _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
+# The padded channels-last copy of Winograd's input in ranges of rows of at least this many
+# bytes on the intra-op threads (a 2 MiB copy takes ~0.3-0.5 ms, the queue's hand-off 20-80
+# us): VGG-19's layers from 256 channels at 56 x 56 up
+_WINOGRAD_PAD_BYTES = 1 << 21
 # Fewer 2x2 tiles than this (images below 16 x 16) make the 16 GEMMs too short to run at
 # BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
 # unless the channels are many (VGG19's and ZFNet's 512-channel layers).
@@ -486,7 +490,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
         Xr = X[:, :, max(0, r0 - heads[0]):max(0, r1 - heads[0])]
         _pad_into(Pt[:, :, r0:r1], Xr, (max(0, heads[0] - r0), heads[1]))
 
-    parallel_for(pad_rows, 2 * th + 2, threads, 2 * N * Wp * C * item)
+    parallel_for(pad_rows, 2 * th + 2, threads, 2 * N * Wp * C * item, _WINOGRAD_PAD_BYTES)
     band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
     wk = _winograd_kernels(X.dtype)
     for t0 in range(0, th, band):
