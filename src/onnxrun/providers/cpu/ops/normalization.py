@@ -8,6 +8,7 @@ import numpy as np
 
 from ....dtypes import np_dtype
 from ..kernels import KernelContext, op
+from ..parallel import threads_for
 from ..random_state import generator
 from .conv import channels_inner, compute_dtype, scale_shift_channels
 
@@ -24,6 +25,25 @@ def _per_channel(p: np.ndarray, X: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if p.size == C:
         return p.reshape((C,) + (1,) * (X.ndim - 2))
     return p.reshape(X.shape[1:])  # BatchNormalization spatial=0: one value per element
+
+
+def compiled_layer_norm():
+    """compiled/layer_norm (rows in one kernel call, ranges of rows on the intra-op
+    threads), or None where it does not run here: asked once, when a kernel is prepared."""
+    from ..compiled import layer_norm
+
+    return layer_norm if layer_norm.unavailable() is None else None
+
+
+def fits_compiled(X: np.ndarray, trailing: tuple[int, ...], *params) -> bool:
+    """Whether compiled/layer_norm takes float32 ``X`` normalized over its ``trailing`` axes
+    with these parameters (float32, one value per normalized element, or None)."""
+    if X.dtype != np.float32 or X.size == 0:
+        return False
+    n = int(np.prod(trailing))
+    return all(p is None or (p.dtype == np.float32 and p.size == n and p.ndim <= len(trailing)
+                             and p.shape == trailing[len(trailing) - p.ndim:])
+               for p in params)
 
 
 @op("BatchNormalization", 1, 6, 7, 9, 14, 15)
@@ -135,6 +155,9 @@ class LayerNormalization:
         self.epsilon = float(epsilon)
         self.stat_type = np_dtype(int(stash_type))  # Mean and InvStdDev are stash_type
         self.want_stats = ctx.output_used(1) or ctx.output_used(2)
+        self.threads = threads_for(ctx)
+        self.compiled = compiled_layer_norm()
+        self.fn = None if self.compiled is None else self.compiled.function()
 
     def __call__(self, X, Scale, B=None):
         axis = self.axis + X.ndim if self.axis < 0 else self.axis
@@ -143,12 +166,19 @@ class LayerNormalization:
         if 0 in X.shape[axis:]:  # as onnxruntime: nothing to normalize over
             raise ValueError(f"LayerNormalization: the size of X.shape[axis:] "
                              f"{list(X.shape[axis:])} must be at least 1, got 0")
-        Y, mean, inv_std = _standardize_rows(X, int(np.prod(outer)), self.epsilon, sd)
-        Y = Y.reshape(X.shape)
-        Y *= Scale.astype(sd, copy=False)
-        if B is not None:
-            Y += B.astype(sd, copy=False)
-        Y = Y.astype(X.dtype, copy=False)
+        if self.compiled is not None and fits_compiled(X, X.shape[axis:], Scale, B):
+            n = int(np.prod(X.shape[axis:]))
+            Y, mean, inv_std, _ = self.compiled.layer_norm(
+                np.ascontiguousarray(X).reshape(-1, n), Scale, B, self.epsilon,
+                threads=self.threads, fn=self.fn)
+            Y = Y.reshape(X.shape)
+        else:
+            Y, mean, inv_std = _standardize_rows(X, int(np.prod(outer)), self.epsilon, sd)
+            Y = Y.reshape(X.shape)
+            Y *= Scale.astype(sd, copy=False)
+            if B is not None:
+                Y += B.astype(sd, copy=False)
+            Y = Y.astype(X.dtype, copy=False)
         if not self.want_stats:
             return Y, None, None
         stat_shape = outer + (1,) * (X.ndim - axis)

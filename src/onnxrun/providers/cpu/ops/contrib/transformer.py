@@ -34,7 +34,7 @@ from ..attention import (
     to_heads,
 )
 from ..linalg import packed_weights, run_packed
-from ..normalization import LayerNormalization
+from ..normalization import LayerNormalization, compiled_layer_norm, fits_compiled
 
 MS = "com.microsoft"
 
@@ -180,8 +180,21 @@ class SkipLayerNormalization:
     def __init__(self, ctx: KernelContext, *, epsilon=1e-12) -> None:
         self.epsilon = float(epsilon)
         self.want_sum = ctx.output_used(3)
+        self.threads = threads_for(ctx)
+        self.compiled = compiled_layer_norm()
+        self.fn = None if self.compiled is None else self.compiled.function()
 
     def __call__(self, input, skip, gamma, beta=None, bias=None):  # noqa: A002 - schema
+        n = input.shape[-1] if input.ndim else 0
+        if self.compiled is not None and input.ndim and skip.shape == input.shape and \
+                skip.dtype == np.float32 and fits_compiled(input, (n,), gamma, beta, bias):
+            c = np.ascontiguousarray
+            Y, mean, inv, total = self.compiled.layer_norm(
+                c(input).reshape(-1, n), gamma, beta, self.epsilon, skip=c(skip).reshape(-1, n),
+                bias=bias, want_sum=self.want_sum, threads=self.threads, fn=self.fn)
+            stat = input.shape[:-1] + (1,)
+            return (Y.reshape(input.shape), mean.reshape(stat), inv.reshape(stat),
+                    None if total is None else total.reshape(input.shape))
         sd = _stat_dtype(input.dtype)
         s = _skip_sum(input, skip, bias, sd)
         # the sum is an output too: normalize into a new array then, else in place
