@@ -72,8 +72,13 @@ def test_attention_products_through_blas(scipy_gemms, monkeypatch):
     mask = np.ones((B, S), np.int32)
     mask[1, 10:] = 0
     x = RNG.standard_normal((B, S, H)).astype(np.float32)
-    # the QKV projection and each block of heads' two products
-    assert _check(model, {"x": x, "mask": mask}, scipy_gemms, monkeypatch) >= 1 + 2 * B * N
+    # each head's two products, and the QKV projection where the compiled GEMM (which
+    # takes a constant weight's projection) does not run, as in Pyodide
+    from onnxrun.providers.cpu.compiled import float_gemm
+
+    projection = 1 if float_gemm.unavailable() is not None else 0
+    assert _check(model, {"x": x, "mask": mask}, scipy_gemms, monkeypatch) >= \
+        projection + 2 * B * N
 
 
 def test_multi_head_attention_products_through_blas(scipy_gemms, monkeypatch):
