@@ -17,9 +17,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ....dtypes import np_dtype
-from .. import blas
+from .. import blas, parallel
 from ..kernels import KernelContext, op
-from .. import parallel
 from .activation import sigmoid
 from .reduction import max_last, sum_trailing
 
