@@ -76,3 +76,26 @@ def test_biased_sum_read_elsewhere_does_not_fire(tmp_path):
     changes, model = optimized(biased(ERF_GELU, extra_out="h"), FEEDS, tmp_path)
     assert "BiasGeluFusion" not in changes
     assert sorted(ops(model)) == ["Add", "Gelu"]
+
+
+def _onnx_gelu(attrs: str = ""):
+    text = f"""<ir_version: 8, opset_import: ["" : 20]>
+g (float[2, 3, 8] x) => (float[2, 3, 8] y) {{
+    h = Add(x, b)
+    y = Gelu {attrs}(h)
+}}"""
+    return build(text, b=rng.standard_normal(8).astype(np.float32))
+
+
+def test_bias_onnx_gelu_fires(tmp_path):
+    """ai.onnx Gelu (opset 20, erf) with a 1-D bias before it: com.microsoft BiasGelu."""
+    changes, model = optimized(_onnx_gelu(), FEEDS, tmp_path)
+    assert changes["BiasGeluFusion"] == {"BiasGelu (ai.onnx Gelu)": 1}
+    assert ops(model) == ["BiasGelu"]
+    assert list(model.graph.node[0].input) == ["x", "b"]
+
+
+def test_bias_onnx_tanh_gelu_does_not_fire(tmp_path):
+    changes, model = optimized(_onnx_gelu('<approximate = "tanh"> '), FEEDS, tmp_path)
+    assert "BiasGeluFusion" not in changes
+    assert sorted(ops(model)) == ["Add", "Gelu"]
