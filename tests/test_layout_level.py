@@ -411,12 +411,18 @@ def _shuffle_model() -> bytes:
     return model.SerializeToString()
 
 
-def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle():
+def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle(monkeypatch):
     """ShuffleNet's units: grouped 1x1 convolutions on the compiled GEMM (a GEMM per group on
     channels-last rows), the channel shuffle (Reshape-Transpose-Reshape) passing the layout on
-    with one copy, depthwise layers of stride 2 and 1, AveragePool + Concat and a residual Sum;
-    every convolution writes channels-last, results equal level 2's and onnxruntime's."""
+    with one copy (the compiled shuffle's), depthwise layers of stride 2 and 1, AveragePool +
+    Concat and a residual Sum; every convolution writes channels-last, results equal level
+    2's and onnxruntime's."""
     _needs_compiled_gemm()
+    from onnxrun.providers.cpu.compiled import shuffle
+
+    shuffles = []
+    real = shuffle.shuffle
+    monkeypatch.setattr(shuffle, "shuffle", lambda X, b: shuffles.append(X.shape) or real(X, b))
     blob = _shuffle_model()
     layout, plain = _both_levels(blob)
     assert _channels_last_steps(layout) == 7 and _channels_last_steps(plain) == 0
@@ -429,6 +435,7 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     # every 4-D value channels-last, the shuffles' ends (sh, sh2) included
     for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):
         assert seen[name][1], (name, seen[name])
+    assert len(shuffles) >= 2  # both shuffles of each layout-level run compiled
 
 
 def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(monkeypatch):

@@ -104,6 +104,16 @@ def _shuffled_channels_last(data: np.ndarray, target) -> np.ndarray:
     N, a, b, H, W = data.shape
     if list(target) not in ([N, a * b, H, W], [N, -1, H, W], [-1, a * b, H, W]):
         return _reshaped(data, target)
+    pixels = data.transpose(0, 3, 4, 2, 1)  # (N, H, W, b, a): the memory, when dense
+    if data.dtype == np.float32 and pixels.flags.c_contiguous and data.size:
+        from ..compiled import jit, shuffle
+
+        if b <= shuffle.MAX_GROUPS:
+            try:  # each pixel's (b, a) block transposed by vector shuffles (3-4x numpy's)
+                Y = shuffle.shuffle(pixels.reshape(N * H * W, b, a), b)
+                return Y.reshape(N, H, W, a * b).transpose(0, 3, 1, 2)
+            except jit.Unavailable:
+                pass
     Yt = np.empty((N, H, W, a, b), data.dtype)
     src = data.transpose(0, 3, 4, 1, 2)
     for j in range(b):
