@@ -55,34 +55,40 @@ class CompiledSteps:
     nested run (slot list, plan lookup, function call) per call. Compiling the function
     costs ~20-40 us a step (Python's compiler), tens of runs' savings: until then, and for
     plans of more than MAX_GENERATED steps, the loop over a table (``table``) runs it. The
-    terminate check between nodes is in the variant made for runs with RunOptions."""
+    terminate check between nodes is in the variant made for runs with RunOptions; the variant
+    made for runs with buffers (memory.py) hands each step of ``outs`` (step index -> its
+    index in the buffers) ``out=buffers.take(j, *its inputs)``."""
 
-    __slots__ = ("steps", "fetch_slots", "table", "_fns", "_lines", "_runs")
+    __slots__ = ("steps", "fetch_slots", "table", "outs", "_fns", "_lines", "_runs")
 
     GENERATE_AFTER = 8
     MAX_GENERATED = 5000
 
-    def __init__(self, steps: list[Step], fetch_slots: Sequence[int]) -> None:
+    def __init__(self, steps: list[Step], fetch_slots: Sequence[int],
+                 outs: dict[int, int] | None = None) -> None:
         self.steps = steps
         self.fetch_slots = tuple(fetch_slots)
-        self.table = _table(steps)
-        self._fns: dict[bool, Callable[[list[Any], Any], None]] = {}
+        self.outs = outs or {}
+        self.table = _table(steps, self.outs)
+        self._fns: dict[tuple[bool, bool], Callable[..., None]] = {}
         # per generated function's code: the line of a step's call -> (the step's index, the
         # locals of its arguments, the node of a branch's step written in, else None)
         self._lines: dict[Any, dict[int, tuple[int, tuple[str, ...], Node | None]]] = {}
         self._runs = 0
 
-    def function(self, check_terminate: bool) -> Callable[[list[Any], Any], None] | None:
-        """The generated function, or None while the loop runs this plan."""
-        fn = self._fns.get(check_terminate)
+    def function(self, check_terminate: bool, buffers: bool = False
+                 ) -> Callable[..., None] | None:
+        """The generated function (``run(slots, ro)``, or ``run(slots, ro, buffers)``), or
+        None while the loop runs this plan."""
+        fn = self._fns.get((check_terminate, buffers))
         if fn is None:
             self._runs += 1  # not exact under concurrent runs: it only picks the moment
             if self._runs <= self.GENERATE_AFTER or len(self.steps) > self.MAX_GENERATED:
                 return None
-            fn = self._fns[check_terminate] = self._generate(check_terminate)
+            fn = self._fns[check_terminate, buffers] = self._generate(check_terminate, buffers)
         return fn
 
-    def _generate(self, check_terminate: bool) -> Callable[[list[Any], Any], None]:
+    def _generate(self, check_terminate: bool, buffers: bool) -> Callable[..., None]:
         steps = self.steps
         # Locals are reused once their value is freed (a register allocation): compiling a
         # function costs more than linear time in its number of distinct locals.
@@ -106,14 +112,18 @@ class CompiledSteps:
         read = {s for step in steps for s in step.inputs} | set(self.fetch_slots)
         external = sorted(read - produced - {NONE_SLOT, DISCARD})
         body = [f"    {assign(s)} = slots[{s}]" for s in external]
+        if buffers:
+            body.append("    _take = _b.take")
         lines: dict[int, tuple[int, tuple[str, ...], Node | None]] = {}
         first = 4  # the body's first line: after the factory's two lines and "def run"
 
         def call(kernel: Any, args: tuple[str, ...], outs: list[str], indent: str,
-                 where: tuple[int, Node | None]) -> None:
+                 where: tuple[int, Node | None], j: int | None = None) -> None:
             if check_terminate:
                 body.append(f"{indent}if ro.terminate: raise _Terminated(_TERMINATED)")
             expr = f"{constant(kernel)}({', '.join(args)})"
+            if j is not None:  # one output, written into the buffer handed to it
+                expr = f"{expr[:-1]}{', ' if args else ''}out=_take({', '.join((str(j), *args))}))"
             lines[first + len(body)] = (where[0], args, where[1])
             if len(outs) > 1:
                 body.append(f"{indent}{', '.join(outs)} = _spread({expr}, {len(outs)})")
@@ -163,7 +173,8 @@ class CompiledSteps:
             args = tuple(names[s] for s in step.inputs)
             branches = _branches(step)
             if branches is None:
-                call(step.kernel, args, [assign(s) for s in step.outputs], "    ", (i, None))
+                call(step.kernel, args, [assign(s) for s in step.outputs], "    ", (i, None),
+                     self.outs.get(i) if buffers else None)
             else:
                 if check_terminate:
                     body.append("    if ro.terminate: raise _Terminated(_TERMINATED)")
@@ -183,7 +194,7 @@ class CompiledSteps:
         source = "\n".join([
             "def _factory(_K, _spread, _tuple, _Terminated, _TERMINATED):",
             f"  {kernels}{',' if len(closure) == 1 else ''} = _K" if closure else "  pass",
-            "  def run(slots, ro):",
+            f"  def run(slots, ro{', _b' if buffers else ''}):",
             *[f"  {line}" for line in body],
             "      return",
             "  return run"])
@@ -238,33 +249,49 @@ def _spread(result: Any, n: int) -> tuple[Any, ...]:
     return (result,) + (None,) * (n - 1)
 
 
-def _table(steps: list[Step]) -> list[tuple[Any, ...]]:
+def _table(steps: list[Step], outs: dict[int, int] | None = None) -> list[tuple[Any, ...]]:
     """The steps as the loop reads them: the kernel, a C-level getter for its arguments
     (operator.itemgetter) and whether it returns one value or a tuple to spread, the first
-    output slot, all output slots, the slots to free, and the step's index (for errors)."""
+    output slot, all output slots, the slots to free, the step's index (for errors) and its
+    index in the buffers (or -1)."""
     table = []
-    for i, (kernel, ins, outs, frees, _node, _provider) in enumerate(steps):
+    outs = outs or {}
+    for i, (kernel, ins, out_slots, frees, _node, _provider) in enumerate(steps):
         get = operator.itemgetter(*ins) if ins else None
         arity = 2 if len(ins) > 1 else len(ins)
-        table.append((kernel, get, arity, outs[0] if outs else DISCARD, outs, frees, i))
+        table.append((kernel, get, arity, out_slots[0] if out_slots else DISCARD, out_slots,
+                      frees, i, outs.get(i, -1)))
     return table
 
 
 def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options: Any = None,
-              compiled: CompiledSteps | None = None) -> None:
+              compiled: CompiledSteps | None = None, buffers: Any = None,
+              observe: Callable[..., None] | None = None) -> bool:
     """Run ``steps`` on ``slots``; ``compiled``: CompiledSteps(steps, fetches), when the caller
-    keeps it (without it, the loop runs them and leaves every output in its slot)."""
+    keeps it (without it, the loop runs them and leaves every output in its slot).
+    ``buffers``: a memory.Buffers whose arena the steps of ``compiled.outs`` write into;
+    ``observe(i, args, results, outs, frees)``: called after each step (memory.py records a
+    run; with ``buffers`` too, it is also given the step's ``out``, or None). Returns False
+    when the run was profiled instead (neither used)."""
     profiler = profile.active()
     if profiler is not None:
         _run_steps_profiled(steps, slots, run_options, profiler)
-        return
-    run = None if compiled is None else compiled.function(run_options is not None)
+        return False
+    if observe is not None:
+        _run_steps_observed(steps, slots, run_options, observe,
+                            buffers, compiled.outs if compiled is not None else {})
+        return True
+    run = None if compiled is None else \
+        compiled.function(run_options is not None, buffers is not None)
     if run is None:
         _run_table(steps, compiled.table if compiled is not None else _table(steps), slots,
-                   run_options)
-        return
+                   run_options, buffers)
+        return True
     try:
-        run(slots, run_options)
+        if buffers is None:
+            run(slots, run_options)
+        else:
+            run(slots, run_options, buffers)
     except RunTerminated:
         raise
     except Exception as e:
@@ -279,16 +306,20 @@ def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options
         cause = kernel_error(inner, args, e)
         cause.__cause__ = e
         raise kernel_error(steps[index].node, [], cause) from cause
+    return True
 
 
 def _run_table(steps: list[Step], table: list[tuple[Any, ...]], slots: list[Any],
-               run_options: Any) -> None:
+               run_options: Any, buffers: Any = None) -> None:
     check_terminate = run_options is not None
-    for kernel, get, arity, out, outs, frees, index in table:
+    for kernel, get, arity, out, outs, frees, index, j in table:
         if check_terminate and run_options.terminate:
             raise RunTerminated(_TERMINATED)
         try:
-            if arity == 2:
+            if j >= 0 and buffers is not None:
+                args = [slots[s] for s in steps[index].inputs]
+                result = kernel(*args, out=buffers.take(j, *args))
+            elif arity == 2:
                 result = kernel(*get(slots))
             elif arity == 1:
                 result = kernel(get(slots))
@@ -306,6 +337,35 @@ def _run_table(steps: list[Step], table: list[tuple[Any, ...]], slots: list[Any]
             slots[out] = result
         for s in frees:
             slots[s] = None
+
+
+def _run_steps_observed(steps: list[Step], slots: list[Any], run_options: Any,
+                        observe: Callable[..., None], buffers: Any = None,
+                        pooled: dict[int, int] | None = None) -> None:
+    """The loop, calling ``observe(i, args, results, outs, frees)`` after each step (and the
+    step's ``out`` after those, when ``buffers`` give the steps of ``pooled`` one)."""
+    for i, (kernel, ins, outs, frees, node, _provider) in enumerate(steps):
+        if run_options is not None and run_options.terminate:
+            raise RunTerminated(_TERMINATED)
+        args = [slots[s] for s in ins]
+        j = -1 if buffers is None else pooled.get(i, -1)
+        given = None if j < 0 else buffers.take(j, *args)
+        try:
+            result = kernel(*args) if j < 0 else kernel(*args, out=given)
+        except RunTerminated:
+            raise
+        except Exception as e:
+            raise kernel_error(node, args, e) from e
+        results = result if type(result) is tuple else (result,)
+        for s, r in zip(outs, results, strict=False):
+            slots[s] = r
+        for s in frees:
+            slots[s] = None
+        if buffers is None:
+            observe(i, args, results, outs, frees)
+        else:
+            observe(i, args, results, outs, frees, given)
+        del args, result, results, given
 
 
 def _run_steps_profiled(steps: list[Step], slots: list[Any], run_options: Any,

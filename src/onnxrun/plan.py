@@ -28,6 +28,7 @@ from .execute import (
 from .ir import Graph, Model, Node, Value
 from .ir.serde import tensor_type
 from .ir.toposort import stable_topological_order
+from .memory import Memory, Probe
 from .partition import Assignment
 from .proto import onnx
 from .providers import KernelContext
@@ -47,6 +48,7 @@ class Plan(NamedTuple):
     fetch_slots: list[int]
     schedule: ParallelSchedule | None = None  # set when the program runs in parallel mode
     compiled: CompiledSteps | None = None  # the steps as one function, for run_steps
+    memory: Memory | None = None  # buffers for its intermediates (memory.py)
 
 
 class Subgraph:
@@ -88,6 +90,7 @@ class Program:
     ) -> None:
         self.graph = graph
         self.model = model
+        self.reuse_memory = _reuses_memory(session_options)
         self._slot: dict[int, int] = {}
         template: list[Any] = [None, None]
         self.names: list[str] = ["<none>", "<discard>"]
@@ -216,7 +219,10 @@ class Program:
                 frees[i].append(s)
         steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
         schedule = parallel_schedule(steps, keep) if self.pool is not None else None
-        plan = Plan(steps, list(fetch_slots), schedule, CompiledSteps(steps, fetch_slots))
+        memory = Memory.of(steps, fetch_slots) if self.reuse_memory and schedule is None \
+            else None
+        plan = Plan(steps, list(fetch_slots), schedule,
+                    CompiledSteps(steps, fetch_slots, memory and memory.candidates), memory)
         with self._lock:
             if len(self._plans) < 64:
                 self._plans[key] = plan
@@ -237,6 +243,13 @@ class Program:
                 run_steps_parallel(plan.steps, plan.schedule, slots, run_options, self.pool)
             finally:
                 _run_options.reset(token)
+        elif plan.memory is not None:
+            token = _run_options.set(run_options) if run_options is not None else None
+            try:
+                self._run_with_buffers(plan, plan.memory, slots, feeds, captured, run_options)
+            finally:
+                if token is not None:
+                    _run_options.reset(token)
         elif run_options is None:
             run_steps(plan.steps, slots, self.names, None, plan.compiled)
         else:
@@ -246,6 +259,33 @@ class Program:
             finally:
                 _run_options.reset(token)
         return [slots[s] for s in plan.fetch_slots]
+
+    def _run_with_buffers(self, plan: Plan, memory: Memory, slots: list[Any],
+                          feeds: Sequence[tuple[int, Any]], captured: Sequence[Any],
+                          run_options: Any) -> None:
+        """A run whose intermediates go into the blocks of the pattern of its input shapes;
+        the first run of those shapes records the pattern."""
+        key = (tuple([getattr(v, "shape", None) for _, v in feeds]),
+               tuple([getattr(v, "shape", None) for v in captured]))
+        pattern = memory.patterns.get(key, False)
+        if pattern is False:
+            recorder = memory.recorder()
+            if run_steps(plan.steps, slots, self.names, run_options, plan.compiled,
+                         observe=recorder.observe):
+                memory.learn(key, recorder)
+        elif pattern is None:  # nothing large enough to reuse at these shapes
+            run_steps(plan.steps, slots, self.names, run_options, plan.compiled)
+        elif pattern.recorder is not None:  # its first run: which kernels write into out
+            recorder = pattern.recorder
+            if run_steps(plan.steps, slots, self.names, run_options, plan.compiled,
+                         Probe(pattern), recorder.check):
+                memory.verified(key, pattern, recorder.unused)
+        else:
+            buffers = pattern.checkout()
+            try:
+                run_steps(plan.steps, slots, self.names, run_options, plan.compiled, buffers)
+            finally:
+                pattern.checkin(buffers)
 
     def run_fetches(self, fetch_slots: tuple[int, ...], feeds: Sequence[tuple[int, Any]],
                     run_options: Any = None) -> list[Any]:
@@ -312,6 +352,13 @@ def _all_nodes(graph: Graph):
         yield n
         for sub in n.subgraphs():
             yield from _all_nodes(sub)
+
+
+def _reuses_memory(options: Any) -> bool:
+    """Whether runs reuse buffers for intermediates (memory.py): onnxruntime's options that
+    turn its memory pattern and arena off turn this off."""
+    return options is None or all(getattr(options, name, True) for name in (
+        "enable_mem_pattern", "enable_cpu_mem_arena", "enable_mem_reuse"))
 
 
 def _config(options: Any) -> dict:

@@ -139,6 +139,16 @@ class KernelDef:
         return functools.partial(self.impl, **bound) if bound else self.impl
 
 
+def takes_out(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a kernel function whose keyword-only ``out`` (not an attribute) is an array to
+    write its one output into: ``kernel(*inputs, out=array)`` fills ``array`` (of the shape,
+    dtype and strides its fresh output had when it last ran on inputs of these shapes) and
+    returns it; ``out=None`` returns a fresh array. The executor hands such buffers out
+    (memory.py); a class kernel says the same with ``accepts_out = True``."""
+    kernel.accepts_out = True  # type: ignore[attr-defined]
+    return kernel
+
+
 def _attribute_params(impl: Callable[..., Any], is_class: bool) -> dict[str, Any]:
     fn = impl.__init__ if is_class else impl
     if type(fn) is types.FunctionType and not hasattr(fn, "__wrapped__"):
@@ -147,13 +157,17 @@ def _attribute_params(impl: Callable[..., Any], is_class: bool) -> dict[str, Any
         code = fn.__code__
         defaults = fn.__kwdefaults__ or {}
         names = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
-        return {name: defaults.get(name, REQUIRED) for name in names}
-    sig = inspect.signature(fn)
-    return {
-        p.name: p.default
-        for p in sig.parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+        params = {name: defaults.get(name, REQUIRED) for name in names}
+    else:
+        sig = inspect.signature(fn)
+        params = {
+            p.name: p.default
+            for p in sig.parameters.values()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY
+        }
+    if not is_class and getattr(impl, "accepts_out", False) is True:
+        params.pop("out", None)  # the executor's buffer (takes_out), not an attribute
+    return params
 
 
 class KernelRegistry:

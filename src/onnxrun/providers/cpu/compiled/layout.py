@@ -24,6 +24,15 @@ def flat(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
     return a.transpose(order).reshape(-1)
 
 
+def flat_out(out: np.ndarray | None, a: np.ndarray, order: tuple[int, ...]) -> np.ndarray | None:
+    """``out`` (a buffer the executor hands a kernel: memory.py) as the 1-D memory of a result
+    like ``a`` in ``order``, when it has ``a``'s shape and dtype and is dense in that order."""
+    if out is None or out.shape != a.shape or out.dtype != a.dtype:
+        return None
+    t = out if order == tuple(range(a.ndim)) else out.transpose(order)
+    return t.reshape(-1) if t.flags.c_contiguous else None
+
+
 def shaped_like(buffer: np.ndarray, a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
     """A 1-D ``buffer`` viewed with ``a``'s shape and memory order."""
     if order == tuple(range(a.ndim)):  # C order: no argsort, no transpose (a decode step's

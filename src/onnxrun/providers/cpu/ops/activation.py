@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import blas
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, takes_out
 from ..parallel import threads_for
 from .conv import compute_dtype
 from .elementwise import erf, gelu_float32
@@ -38,27 +38,31 @@ _RELU_F32 = (np.float32(0), np.float32(np.inf))
 
 
 @op("Relu", 1, 6, 13, 14)
-def Relu(X):
+@takes_out
+def Relu(X, *, out=None):
     if X.dtype is _F32:  # the usual case, its bounds made once
-        return blas.clip(X, *_RELU_F32)
+        return blas.clip(X, *_RELU_F32, out=out)
     if X.dtype.kind == "f":  # clip with two bounds is SIMD; maximum with a scalar is not
         t = X.dtype.type
-        return blas.clip(X, t(0), t(np.inf))
-    return np.maximum(X, X.dtype.type(0))
+        return blas.clip(X, t(0), t(np.inf), out=out)
+    return np.maximum(X, X.dtype.type(0), out=out)
 
 
 @op("Sigmoid", 1, 6, 13)
-def Sigmoid(X):
+@takes_out
+def Sigmoid(X, *, out=None):
     if X.dtype == np.float32 and X.size and X.flags.c_contiguous:
         from ..compiled import logistic  # MLAS's logistic, onnxruntime's numbers bit for bit
 
         if logistic.unavailable() is None:
-            return logistic.sigmoid(X)
-    return sigmoid(X)
+            return logistic.sigmoid(X, out if out is not None and out.flags.c_contiguous and
+                                    out.shape == X.shape and out.dtype == X.dtype else None)
+    return sigmoid(X, out if out is not None and out.shape == X.shape and
+                   out.dtype == X.dtype else None)
 
 
-def sigmoid(X):
-    t = np.negative(X)
+def sigmoid(X, out=None):
+    t = np.negative(X, out=out)
     with np.errstate(over="ignore"):  # exp(-x) overflows to inf for x << 0: 1/(1+inf) = 0
         np.exp(t, out=t)
     t += 1

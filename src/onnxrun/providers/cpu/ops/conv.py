@@ -601,12 +601,14 @@ def _shifted_gemm(X, Wk, heads, outs, kernel, dilations, threads: int = 1) -> np
 # -- epilogue -------------------------------------------------------------------------------------
 
 
-def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1) -> np.ndarray:
+def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1, out=None) -> np.ndarray:
     """The result act(Y + b + Z) as ``out_dtype``: Y a fresh array updated in place, or (Y
-    None) ``src``, a strided view of scratch, copied out by the first operation. Cut into
-    ranges of rows (axis 2) for the intra-op threads."""
+    None) ``src``, a strided view of scratch, copied out by the first operation (into
+    ``out``, the executor's buffer, when it fits). Cut into ranges of rows (axis 2) for the
+    intra-op threads."""
     if Y is None:
-        Y = np.empty(src.shape, src.dtype)
+        Y = out if out is not None and out.shape == src.shape and out.dtype == src.dtype \
+            else np.empty(src.shape, src.dtype)
     elif b is None and Z is None and act is None:  # nothing to add or activate
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
     if Y.size == 0:  # an empty batch or output: nothing to add or activate
@@ -677,14 +679,25 @@ def add_channel_bias(Y: np.ndarray, b: np.ndarray) -> None:
     Y += b
 
 
-def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nhwc_out(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A fresh (N, H, W, C) array of ``dtype``, or ``out`` (an (N, C, H, W) buffer the
+    executor hands a kernel: memory.py) seen channels-last, when it is one of that layout."""
+    if out is not None and out.dtype == dtype:
+        t = out.transpose(0, 2, 3, 1)
+        if t.shape == shape and t.flags.c_contiguous:
+            return t
+    return np.empty(shape, dtype)
+
+
+def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
+                         out: np.ndarray | None = None) -> np.ndarray:
     """X * a + b, one (a, b) per channel, for a channels-last X (N, C, H, W) with C < 4096:
     a fresh channels-last result, the rows of pixels taken in blocks of several thousand
     elements with a and b repeated to match (as add_channel_bias; BatchNormalization at
     inference after a DenseNet's Concat: 1.6-2x faster than numpy's broadcast of a (C, 1, 1)
     operand at 64-256 channels and 56 x 56, bit for bit the same)."""
     N, C, H, W = X.shape
-    Yt = np.empty((N, H, W, C), X.dtype)
+    Yt = nhwc_out(out, (N, H, W, C), X.dtype)
     if Yt.size == 0:  # an empty batch or image: nothing to scale
         return Yt.transpose(0, 3, 1, 2)
     src, dst = X.transpose(0, 2, 3, 1).reshape(-1, C), Yt.reshape(-1, C)
@@ -1314,11 +1327,14 @@ class Conv(_ConvBase):
         w = W.reshape(W.shape[0], K).T.astype(cdt)
         return np.ascontiguousarray(w.reshape((K, W.shape[0]) + (1,) * nd))
 
-    def __call__(self, X, W, B=None):
-        return self._forward(X, W, B)
+    accepts_out = True  # the executor's buffer for the output (memory.py)
 
-    def _forward(self, X, W, B=None, Z=None, act=None):
-        """act(Conv(X, W) + B + Z) in a fresh array of X's dtype (``act`` works in place)."""
+    def __call__(self, X, W, B=None, *, out=None):
+        return self._forward(X, W, B, out=out)
+
+    def _forward(self, X, W, B=None, Z=None, act=None, out=None):
+        """act(Conv(X, W) + B + Z) in a fresh array of X's dtype (``act`` works in place),
+        or in ``out`` where the method writes its output itself (channels-last ones)."""
         plan = self.small_plans.get(X.shape) if self.small_plans is not None else None
         if plan is not None and X.dtype == plan[0] and (B is None) == (plan[5] is None):
             return self._small_conv(plan, X, Z, act)
@@ -1374,7 +1390,8 @@ class Conv(_ConvBase):
             if self.nhwc_packed is None:  # shapes not known when prepared: packed once, here
                 self.nhwc_packed = self._nhwc_weights(self._weight(W))
             if self.nhwc_packed is not None:
-                Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations)
+                Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations,
+                                    out)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1384,7 +1401,7 @@ class Conv(_ConvBase):
                 self.hcw_packed = self._hcw_weights(self._weight(W))
             if self.hcw_packed is not None:
                 Y = self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides,
-                                        self.hcw_packed, True)
+                                        self.hcw_packed, True, out)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1394,7 +1411,7 @@ class Conv(_ConvBase):
             all(s == 1 for s in strides) and outs == X.shape[2:]
         if one_by_one and method == "gemm" and self.gemm_t_packed is not None and \
                 X.dtype == np.float32 and _is_channels_last(X):
-            return self._gemm_1x1_compiled(X, b, Z, act)
+            return self._gemm_1x1_compiled(X, b, Z, act, out)
         if one_by_one and method == "gemm" and self.group_packed is not None and \
                 X.dtype == np.float32 and const_w:
             Y = self._grouped_1x1(X, b, Z, act)
@@ -1414,10 +1431,10 @@ class Conv(_ConvBase):
             if Y.shape[2:] == outs and self.channels_last:
                 return _finish(Y, None, None, Z, act, out_dtype, self.threads)
             return _finish(None, Y[..., :outs[0], :outs[1]], None, Z, act, out_dtype,
-                           self.threads)
+                           self.threads, out)
         if method == "shifted":
             src = _shifted_gemm(X, Wm, heads, outs, kernel, dilations, self.threads)
-            return self._laid_out(_finish(None, src, b, Z, act, out_dtype, self.threads))
+            return self._laid_out(_finish(None, src, b, Z, act, out_dtype, self.threads, out))
         if one_by_one:
             return _finish(_gemm_1x1(X, Wm, self.prepared.get("gemm_t"), self.threads), None,
                            b, Z, act, out_dtype, self.threads)
@@ -1450,8 +1467,8 @@ class Conv(_ConvBase):
         Y = _im2col_gemm(Wm, _im2col(Xp, kernel, outs, strides, dilations), g, self.threads,
                          scratch_out=temp)
         Y = _finish(Y.reshape((N, M) + outs), None, b, Z, act, out_dtype, self.threads)
-        out = self._laid_out(Y)
-        return out.copy() if temp and out is Y else out  # scratch never leaves the kernel
+        result = self._laid_out(Y, out)
+        return result.copy() if temp and result is Y else result  # scratch never leaves
 
     def _small_conv(self, plan: tuple, X: np.ndarray, Z, act) -> np.ndarray:
         """A small convolution (batch 1, one group) from its per-shape ``plan`` (_forward):
@@ -1483,14 +1500,17 @@ class Conv(_ConvBase):
         _epilogue(Y, None, b, Z, act)
         return self._laid_out(Y)
 
-    def _laid_out(self, Y: np.ndarray) -> np.ndarray:
+    def _laid_out(self, Y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The NCHW result of an im2col / per-tap / gather convolution, copied channels-last
-        where it was chosen so (channels_last_output)."""
+        (into ``out`` when it is so laid out) where it was chosen so (channels_last_output)."""
         if self.channels_last and Y.ndim == 4 and not _is_channels_last(Y):
-            return np.ascontiguousarray(Y.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+            N, C, H, W = Y.shape
+            Yt = nhwc_out(out, (N, H, W, C), Y.dtype)
+            np.copyto(Yt, Y.transpose(0, 2, 3, 1))
+            return Yt.transpose(0, 3, 1, 2)
         return Y
 
-    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations):
+    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations, out=None):
         """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
         NHWC scratch buffer, one GEMM (pixels x taps*C) @ the packed weight with the bias and
         a Relu / Clip fused; the output channels-last (copied out to NCHW unless it stays so:
@@ -1503,7 +1523,8 @@ class Conv(_ConvBase):
         bounds = getattr(act, "bounds", None)
         fused = bounds is not None and Z is None
         if dilations == (1, 1):
-            return self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides, pk, False)
+            return self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides, pk, False,
+                                       out)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
         else:
@@ -1515,7 +1536,8 @@ class Conv(_ConvBase):
                 np.copyto(cols[:, :, :, i, j], P[:, i * dh:i * dh + (Ho - 1) * sh + 1:sh,
                                                  j * dw:j * dw + (Wo - 1) * sw + 1:sw])
         Y = pk.run(cols.reshape(N * Ho * Wo, kh * kw * C), None if b is None else b.reshape(-1),
-                   bounds=bounds if fused else None, threads=self.threads)
+                   bounds=bounds if fused else None, threads=self.threads,
+                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(-1, pk.N))
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
@@ -1523,7 +1545,8 @@ class Conv(_ConvBase):
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
 
-    def _conv_implicit(self, X, b, Z, act, heads, outs, kernel, strides, pk, hcw: bool):
+    def _conv_implicit(self, X, b, Z, act, heads, outs, kernel, strides, pk, hcw: bool,
+                       out=None):
         """An undilated convolution as an implicit GEMM on the compiled kernel: the input
         copied once into a zero-padded scratch buffer, the GEMM's row of A for output pixel
         (oh, ow) read in place from (oh * sh, ow * sw) on (rows of ``Wo`` pixels: run_shifted's
@@ -1546,7 +1569,7 @@ class Conv(_ConvBase):
             _pad_into(P.transpose(0, 3, 1, 2), X, heads)
             lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
         flat = P.reshape(N, -1)
-        Y = np.empty((N, Ho * Wo, pk.N), np.float32)
+        Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
         bias = None if b is None else b.reshape(-1)
         for n in range(N):
             pk.run_shifted(flat[n], Ho * Wo, lda, block, jump, bias,
@@ -1559,7 +1582,7 @@ class Conv(_ConvBase):
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
 
-    def _gemm_1x1_compiled(self, X, b, Z, act):
+    def _gemm_1x1_compiled(self, X, b, Z, act, out=None):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
         the output channels-last, the bias and a Relu / Clip (without Z) in its epilogue."""
         N, C = X.shape[:2]
@@ -1568,7 +1591,9 @@ class Conv(_ConvBase):
         fused = bounds is not None and Z is None
         Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
                                    None if b is None else b.reshape(M),
-                                   bounds=bounds if fused else None, threads=self.threads)
+                                   bounds=bounds if fused else None, threads=self.threads,
+                                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,),
+                                                np.float32).reshape(-1, M))
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 

@@ -73,7 +73,11 @@ class BatchNormalization:
         a = scale.astype(sd) / np.sqrt(var.astype(sd) + sd.type(self.epsilon))
         return a, B.astype(sd) - mean.astype(sd) * a
 
-    def __call__(self, X, scale, B, input_mean, input_var):
+    # the executor's buffer for the output (memory.py); training mode's several outputs
+    # never get one (it hands buffers to one-output steps only)
+    accepts_out = True
+
+    def __call__(self, X, scale, B, input_mean, input_var, *, out=None):
         cdt = compute_dtype(X.dtype)
         if self.training:
             return self._train(X, scale, B, input_mean, input_var)
@@ -81,7 +85,12 @@ class BatchNormalization:
             scale, B, input_mean, input_var
         )
         if X.dtype == cdt and a.size == X.shape[1] < 4096 and channels_inner(X):
-            return scale_shift_channels(X, a.astype(cdt, copy=False), b.astype(cdt, copy=False))
+            return scale_shift_channels(X, a.astype(cdt, copy=False), b.astype(cdt, copy=False),
+                                        out)
+        if out is not None and X.dtype == cdt and out.dtype == cdt and out.shape == X.shape:
+            Y = np.multiply(X, _per_channel(a, X, cdt), out=out)
+            Y += _per_channel(b, X, cdt)
+            return Y
         Y = X.astype(cdt, copy=False) * _per_channel(a, X, cdt)
         Y += _per_channel(b, X, cdt)
         return Y.astype(X.dtype, copy=False)

@@ -214,23 +214,33 @@ class Concat:
     channels-last result: each operand's rows of channels copied into their range of the
     output's rows (an NCHW operand transposed on the way)."""
 
+    accepts_out = True  # the executor's buffer for the output (memory.py)
+
     def __init__(self, ctx: KernelContext, *, axis=1) -> None:
         from .conv import keeps_layout
 
         self.axis = int(axis)
         self.keep_layout = keeps_layout(ctx)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, out=None):
+        from .conv import nhwc_out
+
         if len(inputs) == 1:
             return inputs[0]
         if self.keep_layout and self.axis in (1, -3) and _channels_last_operands(inputs):
             N, _, H, W = inputs[0].shape
-            Yt = np.empty((N, H, W, sum(x.shape[1] for x in inputs)), inputs[0].dtype)
+            Yt = nhwc_out(out, (N, H, W, sum(x.shape[1] for x in inputs)), inputs[0].dtype)
             c = 0
             for x in inputs:
                 np.copyto(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1))
                 c += x.shape[1]
             return Yt.transpose(0, 3, 1, 2)
+        if out is not None and out.dtype == inputs[0].dtype and \
+                (self.keep_layout or out.flags.c_contiguous):
+            try:  # out: the shape and layout this Concat's result had at these shapes
+                return np.concatenate(inputs, axis=self.axis, out=out)
+            except ValueError:  # not the result's shape after all: a fresh one
+                pass
         Y = np.concatenate(inputs, axis=self.axis)  # numpy keeps a layout all operands share
         return Y if self.keep_layout or Y.flags.c_contiguous else np.ascontiguousarray(Y)
 

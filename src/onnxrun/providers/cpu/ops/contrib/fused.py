@@ -12,7 +12,7 @@ import numpy as np
 
 from ... import blas
 from ...kernels import KernelContext, op
-from ...compiled.layout import dense_order, flat, shaped_like
+from ...compiled.layout import dense_order, flat, flat_out, shaped_like
 from ...parallel import split_threads, threads_for
 from ..activation import sigmoid, sigmoid_in_place
 from ..conv import Conv, compute_dtype
@@ -120,9 +120,9 @@ class FusedConv(Conv):
         params += [None] * (3 - len(params))
         self.act = make_activation(activation, *params[:3])
 
-    def __call__(self, X, W, B=None, Z=None):
+    def __call__(self, X, W, B=None, Z=None, *, out=None):
         # the activation runs in place on the (compute-dtype) output, bias and Z added
-        return self._forward(X, W, B, Z, self.act)
+        return self._forward(X, W, B, Z, self.act, out)
 
 
 @op("FusedGemm", 1, domain=MS)
@@ -349,20 +349,23 @@ class QuickGelu:
         self.compiled = gelu if gelu.silu_unavailable(self.alpha) is None else None
         self.silu = None if self.compiled is None else gelu.silu_function(self.alpha)
 
-    def __call__(self, X):
+    accepts_out = True  # the executor's buffer for the output (memory.py)
+
+    def __call__(self, X, *, out=None):
         if self.exact is not None and X.dtype == np.float32 and X.size:
-            if X.flags.c_contiguous:  # a decode step's case: no layout questions
+            if X.flags.c_contiguous and out is None:  # a decode step's: no layout questions
                 return self.exact.quick_gelu(X, self.alpha, threads=self.threads,
                                              fn=self.logistic)
             order = dense_order(X)
             if order is not None:
-                y = self.exact.quick_gelu(flat(X, order), self.alpha, threads=self.threads,
-                                          fn=self.logistic)
+                y = self.exact.quick_gelu(flat(X, order), self.alpha, flat_out(out, X, order),
+                                          threads=self.threads, fn=self.logistic)
                 return shaped_like(y, X, order)
         if self.compiled is not None and X.dtype == np.float32 and X.size >= _SILU_COMPILED_MIN:
             order = dense_order(X)
             if order is not None:
-                y = self.compiled.quick_gelu(flat(X, order), self.alpha, threads=self.threads,
+                y = self.compiled.quick_gelu(flat(X, order), self.alpha,
+                                             flat_out(out, X, order), threads=self.threads,
                                              fn=self.silu)
                 return shaped_like(y, X, order)
         x, cdt = _owned(X)

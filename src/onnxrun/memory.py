@@ -1,0 +1,334 @@
+"""Memory pattern: one arena for a plan's intermediates, its bytes reused across the plan's
+nodes and runs (part of step 5, plan; execute.py hands the buffers to the kernels).
+
+Every kernel used to write a fresh array per output, and large fresh arrays come from mmap:
+each run paid first-touch page faults on every large intermediate (DenseNet-style's Relu
+11-12 ms per run against 4-6 ms with the memory kept, docs/PERFORMANCE.md). onnxruntime plans
+a run's memory once per input shapes (its memory pattern) and reuses it; so does this:
+
+- The first run of a plan with given input shapes is *recorded*: for each step whose kernel
+  can write into a given array (``accepts_out``: a bare ufunc, or a kernel marked with
+  ``registry.takes_out`` / ``accepts_out = True``), the shapes it read and the shape, dtype and
+  strides of the fresh array it returned; and which later values alias that array (views:
+  Reshape, Squeeze, Slice...): its memory is in use until the last of them is read.
+- Outputs of at least ``MIN_BYTES`` (smaller ones come from malloc's heap, without page
+  faults) get a place in an arena: offsets where no value live at the same time lies, the
+  largest first. A graph output, or anything that aliases one, never gets one: what a run
+  returns is never pooled memory.
+- The second run gives each such step memory of its own (``Probe``): the steps whose kernel
+  returned something else (a method that writes no output of its own) are left out, since
+  their bytes would be touched and a fresh array allocated besides.
+- Later runs *check out* an arena (``Buffers``: one per concurrent run, kept between runs).
+  A step is handed ``out=`` a view of its bytes only when its inputs have the recorded shapes
+  and nothing holds a value that lay in those bytes earlier in the run (each value's bytes are
+  exported by a handle of their own, and every array on them holds it, so a reference count
+  shows a value that outlived what the record said, a kernel that kept an array, an exception's
+  traceback); otherwise the kernel allocates, as before. When the run ends, an arena something
+  still holds is dropped, and the next run allocates a new one.
+
+Session options: ``enable_mem_pattern``, ``enable_cpu_mem_arena`` or ``enable_mem_reuse`` off
+(onnxruntime's names) turns this off.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+MIN_BYTES = 64 << 10  # smaller outputs: malloc's heap serves them without page faults
+MAX_PATTERNS = 8  # input-shape signatures kept per plan
+
+_getrefcount = sys.getrefcount
+
+
+def accepts_out(kernel: Any) -> bool:
+    """Whether ``kernel(*inputs, out=array)`` writes its one output into ``array`` (or returns
+    a fresh array when ``out`` is None): numpy's ufuncs with one output, and kernels (or the
+    functions of their partials) with ``accepts_out = True``. Such a kernel's output shape is a
+    function of its inputs' shapes, and ``out`` never overlaps its inputs."""
+    if isinstance(kernel, np.ufunc):
+        return kernel.nout == 1
+    return getattr(kernel, "accepts_out", False) is True or \
+        getattr(getattr(kernel, "func", None), "accepts_out", False) is True
+
+
+def _root(value: Any) -> Any:
+    """The object that owns ``value``'s memory: numpy collapses a view's base to the array
+    that owns its data, or to the last array before another object that exports it."""
+    while True:
+        base = value.base
+        if base is None:
+            return value
+        if not isinstance(base, np.ndarray):
+            return base
+        value = base
+
+
+class _Recorder:
+    """Watches one run (``observe`` after each step) and builds the pattern from it; then
+    (``check``) the first run with the pattern, for the kernels that did not write into the
+    buffer they were given."""
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+        self.outs: dict[int, tuple] = {}  # candidate -> (arg shapes, shape, dtype, strides)
+        self.group: dict[int, set[int]] = {}  # candidate -> the slots aliasing its output
+        self.root: dict[int, int] = {}  # candidate -> id of its output's memory
+        self.alive: dict[int, int] = {}  # id(memory) -> candidate, while a slot holds it
+        self.owner: dict[int, int] = {}  # slot not freed yet -> the candidate it aliases
+        self.refs: dict[int, int] = {}  # candidate -> its slots not freed yet
+        self.unused: set[int] = set()  # candidates that wrote elsewhere (check)
+
+    def observe(self, i: int, args: Sequence[Any], results: Sequence[Any],
+                outs: Sequence[int], frees: Sequence[int]) -> None:
+        j = self.memory.candidates.get(i)
+        for s, r in zip(outs, results, strict=False):
+            if not isinstance(r, np.ndarray):
+                continue
+            root = _root(r)
+            owner = self.alive.get(id(root))  # ids are unique among live objects
+            if owner is not None:  # a view of a candidate's output (or the output itself)
+                self.group[owner].add(s)
+                self.owner[s] = owner
+                self.refs[owner] += 1
+            elif j is not None and s == outs[0] and r.nbytes >= MIN_BYTES and \
+                    isinstance(root, np.ndarray) and root.base is None and \
+                    root.nbytes == r.nbytes and min(r.strides) >= 0 and \
+                    r.ctypes.data == root.ctypes.data:
+                # a fresh array that covers all of its memory, in some order of the axes
+                self.outs[j] = (tuple(getattr(a, "shape", None) for a in args), r.shape,
+                                r.dtype, r.strides)
+                self.group[j] = {s}
+                self.root[j] = id(root)
+                self.alive[id(root)] = j
+                self.owner[s] = j
+                self.refs[j] = 1
+        for s in frees:
+            k = self.owner.pop(s, None)
+            if k is not None:
+                self.refs[k] -= 1
+                if self.refs[k] == 0:
+                    del self.alive[self.root[k]]
+
+    def check(self, i: int, args: Sequence[Any], results: Sequence[Any], outs: Sequence[int],
+              frees: Sequence[int], given: np.ndarray | None) -> None:
+        if given is not None and (not isinstance(results[0], np.ndarray) or
+                                  _root(results[0]) is not given.base):
+            self.unused.add(self.memory.candidates[i])
+
+    def pattern(self) -> Pattern | None:
+        memory = self.memory
+        items = []  # (bytes, first step, last step, candidate)
+        for j, (_, shape, dtype, strides) in self.outs.items():
+            group = self.group[j]
+            if not memory.fetch_slots.isdisjoint(group):
+                continue  # returned to the caller (or a view of it is): fresh memory
+            end = max(memory.freed_at.get(s, memory.num_steps) for s in group)
+            size = dtype.itemsize * _extent(shape, strides, dtype.itemsize)
+            items.append((max(64, (size + 63) // 64 * 64), memory.step_of[j], end, j))
+        if not items:
+            return None
+        # Offsets in one arena, the largest values first, each at the lowest offset where no
+        # value live at the same time lies (greedy by size: within a few percent of the most
+        # bytes live at once on these models)
+        items.sort(key=lambda t: (-t[0], t[1]))
+        placed: list[tuple[int, int, int, int, int]] = []  # (offset, bytes, first, last, j)
+        specs: list[tuple | None] = [None] * len(memory.candidates)
+        total = 0
+        for size, start, end, j in items:
+            offset = 0
+            for o, n, first, last, _ in placed:
+                if first > end or last < start:
+                    continue  # not live at the same time
+                if o - offset >= size:
+                    break
+                offset = max(offset, o + n)
+            bisect.insort(placed, (offset, size, start, end, j))
+            total = max(total, offset + size)
+        for offset, size, start, _, j in placed:
+            # the values in the same bytes earlier in the run: all must be gone before j
+            earlier = tuple(k for o, n, _, last, k in placed
+                            if last < start and o < offset + size and offset < o + n)
+            arg_shapes, shape, dtype, strides = self.outs[j]
+            specs[j] = (offset, size, earlier, arg_shapes, shape, dtype, strides)
+        return Pattern(total, specs)
+
+
+def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
+    """Elements an array of this shape and (non-negative) strides spans."""
+    if 0 in shape:
+        return 0
+    return (sum((n - 1) * s for n, s in zip(shape, strides, strict=True)) + itemsize) // itemsize
+
+
+class Pattern:
+    """The arena of one input-shape signature: where each candidate's output lies in it."""
+
+    __slots__ = ("nbytes", "specs", "free", "recorder")
+
+    def __init__(self, nbytes: int, specs: list[tuple | None]) -> None:
+        self.nbytes = nbytes
+        # per candidate: None, or (offset, bytes, the candidates earlier in the same bytes,
+        # its inputs' shapes, its output's shape, dtype and strides)
+        self.specs = specs
+        self.free: list[Buffers] = []  # checked in, ready for the next run
+        self.recorder: _Recorder | None = None  # set until the pattern's first run
+
+    def checkout(self) -> Buffers:
+        try:
+            return self.free.pop()
+        except IndexError:
+            return Buffers(self)
+
+    def checkin(self, buffers: Buffers) -> None:
+        buffers.release()
+        self.free.append(buffers)
+
+
+class Buffers:
+    """One run's arena (allocated with it, before the run's first kernel, and again at the first
+    ``take`` after ``release`` dropped it). ``take(j, *args)`` is the ``out`` of
+    candidate ``j`` called on ``args``, or None.
+
+    Each candidate's bytes are exported by a handle of their own (a ctypes array over the
+    arena): an array ``take`` makes on them, and every numpy view of it, holds the handle,
+    so its reference count says whether anything still uses the value."""
+
+    __slots__ = ("pattern", "specs", "arena", "handles")
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.pattern = pattern
+        self.specs = pattern.specs
+        self.arena: np.ndarray | None = None
+        self.handles: list[Any] = []
+        # Allocated now, before the run's first kernel: in the middle of a run, malloc would
+        # place it above arrays of that run, whose memory it then keeps, free, below it
+        # (+3 MiB of heap on YOLOv8n-style)
+        self._allocate()
+
+    def _allocate(self) -> list[Any]:
+        self.arena = arena = np.empty(self.pattern.nbytes, np.uint8)
+        self.handles = [None if spec is None else
+                        (ctypes.c_char * spec[1]).from_buffer(arena, spec[0])
+                        for spec in self.specs]
+        return self.handles
+
+    def take(self, j: int, *args: Any) -> np.ndarray | None:
+        spec = self.specs[j]
+        if spec is None:
+            return None
+        _, _, earlier, arg_shapes, shape, dtype, strides = spec
+        for a, s in zip(args, arg_shapes, strict=True):
+            if getattr(a, "shape", None) != s:
+                return None
+        handles = self.handles or self._allocate()
+        for k in earlier:
+            handle = handles[k]
+            if _getrefcount(handle) != _BASELINE:
+                return None  # a value in these bytes is still in use: the kernel allocates
+        handle = handles[j]
+        if _getrefcount(handle) != _BASELINE:
+            return None
+        return np.ndarray(shape, dtype, handle, 0, strides)
+
+    def release(self) -> None:
+        """Drop the arena if something still holds a value in it once the run is over (a
+        value that aliases one and was returned, a traceback): the next run allocates a new
+        one, and the old one lives as long as what holds it."""
+        for handle in self.handles:
+            if handle is not None and _getrefcount(handle) != _BASELINE:
+                self.arena = None
+                self.handles = []
+                return
+
+
+class Probe:
+    """The first run of a pattern: each candidate is given fresh memory of its own (no
+    arena yet), to see which kernels write into what they are given (``_Recorder.check``);
+    the arena is allocated for the pattern that follows."""
+
+    __slots__ = ("specs",)
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.specs = pattern.specs
+
+    def take(self, j: int, *args: Any) -> np.ndarray | None:
+        spec = self.specs[j]
+        if spec is None:
+            return None
+        _, size, _, arg_shapes, shape, dtype, strides = spec
+        for a, s in zip(args, arg_shapes, strict=True):
+            if getattr(a, "shape", None) != s:
+                return None
+        handle = (ctypes.c_char * size).from_buffer(np.empty(size, np.uint8))
+        return np.ndarray(shape, dtype, handle, 0, strides)
+
+
+def _baseline() -> int:
+    """The reference count ``Buffers.take`` sees for a handle nothing else holds."""
+    probe = Buffers(Pattern(64, [(0, 64, (), (), (16,), np.dtype(np.float32), (4,))]))
+    handles = probe._allocate()
+    handle = handles[0]
+    return _getrefcount(handle)
+
+
+_BASELINE = _baseline()
+
+
+class Memory:
+    """The memory patterns of one plan, per input-shape signature."""
+
+    __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "patterns")
+
+    def __init__(self, candidates: dict[int, int], fetch_slots: Sequence[int],
+                 frees: Sequence[Sequence[int]]) -> None:
+        self.candidates = candidates  # step index -> candidate index
+        self.step_of = {j: i for i, j in candidates.items()}
+        self.fetch_slots = frozenset(fetch_slots)
+        self.freed_at = {s: i for i, f in enumerate(frees) for s in f}
+        self.num_steps = len(frees)
+        self.patterns: dict[tuple, Pattern | None] = {}
+
+    @classmethod
+    def of(cls, steps: Sequence[Any], fetch_slots: Sequence[int]) -> Memory | None:
+        """The plan's memory, or None when no step can be given a buffer."""
+        fetch = set(fetch_slots)
+        candidates: dict[int, int] = {}
+        for i, step in enumerate(steps):
+            if len(step.outputs) == 1 and step.outputs[0] > 1 and \
+                    step.outputs[0] not in fetch and \
+                    step.provider == "CPUExecutionProvider" and accepts_out(step.kernel):
+                candidates[i] = len(candidates)
+        if not candidates:
+            return None
+        return cls(candidates, fetch_slots, [step.frees for step in steps])
+
+    def recorder(self) -> _Recorder:
+        return _Recorder(self)
+
+    def learn(self, key: tuple, recorder: _Recorder) -> None:
+        if len(self.patterns) >= MAX_PATTERNS:
+            self.patterns.clear()
+        pattern = self.patterns[key] = recorder.pattern()
+        if pattern is not None:
+            pattern.recorder = recorder  # until its first run has shown which kernels wrote
+
+    def verified(self, key: tuple, pattern: Pattern, unused: set[int]) -> None:
+        """After the first run of ``pattern``: the candidates in ``unused`` returned something
+        else than the buffer they were given (a method that writes no output of its own, an
+        output in another layout). Their bytes, shared with other values, would be touched and
+        a fresh array allocated besides: the pattern is made again without them."""
+        recorder, pattern.recorder = pattern.recorder, None
+        if unused and recorder is not None:
+            for j in unused:
+                recorder.outs.pop(j, None)
+            pattern = self.patterns[key] = recorder.pattern()
+
+
+
+__all__ = ["MIN_BYTES", "Buffers", "Memory", "Pattern", "Probe", "accepts_out"]

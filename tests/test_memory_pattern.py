@@ -1,0 +1,327 @@
+"""Buffers reused across a plan's nodes and runs (memory.py): intermediates written into
+blocks, views keeping their block busy, graph outputs never pooled, concurrent runs, shapes
+that change, runs that fail, and the session options that turn it off."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import onnx
+import pytest
+
+import onnxrun
+from onnxrun.execute import CompiledSteps
+from onnxrun.memory import MIN_BYTES, Buffers, Pattern
+from onnxrun.providers.registry import takes_out
+
+RUNS = CompiledSteps.GENERATE_AFTER + 3  # the loop, then the generated function
+
+# a's memory is read through v (a view) long after a's own last reader; b and c are as large
+# and produced meanwhile: they must not be given a's block while v lives.
+VIEWS = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 8192] x) => (float[N, 8192] y, float[N, 8192] z) {
+  shape = Constant<value = int64[3] {0, 2, 4096}>()
+  back = Constant<value = int64[2] {0, 8192}>()
+  a = Relu(x)
+  v = Reshape(a, shape)
+  b = Neg(x)
+  c = Mul(b, x)
+  d = Abs(c)
+  w = Reshape(v, back)
+  y = Add(w, d)
+  z = Sub(d, x)
+}
+"""
+
+# the graph outputs: r itself, and t, a view of an intermediate that other nodes read too
+OUTPUTS = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 8192] x) => (float[N, 8192] r, float[N, 2, 4096] t, float[N, 8192] u) {
+  shape = Constant<value = int64[3] {0, 2, 4096}>()
+  a = Abs(x)
+  r = Relu(a)
+  n = Neg(x)
+  t = Reshape(n, shape)
+  m = Mul(n, x)
+  u = Add(m, a)
+}
+"""
+
+# the length of s depends on k's value, not on any input's shape: the same signature, other
+# shapes inside
+DATA_SHAPES = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[L] x, int64[1] k) => (float[1] y) {
+  zero = Constant<value = int64[1] {0}>()
+  s = Slice(x, zero, k)
+  e = Neg(s)
+  f = Mul(e, s)
+  y = ReduceSum<keepdims = 1>(f)
+}
+"""
+
+
+def _session(text, **options):
+    opts = onnxrun.SessionOptions()
+    opts.intra_op_num_threads = 1
+    for k, v in options.items():
+        setattr(opts, k, v)
+    return onnxrun.InferenceSession(onnx.parser.parse_model(text).SerializeToString(), opts)
+
+
+def _views_reference(x):
+    d = np.abs(-x * x)
+    return np.maximum(x, 0) + d, d - x
+
+
+def _pattern(sess):
+    """The pattern of the session's plan (one input signature, one plan)."""
+    patterns = [p for plan in sess._program._plans.values() if plan.memory is not None
+                for p in plan.memory.patterns.values() if p is not None]
+    assert len(patterns) == 1
+    return patterns[0]
+
+
+def test_intermediates_share_bytes_and_views_keep_theirs():
+    sess = _session(VIEWS)
+    rng = np.random.default_rng(0)
+    for i in range(RUNS):
+        x = rng.standard_normal((4, 8192), dtype=np.float32)
+        y, z = sess.run(None, {"x": x})
+        ry, rz = _views_reference(x)
+        np.testing.assert_array_equal(y, ry, err_msg=f"run {i}")
+        np.testing.assert_array_equal(z, rz, err_msg=f"run {i}")
+    pattern = _pattern(sess)
+    pooled = [spec for spec in pattern.specs if spec is not None]
+    assert len(pooled) == 4  # a, b, c, d (y and z are graph outputs)
+    a, b, c, d = [(spec[0], spec[0] + spec[1]) for spec in pooled]
+    size = 4 * 8192 * 4
+    assert all(hi - lo == size for lo, hi in (a, b, c, d))
+    # a (live through v and w until y) shares its bytes with none of b, c, d; d reuses b's
+    assert all(a[1] <= lo or hi <= a[0] for lo, hi in (b, c, d))
+    assert d == b
+    assert pattern.nbytes == 3 * size
+
+
+def test_arena_reused_across_runs():
+    sess = _session(VIEWS)
+    x = np.ones((4, 8192), np.float32)
+    for _ in range(RUNS):
+        sess.run(None, {"x": x})
+    pattern = _pattern(sess)
+    assert len(pattern.free) == 1  # one run at a time: one arena, checked in again
+    arena = pattern.free[0].arena
+    assert arena is not None
+    sess.run(None, {"x": x})
+    assert pattern.free[0].arena is arena
+
+
+def test_outputs_never_alias_blocks():
+    sess = _session(OUTPUTS)
+    rng = np.random.default_rng(1)
+    kept = []
+    for _ in range(RUNS):
+        x = rng.standard_normal((4, 8192), dtype=np.float32)
+        r, t, u = sess.run(None, {"x": x})
+        kept.append((x, r, t, u))
+    pattern = _pattern(sess)
+    # a and m; not n, which t (a graph output) is a view of
+    assert sum(spec is not None for spec in pattern.specs) == 2
+    arenas = [buffers.arena for buffers in pattern.free if buffers.arena is not None]
+    assert arenas
+    for x, r, t, u in kept:  # every earlier result intact after the later runs
+        np.testing.assert_array_equal(r, np.abs(x))
+        np.testing.assert_array_equal(t, (-x).reshape(4, 2, 4096))
+        np.testing.assert_array_equal(u, -x * x + np.abs(x))
+        for value in (r, t, u):
+            assert not any(np.shares_memory(value, arena) for arena in arenas)
+
+
+def test_shapes_that_change():
+    sess = _session(VIEWS)
+    rng = np.random.default_rng(2)
+    for i in range(3 * RUNS):
+        n = (4, 9, 4, 1, 16)[i % 5]  # 1 row: 32 KB, below MIN_BYTES
+        x = rng.standard_normal((n, 8192), dtype=np.float32)
+        y, z = sess.run(None, {"x": x})
+        ry, rz = _views_reference(x)
+        np.testing.assert_array_equal(y, ry)
+        np.testing.assert_array_equal(z, rz)
+    plan = next(iter(sess._program._plans.values()))
+    assert len(plan.memory.patterns) == 4
+    assert plan.memory.patterns[((1, 8192),), ()] is None  # nothing large enough
+
+
+def test_shapes_inside_that_change_with_values():
+    sess = _session(DATA_SHAPES)
+    x = np.linspace(-1, 1, 100_000, dtype=np.float32)
+    for i in range(3 * RUNS):
+        k = (60_000, 90_000, 30_000)[i % 3]
+        (y,) = sess.run(None, {"x": x, "k": np.array([k], np.int64)})
+        s = x[:k]
+        np.testing.assert_allclose(y, [np.sum(-s * s)], rtol=1e-5)
+
+
+def test_concurrent_runs():
+    sess = _session(VIEWS)
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((4, 8192), dtype=np.float32) for _ in range(8)]
+    expected = [_views_reference(x) for x in inputs]
+    errors = []
+    start = threading.Barrier(8)
+
+    def work(i):
+        try:
+            start.wait()
+            for _ in range(3 * RUNS):
+                y, z = sess.run(None, {"x": inputs[i]})
+                np.testing.assert_array_equal(y, expected[i][0])
+                np.testing.assert_array_equal(z, expected[i][1])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # switch threads often: runs overlap inside the plan
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[0]
+    assert len(_pattern(sess).free) >= 1
+
+
+def test_failed_run_then_good_runs():
+    sess = _session(VIEWS)
+    x = np.ones((4, 8192), np.float32)
+    for _ in range(RUNS):
+        sess.run(None, {"x": x})
+    with pytest.raises(onnxrun.InvalidArgument):
+        sess.run(None, {"x": np.ones((4, 10), np.float32)})
+    x = np.full((4, 8192), -3, np.float32)
+    y, z = sess.run(None, {"x": x})
+    ry, rz = _views_reference(x)
+    np.testing.assert_array_equal(y, ry)
+    np.testing.assert_array_equal(z, rz)
+
+
+@pytest.mark.parametrize("option", ["enable_mem_pattern", "enable_cpu_mem_arena",
+                                    "enable_mem_reuse"])
+def test_options_turn_it_off(option):
+    sess = _session(VIEWS, **{option: False})
+    x = np.ones((4, 8192), np.float32)
+    for _ in range(RUNS):
+        y, _ = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, _views_reference(x)[0])
+    assert all(plan.memory is None for plan in sess._program._plans.values())
+
+
+def test_held_value_is_not_overwritten():
+    """Bytes a value still uses (through a view the record did not see) are never handed out
+    again: the kernel allocates; when the run ends, an arena something holds is dropped."""
+    shape, strides, size = (4, 8192), (8192 * 4, 4), 4 * 8192 * 4
+    dtype = np.dtype(np.float32)
+    pattern = Pattern(size, [(0, size, (), ((4, 8192),), shape, dtype, strides),
+                             (0, size, (0,), ((4, 8192),), shape, dtype, strides)])
+    buffers = Buffers(pattern)
+    x = np.ones(shape, np.float32)
+    first = buffers.take(0, x)
+    assert first is not None and first.nbytes >= MIN_BYTES
+    view = first.reshape(-1)[1:]  # holds the bytes, not ``first`` itself
+    del first
+    assert buffers.take(1, x) is None
+    assert buffers.take(0, np.ones((2, 8192), np.float32)) is None  # other input shapes
+    arena = buffers.arena
+    buffers.release()
+    assert buffers.arena is None  # dropped: ``view`` keeps its memory
+    second = buffers.take(1, x)
+    assert second is not None and not np.shares_memory(second, view)
+    del view
+    assert buffers.take(1, x) is None  # ``second`` is still alive
+    del second
+    third = buffers.take(1, x)
+    assert third is not None and not np.shares_memory(third, arena)
+
+
+# Ignore writes elsewhere than the buffer it is given; Into writes into it.
+CUSTOM = """
+<ir_version: 8, opset_import: ["" : 18, "test.memory": 1]>
+g (float[N, 8192] x) => (float[N, 8192] y) {
+  a = test.memory.Ignore(x)
+  b = test.memory.Into(a)
+  c = Neg(b)
+  y = Add(c, x)
+}
+"""
+
+_given: list[bool] = []
+
+
+@onnxrun.register_custom_op("Ignore", "test.memory")
+class _Ignore:
+    accepts_out = True  # but returns a fresh array whatever it is given
+
+    def __init__(self, ctx):
+        pass
+
+    def __call__(self, X, *, out=None):
+        return X * 2
+
+
+@onnxrun.register_custom_op("Into", "test.memory")
+@takes_out
+def _into(X, *, out=None):
+    _given.append(out is not None)
+    return np.multiply(X, 3, out=out)
+
+
+def test_kernels_that_write_elsewhere_get_no_buffer():
+    sess = _session(CUSTOM)
+    x = np.arange(4 * 8192, dtype=np.float32).reshape(4, 8192)
+    _given.clear()
+    for _ in range(RUNS):
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_array_equal(y, -(x * 6) + x)
+    # run 1 records, run 2 gives every candidate memory of its own: Ignore wrote elsewhere
+    assert _given == [False] + [True] * (RUNS - 1)
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    pooled = {plan.steps[plan.memory.step_of[j]].node.op_type
+              for j, spec in enumerate(pattern.specs) if spec is not None}
+    assert pooled == {"Into", "Neg"}
+    assert pattern.nbytes == 2 * 4 * 8192 * 4
+
+
+# the branches' intermediates get buffers of their own programs' patterns
+BRANCHES = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (bool c, float[N, 8192] x) => (float[N, 8192] y) {
+  a = Neg(x)
+  y = If(c) <then_branch = t () => (float[N, 8192] ty) {
+      p = Mul(a, x)
+      q = Abs(p)
+      ty = Add(q, a)
+  }, else_branch = e () => (float[N, 8192] ey) {
+      r = Sub(a, x)
+      ey = Mul(r, r)
+  }>
+}
+"""
+
+
+def test_subgraphs_and_run_options():
+    sess = _session(BRANCHES)
+    rng = np.random.default_rng(4)
+    options = onnxrun.RunOptions()
+    for i in range(3 * RUNS):
+        x = rng.standard_normal((4, 8192), dtype=np.float32)
+        c = bool(i % 3)
+        (y,) = sess.run(None, {"c": np.array(c), "x": x}, options if i % 2 else None)
+        a = -x
+        np.testing.assert_array_equal(y, np.abs(a * x) + a if c else (a - x) * (a - x))
