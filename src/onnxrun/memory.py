@@ -6,7 +6,8 @@ each run paid first-touch page faults on every large intermediate (DenseNet-styl
 11-12 ms per run against 4-6 ms with the memory kept, docs/PERFORMANCE.md). onnxruntime plans
 a run's memory once per input shapes (its memory pattern) and reuses it; so does this:
 
-- The first run of a plan with given input shapes is *recorded*: for each step whose kernel
+- The second run of a plan with given input shapes is *recorded* (shapes seen once, such as a
+  decode step's whose past grows, never are): for each step whose kernel
   can write into a given array (``accepts_out``: a bare ufunc, or a kernel marked with
   ``registry.takes_out`` / ``accepts_out = True``), the shapes it read and the shape, dtype and
   strides of the fresh array it returned; and which later values alias that array (views:
@@ -15,7 +16,7 @@ a run's memory once per input shapes (its memory pattern) and reuses it; so does
   faults) get a place in an arena: offsets where no value live at the same time lies, the
   largest first. A graph output, or anything that aliases one, never gets one: what a run
   returns is never pooled memory.
-- The second run gives each such step memory of its own (``Probe``): the steps whose kernel
+- The next run gives each such step memory of its own (``Probe``): the steps whose kernel
   returned something else (a method that writes no output of its own) are left out, since
   their bytes would be touched and a fresh array allocated besides.
 - Later runs *check out* an arena (``Buffers``: one per concurrent run, kept between runs).
@@ -42,6 +43,7 @@ import numpy as np
 
 MIN_BYTES = 64 << 10  # smaller outputs: malloc's heap serves them without page faults
 MAX_PATTERNS = 8  # input-shape signatures kept per plan
+MAX_SEEN = 32  # signatures run once, remembered
 
 _getrefcount = sys.getrefcount
 
@@ -283,7 +285,8 @@ _BASELINE = _baseline()
 class Memory:
     """The memory patterns of one plan, per input-shape signature."""
 
-    __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "patterns")
+    __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "patterns",
+                 "seen")
 
     def __init__(self, candidates: dict[int, int], fetch_slots: Sequence[int],
                  frees: Sequence[Sequence[int]]) -> None:
@@ -293,6 +296,7 @@ class Memory:
         self.freed_at = {s: i for i, f in enumerate(frees) for s in f}
         self.num_steps = len(frees)
         self.patterns: dict[tuple, Pattern | None] = {}
+        self.seen: dict[tuple, None] = {}  # signatures run once, not recorded yet
 
     @classmethod
     def of(cls, steps: Sequence[Any], fetch_slots: Sequence[int]) -> Memory | None:
@@ -307,6 +311,15 @@ class Memory:
         if not candidates:
             return None
         return cls(candidates, fetch_slots, [step.frees for step in steps])
+
+    def first_sighting(self, key: tuple) -> bool:
+        """Whether ``key`` has not been run before (it is noted); a second run records."""
+        if self.seen.pop(key, False) is None:
+            return False
+        if len(self.seen) >= MAX_SEEN:
+            self.seen.clear()
+        self.seen[key] = None
+        return True
 
     def recorder(self) -> _Recorder:
         return _Recorder(self)

@@ -268,7 +268,11 @@ class Program:
         key = (tuple([getattr(v, "shape", None) for _, v in feeds]),
                tuple([getattr(v, "shape", None) for v in captured]))
         pattern = memory.patterns.get(key, False)
-        if pattern is False:
+        if pattern is False and memory.first_sighting(key):
+            # shapes seen once (a decode step's, whose past grows) are never recorded: the
+            # recording loop is slower than the generated function
+            run_steps(plan.steps, slots, self.names, run_options, plan.compiled)
+        elif pattern is False:
             recorder = memory.recorder()
             if run_steps(plan.steps, slots, self.names, run_options, plan.compiled,
                          observe=recorder.observe):
