@@ -52,7 +52,7 @@ def _check(model, feeds, calls, monkeypatch):
     n = calls["sgemm"]
     monkeypatch.setattr(blas, "_gemms", lambda: {})  # numpy's own products: the reference
     want = onnxrun.InferenceSession(model, opts).run(None, feeds)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
     return n
 

@@ -206,7 +206,8 @@ def test_layout_helpers_do_not_load_the_compiler_machinery():
     import sys
 
     code = ("import sys; import onnxrun.providers.cpu.ops.contrib.fused; "
-            "print('onnxrun.providers.cpu.compiled.jit' in sys.modules, '_hashlib' in sys.modules); "
+            "print('onnxrun.providers.cpu.compiled.jit' in sys.modules, "
+            "'_hashlib' in sys.modules); "
             "from onnxrun.providers.cpu import compiled; compiled.why_unavailable(); "
             "print('onnxrun.providers.cpu.compiled.jit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -24,9 +24,9 @@ from onnxrun.quantization import (
     load_tensors_data,
     quantize_static,
     save_tensors_data,
+    static_quantize_runner,
 )
 from onnxrun.quantization import quant_utils as qu
-from onnxrun.quantization import static_quantize_runner
 from onnxrun.quantization.calibrate import entropy
 
 

@@ -92,7 +92,7 @@ def test_kernel_and_driver_in_node(tmp_path):
 
 
 def _float_view(ptr: int, shape, strides) -> np.ndarray:
-    span = sum((d - 1) * s for d, s in zip(shape, strides)) + 1
+    span = sum((d - 1) * s for d, s in zip(shape, strides, strict=True)) + 1
     buf = np.ctypeslib.as_array((ctypes.c_float * span).from_address(ptr * 4))
     return np.lib.stride_tricks.as_strided(buf, shape, [4 * s for s in strides])
 

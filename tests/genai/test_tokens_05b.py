@@ -17,7 +17,6 @@ import pytest
 import onnxrun
 
 sys.path.insert(0, str(Path(__file__).parent))
-import make_models  # noqa: E402
 from test_engine_tokens import NEW_TOKENS, _greedy  # noqa: E402
 
 pytestmark = pytest.mark.slow

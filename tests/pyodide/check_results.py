@@ -14,7 +14,6 @@ import json
 import re
 import sys
 
-
 HEADER = """\
 # ONNX node conformance cases that pass on CPython but not inside Pyodide 0.27.7, with the reason.
 # Most use a narrow type (bfloat16, float8, int4...) that numpy holds only through ml_dtypes,
@@ -55,7 +54,8 @@ def main() -> int:
             elif name in kept:
                 lines.append(f"{name} {kept[name]}")
             else:
-                print(f"not a narrow-type failure, fix it or list it with its reason: {name}: {msg}")
+                print("not a narrow-type failure, fix it or list it with its reason: "
+                      f"{name}: {msg}")
                 return 1
         with open(args.expected, "w") as f:
             f.write(HEADER)

@@ -105,7 +105,6 @@ def _optional(msg):
 
 
 def _map(msg):
-    from onnxrun.ir.serde import tensor_to_array
 
     keys = list(msg.string_keys) if len(msg.string_keys) else list(msg.keys)
     return dict(zip(keys, _seq(msg.values), strict=True))

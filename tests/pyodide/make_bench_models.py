@@ -79,7 +79,7 @@ def mobilenet_v2() -> onnx.ModelProto:
     x = b.op("GlobalAveragePool", [x])
     x = b.op("Flatten", [x])
     fc = b.const(_w(1000, 1280, fan_in=1280))
-    out = b.op("Gemm", [x, fc, b.const(np.zeros(1000, np.float32), "b")], transB=1)
+    b.op("Gemm", [x, fc, b.const(np.zeros(1000, np.float32), "b")], transB=1)
     b.nodes[-1].output[0] = "logits"
     return b.model([helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
                    [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])])

@@ -19,8 +19,12 @@ from typing import Any
 from .._version import __version__
 from ..errors import Fail, InvalidArgument
 from ..load import _open_regular, _parse_bytes, _parse_file
-from .devices import OrtCompiledModelCompatibility, OrtDeviceMemoryType, OrtHardwareDeviceType
-from .devices import _Enum
+from .devices import (
+    OrtCompiledModelCompatibility,
+    OrtDeviceMemoryType,
+    OrtHardwareDeviceType,
+    _Enum,
+)
 
 _CPU_EP = "CPUExecutionProvider"
 _METADATA_PREFIX = "ep_compatibility_info."

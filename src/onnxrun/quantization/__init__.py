@@ -57,6 +57,8 @@ __all__ = [
     "EntropyCalibrater", "FeedsDataReader", "HistogramCalibrater", "MinMaxCalibrater",
     "OperatorQuantizer", "PercentileCalibrater", "QDQQuantizer", "QuantConfig", "QuantFormat",
     "QuantType", "QuantizationMode", "StaticQuantConfig", "TensorData", "TensorsData",
-    "compute_scale_zp", "create_calibrator", "get_qdq_config", "load_tensors_data", "get_qmin_qmax_for_qType", "quant_pre_process",
-    "quantize", "quantize_data", "quantize_dynamic", "quantize_nparray", "quantize_static", "save_tensors_data", "write_calibration_table",
+    "compute_scale_zp", "create_calibrator", "get_qdq_config", "load_tensors_data",
+    "get_qmin_qmax_for_qType", "quant_pre_process", "quantize", "quantize_data",
+    "quantize_dynamic", "quantize_nparray", "quantize_static", "save_tensors_data",
+    "write_calibration_table",
 ]

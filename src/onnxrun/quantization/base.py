@@ -15,6 +15,7 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ..validate import unknown_negative_dims
+from .onnx_model import ONNXModel, subgraph_references
 from .quant_types import (
     NP_TYPES,
     QuantType,
@@ -28,7 +29,6 @@ from .quant_types import (
     quantize_nparray,
     snap_zero_point_to_uint8,
 )
-from .onnx_model import ONNXModel, subgraph_references
 from .tensor_quant_overrides import TensorQuantOverridesHelper
 
 logger = logging.getLogger("onnxrun.quantization")
@@ -368,8 +368,10 @@ class QuantizerBase:
                 else None
             lo = data.min(axis=others) if data.size else np.zeros(1, data.dtype)
             hi = data.max(axis=others) if data.size else np.zeros(1, data.dtype)
-            lo = np.array([d.get("rmin", v) for d, v in zip(dicts, np.reshape(lo, -1))])
-            hi = np.array([d.get("rmax", v) for d, v in zip(dicts, np.reshape(hi, -1))])
+            lo = np.array([d.get("rmin", v)
+                           for d, v in zip(dicts, np.reshape(lo, -1), strict=False)])
+            hi = np.array([d.get("rmax", v)
+                           for d, v in zip(dicts, np.reshape(hi, -1), strict=False)])
             qmin, qmax = get_qmin_qmax_for_qType(qtype, rr, symmetric)
             zp, scale = compute_scale_zp(lo.astype(np.float32), hi.astype(np.float32), qmin,
                                          qmax, symmetric, self.min_real_range)
@@ -472,7 +474,8 @@ class QuantizerBase:
         keep_vi = [vi for vi in g.value_info if vi.name in produced and self._same_type(vi)]
         del g.value_info[:]
         g.value_info.extend(keep_vi)
-        if self.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in self.model_proto.opset_import):
+        opsets = self.model_proto.opset_import
+        if self.uses_ms_domain and not any(o.domain == MS_DOMAIN for o in opsets):
             self.model_proto.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
         self.model.topological_sort()  # onnxruntime's node order (its tests compare it)
         self.model_proto.producer_name = PRODUCER

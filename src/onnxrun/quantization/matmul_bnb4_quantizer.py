@@ -15,6 +15,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ..api.blockwise import quantize_matmul_bnb4  # bitsandbytes' rounding, one home
+
 # the code values live with the MatMulBnb4 kernel that decodes them
 from ..providers.cpu.ops.contrib.quantization import BNB4_CODES as CODES
 from ..providers.cpu.ops.contrib.quantization import FP4_CODE, NF4_CODE

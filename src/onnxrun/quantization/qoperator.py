@@ -18,7 +18,6 @@ from collections.abc import Callable
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto
 
-from .quant_types import quantize_nparray
 from .base import (
     MS_DOMAIN,
     QuantizerBase,
@@ -27,6 +26,7 @@ from .base import (
     subgraph_references,
     weight_axis,
 )
+from .quant_types import quantize_nparray
 
 Handler = Callable[["OperatorQuantizer", NodeProto], bool]
 

@@ -314,5 +314,5 @@ def quantize(model_input: str | Path | ModelProto, model_output: str | Path,
 
 
 __all__ = ["DynamicQuantConfig", "QuantConfig", "StaticQuantConfig",
-           "check_static_quant_arguments", "get_qdq_config", "load_model", "quantize", "quantize_static",
-           "save_model"]
+           "check_static_quant_arguments", "get_qdq_config", "load_model", "quantize",
+           "quantize_static", "save_model"]

@@ -92,7 +92,8 @@ ADD, SUB, MUL, SHR_U, LT_S = 0x6A, 0x6B, 0x6C, 0x76, 0x48
 BLOCK, LOOP, IF, ELSE, END, BR_IF, EMPTY = 0x02, 0x03, 0x04, 0x05, 0x0B, 0x0D, 0x40
 V_LOAD, V_SPLAT32, V_STORE, V_CONST, F32X4_ADD, F32X4_MUL = 0x00, 0x09, 0x0B, 0x0C, 0xE4, 0xE6
 F32X4_SPLAT, F32X4_MIN, F32X4_MAX = 0x13, 0xE8, 0xE9
-ROWS, COLS = 4, 8  # the kernel's block of C: 4 rows x 8 columns (two f32x4); the driver packs A by 4 rows
+# the kernel's block of C: 4 rows x 8 columns (two f32x4); the driver packs A by 4 rows
+ROWS, COLS = 4, 8
 
 
 def _kernel() -> bytes:
@@ -248,7 +249,8 @@ _DRIVER = r"""
       const s = ptr + r * rs, d = off + r * dcols;
       for (let j = 0; j < cols; j++) f32[d + j] = h[s + j * cs];
     }
-    if (dcols > cols) for (let r = 0; r < rows; r++) f32.fill(0, off + r * dcols + cols, off + (r + 1) * dcols);
+    if (dcols > cols)
+      for (let r = 0; r < rows; r++) f32.fill(0, off + r * dcols + cols, off + (r + 1) * dcols);
     if (drows > rows) f32.fill(0, off + rows * dcols, off + drows * dcols);
   };
   const clip = (x, y, n, lo, hi) => {
@@ -260,7 +262,8 @@ _DRIVER = r"""
   };
   const gemm = (a, m, k, ars, acs, b, n, brs, bcs, c, ldc) => {
     const mp = Math.ceil(m / 4) * 4, np = Math.ceil(n / 8) * 8, panels = np / 8;
-    const offA = 0, offB = offA + mp * k, offP = offB + k * np, offC = offP + k * np, offQ = offC + mp * np;
+    const offA = 0, offB = offA + mp * k, offP = offB + k * np;
+    const offC = offP + k * np, offQ = offC + mp * np;
     ensure((offQ + mp * k) * 4);
     const h = heap();
     put(h, a, m, k, ars, acs, offQ, mp, k);  // row-major, then by blocks of 4 rows
@@ -268,7 +271,8 @@ _DRIVER = r"""
       const s0 = offQ + blk * 4 * k, d0 = offA + blk * 4 * k;
       for (let kk = 0; kk < k; kk++) {
         const d = d0 + kk * 4, s1 = s0 + kk;
-        f32[d] = f32[s1]; f32[d + 1] = f32[s1 + k]; f32[d + 2] = f32[s1 + 2 * k]; f32[d + 3] = f32[s1 + 3 * k];
+        f32[d] = f32[s1]; f32[d + 1] = f32[s1 + k];
+        f32[d + 2] = f32[s1 + 2 * k]; f32[d + 3] = f32[s1 + 3 * k];
       }
     }
     put(h, b, k, n, brs, bcs, offB, k, np);
@@ -281,7 +285,9 @@ _DRIVER = r"""
       }
     }
     if (n === np && ldc === n) h.set(f32.subarray(offC, offC + m * n), c);
-    else for (let r = 0; r < m; r++) h.set(f32.subarray(offC + r * np, offC + r * np + n), c + r * ldc);
+    else
+      for (let r = 0; r < m; r++)
+        h.set(f32.subarray(offC + r * np, offC + r * np + n), c + r * ldc);
   };
   return { gemm, clip };
 }
