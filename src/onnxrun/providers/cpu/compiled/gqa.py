@@ -33,6 +33,7 @@ import struct
 import numpy as np
 
 from . import jit, spin
+from .ir import latch
 from .jit import address
 
 REQUIRES = ("avx2", "fma")
@@ -52,14 +53,6 @@ _POLY = (float.fromhex("0x1.694000p-10"), float.fromhex("0x1.125edcp-7"),
          float.fromhex("0x1.fffff6p-2"), 1.0)
 _MAX_EXPONENT = 0x3F800000
 _LOWEST = float(np.finfo(np.float32).min)
-
-
-def _latch(var: str, step, flag: str, stop: str, loop: str, exit_: str) -> list[str]:
-    """The back edge of a counted loop: %{var}.next = %{var} + step, then on to block ``loop``
-    while it is below ``stop``, else to ``exit_``."""
-    return [f"  %{var}.next = add i64 %{var}, {step}",
-            f"  %{flag} = icmp slt i64 %{var}.next, {stop}",
-            f"  br i1 %{flag}, label %{loop}, label %{exit_}"]
 
 
 def _c(x: float) -> str:
@@ -134,9 +127,9 @@ def _rope_rows_ir() -> list[str]:
             "  %oim = call float @llvm.fma.f32(float %re, float %s, float %ic)",
             "  store float %ore, ptr %pa, align 4",
             "  store float %oim, ptr %pb, align 4",
-            *_latch("i", "1", "imore", "%half", "iloop", "rnext"),
+            *latch("i", "1", "imore", "%half", "iloop", "rnext"),
             "rnext:",
-            *_latch("r", "1", "rmore", "%rows", "rloop", "end"),
+            *latch("r", "1", "rmore", "%rows", "rloop", "end"),
             "end:",
             "  ret void",
             "}"]
@@ -211,7 +204,7 @@ def _scores_ir() -> list[str]:
                   *_splat(f"%{p}.kv{j}", f"%{p}.kx{j}"),
                   f"  {accs[j]}.n = call {_VF} {_FMA}({_VF} %{p}.q, {_VF} %{p}.kv{j}, "
                   f"{_VF} {accs[j]})"]
-        G += [*_latch(f"{p}.hh", "1", f"{p}.hmore", f"%{p}.he", f"{p}.h", f"{p}.kbnext"),
+        G += [*latch(f"{p}.hh", "1", f"{p}.hmore", f"%{p}.he", f"{p}.h", f"{p}.kbnext"),
               f"{p}.kbnext:",
               f"  %{p}.isfirst = icmp eq i64 %{p}.kb0, 0"]
         for j in range(J):
@@ -231,7 +224,7 @@ def _scores_ir() -> list[str]:
                       f"  %{p}.o{j}_{i} = add i64 %{p}.ro{j}_{i}, %{p}.tj{j}",
                       f"  %{p}.op{j}_{i} = getelementptr float, ptr %oh, i64 %{p}.o{j}_{i}",
                       f"  store float %{p}.e{j}_{i}, ptr %{p}.op{j}_{i}, align 4"]
-        G += _latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
+        G += latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
         return G
 
     L += group(4, "g4", "0", "bloop", "%T4", "g4.done")
@@ -240,9 +233,9 @@ def _scores_ir() -> list[str]:
           "  br i1 %anyr, label %g1.top, label %bnext"]
     L += group(1, "g1", "%T4", "g4.done", "%T", "bnext")
     L += ["bnext:",
-          *_latch("b", "1", "bmore", "%nblk", "bloop", "hnext"),
+          *latch("b", "1", "bmore", "%nblk", "bloop", "hnext"),
           "hnext:",
-          *_latch("hd", "1", "hmore", "%heads", "hloop", "end"),
+          *latch("hd", "1", "hmore", "%heads", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -295,7 +288,7 @@ def _sumexp_ir() -> list[str]:
             *_exp_ir("x", "%ex"),
             f"  store {_VF} %x.e, ptr %ep, align 4",
             f"  %acc.n = fadd {_VF} %acc, %x.e",
-            *_latch("ei", "8", "emore", "%n8", "eloop", "edone"),
+            *latch("ei", "8", "emore", "%n8", "eloop", "edone"),
             "edone:",
             f"  %acc.d = phi {_VF} [zeroinitializer, %entry], [%acc.n, %eloop]",
             "  %rem = sub i64 %n, %n8",
@@ -346,7 +339,7 @@ def _rowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
             f"  %{t}.v = load float, ptr %{t}.p, align 4",
             f"  %{t}.lt = fcmp olt float %{t}.m, %{t}.v",  # std::max(m, v)
             f"  {out} = select i1 %{t}.lt, float %{t}.v, float %{t}.m",
-            *_latch(f"{t}.i", "1", f"{t}.more", n, f"{t}.loop", f"{t}.done"),
+            *latch(f"{t}.i", "1", f"{t}.more", n, f"{t}.loop", f"{t}.done"),
             f"{t}.done:"]
 
 
@@ -366,7 +359,7 @@ def _vrowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
             f"  %{t}.vv = load {_VF}, ptr %{t}.vp, align 4",
             f"  %{t}.vlt = fcmp olt {_VF} %{t}.vm, %{t}.vv",
             f"  %{t}.vm.n = select <8 x i1> %{t}.vlt, {_VF} %{t}.vv, {_VF} %{t}.vm",
-            *_latch(f"{t}.vi", "8", f"{t}.vmore", f"%{t}.n8", f"{t}.vl", f"{t}.vd"),
+            *latch(f"{t}.vi", "8", f"{t}.vmore", f"%{t}.n8", f"{t}.vl", f"{t}.vd"),
             f"{t}.vd:",
             f"  %{t}.vf = phi {_VF} [{low}, %{first}], [%{t}.vm.n, %{t}.vl]",
             *[f"  %{t}.e{i} = extractelement {_VF} %{t}.vf, i64 {i}" for i in range(8)],
@@ -384,7 +377,7 @@ def _vrowmax_ir(p: str, n: str, out: str, first: str) -> list[str]:
             f"  %{t}.sv = load float, ptr %{t}.sp, align 4",
             f"  %{t}.slt = fcmp olt float %{t}.sm, %{t}.sv",
             f"  %{t}.sm.n = select i1 %{t}.slt, float %{t}.sv, float %{t}.sm",
-            *_latch(f"{t}.si", "1", f"{t}.smore", n, f"{t}.sl", f"{t}.done"),
+            *latch(f"{t}.si", "1", f"{t}.smore", n, f"{t}.sl", f"{t}.done"),
             f"{t}.done:",
             f"  {out} = phi float [%{t}.m7, %{t}.vd], [%{t}.sm.n, %{t}.sl]"]
 
@@ -422,7 +415,7 @@ def _online_ir() -> list[str]:
             "  %w = phi i64 [0, %hasn], [%w.next, %wloop]",
             "  %wp = getelementptr float, ptr %row, i64 %w",
             f"  store float {_c(_LOWEST)}, ptr %wp, align 4",
-            *_latch("w", "1", "wmore", "%ns", "wloop", "wdone"),
+            *latch("w", "1", "wmore", "%ns", "wloop", "wdone"),
             "wdone:",
             *_rowmax_ir("%row", "%n", "%mx", "wdone"),
             f"  %none = fcmp oeq float %mx, {_c(_LOWEST)}",
@@ -431,7 +424,7 @@ def _online_ir() -> list[str]:
             "  %z = phi i64 [0, %mx.done], [%z.next, %zloop]",
             "  %zp = getelementptr float, ptr %row, i64 %z",
             "  store float 0.0, ptr %zp, align 4",
-            *_latch("z", "1", "zmore", "%n", "zloop", "rnext"),
+            *latch("z", "1", "zmore", "%n", "zloop", "rnext"),
             "upd:",
             "  %mp = getelementptr float, ptr %m, i64 %r",
             "  %mo = load float, ptr %mp, align 4",
@@ -461,9 +454,9 @@ def _online_ir() -> list[str]:
             "  %ov = load float, ptr %op, align 4",
             "  %ox = fmul float %ov, %ed",
             "  store float %ox, ptr %op, align 4",
-            *_latch("oi", "1", "omore", "%H", "oloop", "rnext"),
+            *latch("oi", "1", "omore", "%H", "oloop", "rnext"),
             "rnext:",
-            *_latch("r", "1", "rmore", "%rows", "rloop", "end"),
+            *latch("r", "1", "rmore", "%rows", "rloop", "end"),
             "end:",
             "  ret void",
             "}"]
@@ -530,10 +523,10 @@ def _dots_ir(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[
               f"  %{p}.kv{j} = load {_VF}, ptr %{p}.kp{j}, align 4",
               f"  %{p}.pr{j} = fmul {_VF} %{p}.qv, %{p}.kv{j}",
               f"  %{p}.acc{j}.n = fadd {_VF} %{p}.acc{j}, %{p}.pr{j}"]
-    G += [*_latch(f"{p}.dd", "8", f"{p}.dmore", "%H", f"{p}.d", f"{p}.end"),
+    G += [*latch(f"{p}.dd", "8", f"{p}.dmore", "%H", f"{p}.d", f"{p}.end"),
           f"{p}.end:"]
     if J == 4:  # the four trees at once: the same additions, lanes paired by shuffles
-        return G + _tree4_ir(p, [f"%{p}.acc{j}.n" for j in range(4)]) + _latch(
+        return G + _tree4_ir(p, [f"%{p}.acc{j}.n" for j in range(4)]) + latch(
             f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
     for j in range(J):
         G += [*_tree(f"%{p}.acc{j}.n", f"%{p}.dot{j}"),
@@ -543,7 +536,7 @@ def _dots_ir(J: int, p: str, t0: str, first: str, back: str, done: str) -> list[
               f"float %{p}.sv{j}",
               f"  %{p}.scp{j} = getelementptr float, ptr %sc, i64 %{p}.tj{j}",
               f"  store float %{p}.svm{j}, ptr %{p}.scp{j}, align 4"]
-    return G + _latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
+    return G + latch(f"{p}.t", J, f"{p}.more", back, f"{p}.top", done)
 
 
 def _decode_ir() -> list[str]:
@@ -601,7 +594,7 @@ def _decode_ir() -> list[str]:
          "  %zi = phi i64 [0, %zero], [0, %zml], [%zi.next, %zloop]",
          "  %zp = getelementptr float, ptr %oh, i64 %zi",
          "  store float 0.0, ptr %zp, align 4",
-         *_latch("zi", "1", "zmore", "%H", "zloop", "hnext"),
+         *latch("zi", "1", "zmore", "%H", "zloop", "hnext"),
          "norm:",
          "  %sum = call float @sumexp(ptr %sc, i64 %T, float %negmax)",
          "  %pos = fcmp ogt float %sum, 0.0",
@@ -638,13 +631,13 @@ def _decode_ir() -> list[str]:
                   f"  %{p}.v{w} = load {_VF}, ptr %{p}.vp{w}, align 4",
                   f"  %{p}.m{w} = fmul {_VF} %{p}.pv, %{p}.v{w}",
                   f"  %{p}.a{w}.n = fadd {_VF} %{p}.a{w}, %{p}.m{w}"]
-        G += [*_latch(f"{p}.tt", "1", f"{p}.tmore", "%T", f"{p}.t", f"{p}.st"),
+        G += [*latch(f"{p}.tt", "1", f"{p}.tmore", "%T", f"{p}.t", f"{p}.st"),
               f"{p}.st:"]
         for w in range(W):
             G += [f"  %{p}.r{w} = fmul {_VF} %{p}.a{w}.n, %vinv",
                   f"  %{p}.o{w} = getelementptr float, ptr %oh, i64 %{p}.c8{w}",
                   f"  store {_VF} %{p}.r{w}, ptr %{p}.o{w}, align 4"]
-        G += _latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
+        G += latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
         return G
 
     L += chunk(8, "c8", "0", "nml.done", "%nv8", "c8.done")
@@ -657,7 +650,7 @@ def _decode_ir() -> list[str]:
           "  br i1 %anyc, label %c1.top, label %hnext"]
     L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "hnext")
     L += ["hnext:",
-          *_latch("n", "1", "nmore", "%N", "hloop", "end"),
+          *latch("n", "1", "nmore", "%N", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -747,7 +740,7 @@ def _pv_ir(m1: bool) -> list[str]:
                 G += vload(p, w, f"%{p}.tt", "")
                 G.append(f"  %{p}.acc{w}.n = call {_VF} {_FMA}({_VF} %{p}.pv, "
                          f"{_VF} %{p}.v_{w}, {_VF} %{p}.acc{w})")
-            G += [*_latch(f"{p}.tt", "1", f"{p}.tmore", f"%{p}.te", f"{p}.t", f"{p}.kbnext"),
+            G += [*latch(f"{p}.tt", "1", f"{p}.tmore", f"%{p}.te", f"{p}.t", f"{p}.kbnext"),
                   f"{p}.kbnext:",
                   f"  %{p}.kb00 = icmp eq i64 %{p}.kb0, 0",
                   f"  %{p}.noacc = xor i1 %acc.on, true",
@@ -781,7 +774,7 @@ def _pv_ir(m1: bool) -> list[str]:
                       f"  %{p}.s2_{w} = fadd {_VF} %{p}.s1_{w}, %{p}.m2_{w}",
                       f"  %{p}.s3_{w} = fadd {_VF} %{p}.s2_{w}, %{p}.m3_{w}",
                       f"  {Cs[w]}.n = fadd {_VF} %{p}.s3_{w}, {Cs[w]}"]
-            G += [*_latch(f"{p}.tq", "4", f"{p}.qmore", f"%{p}.K4", f"{p}.q", f"{p}.qdone"),
+            G += [*latch(f"{p}.tq", "4", f"{p}.qmore", f"%{p}.K4", f"{p}.q", f"{p}.qdone"),
                   f"{p}.qdone:"]
             G += [f"  %{p}.D{w} = phi {_VF} [%{p}.I{w}, %{p}.top], [{Cs[w]}.n, %{p}.q]"
                   for w in range(W)]
@@ -822,7 +815,7 @@ def _pv_ir(m1: bool) -> list[str]:
                   f"  %{p}.oc8{w} = shl i64 %{p}.oc{w}, 3",
                   f"  %{p}.op{w} = getelementptr float, ptr %orow, i64 %{p}.oc8{w}",
                   f"  store {_VF} %{p}.R{w}, ptr %{p}.op{w}, align 4"]
-        G += _latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
+        G += latch(f"{p}.j", W, f"{p}.jmore", back, f"{p}.top", done)
         return G
 
     L += chunk(4, "c4", "0", "rloop", "%nv4", "c4.done")
@@ -831,9 +824,9 @@ def _pv_ir(m1: bool) -> list[str]:
           "  br i1 %anyc, label %c1.top, label %rnext"]
     L += chunk(1, "c1", "%nv4", "c4.done", "%nv", "rnext")
     L += ["rnext:",
-          *_latch("m", "1", "mmore", "%rows", "rloop", "hnext"),
+          *latch("m", "1", "mmore", "%rows", "rloop", "hnext"),
           "hnext:",
-          *_latch("hd", "1", "hmore", "%heads", "hloop", "end"),
+          *latch("hd", "1", "hmore", "%heads", "hloop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -878,7 +871,7 @@ def _seq_ir() -> list[str]:
             "  %ap = getelementptr i64, ptr %a, i64 %ao",
             "  %args = load ptr, ptr %ap, align 8",
             "  call void %f(ptr %args)",
-            *_latch("i", "1", "more", "%n", "loop", "end"),
+            *latch("i", "1", "more", "%n", "loop", "end"),
             "end:",
             "  ret void",
             "}"]

@@ -1,5 +1,5 @@
 """Pieces of LLVM IR text the kernel generators share: vector types, intrinsic declarations,
-broadcasts, lane masks and the MLAS requantization epilogue.
+broadcasts, lane masks, loop latches and the MLAS requantization epilogue.
 
 Each helper returns lines (strings, two-space indented) that define the SSA names it is given,
 so a generator reads as the sequence of operations it emits.
@@ -105,6 +105,14 @@ def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
     else:
         L.append(f"  {t}s = add {V} {sums[0]}, zeroinitializer")
     return L + [f"  {out} = add {V} {acc}, {t}s"]
+
+
+def latch(var: str, step, flag: str, stop: str, loop: str, exit_: str) -> list[str]:
+    """The back edge of a counted loop: %{var}.next = %{var} + step, then on to block ``loop``
+    while it is below ``stop`` (signed), else to ``exit_``."""
+    return [f"  %{var}.next = add i64 %{var}, {step}",
+            f"  %{flag} = icmp slt i64 %{var}.next, {stop}",
+            f"  br i1 %{flag}, label %{loop}, label %{exit_}"]
 
 
 def splat(name: str, scalar: str, vector: str = VF) -> list[str]:
@@ -242,5 +250,5 @@ def tanh_function() -> list[str]:
 
 
 __all__ = ["IOTA", "V", "VB", "VF", "chunk_and_row_loop_end", "declarations", "dot_declarations",
-           "dot_u8s8", "float_constant", "lane_mask", "load_params", "requantize", "splat",
+           "dot_u8s8", "float_constant", "lane_mask", "latch", "load_params", "requantize", "splat",
            "tanh_function", "tap_weights", "vnni"]
