@@ -64,6 +64,42 @@ def _splat(L: list[str], name: str, scalar: str, n: int = 8, ty: str = "float") 
     return f"%{name}"
 
 
+def _fold(L: list[str], acc: str, t: str, fp32: bool = False) -> tuple[str, str]:
+    """The two ways MLAS folds a column's eight lanes ``acc`` into one float (names suffixed
+    ``_{t}``): FoldAccumulators, ((x0 + x1) + x2) + x3 + (((x4 + x5) + x6) + x7) (returned
+    first), and the single columns' horizontal sum: CompInt8's hsum_float_8 pairs lanes
+    (0 + 4) + (2 + 6), (1 + 5) + (3 + 7); CompFp32's (lo + hi) then two horizontal adds,
+    (0 + 4) + (1 + 5), (2 + 6) + (3 + 7). CompInt8's lanes are read through _SWAP (register
+    lane L holds MLAS's lane _SWAP[L]), CompFp32's in order."""
+    x = [f"%x{i}_{t}" for i in range(8)]
+    L += [f"  {x[i]} = extractelement {_VF} {acc}, i64 {i if fp32 else _SWAP[i]}"
+          for i in range(8)]
+    L += [f"  %l1_{t} = fadd float {x[0]}, {x[1]}",
+          f"  %l2_{t} = fadd float %l1_{t}, {x[2]}",
+          f"  %l3_{t} = fadd float %l2_{t}, {x[3]}",
+          f"  %u1_{t} = fadd float {x[4]}, {x[5]}",
+          f"  %u2_{t} = fadd float %u1_{t}, {x[6]}",
+          f"  %u3_{t} = fadd float %u2_{t}, {x[7]}",
+          f"  %fo_{t} = fadd float %l3_{t}, %u3_{t}"]
+    if fp32:
+        L += [f"  %v0_{t} = fadd float {x[0]}, {x[4]}",
+              f"  %v1_{t} = fadd float {x[1]}, {x[5]}",
+              f"  %v2_{t} = fadd float {x[2]}, {x[6]}",
+              f"  %v3_{t} = fadd float {x[3]}, {x[7]}",
+              f"  %h01_{t} = fadd float %v0_{t}, %v1_{t}",
+              f"  %h23_{t} = fadd float %v2_{t}, %v3_{t}",
+              f"  %hs_{t} = fadd float %h01_{t}, %h23_{t}"]
+    else:
+        L += [f"  %e04_{t} = fadd float {x[0]}, {x[4]}",
+              f"  %e26_{t} = fadd float {x[2]}, {x[6]}",
+              f"  %e15_{t} = fadd float {x[1]}, {x[5]}",
+              f"  %e37_{t} = fadd float {x[3]}, {x[7]}",
+              f"  %e0_{t} = fadd float %e04_{t}, %e26_{t}",
+              f"  %e1_{t} = fadd float %e15_{t}, %e37_{t}",
+              f"  %hs_{t} = fadd float %e0_{t}, %e1_{t}"]
+    return f"%fo_{t}", f"%hs_{t}"
+
+
 def _quantize(block: int) -> list[str]:
     """quantize{block}(A, qa, sa, asum, M, kb): A (M, kb * block) float32 to MLAS's int8 codes
     per block (in this module's layout), the scales (M, kb) and sa * (the sum of the codes)."""
@@ -298,23 +334,8 @@ def _column(block: int, rows: int) -> list[str]:
           f"  %bval = phi float [%bsv, %bias.yes], [0.0, %{'t.end' if block == 16 else 'g.end'}]",
           "  %infold = icmp slt i64 %n, %nfold"]
     for r in R:
-        x = [f"%x{i}_{r}" for i in range(8)]
-        L += [f"  {x[i]} = extractelement {_VF} {fin[r]}, i64 {_SWAP[i]}" for i in range(8)]
-        L += [f"  %l1_{r} = fadd float {x[0]}, {x[1]}",
-              f"  %l2_{r} = fadd float %l1_{r}, {x[2]}",
-              f"  %l3_{r} = fadd float %l2_{r}, {x[3]}",
-              f"  %u1_{r} = fadd float {x[4]}, {x[5]}",
-              f"  %u2_{r} = fadd float %u1_{r}, {x[6]}",
-              f"  %u3_{r} = fadd float %u2_{r}, {x[7]}",
-              f"  %fo_{r} = fadd float %l3_{r}, %u3_{r}",
-              f"  %e04_{r} = fadd float {x[0]}, {x[4]}",
-              f"  %e26_{r} = fadd float {x[2]}, {x[6]}",
-              f"  %e15_{r} = fadd float {x[1]}, {x[5]}",
-              f"  %e37_{r} = fadd float {x[3]}, {x[7]}",
-              f"  %e0_{r} = fadd float %e04_{r}, %e26_{r}",
-              f"  %e1_{r} = fadd float %e15_{r}, %e37_{r}",
-              f"  %hs_{r} = fadd float %e0_{r}, %e1_{r}",
-              f"  %y_{r} = select i1 %infold, float %fo_{r}, float %hs_{r}",
+        fo, hs = _fold(L, fin[r], str(r))
+        L += [f"  %y_{r} = select i1 %infold, float {fo}, float {hs}",
               f"  %yb0_{r} = fadd float %y_{r}, %bval",
               f"  %yb_{r} = select i1 %hb, float %yb0_{r}, float %y_{r}",
               f"  %ci0_{r} = mul i64 %mr{r}, %N",
@@ -406,24 +427,9 @@ def _columns_m1(block: int, cols: int) -> list[str]:
           "bias.no:",
           f"  %bval = phi <{cols} x float> [%bsv, %bias.yes], [zeroinitializer, %g.end]"]
     for c in C:
-        x = [f"%x{i}_{c}" for i in range(8)]
-        L += [f"  {x[i]} = extractelement {_VF} %acc{c}.n, i64 {_SWAP[i]}" for i in range(8)]
-        L += [f"  %l1_{c} = fadd float {x[0]}, {x[1]}",
-              f"  %l2_{c} = fadd float %l1_{c}, {x[2]}",
-              f"  %l3_{c} = fadd float %l2_{c}, {x[3]}",
-              f"  %u1_{c} = fadd float {x[4]}, {x[5]}",
-              f"  %u2_{c} = fadd float %u1_{c}, {x[6]}",
-              f"  %u3_{c} = fadd float %u2_{c}, {x[7]}",
-              f"  %fo_{c} = fadd float %l3_{c}, %u3_{c}",
-              f"  %e04_{c} = fadd float {x[0]}, {x[4]}",
-              f"  %e26_{c} = fadd float {x[2]}, {x[6]}",
-              f"  %e15_{c} = fadd float {x[1]}, {x[5]}",
-              f"  %e37_{c} = fadd float {x[3]}, {x[7]}",
-              f"  %e0_{c} = fadd float %e04_{c}, %e26_{c}",
-              f"  %e1_{c} = fadd float %e15_{c}, %e37_{c}",
-              f"  %hs_{c} = fadd float %e0_{c}, %e1_{c}",
-              f"  %infold{c} = icmp slt i64 %nc{c}, %nfold",
-              f"  %y_{c} = select i1 %infold{c}, float %fo_{c}, float %hs_{c}",
+        fo, hs = _fold(L, f"%acc{c}.n", str(c))
+        L += [f"  %infold{c} = icmp slt i64 %nc{c}, %nfold",
+              f"  %y_{c} = select i1 %infold{c}, float {fo}, float {hs}",
               f"  %bv{c} = extractelement <{cols} x float> %bval, i64 {c}",
               f"  %yb0_{c} = fadd float %y_{c}, %bv{c}",
               f"  %yb_{c} = select i1 %hb, float %yb0_{c}, float %y_{c}",
@@ -623,26 +629,11 @@ def _fq_columns(block: int, cols: int) -> list[str]:
           "bias.no:",
           f"  %bval = phi <{cols} x float> [%bsv, %bias.yes], [zeroinitializer, %s.end]"]
     for c in C:
-        x = [f"%x{i}_{c}" for i in range(8)]
-        L += [f"  {x[i]} = extractelement {_VF} %acc{c}.n, i64 {i}" for i in range(8)]
-        L += [f"  %l1_{c} = fadd float {x[0]}, {x[1]}",
-              f"  %l2_{c} = fadd float %l1_{c}, {x[2]}",
-              f"  %l3_{c} = fadd float %l2_{c}, {x[3]}",
-              f"  %u1_{c} = fadd float {x[4]}, {x[5]}",
-              f"  %u2_{c} = fadd float %u1_{c}, {x[6]}",
-              f"  %u3_{c} = fadd float %u2_{c}, {x[7]}",
-              f"  %fo_{c} = fadd float %l3_{c}, %u3_{c}",
-              f"  %v0_{c} = fadd float {x[0]}, {x[4]}",  # (lo + hi), two horizontal adds
-              f"  %v1_{c} = fadd float {x[1]}, {x[5]}",
-              f"  %v2_{c} = fadd float {x[2]}, {x[6]}",
-              f"  %v3_{c} = fadd float {x[3]}, {x[7]}",
-              f"  %h01_{c} = fadd float %v0_{c}, %v1_{c}",
-              f"  %h23_{c} = fadd float %v2_{c}, %v3_{c}",
-              f"  %hs_{c} = fadd float %h01_{c}, %h23_{c}",
-              f"  %bv{c} = extractelement <{cols} x float> %bval, i64 {c}",
-              f"  %fob_{c} = fadd float %fo_{c}, %bv{c}",
-              f"  %fo2_{c} = select i1 %hb, float %fob_{c}, float %fo_{c}",
-              f"  %hs2_{c} = fadd float %hs_{c}, %bv{c}",  # MLAS adds 0.0f without a bias
+        fo, hs = _fold(L, f"%acc{c}.n", str(c), fp32=True)
+        L += [f"  %bv{c} = extractelement <{cols} x float> %bval, i64 {c}",
+              f"  %fob_{c} = fadd float {fo}, %bv{c}",
+              f"  %fo2_{c} = select i1 %hb, float %fob_{c}, float {fo}",
+              f"  %hs2_{c} = fadd float {hs}, %bv{c}",  # MLAS adds 0.0f without a bias
               f"  %infold{c} = icmp slt i64 %nc{c}, %nfold",
               f"  %y_{c} = select i1 %infold{c}, float %fo2_{c}, float %hs2_{c}",
               f"  %cp_{c} = getelementptr float, ptr %C, i64 %nc{c}",
