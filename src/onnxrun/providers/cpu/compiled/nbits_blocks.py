@@ -37,6 +37,7 @@ import numpy as np
 
 from . import jit
 from .nbits_gemm import MAX_STACK_K, zshare_ir
+from .nbits_gemv import quantize_ir
 
 REQUIRES = ("avx2", "fma")
 BLOCKS = (16, 64, 128, 256)  # CompInt8 here (32: nbits_gemm)
@@ -98,113 +99,6 @@ def _fold(L: list[str], acc: str, t: str, fp32: bool = False) -> tuple[str, str]
               f"  %e1_{t} = fadd float %e15_{t}, %e37_{t}",
               f"  %hs_{t} = fadd float %e0_{t}, %e1_{t}"]
     return f"%fo_{t}", f"%hs_{t}"
-
-
-def _quantize(block: int) -> list[str]:
-    """quantize{block}(A, qa, sa, asum, M, kb): A (M, kb * block) float32 to MLAS's int8 codes
-    per block (in this module's layout), the scales (M, kb) and sa * (the sum of the codes)."""
-    C = min(block, 64)  # elements per chunk
-    VC, VI, VB = f"<{C} x float>", f"<{C} x i32>", f"<{C} x i8>"
-    chunks = range(block // C)
-    L = [f"define void @quantize{block}(ptr noalias %A, ptr noalias %qa, ptr noalias %sa, "
-         "ptr noalias %asum, i64 %M, i64 %kb) nounwind {",
-         "entry:",
-         f"  %K = mul i64 %kb, {block}",
-         "  %kb4 = and i64 %kb, -4",
-         "  %any = icmp sgt i64 %M, 0",
-         "  br i1 %any, label %m.loop, label %end",
-         "m.loop:",
-         "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
-         "  %arow = mul i64 %m, %K",
-         "  %srow = mul i64 %m, %kb",
-         "  br label %b.loop",
-         "b.loop:",
-         "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
-         f"  %boff = mul i64 %b, {block}",
-         "  %base = add i64 %arow, %boff"]
-    prev = None
-    for c in chunks:
-        L += [f"  %o{c} = add i64 %base, {C * c}",
-              f"  %p{c} = getelementptr float, ptr %A, i64 %o{c}",
-              f"  %v{c} = load {VC}, ptr %p{c}, align 4",
-              f"  %av{c} = call {VC} @llvm.fabs.v{C}f32({VC} %v{c})"]
-        if prev is None:
-            prev = f"%av{c}"
-        else:
-            L += [f"  %mx{c} = call {VC} @llvm.maxnum.v{C}f32({VC} {prev}, {VC} %av{c})"]
-            prev = f"%mx{c}"
-    L += [f"  %amax = call float @llvm.vector.reduce.fmax.v{C}f32({VC} {prev})",
-          "  %nz = fcmp one float %amax, 0.0",
-          "  %inv0 = fdiv float 127.0, %amax",
-          "  %inv = select i1 %nz, float %inv0, float 0.0",
-          "  %scale = fdiv float %amax, 127.0",
-          "  %si = add i64 %srow, %b",
-          "  %sp = getelementptr float, ptr %sa, i64 %si",
-          "  store float %scale, ptr %sp, align 4",
-          f"  %invv.0 = insertelement {VC} poison, float %inv, i64 0",
-          f"  %invv = shufflevector {VC} %invv.0, {VC} poison, <{C} x i32> zeroinitializer"]
-    total = None
-    for c in chunks:
-        L += [f"  %ws{c} = fmul {VC} %v{c}, %invv",
-              f"  %wr{c} = call {VC} @llvm.rint.v{C}f32({VC} %ws{c})",
-              f"  %wi{c} = fptosi {VC} %wr{c} to {VI}",
-              f"  %t{c} = call i32 @llvm.vector.reduce.add.v{C}i32({VI} %wi{c})",
-              f"  %wb{c} = trunc {VI} %wi{c} to {VB}"]
-        if total is None:
-            total = f"%t{c}"
-        else:
-            L += [f"  %tt{c} = add i32 {total}, %t{c}"]
-            total = f"%tt{c}"
-    H = C // 2
-    even = _vec("i32", range(0, C, 2))
-    odd = _vec("i32", range(1, C, 2))
-    VH8 = f"<{H} x i8>"
-    if block >= 64:  # each chunk one group: its evens, then its odds
-        for c in chunks:
-            L += [f"  %ev{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {even}",
-                  f"  %od{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {odd}",
-                  f"  %q{c} = getelementptr i8, ptr %qa, i64 %o{c}",
-                  f"  store {VH8} %ev{c}, ptr %q{c}, align 1",
-                  f"  %qo{c} = getelementptr i8, ptr %q{c}, i64 {H}",
-                  f"  store {VH8} %od{c}, ptr %qo{c}, align 1"]
-        L += ["  br label %sums"]
-    else:  # a block of 16 in a group of four: evens at 8p, odds at 32 + 8p; else in order
-        L += ["  %ingroup = icmp slt i64 %b, %kb4",
-              "  br i1 %ingroup, label %grp, label %alone",
-              "grp:",
-              "  %pos = and i64 %b, 3",
-              "  %pos8 = mul i64 %pos, 8",
-              "  %gb = sub i64 %boff, %pos8",  # 16 b - 8 p = 64 (b / 4) + 8 p
-              "  %ge = add i64 %arow, %gb",
-              f"  %ev = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {even}",
-              f"  %od = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {odd}",
-              "  %qe = getelementptr i8, ptr %qa, i64 %ge",
-              "  store <8 x i8> %ev, ptr %qe, align 1",
-              "  %qo = getelementptr i8, ptr %qe, i64 32",
-              "  store <8 x i8> %od, ptr %qo, align 1",
-              "  br label %sums",
-              "alone:",
-              "  %ql = getelementptr i8, ptr %qa, i64 %base",
-              f"  store {VB} %wb0, ptr %ql, align 1",
-              "  br label %sums"]
-    return L + [
-        "sums:",
-        f"  %totalf = sitofp i32 {total} to float",
-        "  %blocksum = fmul float %scale, %totalf",
-        "  %up = getelementptr float, ptr %asum, i64 %si",
-        "  store float %blocksum, ptr %up, align 4",
-        "  br label %b.end",
-        "b.end:",
-        "  %b.next = add i64 %b, 1",
-        "  %b.more = icmp slt i64 %b.next, %kb",
-        "  br i1 %b.more, label %b.loop, label %m.end",
-        "m.end:",
-        "  %m.next = add i64 %m, 1",
-        "  %m.more = icmp slt i64 %m.next, %M",
-        "  br i1 %m.more, label %m.loop, label %end",
-        "end:",
-        "  ret void",
-        "}"]
 
 
 def _column(block: int, rows: int) -> list[str]:
@@ -781,7 +675,7 @@ def module_ir(target=None) -> str:
     for block in FP32_BLOCKS:
         parts += _fq_columns(block, COLS) + _fq_columns(block, 1) + _fq_m1(block)
     for block in BLOCKS:
-        parts += _quantize(block)
+        parts += quantize_ir(block=block)
         parts += _column(block, ROWS) + _column(block, 1) + _gemm(block)
         if block > 32:
             parts += _columns_m1(block, COLS) + _columns_m1(block, 1) + _gemm_m1(block)

@@ -407,7 +407,125 @@ def _function8() -> list[str]:
     return L
 
 
-def quantize_ir(pairs: bool = False) -> list[str]:
+def _quantize_frame(name: str, params: str, setup: list[str], body: list[str],
+                    total: str) -> list[str]:
+    """A quantize function: for each row m and block b (``%base``'s offset set up by
+    ``body``, which stores the codes and the scale), then ``asum`` = sa * ``total``."""
+    return [f"define void @{name}(ptr noalias %A, ptr noalias %qa, ptr noalias %sa, "
+            f"ptr noalias %asum, i64 %M, i64 %kb{params}) nounwind {{",
+            "entry:",
+            *setup,
+            "  %any = icmp sgt i64 %M, 0",
+            "  br i1 %any, label %m.loop, label %end",
+            "m.loop:",
+            "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
+            "  %arow = mul i64 %m, %K",
+            "  %srow = mul i64 %m, %kb",
+            "  br label %b.loop",
+            "b.loop:",
+            "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]",
+            *body,
+            f"  %totalf = sitofp i32 {total} to float",
+            "  %blocksum = fmul float %scale, %totalf",
+            "  %up = getelementptr float, ptr %asum, i64 %si",
+            "  store float %blocksum, ptr %up, align 4",
+            "  br label %b.end",
+            "b.end:",
+            "  %b.next = add i64 %b, 1",
+            "  %b.more = icmp slt i64 %b.next, %kb",
+            "  br i1 %b.more, label %b.loop, label %m.end",
+            "m.end:",
+            "  %m.next = add i64 %m, 1",
+            "  %m.more = icmp slt i64 %m.next, %M",
+            "  br i1 %m.more, label %m.loop, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _scale() -> list[str]:
+    """%inv = 127 / %amax (0 where amax is 0), %scale = amax / 127, %si the block's index."""
+    return ["  %nz = fcmp one float %amax, 0.0",
+            "  %inv0 = fdiv float 127.0, %amax",
+            "  %inv = select i1 %nz, float %inv0, float 0.0",
+            "  %scale = fdiv float %amax, 127.0",
+            "  %si = add i64 %srow, %b"]
+
+
+def _quantize_block(block: int) -> tuple[list[str], str]:
+    """quantize{block}'s body (nbits_blocks' layout, a constant block of 16-256, unrolled):
+    each 64 codes their 32 even-indexed then 32 odd-indexed; a block of 16 in a group of four
+    its 8 evens at 8p, its 8 odds at 32 + 8p, one after the groups of four in order."""
+    C = min(block, 64)  # elements per chunk
+    VC, VI, VB = f"<{C} x float>", f"<{C} x i32>", f"<{C} x i8>"
+    chunks = range(block // C)
+    L = [f"  %boff = mul i64 %b, {block}",
+         "  %base = add i64 %arow, %boff"]
+    prev = None
+    for c in chunks:
+        L += [f"  %o{c} = add i64 %base, {C * c}",
+              f"  %p{c} = getelementptr float, ptr %A, i64 %o{c}",
+              f"  %v{c} = load {VC}, ptr %p{c}, align 4",
+              f"  %av{c} = call {VC} @llvm.fabs.v{C}f32({VC} %v{c})"]
+        if prev is None:
+            prev = f"%av{c}"
+        else:
+            L += [f"  %mx{c} = call {VC} @llvm.maxnum.v{C}f32({VC} {prev}, {VC} %av{c})"]
+            prev = f"%mx{c}"
+    L += [f"  %amax = call float @llvm.vector.reduce.fmax.v{C}f32({VC} {prev})",
+          *_scale(),
+          "  %sp = getelementptr float, ptr %sa, i64 %si",
+          "  store float %scale, ptr %sp, align 4",
+          f"  %invv.0 = insertelement {VC} poison, float %inv, i64 0",
+          f"  %invv = shufflevector {VC} %invv.0, {VC} poison, <{C} x i32> zeroinitializer"]
+    total = None
+    for c in chunks:
+        L += [f"  %ws{c} = fmul {VC} %v{c}, %invv",
+              f"  %wr{c} = call {VC} @llvm.rint.v{C}f32({VC} %ws{c})",
+              f"  %wi{c} = fptosi {VC} %wr{c} to {VI}",
+              f"  %t{c} = call i32 @llvm.vector.reduce.add.v{C}i32({VI} %wi{c})",
+              f"  %wb{c} = trunc {VI} %wi{c} to {VB}"]
+        if total is None:
+            total = f"%t{c}"
+        else:
+            L += [f"  %tt{c} = add i32 {total}, %t{c}"]
+            total = f"%tt{c}"
+    H = C // 2
+    even = _vec("i32", range(0, C, 2))
+    odd = _vec("i32", range(1, C, 2))
+    VH8 = f"<{H} x i8>"
+    if block >= 64:  # each chunk one group: its evens, then its odds
+        for c in chunks:
+            L += [f"  %ev{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {even}",
+                  f"  %od{c} = shufflevector {VB} %wb{c}, {VB} poison, <{H} x i32> {odd}",
+                  f"  %q{c} = getelementptr i8, ptr %qa, i64 %o{c}",
+                  f"  store {VH8} %ev{c}, ptr %q{c}, align 1",
+                  f"  %qo{c} = getelementptr i8, ptr %q{c}, i64 {H}",
+                  f"  store {VH8} %od{c}, ptr %qo{c}, align 1"]
+        L += ["  br label %sums"]
+    else:  # a block of 16 in a group of four: evens at 8p, odds at 32 + 8p; else in order
+        L += ["  %ingroup = icmp slt i64 %b, %kb4",
+              "  br i1 %ingroup, label %grp, label %alone",
+              "grp:",
+              "  %pos = and i64 %b, 3",
+              "  %pos8 = mul i64 %pos, 8",
+              "  %gb = sub i64 %boff, %pos8",  # 16 b - 8 p = 64 (b / 4) + 8 p
+              "  %ge = add i64 %arow, %gb",
+              f"  %ev = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {even}",
+              f"  %od = shufflevector {VB} %wb0, {VB} poison, <8 x i32> {odd}",
+              "  %qe = getelementptr i8, ptr %qa, i64 %ge",
+              "  store <8 x i8> %ev, ptr %qe, align 1",
+              "  %qo = getelementptr i8, ptr %qe, i64 32",
+              "  store <8 x i8> %od, ptr %qo, align 1",
+              "  br label %sums",
+              "alone:",
+              "  %ql = getelementptr i8, ptr %qa, i64 %base",
+              f"  store {VB} %wb0, ptr %ql, align 1",
+              "  br label %sums"]
+    return L + ["sums:"], total
+
+
+def quantize_ir(pairs: bool = False, block: int | None = None) -> list[str]:
     """quantize(A, qa, sa, asum, M, kb[, groups]): A's rows to quantize_rows's int8 codes with
     the same float operations in the same order (amax, 127 / amax or 0, rint of a * inv,
     amax / 127), and each block's sa * (sum of its codes, exact): the factor of the zero
@@ -417,27 +535,20 @@ def quantize_ir(pairs: bool = False) -> list[str]:
       even-indexed then the 16 odd-indexed, one scale per block in ``sa``;
     - ``pairs=True`` (nbits_gemm, no ``groups``: blocks of 32): two neighbouring blocks'
       codes as [b even | b+1 even | b odd | b+1 odd] (a last unpaired block in order), each
-      scale four times in ``sa`` (MLAS's four-lane scale vectors)."""
+      scale four times in ``sa`` (MLAS's four-lane scale vectors);
+    - ``block`` (nbits_blocks, blocks of 16-256: ``quantize{block}``, no ``groups``, its
+      declarations left to the caller): see _quantize_block."""
+    if block is not None:
+        body, total = _quantize_block(block)
+        setup = [f"  %K = mul i64 %kb, {block}", "  %kb4 = and i64 %kb, -4"]
+        return _quantize_frame(f"quantize{block}", "", setup, body, total)
     VF32, VI32, VB32, VB16 = "<32 x float>", "<32 x i32>", "<32 x i8>", "<16 x i8>"
     # each 32 codes: the 16 even-indexed, then the 16 odd-indexed
     order = "<32 x i32> <" + ", ".join(
         f"i32 {i}" for i in [*range(0, 32, 2), *range(1, 32, 2)]) + ">"
-    head = "ptr noalias %A, ptr noalias %qa, ptr noalias %sa, ptr noalias %asum, i64 %M, i64 %kb"
-    L = [f"define void @quantize({head}{'' if pairs else ', i64 %groups'}) nounwind {{",
-         "entry:"]
-    if pairs:
-        L += ["  %K = mul i64 %kb, 32", "  %pairs2 = and i64 %kb, -2"]  # blocks in whole pairs
-    else:
-        L += ["  %bsz = mul i64 %groups, 32", "  %K = mul i64 %kb, %bsz"]
-    L += ["  %any = icmp sgt i64 %M, 0",
-          "  br i1 %any, label %m.loop, label %end",
-          "m.loop:",
-          "  %m = phi i64 [0, %entry], [%m.next, %m.end]",
-          "  %arow = mul i64 %m, %K",
-          "  %srow = mul i64 %m, %kb",
-          "  br label %b.loop",
-          "b.loop:",
-          "  %b = phi i64 [0, %m.loop], [%b.next, %b.end]"]
+    setup = ["  %K = mul i64 %kb, 32", "  %pairs2 = and i64 %kb, -2"] if pairs else \
+        ["  %bsz = mul i64 %groups, 32", "  %K = mul i64 %kb, %bsz"]  # pairs2: whole pairs
+    L = []
     if pairs:  # one vector a block: its amax straight from it
         L += ["  %boff = mul i64 %b, 32",
               "  %base = add i64 %arow, %boff",
@@ -463,11 +574,7 @@ def quantize_ir(pairs: bool = False) -> list[str]:
               "  br i1 %g.more, label %x.loop, label %x.end",
               "x.end:",
               f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %mx.next)"]
-    L += ["  %nz = fcmp one float %amax, 0.0",
-          "  %inv0 = fdiv float 127.0, %amax",
-          "  %inv = select i1 %nz, float %inv0, float 0.0",
-          "  %scale = fdiv float %amax, 127.0",
-          "  %si = add i64 %srow, %b",
+    L += [*_scale(),
           f"  %ins = insertelement {VF32} poison, float %inv, i64 0",
           f"  %invv = shufflevector {VF32} %ins, {VF32} poison, <32 x i32> zeroinitializer"]
     if pairs:
@@ -530,23 +637,7 @@ def quantize_ir(pairs: bool = False) -> list[str]:
               "  br i1 %h.more, label %q.loop, label %q.end",
               "q.end:",
               f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %sum.next)"]
-    return L + [
-        "  %totalf = sitofp i32 %total to float",
-        "  %blocksum = fmul float %scale, %totalf",
-        "  %up = getelementptr float, ptr %asum, i64 %si",
-        "  store float %blocksum, ptr %up, align 4",
-        "  br label %b.end",
-        "b.end:",
-        "  %b.next = add i64 %b, 1",
-        "  %b.more = icmp slt i64 %b.next, %kb",
-        "  br i1 %b.more, label %b.loop, label %m.end",
-        "m.end:",
-        "  %m.next = add i64 %m, 1",
-        "  %m.more = icmp slt i64 %m.next, %M",
-        "  br i1 %m.more, label %m.loop, label %end",
-        "end:",
-        "  ret void",
-        "}",
+    return [*_quantize_frame("quantize", "" if pairs else ", i64 %groups", setup, L, "%total"),
         f"declare {VF32} @llvm.fabs.v32f32({VF32})",
         *([] if pairs else [f"declare {VF32} @llvm.maxnum.v32f32({VF32}, {VF32})"]),
         f"declare float @llvm.vector.reduce.fmax.v32f32({VF32})",
