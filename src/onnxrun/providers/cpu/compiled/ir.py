@@ -107,11 +107,12 @@ def dot_u8s8(target, out: str, acc: str, a: str, b: str) -> list[str]:
     return L + [f"  {out} = add {V} {acc}, {t}s"]
 
 
-def latch(var: str, step, flag: str, stop: str, loop: str, exit_: str) -> list[str]:
+def latch(var: str, step, flag: str, stop: str, loop: str, exit_: str,
+          pred: str = "slt") -> list[str]:
     """The back edge of a counted loop: %{var}.next = %{var} + step, then on to block ``loop``
-    while it is below ``stop`` (signed), else to ``exit_``."""
+    while it is below ``stop`` (signed; ``pred="ult"``: unsigned), else to ``exit_``."""
     return [f"  %{var}.next = add i64 %{var}, {step}",
-            f"  %{flag} = icmp slt i64 %{var}.next, {stop}",
+            f"  %{flag} = icmp {pred} i64 %{var}.next, {stop}",
             f"  br i1 %{flag}, label %{loop}, label %{exit_}"]
 
 

@@ -36,6 +36,7 @@ import ctypes
 import numpy as np
 
 from . import jit
+from .ir import latch
 from .nbits_gemm import MAX_STACK_K, zshare_ir
 from .nbits_gemv import quantize_ir
 
@@ -169,9 +170,7 @@ def _column(block: int, rows: int) -> list[str]:
             _splat(L, f"sv{r}", f"%s{r}")
         L += [f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
               f"{_VF} %acc{r})"]
-    L += ["  %g.next = add i64 %g, 1",
-          "  %g.more = icmp ult i64 %g.next, %groups",
-          "  br i1 %g.more, label %g.loop, label %g.end",
+    L += [*latch("g", "1", "g.more", "%groups", "g.loop", "g.end", pred="ult"),
           "g.end:",
           *(f"  %accp{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]"
             for r in R)]
@@ -212,9 +211,7 @@ def _column(block: int, rows: int) -> list[str]:
             _splat(L, f"tsv{r}", f"%ts{r}")
             L += [f"  %tacc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %tf{r}, {_VF} %tsv{r}, "
                   f"{_VF} %tacc{r})"]
-        L += ["  %t.next = add i64 %t, 1",
-              "  %t.more = icmp ult i64 %t.next, %kb",
-              "  br i1 %t.more, label %t.loop, label %t.end",
+        L += [*latch("t", "1", "t.more", "%kb", "t.loop", "t.end", pred="ult"),
               "t.end:",
               *(f"  %accq{r} = phi {_VF} [%accp{r}, %g.end], [%tacc{r}.n, %t.loop]" for r in R)]
         fin = [f"%accq{r}" for r in R]
@@ -308,9 +305,7 @@ def _columns_m1(block: int, cols: int) -> list[str]:
         sv = _splat(L, f"sv{c}", f"%s{c}")
         L += [f"  %acc{c}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{c}, {_VF} {sv}, "
               f"{_VF} %acc{c})"]
-    L += ["  %g.next = add i64 %g, 1",
-          "  %g.more = icmp ult i64 %g.next, %groups",
-          "  br i1 %g.more, label %g.loop, label %g.end",
+    L += [*latch("g", "1", "g.more", "%groups", "g.loop", "g.end", pred="ult"),
           "g.end:",
           "  %hb = icmp ne ptr %bias, null",
           "  br i1 %hb, label %bias.yes, label %bias.no",
@@ -510,9 +505,7 @@ def _fq_columns(block: int, cols: int) -> list[str]:
                   f"  {out} = call {_VF} @llvm.fma.v8f32({_VF} %wf{c}_{i}, {_VF} %a{i}, "
                   f"{_VF} {prev})"]
             prev = out
-    L += ["  %s.next = add i64 %s, 1",
-          "  %s.more = icmp ult i64 %s.next, %subs",
-          "  br i1 %s.more, label %s.loop, label %s.end",
+    L += [*latch("s", "1", "s.more", "%subs", "s.loop", "s.end", pred="ult"),
           "s.end:",
           "  %hb = icmp ne ptr %bias, null",
           "  br i1 %hb, label %bias.yes, label %bias.no",
@@ -603,9 +596,7 @@ def _fp32_rows() -> list[str]:
             _splat(T, f"{tag}as{r}", f"%{tag}a{r}")
             T += [f"  %{tag}acc{r}_{h}.n = call {_VF} @llvm.fma.v8f32({_VF} %{tag}as{r}, "
                   f"{_VF} %{tag}w{h}, {_VF} %{tag}acc{r}_{h})" for h in H]
-        T += [f"  %{tag}k.next = add i64 %{tag}k, 1",
-              f"  %{tag}k.more = icmp slt i64 %{tag}k.next, %K",
-              f"  br i1 %{tag}k.more, label %{tag}.k, label %{tag}.out",
+        T += [*latch(f"{tag}k", "1", f"{tag}k.more", "%K", f"{tag}.k", f"{tag}.out"),
               f"{tag}.out:"]
         for r in R:
             T += [f"  %{tag}m{r} = add i64 {m}, {r}",
@@ -650,9 +641,7 @@ def _fp32_rows() -> list[str]:
             "  br label %rt.pre",
             *tile(ROWS, "rt", "%r", "r.latch"),
             "r.latch:",
-            f"  %r.next = add i64 %r, {ROWS}",
-            "  %r.more = icmp slt i64 %r.next, %Mtile",
-            "  br i1 %r.more, label %r.loop, label %o.head",
+            *latch("r", ROWS, "r.more", "%Mtile", "r.loop", "o.head"),
             "o.head:",
             "  %o = phi i64 [%Mtile, %bias.no], [%Mtile, %r.latch], [%o.next, %o.latch]",
             "  %o.ok = icmp slt i64 %o, %M",
@@ -662,9 +651,7 @@ def _fp32_rows() -> list[str]:
             "  %o.next = add i64 %o, 1",
             "  br label %o.head",
             "n.end:",
-            f"  %n.next = add i64 %n, {PANEL}",
-            "  %n.more = icmp slt i64 %n.next, %n1",
-            "  br i1 %n.more, label %n.loop, label %end",
+            *latch("n", PANEL, "n.more", "%n1", "n.loop", "end"),
             "end:",
             "  ret void",
             "}"]

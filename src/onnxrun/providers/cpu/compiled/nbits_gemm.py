@@ -42,6 +42,7 @@ import threading
 import numpy as np
 
 from . import jit, nbits_gemv
+from .ir import latch
 
 REQUIRES = ("avx2", "fma")
 BLOCK = 32
@@ -154,9 +155,7 @@ def _tile(rows: int, fold: bool, sym: bool = False) -> list[str]:
               f"  %sv{r} = fmul {_VF} %sa8_{r}, %sb8",
               f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
               f"{_VF} %acc{r})"]
-    L += ["  %p.next = add i64 %p, 1",
-          "  %p.more = icmp ult i64 %p.next, %pairs",
-          "  br i1 %p.more, label %p.loop, label %p.end",
+    L += [*latch("p", "1", "p.more", "%pairs", "p.loop", "p.end", pred="ult"),
           "p.end:",
           *(f"  %accp{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %p.loop]"
             for r in R),
@@ -309,9 +308,7 @@ def _tile_zp1(fold: bool) -> list[str]:
               f"  %sv{k} = shufflevector {_VF} %sv{k}.0, {_VF} poison, <8 x i32> zeroinitializer"]
     L += [f"  %acc.h = call {_VF} @llvm.fma.v8f32({_VF} %f0, {_VF} %sv0, {_VF} %acc)",
           f"  %acc.n = call {_VF} @llvm.fma.v8f32({_VF} %f1, {_VF} %sv1, {_VF} %acc.h)",
-          "  %p.next = add i64 %p, 1",
-          "  %p.more = icmp ult i64 %p.next, %pairs",
-          "  br i1 %p.more, label %p.loop, label %p.end",
+          *latch("p", "1", "p.more", "%pairs", "p.loop", "p.end", pred="ult"),
           "p.end:",
           f"  %accp = phi {_VF} [zeroinitializer, %entry], [%acc.n, %p.loop]",
           "  %odd = and i64 %kb, 1",
@@ -414,16 +411,12 @@ def zshare_ir() -> list[str]:
         f"  %bv0 = load {_VF}, ptr %bp, align 4",
         f"  %bv = fneg {_VF} %bv0",
         f"  %acc.n = call {_VF} @llvm.fma.v8f32({_VF} %av8, {_VF} %bv, {_VF} %acc)",
-        "  %b.next = add i64 %b, 1",
-        "  %b.more = icmp slt i64 %b.next, %kb",
-        "  br i1 %b.more, label %vb.loop, label %v.done",
+        *latch("b", "1", "b.more", "%kb", "vb.loop", "v.done"),
         "v.done:",
         "  %zi = add i64 %zrow, %n",
         "  %zp = getelementptr float, ptr %Z, i64 %zi",
         f"  store {_VF} %acc.n, ptr %zp, align 4",
-        "  %n.next = add i64 %n, 8",
-        "  %n.more = icmp slt i64 %n.next, %n8",
-        "  br i1 %n.more, label %v.loop, label %v.end",
+        *latch("n", "8", "n.more", "%n8", "v.loop", "v.end"),
         "v.end:",
         "  %anys = icmp slt i64 %n8, %n1",
         "  br i1 %anys, label %s.loop, label %m.end",
@@ -442,20 +435,14 @@ def zshare_ir() -> list[str]:
         "  %sbv0 = load float, ptr %sbp, align 4",
         "  %sbv = fneg float %sbv0",
         "  %sacc.n = call float @llvm.fma.f32(float %sav, float %sbv, float %sacc)",
-        "  %c.next = add i64 %c, 1",
-        "  %c.more = icmp slt i64 %c.next, %kb",
-        "  br i1 %c.more, label %sb.loop, label %s.done",
+        *latch("c", "1", "c.more", "%kb", "sb.loop", "s.done"),
         "s.done:",
         "  %szi = add i64 %zrow, %sn",
         "  %szp = getelementptr float, ptr %Z, i64 %szi",
         "  store float %sacc.n, ptr %szp, align 4",
-        "  %sn.next = add i64 %sn, 1",
-        "  %sn.more = icmp slt i64 %sn.next, %n1",
-        "  br i1 %sn.more, label %s.loop, label %m.end",
+        *latch("sn", "1", "sn.more", "%n1", "s.loop", "m.end"),
         "m.end:",
-        "  %m.next = add i64 %m, 1",
-        "  %m.more = icmp slt i64 %m.next, %M",
-        "  br i1 %m.more, label %m.loop, label %end",
+        *latch("m", "1", "m.more", "%M", "m.loop", "end"),
         "end:",
         "  ret void",
         "}"]
@@ -670,9 +657,7 @@ def _row8(zp: bool) -> list[str]:
                   f"  %sv{c} = fmul {_VF} %sa8, %sb8_{c}",
                   f"  %acc{c}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{c}, {_VF} %sv{c}, "
                   f"{_VF} %acc{c})"]
-    L += ["  %p.next = add i64 %p, 1",
-          "  %p.more = icmp ult i64 %p.next, %pairs",
-          "  br i1 %p.more, label %p.loop, label %p.end",
+    L += [*latch("p", "1", "p.more", "%pairs", "p.loop", "p.end", pred="ult"),
           "p.end:",
           *(f"  %accp{c} = phi {_VF} [zeroinitializer, %entry], [%acc{c}.n, %p.loop]"
             for c in C8),

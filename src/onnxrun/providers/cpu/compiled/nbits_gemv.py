@@ -22,6 +22,7 @@ import ctypes
 import numpy as np
 
 from . import jit
+from .ir import latch
 
 REQUIRES = ("avx2", "fma")
 _VB = "<16 x i8>"
@@ -90,9 +91,7 @@ def _function(name: str, rows: int) -> list[str]:
               f"  %p32.{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %p16.{r}, {_VH} "
               + "<" + ", ".join(["i16 1"] * 16) + ">)",
               f"  %dot{r}.next = add {_V8} %dot{r}, %p32.{r}"]
-    L += ["  %g.next = add i64 %g, 1",
-          "  %g.more = icmp slt i64 %g.next, %groups",
-          "  br i1 %g.more, label %g.loop, label %b.end",
+    L += [*latch("g", "1", "g.more", "%groups", "g.loop", "b.end"),
           "b.end:",
           "  %sbi = add i64 %srow, %b",
           "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
@@ -108,9 +107,7 @@ def _function(name: str, rows: int) -> list[str]:
               "zeroinitializer",
               f"  %acc{r}.next = call {_VF} @llvm.fma.v8f32({_VF} %df{r}, {_VF} %sv{r}, "
               f"{_VF} %acc{r})"]
-    L += ["  %b.next = add i64 %b, 1",
-          "  %b.more = icmp slt i64 %b.next, %kb",
-          "  br i1 %b.more, label %b.loop, label %m.end",
+    L += [*latch("b", "1", "b.more", "%kb", "b.loop", "m.end"),
           "m.end:"]
     for r in R:
         L += [f"  %sum{r} = call reassoc float @llvm.vector.reduce.fadd.v8f32(float 0.0, "
@@ -124,9 +121,7 @@ def _function(name: str, rows: int) -> list[str]:
           "  %m.more = icmp slt i64 %m.last, %M",
           "  br i1 %m.more, label %m.loop, label %n.end",
           "n.end:",
-          "  %n.next = add i64 %n, 1",
-          "  %n.more = icmp slt i64 %n.next, %n1",
-          "  br i1 %n.more, label %n.loop, label %end",
+          *latch("n", "1", "n.more", "%n1", "n.loop", "end"),
           "end:",
           "  ret void",
           "}"]
@@ -314,9 +309,7 @@ def _function8() -> list[str]:
     _zshare8(L, "z2a.", "%pb", "%pz", "%pz1")
     _zshare8(L, "z2b.", "%pb1", "%pz1", "%pz.next")
     L += [
-          "  %pb.next = add i64 %pb, 2",
-          "  %p.more = icmp slt i64 %pb.next, %pairs",
-          "  br i1 %p.more, label %p.loop, label %b.pre",
+          *latch("pb", "2", "p.more", "%pairs", "p.loop", "b.pre"),
           "b.pre:",
           "  %b0 = phi i64 [0, %n.loop], [%pb.next, %p.loop]",
           f"  %acc0 = phi {_VF} [zeroinitializer, %n.loop], [%pacc.next, %p.loop]",
@@ -356,9 +349,7 @@ def _function8() -> list[str]:
           + _vec("i32", range(8, 16)),
           f"  %hd = add {_V8} %hd0, %hd1",
           f"  %hdot.next = add {_V8} %hdot, %hd",
-          "  %h.next = add i64 %h, 2",
-          "  %h.more = icmp slt i64 %h.next, %groups",
-          "  br i1 %h.more, label %h.loop, label %b.end",
+          *latch("h", "2", "h.more", "%groups", "h.loop", "b.end"),
           "g.loop:",
           "  %g = phi i64 [0, %b.loop], [%g.next, %g.loop]",
           f"  %dot = phi {_V8} [zeroinitializer, %b.loop], [%dot.next, %g.loop]",
@@ -370,9 +361,7 @@ def _function8() -> list[str]:
           "  %bo = add i64 %bbase2, %goff"]
     r = _columns8(L, "c1.", "%bo", "%a", "", wide=False)
     L += [f"  %dot.next = add {_V8} %dot, {r}",
-          "  %g.next = add i64 %g, 1",
-          "  %g.more = icmp slt i64 %g.next, %groups",
-          "  br i1 %g.more, label %g.loop, label %b.end",
+          *latch("g", "1", "g.more", "%groups", "g.loop", "b.end"),
           "b.end:",
           f"  %dsum = phi {_V8} [%dot.next, %g.loop], [%hdot.next, %h.loop]"]
     s = _scale8(L, "s1.", "%b")
@@ -380,9 +369,7 @@ def _function8() -> list[str]:
           f"  %acc.next = call {_VF} @llvm.fma.v8f32({_VF} %df, {_VF} {s}, {_VF} %acc)"]
     _zshare8(L, "z1.", "%b", "%z", "%z.next")
     L += [
-          "  %b.next = add i64 %b, 1",
-          "  %b.more = icmp slt i64 %b.next, %kb",
-          "  br i1 %b.more, label %b.loop, label %n.end",
+          *latch("b", "1", "b.more", "%kb", "b.loop", "n.end"),
           "n.end:",
           f"  %res.d = phi {_VF} [%acc0, %b.pre], [%acc.next, %b.end]",
           f"  %res.z = phi {_VF} [%z0, %b.pre], [%z.next, %b.end]",
@@ -396,9 +383,7 @@ def _function8() -> list[str]:
           "  %n.more = icmp sle i64 %n.last, %n1",
           "  br i1 %n.more, label %n.loop, label %m.end",
           "m.end:",
-          "  %m.next = add i64 %m, 1",
-          "  %m.more = icmp slt i64 %m.next, %M",
-          "  br i1 %m.more, label %m.loop, label %end",
+          *latch("m", "1", "m.more", "%M", "m.loop", "end"),
           "end:",
           "  ret void",
           "}",
@@ -431,13 +416,9 @@ def _quantize_frame(name: str, params: str, setup: list[str], body: list[str],
             "  store float %blocksum, ptr %up, align 4",
             "  br label %b.end",
             "b.end:",
-            "  %b.next = add i64 %b, 1",
-            "  %b.more = icmp slt i64 %b.next, %kb",
-            "  br i1 %b.more, label %b.loop, label %m.end",
+            *latch("b", "1", "b.more", "%kb", "b.loop", "m.end"),
             "m.end:",
-            "  %m.next = add i64 %m, 1",
-            "  %m.more = icmp slt i64 %m.next, %M",
-            "  br i1 %m.more, label %m.loop, label %end",
+            *latch("m", "1", "m.more", "%M", "m.loop", "end"),
             "end:",
             "  ret void",
             "}"]
@@ -569,9 +550,7 @@ def quantize_ir(pairs: bool = False, block: int | None = None) -> list[str]:
               f"  %v = load {VF32}, ptr %p, align 4",
               f"  %av = call {VF32} @llvm.fabs.v32f32({VF32} %v)",
               f"  %mx.next = call {VF32} @llvm.maxnum.v32f32({VF32} %mx, {VF32} %av)",
-              "  %g.next = add i64 %g, 1",
-              "  %g.more = icmp slt i64 %g.next, %groups",
-              "  br i1 %g.more, label %x.loop, label %x.end",
+              *latch("g", "1", "g.more", "%groups", "x.loop", "x.end"),
               "x.end:",
               f"  %amax = call float @llvm.vector.reduce.fmax.v32f32({VF32} %mx.next)"]
     L += [*_scale(),
@@ -632,9 +611,7 @@ def quantize_ir(pairs: bool = False, block: int | None = None) -> list[str]:
               f"  %wb = trunc {VI32} %wo to {VB32}",
               "  %pq = getelementptr i8, ptr %qa, i64 %j",
               f"  store {VB32} %wb, ptr %pq, align 1",
-              "  %h.next = add i64 %h, 1",
-              "  %h.more = icmp slt i64 %h.next, %groups",
-              "  br i1 %h.more, label %q.loop, label %q.end",
+              *latch("h", "1", "h.more", "%groups", "q.loop", "q.end"),
               "q.end:",
               f"  %total = call i32 @llvm.vector.reduce.add.v32i32({VI32} %sum.next)"]
     return [*_quantize_frame("quantize", "" if pairs else ", i64 %groups", setup, L, "%total"),
