@@ -8,49 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from nbits_models import matmul_nbits, model, packed_weight, sessions
 from onnx import TensorProto as TP
 from onnx import helper, numpy_helper
 from ort_bits import assert_ort_bits
 
-import onnxrun
 from onnxrun.providers.cpu.compiled import nbits_blocks
 
 ort = pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.skipif(nbits_blocks.unavailable() is not None,
                                 reason=f"compiled kernel: {nbits_blocks.unavailable()}")
-
-
-def _model(K, N, block, level, zp, bias, rng) -> bytes:
-    kb = -(-K // block)
-    B = rng.integers(0, 256, (N, kb, block // 2), dtype=np.uint8)
-    S = (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
-    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")]
-    names = ["A", "B", "S", "", "", ""]
-    if zp:
-        inits.append(numpy_helper.from_array(
-            rng.integers(0, 256, N * ((kb + 1) // 2), dtype=np.uint8), "Z"))
-        names[3] = "Z"
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"))
-        names[5] = "b"
-    while not names[-1]:
-        names.pop()
-    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N,
-                            block_size=block, bits=4, accuracy_level=level)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)]
-                             ).SerializeToString()
-
-
-def _sessions(data: bytes, threads: int):
-    so = onnxrun.SessionOptions()
-    so.intra_op_num_threads = threads
-    oso = ort.SessionOptions()
-    oso.intra_op_num_threads = threads
-    return (onnxrun.InferenceSession(data, so),
-            ort.InferenceSession(data, oso, providers=["CPUExecutionProvider"]))
 
 
 def _rows(rng, M, K):
@@ -65,7 +32,7 @@ def _rows(rng, M, K):
 def test_bit_for_bit_onnxruntime(block, level, zp, bias):
     rng = np.random.default_rng(block * 10 + level + 2 * zp + 4 * bias)
     K, N = 3 * block + 40, 37  # K not whole blocks (16: a group of four and two alone); N % 8
-    sess, ref = _sessions(_model(K, N, block, level, zp, bias, rng), 1)
+    sess, ref = sessions(matmul_nbits(K, N, rng, block, level, zp, bias), 1)
     for M in (1, 2, 7, 128):  # MLAS's M == 1 kernels, the row pairs and a last odd row
         a = _rows(rng, M, K)
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0], err=f"M={M}")
@@ -86,7 +53,7 @@ def test_one_row_in_one_call(block, zp, bias, monkeypatch):
     monkeypatch.setattr(nbits_blocks.Int8, "row", row)
     rng = np.random.default_rng(block + zp)
     K, N = 4 * block, 45
-    sess, ref = _sessions(_model(K, N, block, 4, zp, bias, rng), 1)
+    sess, ref = sessions(matmul_nbits(K, N, rng, block, 4, zp, bias), 1)
     for _ in range(3):
         a = _rows(rng, 1, K)
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0])
@@ -98,7 +65,7 @@ def test_levels_below_4_are_mlas_fp32(level):
     """onnxruntime computes levels 1-3 with float activations exactly as level 0."""
     rng = np.random.default_rng(level)
     K, N = 200, 24
-    sess, ref = _sessions(_model(K, N, 64, level, True, True, rng), 1)
+    sess, ref = sessions(matmul_nbits(K, N, rng, 64, level, True, True), 1)
     for M in (1, 5):
         a = _rows(rng, M, K)
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0], err=f"M={M}")
@@ -115,9 +82,9 @@ def test_thread_pool_ranges_of_128_rows(block, level, monkeypatch):
     monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # every product split over the threads
     rng = np.random.default_rng(block + level)
     K, N = 2 * block + 40, 45
-    data = _model(K, N, block, level, True, True, rng)
+    data = matmul_nbits(K, N, rng, block, level, True, True)
     for threads in (1, 2):
-        sess, ref = _sessions(data, threads)
+        sess, ref = sessions(data, threads)
         for M in (65, 129, 257):
             a = _rows(rng, M, K)
             assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0],
@@ -128,23 +95,15 @@ def test_computed_bias_and_three_dimensional_input():
     """A bias computed in the graph (added inside the kernel as MLAS does) and A (b, s, K)."""
     rng = np.random.default_rng(3)
     K, N, block = 160, 20, 64
-    kb = -(-K // block)
-    inits = [numpy_helper.from_array(rng.integers(0, 256, (N, kb, block // 2), dtype=np.uint8),
-                                     "B"),
-             numpy_helper.from_array((rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3)
-                                     .astype(np.float32), "S"),
+    inits = [*packed_weight(rng, N, -(-K // block), block),
              numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b0")]
     nodes = [helper.make_node("Neg", ["b0"], ["b"]),
              helper.make_node("MatMulNBits", ["A", "B", "S", "", "", "b"], ["Y"],
                               domain="com.microsoft", K=K, N=N, block_size=block, bits=4,
                               accuracy_level=4)]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("A", TP.FLOAT,
-                                                                     ["b", "s", K])],
-                          [helper.make_tensor_value_info("Y", TP.FLOAT, None)], inits)
-    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)]
-                             ).SerializeToString()
-    sess, ref = _sessions(data, 1)
+    data = model(nodes, [helper.make_tensor_value_info("A", TP.FLOAT, ["b", "s", K])],
+                 [helper.make_tensor_value_info("Y", TP.FLOAT, None)], inits)
+    sess, ref = sessions(data, 1)
     for shape in ((1, 1, K), (2, 9, K)):
         a = rng.standard_normal(shape).astype(np.float32)
         assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0], err=str(shape))

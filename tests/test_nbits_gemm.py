@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from nbits_models import matmul_nbits, model, packed_weight, sessions
 from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
+from onnx import helper
 from ort_bits import assert_ort_bits
 
 import onnxrun
@@ -16,30 +17,6 @@ from onnxrun.providers.cpu.compiled import nbits_gemm
 ort = pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.skipif(nbits_gemm.unavailable() is not None,
                                 reason=f"compiled kernel: {nbits_gemm.unavailable()}")
-
-
-def _model(K, N, zp, bias, rng) -> bytes:
-    kb = -(-K // 32)
-    B = rng.integers(0, 256, (N, kb, 16), dtype=np.uint8)
-    S = (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
-    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")]
-    names = ["A", "B", "S", "", "", ""]
-    if zp:
-        inits.append(numpy_helper.from_array(
-            rng.integers(0, 256, N * ((kb + 1) // 2), dtype=np.uint8), "Z"))
-        names[3] = "Z"
-    if bias:
-        inits.append(numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"))
-        names[5] = "b"
-    while not names[-1]:
-        names.pop()
-    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N,
-                            block_size=32, bits=4, accuracy_level=4)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)]
-                             ).SerializeToString()
 
 
 @pytest.mark.parametrize("K,N,zp,bias", [
@@ -57,13 +34,8 @@ def test_bit_for_bit_onnxruntime(K, N, zp, bias, threads, monkeypatch):
     monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # split over the threads
     monkeypatch.setattr(MatMulNBits, "SPLIT_ROW_BYTES", 0)  # one row too (compiled/spin.py)
     rng = np.random.default_rng(K + N)
-    data = _model(K, N, zp, bias, rng)
-    so = onnxrun.SessionOptions()
-    so.intra_op_num_threads = threads
-    sess = onnxrun.InferenceSession(data, so)
-    oso = ort.SessionOptions()
-    oso.intra_op_num_threads = 1
-    ref = ort.InferenceSession(data, oso, providers=["CPUExecutionProvider"])
+    data = matmul_nbits(K, N, rng, zp=zp, bias=bias)
+    sess, ref = sessions(data, threads, ort_threads=1)
     # one row (MLAS's M == 1 kernel, with and without zero points); rows in tiles and alone;
     # more than one pass of rows
     for M in (1, 2, 3, 7, 70):
@@ -76,7 +48,7 @@ def test_bit_for_bit_onnxruntime(K, N, zp, bias, threads, monkeypatch):
 
 def test_three_dimensional_input_and_its_rows():
     rng = np.random.default_rng(5)
-    data = _model(128, 20, False, True, rng)
+    data = matmul_nbits(128, 20, rng, zp=False, bias=True)
     a = rng.standard_normal((2, 9, 128)).astype(np.float32)
     sess = onnxrun.InferenceSession(_reshaped(data))
     ref = ort.InferenceSession(_reshaped(data), providers=["CPUExecutionProvider"])
@@ -131,12 +103,7 @@ def test_llm_mlp_chain_equals_onnxruntime_bit_for_bit():
     nodes, inits, x = [], [], "x"
 
     def nbits(name, src, K, N):
-        kb = K // 32
-        inits.append(numpy_helper.from_array(
-            rng.integers(0, 256, (N, kb, 16), dtype=np.uint8), f"{name}.B"))
-        inits.append(numpy_helper.from_array(
-            (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32),
-            f"{name}.S"))
+        inits.extend(packed_weight(rng, N, K // 32, 32, f"{name}."))
         nodes.append(helper.make_node("MatMulNBits", [src, f"{name}.B", f"{name}.S"], [name],
                                       domain="com.microsoft", K=K, N=N, block_size=32, bits=4,
                                       accuracy_level=4))
@@ -151,11 +118,8 @@ def test_llm_mlp_chain_equals_onnxruntime_bit_for_bit():
         nodes.append(helper.make_node("Add", [x, d], [f"res{i}"]))
         x = f"res{i}"
     nodes.append(helper.make_node("Identity", [nbits("head", x, H, V)], ["logits"]))
-    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TP.FLOAT, [1, 32, H])],
-                          [helper.make_tensor_value_info("logits", TP.FLOAT, None)], inits)
-    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)]
-                             ).SerializeToString()
+    data = model(nodes, [helper.make_tensor_value_info("x", TP.FLOAT, [1, 32, H])],
+                 [helper.make_tensor_value_info("logits", TP.FLOAT, None)], inits)
     feed = {"x": (rng.standard_normal((1, 32, H)) * 0.5).astype(np.float32)}
     got = onnxrun.InferenceSession(data).run(None, feed)[0]
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feed)[0]
@@ -179,7 +143,7 @@ def test_one_row_split_only_where_it_gains():
     try:
         for K, N, split in ((256, 2012, False), (896, 1200, True)):
             assert (K * N // 2 >= MatMulNBits.SPLIT_ROW_BYTES) == split
-            data = _model(K, N, False, False, rng)
+            data = matmul_nbits(K, N, rng, zp=False, bias=False)
             got = {}
             for threads in (1, 2):
                 so = onnxrun.SessionOptions()

@@ -8,8 +8,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from onnx import TensorProto as TP
-from onnx import helper, numpy_helper
+from nbits_models import matmul_nbits
 
 import onnxrun
 from onnxrun.providers.cpu import compiled
@@ -20,25 +19,6 @@ pytestmark = pytest.mark.skipif(nbits_gemv.unavailable() is not None,
                                 reason=f"compiled kernel: {nbits_gemv.unavailable()}")
 
 
-def _model(K, N, block, zp, rng, level=4) -> bytes:
-    kb = -(-K // block)
-    B = rng.integers(0, 256, (N, kb, block // 2), dtype=np.uint8)
-    S = (rng.random(N * kb, dtype=np.float32) * 0.02 + 1e-3).astype(np.float32)
-    inits = [numpy_helper.from_array(B, "B"), numpy_helper.from_array(S, "S")]
-    names = ["A", "B", "S"]
-    if zp:
-        Z = rng.integers(0, 256, N * ((kb + 1) // 2), dtype=np.uint8)
-        inits.append(numpy_helper.from_array(Z, "Z"))
-        names.append("Z")
-    node = helper.make_node("MatMulNBits", names, ["Y"], domain="com.microsoft", K=K, N=N,
-                            block_size=block, bits=4, accuracy_level=level)
-    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("A", TP.FLOAT, ["M", K])],
-                          [helper.make_tensor_value_info("Y", TP.FLOAT, ["M", N])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
-                                               helper.make_opsetid("com.microsoft", 1)]
-                             ).SerializeToString()
-
-
 @pytest.mark.parametrize("block", [32, 64, 128, 256])
 @pytest.mark.parametrize("zp", [False, True])
 def test_same_numbers_as_numpy_path_and_onnxruntime(block, zp, monkeypatch):
@@ -47,7 +27,7 @@ def test_same_numbers_as_numpy_path_and_onnxruntime(block, zp, monkeypatch):
     monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # every product split over 2 threads
     rng = np.random.default_rng(block + zp)
     K, N = 4 * block + 32, 600  # K not whole blocks; 2 threads split the columns
-    data = _model(K, N, block, zp, rng)
+    data = matmul_nbits(K, N, rng, block, zp=zp)
     so = onnxrun.SessionOptions()
     so.intra_op_num_threads = 2
     sess = onnxrun.InferenceSession(data, so)
@@ -67,7 +47,7 @@ def test_weight_stays_packed():
     """A session keeps the 4-bit weight, not a float32 copy 8 times its size."""
     rng = np.random.default_rng(0)
     K, N = 2048, 2048  # packed 2 MiB; float32 16 MiB
-    data = _model(K, N, 32, False, rng)
+    data = matmul_nbits(K, N, rng, 32, zp=False)
     tracemalloc.start()
     try:
         sess = onnxrun.InferenceSession(data)
