@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from nbits_models import matmul_nbits, model, packed_weight, sessions
 from onnx import TensorProto as TP
-from onnx import helper
+from onnx import helper, numpy_helper
 from ort_bits import assert_ort_bits
 
 import onnxrun
@@ -156,3 +156,27 @@ def test_one_row_split_only_where_it_gains():
             assert got[1].tobytes() == got[2].tobytes()
     finally:
         spin.Pool.fork = real
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_computed_bias_bit_for_bit(threads, monkeypatch):
+    """A bias that is not a constant (a graph input here): added inside the kernel, before
+    the zero points' share, as MLAS does, for a decode step's row and a prompt's rows."""
+    from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
+
+    monkeypatch.setattr(MatMulNBits, "SPLIT_BYTES", 0)  # split over the threads too
+    rng = np.random.default_rng(11)
+    K, N = 896, 44
+    inits = [*packed_weight(rng, N, K // 32, 32),
+             numpy_helper.from_array(rng.integers(0, 256, N * 14, dtype=np.uint8), "Z")]
+    node = helper.make_node("MatMulNBits", ["A", "B", "S", "Z", "", "b"], ["Y"],
+                            domain="com.microsoft", K=K, N=N, block_size=32, bits=4,
+                            accuracy_level=4)
+    data = model([node], [helper.make_tensor_value_info("A", TP.FLOAT, ["b", "s", K]),
+                          helper.make_tensor_value_info("b", TP.FLOAT, [N])],
+                 [helper.make_tensor_value_info("Y", TP.FLOAT, None)], inits)
+    sess, ref = sessions(data, threads, ort_threads=1)
+    for shape in ((1, 1, K), (1, 7, K), (2, 9, K)):
+        feed = {"A": (rng.standard_normal(shape) * 2).astype(np.float32),
+                "b": rng.standard_normal(N).astype(np.float32)}
+        assert_ort_bits(sess.run(None, feed)[0], ref.run(None, feed)[0], err=str(shape))

@@ -1017,13 +1017,15 @@ class Gemm:
         pool.fork(self._job, offsets + address(args))
 
     def __call__(self, qa: np.ndarray, sa4: np.ndarray, asum: np.ndarray, out: np.ndarray,
-                 n0: int, n1: int) -> None:
+                 n0: int, n1: int, bias: np.ndarray | None = None) -> None:
         """out[:, n0:n1] = the rows' products, all terms included; qa (M, kb * 32) int8, sa4
         (M, kb * 4) and asum (M, kb) float32 from quantize_rows, out (M, N) float32, all
-        C-contiguous; n0 a multiple of 4. ``out`` first holds the zero points' share."""
-        B, S, Z, bias = self.ptrs
+        C-contiguous; n0 a multiple of 4. ``out`` first holds the zero points' share.
+        ``bias``: (N,) float32 C-contiguous in place of the bound one (a computed bias)."""
+        B, S, Z, bound = self.ptrs
         M = qa.shape[0]
         address = jit.address
+        bias = bound if bias is None else address(bias)
         po, pq, ps = address(out), address(qa), address(sa4)
         if M == 1:
             self.fn1(pq, ps, self.zq, B, S, bias, po, 1, n0, n1, self.N, self.kb,

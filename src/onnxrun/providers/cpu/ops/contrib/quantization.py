@@ -12,6 +12,7 @@ same order is followed, so results match it exactly or, rarely, by one quantizat
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -608,6 +609,7 @@ class MatMulNBits:
         self.a_block = int8_a_block(self.bits, self.block_size) if int(
             accuracy_level) == 4 else None
         self.W = self.packed = self.gemm = self.spin = self.blocks = None
+        self.bias_computed = False  # a bias input that is not a constant (nbits_gemm)
         self.threads = threads_for(ctx)
         c = ctx.constants_of((1, 2, 3, 4))
         if c is None or c[0] is None or c[1] is None or not c[0].size:
@@ -672,11 +674,10 @@ class MatMulNBits:
                 nbits_gemm.unavailable() is not None:
             return None
         bias = ctx.constants_of((5,)) if ctx.has_input(5) else [None]
-        if bias is None:  # a computed bias: added after, not bit for bit
-            return None
-        b = np.zeros(self.N, F32) if bias[0] is None or not bias[0].size else \
+        # a computed bias: passed to every call (_exact), as MLAS adds it, inside the kernel
+        self.bias_computed = bias is None
+        b = np.zeros(self.N, F32) if bias is None or bias[0] is None or not bias[0].size else \
             np.ascontiguousarray(bias[0].reshape(-1), dtype=F32)
-        self.gemm_bias = bias[0] is not None and bias[0].size > 0
         zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]])
         if self.threads > 1:
@@ -687,7 +688,8 @@ class MatMulNBits:
                 self.spin_parts = min(self.threads, self.spin.size + 1)
         # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
         gemm = nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
-        if gemm.K == self.K and (self.spin is None or self.packed.nbytes < self.SPLIT_ROW_BYTES):
+        if gemm.K == self.K and not self.bias_computed and \
+                (self.spin is None or self.packed.nbytes < self.SPLIT_ROW_BYTES):
             self.row1 = gemm.one_row()  # a decode step's whole-block row on this thread
         return gemm
 
@@ -709,7 +711,8 @@ class MatMulNBits:
             Y = np.empty(A.shape[:-1] + (self.N,), F32)  # a decode step, bias bound
             if self.blocks.row(A, Y):
                 return Y
-        if A.size == self.K and self.gemm is not None and A.dtype == F32:  # a decode step
+        if A.size == self.K and self.gemm is not None and A.dtype == F32 and \
+                not self.bias_computed:  # a decode step
             Y = np.empty(A.shape[:-1] + (self.N,), F32)
             if self.spin is not None and self.packed.nbytes >= self.SPLIT_ROW_BYTES:
                 self.gemm.row_parts(A, Y, self.spin_parts, self.spin)
@@ -726,7 +729,8 @@ class MatMulNBits:
         elif self.packed is not None:
             A2 = Af.reshape(-1, self.K)
             if self.gemm is not None:  # MLAS's arithmetic for any rows, bias included
-                Y = self._exact(A2).reshape(A.shape[:-1] + (self.N,))
+                Y = self._exact(A2, bias if self.bias_computed else None).reshape(
+                    A.shape[:-1] + (self.N,))
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
             Y = self._packed(A2).reshape(A.shape[:-1] + (self.N,))
         else:
@@ -739,12 +743,16 @@ class MatMulNBits:
             Y += bias.astype(F32)
         return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
-    def _exact(self, A: np.ndarray) -> np.ndarray:
-        """Two rows or more on compiled/nbits_gemm.py, bias and zero points included."""
+    def _exact(self, A: np.ndarray, bias=None) -> np.ndarray:
+        """Rows on compiled/nbits_gemm.py, bias (bound, or ``bias`` computed) and zero points
+        included."""
         M, N = A.shape[0], self.N
         qa, sa4, asum = self.gemm.quantize(A)
         Y = np.empty((M, N), F32)
         gemm = self.gemm
+        if bias is not None:
+            bias = np.ascontiguousarray(np.broadcast_to(bias.reshape(-1), (N,)), dtype=F32)
+            gemm = partial(gemm, bias=bias)
         if self.packed.nbytes * M < self.SPLIT_BYTES and M <= self.ROWS:
             gemm(qa, sa4, asum, Y, 0, N)
             return Y
@@ -760,7 +768,7 @@ class MatMulNBits:
             for chunk in chunks:
                 gemm(*chunk, n0, n1)
 
-        run_ranges(columns, gemm.ranges(self.threads))
+        run_ranges(columns, self.gemm.ranges(self.threads))
         return Y
 
     # MLAS hands a thread pool's products out in ranges of 128 rows: a range of one row takes
