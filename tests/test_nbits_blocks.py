@@ -60,6 +60,29 @@ def test_one_row_in_one_call(block, zp, bias, monkeypatch):
     assert calls == [True] * 3
 
 
+@pytest.mark.parametrize("block", [64, 128, 256])
+@pytest.mark.parametrize("zp", [False, True])
+def test_one_row_split_over_spinning_workers(block, zp, monkeypatch):
+    """At two threads a decode step's row goes to compiled/spin.py's workers in column ranges
+    (Int8.row_parts, each part quantizing the row itself): onnxruntime's bits still."""
+    from onnxrun.providers.cpu.compiled import spin
+    from onnxrun.providers.cpu.ops.contrib.quantization import MatMulNBits
+
+    if spin.unavailable() is not None:
+        pytest.skip(f"spinning workers: {spin.unavailable()}")
+    monkeypatch.setattr(MatMulNBits, "SPLIT_ROW_BYTES", 0)
+    forks = []
+    real = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, *a: forks.append(1) or real(self, *a))
+    rng = np.random.default_rng(block + zp)
+    K, N = 4 * block, 45  # N: ranges of eights, the last columns summed MLAS's other way
+    sess, ref = sessions(matmul_nbits(K, N, rng, block, 4, zp, True), 2)
+    for _ in range(3):
+        a = _rows(rng, 1, K)
+        assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0])
+    assert len(forks) == 3
+
+
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_levels_below_4_are_mlas_fp32(level):
     """onnxruntime computes levels 1-3 with float activations exactly as level 0."""

@@ -36,8 +36,8 @@ import ctypes
 import numpy as np
 
 from . import jit
-from .ir import latch
-from .nbits_gemm import MAX_STACK_K, zshare_ir
+from .ir import job, latch
+from .nbits_gemm import MAX_STACK_K, RowParts, zshare_ir
 from .nbits_gemv import quantize_ir
 
 REQUIRES = ("avx2", "fma")
@@ -446,28 +446,39 @@ def _row(block: int, sym: bool) -> list[str]:
     a ctypes argument costs ~0.25 us, the arrays of a separate quantization more than the
     small products' arithmetic): A (kb * block floats) quantized into scratch on the stack
     (kb * (block + 8) bytes), then gemm{block}_m1[s] over all N columns; ``consts``: i64 words
-    Zq, B, sb, bias (0: none), N, kb, nfold."""
+    Zq, B, sb, bias (0: none), N, kb, nfold. rows{block}[s]: the same for columns [n0, n1),
+    and row_job{block}[s] it on spin.fork's argument block (i64 words A, C, Zq, B, sb, bias,
+    n0, n1, N, kb, nfold: one part of a row's columns per thread)."""
     sfx = "s" if sym else ""
     names = ["Zq", "B", "sb", "bias", "N", "kb", "nfold"]
-    L = [f"define void @row{block}{sfx}(ptr noalias %A, ptr %C, ptr noalias %consts) nounwind {{",
+    L = [f"define internal void @rows{block}{sfx}(ptr noalias %A, ptr %C, ptr noalias %Zq, "
+         "ptr noalias %B, ptr noalias %sb, ptr noalias %bias, i64 %n0, i64 %n1, i64 %N, "
+         "i64 %kb, i64 %nfold) nounwind {",
+         "entry:",
+         f"  %K = mul i64 %kb, {block}",
+         "  %kb8 = mul i64 %kb, 8",
+         "  %size = add i64 %K, %kb8",
+         "  %qa = alloca i8, i64 %size, align 32",
+         "  %sa = getelementptr i8, ptr %qa, i64 %K",
+         "  %kb4 = mul i64 %kb, 4",
+         "  %asum = getelementptr i8, ptr %sa, i64 %kb4",
+         f"  call void @quantize{block}(ptr %A, ptr %qa, ptr %sa, ptr %asum, i64 1, i64 %kb)",
+         f"  call void @gemm{block}_m1{sfx}(ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, "
+         "ptr %bias, ptr %C, i64 1, i64 %n0, i64 %n1, i64 %N, i64 %kb, i64 %nfold)",
+         "  ret void",
+         "}",
+         f"define void @row{block}{sfx}(ptr noalias %A, ptr %C, ptr noalias %consts) nounwind {{",
          "entry:"]
     for i, v in enumerate(names):
         ty = "ptr" if i < 4 else "i64"
         L += [f"  %{v}.p = getelementptr i64, ptr %consts, i64 {i}",
               f"  %{v} = load {ty}, ptr %{v}.p, align 8"]
-    return L + [f"  %K = mul i64 %kb, {block}",
-                "  %kb8 = mul i64 %kb, 8",
-                "  %size = add i64 %K, %kb8",
-                "  %qa = alloca i8, i64 %size, align 32",
-                "  %sa = getelementptr i8, ptr %qa, i64 %K",
-                "  %kb4 = mul i64 %kb, 4",
-                "  %asum = getelementptr i8, ptr %sa, i64 %kb4",
-                f"  call void @quantize{block}(ptr %A, ptr %qa, ptr %sa, ptr %asum, i64 1, "
-                "i64 %kb)",
-                f"  call void @gemm{block}_m1{sfx}(ptr %qa, ptr %sa, ptr %Zq, ptr %B, ptr %sb, "
-                "ptr %bias, ptr %C, i64 1, i64 0, i64 %N, i64 %N, i64 %kb, i64 %nfold)",
+    return L + [f"  call void @rows{block}{sfx}(ptr %A, ptr %C, ptr %Zq, ptr %B, ptr %sb, "
+                "ptr %bias, i64 0, i64 %N, i64 %N, i64 %kb, i64 %nfold)",
                 "  ret void",
-                "}"]
+                "}",
+                *job(f"row_job{block}{sfx}", f"rows{block}{sfx}",
+                     ("ptr",) * 6 + ("i64",) * 5)]
 
 
 def _gemm_m1(block: int, sym: bool) -> list[str]:
@@ -820,6 +831,7 @@ _GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _
 _ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
 _FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
 _ROW = ctypes.CFUNCTYPE(None, _P, _P, _P)
+_JOB = ctypes.CFUNCTYPE(None, _P)
 _FQ_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I)
 
 
@@ -834,6 +846,7 @@ def _module() -> jit.Module:
             for sfx in ("", "s"):
                 signatures[f"gemm{block}_m1{sfx}"] = _GEMM
                 signatures[f"row{block}{sfx}"] = _ROW
+                signatures[f"row_job{block}{sfx}"] = _JOB
     return jit.compile_module("nbits_blocks", module_ir, signatures, REQUIRES)
 
 
@@ -871,7 +884,10 @@ class Int8:
         self.fn1 = getattr(module, f"gemm{block}_m1{sym}", None)  # MLAS's M == 1 (64-256)
         self.zfn = module.zshare
         self._row = getattr(module, f"row{block}{sym}", None)
+        job = getattr(module, f"row_job{block}{sym}", None)
+        self._job = None if job is None else ctypes.cast(job, ctypes.c_void_p).value
         self._consts = None
+        self._parts: dict[int, RowParts] = {}
 
     def bind_bias(self, bias: np.ndarray | None) -> None:
         """A constant bias (N,) float32, or None: row() adds it (kept alive here)."""
@@ -890,6 +906,26 @@ class Int8:
             return False
         address = jit.address
         self._row(address(a), address(out), self._pconsts)
+        return True
+
+    def row_parts(self, a: np.ndarray, out: np.ndarray, parts: int, pool) -> bool:
+        """row(a, out) with the columns in ``parts`` ranges (their inner ends multiples of 8)
+        run at once on ``pool`` (compiled/spin.py), each part quantizing the row itself; False
+        where row() does not apply."""
+        if self._job is None or self._consts is None or a.size != self.K or \
+                self.K > MAX_STACK_K or a.dtype != np.float32 or not a.flags.c_contiguous:
+            return False
+        split = self._parts.get(parts)
+        if split is None:
+            Zq, B, S, bias, N, kb, nfold = (int(w) for w in self._consts)
+            eights = -(-N // 8)
+            q, r = divmod(eights, max(1, min(parts, eights)))
+            ends = np.cumsum([q + (i < r) for i in range(min(parts, eights))]) * 8
+            ranges = [(int(e0), min(int(e1), N)) for e0, e1 in zip([0, *ends[:-1]], ends,
+                                                                      strict=True)]
+            split = self._parts[parts] = RowParts(self._job, [Zq, B, S, bias],
+                                                  [N, kb, nfold], ranges)
+        split.fork(pool, a, out)
         return True
 
     def quantize(self, A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -901,6 +901,39 @@ def quantize_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return q, np.repeat(scale, 4, axis=1), scale * sums
 
 
+class RowParts:
+    """One row's product in column ranges at once on compiled/spin.py's pool: a compiled job
+    reads a 128-byte argument block of i64 words A, C, ``before``, n0, n1, ``after`` (one
+    block per range, made once; each part quantizes the row itself, ~1 us, rather than wait
+    for one copy)."""
+
+    def __init__(self, job: int, before: list[int], after: list[int],
+                 ranges: list[tuple[int, int]]) -> None:
+        self.job = job
+        self.template = np.zeros((len(ranges), 16), np.int64)
+        for i, (n0, n1) in enumerate(ranges):
+            self.template[i, 2:2 + len(before) + 2 + len(after)] = [*before, n0, n1, *after]
+        self.offsets = np.arange(len(ranges)) * 128
+        self.argv = self.offsets + self.template.ctypes.data
+        self.at = self.argv.ctypes.data
+        self.lock = threading.Lock()
+
+    def fork(self, pool, a: np.ndarray, out: np.ndarray) -> None:
+        address = jit.address
+        if self.lock.acquire(False):  # the blocks themselves (~2 us less); a concurrent run copies
+            try:
+                self.template[:, 0] = address(a)
+                self.template[:, 1] = address(out)
+                pool.fork(self.job, self.argv, self.at)
+            finally:
+                self.lock.release()
+            return
+        args = self.template.copy()
+        args[:, 0] = address(a)
+        args[:, 1] = address(out)
+        pool.fork(self.job, self.offsets + address(args))
+
+
 class Gemm:
     """The kernel bound to one constant weight: packed (N, kb, 16) bytes, scales (N, kb)
     float32, zp * scale transposed, (kb, N) float32 (nbits_gemv's array, shared), and a bias
@@ -929,8 +962,8 @@ class Gemm:
         words = [*self._row_ptrs, self.N, self.kb, self.nfold, int(zero_points is not None)]
         self._consts = np.array(words, np.int64)
         self._pconsts = self._consts.ctypes.data
-        self._parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # row_job's blocks, offsets
-        self._job_words = words[:4] + [0, 0] + words[4:]
+        self._parts: dict[int, RowParts] = {}
+        self._job_words = words
 
     def ranges(self, parts: int) -> list[tuple[int, int]]:
         """[0, N) in at most ``parts`` ranges whose inner ends are multiples of 4."""
@@ -988,33 +1021,11 @@ class Gemm:
         if self.K > MAX_STACK_K:
             self.row(a, out)
             return
-        a = self._padded(a)
-        blocks = self._parts.get(parts)
-        if blocks is None:
-            ranges = self.ranges(parts)
-            template = np.zeros((len(ranges), 16), np.int64)  # a 128-byte block per part
-            for i, (n0, n1) in enumerate(ranges):
-                w = list(self._job_words)
-                w[4:6] = n0, n1
-                template[i, 2:12] = w
-            offsets = np.arange(len(ranges)) * 128
-            argv = offsets + template.ctypes.data
-            blocks = self._parts[parts] = (template, offsets, argv, argv.ctypes.data,
-                                           threading.Lock())
-        template, offsets, argv, at, lock = blocks
-        address = jit.address
-        if lock.acquire(False):  # the blocks themselves (~2 us less); a concurrent run copies
-            try:
-                template[:, 0] = address(a)
-                template[:, 1] = address(out)
-                pool.fork(self._job, argv, at)
-            finally:
-                lock.release()
-            return
-        args = template.copy()
-        args[:, 0] = address(a)
-        args[:, 1] = address(out)
-        pool.fork(self._job, offsets + address(args))
+        split = self._parts.get(parts)
+        if split is None:
+            split = self._parts[parts] = RowParts(self._job, self._job_words[:4],
+                                                  self._job_words[4:], self.ranges(parts))
+        split.fork(pool, self._padded(a), out)
 
     def __call__(self, qa: np.ndarray, sa4: np.ndarray, asum: np.ndarray, out: np.ndarray,
                  n0: int, n1: int, bias: np.ndarray | None = None) -> None:

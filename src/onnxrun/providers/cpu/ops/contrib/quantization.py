@@ -663,7 +663,17 @@ class MatMulNBits:
         if bias is not None:  # a constant bias (or none): one row in one call (row)
             self.blocks.bind_bias(None if bias[0] is None or not bias[0].size else
                                   np.ascontiguousarray(bias[0].reshape(-1), dtype=F32))
+            self._spin()
         return True
+
+    def _spin(self) -> None:
+        """compiled/spin.py's workers for one row's product (a decode step's) at 2+ threads."""
+        if self.threads > 1:
+            from ...compiled import spin
+
+            if spin.unavailable() is None:
+                self.spin = spin.pool()
+                self.spin_parts = min(self.threads, self.spin.size + 1)
 
     def _gemm(self, ctx: KernelContext, zp):
         """The MLAS-exact kernel for many rows (blocks of 32), its bias baked in where the
@@ -680,12 +690,7 @@ class MatMulNBits:
             np.ascontiguousarray(bias[0].reshape(-1), dtype=F32)
         zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :self.scales.shape[1]])
-        if self.threads > 1:
-            from ...compiled import spin
-
-            if spin.unavailable() is None:
-                self.spin = spin.pool()
-                self.spin_parts = min(self.threads, self.spin.size + 1)
+        self._spin()
         # zp * scale, (kb, N): the GEMV's array, shared (the kernel negates it as MLAS stores it)
         gemm = nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
         if gemm.K == self.K and not self.bias_computed and \
@@ -706,10 +711,13 @@ class MatMulNBits:
             fn, consts, address = row1
             fn(address(A), address(Y), consts)
             return Y
-        if A.size == self.K and self.blocks is not None and self.a_block is not None and \
-                (self.threads == 1 or self.packed.nbytes < self.SPLIT_BYTES):
+        if A.size == self.K and self.blocks is not None and self.a_block is not None:
             Y = np.empty(A.shape[:-1] + (self.N,), F32)  # a decode step, bias bound
-            if self.blocks.row(A, Y):
+            if self.spin is not None and self.packed.nbytes >= self.SPLIT_ROW_BYTES:
+                if self.blocks.row_parts(A, Y, self.spin_parts, self.spin):
+                    return Y
+            elif (self.threads == 1 or self.packed.nbytes < self.SPLIT_BYTES) and \
+                    self.blocks.row(A, Y):
                 return Y
         if A.size == self.K and self.gemm is not None and A.dtype == F32 and \
                 not self.bias_computed:  # a decode step
