@@ -102,6 +102,89 @@ def _fold(L: list[str], acc: str, t: str, fp32: bool = False) -> tuple[str, str]
     return f"%fo_{t}", f"%hs_{t}"
 
 
+def _column16(rows: int) -> list[str]:
+    """@col16_{rows}'s loop body: a group of four blocks of 16 (lane L's block is L // 2)."""
+    L = ["  %g32 = mul i64 %g, 32",
+         "  %bo = add i64 %brow, %g32",
+         "  %bp = getelementptr i8, ptr %B, i64 %bo",
+         f"  %w = load {_V32B}, ptr %bp, align 1",
+         f"  %lo = and {_V32B} %w, {_vec('i8', [15] * 32)}",
+         f"  %hi = lshr {_V32B} %w, {_vec('i8', [4] * 32)}",
+         "  %g64 = mul i64 %g, 64",
+         "  %b4 = shl i64 %g, 2",
+         "  %sbi = add i64 %bsrow, %b4",
+         "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+         "  %sb4 = load <4 x float>, ptr %sbp, align 4"]
+    for r in range(rows):
+        L += [f"  %ao{r} = add i64 %arow{r}, %g64",
+              f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
+              *_group_dot(f"%ap{r}", "%lo", "%hi", f"%f{r}", f"{r}"),
+              f"  %sai{r} = add i64 %srow{r}, %b4",
+              f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+              f"  %sa4_{r} = load <4 x float>, ptr %sap{r}, align 4",
+              f"  %s4_{r} = fmul <4 x float> %sa4_{r}, %sb4",
+              f"  %sv{r} = shufflevector <4 x float> %s4_{r}, <4 x float> poison, "
+              f"<8 x i32> {_vec('i32', [0, 0, 1, 1, 2, 2, 3, 3])}",
+              f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
+              f"{_VF} %acc{r})"]
+    return L
+
+
+def _group_dot(ap: str, lo: str, hi: str, f: str, t: str) -> list[str]:
+    """``f``: the eight float lanes of a group of 64 (A's codes at ``ap``: 32 even-indexed,
+    32 odd-indexed; the weight's nibbles ``lo``, ``hi``), lane L the exact sum of elements
+    8L..8L+7's products."""
+    return [f"  %ae{t} = load {_V32B}, ptr {ap}, align 1",
+            f"  %apo{t} = getelementptr i8, ptr {ap}, i64 32",
+            f"  %ad{t} = load {_V32B}, ptr %apo{t}, align 1",
+            f"  %pe{t} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {lo}, {_V32B} %ae{t})",
+            f"  %po{t} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} {hi}, {_V32B} %ad{t})",
+            f"  %ps{t} = add {_VH} %pe{t}, %po{t}",
+            f"  %q{t} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ps{t}, "
+            f"{_VH} {_vec('i16', [1] * 16)})",
+            f"  {f} = sitofp {_V8} %q{t} to {_VF}"]
+
+
+def _column_block(block: int, rows: int) -> list[str]:
+    """@col{block}_{rows}'s loop body (blocks of 64-256): one block, groups g..g+per-1 (per =
+    block / 64), its scale sa * sb per row formed once, each group's fused multiply-add in
+    order."""
+    per = block // 64
+    shift = per.bit_length() - 1
+    L = [f"  %blk = lshr i64 %g, {shift}" if shift else "  %blk = add i64 %g, 0",
+         "  %sbi = add i64 %bsrow, %blk",
+         "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
+         "  %sbv = load float, ptr %sbp, align 4",
+         "  %g32 = mul i64 %g, 32",
+         "  %bo = add i64 %brow, %g32",
+         "  %g64 = mul i64 %g, 64"]
+    for r in range(rows):
+        L += [f"  %sai{r} = add i64 %srow{r}, %blk",
+              f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
+              f"  %sav{r} = load float, ptr %sap{r}, align 4",
+              f"  %s{r} = fmul float %sav{r}, %sbv"]
+        _splat(L, f"sv{r}", f"%s{r}")
+        L += [f"  %ao{r} = add i64 %arow{r}, %g64"]
+    acc = {r: f"%acc{r}" for r in range(rows)}
+    for u in range(per):
+        L += [f"  %bo_{u} = add i64 %bo, {32 * u}",
+              f"  %bp_{u} = getelementptr i8, ptr %B, i64 %bo_{u}",
+              f"  %w_{u} = load {_V32B}, ptr %bp_{u}, align 1",
+              f"  %lo_{u} = and {_V32B} %w_{u}, {_vec('i8', [15] * 32)}",
+              f"  %hi_{u} = lshr {_V32B} %w_{u}, {_vec('i8', [4] * 32)}"]
+        for r in range(rows):
+            t = f"{r}_{u}"
+            out = f"%acc{r}.n" if u == per - 1 else f"%acc{t}"
+            L += [f"  %aou{t} = add i64 %ao{r}, {64 * u}",
+                  f"  %ap{t} = getelementptr i8, ptr %qa, i64 %aou{t}",
+                  *_group_dot(f"%ap{t}", f"%lo_{u}", f"%hi_{u}", f"%f{t}", t),
+                  f"  {out} = call {_VF} @llvm.fma.v8f32({_VF} %f{t}, {_VF} %sv{r}, "
+                  f"{_VF} {acc[r]})"]
+            acc[r] = out
+    return L
+
+
+
 def _column(block: int, rows: int) -> list[str]:
     """@col{block}_{rows}: C[m..m+rows, n] of one column for several rows (see the module's
     doc); C holds the zero points' share on entry (Zq is not read)."""
@@ -124,53 +207,13 @@ def _column(block: int, rows: int) -> list[str]:
          "  br i1 %anyg, label %g.loop, label %g.end",
          "g.loop:",
          "  %g = phi i64 [0, %entry], [%g.next, %g.loop]",
-         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]" for r in R),
-         "  %g32 = mul i64 %g, 32",
-         "  %bo = add i64 %brow, %g32",
-         "  %bp = getelementptr i8, ptr %B, i64 %bo",
-         f"  %w = load {_V32B}, ptr %bp, align 1",
-         f"  %lo = and {_V32B} %w, {_vec('i8', [15] * 32)}",
-         f"  %hi = lshr {_V32B} %w, {_vec('i8', [4] * 32)}",
-         "  %g64 = mul i64 %g, 64"]
-    if block == 16:  # blocks 4g..4g+3: lane L's block is L // 2
-        L += ["  %b4 = shl i64 %g, 2",
-              "  %sbi = add i64 %bsrow, %b4",
-              "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
-              "  %sb4 = load <4 x float>, ptr %sbp, align 4"]
+         *(f"  %acc{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]" for r in R)]
+    if block > 16:  # a block per iteration: its scales loaded and multiplied once
+        L += _column_block(block, rows)
     else:
-        shift = per.bit_length() - 1
-        L += [f"  %blk = lshr i64 %g, {shift}" if shift else "  %blk = add i64 %g, 0",
-              "  %sbi = add i64 %bsrow, %blk",
-              "  %sbp = getelementptr float, ptr %sb, i64 %sbi",
-              "  %sbv = load float, ptr %sbp, align 4"]
-    for r in R:
-        L += [f"  %ao{r} = add i64 %arow{r}, %g64",
-              f"  %ap{r} = getelementptr i8, ptr %qa, i64 %ao{r}",
-              f"  %ae{r} = load {_V32B}, ptr %ap{r}, align 1",
-              f"  %apo{r} = getelementptr i8, ptr %ap{r}, i64 32",
-              f"  %ad{r} = load {_V32B}, ptr %apo{r}, align 1",
-              f"  %pe{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %lo, {_V32B} %ae{r})",
-              f"  %po{r} = call {_VH} @llvm.x86.avx2.pmadd.ub.sw({_V32B} %hi, {_V32B} %ad{r})",
-              f"  %ps{r} = add {_VH} %pe{r}, %po{r}",
-              f"  %q{r} = call {_V8} @llvm.x86.avx2.pmadd.wd({_VH} %ps{r}, "
-              f"{_VH} {_vec('i16', [1] * 16)})"]
-        L += [f"  %f{r} = sitofp {_V8} %q{r} to {_VF}"]
-        if block == 16:
-            L += [f"  %sai{r} = add i64 %srow{r}, %b4",
-                  f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
-                  f"  %sa4_{r} = load <4 x float>, ptr %sap{r}, align 4",
-                  f"  %s4_{r} = fmul <4 x float> %sa4_{r}, %sb4",
-                  f"  %sv{r} = shufflevector <4 x float> %s4_{r}, <4 x float> poison, "
-                  f"<8 x i32> {_vec('i32', [0, 0, 1, 1, 2, 2, 3, 3])}"]
-        else:
-            L += [f"  %sai{r} = add i64 %srow{r}, %blk",
-                  f"  %sap{r} = getelementptr float, ptr %sa, i64 %sai{r}",
-                  f"  %sav{r} = load float, ptr %sap{r}, align 4",
-                  f"  %s{r} = fmul float %sav{r}, %sbv"]
-            _splat(L, f"sv{r}", f"%s{r}")
-        L += [f"  %acc{r}.n = call {_VF} @llvm.fma.v8f32({_VF} %f{r}, {_VF} %sv{r}, "
-              f"{_VF} %acc{r})"]
-    L += [*latch("g", "1", "g.more", "%groups", "g.loop", "g.end", pred="ult"),
+        L += _column16(rows)
+    L += [*latch("g", 1 if block == 16 else block // 64, "g.more", "%groups", "g.loop",
+                 "g.end", pred="ult"),
           "g.end:",
           *(f"  %accp{r} = phi {_VF} [zeroinitializer, %entry], [%acc{r}.n, %g.loop]"
             for r in R)]
