@@ -40,9 +40,11 @@ def test_bit_for_bit_onnxruntime(block, level, zp, bias):
 
 @pytest.mark.parametrize("block", [64, 128, 256])
 @pytest.mark.parametrize("zp,bias", [(False, False), (True, True)])
-def test_one_row_in_one_call(block, zp, bias, monkeypatch):
-    """A decode step's row with K in whole blocks and a constant bias: quantization and
-    product in one compiled call (Int8.row), the same bits."""
+@pytest.mark.parametrize("short", [0, 40])
+def test_one_row_in_one_call(block, zp, bias, short, monkeypatch):
+    """A decode step's row with a constant bias, K whole blocks or not (the 0.5b model's 896
+    in blocks of 256): quantization and product in one compiled call (Int8.row), the same
+    bits."""
     calls = []
     original = nbits_blocks.Int8.row
 
@@ -52,7 +54,7 @@ def test_one_row_in_one_call(block, zp, bias, monkeypatch):
 
     monkeypatch.setattr(nbits_blocks.Int8, "row", row)
     rng = np.random.default_rng(block + zp)
-    K, N = 4 * block, 45
+    K, N = 4 * block - short, 45
     sess, ref = sessions(matmul_nbits(K, N, rng, block, 4, zp, bias), 1)
     for _ in range(3):
         a = _rows(rng, 1, K)

@@ -942,21 +942,33 @@ class Int8:
 
     def row(self, a: np.ndarray, out: np.ndarray) -> bool:
         """out (N,) = one row's product, the bound bias included, in one compiled call
-        (blocks of 64-256, a bound bias, ``a`` K contiguous float32 of whole blocks, K within
-        MAX_STACK_K); False where it does not apply (the caller takes the general path)."""
-        if self._row is None or self._consts is None or a.size != self.K or \
-                self.K > MAX_STACK_K or a.dtype != np.float32 or not a.flags.c_contiguous:
+        (blocks of 64-256, a bound bias, ``a`` one row of float32, K within MAX_STACK_K);
+        False where it does not apply (the caller takes the general path)."""
+        a = self._whole(a)
+        if self._row is None or self._consts is None or a is None:
             return False
         address = jit.address
         self._row(address(a), address(out), self._pconsts)
         return True
 
+    def _whole(self, a: np.ndarray) -> np.ndarray | None:
+        """One row as whole blocks of contiguous float32 (a last partial block padded with
+        zeros, as quantize pads it), or None where the one-call paths do not apply."""
+        if a.dtype != np.float32 or self.K > MAX_STACK_K or \
+                not self.K - self.block < a.size <= self.K:
+            return None
+        if a.size == self.K and a.flags.c_contiguous:
+            return a
+        full = np.zeros(self.K, np.float32)
+        full[:a.size] = a.reshape(-1)
+        return full
+
     def row_parts(self, a: np.ndarray, out: np.ndarray, parts: int, pool) -> bool:
         """row(a, out) with the columns in ``parts`` ranges (their inner ends multiples of 8)
         run at once on ``pool`` (compiled/spin.py), each part quantizing the row itself; False
         where row() does not apply."""
-        if self._job is None or self._consts is None or a.size != self.K or \
-                self.K > MAX_STACK_K or a.dtype != np.float32 or not a.flags.c_contiguous:
+        a = self._whole(a)
+        if self._job is None or self._consts is None or a is None:
             return False
         split = self._parts.get(parts)
         if split is None:
