@@ -186,3 +186,67 @@ def test_run_blocks_takes_rows_in_turn(monkeypatch):
     got = np.empty_like(want)
     float_gemm.run_all(packed, A, got, 2)
     assert got.tobytes() == want.tobytes() and forks == []
+
+
+_HANDSHAKE = """
+define void @handshake(ptr %a) nounwind {
+entry:
+  %role = load i64, ptr %a, align 8
+  %fp = getelementptr i64, ptr %a, i64 1
+  %flag = load ptr, ptr %fp, align 8
+  %is_worker = icmp eq i64 %role, 1
+  br i1 %is_worker, label %set, label %start
+set:
+  store atomic i64 1, ptr %flag release, align 8
+  ret void
+start:
+  %t0 = call i64 @llvm.readcyclecounter()
+  br label %poll
+poll:
+  %v = load atomic i64, ptr %flag acquire, align 8
+  %seen = icmp eq i64 %v, 1
+  br i1 %seen, label %done, label %more
+more:
+  %t = call i64 @llvm.readcyclecounter()
+  %dt = sub i64 %t, %t0
+  %late = icmp ugt i64 %dt, 4000000000
+  br i1 %late, label %gave_up, label %poll
+gave_up:
+  ret void
+done:
+  %rp = getelementptr i64, ptr %a, i64 2
+  store i64 1, ptr %rp, align 8
+  ret void
+}
+declare i64 @llvm.readcyclecounter()
+"""
+
+
+def test_a_sleeping_worker_wakes_without_the_gil():
+    """A worker asleep is woken by the fork itself and takes its part while the calling thread
+    holds the GIL: it sleeps and wakes in compiled code (a futex), never in Python. Part 0
+    waits (up to ~1-4 s) for part 1 to set a flag: only the worker can, since the caller runs
+    part 1 only after part 0. With the worker woken through a threading.Event (it needed the
+    GIL to leave its wait) part 0 timed out (word 2 of its block stays 0) and part 1 ran on
+    the caller."""
+    import ctypes
+
+    from onnxrun.providers.cpu.compiled import jit
+
+    job = jit.compile_module("test_spin_handshake", _HANDSHAKE,
+                             {"handshake": ctypes.CFUNCTYPE(None, ctypes.c_void_p)}).handshake
+    pool = spin.Pool(1)
+    flag = np.zeros(1, np.int64)
+    blocks = np.array([[0, jit.address(flag), 0], [1, jit.address(flag), 0]], np.int64)
+    argv = np.array([jit.address(blocks[0]), jit.address(blocks[1])], np.int64)
+    pool.fork(spin.function_address(job), argv)  # starts the worker
+    time.sleep(0.05)  # past its polling: asleep
+    assert pool.ctrl[0, 0] == 0
+    flag[0] = 0
+    # fork called with the GIL held (a PYFUNCTYPE prototype does not release it)
+    held = ctypes.PYFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_void_p)(spin.function_address(pool._fork))
+    blocks[0, 2] = 0
+    held(pool.base, 1, spin.function_address(job), jit.address(argv))
+    assert flag[0] == 1
+    assert blocks[0, 2] == 1, "part 0 waited out its timeout: the worker slept on"

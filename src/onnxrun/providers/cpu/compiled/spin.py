@@ -15,12 +15,14 @@ caller writes the job), 2 job posted, 4 job running. Only a caller moves 1 -> 3 
 2 -> 3 -> 1 (taking a part back); only the worker moves 2 -> 4 -> 1 and 1 -> 0. Words
 [1-4]: job function, argument block, the job's sequence number, the last finished one (the
 caller waits for its number, never for the state: the worker may have been claimed again).
-A caller also posts to a worker it has just woken (0 -> 3 -> 2): a large part is still the
+A caller also posts to a worker asleep (0 -> 3, a futex wake, -> 2): a large part is still the
 worker's when it arrives; taken back, the word is 0 again, and a worker that finds 0 at the
 end of its polling sleeps.
 Several calling threads may fork at once: a worker someone else holds is simply not used.
 ``run_blocks`` hands out many ranges (the float GEMM's, Winograd's 16 products) by one fork:
 every part runs @grab on one shared block, taking the next range until none is left.
+A worker thread never returns to Python once started: it sleeps on its word (a futex) in
+compiled code, and the caller that claims a sleeping worker wakes it from ``fork``.
 """
 
 from __future__ import annotations
@@ -45,12 +47,22 @@ _WORDS = 8  # one 64-byte line per worker
 YIELD_TICKS = 50_000
 # Linux x86-64's sched_yield (system call 24), inline: the compiled objects link nothing
 _YIELD = 'call i64 asm sideeffect "syscall", "={rax},{rax},~{rcx},~{r11},~{memory}"(i64 24)'
+# futex(ctrl, op, 0, NULL) (system call 202) on the word's low half (little-endian; states
+# 0-4): FUTEX_WAIT_PRIVATE sleeps while it reads 0, FUTEX_WAKE_PRIVATE wakes one sleeper.
+# The worker sleeps and wakes in compiled code, never in Python: waking a Python thread on a
+# threading.Event made it take the GIL twice (out of the wait, into the next poll), from the
+# calling thread between its kernels (a GIL hand-off: 5-50 us on the VM, each time)
+_FUTEX_WAIT, _FUTEX_WAKE = 128, 129
+_FUTEX = ('%fx{op} = call i64 asm sideeffect "syscall", '
+          '"={{rax}},{{rax}},{{rdi}},{{rsi}},{{rdx}},{{r10}},~{{rcx}},~{{r11}},~{{memory}}"'
+          '(i64 202, ptr %ctrl, i64 {op}, i64 {val}, i64 0)')
 
 
 def module_ir(target=None) -> str:
     cas = "cmpxchg ptr {p}, i64 {old}, i64 {new} seq_cst seq_cst"
     return "\n".join([
-        # spin(ctrl, ticks): the worker's side, until it has polled ``ticks`` without work
+        # spin(ctrl, ticks): the worker's side, for good: polls for a part, and after ``ticks``
+        # without one sleeps on the word (a futex) until a caller claims it
         "define void @spin(ptr %ctrl, i64 %ticks) nounwind {",
         "entry:",
         "  %wake = " + cas.format(p="%ctrl", old=0, new=1),
@@ -96,9 +108,16 @@ def module_ir(target=None) -> str:
         "  %slv = extractvalue { i64, i1 } %sl, 0",
         "  %put = icmp eq i64 %slv, 0",  # a caller took back a part posted while asleep
         "  %leave = or i1 %slept, %put",
-        "  br i1 %leave, label %exit, label %outer",
-        "exit:",
-        "  ret void",
+        "  br i1 %leave, label %sleep, label %outer",
+        # asleep in the kernel while the word is 0; a caller's claim (0 -> 3) wakes it, and a
+        # claim made before the wait makes the wait return at once (the futex compares)
+        "sleep:",
+        "  %zz = load atomic i64, ptr %ctrl acquire, align 8",
+        "  %still = icmp eq i64 %zz, 0",
+        "  br i1 %still, label %wait, label %outer",
+        "wait:",
+        "  " + _FUTEX.format(op=_FUTEX_WAIT, val=0),
+        "  br label %sleep",
         "}",
         # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning or asleep
         # (the caller wakes those first), part 0 here, then each part no worker has begun;
@@ -126,9 +145,12 @@ def module_ir(target=None) -> str:
         "  %cl0 = " + cas.format(p="%ctrl", old=0, new=3),
         "  %claimed0 = extractvalue { i64, i1 } %cl0, 1",
         "  %asleep.w = or i64 %asleep, %bit",
-        "  br i1 %claimed0, label %write, label %skip",
+        "  br i1 %claimed0, label %rouse, label %skip",
+        "rouse:",  # woken before its part is written: it polls until the part is posted
+        "  " + _FUTEX.format(op=_FUTEX_WAKE, val=1),
+        "  br label %write",
         "write:",
-        "  %asleep.p = phi i64 [%asleep, %post], [%asleep.w, %claim0]",
+        "  %asleep.p = phi i64 [%asleep, %post], [%asleep.w, %rouse]",
         "  %sp = getelementptr i64, ptr %ctrl, i64 3",
         "  %seq0 = load i64, ptr %sp, align 8",
         "  %seq = add i64 %seq0, 1",
@@ -222,8 +244,8 @@ def module_ir(target=None) -> str:
         "done:",
         "  ret i64 %asleepf",
         "}",
-        # grab(block): block = [fn, n, next, args_0 .. args_{n-1}]: every thread given the
-        # block takes the next i (atomically) and runs fn(args_i) until none is left, so a
+        # grab(block): block = [fn, n, next, base, step]: every thread given the block takes
+        # the next i (atomically) and runs fn(base + i * step) until none is left, so a
         # worker that starts late, or is slowed by other processes, takes fewer and the
         # caller waits at most for the one it is running
         "define void @grab(ptr %a) nounwind {",
@@ -232,15 +254,19 @@ def module_ir(target=None) -> str:
         "  %gnp = getelementptr i64, ptr %a, i64 1",
         "  %gn = load i64, ptr %gnp, align 8",
         "  %gcp = getelementptr i64, ptr %a, i64 2",
+        "  %gbp = getelementptr i64, ptr %a, i64 3",
+        "  %gbase = load i64, ptr %gbp, align 8",
+        "  %gsp = getelementptr i64, ptr %a, i64 4",
+        "  %gstep = load i64, ptr %gsp, align 8",
         "  br label %next",
         "next:",
         "  %gi = atomicrmw add ptr %gcp, i64 1 seq_cst",
         "  %gmore = icmp slt i64 %gi, %gn",
         "  br i1 %gmore, label %grun, label %gend",
         "grun:",
-        "  %gi3 = add i64 %gi, 3",
-        "  %gbp = getelementptr i64, ptr %a, i64 %gi3",
-        "  %gb = load ptr, ptr %gbp, align 8",
+        "  %goff = mul i64 %gi, %gstep",
+        "  %gaddr = add i64 %gbase, %goff",
+        "  %gb = inttoptr i64 %gaddr to ptr",
         "  call void %gfn(ptr %gb)",
         "  br label %next",
         "gend:",
@@ -277,42 +303,29 @@ class Pool:
         module = _module()
         self._spin, self._fork = module.spin, module.fork
         self.grab = function_address(module.grab)  # run_blocks' job
-        self.events = [threading.Event() for _ in range(size)]
-        self.started = [False] * size
+        self.started = [False] * size  # in order: 0 .. k-1
         self.lock = threading.Lock()
 
-    def _worker(self, i: int) -> None:
-        event, spin, word = self.events[i], self._spin, self.base + i * _WORDS * 8
-        while True:
-            event.wait()
-            event.clear()
-            spin(word, SPIN_TICKS)
-
-    def _wake(self, mask: int) -> None:
-        for i in range(self.size):
-            if mask >> i & 1:
+    def _start(self, n: int) -> None:
+        with self.lock:
+            for i in range(n):
                 if not self.started[i]:
-                    with self.lock:
-                        if not self.started[i]:
-                            threading.Thread(target=self._worker, args=(i,), daemon=True,
-                                             name=f"onnxrun-spin-{i}").start()
-                            self.started[i] = True
-                self.events[i].set()
+                    # spin never returns: the thread polls and sleeps in compiled code, the
+                    # GIL released (ctypes), for the life of the process
+                    threading.Thread(target=self._spin, daemon=True, name=f"onnxrun-spin-{i}",
+                                     args=(self.base + i * _WORDS * 8, SPIN_TICKS)).start()
+                    self.started[i] = True
 
     def fork(self, job: int, argv: np.ndarray, at: int = 0) -> None:
         """job(argv[i]) for every i, at once where workers are spinning: ``job`` a compiled
         function's address, ``argv`` (parts,) int64 addresses of argument blocks (kept alive
         by the caller until this returns), ``at`` its address where the caller holds it.
-        Part 0 runs on this thread."""
+        Part 0 runs on this thread; a sleeping worker is woken by the fork itself."""
         workers = len(argv) - 1
         if workers > self.size:
             raise ValueError(f"fork: {len(argv)} parts for {self.size} workers")
-        ctrl, asleep = self.ctrl, 0
-        for i in range(workers):  # woken first: a large part is still theirs in ~50 us
-            if ctrl[i, 0] == 0:
-                asleep |= 1 << i
-        if asleep:
-            self._wake(asleep)
+        if workers and not self.started[workers - 1]:
+            self._start(workers)
         self._fork(self.base, workers, job, at or jit.address(argv))
 
 
@@ -359,11 +372,14 @@ def run_blocks(job, blocks: np.ndarray, threads: int) -> None:
         else:
             run_ranges(lambda i, _: job(base + i * step), [(i, i + 1) for i in range(n)])
         return
-    grab = np.empty(3 + n, np.int64)  # per call: concurrent callers each have their own
-    grab[:3] = function_address(job), n, 0
-    grab[3:] = base + np.arange(n, dtype=np.int64) * step
     parts = min(threads, p.size + 1, n)
-    p.fork(p.grab, np.full(parts, jit.address(grab), np.int64))
+    # per call (concurrent callers each have their own): grab's block, then the parts'
+    # argument addresses, all pointing at it
+    grab = np.empty(5 + parts, np.int64)
+    at = jit.address(grab)
+    grab[:5] = function_address(job), n, 0, base, step
+    grab[5:] = at
+    p.fork(p.grab, grab[5:], at=at + 40)
 
 
 BUNDLE = {"spin": (module_ir, REQUIRES)}
