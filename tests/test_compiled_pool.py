@@ -138,3 +138,35 @@ def test_a_session_pools_channels_last_input_compiled(monkeypatch):
     assert calls == ["max", "avg"]
     want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"X": X})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_rows_split_on_the_spinning_workers_give_one_threads_bits(monkeypatch):
+    """Above MIN_TAPS_PER_RANGE the output rows go to spin.py's workers (taken in turn), each
+    row whole on one thread: the same bits at 1, 2 and 3 threads; below it, a pool at 2
+    threads hands nothing off (no fork, no queue): a hand-off cost more than such a pool."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import spin
+
+    if spin.unavailable() is not None:
+        pytest.skip(spin.unavailable())
+    forks, queued = [], []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    run_ranges = parallel.run_ranges
+    monkeypatch.setattr(parallel, "run_ranges",
+                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    rng = np.random.default_rng(7)
+    X = rng.standard_normal((1, 24, 27, 31)).astype(np.float32)
+    for op in ("MaxPool", "AveragePool"):
+        attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1])
+        one = _compiled(X, op, (3, 3), attrs, 1)
+        assert _compiled(X, op, (3, 3), attrs, 2).tobytes() == one.tobytes()
+        assert forks == [] and queued == []  # 24 x 14 x 16 x 9 taps: one range
+        monkeypatch.setattr(cpool, "MIN_TAPS_PER_RANGE", 64)
+        for threads in (2, 3):
+            for _ in range(5):
+                assert _compiled(X, op, (3, 3), attrs, threads).tobytes() == one.tobytes()
+        assert forks and queued == []
+        forks.clear()
+        monkeypatch.setattr(cpool, "MIN_TAPS_PER_RANGE", 1 << 18)

@@ -18,7 +18,8 @@ import ctypes
 
 import numpy as np
 
-from . import depthwise, ir, jit
+from ..parallel import work_ranges
+from . import depthwise, ir, jit, spin
 from .jit import address
 
 REQUIRES = ()  # generic vector IR: every target
@@ -26,12 +27,21 @@ MAX_TAPS = depthwise.MAX_TAPS
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, *([_I] * 16))
 _UNUSED = np.zeros(16, np.float32)  # the depthwise kernel's bias / bounds, never read here
+_JOB = ctypes.CFUNCTYPE(None, _P)
+# Window taps (output floats x taps) a range of output rows needs before it goes to another
+# thread: ~30-60 us of one AVX2 core's work, against a hand-off of a few microseconds to a
+# spinning worker (benchmarks/pool_costs.py). Cut into exactly one range a thread on
+# parallel.py's queue, every pool at 2 threads paid a wake of a Python thread (GIL and all):
+# SqueezeNet's three 3x3 max pools, ShuffleNet's one, the global average pools' one row.
+MIN_TAPS_PER_RANGE = 1 << 18
 
 
 def module_ir(kh: int, kw: int, op: str) -> str:
     """``@pool_f32`` for a kh x kw window, ``op`` "max" or "avg"."""
+    # @pool_job: the same on an argument block, a range of output rows per spin.py worker
+    job = ir.job("pool_job", "pool_f32", ("ptr",) * 5 + ("i64",) * 16)
     return "\n\n".join(ir.declarations("load.f32", "store.f32") + [
-        depthwise._kernel(kh, kw, op)])
+        depthwise._kernel(kh, kw, op), "\n".join(job)])
 
 
 def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int],
@@ -46,8 +56,8 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     reason = jit.why_unavailable(REQUIRES)
     if reason:
         raise jit.Unavailable(reason)
-    fn = jit.compile_module(f"pool_{op}_{kh}x{kw}", lambda target: module_ir(kh, kw, op),
-                            {"pool_f32": _PROTO}, REQUIRES).pool_f32
+    module = jit.compile_module(f"pool_{op}_{kh}x{kw}", lambda target: module_ir(kh, kw, op),
+                                {"pool_f32": _PROTO, "pool_job": _JOB}, REQUIRES)
     N, H, Wd, C = X.shape
     if X.dtype != np.float32 or not X.flags.c_contiguous:
         raise ValueError("pool: expected a contiguous float32 [N, H, W, C]")
@@ -69,12 +79,12 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     args = (address(X), address(scale), address(_UNUSED), address(_UNUSED), address(out), C, C,
             H, Wd, Ho, Wo, sh, sw, dh, dw, pt, pl, ow_lo, ow_hi)
     rows = N * Ho
-    if threads > 1 and rows > 1:
-        from ..parallel import run_ranges, split
-
-        run_ranges(lambda r0, r1: fn(*args, r0, r1), split(rows, threads))
+    ranges = work_ranges(rows, threads, Wo * C * kh * kw, least=MIN_TAPS_PER_RANGE)
+    if len(ranges) > 1:  # rows taken in turn by the caller and spin.py's workers
+        spin.run_blocks(module.pool_job, np.array([args + (r0, r1) for r0, r1 in ranges],
+                                                  np.int64), threads)
     else:
-        fn(*args, 0, rows)
+        module.pool_f32(*args, 0, rows)
     return out
 
 
