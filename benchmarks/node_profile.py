@@ -6,6 +6,7 @@ onnxruntime's nodes of the same operator and shapes (its node names differ: fusi
     python benchmarks/node_profile.py                       # the suite's CNN cases
     python benchmarks/node_profile.py --quick               # fewer runs, YOLO and squeezenet
     python benchmarks/node_profile.py --models shufflenet -r 20 --top 30
+    python benchmarks/node_profile.py --threads 1,2 --models squeezenet   # onnxrun 1T vs 2T
 
 Profiled times include each engine's per-node cost of the profiler; compare rows, not the
 totals with run_suite.py's.
@@ -32,14 +33,15 @@ CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zo
 QUICK = ("yolo_style", "zoo:squeezenet")
 
 
-def node_events(engine: str, model: str, feeds: dict, runs: int) -> list[dict]:
+def node_events(engine: str, model: str, feeds: dict, runs: int,
+                threads: int = 1) -> list[dict]:
     """The kernel-time events of ``runs`` profiled runs (after one warm-up) of ``engine``."""
     import onnxruntime as ort
 
     folder = tempfile.mkdtemp(prefix="node-profile-")
     mod = ort if engine == "onnxruntime" else onnxrun
     so = mod.SessionOptions()
-    so.intra_op_num_threads = 1
+    so.intra_op_num_threads = threads
     so.enable_profiling = True
     so.profile_file_prefix = os.path.join(folder, engine)
     sess = mod.InferenceSession(model, so, providers=["CPUExecutionProvider"])
@@ -71,17 +73,30 @@ def main(argv: list[str] | None = None) -> int:
                         "quick 5)")
     parser.add_argument("--top", type=int, default=20, help="slowest node groups shown")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", default="",
+                        help="two thread counts (1,2): onnxrun at each, instead of the engines")
     args = parser.parse_args(argv)
+    counts = [int(t) for t in args.threads.split(",") if t.strip()]
+    if counts and len(counts) != 2:
+        parser.error("--threads takes two counts, such as 1,2")
     runs = args.runs or (5 if args.quick else 10)
     words = [w.strip().lower() for w in args.models.split(",") if w.strip()]
     print(f"load before: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}; {runs} profiled "
-          "runs per engine, 1 thread; microseconds per run")
+          "runs per engine, "
+          + ("onnxrun at {} and {} threads".format(*counts) if counts else "1 thread")
+          + "; microseconds per run")
     for label, model, feeds in run_suite.ab_cases(QUICK if args.quick else CASES, words):
         if feeds is None:
             from onnxrun.tools.common import make_feeds
 
             feeds, _ = make_feeds(onnxrun.InferenceSession(model), {}, {}, 0)
-        ours, theirs = (node_events(e, model, feeds, runs) for e in ("onnxrun", "onnxruntime"))
+        if counts:  # the same engine at both counts
+            names = [f"onnxrun {t}T" for t in counts]
+            ours, theirs = (node_events("onnxrun", model, feeds, runs, t) for t in counts)
+        else:
+            names = ["onnxrun", "onnxruntime"]
+            ours, theirs = (node_events(e, model, feeds, runs)
+                            for e in ("onnxrun", "onnxruntime"))
         per_op: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
         per_key: dict[tuple, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
         for i, events in enumerate((ours, theirs)):
@@ -89,16 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                 per_op[e["args"].get("op_name", "?")][i] += e["dur"] / runs
                 per_key[_key(e)][i] += e["dur"] / runs
         total = [sum(v[i] for v in per_op.values()) for i in (0, 1)]
-        print(f"\n## {label}: kernels {total[0]:.0f} us (onnxrun), {total[1]:.0f} us "
-              "(onnxruntime)\n")
+        print(f"\n## {label}: kernels {total[0]:.0f} us ({names[0]}), {total[1]:.0f} us "
+              f"({names[1]})\n")
         print("\n".join(run_suite.markdown(
-            ["operator", "onnxrun", "onnxruntime"],
+            ["operator", *names],
             [[op, f"{a:.0f}", f"{b:.0f}"] for op, (a, b) in
              sorted(per_op.items(), key=lambda kv: -max(kv[1]))])))
         print()
         rows = sorted(per_key.items(), key=lambda kv: -(kv[1][0] - kv[1][1]))[:args.top]
         print("\n".join(run_suite.markdown(
-            ["operator", "inputs", "onnxrun", "onnxruntime", "gap"],
+            ["operator", "inputs", *names, "gap"],
             [[op, shapes, f"{a:.0f}", f"{b:.0f}", f"{a - b:+.0f}"]
              for (op, shapes), (a, b) in rows])), flush=True)
     print(f"\nload after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")

@@ -39,33 +39,33 @@ def spin_costs(n: int) -> dict[str, float]:
     from onnxrun.providers.cpu.compiled import jit, spin
 
     pool = spin.pool()
-    empty = np.array([0, 0, 0], np.int64)  # grab's block with no rows: returns at once
+    empty = np.zeros(5, np.int64)  # grab's block with no rows: returns at once
     argv = np.full(2, jit.address(empty), np.int64)
     at = jit.address(argv)
     clock = time.perf_counter
     pool.fork(pool.grab, argv, at)  # start the worker
     hot, cold, alone = [], [], []
-    for i in range(n):
+    for _i in range(n):
         t0 = clock()
         pool.fork(pool.grab, argv, at)
         hot.append(clock() - t0)
-    for i in range(max(10, n // 20)):
+    for _i in range(max(10, n // 20)):
         time.sleep(0.003)  # past the worker's ~1 ms of polling: asleep
         t0 = clock()
         pool.fork(pool.grab, argv, at)
         cold.append(clock() - t0)
     one = np.full(1, jit.address(empty), np.int64)
-    for i in range(n):
+    for _i in range(n):
         t0 = clock()
         pool.fork(pool.grab, one, jit.address(one))
         alone.append(clock() - t0)
     # run_blocks as the kernels call it: 2 rows of a no-op job (grab of an empty block)
-    blocks = np.zeros((2, 3), np.int64)
+    blocks = np.zeros((2, 5), np.int64)
     import ctypes
 
     grab = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(pool.grab)
     rb = []
-    for i in range(n):
+    for _i in range(n):
         t0 = clock()
         spin.run_blocks(grab, blocks, 2)
         rb.append(clock() - t0)
@@ -82,7 +82,7 @@ def queue_costs(n: int) -> dict[str, float]:
     ranges = [(0, 1), (1, 2)]
     parallel.run_ranges(lambda a, b: None, ranges)
     hot = []
-    for i in range(n):
+    for _i in range(n):
         t0 = clock()
         parallel.run_ranges(lambda a, b: None, ranges)
         hot.append(clock() - t0)
@@ -146,12 +146,12 @@ def blas_costs(n: int) -> list[str]:
                      f"2 threads {_median_us(t2):.1f} us")
     # a spin.py fork right after a 2-thread BLAS call against one after 2 ms of quiet
     pool = spin.pool()
-    empty = np.array([0, 0, 0], np.int64)
+    empty = np.zeros(5, np.int64)
     argv = np.full(2, jit.address(empty), np.int64)
     a = rng.standard_normal((256, 256)).astype(np.float32)
     after, quiet = [], []
     with threadpool_limits(2, user_api="blas"):
-        for i in range(max(10, n // 4)):
+        for _ in range(max(10, n // 4)):
             a @ a
             t0 = time.perf_counter()
             pool.fork(pool.grab, argv)
@@ -169,7 +169,6 @@ def blas_costs(n: int) -> list[str]:
 def session_blas_threads() -> str:
     """BLAS's thread count seen from inside a run at 2 intra-op threads (a custom op would
     see it; here: a session run wraps it, threadpoolctl reads it right after)."""
-    import onnx
     from onnx import TensorProto, helper
     from threadpoolctl import threadpool_info
 
@@ -185,7 +184,6 @@ def session_blas_threads() -> str:
     before = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
     s.run(None, {"x": np.ones((64, 64), np.float32)})
     after = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
-    del onnx
     return f"BLAS threads before / after a 2-thread run: {before} / {after}"
 
 
