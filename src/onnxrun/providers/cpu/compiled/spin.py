@@ -4,7 +4,8 @@ few hundred nanoseconds instead of parallel.py's queue wake (20-80 us on a virtu
 An LLM's decode step is a chain of products of 30-300 us each (issue #14): waking a sleeping
 thread for each costs as much as the half of the work it takes over. So each worker, once
 woken, waits for its next piece in compiled code (no GIL held), polling one word of its own
-for up to ``SPIN_MS``, and only then goes back to sleep on a ``threading.Event``. A kernel hands
+for up to ``SPIN_TICKS``, and only then sleeps, on that word (a futex), still in compiled
+code: a worker never takes the GIL once started. A kernel hands
 out work as a compiled job function ``void job(ptr args)`` and one argument block per part
 (``fork``): the calling thread runs part 0 and takes back any part no worker has begun yet
 (a worker the OS has not scheduled costs a wait of nothing, as in parallel._Job), so a
@@ -21,8 +22,6 @@ end of its polling sleeps.
 Several calling threads may fork at once: a worker someone else holds is simply not used.
 ``run_blocks`` hands out many ranges (the float GEMM's, Winograd's 16 products) by one fork:
 every part runs @grab on one shared block, taking the next range until none is left.
-A worker thread never returns to Python once started: it sleeps on its word (a futex) in
-compiled code, and the caller that claims a sleeping worker wakes it from ``fork``.
 """
 
 from __future__ import annotations
