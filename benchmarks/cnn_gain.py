@@ -15,6 +15,9 @@ Changes (each undone when its session is created; kernels keep their choices for
           channels-last memory (ShuffleNet)
   pool    MaxPool / AveragePool of channels-last input on the compiled kernel
           (compiled/pool.py) instead of numpy's strided passes
+  depthwise  the float depthwise kernel's loops of session 10 (chunks of the target's
+          vector width, several pixels a step, each input pixel loaded once per step);
+          undone: session 9's (16 lanes, a pixel at a time), called the same way
 """
 
 from __future__ import annotations
@@ -67,6 +70,18 @@ def undone(change: str):
             yield
         finally:
             conv._grouped_1x1_packable, conv.channel_shuffle, conv._LAYOUT_DEPTH = saved
+        return
+    if change == "depthwise":
+        from onnxrun.providers.cpu.compiled import depthwise, jit
+
+        saved = depthwise.function
+        depthwise.function = lambda kh, kw: jit.compile_module(
+            f"depthwise_f32_{kh}x{kw}_single", depthwise.single_pixel_module_ir(kh, kw),
+            {"dw_job": depthwise._PROTO}, depthwise.REQUIRES).dw_job
+        try:
+            yield
+        finally:
+            depthwise.function = saved
         return
     if change == "pool":
         from onnxrun.providers.cpu.ops import pool

@@ -805,6 +805,12 @@ _DEPTHWISE = [
     (24, 4, 3, (7, 7), (1, 1), (3, 3, 3, 3), (1, 1), ""),
     (48, 6, 6, (1, 3), (1, 1), (0, 1, 0, 1), (1, 1), "Relu"),
     (17, 5, 9, (3, 3), (3, 3), (0, 0, 0, 0), (1, 1), ""),
+    # rows wide enough for the unrolled steps (input pixels loaded once per step at strides
+    # 1 and 2, per tap otherwise), with the steps' remainders and both edges
+    (24, 6, 23, (3, 3), (1, 1), (1, 1, 1, 1), (1, 1), "Relu"),
+    (16, 7, 30, (3, 3), (2, 2), (1, 1, 1, 1), (1, 1), ""),
+    (8, 5, 26, (3, 3), (1, 3), (0, 2, 0, 2), (1, 1), "Clip"),
+    (8, 6, 27, (3, 3), (1, 1), (2, 2, 2, 2), (1, 2), ""),
 ]
 
 
@@ -838,6 +844,68 @@ def test_float_depthwise_equals_the_numpy_kernels(C, H, W, kernel, strides, pads
     assert counter.calls == 1
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_float_depthwise_bias_given_at_run_time(monkeypatch):
+    """A bias that is a graph input (not a constant the kernel pads once) is added as given."""
+    from onnxrun.providers.cpu.compiled import depthwise
+
+    X = RNG.standard_normal((1, 24, 9, 10)).astype(np.float32)
+    Wt = RNG.standard_normal((24, 1, 3, 3)).astype(np.float32)
+    model, feeds = one_node("Conv", [X, Wt, np.zeros(24, np.float32)], opset=17, const=(1,),
+                            out_types=[TP.FLOAT], group=24, pads=[1, 1, 1, 1])
+    counter = _Counting(monkeypatch, depthwise.DepthwiseFloat, "run")
+    ref, sess = _sessions(model)
+    for _ in range(2):
+        B = RNG.standard_normal(24).astype(np.float32)
+        run = {**feeds, next(k for k, v in feeds.items() if v.ndim == 1): B}
+        np.testing.assert_allclose(sess.run(None, run)[0], ref.run(None, run)[0], rtol=1e-5,
+                                   atol=1e-5)
+    assert counter.calls == 2
+
+
+_EXPAND_DEPTHWISE = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 16, 32, 32] x) => (float[1, 16, 32, 32] y) {
+  a = Conv<group = 1>(x, we)
+  d = Conv<group = 64, pads = [1, 1, 1, 1]>(a, wd, bd)
+  r = Relu(d)
+  y = Conv<group = 1>(r, wp)
+}
+"""
+
+
+def test_float_depthwise_writes_into_the_executors_buffer(monkeypatch):
+    """Written channels-last (between 1x1 convolutions), the depthwise output goes into the
+    block memory.py hands it (256 KiB: pooled), run after run, with the same numbers."""
+    from onnxrun.execute import CompiledSteps
+    from onnxrun.providers.cpu.compiled import depthwise
+
+    model = onnx.parser.parse_model(_EXPAND_DEPTHWISE)
+    for name, shape in (("we", (64, 16, 1, 1)), ("wd", (64, 1, 3, 3)), ("bd", (64,)),
+                        ("wp", (16, 64, 1, 1))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            RNG.standard_normal(shape).astype(np.float32), name))
+    from onnxrun.providers.cpu.ops.conv import Conv
+
+    outs = []  # per call: whether the result lies in the buffer given
+    original = Conv._depthwise_compiled
+
+    def compiled_depthwise(this, *args):
+        Y = original(this, *args)
+        out = args[-1]
+        outs.append(out is not None and np.shares_memory(Y, out))
+        return Y
+
+    monkeypatch.setattr(Conv, "_depthwise_compiled", compiled_depthwise)
+    counter = _Counting(monkeypatch, depthwise.DepthwiseFloat, "run")
+    ref, sess = _sessions(model.SerializeToString())
+    x = RNG.standard_normal((1, 16, 32, 32)).astype(np.float32)
+    want = ref.run(None, {"x": x})[0]
+    for _ in range(CompiledSteps.GENERATE_AFTER + 3):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-4)
+    assert counter.calls == len(outs) == CompiledSteps.GENERATE_AFTER + 3
+    assert outs[:2] == [False, False] and all(outs[3:]), outs  # noted, recorded, then given
 
 
 # -- compiling in a child process, loading the object here -----------------------------------

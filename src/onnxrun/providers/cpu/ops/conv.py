@@ -1210,7 +1210,7 @@ class Conv(_ConvBase):
         if self._is_depthwise(W.shape):
             if nd == 2:
                 self.w_depthwise_2d = _depthwise_weights_2d(W, *self._attrs(2, W.shape), cdt)
-                self.dw_compiled = _compiled_depthwise(W, cdt)
+                self.dw_compiled = _compiled_depthwise(W, cdt, self.bias)
                 self.dw_threads = split_threads(ctx)
                 return
             self.w_depthwise = self._depthwise_weights(W, cdt)
@@ -1368,7 +1368,7 @@ class Conv(_ConvBase):
         depthwise = self._is_depthwise(w_shape) and X.shape[1] == M
         if depthwise and nd == 2:
             Y = self._depthwise_2d(X, self._weight(W), b, Z, act, heads, outs, kernel, strides,
-                                   dilations, cdt)
+                                   dilations, cdt, out)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
         if depthwise:
             w = self.w_depthwise if const_w else self._depthwise_weights(self._weight(W), cdt)
@@ -1614,11 +1614,12 @@ class Conv(_ConvBase):
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 
-    def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt):
+    def _depthwise_2d(self, X, W, b, Z, act, heads, outs, kernel, strides, dilations, cdt,
+                      out=None):
         """The depthwise kernels, bias, Z and activation applied on the way out."""
         if self.dw_compiled is not None and X.dtype == np.float32:
             return self._depthwise_compiled(X, b, Z, act, heads, outs, kernel, strides,
-                                            dilations)
+                                            dilations, out)
         wgroups, w_hwc = self.w_depthwise_2d if self.w_depthwise_2d is not None else \
             _depthwise_weights_2d(W, kernel, strides, dilations, cdt)
         N, C = X.shape[:2]
@@ -1652,15 +1653,21 @@ class Conv(_ConvBase):
         return _finish(None, src, None, Z, act, cdt, self.threads)
 
 
-    def _depthwise_compiled(self, X, b, Z, act, heads, outs, kernel, strides, dilations):
+    def _depthwise_compiled(self, X, b, Z, act, heads, outs, kernel, strides, dilations,
+                            out=None):
         """The compiled channels-last kernel: bias and a Relu / Clip in its epilogue, Z and
-        other activations after it; the output channels-last or copied out to NCHW."""
+        other activations after it; the output channels-last (into ``out`` where it is so laid
+        out) or copied out to NCHW."""
         bounds = getattr(act, "bounds", None)
         fused = bounds is not None and Z is None
         Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))  # free when X came channels-last
-        Y = self.dw_compiled.run(Xt, heads, outs, strides, dilations,
-                                 None if b is None else b.reshape(-1),
+        N, C = X.shape[:2]
+        # the constant bias is the kernel's own (padded once); one known only now is passed
+        bias = None if b is None or self.bias is not None else b.reshape(-1)
+        Y = self.dw_compiled.run(Xt, heads, outs, strides, dilations, bias,
                                  bounds if fused else (-np.inf, np.inf),
+                                 out=nhwc_out(out, (N,) + tuple(outs) + (C,), np.float32)
+                                 if self.channels_last else None,
                                  threads=self.dw_threads).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
@@ -1669,16 +1676,17 @@ class Conv(_ConvBase):
         return Y if self.channels_last else np.ascontiguousarray(Y)
 
 
-def _compiled_depthwise(W: np.ndarray, cdt: np.dtype):
-    """The compiled float32 depthwise kernel for a constant (C, 1, kh, kw) weight, or None where
-    it cannot run (not float32, no llvmlite, a CPU below AVX2+FMA, a window over 7x7)."""
+def _compiled_depthwise(W: np.ndarray, cdt: np.dtype, bias: np.ndarray | None = None):
+    """The compiled float32 depthwise kernel for a constant (C, 1, kh, kw) weight and bias (or
+    None), or None where it cannot run (not float32, no llvmlite, a CPU below AVX2+FMA, a
+    window over 7x7)."""
     if cdt != np.float32:
         return None
     from ..compiled import depthwise
     from ..compiled.jit import Unavailable
 
     try:
-        return depthwise.DepthwiseFloat(W)
+        return depthwise.DepthwiseFloat(W, bias)
     except (Unavailable, ValueError):
         return None
 
