@@ -66,6 +66,24 @@ def test_product_equals_numpy(variant, M, K, N):
     _close(_packed(B, variant).run(A), _reference(A, B), K)
 
 
+@pytest.mark.parametrize("last", [1, 2, 4, 7])
+def test_narrow_last_panel_gives_the_full_tiles_numbers(variant, last):
+    """A last panel of at most W columns runs half a tile (one vector of B per k, the panel's
+    rows NR floats apart): bit for bit the columns a full tile computes for it."""
+    W, NR = variant.W, variant.NR
+    N = 2 * NR + last * W // 8
+    rng = np.random.default_rng(last)
+    A = rng.standard_normal((2 * variant.MR + 1, 70), np.float32)
+    B = rng.standard_normal((70, N), np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    wide = np.concatenate([B, rng.standard_normal((70, W), np.float32)], axis=1)  # full tile
+    got = _packed(B, variant).run(A, bias, bounds=(-2.0, 2.0))
+    want = _packed(wide, variant).run(A, np.concatenate([bias, np.zeros(W, np.float32)]),
+                                      bounds=(-2.0, 2.0))[:, :N]
+    np.testing.assert_array_equal(got, want)
+    _close(got, _reference(A, B, bias, None, (-2.0, 2.0)), 70)
+
+
 @pytest.mark.parametrize("epilogue", ["bias", "residual", "relu", "clip", "all"])
 @pytest.mark.parametrize("M,K,N", [(7, 33, 31), (20, 300, 40), (1, 5, 3)])
 def test_epilogues(variant, epilogue, M, K, N):

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..parallel import work_ranges
-from . import jit, spin
+from . import _compiler, jit, spin
 from .jit import address
 from .layout import aligned_zeros
 
@@ -70,10 +70,13 @@ KC = 256
 NC_BYTES = 128 * 1024
 
 
-def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str) -> list[str]:
-    """One k step (``k`` + ``u``) of an R-row tile: NV vectors of the panel's row, each row
-    of A's float broadcast, R * NV fused multiply-adds from ``acc`` into ``out``_{r}_{v}."""
-    VT, NR, sfx = f"<{W} x float>", NV * W, f"v{W}f32"
+def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str,
+          NR: int | None = None) -> list[str]:
+    """One k step (``k`` + ``u``) of an R-row tile: NV vectors of the panel's row (``NR``
+    floats, NV * W by default), each row of A's float broadcast, R * NV fused multiply-adds
+    from ``acc`` into ``out``_{r}_{v}."""
+    VT, sfx = f"<{W} x float>", f"v{W}f32"
+    NR = NR or NV * W
     t = f"%{tag}"
     L = [f"  {t}.k = add i64 {k}, {u}", f"  {t}.bo = mul i64 {t}.k, {NR}"]
     for v in range(NV):
@@ -92,8 +95,8 @@ def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str
     return L
 
 
-def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
-    """``@tile{R}``: an R x 2W tile over ``%kc`` rows of K, row r of A at ``%roff[r]`` floats
+def _tile(R: int, W: int, NV: int, U: int = 4, NP: int | None = None) -> list[str]:
+    """``@tile{R}``: an R x NV*W tile over ``%kc`` rows of K, row r of A at ``%roff[r]`` floats
     from ``%A``. ``%first``: start from zero (else
     from the partial sums stored in C); ``%last``: add the bias (``%flags`` bit 0) and the
     residual rows (bit 1), clip to ``%clip`` = (lo, hi), store. Columns past ``%ncols`` are
@@ -102,11 +105,13 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     VI = f"<{W} x i32>"
     VM = f"<{W} x i1>"
     NR = NV * W
+    NP = NP or NR  # the panels' width: NP > NR, the first NR columns of a partial panel
     sfx = f"v{W}f32"
     iota = lambda off: "<" + ", ".join(f"i32 {i + off}" for i in range(W)) + ">"  # noqa: E731
-    L = [f"define internal void @tile{R}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
+    name = f"tile{R}" if NP == NR else f"half{R}"
+    L = [f"define internal void @{name}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
          "i64 %ncols, i1 %first, i1 %last, ptr %bias, ptr %Rs, i64 %ldr, ptr %clip, "
-         "i64 %flags, i64 %blk, i64 %astep, i64 %nob, ptr %roff) nounwind {",
+         "i64 %flags, i64 %blk, i64 %astep, i64 %nob, ptr %roff) alwaysinline nounwind {",
          "entry:",
          "  %full = icmp eq i64 %ncols, " + str(NR),
          "  %nc32 = trunc i64 %ncols to i32",
@@ -143,7 +148,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
             L.append(f"  %ai{r}_{v} = phi {VT} [%i{r}_{v}, %pre], [%s{r}_{v}, %olatch]")
     L += ["  %aoff = mul i64 %ob, %astep",
           "  %boff0 = mul i64 %ob, %blk",
-          f"  %boff = mul i64 %boff0, {NR}",
+          f"  %boff = mul i64 %boff0, {NP}",
           "  %Bb = getelementptr float, ptr %B, i64 %boff"]
     L += [f"  %ap{r} = getelementptr float, ptr %apb{r}, i64 %aoff" for r in range(R)]
     loop = len(L)
@@ -168,7 +173,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
     for u in range(U):
         j = u % sets
         L += _step(f"u{u}", "%k", u, R, W, NV, {(r, v): acc[j, r, v] for r in range(R)
-                                                 for v in range(NV)}, f"%un{u}")
+                                                 for v in range(NV)}, f"%un{u}", NP)
         acc.update({(j, r, v): f"%un{u}_{r}_{v}" for r in range(R) for v in range(NV)})
     L += [f"  %kn = add i64 %k, {U}",
           "  %moreu = icmp slt i64 %kn, %ku",
@@ -196,7 +201,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4) -> list[str]:
         for v in range(NV):
             L.append(f"  %t{r}_{v} = phi {VT} [%m{r}_{v}, %umid], [%tn_{r}_{v}, %tloop]")
     L += _step("t", "%kt", 0, R, W, NV,
-               {(r, v): f"%t{r}_{v}" for r in range(R) for v in range(NV)}, "%tn")
+               {(r, v): f"%t{r}_{v}" for r in range(R) for v in range(NV)}, "%tn", NP)
     L += ["  %ktn = add i64 %kt, 1",
           "  %moret = icmp slt i64 %ktn, %kc",
           "  br i1 %moret, label %tloop, label %after",
@@ -400,11 +405,22 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %bt = getelementptr float, ptr %bias, i64 %n0",
          "  %rx = add i64 %rm, %n0",
          "  %Rt = getelementptr float, ptr %R, i64 %rx",
+         # a panel of at most W columns left (ShuffleNet's groups of 34, 68 or 136: 2 or
+         # 4): half a tile, one vector of B per k, half the multiply-adds
+         f"  %half = icmp sle i64 %nc, {W}",
+         "  br i1 %half, label %hsw, label %tsw",
+         "tsw:",
          "  switch i64 %rows, label %t" + str(MR) + " ["
-         + " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR)) + "]"]
+         + " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR)) + "]",
+         "hsw:",
+         "  switch i64 %rows, label %h" + str(MR) + " ["
+         + " ".join(f"i64 {r}, label %h{r}" for r in range(1, MR)) + "]"]
     for r in range(1, MR + 1):
         L += [f"t{r}:",
               f"  call void @tile{r}({args})",
+              "  br label %pnext",
+              f"h{r}:",
+              f"  call void @half{r}({args})" if NV > 1 else f"  call void @tile{r}({args})",
               "  br label %pnext"]
     L += ["pnext:",
           "  %pn = add i64 %p, 1",
@@ -434,8 +450,10 @@ def tile_ir(W: int, MR: int, NV: int = 2) -> str:
     decls = [f"declare {VT} @llvm.masked.load.{sfx}.p0(ptr, i32, {VM}, {VT})",
              f"declare void @llvm.masked.store.{sfx}.p0({VT}, ptr, i32, {VM})",
              f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})"]
-    parts = ["\n".join(decls)]
+    parts = [_compiler.INLINE + "\n".join(decls)]  # the tiles inlined into the driver
     parts += ["\n".join(_tile(r, W, NV)) for r in range(1, MR + 1)]
+    if NV > 1:  # the last panel's first W columns (the others zeros: not computed)
+        parts += ["\n".join(_tile(r, W, 1, NP=NV * W)) for r in range(1, MR + 1)]
     parts.append("\n".join(_driver(W, MR, NV)))
     return "\n\n".join(parts)
 
