@@ -6,6 +6,11 @@ more than at 1 thread means hand-off cost or spinning).
     python benchmarks/thread_scaling.py            # zoo CNNs, issue #18's models, VGG-19, BERT
     python benchmarks/thread_scaling.py --quick    # resnet50, squeezenet, YOLO, GPT, BERT
     python benchmarks/thread_scaling.py --models vgg,bert -r 9
+    python benchmarks/thread_scaling.py --quick --pause 0.15   # each run after 0.15 s idle
+
+``--pause``: every timed run follows that long a sleep, as half of run_suite.py's 2-thread
+runs follow its pause between engines (tools/bench.py SETTLE_SECONDS, at 2+ threads only):
+the same command with and without it says what the pause alone costs each thread count.
 
 The zoo CNNs come with the onnx package; YOLO, CRNN and DenseNet from benchmarks/suite_models.py
 (written to the cache on first use); the GPT decoder from the cache when
@@ -112,7 +117,8 @@ def cases(quick: bool) -> list[tuple[str, object]]:
     return out
 
 
-def measure(model, feeds, repeat: int) -> dict[int, tuple[float, float, float]]:
+def measure(model, feeds, repeat: int,
+            pause: float = 0.0) -> dict[int, tuple[float, float, float]]:
     from onnxrun.tools.common import make_feeds
 
     sessions = {}
@@ -129,6 +135,8 @@ def measure(model, feeds, repeat: int) -> dict[int, tuple[float, float, float]]:
         # the order turned every round (1 2, 2 1, ...): the session that runs second finds
         # the caches filled by the other one's weights as often as the first
         for n in ((1, 2) if r % 2 == 0 else (2, 1)):
+            if pause:
+                time.sleep(pause)
             t0, c0, p0 = time.perf_counter(), time.thread_time(), time.process_time()
             sessions[n].run(None, feeds)
             times[n].append((time.perf_counter() - t0, time.thread_time() - c0,
@@ -142,11 +150,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="five models, 5 runs each")
     ap.add_argument("--models", default="", help="comma-separated names (default: all)")
     ap.add_argument("-r", "--repeat", type=int, default=0, help="timed runs per session")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds of sleep before every timed run (default 0)")
     args = ap.parse_args()
     repeat = args.repeat or (5 if args.quick else 9)
     wanted = {m for m in args.models.split(",") if m}
     print(f"load before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; "
-          f"onnxrun from {Path(onnxrun.__file__).parent}")
+          f"onnxrun from {Path(onnxrun.__file__).parent}"
+          + (f"; {args.pause} s pause before every run" if args.pause else ""))
     print("| model | 1T wall | 2T wall | 2T speed-up | 1T CPU | 2T calling thread CPU "
           "| 2T process CPU |")
     print("| --- | --: | --: | --: | --: | --: | --: |")
@@ -157,7 +168,7 @@ def main() -> None:
         if isinstance(model, str) and not Path(model).exists():
             print(f"| {name} | not generated ({model}) | | | | | |")
             continue
-        r = measure(model, feeds, repeat)
+        r = measure(model, feeds, repeat, args.pause)
         print(f"| {name} | {r[1][0]:.1f} ms | {r[2][0]:.1f} ms | {r[1][0] / r[2][0]:.2f}x "
               f"| {r[1][2]:.1f} ms | {r[2][1]:.1f} ms | {r[2][2]:.1f} ms |", flush=True)
     print(f"load after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
