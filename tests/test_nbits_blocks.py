@@ -13,6 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper
 from ort_bits import assert_ort_bits
 
+import onnxrun
 from onnxrun.providers.cpu.compiled import nbits_blocks
 
 ort = pytest.importorskip("onnxruntime")
@@ -147,3 +148,26 @@ def test_module_builds_for_avx2_and_avx512_targets(target):
     answer = jit._compile({"nbits_blocks": nbits_blocks.module_ir(t)}, t)
     assert answer["error"] is None and answer["errors"] == {}
     assert "gemm128_m1" in elf.load(base64.b64decode(answer["objects"]["nbits_blocks"])).address
+
+
+@pytest.mark.parametrize("level", [0, 4])
+def test_weight_stays_packed_for_prompts(level):
+    """Levels 0-3 too: a prompt's rows dequantize the weight a panel at a time (as MLAS
+    dequantizes B for its SGEMM), no float32 copy kept (8x the packed bytes)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(level)
+    K, N = 2048, 2048  # packed 2 MiB; float32 16 MiB
+    data = matmul_nbits(K, N, rng, 64, level)
+    nbits_blocks.Fp32(64, np.zeros((1, 1, 32), np.uint8), np.ones((1, 1), np.float32), 64,
+                      None)  # the module compiled (or loaded) before counting
+    tracemalloc.start()
+    try:
+        sess = onnxrun.InferenceSession(data)
+        tracemalloc.reset_peak()  # creation's own peak is the loader's (the model's bytes)
+        for M in (1, 5):
+            sess.run(None, {"A": np.ones((M, K), np.float32)})
+        held, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 8 * 2**20 and peak < 8 * 2**20, (held, peak)

@@ -741,20 +741,89 @@ def _fq_m1(block: int) -> list[str]:
             "}"]
 
 
-def _panel_base(n: str) -> list[str]:
-    """%pb = the index of W[0, n] in the panel layout: (n / 16) * K * 16 + n % 16."""
-    return [f"  %pn = lshr i64 {n}, 4",
-            "  %pk = mul i64 %K, 16",
-            "  %pbase = mul i64 %pn, %pk",
-            f"  %poff = and i64 {n}, 15",
-            "  %pb = add i64 %pbase, %poff"]
+def _dequantize_panel(block: int) -> list[str]:
+    """@dq{block}(B, sb, Zq, W, n, N, kb): columns n..n+15 of the weight dequantized into the
+    panel W (kb * block, 16) float32, each (q - zp) * scale in float32 exactly as MLAS's
+    CompFp32 path dequantizes B before its SGEMM (columns from N on repeat column N - 1: the
+    caller drops them). Eight columns at a time: each one's sub-block of SB values unpacked
+    and scaled, then 8 x 8 transposes to store rows of eight columns."""
+    from .nbits_gemm import _transpose8
+
+    SB = min(block, 32)
+    per = block // SB
+    shift = per.bit_length() - 1
+    H = SB // 2
+    VS, VSI, VSF = f"<{H} x i8>", f"<{SB} x i8>", f"<{SB} x float>"
+    inter = _vec("i32", [v for j in range(H) for v in (j, H + j)])
+    C8 = range(8)
+    L = [f"define internal void @dq{block}(ptr noalias %B, ptr noalias %sb, ptr noalias %Zq, "
+         "ptr noalias %W, i64 %n, i64 %N, i64 %kb) nounwind {",
+         "entry:",
+         f"  %rowbytes = mul i64 %kb, {block // 2}",
+         f"  %subs = mul i64 %kb, {per}",
+         "  %Nl = sub i64 %N, 1",
+         "  br label %h.loop",
+         "h.loop:",
+         "  %h = phi i64 [0, %entry], [%h.next, %s.end]",
+         "  %h8 = mul i64 %h, 8",
+         "  %nh = add i64 %n, %h8"]
+    for c in C8:
+        L += [f"  %nc{c}.0 = add i64 %nh, {c}",
+              f"  %nc{c}.lt = icmp slt i64 %nc{c}.0, %N",
+              f"  %nc{c} = select i1 %nc{c}.lt, i64 %nc{c}.0, i64 %Nl",
+              f"  %brow{c} = mul i64 %nc{c}, %rowbytes",
+              f"  %bsrow{c} = mul i64 %nc{c}, %kb"]
+    L += ["  br label %s.loop",
+          "s.loop:",
+          "  %s = phi i64 [0, %h.loop], [%s.next, %s.loop]",
+          f"  %blk = lshr i64 %s, {shift}" if shift else "  %blk = add i64 %s, 0",
+          f"  %bo = mul i64 %s, {H}"]
+    chunks = {c: [] for c in C8}
+    for c in C8:
+        L += [f"  %bo{c} = add i64 %brow{c}, %bo",
+              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
+              f"  %w{c} = load {VS}, ptr %bp{c}, align 1",
+              f"  %lo{c} = and {VS} %w{c}, {_vec('i8', [15] * H)}",
+              f"  %hi{c} = lshr {VS} %w{c}, {_vec('i8', [4] * H)}",
+              f"  %e{c} = shufflevector {VS} %lo{c}, {VS} %hi{c}, <{SB} x i32> {inter}",
+              f"  %sbi{c} = add i64 %bsrow{c}, %blk",
+              f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
+              f"  %z{c} = load i8, ptr %zp{c}, align 1"]
+        z = _splat(L, f"zv{c}", f"%z{c}", n=SB, ty="i8")
+        L += [f"  %d{c} = sub {VSI} %e{c}, {z}",
+              f"  %f{c} = sitofp {VSI} %d{c} to {VSF}",
+              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
+              f"  %sv{c} = load float, ptr %sbp{c}, align 4"]
+        sv = _splat(L, f"svv{c}", f"%sv{c}", n=SB)
+        L += [f"  %wf{c} = fmul {VSF} %f{c}, {sv}"]
+        for i in range(SB // 8):
+            L += [f"  %wf{c}_{i} = shufflevector {VSF} %wf{c}, {VSF} poison, <8 x i32> "
+                  f"{_vec('i32', range(8 * i, 8 * i + 8))}"]
+            chunks[c].append(f"%wf{c}_{i}")
+    L += [f"  %k0 = mul i64 %s, {SB}"]
+    for i in range(SB // 8):
+        T = _transpose8(L, [chunks[c][i] for c in C8], f"t{i}")  # T[j]: element 8i + j
+        for j in range(8):
+            L += [f"  %wk{i}_{j} = add i64 %k0, {8 * i + j}",
+                  f"  %wo{i}_{j}.0 = mul i64 %wk{i}_{j}, {PANEL}",
+                  f"  %wo{i}_{j} = add i64 %wo{i}_{j}.0, %h8",
+                  f"  %wp{i}_{j} = getelementptr float, ptr %W, i64 %wo{i}_{j}",
+                  f"  store {_VF} {T[j]}, ptr %wp{i}_{j}, align 4"]
+    return L + [*latch("s", "1", "s.more", "%subs", "s.loop", "s.end"),
+                "s.end:",
+                *latch("h", "1", "h.more", "2", "h.loop", "end"),
+                "end:",
+                "  ret void",
+                "}"]
 
 
-def _fp32_rows() -> list[str]:
-    """fp32_rows(A, W, bias, C, M, K, Np, n0, n1): rows of C = A @ W (+ bias), A (M, K),
-    W in panels (Np / 16, K, 16), C (M, Np); a panel's 16 columns for ROWS rows (then one) at
-    a time, each output one fused multiply-add chain in k order (MLAS's SGEMM kernel over
-    the dequantized weight), then the bias. n0, n1 multiples of 16."""
+def _fp32_rows(block: int) -> list[str]:
+    """fp32_rows{block}(A, W, bias, C, M, K, Np, n0, n1, B, sb, Zq, N, kb): rows of
+    C = A @ W (+ bias), A (M, K), C (M, Np), W the weight (B packed, scales sb, zero points
+    Zq) dequantized a panel of 16 columns at a time into the scratch ``W`` (kb * block, 16:
+    @dq{block}); the panel's columns for ROWS rows (then one) at a time, each output one
+    fused multiply-add chain in k order (MLAS's SGEMM kernel over the dequantized weight),
+    then the bias. n0, n1 multiples of 16."""
     def tile(rows: int, tag: str, m: str, after: str) -> list[str]:
         R, H = range(rows), range(2)
         T = [f"{tag}.pre:",
@@ -793,8 +862,9 @@ def _fp32_rows() -> list[str]:
                       f"  store {_VF} %{tag}y{r}_{h}, ptr %{tag}cp{r}_{h}, align 4"]
         return T + [f"  br label %{after}"]
 
-    return ["define void @fp32_rows(ptr noalias %A, ptr noalias %W, ptr noalias %bias, "
-            "ptr noalias %C, i64 %M, i64 %K, i64 %Np, i64 %n0, i64 %n1) nounwind {",
+    return [f"define void @fp32_rows{block}(ptr noalias %A, ptr noalias %W, "
+            "ptr noalias %bias, ptr noalias %C, i64 %M, i64 %K, i64 %Np, i64 %n0, i64 %n1, "
+            "ptr noalias %B, ptr noalias %sb, ptr noalias %Zq, i64 %N, i64 %kb) nounwind {",
             "entry:",
             "  %hb = icmp ne ptr %bias, null",
             f"  %Mrest = srem i64 %M, {ROWS}",
@@ -805,7 +875,9 @@ def _fp32_rows() -> list[str]:
             "  br i1 %any, label %n.loop, label %end",
             "n.loop:",
             "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
-            *_panel_base("%n"),
+            f"  call void @dq{block}(ptr %B, ptr %sb, ptr %Zq, ptr %W, i64 %n, i64 %N, "
+            "i64 %kb)",
+            "  %pb = add i64 0, 0",  # the panel's scratch
             "  br i1 %hb, label %bias.yes, label %bias.no",
             "bias.yes:",
             "  %bp0 = getelementptr float, ptr %bias, i64 %n",
@@ -840,8 +912,9 @@ def _fp32_rows() -> list[str]:
 
 
 def module_ir(target=None) -> str:
-    parts = [*_fp32_rows(), *zshare_ir()]
+    parts = [*zshare_ir()]
     for block in FP32_BLOCKS:
+        parts += _dequantize_panel(block) + _fp32_rows(block)
         parts += _fq_columns(block, COLS) + _fq_columns(block, 1) + _fq_m1(block)
     for block in BLOCKS:
         parts += quantize_ir(block=block)
@@ -872,15 +945,17 @@ _I = ctypes.c_int64
 _QUANT = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I)
 _GEMM = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _I)
 _ZSHARE = ctypes.CFUNCTYPE(None, _P, _P, _P, _I, _I, _I, _I, _I)
-_FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I)
+_FP32_ROWS = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _I, _I, _I, _P, _P, _P, _I,
+                              _I)
 _ROW = ctypes.CFUNCTYPE(None, _P, _P, _P)
 _JOB = ctypes.CFUNCTYPE(None, _P)
 _FQ_M1 = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I)
 
 
 def _module() -> jit.Module:
-    signatures = {"fp32_rows": _FP32_ROWS, "zshare": _ZSHARE}
+    signatures = {"zshare": _ZSHARE}
     for block in FP32_BLOCKS:
+        signatures[f"fp32_rows{block}"] = _FP32_ROWS
         signatures[f"fq{block}_m1"] = _FQ_M1
     for block in BLOCKS:
         signatures[f"quantize{block}"] = _QUANT
@@ -1019,20 +1094,17 @@ class Int8:
 
 
 class Fp32:
-    """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight: one row from the
-    packed weight (packed (N, kb, block / 2) bytes, scales (N, kb), zero points (N, kb) bytes
-    or None for 8), several rows on W (K, N) float32 dequantized once, kept in panels of PANEL
-    columns (the last padded with zeros)."""
+    """MLAS's CompFp32 product (accuracy_level 0-3) for one constant weight, K long: packed
+    (N, kb, block / 2) bytes, scales (N, kb), zero points (N, kb) bytes or None for 8. One
+    row from the packed weight; several rows on the weight dequantized a panel of PANEL
+    columns at a time into a scratch of kb * block * PANEL floats (as MLAS dequantizes B for
+    its SGEMM: no float copy kept, 8x the packed bytes)."""
 
-    def __init__(self, W: np.ndarray, packed: np.ndarray, scales: np.ndarray, block: int,
+    def __init__(self, K: int, packed: np.ndarray, scales: np.ndarray, block: int,
                  zero_points: np.ndarray | None) -> None:
-        self.K, self.N = W.shape
+        self.N, self.kb = scales.shape
+        self.K = K
         self.Np = -(-self.N // PANEL) * PANEL
-        padded = np.zeros((self.K, self.Np), np.float32)
-        padded[:, :self.N] = W
-        # panels of 16 columns, each contiguous along K (as MLAS's dequantized B)
-        self.W = np.ascontiguousarray(padded.reshape(self.K, -1, PANEL).transpose(1, 0, 2))
-        self.kb = scales.shape[1]
         self.Kp = self.kb * block
         zq = np.full((self.N, self.kb), 8, np.uint8) if zero_points is None else \
             np.ascontiguousarray(zero_points, dtype=np.uint8)
@@ -1040,7 +1112,7 @@ class Fp32:
         self.ptrs = (packed.ctypes.data, scales.ctypes.data, zq.ctypes.data)
         self.nfold = self.N - self.N % 4
         module = _module()
-        self.fn, self.fq = module.fp32_rows, getattr(module, f"fq{block}_m1")
+        self.fn, self.fq = getattr(module, f"fp32_rows{block}"), getattr(module, f"fq{block}_m1")
 
     def __call__(self, A: np.ndarray, bias, out: np.ndarray, n0: int, n1: int,
                  one_row: bool) -> None:
@@ -1058,8 +1130,10 @@ class Fp32:
             self.fq(address(A), B, S, Zq, pb, address(out), n0, min(n1, self.N), self.kb,
                     self.nfold)
         else:
-            self.fn(address(A), address(self.W), pb, address(out), A.shape[0], self.K, self.Np,
-                    n0, n1)
+            B, S, Zq = self.ptrs
+            panel = np.empty(self.Kp * PANEL, np.float32)  # this part's dequantized panel
+            self.fn(address(A), address(panel), pb, address(out), A.shape[0], self.K, self.Np,
+                    n0, n1, B, S, Zq, self.N, self.kb)
 
 
 # compiled on its own, on first use (not in jit._BUNDLE): its IR is the largest (~6 s of a

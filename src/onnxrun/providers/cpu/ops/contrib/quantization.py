@@ -652,9 +652,8 @@ class MatMulNBits:
         self.scales = np.ascontiguousarray(scales.reshape(self.N, kb), dtype=F32)
         zq = None if zp is None else np.ascontiguousarray(_unpack_bits(
             zp.reshape(self.N, -1), 4).reshape(self.N, -1)[:, :kb])
-        if self.a_block is None:  # one row from the packed weight; rows on it dequantized once
-            W = nbits_weight(B, scales, zp, None, self.K, self.N, self.block_size, self.bits)
-            self.blocks = nbits_blocks.Fp32(W, self.packed, self.scales, self.block_size, zq)
+        if self.a_block is None:  # from the packed weight, rows a dequantized panel at a time
+            self.blocks = nbits_blocks.Fp32(self.K, self.packed, self.scales, self.block_size, zq)
             return True
         z = np.float32(8) if zq is None else zq.astype(F32)
         zs = np.ascontiguousarray((z * self.scales).T)  # (kb, N)
