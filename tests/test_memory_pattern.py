@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 import onnxrun
+from onnxrun import memory
 from onnxrun.execute import CompiledSteps
 from onnxrun.memory import MIN_BYTES, Buffers, Pattern
 from onnxrun.providers.registry import takes_out
@@ -337,3 +339,215 @@ def test_subgraphs_and_run_options():
         (y,) = sess.run(None, {"c": np.array(c), "x": x}, options if i % 2 else None)
         a = -x
         np.testing.assert_array_equal(y, np.abs(a * x) + a if c else (a - x) * (a - x))
+
+
+# Concat's inputs written in its output's place by their producers (strided slices at
+# N = 2): a, b into j; j (Exp reads it first), e into k; k and s (read by m's Concat first)
+# into n. c is read after k's Concat, u by m's Concat and Sub: each in bytes of its own.
+JOINS = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 4, 4096] x) => (float[N, 4, 4096] y, float[N, 32, 4096] z) {
+  a = Neg(x)
+  b = Mul(x, x)
+  j = Concat<axis = 1>(a, b)
+  e = Exp(j)
+  c = Abs(x)
+  k = Concat<axis = -2>(j, c, e)
+  s = Relu(x)
+  u = Sigmoid(x)
+  m = Concat<axis = 1>(s, u)
+  n = Concat<axis = 1>(k, s)
+  w = Sub(u, x)
+  p = Add(m, m)
+  z = Concat<axis = 1>(n, p)
+  y = Mul(w, c)
+}
+"""
+
+
+def _joins_reference(x):
+    a, b = -x, x * x
+    j = np.concatenate([a, b], 1)
+    e = np.exp(j)
+    c = np.abs(x)
+    k = np.concatenate([j, c, e], 1)
+    s = np.maximum(x, 0)
+    u = 1 / (1 + np.exp(-x))
+    n = np.concatenate([k, s], 1)
+    return (u - x) * c, n, np.concatenate([s, u], 1)
+
+
+def _run_both(text, feeds_list, **options):
+    """Each run's outputs with the memory pattern, asserted equal bit for bit to those
+    without it; the session with it."""
+    on, off = _session(text, **options), _session(text, enable_mem_pattern=False, **options)
+    for i, feeds in enumerate(feeds_list):
+        for got, want in zip(on.run(None, feeds), off.run(None, feeds), strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=f"run {i}")
+    return on
+
+
+def test_concat_inputs_written_in_its_place():
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((2, 4, 4096), dtype=np.float32) for _ in range(RUNS)]
+    sess = _run_both(JOINS, [{"x": x} for x in xs])
+    y, z = sess.run(None, {"x": xs[0]})
+    ry, rn, rm = _joins_reference(xs[0])
+    np.testing.assert_allclose(y, ry, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(z[:, :24], rn, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(z[:, 24:], 2 * rm, rtol=1e-5, atol=1e-6)
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    name = {j: plan.steps[i].node.outputs[0].name for i, j in plan.memory.candidates.items()}
+    assert {name[j] for j in pattern.slices} == {"a", "b", "j", "e", "k", "s"}
+    specs = {name[j]: spec for j, spec in enumerate(pattern.specs) if spec is not None}
+    assert {"c", "u", "m", "n"} <= specs.keys()
+    # each slice within n's bytes, at its place along the axis, in n's strides
+    n_offset, n_bytes, _, _, n_shape, _, n_strides = specs["n"]
+    assert n_shape == (2, 24, 4096)
+    for v, first in (("k", 0), ("j", 0), ("a", 0), ("b", 4), ("e", 12), ("s", 20)):
+        offset, size, _, _, shape, _, strides = specs[v]
+        assert strides == n_strides
+        assert offset == n_offset + first * n_strides[1]
+        assert n_offset <= offset and offset + size <= n_offset + n_bytes
+    c_offset, c_bytes = specs["c"][:2]
+    assert c_offset + c_bytes <= n_offset or n_offset + n_bytes <= c_offset
+
+
+def test_concat_inputs_in_place_from_many_threads():
+    sess = _session(JOINS)
+    rng = np.random.default_rng(6)
+    inputs = [rng.standard_normal((2, 4, 4096), dtype=np.float32) for _ in range(8)]
+    expected = [_session(JOINS, enable_mem_pattern=False).run(None, {"x": x}) for x in inputs]
+    errors = []
+    start = threading.Barrier(8)
+
+    def work(i):
+        try:
+            start.wait()
+            for _ in range(3 * RUNS):
+                for got, want in zip(sess.run(None, {"x": inputs[i]}), expected[i],
+                                     strict=True):
+                    np.testing.assert_array_equal(got, want)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[0]
+    assert _pattern(sess).slices
+
+
+# Dense: takes a contiguous out only; given a slice of the Concat's (strided at N = 2), it
+# writes a fresh array, and the next pattern gives it bytes of its own
+DENSE_ONLY = """
+<ir_version: 8, opset_import: ["" : 18, "test.memory": 1]>
+g (float[N, 4, 4096] x) => (float[N, 8, 4096] y) {
+  a = test.memory.Dense(x)
+  b = Neg(x)
+  j = Concat<axis = 1>(a, b)
+  e = Exp(j)
+  y = Add(e, j)
+}
+"""
+
+
+@onnxrun.register_custom_op("Dense", "test.memory")
+@takes_out
+def _dense(X, *, out=None):
+    return np.multiply(X, 5, out=out if out is not None and out.flags.c_contiguous else None)
+
+
+def test_producer_that_writes_elsewhere_than_its_slice():
+    rng = np.random.default_rng(7)
+    sess = _run_both(DENSE_ONLY, [{"x": rng.standard_normal((2, 4, 4096), dtype=np.float32)}
+                            for _ in range(RUNS + 2)])
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    name = {j: plan.steps[i].node.outputs[0].name for i, j in plan.memory.candidates.items()}
+    assert {name[j] for j in pattern.slices} == {"b"}
+    assert "a" in {name[j] for j, spec in enumerate(pattern.specs) if spec is not None}
+    assert pattern.recorder is None
+
+
+def _suite_model(name):
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(root))
+    try:
+        import suite_models
+    finally:
+        sys.path.remove(str(root))
+    return suite_models.MODELS[name][0](small=True)
+
+
+def _pooled_ops(sess):
+    """op type -> how many steps write into the arena, and of those given a Concat's slice."""
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    pooled, sliced = {}, {}
+    for i, j in plan.memory.candidates.items():
+        t = plan.steps[i].node.op_type
+        if pattern.specs[j] is not None:
+            pooled[t] = pooled.get(t, 0) + 1
+        if j in pattern.slices:
+            sliced[t] = sliced.get(t, 0) + 1
+    return pooled, sliced
+
+
+@pytest.mark.parametrize("name", ["densenet_style", "inception_style", "yolo_style"])
+def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
+    """The compiled channels-last convolutions (and activations) write into their range of a
+    Concat's channels (rows of pixels further apart than their own channels); the outputs of
+    every run equal those without the memory pattern bit for bit."""
+    monkeypatch.setattr(memory, "MIN_BYTES", 4096)  # the small builds' values pooled too
+    model, feeds = _suite_model(name)
+    opts = onnxrun.SessionOptions()
+    opts.intra_op_num_threads = 1
+    on = onnxrun.InferenceSession(model.SerializeToString(), opts)
+    opts.enable_mem_pattern = False
+    off = onnxrun.InferenceSession(model.SerializeToString(), opts)
+    want = off.run(None, feeds)
+    for i in range(RUNS):
+        for got, ref in zip(on.run(None, feeds), want, strict=True):
+            np.testing.assert_array_equal(got, ref, err_msg=f"run {i}")
+    pooled, sliced = _pooled_ops(on)
+    assert pooled.get("Concat", 0) >= 1, pooled
+    # YOLO's convolutions write SiLU's input (QuickGelu writes the slice)
+    writers = ("QuickGelu",) if name == "yolo_style" else ("FusedConv", "Conv")
+    assert sum(sliced.get(t, 0) for t in writers) >= 1, sliced
+
+
+# products on the compiled GEMM's panels (a constant float32 B) write into their buffer
+PRODUCTS = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 64] x) => (float[N, 64] y) {
+  w1 = Constant<value = float[64, 256] {%s}>()
+  w2 = Constant<value = float[256, 256] {%s}>()
+  w3 = Constant<value = float[256, 64] {%s}>()
+  h = MatMul(x, w1)
+  r = Relu(h)
+  k = Gemm<transB = 0>(r, w2)
+  t = Tanh(k)
+  y = MatMul(t, w3)
+}
+"""
+
+
+def test_compiled_products_write_into_their_buffers():
+    rng = np.random.default_rng(8)
+    weights = [(rng.standard_normal(n) * 0.1).astype(np.float32) for n in
+               (64 * 256, 256 * 256, 256 * 64)]
+    text = PRODUCTS % tuple(", ".join(f"{v:.6g}" for v in w) for w in weights)
+    sess = _run_both(text, [{"x": rng.standard_normal((96, 64), dtype=np.float32)}
+                            for _ in range(RUNS)])
+    pooled, _ = _pooled_ops(sess)
+    assert pooled.get("MatMul", 0) >= 1 and pooled.get("Gemm", 0) + \
+        pooled.get("FusedGemm", 0) >= 1, pooled

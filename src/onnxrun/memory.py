@@ -85,6 +85,7 @@ class _Recorder:
         self.owner: dict[int, int] = {}  # slot not freed yet -> the candidate it aliases
         self.refs: dict[int, int] = {}  # candidate -> its slots not freed yet
         self.unused: set[int] = set()  # candidates that wrote elsewhere (check)
+        self.unsliced: set[int] = set()  # candidates that wrote elsewhere than a join's slice
 
     def observe(self, i: int, args: Sequence[Any], results: Sequence[Any],
                 outs: Sequence[int], frees: Sequence[int]) -> None:
@@ -125,16 +126,30 @@ class _Recorder:
 
     def pattern(self) -> Pattern | None:
         memory = self.memory
-        items = []  # (bytes, first step, last step, candidate)
-        for j, (_, shape, dtype, strides) in self.outs.items():
+        live: dict[int, list[int]] = {}  # candidate -> [first step, last step]
+        for j in self.outs:
             group = self.group[j]
             if not memory.fetch_slots.isdisjoint(group):
                 continue  # returned to the caller (or a view of it is): fresh memory
-            end = max(memory.freed_at.get(s, memory.num_steps) for s in group)
-            size = dtype.itemsize * _extent(shape, strides, dtype.itemsize)
-            items.append((max(64, (size + 63) // 64 * 64), memory.step_of[j], end, j))
-        if not items:
+            live[j] = [memory.step_of[j], max(memory.freed_at.get(s, memory.num_steps)
+                                              for s in group)]
+        if not live:
             return None
+        parent = self._slices(live)
+        root_of: dict[int, int] = {}
+        for j in live:
+            r = j
+            while r in parent:
+                r = parent[r][0]
+            root_of[j] = r
+            if r != j:  # a root's bytes are in use from its first slice's producer on
+                live[r][0] = min(live[r][0], live[j][0])
+        roots = [j for j in live if j not in parent]
+        items = []  # (bytes, first step, last step, candidate)
+        for j in roots:
+            _, shape, dtype, strides = self.outs[j]
+            size = dtype.itemsize * _extent(shape, strides, dtype.itemsize)
+            items.append((max(64, (size + 63) // 64 * 64), live[j][0], live[j][1], j))
         # Offsets in one arena, the largest values first, each at the lowest offset where no
         # value live at the same time lies (greedy by size: within a few percent of the most
         # bytes live at once on these models)
@@ -152,13 +167,57 @@ class _Recorder:
                 offset = max(offset, o + n)
             bisect.insort(placed, (offset, size, start, end, j))
             total = max(total, offset + size)
+        inside: dict[int, list[int]] = {}  # root -> its slices (at any depth)
+        for j, r in root_of.items():
+            if r != j:
+                inside.setdefault(r, []).append(j)
         for offset, size, start, _, j in placed:
-            # the values in the same bytes earlier in the run: all must be gone before j
-            earlier = tuple(k for o, n, _, last, k in placed
-                            if last < start and o < offset + size and offset < o + n)
+            # the values in the same bytes earlier in the run (and the slices they were
+            # written in): all must be gone before j, or any of its slices, is written
+            earlier = tuple(m for o, n, _, last, k in placed
+                            if last < start and o < offset + size and offset < o + n
+                            for m in (k, *inside.get(k, ())))
             arg_shapes, shape, dtype, strides = self.outs[j]
             specs[j] = (offset, size, earlier, arg_shapes, shape, dtype, strides)
-        return Pattern(total, specs)
+            for k in inside.get(j, ()):
+                at = offset
+                m = k
+                while m in parent:  # the slice's place in its join, in the root's layout
+                    m, axis, pos = parent[m]
+                    at += pos * strides[axis]
+                arg_shapes_k, shape_k, _, _ = self.outs[k]
+                specs[k] = (at, dtype.itemsize * _extent(shape_k, strides, dtype.itemsize),
+                            earlier, arg_shapes_k, shape_k, dtype, strides)
+        return Pattern(total, specs, frozenset(parent))
+
+    def _slices(self, live: dict[int, list[int]]) -> dict[int, tuple[int, int, int]]:
+        """The candidates written straight into a join's output (Concat: its inputs one
+        after another along an axis): child -> (the join, its axis, the child's first index
+        along it). A child is a join's input that nothing else reads (nor a view of it), of
+        the join's dtype, whose kernel wrote where it was told (else ``unsliced``)."""
+        memory = self.memory
+        sole = {next(iter(g)): j for j, g in self.group.items() if len(g) == 1}
+        parent: dict[int, tuple[int, int, int]] = {}
+        for c in sorted(memory.joins, key=memory.step_of.__getitem__):  # inner joins first
+            if c not in live or c not in self.outs:
+                continue
+            axis, slots = memory.joins[c]
+            arg_shapes, shape, dtype, _ = self.outs[c]
+            axis = axis + len(shape) if axis < 0 else axis
+            if not 0 <= axis < len(shape) or len(arg_shapes) != len(slots):
+                continue
+            pos = 0
+            for s, arg_shape in zip(slots, arg_shapes, strict=True):
+                p = sole.get(s)
+                if p is not None and p in live and p not in parent and \
+                        p not in self.unsliced and slots.count(s) == 1 and \
+                        memory.freed_at.get(s) == memory.step_of[c] and \
+                        self.outs[p][1] == arg_shape and self.outs[p][2] == dtype:
+                    parent[p] = (c, axis, pos)
+                if arg_shape is None or len(arg_shape) != len(shape):
+                    break
+                pos += arg_shape[axis]
+        return parent
 
 
 def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> int:
@@ -171,13 +230,15 @@ def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
 class Pattern:
     """The arena of one input-shape signature: where each candidate's output lies in it."""
 
-    __slots__ = ("nbytes", "specs", "free", "recorder")
+    __slots__ = ("nbytes", "specs", "slices", "free", "recorder")
 
-    def __init__(self, nbytes: int, specs: list[tuple | None]) -> None:
+    def __init__(self, nbytes: int, specs: list[tuple | None],
+                 slices: frozenset[int] = frozenset()) -> None:
         self.nbytes = nbytes
         # per candidate: None, or (offset, bytes, the candidates earlier in the same bytes,
         # its inputs' shapes, its output's shape, dtype and strides)
         self.specs = specs
+        self.slices = slices  # the candidates given a slice of a join's output
         self.free: list[Buffers] = []  # checked in, ready for the next run
         self.recorder: _Recorder | None = None  # set until the pattern's first run
 
@@ -285,12 +346,17 @@ _BASELINE = _baseline()
 class Memory:
     """The memory patterns of one plan, per input-shape signature."""
 
-    __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "patterns",
-                 "seen")
+    __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "joins",
+                 "patterns", "seen")
 
     def __init__(self, candidates: dict[int, int], fetch_slots: Sequence[int],
-                 frees: Sequence[Sequence[int]]) -> None:
+                 frees: Sequence[Sequence[int]],
+                 joins: dict[int, tuple[int, tuple[int, ...]]] | None = None) -> None:
         self.candidates = candidates  # step index -> candidate index
+        # candidate -> (axis, input slots) of a join: a kernel whose output is its inputs
+        # one after another along ``axis`` (``joins_axis``: Concat), skipping an input
+        # already in its place (_Recorder._slices)
+        self.joins = joins or {}
         self.step_of = {j: i for i, j in candidates.items()}
         self.fetch_slots = frozenset(fetch_slots)
         self.freed_at = {s: i for i, f in enumerate(frees) for s in f}
@@ -303,14 +369,18 @@ class Memory:
         """The plan's memory, or None when no step can be given a buffer."""
         fetch = set(fetch_slots)
         candidates: dict[int, int] = {}
+        joins: dict[int, tuple[int, tuple[int, ...]]] = {}
         for i, step in enumerate(steps):
             if len(step.outputs) == 1 and step.outputs[0] > 1 and \
                     step.outputs[0] not in fetch and \
                     step.provider == "CPUExecutionProvider" and accepts_out(step.kernel):
+                axis = getattr(step.kernel, "joins_axis", None)
+                if type(axis) is int and len(step.inputs) > 1:
+                    joins[len(candidates)] = (axis, tuple(step.inputs))
                 candidates[i] = len(candidates)
         if not candidates:
             return None
-        return cls(candidates, fetch_slots, [step.frees for step in steps])
+        return cls(candidates, fetch_slots, [step.frees for step in steps], joins)
 
     def first_sighting(self, key: tuple) -> bool:
         """Whether ``key`` has not been run before (it is noted); a second run records."""
@@ -338,9 +408,16 @@ class Memory:
         a fresh array allocated besides: the pattern is made again without them."""
         recorder, pattern.recorder = pattern.recorder, None
         if unused and recorder is not None:
-            for j in unused:
+            sliced = unused & pattern.slices
+            for j in unused - sliced:
                 recorder.outs.pop(j, None)
+            # a kernel that wrote elsewhere than a join's slice is given bytes of its own,
+            # and the next run checks again that it writes there
+            recorder.unsliced |= sliced
+            recorder.unused = set()
             pattern = self.patterns[key] = recorder.pattern()
+            if sliced and pattern is not None:
+                pattern.recorder = recorder
 
 
 

@@ -26,11 +26,12 @@ def packed_weights(B: np.ndarray | None):
 
 
 def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
-               released: bool = False) -> np.ndarray | None:
+               released: bool = False, out: np.ndarray | None = None) -> np.ndarray | None:
     """A @ B (+ bias, clipped) through ``packed`` for a float32 A (..., K): the result, or
     None where BLAS should take it (too few rows, another dtype or width). ``released``: the
     session no longer holds B (``prepacked_inputs``), so every product goes through the
-    panels, a single row too, and an A that does not fit them is an error here."""
+    panels, a single row too, and an A that does not fit them is an error here. ``out``: the
+    executor's buffer (memory.py), written when it is a float32 (..., N) of rows."""
     if A.dtype != np.float32 or A.ndim < 1 or A.shape[-1] != packed.K:
         if released:
             raise ValueError(f"A of {A.dtype} {list(A.shape)} does not fit the float32 "
@@ -39,11 +40,31 @@ def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
     rows = A.size // packed.K if packed.K else 0
     if rows < COMPILED_MIN_ROWS and not released:
         return None
-    Y = packed.run(A.reshape(rows, packed.K), bias=bias, bounds=bounds, threads=threads)
-    return Y.reshape(A.shape[:-1] + (packed.N,))
+    shape = A.shape[:-1] + (packed.N,)
+    given = _rows(out, shape, rows)
+    Y = packed.run(A.reshape(rows, packed.K), bias=bias, bounds=bounds, threads=threads,
+                   out=given)
+    return Y.reshape(shape) if given is None else out
 
 
-def gemm_packed(gemm, A: np.ndarray, B, bounds=None) -> np.ndarray | None:
+def _rows(out: np.ndarray | None, shape: tuple[int, ...], rows: int) -> np.ndarray | None:
+    """``out`` seen as the (rows, N) float32 matrix of rows a GEMM writes, or None where it
+    is not one (another shape or dtype, or rows only a copy could make)."""
+    if out is None or out.shape != shape or out.dtype != np.float32 or out.ndim < 1:
+        return None
+    view = out.view()
+    try:
+        view.shape = (rows, shape[-1])  # raises where only a copy has that shape
+    except AttributeError:
+        return None
+    if shape[-1] > 1 and view.strides[1] != 4 or rows > 1 and (
+            view.strides[0] % 4 or view.strides[0] < 4 * shape[-1]):
+        return None
+    return view
+
+
+def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
+                out: np.ndarray | None = None) -> np.ndarray | None:
     """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer),
     through ``gemm.prepared`` (PackedMatrix.prepared: the argument block built once) when A
     has the shape of the last product that ran there: a streaming model calls its small
@@ -51,9 +72,9 @@ def gemm_packed(gemm, A: np.ndarray, B, bounds=None) -> np.ndarray | None:
     prepared = gemm.prepared
     if prepared is not None and A.shape == prepared.shape and A.dtype == np.float32 and \
             A.flags.c_contiguous:  # made only without transA
-        return prepared(A)
+        return prepared(A, out)
     Y = run_packed(gemm.packed, gemm_operand(A, gemm.transA, B), gemm.threads,
-                   gemm.packed_bias, bounds, released=B is None)
+                   gemm.packed_bias, bounds, released=B is None, out=out)
     if Y is not None and not gemm.transA and A.flags.c_contiguous:
         gemm.prepared = gemm.packed.prepared(A.shape[0], gemm.packed_bias, bounds,
                                              gemm.threads)
@@ -86,14 +107,15 @@ class MatMul:
         # the panels replace B: the session drops its own copy (plan.py; B arrives as None)
         self.prepacked_inputs = (1,) if self.packed is not None else ()
         self.threads = threads_for(ctx)
+        self.accepts_out = self.packed is not None  # the panels' product writes into out
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by profiles and tests
         return self.packed is not None
 
-    def __call__(self, A, B):
+    def __call__(self, A, B, *, out=None):
         if self.packed is not None:
-            Y = run_packed(self.packed, A, self.threads, released=B is None)
+            Y = run_packed(self.packed, A, self.threads, released=B is None, out=out)
             if Y is not None:
                 return Y
         cdt = compute_dtype(A.dtype)
@@ -162,14 +184,15 @@ class Gemm:
         if C is not None and _floating(C) and self.packed is None:
             cdt = compute_dtype(C.dtype)
             self.C = (C.astype(cdt) * cdt.type(self.beta)) if self.beta != 1.0 else C.astype(cdt)
+        self.accepts_out = self.packed is not None  # the panels' product writes into out
 
     @property
     def uses_compiled_gemm(self) -> bool:
         return self.packed is not None
 
-    def __call__(self, A, B, C=None):
+    def __call__(self, A, B, C=None, *, out=None):
         if self.packed is not None and (A.ndim == 2 or B is None):
-            Y = gemm_packed(self, A, B)
+            Y = gemm_packed(self, A, B, out=out)
             if Y is not None:
                 return Y
         out_dtype = A.dtype

@@ -220,6 +220,9 @@ class Concat:
         from .conv import keeps_layout
 
         self.axis = int(axis)
+        # memory.py may hand an input's producer its range of this output: such an input
+        # is found in place and not copied
+        self.joins_axis = self.axis
         self.keep_layout = keeps_layout(ctx)
 
     def __call__(self, *inputs, out=None):
@@ -229,20 +232,44 @@ class Concat:
             return inputs[0]
         if self.keep_layout and self.axis in (1, -3) and _channels_last_operands(inputs):
             N, _, H, W = inputs[0].shape
-            Yt = nhwc_out(out, (N, H, W, sum(x.shape[1] for x in inputs)), inputs[0].dtype)
+            Yt = nhwc_out(out, (N, H, W, sum(x.shape[1] for x in inputs)), inputs[0].dtype,
+                          True)
             c = 0
             for x in inputs:
-                np.copyto(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1))
+                _place(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1))
                 c += x.shape[1]
             return Yt.transpose(0, 3, 1, 2)
         if out is not None and out.dtype == inputs[0].dtype and \
                 (self.keep_layout or out.flags.c_contiguous):
             try:  # out: the shape and layout this Concat's result had at these shapes
-                return np.concatenate(inputs, axis=self.axis, out=out)
+                return _concatenate_into(inputs, self.axis, out)
             except ValueError:  # not the result's shape after all: a fresh one
                 pass
         Y = np.concatenate(inputs, axis=self.axis)  # numpy keeps a layout all operands share
         return Y if self.keep_layout or Y.flags.c_contiguous else np.ascontiguousarray(Y)
+
+
+def _place(dst: np.ndarray, x: np.ndarray) -> None:
+    """dst[...] = x, unless x is dst's very elements already (written there by its producer)."""
+    if x.ctypes.data != dst.ctypes.data or x.strides != dst.strides or x.dtype != dst.dtype:
+        np.copyto(dst, x)
+
+
+def _concatenate_into(inputs, axis: int, out: np.ndarray) -> np.ndarray:
+    """np.concatenate(inputs, axis, out=out), an input already in its place not copied."""
+    first = inputs[0]
+    axis = axis + first.ndim if axis < 0 else axis
+    if not 0 <= axis < first.ndim or out.ndim != first.ndim or \
+            any(x.ndim != first.ndim or x.dtype != out.dtype or
+                x.shape[:axis] + x.shape[axis + 1:] != out.shape[:axis] + out.shape[axis + 1:]
+                for x in inputs) or sum(x.shape[axis] for x in inputs) != out.shape[axis]:
+        raise ValueError("Concat: out does not fit the inputs")
+    pre = (slice(None),) * axis
+    c = 0
+    for x in inputs:
+        _place(out[pre + (slice(c, c + x.shape[axis]),)], x)
+        c += x.shape[axis]
+    return out
 
 
 def _channels_last_operands(inputs) -> bool:

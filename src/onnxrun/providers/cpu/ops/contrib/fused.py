@@ -155,14 +155,15 @@ class FusedGemm:
             elif cdt != Bm.dtype:
                 Bm = Bm.astype(cdt)
             self.B = Bm
+        self.accepts_out = self.packed is not None  # the panels' product writes into out
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
         return self.packed is not None
 
-    def __call__(self, A, B, C=None):
+    def __call__(self, A, B, C=None, *, out=None):
         if self.packed is not None and (A.ndim == 2 or B is None):
-            Y = gemm_packed(self, A, B, self.bounds)
+            Y = gemm_packed(self, A, B, self.bounds, out)
             if Y is not None:
                 if self.act is not None and self.bounds is None:
                     self.act(Y)
@@ -205,15 +206,16 @@ class FusedMatMul:
                                                     if self.alpha != 1.0 else Bm, np.float32))
         # the panels replace B, unless a batch-transposed A may need the numpy path
         self.prepacked_inputs = (1,) if self.packed is not None and not self.batchA else ()
+        self.accepts_out = self.packed is not None and not self.batchA  # written into out
 
     @property
     def uses_compiled_gemm(self) -> bool:
         return self.packed is not None
 
-    def __call__(self, A, B):
+    def __call__(self, A, B, *, out=None):
         if self.packed is not None and not self.batchA:
             Y = run_packed(self.packed, np.swapaxes(A, -1, -2) if self.transA and A.ndim >= 2
-                           else A, self.threads, released=B is None)
+                           else A, self.threads, released=B is None, out=out)
             if Y is not None:
                 return Y
         if (self.batchA or self.batchB) and not (A.ndim == B.ndim and A.ndim > 2):
