@@ -523,6 +523,8 @@ def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
     # YOLO's convolutions write SiLU's input (QuickGelu writes the slice)
     writers = ("QuickGelu",) if name == "yolo_style" else ("FusedConv", "Conv")
     assert sum(sliced.get(t, 0) for t in writers) >= 1, sliced
+    if name != "yolo_style":  # the compiled pools write into their buffers
+        assert pooled.get("MaxPool", 0) + pooled.get("AveragePool", 0) >= 1, pooled
 
 
 # products on the compiled GEMM's panels (a constant float32 B) write into their buffer
@@ -551,3 +553,30 @@ def test_compiled_products_write_into_their_buffers():
     pooled, _ = _pooled_ops(sess)
     assert pooled.get("MatMul", 0) >= 1 and pooled.get("Gemm", 0) + \
         pooled.get("FusedGemm", 0) >= 1, pooled
+
+
+# the compiled LayerNormalization / SkipLayerNormalization write into their buffers
+NORMS = """
+<ir_version: 8, opset_import: ["" : 18, "com.microsoft" : 1]>
+g (float[N, 512] x, float[N, 512] r) => (float[N, 512] y) {
+  gamma = Constant<value = float[512] {%s}>()
+  beta = Constant<value = float[512] {%s}>()
+  a = Neg(x)
+  n = LayerNormalization<axis = -1, epsilon = 0.00001>(a, gamma, beta)
+  t = Tanh(n)
+  s = com.microsoft.SkipLayerNormalization<epsilon = 0.00001>(t, r, gamma, beta)
+  y = Abs(s)
+}
+"""
+
+
+def test_layer_norms_write_into_their_buffers():
+    rng = np.random.default_rng(9)
+    gamma, beta = (rng.standard_normal(512).astype(np.float32) for _ in range(2))
+    text = NORMS % tuple(", ".join(f"{v:.6g}" for v in w) for w in (gamma, beta))
+    sess = _run_both(text, [{"x": rng.standard_normal((64, 512), dtype=np.float32),
+                             "r": rng.standard_normal((64, 512), dtype=np.float32)}
+                            for _ in range(RUNS)])
+    pooled, _ = _pooled_ops(sess)
+    assert pooled.get("LayerNormalization") == 1 and \
+        pooled.get("SkipLayerNormalization") == 1, pooled

@@ -207,11 +207,13 @@ def function():
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilon: float,
                skip: np.ndarray | None = None, bias: np.ndarray | None = None,
-               want_sum: bool = False, threads: int = 1, fn=None):
+               want_sum: bool = False, threads: int = 1, fn=None,
+               out: np.ndarray | None = None):
     """The rows of the C-contiguous float32 (rows, n) ``x`` (+ ``skip``, its shape, + ``bias``)
     normalized, times ``gamma`` (+ ``beta``): (Y, mean (rows,), inv_std (rows,), the sum
-    or None), new arrays; ranges of rows on up to ``threads`` threads (each row's arithmetic
-    is the same on any). ``fn``: function(), where the caller holds it."""
+    or None), new arrays (Y in ``out`` when it is a C-contiguous float32 (rows, n) array);
+    ranges of rows on up to ``threads`` threads (each row's arithmetic is the same on any).
+    ``fn``: function(), where the caller holds it."""
     if x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError("layer_norm: expected a C-contiguous float32 (rows, n) array")
     rows, n = x.shape
@@ -220,7 +222,8 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
         raise ValueError(f"layer_norm: skip must be a C-contiguous float32 {list(x.shape)}")
     gamma = _vector(gamma, n, "gamma")
     beta, bias = _vector(beta, n, "beta"), _vector(bias, n, "bias")
-    Y = np.empty((rows, n), np.float32)
+    Y = out if out is not None and out.shape == (rows, n) and out.dtype == np.float32 and \
+        out.flags.c_contiguous else np.empty((rows, n), np.float32)
     S = np.empty((rows, n), np.float32) if want_sum else None
     mean, inv = np.empty(rows, np.float32), np.empty(rows, np.float32)
     if x.size == 0:

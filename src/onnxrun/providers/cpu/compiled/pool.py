@@ -46,10 +46,12 @@ def module_ir(kh: int, kw: int, op: str) -> str:
 
 def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int],
          outs: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
-         scale: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+         scale: np.ndarray | None = None, threads: int = 1,
+         out: np.ndarray | None = None) -> np.ndarray:
     """The (N, Ho, Wo, C) pool of the C-contiguous channels-last (N, H, W, C) float32 ``X``,
     windows from (-heads) on, padding never read; ``scale`` (avg): each output pixel's factor,
-    (Ho, Wo) float32. Raises ``jit.Unavailable`` where the kernel cannot run here."""
+    (Ho, Wo) float32; into ``out`` when it is a C-contiguous float32 array of that shape.
+    Raises ``jit.Unavailable`` where the kernel cannot run here."""
     kh, kw = kernel
     if op not in ("max", "avg") or not 0 < kh * kw <= MAX_TAPS:
         raise ValueError(f"pool: op {op!r} over {kh} x {kw} taps is not compiled")
@@ -62,7 +64,9 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     if X.dtype != np.float32 or not X.flags.c_contiguous:
         raise ValueError("pool: expected a contiguous float32 [N, H, W, C]")
     Ho, Wo = outs
-    out = np.empty((N, Ho, Wo, C), np.float32)
+    if out is None or out.shape != (N, Ho, Wo, C) or out.dtype != np.float32 or \
+            not out.flags.c_contiguous:
+        out = np.empty((N, Ho, Wo, C), np.float32)
     if out.size == 0:
         return out
     (sh, sw), (dh, dw), (pt, pl) = strides, dilations, heads

@@ -35,6 +35,15 @@ def compiled_layer_norm():
     return layer_norm if layer_norm.unavailable() is None else None
 
 
+def rows_of(out: np.ndarray | None, shape: tuple[int, ...], n: int) -> np.ndarray | None:
+    """The executor's buffer ``out`` (memory.py) as the C-contiguous (rows, n) float32 rows
+    compiled/layer_norm writes, or None where it is not one."""
+    if out is None or out.shape != shape or out.dtype != np.float32 or \
+            not out.flags.c_contiguous:
+        return None
+    return out.reshape(-1, n)
+
+
 def fits_compiled(X: np.ndarray, trailing: tuple[int, ...], *params) -> bool:
     """Whether compiled/layer_norm takes float32 ``X`` normalized over its ``trailing`` axes
     with these parameters (float32, one value per normalized element, or None)."""
@@ -168,7 +177,11 @@ class LayerNormalization:
         self.compiled = compiled_layer_norm()
         self.fn = None if self.compiled is None else self.compiled.function()
 
-    def __call__(self, X, Scale, B=None):
+    # the executor's buffer for Y (memory.py), where the node has no other output: the
+    # compiled kernel writes it
+    accepts_out = True
+
+    def __call__(self, X, Scale, B=None, *, out=None):
         axis = self.axis + X.ndim if self.axis < 0 else self.axis
         sd = _stat_dtype(X.dtype)
         outer = X.shape[:axis]
@@ -179,7 +192,7 @@ class LayerNormalization:
             n = int(np.prod(X.shape[axis:]))
             Y, mean, inv_std, _ = self.compiled.layer_norm(
                 np.ascontiguousarray(X).reshape(-1, n), Scale, B, self.epsilon,
-                threads=self.threads, fn=self.fn)
+                threads=self.threads, fn=self.fn, out=rows_of(out, X.shape, n))
             Y = Y.reshape(X.shape)
         else:
             Y, mean, inv_std = _standardize_rows(X, int(np.prod(outer)), self.epsilon, sd)

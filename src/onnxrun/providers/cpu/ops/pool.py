@@ -60,9 +60,11 @@ class _Pool:
     def taps(self, outs):
         return window_slices(outs, self.kernel, self.strides, self.dilations)
 
-    def compiled(self, X: np.ndarray, op: str, heads, outs, scale=None) -> np.ndarray | None:
+    def compiled(self, X: np.ndarray, op: str, heads, outs, scale=None,
+                 out: np.ndarray | None = None) -> np.ndarray | None:
         """The compiled pool (compiled/pool.py) of a channels-last 2-D float32 X whose layout
-        passes on, or None where it does not run (the numpy path then)."""
+        passes on (into ``out``, the executor's buffer, when it is channels-last), or None
+        where it does not run (the numpy path then)."""
         if not (self.use_compiled and self.keep_layout and X.ndim == 4 and
                 X.dtype == np.float32 and channels_inner(X) and X.shape[1] > 0):
             return None
@@ -73,8 +75,9 @@ class _Pool:
         if op == "avg" and not isinstance(scale, np.ndarray):
             scale = np.full(outs, scale, np.float32)
         try:  # (a view of part of the channels, a Split's output, copied)
-            Y = pool.pool(np.ascontiguousarray(X.transpose(0, 2, 3, 1)), op, self.kernel, heads,
-                          outs, self.strides, self.dilations, scale, self.threads)
+            Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))
+            Y = pool.pool(Xt, op, self.kernel, heads, outs, self.strides, self.dilations, scale,
+                          self.threads, None if out is None else out.transpose(0, 2, 3, 1))
         except jit.Unavailable:
             return None
         return Y.transpose(0, 3, 1, 2)
@@ -223,11 +226,13 @@ class MaxPool(_Pool):
         self.storage_order = int(storage_order)
         self.want_indices = ctx.output_used(1)
 
-    def __call__(self, X):
+    accepts_out = True  # the executor's buffer for the output (memory.py): compiled pools
+
+    def __call__(self, X, *, out=None):
         heads, _, outs = self.geometry(X)
         fill = _lowest(X.dtype)
         if not self.want_indices:
-            Y = self.compiled(X, "max", heads, outs)
+            Y = self.compiled(X, "max", heads, outs, out=out)
             return Y if Y is not None else self.reduce_windows(X, heads, outs, fill, np.maximum)
         Xp = pad_spatial(X, heads, outs, self.kernel, self.strides, self.dilations, fill)
         return self._with_indices(X, Xp, heads, outs)
@@ -274,14 +279,16 @@ class AveragePool(_Pool):
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
         self.include_pad = bool(count_include_pad)
 
-    def __call__(self, X):
+    accepts_out = True  # the executor's buffer for the output (memory.py): compiled pools
+
+    def __call__(self, X, *, out=None):
         heads, tails, outs = self.geometry(X)
         out_dtype = X.dtype
         cdt = compute_dtype(X.dtype)
         counts = self.counts(X.shape[2:], heads, tails, outs, self.include_pad)
         scale = cdt.type(1.0 / int(np.prod(self.kernel))) if counts is None else \
             1 / counts.astype(cdt)
-        Y = self.compiled(X, "avg", heads, outs, scale)
+        Y = self.compiled(X, "avg", heads, outs, scale, out)
         if Y is not None:
             return Y
         Y = self.window_sum(X.astype(cdt, copy=False), heads, outs, scale=scale)

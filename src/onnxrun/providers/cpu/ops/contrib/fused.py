@@ -424,6 +424,8 @@ def BiasSoftmax(data, bias, *, axis=1, is_inner_broadcast):
 class NhwcMaxPool(MaxPool):
     """MaxPool over a channels-last (N, spatial..., C) tensor."""
 
+    accepts_out = False  # its output is copied out of MaxPool's
+
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
                  kernel_shape, pads=None, strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,

@@ -34,7 +34,7 @@ from ..attention import (
     to_heads,
 )
 from ..linalg import packed_weights, run_packed
-from ..normalization import LayerNormalization, compiled_layer_norm, fits_compiled
+from ..normalization import LayerNormalization, compiled_layer_norm, fits_compiled, rows_of
 
 MS = "com.microsoft"
 
@@ -184,14 +184,19 @@ class SkipLayerNormalization:
         self.compiled = compiled_layer_norm()
         self.fn = None if self.compiled is None else self.compiled.function()
 
-    def __call__(self, input, skip, gamma, beta=None, bias=None):  # noqa: A002 - schema
+    # the executor's buffer for Y (memory.py), where the node has no other output: the
+    # compiled kernel writes it
+    accepts_out = True
+
+    def __call__(self, input, skip, gamma, beta=None, bias=None, *, out=None):  # noqa: A002
         n = input.shape[-1] if input.ndim else 0
         if self.compiled is not None and input.ndim and skip.shape == input.shape and \
                 skip.dtype == np.float32 and fits_compiled(input, (n,), gamma, beta, bias):
             c = np.ascontiguousarray
             Y, mean, inv, total = self.compiled.layer_norm(
                 c(input).reshape(-1, n), gamma, beta, self.epsilon, skip=c(skip).reshape(-1, n),
-                bias=bias, want_sum=self.want_sum, threads=self.threads, fn=self.fn)
+                bias=bias, want_sum=self.want_sum, threads=self.threads, fn=self.fn,
+                out=rows_of(out, input.shape, n))
             stat = input.shape[:-1] + (1,)
             return (Y.reshape(input.shape), mean.reshape(stat), inv.reshape(stat),
                     None if total is None else total.reshape(input.shape))
