@@ -102,10 +102,11 @@ def test_intermediates_share_bytes_and_views_keep_theirs():
     a, b, c, d = [(spec[0], spec[0] + spec[1]) for spec in pooled]
     size = 4 * 8192 * 4
     assert all(hi - lo == size for lo, hi in (a, b, c, d))
-    # a (live through v and w until y) shares its bytes with none of b, c, d; d reuses b's
+    # a (live through v and w until y) shares its bytes with none of b, c, d; c is written
+    # over b (Mul, its last reader), d over c (in place)
     assert all(a[1] <= lo or hi <= a[0] for lo, hi in (b, c, d))
-    assert d == b
-    assert pattern.nbytes == 3 * size
+    assert d == c == b
+    assert pattern.nbytes == 2 * size
 
 
 def test_arena_reused_across_runs():
@@ -309,7 +310,7 @@ def test_kernels_that_write_elsewhere_get_no_buffer():
     pooled = {plan.steps[plan.memory.step_of[j]].node.op_type
               for j, spec in enumerate(pattern.specs) if spec is not None}
     assert pooled == {"Into", "Neg"}
-    assert pattern.nbytes == 2 * 4 * 8192 * 4
+    assert pattern.nbytes == 4 * 8192 * 4  # Neg written over Into's output
 
 
 # the branches' intermediates get buffers of their own programs' patterns
@@ -580,3 +581,63 @@ def test_layer_norms_write_into_their_buffers():
     pooled, _ = _pooled_ops(sess)
     assert pooled.get("LayerNormalization") == 1 and \
         pooled.get("SkipLayerNormalization") == 1, pooled
+
+
+# in place: b over a, c over b (Relu), e over c (d, read again by z, is not written over),
+# f over e (the bias broadcast, e the same shape as f)
+IN_PLACE = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[N, 8192] x, float[8192] bias) => (float[N, 8192] y, float[N, 8192] z) {
+  a = Neg(x)
+  b = Exp(a)
+  c = Relu(b)
+  d = Abs(x)
+  e = Mul(c, d)
+  f = Add(bias, e)
+  y = Tanh(f)
+  z = Sub(d, x)
+}
+"""
+
+
+def test_elementwise_outputs_written_over_inputs_that_die_there():
+    rng = np.random.default_rng(10)
+    feeds = [{"x": rng.standard_normal((4, 8192), dtype=np.float32),
+              "bias": rng.standard_normal(8192, dtype=np.float32)} for _ in range(RUNS)]
+    sess = _run_both(IN_PLACE, feeds)
+    y, z = sess.run(None, feeds[0])
+    x, bias = feeds[0]["x"], feeds[0]["bias"]
+    np.testing.assert_allclose(y, np.tanh(bias + np.maximum(np.exp(-x), 0) * np.abs(x)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(z, np.abs(x) - x)
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    name = {j: plan.steps[i].node.outputs[0].name for i, j in plan.memory.candidates.items()}
+    over = {name[j]: (k, name[p]) for j, (k, p) in
+            ((j, kp) for j, kp in enumerate(pattern.over) if kp is not None)}
+    assert over == {"b": (0, "a"), "c": (0, "b"), "e": (0, "c"), "f": (1, "e")}, over
+    offsets = {name[j]: spec[0] for j, spec in enumerate(pattern.specs) if spec is not None}
+    assert offsets["a"] == offsets["b"] == offsets["c"] == offsets["e"] == offsets["f"]
+    assert offsets["d"] != offsets["a"]
+    assert pattern.nbytes == 2 * 4 * 8192 * 4
+
+
+def test_written_over_only_while_nothing_else_holds_the_input():
+    shape, strides, size = (4, 8192), (8192 * 4, 4), 4 * 8192 * 4
+    dtype = np.dtype(np.float32)
+    spec = (0, size, (), ((4, 8192),), shape, dtype, strides)
+    buffers = Buffers(Pattern(size, [spec, spec], over=[None, (0, 0)]))
+    x = np.ones(shape, np.float32)
+    a = buffers.take(0, x)
+    assert a is not None
+    assert buffers.take(1, x) is None  # its input is not a's value
+    view = a[1:].T  # a view of a, alive after a's last reader
+    assert buffers.take(1, a) is None
+    assert buffers.take(1, view) is None
+    del view
+    b = buffers.take(1, a)
+    assert b is not None and np.shares_memory(a, b)
+    del b
+    t = a[:, :]  # a view the kernel returned, ``a`` itself gone
+    del a
+    assert buffers.take(1, t) is not None

@@ -136,15 +136,18 @@ class _Recorder:
         if not live:
             return None
         parent = self._slices(live)
+        over = self._in_place(live, parent)
         root_of: dict[int, int] = {}
         for j in live:
             r = j
-            while r in parent:
-                r = parent[r][0]
+            while r in parent or r in over:
+                r = parent[r][0] if r in parent else over[r][1]
             root_of[j] = r
-            if r != j:  # a root's bytes are in use from its first slice's producer on
+            if r != j:  # a root's bytes are in use from its first slice's producer on,
+                # until the last value written over it is gone
                 live[r][0] = min(live[r][0], live[j][0])
-        roots = [j for j in live if j not in parent]
+                live[r][1] = max(live[r][1], live[j][1])
+        roots = [j for j in live if j not in parent and j not in over]
         items = []  # (bytes, first step, last step, candidate)
         for j in roots:
             _, shape, dtype, strides = self.outs[j]
@@ -167,7 +170,7 @@ class _Recorder:
                 offset = max(offset, o + n)
             bisect.insort(placed, (offset, size, start, end, j))
             total = max(total, offset + size)
-        inside: dict[int, list[int]] = {}  # root -> its slices (at any depth)
+        inside: dict[int, list[int]] = {}  # root -> its slices and the values over it
         for j, r in root_of.items():
             if r != j:
                 inside.setdefault(r, []).append(j)
@@ -188,7 +191,39 @@ class _Recorder:
                 arg_shapes_k, shape_k, _, _ = self.outs[k]
                 specs[k] = (at, dtype.itemsize * _extent(shape_k, strides, dtype.itemsize),
                             earlier, arg_shapes_k, shape_k, dtype, strides)
-        return Pattern(total, specs, frozenset(parent))
+        onto: list[tuple[int, int] | None] | None = None
+        if over:
+            onto = [None] * len(specs)
+            for j, kp in over.items():
+                onto[j] = kp
+        return Pattern(total, specs, frozenset(parent), onto)
+
+    def _in_place(self, live: dict[int, list[int]],
+                  parent: dict[int, tuple[int, int, int]]) -> dict[int, tuple[int, int]]:
+        """The candidates written over one of their inputs (as onnxruntime's allocation
+        planner reuses an input's buffer for an elementwise node's output): j -> (the
+        input's index, the candidate that wrote it). That input dies at j (its last reader,
+        no view of it), has j's output's shape, dtype and strides, and lies in no join's
+        slice; j is an elementwise kernel (``Memory.in_place``) in no slice itself."""
+        memory = self.memory
+        sole = {next(iter(g)): j for j, g in self.group.items() if len(g) == 1}
+        over: dict[int, tuple[int, int]] = {}
+        taken: set[int] = set()
+        for j, slots in memory.in_place.items():
+            if j not in live or j in parent:
+                continue
+            arg_shapes, shape, dtype, strides = self.outs[j]
+            for k, s in enumerate(slots):
+                p = sole.get(s)
+                if p is not None and p in live and p not in parent and p not in taken and \
+                        slots.count(s) == 1 and k < len(arg_shapes) and \
+                        arg_shapes[k] == shape and \
+                        memory.freed_at.get(s) == memory.step_of[j] and \
+                        self.outs[p][1:] == (shape, dtype, strides):
+                    over[j] = (k, p)
+                    taken.add(p)
+                    break
+        return over
 
     def _slices(self, live: dict[int, list[int]]) -> dict[int, tuple[int, int, int]]:
         """The candidates written straight into a join's output (Concat: its inputs one
@@ -230,15 +265,19 @@ def _extent(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> 
 class Pattern:
     """The arena of one input-shape signature: where each candidate's output lies in it."""
 
-    __slots__ = ("nbytes", "specs", "slices", "free", "recorder")
+    __slots__ = ("nbytes", "specs", "slices", "over", "free", "recorder")
 
     def __init__(self, nbytes: int, specs: list[tuple | None],
-                 slices: frozenset[int] = frozenset()) -> None:
+                 slices: frozenset[int] = frozenset(),
+                 over: list[tuple[int, int] | None] | None = None) -> None:
         self.nbytes = nbytes
         # per candidate: None, or (offset, bytes, the candidates earlier in the same bytes,
         # its inputs' shapes, its output's shape, dtype and strides)
         self.specs = specs
         self.slices = slices  # the candidates given a slice of a join's output
+        # per candidate (or None for none): None, or (k, p): written over its input k, the
+        # output of candidate p, whose bytes it shares (_Recorder._in_place)
+        self.over = over
         self.free: list[Buffers] = []  # checked in, ready for the next run
         self.recorder: _Recorder | None = None  # set until the pattern's first run
 
@@ -262,11 +301,16 @@ class Buffers:
     arena): an array ``take`` makes on them, and every numpy view of it, holds the handle,
     so its reference count says whether anything still uses the value."""
 
-    __slots__ = ("pattern", "specs", "arena", "handles")
+    __slots__ = ("pattern", "specs", "over", "bases", "arena", "handles")
 
     def __init__(self, pattern: Pattern) -> None:
         self.pattern = pattern
         self.specs = pattern.specs
+        self.over = pattern.over
+        # the candidates whose values are written over: their arrays get an array of bytes
+        # as base, which numpy gives every view of them as well, so that its reference
+        # count says whether the value is still read through anything but the input
+        self.bases = frozenset(kp[1] for kp in pattern.over or () if kp is not None)
         self.arena: np.ndarray | None = None
         self.handles: list[Any] = []
         # Allocated now, before the run's first kernel: in the middle of a run, malloc would
@@ -294,9 +338,20 @@ class Buffers:
             handle = handles[k]
             if _getrefcount(handle) != _BASELINE:
                 return None  # a value in these bytes is still in use: the kernel allocates
+        if self.over is not None and self.over[j] is not None:
+            # written over input k: it must be p's value in these bytes, the one array on
+            # them (a view that outlived what the record said would hold their base too)
+            k, p = self.over[j]
+            base = getattr(args[k], "base", None)
+            if base.__class__ is not np.ndarray or base.base is not handles[p] or \
+                    _getrefcount(base) != _SOLE:
+                return None
         handle = handles[j]
         if _getrefcount(handle) != _BASELINE:
             return None
+        if j in self.bases:  # its arrays' base: an array every view of them holds too
+            return np.ndarray(shape, dtype, np.ndarray((spec[1],), np.uint8, handle), 0,
+                              strides)
         return np.ndarray(shape, dtype, handle, 0, strides)
 
     def release(self) -> None:
@@ -343,20 +398,35 @@ def _baseline() -> int:
 _BASELINE = _baseline()
 
 
+def _sole() -> int:
+    """The reference count ``Buffers.take`` sees for the base of an array that is the one
+    array on it (counted the same way: a local, then the call)."""
+    a = np.ndarray((1,), np.uint8, np.empty(1, np.uint8))
+    base = getattr(a, "base", None)
+    return _getrefcount(base)
+
+
+_SOLE = _sole()
+
+
 class Memory:
     """The memory patterns of one plan, per input-shape signature."""
 
     __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "joins",
-                 "patterns", "seen")
+                 "in_place", "patterns", "seen")
 
     def __init__(self, candidates: dict[int, int], fetch_slots: Sequence[int],
                  frees: Sequence[Sequence[int]],
-                 joins: dict[int, tuple[int, tuple[int, ...]]] | None = None) -> None:
+                 joins: dict[int, tuple[int, tuple[int, ...]]] | None = None,
+                 in_place: dict[int, tuple[int, ...]] | None = None) -> None:
         self.candidates = candidates  # step index -> candidate index
         # candidate -> (axis, input slots) of a join: a kernel whose output is its inputs
         # one after another along ``axis`` (``joins_axis``: Concat), skipping an input
         # already in its place (_Recorder._slices)
         self.joins = joins or {}
+        # candidate -> input slots of an elementwise kernel, whose output may be written over
+        # a same-shaped input (a numpy ufunc, a kernel with ``in_place = True``)
+        self.in_place = in_place or {}
         self.step_of = {j: i for i, j in candidates.items()}
         self.fetch_slots = frozenset(fetch_slots)
         self.freed_at = {s: i for i, f in enumerate(frees) for s in f}
@@ -370,6 +440,7 @@ class Memory:
         fetch = set(fetch_slots)
         candidates: dict[int, int] = {}
         joins: dict[int, tuple[int, tuple[int, ...]]] = {}
+        in_place: dict[int, tuple[int, ...]] = {}
         for i, step in enumerate(steps):
             if len(step.outputs) == 1 and step.outputs[0] > 1 and \
                     step.outputs[0] not in fetch and \
@@ -377,10 +448,13 @@ class Memory:
                 axis = getattr(step.kernel, "joins_axis", None)
                 if type(axis) is int and len(step.inputs) > 1:
                     joins[len(candidates)] = (axis, tuple(step.inputs))
+                if isinstance(step.kernel, np.ufunc) or \
+                        getattr(step.kernel, "in_place", False) is True:
+                    in_place[len(candidates)] = tuple(step.inputs)
                 candidates[i] = len(candidates)
         if not candidates:
             return None
-        return cls(candidates, fetch_slots, [step.frees for step in steps], joins)
+        return cls(candidates, fetch_slots, [step.frees for step in steps], joins, in_place)
 
     def first_sighting(self, key: tuple) -> bool:
         """Whether ``key`` has not been run before (it is noted); a second run records."""

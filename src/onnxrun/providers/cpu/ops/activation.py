@@ -48,6 +48,9 @@ def Relu(X, *, out=None):
     return np.maximum(X, X.dtype.type(0), out=out)
 
 
+Relu.in_place = True  # elementwise: out may be X's own bytes (memory.py)
+
+
 @op("Sigmoid", 1, 6, 13)
 @takes_out
 def Sigmoid(X, *, out=None):
