@@ -72,7 +72,7 @@ def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
     prepared = gemm.prepared
     if prepared is not None and A.shape == prepared.shape and A.dtype == np.float32 and \
             A.flags.c_contiguous:  # made only without transA
-        return prepared(A, out)
+        return prepared(A) if out is None else prepared(A, out)
     Y = run_packed(gemm.packed, gemm_operand(A, gemm.transA, B), gemm.threads,
                    gemm.packed_bias, bounds, released=B is None, out=out)
     if Y is not None and not gemm.transA and A.flags.c_contiguous:
