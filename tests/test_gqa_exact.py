@@ -256,6 +256,29 @@ def test_small_blocks_match_the_reference_order():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_prompt_writes_into_out_from_reused_scratch():
+    """A prompt's result goes straight into the caller's ``out`` and its temporaries come
+    from a Scratch kept between calls: memory left with NaN by earlier calls (another
+    prompt length, a larger one first) changes no bit of the result."""
+    rng = np.random.default_rng(5)
+    N, Nkv, H = 6, 2, 32
+    scratch = gqa.Scratch()
+    for view in scratch.take(((1 << 16,),)):
+        view.fill(np.nan)
+    for S, past in ((37, 0), (20, 5), (37, 0)):
+        q = rng.standard_normal((N, S, H)).astype(np.float32)
+        k = rng.standard_normal((Nkv, past + S, H)).astype(np.float32)
+        v = rng.standard_normal((Nkv, past + S, H)).astype(np.float32)
+        want = gqa.attend(q, k, v, past, past + S, 1 / np.sqrt(H), l2=4 * 4 * 2 * H * 16)
+        out = np.full((S, N * H), np.nan, np.float32)
+        got = gqa.attend(q, k, v, past, past + S, 1 / np.sqrt(H), l2=4 * 4 * 2 * H * 16,
+                         out=out, scratch=scratch)
+        assert got is out
+        assert got.tobytes() == want.tobytes()  # every bit, NaN-free
+        for view in scratch.take(((N, S, H), (Nkv, 64, H))):  # garbage for the next call
+            view.fill(np.nan)
+
+
 def test_lengths_past_the_cache_never_reach_the_kernels():
     """seqlens_k beyond the cache: the compiled kernels (which read keys unchecked) are not
     called; the numpy path answers as before (an error naming the node)."""

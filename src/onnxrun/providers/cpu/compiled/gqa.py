@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import struct
+import threading
 
 import numpy as np
 
@@ -1024,7 +1025,8 @@ def _run(job, blocks: list[list[int]], threads: int) -> None:
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
            window: int = -1, l2: int | None = None, fn: jit.Module | None = None,
-           split: bool = False, threads: int = 1) -> np.ndarray:
+           split: bool = False, threads: int = 1, out: np.ndarray | None = None,
+           scratch: Scratch | None = None) -> np.ndarray:
     """One sequence's attention as onnxruntime's GroupQueryAttention computes it (its flash
     path): ``q`` (N, S, H) float32 (rotary applied), ``k`` and ``v`` (Nkv, T, H) float32 with
     rows contiguous (the cache: T >= total, the first ``total`` keys valid), query s at
@@ -1035,14 +1037,16 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
     PROMPT_SPLIT) in onnxruntime's units: one token's query heads or, with ``split``, its KV
     blocks; a prompt's query rows of each kv head. Each output element is computed on one
     thread in the same order, so the numbers do not depend on ``threads``. Returns (S, N * H)
-    float32."""
+    float32: ``out`` where given (C-contiguous; a prompt's result is written there), its
+    temporaries from ``scratch`` where given (a session's, kept between calls)."""
     N, S, H = q.shape
     Nkv = k.shape[0]
     fn = fn or _module()
     alpha = float(np.float32(alpha))
     l2 = l2_cache_size() if l2 is None else l2
     if S > 1:
-        return _prefill(fn, q, k, v, past, total, alpha, window, l2, threads)
+        return _prefill(fn, q, k, v, past, total, alpha, window, l2, threads, out,
+                        scratch or Scratch())
     # MlasGQADecodeGQAThreaded's tasks (query heads), or MlasFlashDecodingGQAThreaded's
     # (blocks of keys, every head: each block's maximum, sum and raw output)
     kvb = min(max(l2 // (4 * 4 * 2 * H), 1), max(total, 1))
@@ -1138,7 +1142,7 @@ def _row_units(work: np.ndarray, Nkv: int, threads: int) -> list[tuple[int, int,
 
 
 def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
-             l2: int, threads: int = 1) -> np.ndarray:
+             l2: int, threads: int, out: np.ndarray | None, scratch: Scratch) -> np.ndarray:
     """MlasFlashAttentionGQAThreaded: per head and block of q_block query rows, KV blocks of
     kv_block keys (both from the L2 cache size): scores by SGEMM (``scores``), the masked
     keys at the lowest float (``online``), the online softmax step (``online``), O += exp
@@ -1154,9 +1158,15 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     kvb = max(l2 // (4 * 4 * 2 * H), 1)
     qb = min(kvb, 2 * H, S)
     kvb = min(kvb, total)
-    # the query rows of each kv head as (s, g), transposed into qt [H][M8]
-    qt = np.zeros((Nkv, H, M8), np.float32)
-    qt[:, :, :M] = q.reshape(Nkv, G, S, H).transpose(0, 3, 2, 1).reshape(Nkv, H, M)
+    # the large temporaries from the scratch memory (fresh ones cost ~500 page faults a call)
+    qt, rows, O, sc = scratch.take(((Nkv, H, M8), (Nkv, M, H), (Nkv, M8, H), (Nkv, M8, kvb)))
+    # the query rows of each kv head as (s, g), transposed into qt [H][M8]: rows of H first
+    # (whole rows copied), then one 2-D transpose per kv head (a direct 4-D transpose reads
+    # across pages: ~2x the time)
+    rows.reshape(Nkv, S, G, H)[...] = q.reshape(Nkv, G, S, H).transpose(0, 2, 1, 3)
+    qt[:, :, :M] = rows.transpose(0, 2, 1)
+    qt[:, :, M:] = 0
+    O.fill(0)
     limit = np.zeros(M8, np.int64)  # keys a row may see: [start, limit)
     limit[:M] = np.repeat(past + 1 + np.arange(S, dtype=np.int64), G)
     start = np.zeros(M8, np.int64)
@@ -1166,7 +1176,6 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     rows_main = (S - 1) * G if one_row else M
     m = np.full(Nkv * M8, _LOWEST, np.float32)
     lsum = np.zeros(Nkv * M8, np.float32)
-    O = np.zeros((Nkv, M8, H), np.float32)
     irs = np.arange(0, min(total, past + S), kvb, dtype=np.int64)
     Rs = np.minimum(kvb, total - irs)[:, None]
     # per KV block: the keys each 8-row block's scores need (up to its last row's limit),
@@ -1176,7 +1185,6 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
         np.clip(limit[None] - irs[:, None], 0, Rs)[:, None], (len(irs), Nkv, M8)))
     masked = np.zeros_like(cnt) if window < 0 else np.ascontiguousarray(np.broadcast_to(
         np.clip(start[None] - irs[:, None], 0, Rs)[:, None], cnt.shape))
-    sc = np.empty((Nkv, M8, kvb), np.float32)  # each task's rows: its own part
     work = np.minimum(limit.reshape(-1, 8).max(axis=1), total)
     threads = threads if 2 * H * N * int(np.minimum(limit[:M], total).sum()) // G >= \
         PROMPT_SPLIT else 1
@@ -1222,12 +1230,40 @@ def _prefill(fn, q, k, v, past: int, total: int, alpha: float, window: int,
     spin.run_blocks(fn.seq, program, threads)
     inv = np.zeros(Nkv * M8, np.float32)
     np.divide(np.float32(1), lsum, out=inv, where=lsum > 0)
-    O *= inv.reshape(Nkv, M8, 1)
-    return O[:, :M].reshape(Nkv, S, G, H).transpose(1, 0, 2, 3).reshape(S, N * H)
+    if out is None:
+        out = np.empty((S, N * H), np.float32)
+    # O / l, written straight into the (S, N H) layout
+    np.multiply(O[:, :M].reshape(Nkv, S, G, H).transpose(1, 0, 2, 3),
+                inv.reshape(Nkv, M8)[:, :M].reshape(Nkv, S, G, 1).transpose(1, 0, 2, 3),
+                out=out.reshape(S, Nkv, G, H))
+    return out
+
+
+class Scratch:
+    """Float32 work memory for a prompt's temporaries, one block per thread, grown to the
+    largest call and kept (a node's: freed with its session). Fresh allocations of a few MB
+    each call cost ~500 page faults (glibc hands large blocks back to the system)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def take(self, shapes: tuple[tuple[int, ...], ...]) -> list[np.ndarray]:
+        """Uninitialized float32 arrays of ``shapes``, 64-byte aligned, valid until this
+        thread's next take."""
+        sizes = [-(-int(np.prod(s)) // 16) * 16 for s in shapes]
+        buf = getattr(self._local, "buf", None)
+        if buf is None or buf.size < sum(sizes) + 16:
+            buf = self._local.buf = np.empty(sum(sizes) + 16, np.float32)
+        at = (-buf.ctypes.data % 64) // 4
+        views = []
+        for shape, n in zip(shapes, sizes, strict=True):
+            views.append(buf[at:at + int(np.prod(shape))].reshape(shape))
+            at += n
+        return views
 
 
 BUNDLE = {"gqa": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "DECODE_SPLIT", "PROMPT_SPLIT", "REQUIRES", "attend", "decode_heads",
-           "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir",
+__all__ = ["BUNDLE", "DECODE_SPLIT", "PROMPT_SPLIT", "REQUIRES", "Scratch", "attend",
+           "decode_heads", "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir",
            "rope_heads", "unavailable"]

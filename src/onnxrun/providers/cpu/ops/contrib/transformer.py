@@ -576,6 +576,7 @@ class GroupQueryAttention:
         self._step = None  # _decode_step's constants of the query's width
         # the rotary caches' addresses (constants, read-only: ~3 us each through ctypes)
         self._cos, self._sin = _HeldAddress(), _HeldAddress()
+        self._scratch = None  # compiled.gqa's Scratch: a prompt's temporaries, kept
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -650,10 +651,10 @@ class GroupQueryAttention:
                 q = rotate(q, cos, sin, self.interleaved, rot)
                 k = rotate(k, cos, sin, self.interleaved, rot)
             else:  # per sequence: heads x positions rows, one cache row per position
-                q = np.stack([_gqa.rope_heads(exact, q[b], cos[b, 0], sin[b, 0],
-                                              self.interleaved) for b in range(B)])
-                k = np.stack([_gqa.rope_heads(exact, k[b], cos[b, 0], sin[b, 0],
-                                              self.interleaved) for b in range(B)])
+                q, k = ([_gqa.rope_heads(exact, x[b], cos[b, 0], sin[b, 0], self.interleaved)
+                         for b in range(B)] for x in (q, k))
+                # one sequence's rotated rows as they are (no stacked copy)
+                k = k[0][None] if B == 1 else np.stack(k)
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
         if (exact is not None and B and S and total.min() >= 1
@@ -664,10 +665,16 @@ class GroupQueryAttention:
             out = np.empty((B, S, N * H), np.float32)
             # flash decoding: one token, batch x heads under the threads, equal lengths
             split = S == 1 and B * N < self.threads and bool(np.all(total == total[0]))
-            for b in range(B):
-                out[b] = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
-                                     _float32_scale(self.scale, H), self.window, fn=exact,
-                                     split=split, threads=self.threads)
+            if self._scratch is None:
+                self._scratch = _gqa.Scratch()
+            for b in range(B):  # a prompt's result is written into out[b]
+                ob = out[b]
+                res = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
+                                  _float32_scale(self.scale, H), self.window, fn=exact,
+                                  split=split, threads=self.threads, out=ob,
+                                  scratch=self._scratch)
+                if res is not ob:
+                    ob[...] = res
             return out, present_k, present_v, None
         # keys past every batch's total length are hidden: a large shared buffer is not read
         T = present_k.shape[2] if self.want_qk else min(present_k.shape[2], int(total.max()))
