@@ -139,13 +139,41 @@ TWO_THREAD_CASES = [  # as CASES, run with intra_op_num_threads=2 on both engine
 
 
 def _split_calls(monkeypatch) -> list:
-    """(blocks, threads) of every spin.run_blocks call the GQA kernels make."""
+    """(blocks, threads) of every spin.run_blocks call the GQA kernels make, and (parts,
+    parts) of every Pool.fork they make themselves (a decode step's heads)."""
     calls = []
-    real = spin.run_blocks
+    real, fork = spin.run_blocks, spin.Pool.fork
     monkeypatch.setattr(spin, "run_blocks",
                         lambda job, blocks, threads: calls.append((len(blocks), threads))
                         or real(job, blocks, threads))
+    monkeypatch.setattr(spin.Pool, "fork", lambda pool, job, argv, at=0: calls.append(
+        (len(argv), len(argv))) or fork(pool, job, argv, at))
     return calls
+
+
+def test_decode_heads_taken_in_turn():
+    """decode_grab: every thread of a split runs it on one block and takes the next head
+    from its counter, so a thread that comes late (here: the same thread again, after all
+    heads are done) finds nothing left; the heads' numbers are decode's over all of them."""
+    from onnxrun.providers.cpu.compiled.jit import address
+
+    fn = gqa.kernels()
+    rng = np.random.default_rng(7)
+    N, Nkv, H, T = 6, 2, 32, 50
+    q = rng.standard_normal((N, H)).astype(np.float32)
+    k = rng.standard_normal((Nkv, T, H)).astype(np.float32)
+    v = rng.standard_normal((Nkv, T, H)).astype(np.float32)
+    want, got = np.empty((N, H), np.float32), np.full((N, H), np.nan, np.float32)
+    sc = np.empty((N, T), np.float32)
+    fn.decode(address(q), address(k), address(v), address(want), address(sc), 0, N, N // Nkv,
+              T, H, T * H, T * H, 0.25, 3, 0, None)
+    block = np.array([address(q), address(k), address(v), address(got), address(sc), 0, N,
+                      N // Nkv, T, H, T * H, T * H, gqa._word(0.25), 3, 0, 0, 0,
+                      sc.strides[0]], np.int64)
+    for _ in range(2):
+        fn.decode_grab(address(block))
+    assert got.tobytes() == want.tobytes()
+    assert block[16] == N + 2  # each head taken once, then one look each that found none
 
 
 @pytest.mark.parametrize("N,Nkv,H,B,S,steps,rotary,interleaved,window,packed,share",

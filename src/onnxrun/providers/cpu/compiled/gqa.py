@@ -854,6 +854,37 @@ def _job_ir(name: str) -> list[str]:
     return L + [f"  call void @{name}({', '.join(args)})", "  ret void", "}"]
 
 
+def _decode_grab_ir() -> list[str]:
+    """decode_grab(a): a = decode_job's block (its n0 unused, its N the head count) then an
+    i64 counter and the bytes between the heads' score rows: takes the next head from the
+    counter (atomically) and runs @decode on it alone, until none is left. Every thread of a
+    split runs it on the same block, so one that starts late takes only the heads left."""
+    L = ["define void @decode_grab(ptr %a) nounwind {", "entry:"]
+    args = []
+    for i, kind in enumerate(_SIGS["decode"]):
+        L += [f"  %a{i}.p = getelementptr i64, ptr %a, i64 {i}",
+              f"  %a{i} = load {_TYPES[kind]}, ptr %a{i}.p, align 8"]
+        args.append(f"{_TYPES[kind]} %a{i}")
+    args[4], args[5], args[6] = "ptr %scp", "i64 %h", "i64 %h1"
+    return L + ["  %cp = getelementptr i64, ptr %a, i64 16",
+                "  %stp = getelementptr i64, ptr %a, i64 17",
+                "  %st = load i64, ptr %stp, align 8",
+                "  br label %next",
+                "next:",
+                "  %h = atomicrmw add ptr %cp, i64 1 seq_cst",
+                "  %more = icmp slt i64 %h, %a6",
+                "  br i1 %more, label %run, label %end",
+                "run:",
+                "  %h1 = add i64 %h, 1",
+                "  %so = mul i64 %h, %st",
+                "  %scp = getelementptr i8, ptr %a4, i64 %so",
+                f"  call void @decode({', '.join(args)})",
+                "  br label %next",
+                "end:",
+                "  ret void",
+                "}"]
+
+
 def _seq_ir() -> list[str]:
     """seq(a): a = [n, fn_0, args_0, .., fn_{n-1}, args_{n-1}]: fn_i(args_i) in order (one
     thread's whole share of a prompt: every KV block's kernels for its query rows)."""
@@ -882,7 +913,7 @@ def module_ir(target=None) -> str:
     return "\n".join([
         *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
         *_pv_ir(False), *_pv_ir(True), *[line for n in _JOBS for line in _job_ir(n)],
-        *_seq_ir(),
+        *_seq_ir(), *_decode_grab_ir(),
         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
         "declare float @llvm.fma.f32(float, float, float)",
         f"declare {_VF} @llvm.masked.load.v8f32.p0(ptr, i32, <8 x i1>, {_VF})",
@@ -892,7 +923,7 @@ def module_ir(target=None) -> str:
 _CT = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 _JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _PROTOS = {**{n: ctypes.CFUNCTYPE(None, *[_CT[c] for c in sig]) for n, sig in _SIGS.items()},
-           **{f"{n}_job": _JOB for n in _JOBS}, "seq": _JOB}
+           **{f"{n}_job": _JOB for n in _JOBS}, "seq": _JOB, "decode_grab": _JOB}
 
 
 def _module() -> jit.Module:
@@ -1018,9 +1049,21 @@ def _word(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
-def _run(job, blocks: list[list[int]], threads: int) -> None:
-    """job(block) for each argument block (lists of 16 words), over ``threads``."""
-    spin.run_blocks(job, np.array(blocks, np.int64), threads)
+# decode_job's argument block: the words of @decode's arguments in order
+_DECODE_WORDS = ("q", "k", "v", "out", "sc", "n0", "N", "G", "T", "H", "sk", "sv", "alpha",
+                 "ws", "raw", "ml")
+
+
+def _decode_blocks(n: int, **words) -> np.ndarray:
+    """``n`` argument blocks of ``decode_job`` ((n, 16) int64): each of _DECODE_WORDS an int
+    for every block or an int64 array of one value per block; ``alpha`` a float."""
+    words["alpha"] = _word(words["alpha"])
+    blocks = np.empty((n, 16), np.int64)
+    blocks[:] = [0 if isinstance(w, np.ndarray) else w for w in map(words.get, _DECODE_WORDS)]
+    for i, name in enumerate(_DECODE_WORDS):
+        if isinstance(words[name], np.ndarray):
+            blocks[:, i] = words[name]
+    return blocks
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
@@ -1060,13 +1103,15 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
                      total, H, k.strides[0] // 4, v.strides[0] // 4, alpha, ws, threads)
         return out.reshape(1, N * H)
     sc = np.empty((chunks, kvb), np.float32)
-    qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
-    kr, vr, a = k.strides[1], v.strides[1], _word(alpha)
-    _run(fn.decode_job, [[qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4, sa + c * kvb * 4,
-                          0, N, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, a,
-                          min(max(ws - ir, 0), R), 1, ma + c * N * 8]
-                         for c, ir, R in ((c, c * kvb, min(kvb, total - c * kvb))
-                                          for c in range(chunks))], threads)
+    c = np.arange(chunks, dtype=np.int64)
+    ir = c * kvb  # each chunk's first key, its keys and those before the window
+    R = np.minimum(kvb, total - ir)
+    spin.run_blocks(fn.decode_job, _decode_blocks(
+        chunks, q=address(qc), k=address(k) + ir * k.strides[1],
+        v=address(v) + ir * v.strides[1], out=address(out) + c * N * H * 4,
+        sc=address(sc) + c * kvb * 4, n0=0, N=N, G=N // Nkv, T=R, H=H, sk=k.strides[0] // 4,
+        sv=v.strides[0] // 4, alpha=alpha, ws=np.minimum(np.maximum(ws - ir, 0), R), raw=1,
+        ml=address(ml) + c * N * 8), threads)
     return _reduce_chunks(out, ml).reshape(1, N * H)
 
 
@@ -1074,19 +1119,23 @@ def decode_heads(fn, q: int, k: int, v: int, out: int, N: int, G: int, T: int, H
                  sk: int, sv: int, alpha: float, ws: int, threads: int = 1) -> None:
     """One new token's attention over T keys, MlasGQADecodeGQAThreaded's tasks (query
     heads): the ``decode`` kernel on addresses (q and out: N rows of H floats; k and v: a
-    kv head's rows of H floats, heads sk / sv floats apart, head n's the n / G-th), its
-    heads split over ``threads`` in MLAS's ranges where the work reaches DECODE_SPLIT and
-    spin.py's workers run here (parallel.py's queue wake costs what a step's heads take)."""
-    parts = min(threads, N) if (threads > 1 and 2 * N * T * H >= DECODE_SPLIT
-                                and spin.usable() is not None) else 1
-    sc = np.empty((parts, max(T, 1)), np.float32)
-    sa = address(sc)
-    if parts == 1:  # a direct call (no argument blocks)
-        fn.decode(q, k, v, out, sa, 0, N, G, T, H, sk, sv, alpha, ws, 0, None)
+    kv head's rows of H floats, heads sk / sv floats apart, head n's the n / G-th). Where
+    the work reaches DECODE_SPLIT and spin.py's workers run here, the heads are taken one
+    at a time from a shared counter by every thread of the split (``decode_grab``, one
+    argument block for all): the calling thread starts at once and a worker that starts
+    late takes only the heads left (two halves fixed up front left the caller running or
+    waiting for the late one's half), with one small block built per call (two lists of
+    words cost ~8 us of Python). Each head is computed whole on one thread."""
+    pool = spin.usable() if threads > 1 and 2 * N * T * H >= DECODE_SPLIT else None
+    if pool is None:
+        sc = np.empty(max(T, 1), np.float32)
+        fn.decode(q, k, v, out, address(sc), 0, N, G, T, H, sk, sv, alpha, ws, 0, None)
         return
-    a = _word(alpha)
-    _run(fn.decode_job, [[q, k, v, out, sa + i * sc.strides[0], n0, n1, G, T, H, sk, sv, a,
-                          ws, 0, 0] for i, (n0, n1) in enumerate(_ranges(N, parts))], threads)
+    sc = np.empty((N, max(T, 1)), np.float32)  # each head's scores
+    block = np.array([q, k, v, out, address(sc), 0, N, G, T, H, sk, sv, _word(alpha), ws, 0,
+                      0, 0, sc.strides[0]], np.int64)  # decode_grab's: the counter at 0
+    at = address(block)
+    pool.fork(_job_addresses(fn)[4], np.full(min(threads, pool.size + 1, N), at, np.int64))
 
 
 def _reduce_chunks(out: np.ndarray, ml: np.ndarray) -> np.ndarray:
@@ -1117,11 +1166,12 @@ _JOB_ADDRESSES: dict[int, tuple[object, list[int]]] = {}
 
 
 def _job_addresses(fn) -> list[int]:
-    """The machine-code addresses of ``fn``'s scores, online, pv and pv1 jobs (per module)."""
+    """The machine-code addresses of ``fn``'s scores, online, pv, pv1 jobs and decode_grab
+    (per module)."""
     got = _JOB_ADDRESSES.get(id(fn))
     if got is None or got[0] is not fn:
         got = _JOB_ADDRESSES[id(fn)] = (fn, [spin.function_address(f) for f in (
-            fn.scores_job, fn.online_job, fn.pv_job, fn.pv1_job)])
+            fn.scores_job, fn.online_job, fn.pv_job, fn.pv1_job, fn.decode_grab)])
     return got[1]
 
 
@@ -1265,5 +1315,5 @@ class Scratch:
 BUNDLE = {"gqa": (module_ir, REQUIRES)}
 
 __all__ = ["BUNDLE", "DECODE_SPLIT", "PROMPT_SPLIT", "REQUIRES", "Scratch", "attend",
-           "decode_heads", "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k", "module_ir",
-           "rope_heads", "unavailable"]
+           "decode_heads", "decode_packed", "kernels", "l2_cache_size", "mlas_stride_k",
+           "module_ir", "rope_heads", "unavailable"]
