@@ -1049,21 +1049,12 @@ def _word(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
-# decode_job's argument block: the words of @decode's arguments in order
-_DECODE_WORDS = ("q", "k", "v", "out", "sc", "n0", "N", "G", "T", "H", "sk", "sv", "alpha",
-                 "ws", "raw", "ml")
-
-
-def _decode_blocks(n: int, **words) -> np.ndarray:
-    """``n`` argument blocks of ``decode_job`` ((n, 16) int64): each of _DECODE_WORDS an int
-    for every block or an int64 array of one value per block; ``alpha`` a float."""
-    words["alpha"] = _word(words["alpha"])
-    blocks = np.empty((n, 16), np.int64)
-    blocks[:] = [0 if isinstance(w, np.ndarray) else w for w in map(words.get, _DECODE_WORDS)]
-    for i, name in enumerate(_DECODE_WORDS):
-        if isinstance(words[name], np.ndarray):
-            blocks[:, i] = words[name]
-    return blocks
+def _decode_words(q: int, k: int, v: int, out: int, sc: int, n0: int, N: int, G: int, T: int,
+                  H: int, sk: int, sv: int, alpha: float, ws: int, raw: int, ml: int
+                  ) -> list[int]:
+    """decode_job's argument block (decode_grab's first 16 words): @decode's arguments as
+    words, alpha as its float32 bits."""
+    return [q, k, v, out, sc, n0, N, G, T, H, sk, sv, _word(alpha), ws, raw, ml]
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, alpha: float,
@@ -1103,15 +1094,14 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int, total: int, a
                      total, H, k.strides[0] // 4, v.strides[0] // 4, alpha, ws, threads)
         return out.reshape(1, N * H)
     sc = np.empty((chunks, kvb), np.float32)
-    c = np.arange(chunks, dtype=np.int64)
-    ir = c * kvb  # each chunk's first key, its keys and those before the window
-    R = np.minimum(kvb, total - ir)
-    spin.run_blocks(fn.decode_job, _decode_blocks(
-        chunks, q=address(qc), k=address(k) + ir * k.strides[1],
-        v=address(v) + ir * v.strides[1], out=address(out) + c * N * H * 4,
-        sc=address(sc) + c * kvb * 4, n0=0, N=N, G=N // Nkv, T=R, H=H, sk=k.strides[0] // 4,
-        sv=v.strides[0] // 4, alpha=alpha, ws=np.minimum(np.maximum(ws - ir, 0), R), raw=1,
-        ml=address(ml) + c * N * 8), threads)
+    qa, ka, va, oa, sa, ma = (address(x) for x in (qc, k, v, out, sc, ml))
+    kr, vr = k.strides[1], v.strides[1]
+    spin.run_blocks(fn.decode_job, np.array([
+        _decode_words(qa, ka + ir * kr, va + ir * vr, oa + c * N * H * 4, sa + c * kvb * 4, 0,
+                      N, N // Nkv, R, H, k.strides[0] // 4, v.strides[0] // 4, alpha,
+                      min(max(ws - ir, 0), R), 1, ma + c * N * 8)
+        for c, ir, R in ((c, c * kvb, min(kvb, total - c * kvb)) for c in range(chunks))],
+        np.int64), threads)
     return _reduce_chunks(out, ml).reshape(1, N * H)
 
 
@@ -1132,8 +1122,9 @@ def decode_heads(fn, q: int, k: int, v: int, out: int, N: int, G: int, T: int, H
         fn.decode(q, k, v, out, address(sc), 0, N, G, T, H, sk, sv, alpha, ws, 0, None)
         return
     sc = np.empty((N, max(T, 1)), np.float32)  # each head's scores
-    block = np.array([q, k, v, out, address(sc), 0, N, G, T, H, sk, sv, _word(alpha), ws, 0,
-                      0, 0, sc.strides[0]], np.int64)  # decode_grab's: the counter at 0
+    # decode_grab's block: the counter at 0, the score rows' stride
+    block = np.array(_decode_words(q, k, v, out, address(sc), 0, N, G, T, H, sk, sv, alpha, ws,
+                                   0, 0) + [0, sc.strides[0]], np.int64)
     at = address(block)
     pool.fork(_job_addresses(fn)[4], np.full(min(threads, pool.size + 1, N), at, np.int64))
 
