@@ -134,3 +134,16 @@ def test_valid_calls_still_equal_onnxruntime():
         feed = _feed(16, **kw)
         for got, want in zip(sess.run(None, feed), ref.run(None, feed), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def test_attributes_one_reading_for_both_providers():
+    """The CPU and CUDA kernels read GroupQueryAttention's attributes through one function:
+    the same fields, the per-head norm epsilons defaulting to qk_norm_epsilon, and
+    num_heads not a multiple of kv_num_heads refused."""
+    from onnxrun.providers.cpu.ops.contrib.transformer import GQAAttributes, gqa_attributes
+
+    a = gqa_attributes(num_heads=8, kv_num_heads=2, local_window_size=16, do_rotary=1,
+                       smooth_softmax=1, qk_norm_epsilon=1e-5, k_norm_epsilon=1e-3)
+    assert a == GQAAttributes(8, 2, 0.0, 0.0, 16, True, False, True, True, 1e-5, 1e-3)
+    with pytest.raises(ValueError, match="num_heads 6 is not a multiple of kv_num_heads 4"):
+        gqa_attributes(num_heads=6, kv_num_heads=4)

@@ -193,20 +193,13 @@ class GroupQueryAttention:
                  qk_output=0, causal=1, sliding_window_cache=0, k_quant_type="NONE",
                  v_quant_type="NONE", kv_cache_bit_width=0, qk_norm_epsilon=1e-6,
                  q_norm_epsilon=None, k_norm_epsilon=None) -> None:
-        from ...cpu.ops.contrib.transformer import _shares_past_present
+        from ...cpu.ops.contrib.transformer import _shares_past_present, gqa_attributes
 
-        self.N, self.Nkv = int(num_heads), int(kv_num_heads)
-        if self.N % self.Nkv:
-            raise ValueError(f"num_heads {self.N} is not a multiple of kv_num_heads {self.Nkv}")
-        self.scale = float(scale)
-        self.softcap = float(softcap)
-        self.window = int(local_window_size)
-        self.rotary = bool(do_rotary)
-        self.interleaved = bool(rotary_interleaved)
-        self.smooth = int(smooth_softmax) == 1
-        self.causal = bool(causal)
-        self.q_eps = float(qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon)
-        self.k_eps = float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon)
+        (self.N, self.Nkv, self.scale, self.softcap, self.window, self.rotary, self.interleaved,
+         self.smooth, self.causal, self.q_eps, self.k_eps) = gqa_attributes(
+            num_heads, kv_num_heads, scale, softcap, local_window_size, do_rotary,
+            rotary_interleaved, smooth_softmax, causal, qk_norm_epsilon, q_norm_epsilon,
+            k_norm_epsilon)
         self.share = _shares_past_present(ctx)
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,

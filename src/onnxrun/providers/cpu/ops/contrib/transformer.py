@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -537,6 +538,38 @@ class MultiHeadAttention(_Exp2Attention):
 # -- GroupQueryAttention -----------------------------------------------------------------------
 
 
+class GQAAttributes(NamedTuple):
+    """GroupQueryAttention's attributes as both providers' kernels read them."""
+
+    N: int  # num_heads
+    Nkv: int  # kv_num_heads
+    scale: float  # 0: 1 / sqrt(head size)
+    softcap: float
+    window: int  # local_window_size; -1: none
+    rotary: bool
+    interleaved: bool
+    smooth: bool  # smooth_softmax
+    causal: bool
+    q_eps: float  # the per-head RMS norms' epsilons
+    k_eps: float
+
+
+def gqa_attributes(num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window_size=-1,
+                   do_rotary=0, rotary_interleaved=0, smooth_softmax=0, causal=1,
+                   qk_norm_epsilon=1e-6, q_norm_epsilon=None, k_norm_epsilon=None
+                   ) -> GQAAttributes:
+    """The attributes parsed (the CPU and CUDA kernels' one reading of them); num_heads not
+    a multiple of kv_num_heads is refused."""
+    N, Nkv = int(num_heads), int(kv_num_heads)
+    if N % Nkv:
+        raise ValueError(f"num_heads {N} is not a multiple of kv_num_heads {Nkv}")
+    return GQAAttributes(
+        N, Nkv, float(scale), float(softcap), int(local_window_size), bool(do_rotary),
+        bool(rotary_interleaved), int(smooth_softmax) == 1, bool(causal),
+        float(qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon),
+        float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon))
+
+
 @op("GroupQueryAttention", 1, domain=MS)
 class GroupQueryAttention:
     def __init__(self, ctx: KernelContext, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0,
@@ -549,19 +582,12 @@ class GroupQueryAttention:
             raise NotImplementedError("GroupQueryAttention with a quantized KV cache")
         if int(sliding_window_cache):
             raise NotImplementedError("GroupQueryAttention with sliding_window_cache=1")
-        self.N, self.Nkv = int(num_heads), int(kv_num_heads)
-        if self.N % self.Nkv:
-            raise ValueError(f"num_heads {self.N} is not a multiple of kv_num_heads {self.Nkv}")
-        self.scale = float(scale)
-        self.softcap = float(softcap)
-        self.window = int(local_window_size)
-        self.rotary = bool(do_rotary)
-        self.interleaved = bool(rotary_interleaved)
-        self.smooth = int(smooth_softmax) == 1
+        (self.N, self.Nkv, self.scale, self.softcap, self.window, self.rotary, self.interleaved,
+         self.smooth, self.causal, self.q_eps, self.k_eps) = gqa_attributes(
+            num_heads, kv_num_heads, scale, softcap, local_window_size, do_rotary,
+            rotary_interleaved, smooth_softmax, causal, qk_norm_epsilon, q_norm_epsilon,
+            k_norm_epsilon)
         self.qk_output = int(qk_output)
-        self.causal = bool(causal)
-        self.q_eps = float(qk_norm_epsilon if q_norm_epsilon is None else q_norm_epsilon)
-        self.k_eps = float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon)
         self.want_qk = ctx.output_used(3) and self.qk_output > 0
         self.share = _shares_past_present(ctx)
         # one token of one sequence, packed QKV, float32, nothing but the mask and rotary:
