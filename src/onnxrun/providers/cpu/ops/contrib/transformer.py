@@ -677,10 +677,10 @@ class GroupQueryAttention:
                 q = rotate(q, cos, sin, self.interleaved, rot)
                 k = rotate(k, cos, sin, self.interleaved, rot)
             else:  # per sequence: heads x positions rows, one cache row per position
-                q, k = ([_gqa.rope_heads(exact, x[b], cos[b, 0], sin[b, 0], self.interleaved)
-                         for b in range(B)] for x in (q, k))
                 # one sequence's rotated rows as they are (no stacked copy)
-                k = k[0][None] if B == 1 else np.stack(k)
+                q, k = (x[0][None] if B == 1 else np.stack(x) for x in (
+                    [_gqa.rope_heads(exact, x[b], cos[b, 0], sin[b, 0], self.interleaved)
+                     for b in range(B)] for x in (q, k)))
         present_k, present_v = self._present(past_key, past_value, k, v, past_len, valid, T_max,
                                              dt)
         if (exact is not None and B and S and total.min() >= 1
