@@ -629,6 +629,31 @@ def _gemm(block: int) -> list[str]:
             "}"]
 
 
+def _dequantize_sub(L: list[str], c: int, SB: int) -> str:
+    """%wf{c}: column c's SB weights from byte ``%bo`` of its row ``%brow{c}`` (scale and zero
+    point of block ``%blk``), each (q - zp) * scale in float32 as MLAS dequantizes them."""
+    H = SB // 2
+    VS, VSI, VSF = f"<{H} x i8>", f"<{SB} x i8>", f"<{SB} x float>"
+    inter = _vec("i32", [v for j in range(H) for v in (j, H + j)])
+    L += [f"  %bo{c} = add i64 %brow{c}, %bo",
+          f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
+          f"  %w{c} = load {VS}, ptr %bp{c}, align 1",
+          f"  %lo{c} = and {VS} %w{c}, {_vec('i8', [15] * H)}",
+          f"  %hi{c} = lshr {VS} %w{c}, {_vec('i8', [4] * H)}",
+          f"  %e{c} = shufflevector {VS} %lo{c}, {VS} %hi{c}, <{SB} x i32> {inter}",
+          f"  %sbi{c} = add i64 %bsrow{c}, %blk",
+          f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
+          f"  %z{c} = load i8, ptr %zp{c}, align 1"]
+    z = _splat(L, f"zv{c}", f"%z{c}", n=SB, ty="i8")
+    L += [f"  %d{c} = sub {VSI} %e{c}, {z}",
+          f"  %f{c} = sitofp {VSI} %d{c} to {VSF}",
+          f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
+          f"  %sv{c} = load float, ptr %sbp{c}, align 4"]
+    sv = _splat(L, f"svv{c}", f"%sv{c}", n=SB)
+    L += [f"  %wf{c} = fmul {VSF} %f{c}, {sv}"]
+    return f"%wf{c}"
+
+
 def _fq_columns(block: int, cols: int) -> list[str]:
     """@fq{block}_{cols}: C[0, n..n+cols] of one row at levels 0-3 straight from the packed
     weight, as MLAS's M == 1 CompFp32 kernel: per sub-block of 32 elements (16 in blocks of 16)
@@ -639,9 +664,7 @@ def _fq_columns(block: int, cols: int) -> list[str]:
     C, I = range(cols), range(SB // 8)
     per = block // SB
     shift = per.bit_length() - 1
-    H = SB // 2
-    VS, VSI, VSF = f"<{H} x i8>", f"<{SB} x i8>", f"<{SB} x float>"
-    inter = _vec("i32", [v for j in range(H) for v in (j, H + j)])
+    VSF = f"<{SB} x float>"
     L = [f"define internal void @fq{block}_{cols}(ptr noalias %A, ptr noalias %B, "
          "ptr noalias %sb, ptr noalias %Zq, ptr noalias %bias, ptr %C, i64 %n, i64 %kb, "
          "i64 %nfold) nounwind alwaysinline {",
@@ -661,24 +684,9 @@ def _fq_columns(block: int, cols: int) -> list[str]:
          f"  %a = load {VSF}, ptr %ap, align 4",
          *(f"  %a{i} = shufflevector {VSF} %a, {VSF} poison, <8 x i32> "
            f"{_vec('i32', range(8 * i, 8 * i + 8))}" for i in I),
-         f"  %bo = mul i64 %s, {H}"]
+         f"  %bo = mul i64 %s, {SB // 2}"]
     for c in C:
-        L += [f"  %bo{c} = add i64 %brow{c}, %bo",
-              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
-              f"  %w{c} = load {VS}, ptr %bp{c}, align 1",
-              f"  %lo{c} = and {VS} %w{c}, {_vec('i8', [15] * H)}",
-              f"  %hi{c} = lshr {VS} %w{c}, {_vec('i8', [4] * H)}",
-              f"  %e{c} = shufflevector {VS} %lo{c}, {VS} %hi{c}, <{SB} x i32> {inter}",
-              f"  %sbi{c} = add i64 %bsrow{c}, %blk",
-              f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
-              f"  %z{c} = load i8, ptr %zp{c}, align 1"]
-        z = _splat(L, f"zv{c}", f"%z{c}", n=SB, ty="i8")
-        L += [f"  %d{c} = sub {VSI} %e{c}, {z}",
-              f"  %f{c} = sitofp {VSI} %d{c} to {VSF}",
-              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
-              f"  %sv{c} = load float, ptr %sbp{c}, align 4"]
-        sv = _splat(L, f"svv{c}", f"%sv{c}", n=SB)
-        L += [f"  %wf{c} = fmul {VSF} %f{c}, {sv}"]
+        _dequantize_sub(L, c, SB)
         prev = f"%acc{c}"
         for i in I:
             out = f"%acc{c}.n" if i == I[-1] else f"%acc{c}_{i}"
@@ -753,8 +761,7 @@ def _dequantize_panel(block: int) -> list[str]:
     per = block // SB
     shift = per.bit_length() - 1
     H = SB // 2
-    VS, VSI, VSF = f"<{H} x i8>", f"<{SB} x i8>", f"<{SB} x float>"
-    inter = _vec("i32", [v for j in range(H) for v in (j, H + j)])
+    VSF = f"<{SB} x float>"
     C8 = range(8)
     L = [f"define internal void @dq{block}(ptr noalias %B, ptr noalias %sb, ptr noalias %Zq, "
          "ptr noalias %W, i64 %n, i64 %N, i64 %kb) nounwind {",
@@ -780,22 +787,7 @@ def _dequantize_panel(block: int) -> list[str]:
           f"  %bo = mul i64 %s, {H}"]
     chunks = {c: [] for c in C8}
     for c in C8:
-        L += [f"  %bo{c} = add i64 %brow{c}, %bo",
-              f"  %bp{c} = getelementptr i8, ptr %B, i64 %bo{c}",
-              f"  %w{c} = load {VS}, ptr %bp{c}, align 1",
-              f"  %lo{c} = and {VS} %w{c}, {_vec('i8', [15] * H)}",
-              f"  %hi{c} = lshr {VS} %w{c}, {_vec('i8', [4] * H)}",
-              f"  %e{c} = shufflevector {VS} %lo{c}, {VS} %hi{c}, <{SB} x i32> {inter}",
-              f"  %sbi{c} = add i64 %bsrow{c}, %blk",
-              f"  %zp{c} = getelementptr i8, ptr %Zq, i64 %sbi{c}",
-              f"  %z{c} = load i8, ptr %zp{c}, align 1"]
-        z = _splat(L, f"zv{c}", f"%z{c}", n=SB, ty="i8")
-        L += [f"  %d{c} = sub {VSI} %e{c}, {z}",
-              f"  %f{c} = sitofp {VSI} %d{c} to {VSF}",
-              f"  %sbp{c} = getelementptr float, ptr %sb, i64 %sbi{c}",
-              f"  %sv{c} = load float, ptr %sbp{c}, align 4"]
-        sv = _splat(L, f"svv{c}", f"%sv{c}", n=SB)
-        L += [f"  %wf{c} = fmul {VSF} %f{c}, {sv}"]
+        _dequantize_sub(L, c, SB)
         for i in range(SB // 8):
             L += [f"  %wf{c}_{i} = shufflevector {VSF} %wf{c}, {VSF} poison, <8 x i32> "
                   f"{_vec('i32', range(8 * i, 8 * i + 8))}"]
