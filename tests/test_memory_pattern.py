@@ -641,3 +641,26 @@ def test_written_over_only_while_nothing_else_holds_the_input():
     t = a[:, :]  # a view the kernel returned, ``a`` itself gone
     del a
     assert buffers.take(1, t) is not None
+
+
+@pytest.mark.parametrize("name", ["dbnet_style", "densenet_style", "inception_style",
+                                  "yolo_style"])
+def test_slices_never_make_the_arena_larger(name, monkeypatch):
+    """A slice keeps its Concat's bytes in use from the slice's producer on: the joins whose
+    slices would make the arena larger (DBNet-style's upsampled maps) keep copying."""
+    monkeypatch.setattr(memory, "MIN_BYTES", 4096)
+    model, feeds = _suite_model(name)
+
+    def arena():
+        opts = onnxrun.SessionOptions()
+        opts.intra_op_num_threads = 1
+        sess = onnxrun.InferenceSession(model.SerializeToString(), opts)
+        for _ in range(4):
+            sess.run(None, feeds)
+        return _pattern(sess)
+
+    pattern = arena()
+    monkeypatch.setattr(memory._Recorder, "_slices", lambda self, live: {})
+    assert pattern.nbytes <= arena().nbytes
+    if name != "dbnet_style":
+        assert pattern.slices
