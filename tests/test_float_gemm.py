@@ -208,6 +208,11 @@ def test_grouped_products_in_one_call(variant, shape):
     for threads in (2, 3):
         np.testing.assert_array_equal(P.run(A, bias, bounds=(-1.0, 1.5), threads=threads), one)
     np.testing.assert_array_equal(P.run(np.asfortranarray(A)), P.run(A))  # copied to rows
+    into = np.empty_like(one)
+    assert P.run(A, bias, bounds=(-1.0, 1.5), out=into) is into
+    np.testing.assert_array_equal(into, one)
+    with pytest.raises(ValueError, match="out must be"):
+        P.run(A, out=np.empty((M, g * N + 1), np.float32))
     with pytest.raises(ValueError, match="bias"):
         P.run(A, np.ones(3, np.float32))
     with pytest.raises(ValueError, match=r"\[M, "):

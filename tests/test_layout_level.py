@@ -422,7 +422,8 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
 
     shuffles = []
     real = shuffle.shuffle
-    monkeypatch.setattr(shuffle, "shuffle", lambda X, b: shuffles.append(X.shape) or real(X, b))
+    monkeypatch.setattr(shuffle, "shuffle", lambda X, b, out=None: shuffles.append(X.shape) or
+                        real(X, b, out))
     blob = _shuffle_model()
     layout, plain = _both_levels(blob)
     assert _channels_last_steps(layout) == 7 and _channels_last_steps(plain) == 0
@@ -436,6 +437,46 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):
         assert seen[name][1], (name, seen[name])
     assert len(shuffles) >= 2  # both shuffles of each layout-level run compiled
+
+
+def test_the_shuffle_and_grouped_1x1_write_into_the_executors_buffers(monkeypatch):
+    """The shuffle's one copy (a Reshape that accepts ``out``) and the grouped 1x1
+    convolutions go into the blocks memory.py hands them from the third run on (noted,
+    recorded, then given), with the same numbers; the other Reshapes (views) get none."""
+    _needs_compiled_gemm()
+    from onnxrun import memory
+    from onnxrun.execute import CompiledSteps
+    from onnxrun.providers.cpu.ops import tensor
+    from onnxrun.providers.cpu.ops.conv import Conv
+
+    given, grouped = [], []
+    real, real_grouped = tensor._shuffled_channels_last, Conv._grouped_1x1
+
+    def spy(data, target, out=None):
+        Y = real(data, target, out)
+        given.append(out is not None and np.shares_memory(Y, out))
+        return Y
+
+    def spy_grouped(self, X, b, Z, act, out=None):
+        Y = real_grouped(self, X, b, Z, act, out)
+        grouped.append(out is not None and np.shares_memory(Y, out))
+        return Y
+
+    monkeypatch.setattr(tensor, "_shuffled_channels_last", spy)
+    monkeypatch.setattr(Conv, "_grouped_1x1", spy_grouped)
+    monkeypatch.setattr(memory, "MIN_BYTES", 1024)  # this model's values are small
+    blob = _shuffle_model()
+    layout, plain = _both_levels(blob)
+    assert sum(bool(getattr(s.kernel, "accepts_out", False)) for s in layout._program.steps
+               if s.node.op_type == "Reshape") == 2  # the shuffles' ends, not their starts
+    x = np.random.default_rng(14).normal(size=(1, 3, 62, 54)).astype(np.float32)
+    want = plain.run(None, {"X": x})[0]
+    for _ in range(CompiledSteps.GENERATE_AFTER + 3):
+        np.testing.assert_allclose(layout.run(None, {"X": x})[0], want, rtol=1e-4, atol=1e-4)
+    # 2 shuffles and 4 grouped convolutions a run: none given a buffer in the first two
+    # runs (noted, recorded), every one from the fourth on (the third probes)
+    assert not any(given[:4]) and given[6:] and all(given[6:]), given
+    assert not any(grouped[:8]) and grouped[12:] and all(grouped[12:]), grouped
 
 
 def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(monkeypatch):

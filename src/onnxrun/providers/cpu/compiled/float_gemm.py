@@ -860,16 +860,22 @@ class PackedGroups:
             else self.first.panels.nbytes
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None, bounds=None,
-            threads: int = 1) -> np.ndarray:
-        """clip(group products + bias, *bounds) as a new (M, g*N) float32 array. A: (M, g*K)
-        float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,)."""
+            threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+        """clip(group products + bias, *bounds) as a new (M, g*N) float32 array, or into
+        ``out`` (a C-contiguous one: the executor's buffer, no fresh pages per call). A:
+        (M, g*K) float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,)."""
         g, K, N = self.g, self.K, self.N
         if A.ndim != 2 or A.shape[1] != g * K or A.dtype != np.float32:
             raise ValueError(f"grouped float GEMM: expected float32 A of shape [M, {g * K}], "
                              f"got {A.dtype}{list(A.shape)}")
         if A.strides[1] != 4 or A.strides[0] % 4 or A.strides[0] < 4 * g * K:
             A = np.ascontiguousarray(A)
-        out = np.empty((A.shape[0], g * N), np.float32)
+        if out is None:
+            out = np.empty((A.shape[0], g * N), np.float32)
+        elif out.shape != (A.shape[0], g * N) or out.dtype != np.float32 or \
+                not out.flags.c_contiguous:
+            raise ValueError(f"grouped float GEMM: out must be a C-contiguous float32 "
+                             f"{[A.shape[0], g * N]}")
         if out.size == 0:
             return out
         b_ptr, flags = self._zeros_ptr, 0

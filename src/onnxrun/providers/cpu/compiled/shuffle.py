@@ -104,9 +104,10 @@ def module_ir(b: int) -> str:
     return "\n".join(L)
 
 
-def shuffle(X: np.ndarray, b: int) -> np.ndarray:
-    """(P, b, a) float32 pixels (C-contiguous) as a new (P, a, b) array: each pixel's block
-    transposed. Raises ``jit.Unavailable`` where the kernel cannot run here."""
+def shuffle(X: np.ndarray, b: int, out: np.ndarray | None = None) -> np.ndarray:
+    """(P, b, a) float32 pixels (C-contiguous) as a (P, a, b) array, new or ``out`` (a
+    C-contiguous one apart from X): each pixel's block transposed. Raises ``jit.Unavailable``
+    where the kernel cannot run here."""
     if X.ndim != 3 or X.shape[1] != b or X.dtype != np.float32 or not X.flags.c_contiguous \
             or not 0 < b <= MAX_GROUPS:
         raise ValueError(f"channel shuffle: expected contiguous float32 [P, {b}, a] with at "
@@ -117,7 +118,12 @@ def shuffle(X: np.ndarray, b: int) -> np.ndarray:
     fn = jit.compile_module(f"shuffle_f32_{b}", lambda target: module_ir(b),
                             {"shuffle_f32": _PROTO}, REQUIRES).shuffle_f32
     P, _, a = X.shape
-    Y = np.empty((P, a, b), np.float32)
+    if out is None:
+        Y = np.empty((P, a, b), np.float32)
+    elif out.shape != (P, a, b) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"channel shuffle: out must be a C-contiguous float32 {[P, a, b]}")
+    else:
+        Y = out
     if Y.size:
         fn(address(X), address(Y), P, a)
     return Y

@@ -1430,7 +1430,7 @@ class Conv(_ConvBase):
             return self._gemm_1x1_compiled(X, b, Z, act, out)
         if one_by_one and method == "gemm" and self.group_packed is not None and \
                 X.dtype == np.float32 and const_w:
-            Y = self._grouped_1x1(X, b, Z, act)
+            Y = self._grouped_1x1(X, b, Z, act, out)
             return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
         packed = self.winograd_packed if method == "winograd" and X.dtype == np.float32 \
             else None
@@ -1613,12 +1613,13 @@ class Conv(_ConvBase):
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 
-    def _grouped_1x1(self, X, b, Z, act):
+    def _grouped_1x1(self, X, b, Z, act, out=None):
         """A grouped 1x1 convolution on the compiled GEMM, channels-last: group i's pixels x
         C/g channels (read in place, rows C floats apart) @ its packed weight, written into
-        its range of the output's channels, every group in one call (ShuffleNet's layers,
-        where BLAS ran a GEMM per group on NCHW planes); the bias and a Relu / Clip (without
-        Z) in the epilogue."""
+        its range of the output's channels (``out``'s, the executor's buffer, where it is
+        laid out so), every group in one call (ShuffleNet's layers, where BLAS ran a GEMM
+        per group on NCHW planes); the bias and a Relu / Clip (without Z) in the
+        epilogue."""
         N, C = X.shape[:2]
         pk = self.group_packed
         M = pk.g * pk.N
@@ -1626,7 +1627,8 @@ class Conv(_ConvBase):
         fused = bounds is not None and Z is None
         Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
                    None if b is None else b.reshape(M), bounds=bounds if fused else None,
-                   threads=self.threads)
+                   threads=self.threads,
+                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32).reshape(-1, M))
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 

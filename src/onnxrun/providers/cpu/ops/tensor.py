@@ -85,36 +85,43 @@ class Reshape:
         node = getattr(ctx, "node", None)
         self.shuffle_end = node is not None and keeps_layout(ctx) and \
             (channel_shuffle(node) or (None,) * 3)[2] is node
+        # the shuffle's copy may go into the executor's buffer (memory.py): its shape a
+        # function of the input's, the target constant (a Reshape returning a view of its
+        # input is left out by memory.py's probe run)
+        self.accepts_out = self.shuffle_end and c is not None
 
-    def __call__(self, data, shape):
+    def __call__(self, data, shape, *, out=None):
         target = self.shape if self.shape is not None else \
             _reshape_target(data.shape, _ints(shape), self.allowzero)
         if self.shuffle_end and data.ndim == 5 and len(target) == 4 and \
                 max(data.strides[1:3]) < data.strides[4]:
-            return _shuffled_channels_last(data, target)
+            return _shuffled_channels_last(data, target, out)
         return _reshaped(data, target)
 
 
-def _shuffled_channels_last(data: np.ndarray, target) -> np.ndarray:
+def _shuffled_channels_last(data: np.ndarray, target, out=None) -> np.ndarray:
     """A channel shuffle's last Reshape, (N, a, b, H, W) -> (N, a*b, H, W), of channels-last
-    data (its axes a, b innermost in memory): one copy into (N, H, W, a, b) memory, returned
-    as an NCHW view of it (numpy's reshape would copy into NCHW memory). One copy per b:
-    runs of a channels in, every b-th float out (2x faster than one copy whose inner loop
-    is the b floats of a pixel)."""
+    data (its axes a, b innermost in memory): one copy into (N, H, W, a, b) memory (``out``,
+    the executor's buffer, where it is so laid out), returned as an NCHW view of it (numpy's
+    reshape would copy into NCHW memory). One copy per b: runs of a channels in, every b-th
+    float out (2x faster than one copy whose inner loop is the b floats of a pixel)."""
+    from .conv import nhwc_out
+
     N, a, b, H, W = data.shape
     if list(target) not in ([N, a * b, H, W], [N, -1, H, W], [-1, a * b, H, W]):
         return _reshaped(data, target)
     pixels = data.transpose(0, 3, 4, 2, 1)  # (N, H, W, b, a): the memory, when dense
+    Yt = nhwc_out(out, (N, H, W, a * b), data.dtype).reshape(N, H, W, a, b)
     if data.dtype == np.float32 and pixels.flags.c_contiguous and data.size:
         from ..compiled import jit, shuffle
 
         if b <= shuffle.MAX_GROUPS:
             try:  # each pixel's (b, a) block transposed by vector shuffles (3-4x numpy's)
-                Y = shuffle.shuffle(pixels.reshape(N * H * W, b, a), b)
+                Y = shuffle.shuffle(pixels.reshape(N * H * W, b, a), b,
+                                    out=Yt.reshape(N * H * W, a, b))
                 return Y.reshape(N, H, W, a * b).transpose(0, 3, 1, 2)
             except jit.Unavailable:
                 pass
-    Yt = np.empty((N, H, W, a, b), data.dtype)
     src = data.transpose(0, 3, 4, 1, 2)
     for j in range(b):
         np.copyto(Yt[..., j], src[..., j])
