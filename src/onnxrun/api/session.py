@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -507,6 +507,31 @@ class InferenceSession:
                     return self._graphs.run(fetches, feeds, lambda f: program.run(
                         plan, f, (), run_options))
                 return self._program.run_fetches(fetches, feeds, run_options)
+
+    def _runner(self, output_names: Sequence[str], input_names: Sequence[str],
+                computed: Sequence[int] = ()) -> Callable[[Sequence[Any], Any], list[Any]] | None:
+        """For onnxrun's own callers that build every feed themselves and only read the
+        results (onnxrun.genai's decode steps, after a first checked run): ``run(values,
+        run_options)`` with the values of ``input_names`` then of ``computed`` (slots of
+        intermediate values the caller computes: the steps that make them are left out).
+        No feed checks, no shape specialization (a decode step's shapes are new each step:
+        it never pays), the results as the kernels made them (not copied away from the feeds
+        nor made writable: the caller never writes them nor hands them out). None where a
+        run needs more than that (a device provider, the profiler, sparse outputs)."""
+        if self._device is not None or self._profiler is not None or self._sparse_outputs:
+            return None
+        program = self._program
+        slots = [self._inputs_by_name[n].slot for n in input_names] + list(computed)
+        fetches = self._fetch_slots(output_names)
+        plan = program.plan(fetches, known=frozenset(computed))
+        run_plan, blas = program.run, self._blas_threads
+
+        def run(values: Sequence[Any], run_options: Any) -> list[Any]:
+            with np.errstate(all="ignore"), blas:
+                results = run_plan(plan, list(zip(slots, values, strict=True)), (), run_options)
+            return [r if r.__class__ is np.ndarray else _as_output(r) for r in results]
+
+        return run
 
     def _run_profiled(self, fetches: Any, feeds: Any, run_options: Any) -> list[Any]:
         profiler = self._profiler

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from ..api.options import SessionOptions
 from ..api.session import InferenceSession
 from ..providers.cpu.ops.contrib.transformer import SHARE_PAST_PRESENT
 from .config import INPUT_DEFAULTS, OUTPUT_DEFAULTS, Config
+from .mask import mask_values
 
 # providers onnxruntime-genai knows; onnxrun.genai runs "cpu" (CPUExecutionProvider) and "cuda"
 # (CUDAExecutionProvider, its options from set_provider_option("cuda", ...) or the file)
@@ -88,6 +90,25 @@ class Model:
         # the shared past/present buffer needs an attention that writes the cache in place
         # (GroupQueryAttention); plain attention concatenates, so it exchanges past and present
         self.gqa = any(n.op_type == "GroupQueryAttention" for n in self.session._model.graph.nodes)
+        self._step_runs: dict[tuple, Any] = {}
+
+    def step_runner(self, fetch: Sequence[str], feed_names: Sequence[str]
+                    ) -> tuple[Callable[..., list[Any]], list[Callable[[np.ndarray], Any]]] | None:
+        """(run, functions of the mask) for the steps after a first checked run, whose feeds
+        the engine builds (``feed_names``, then the values the functions compute from the
+        attention mask, mask.py): ``InferenceSession._runner``'s run; None where the session
+        has none (a device provider, the profiler)."""
+        key = (tuple(fetch), tuple(feed_names))
+        got = self._step_runs.get(key, False)
+        if got is False:
+            computed = mask_values(self.session._program, self.attention_mask,
+                                   self.input_dtypes[self.attention_mask]) \
+                if self.attention_mask else None
+            computed = computed or []
+            run = self.session._runner(fetch, feed_names, [s for s, _ in computed])
+            got = self._step_runs[key] = None if run is None else \
+                (run, [f for _, f in computed])
+        return got
 
     @property
     def type(self) -> str:

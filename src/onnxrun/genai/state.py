@@ -52,6 +52,7 @@ class DecoderState:
         # with the shared buffer GroupQueryAttention writes each step's rows into self.kv
         self._fetch = [m.logits, *extra_out] if self.shared else \
             [m.logits, *self._cache_names, *extra_out]
+        self._runner: Any = False  # model.step_runner's, taken at the first decode step
         self._alloc_cache()
 
     def _alloc_cache(self) -> None:
@@ -96,7 +97,16 @@ class DecoderState:
         feed.update(self.extra)
         self.inputs = feed
         names = self._fetch
-        out = m.session.run(names, feed, self.run_options)
+        step = None
+        if not first and not self.run_options._active_adapters:
+            if self._runner is False:  # the feeds' names are the same every step
+                self._runner = m.step_runner(names, list(feed))
+            step = self._runner
+        if step is None:  # the first step's feeds checked, as the caller's values are in it
+            out = m.session.run(names, feed, self.run_options)
+        else:  # later steps: the engine's own feeds, the mask arithmetic computed (mask.py)
+            run, computed = step
+            out = run([*feed.values(), *[f(self.mask) for f in computed]], self.run_options)
         self.outputs = dict(zip(names, out, strict=True))
         if self.shared:  # GroupQueryAttention wrote this step's rows into self.kv itself
             self.outputs.update(zip(self._cache_names, self.kv, strict=True))
