@@ -466,3 +466,38 @@ def test_model_written_by_onnxruntime(tmp_path, name, how, expect):
         feeds = {k: v.astype(np.int32 if types[k] == "tensor(int32)" else v.dtype)
                  for k, v in feeds.items() if k in types}
         assert_close(sess.run(None, feeds), reference.run(None, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["FusedGemm", "FusedConv"])
+def test_fused_sigmoid_is_the_standalone_sigmoid(op):
+    """A fused Sigmoid is onnxruntime's MlasComputeLogistic (the compiled logistic), to the
+    bit what the product followed by a Sigmoid node gives (numpy's exp steps differed by an
+    ulp here and there)."""
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    if op == "FusedGemm":
+        x = (rng.standard_normal((3, 64)) * 4).astype(np.float32)
+        w = rng.standard_normal((64, 37)).astype(np.float32)
+        plain, attrs, xshape = "Gemm", {}, [3, 64]
+    else:
+        x = (rng.standard_normal((1, 8, 12, 12)) * 4).astype(np.float32)
+        w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+        plain, attrs, xshape = "Conv", {"pads": [1, 1, 1, 1]}, [1, 8, 12, 12]
+
+    def model(nodes):
+        g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, xshape)], [helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT, None)], [onnx.numpy_helper.from_array(w, "w")])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid(MS, 1)]).SerializeToString()
+
+    fused = model([helper.make_node(op, ["x", "w"], ["y"], domain=MS, activation="Sigmoid",
+                                    **attrs)])
+    unfused = model([helper.make_node(plain, ["x", "w"], ["p"], **attrs),
+                     helper.make_node("Sigmoid", ["p"], ["y"])])
+    so = onnxrun.SessionOptions()
+    so.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = onnxrun.InferenceSession(fused, so).run(None, {"x": x})[0]
+    want = onnxrun.InferenceSession(unfused, so).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, want)
