@@ -31,18 +31,26 @@ def _text(value) -> str:
 # -- fused activations ---------------------------------------------------------------------------
 
 
-def _logistic_in_place(y):
+def _logistic_in_place():
     """onnxruntime's fused Sigmoid (MlasActivation: MlasComputeLogistic) on ``y`` itself:
-    the compiled logistic, bit for bit the standalone Sigmoid's (and one kernel call where
-    numpy's steps took an errstate and four ufuncs: ~4-10 us on a streaming model's one-row
-    FusedGemm); numpy's steps where it does not run."""
-    if y.dtype is _F32 and y.size and y.flags.c_contiguous:
-        from ...compiled import logistic
+    the compiled logistic, bit for bit the standalone Sigmoid's, taken once here (asking for
+    it per call cost more than numpy's errstate and four ufuncs on a streaming model's
+    one-row FusedGemm); numpy's steps where it does not run."""
+    from ...compiled import logistic
 
-        if logistic.unavailable() is None:
-            logistic.sigmoid(y, y)
-            return
-    sigmoid_in_place(y)
+    if logistic.unavailable() is not None:
+        return sigmoid_in_place
+    fn = logistic.function()
+    from ...compiled.jit import address
+
+    def act(y):
+        if y.dtype is _F32 and y.flags.c_contiguous and y.size:
+            a = address(y)
+            fn(a, a, y.size, 1.0, 0)
+        else:
+            sigmoid_in_place(y)
+
+    return act
 
 
 def make_activation(name: str, alpha: float | None = None, beta: float | None = None,
@@ -57,7 +65,7 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
     if name == "Tanh":
         return lambda y: np.tanh(y, out=y)
     if name in ("Sigmoid", "Logistic"):
-        return _logistic_in_place
+        return _logistic_in_place()
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
 
