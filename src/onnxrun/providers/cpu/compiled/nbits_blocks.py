@@ -749,25 +749,23 @@ def _fq_m1(block: int) -> list[str]:
             "}"]
 
 
-def _dequantize_panel(block: int) -> list[str]:
-    """@dq{block}(B, sb, Zq, W, n, N, kb): columns n..n+15 of the weight dequantized into the
-    panel W (kb * block, 16) float32, each (q - zp) * scale in float32 exactly as MLAS's
-    CompFp32 path dequantizes B before its SGEMM (columns from N on repeat column N - 1: the
-    caller drops them). Eight columns at a time: each one's sub-block of SB values unpacked
-    and scaled, then 8 x 8 transposes to store rows of eight columns."""
+def _dequantize_panel(SB: int) -> list[str]:
+    """@dq{SB}(B, sb, Zq, W, n, N, kb, shift): columns n..n+15 of the weight in blocks of
+    SB << shift dequantized into the panel W (kb * block, 16) float32, each (q - zp) * scale
+    in float32 exactly as MLAS's CompFp32 path dequantizes B before its SGEMM (columns from N
+    on repeat column N - 1: the caller drops them). Eight columns at a time: each one's
+    sub-block of SB values unpacked and scaled, then 8 x 8 transposes to store rows of eight
+    columns. One function for all blocks of SB (16) or more (32): the shift a runtime one."""
     from .nbits_gemm import _transpose8
 
-    SB = min(block, 32)
-    per = block // SB
-    shift = per.bit_length() - 1
     H = SB // 2
     VSF = f"<{SB} x float>"
     C8 = range(8)
-    L = [f"define internal void @dq{block}(ptr noalias %B, ptr noalias %sb, ptr noalias %Zq, "
-         "ptr noalias %W, i64 %n, i64 %N, i64 %kb) nounwind {",
+    L = [f"define internal void @dq{SB}(ptr noalias %B, ptr noalias %sb, ptr noalias %Zq, "
+         "ptr noalias %W, i64 %n, i64 %N, i64 %kb, i64 %shift) nounwind noinline {",
          "entry:",
-         f"  %rowbytes = mul i64 %kb, {block // 2}",
-         f"  %subs = mul i64 %kb, {per}",
+         "  %subs = shl i64 %kb, %shift",
+         f"  %rowbytes = mul i64 %subs, {H}",
          "  %Nl = sub i64 %N, 1",
          "  br label %h.loop",
          "h.loop:",
@@ -783,7 +781,7 @@ def _dequantize_panel(block: int) -> list[str]:
     L += ["  br label %s.loop",
           "s.loop:",
           "  %s = phi i64 [0, %h.loop], [%s.next, %s.loop]",
-          f"  %blk = lshr i64 %s, {shift}" if shift else "  %blk = add i64 %s, 0",
+          "  %blk = lshr i64 %s, %shift",
           f"  %bo = mul i64 %s, {H}"]
     chunks = {c: [] for c in C8}
     for c in C8:
@@ -813,7 +811,7 @@ def _fp32_rows(block: int) -> list[str]:
     """fp32_rows{block}(A, W, bias, C, M, K, Np, n0, n1, B, sb, Zq, N, kb): rows of
     C = A @ W (+ bias), A (M, K), C (M, Np), W the weight (B packed, scales sb, zero points
     Zq) dequantized a panel of 16 columns at a time into the scratch ``W`` (kb * block, 16:
-    @dq{block}); the panel's columns for ROWS rows (then one) at a time, each output one
+    @dq16 / @dq32); the panel's columns for ROWS rows (then one) at a time, each output one
     fused multiply-add chain in k order (MLAS's SGEMM kernel over the dequantized weight),
     then the bias. n0, n1 multiples of 16."""
     def tile(rows: int, tag: str, m: str, after: str) -> list[str]:
@@ -867,8 +865,8 @@ def _fp32_rows(block: int) -> list[str]:
             "  br i1 %any, label %n.loop, label %end",
             "n.loop:",
             "  %n = phi i64 [%n0, %entry], [%n.next, %n.end]",
-            f"  call void @dq{block}(ptr %B, ptr %sb, ptr %Zq, ptr %W, i64 %n, i64 %N, "
-            "i64 %kb)",
+            f"  call void @dq{min(block, 32)}(ptr %B, ptr %sb, ptr %Zq, ptr %W, i64 %n, "
+            f"i64 %N, i64 %kb, i64 {(block // min(block, 32)).bit_length() - 1})",
             "  %pb = add i64 0, 0",  # the panel's scratch
             "  br i1 %hb, label %bias.yes, label %bias.no",
             "bias.yes:",
@@ -905,8 +903,9 @@ def _fp32_rows(block: int) -> list[str]:
 
 def module_ir(target=None) -> str:
     parts = [*zshare_ir()]
+    parts += _dequantize_panel(16) + _dequantize_panel(32)
     for block in FP32_BLOCKS:
-        parts += _dequantize_panel(block) + _fp32_rows(block)
+        parts += _fp32_rows(block)
         parts += _fq_columns(block, COLS) + _fq_columns(block, 1) + _fq_m1(block)
     for block in BLOCKS:
         parts += quantize_ir(block=block)
