@@ -519,3 +519,93 @@ def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(mon
     assert len(blocks) == 10  # the channels-last calls took the blocked path
     bn(X, *params)
     assert len(blocks) == 10  # NCHW: numpy's broadcast as before
+
+
+def _residual_chain(blocks: int, channels: int = 32) -> bytes:
+    """ShuffleNet-like residual blocks without convolutions on the skip path, deeper than the
+    layout walks' depth limit: a_{i+1} = Relu(a_i + Conv1x1(DepthwiseConv3x3(a_i)))."""
+    lines, inits = ["    a0 = Conv <kernel_shape = [1, 1]> (X, Win)"], {}
+    rng = np.random.default_rng(14)
+    inits["Win"] = rng.normal(0, 0.3, (channels, 3, 1, 1))
+    for i in range(blocks):
+        lines += [f"    d{i} = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], "
+                  f"group = {channels}> (a{i}, Wd{i})",
+                  f"    e{i} = Conv <kernel_shape = [1, 1]> (d{i}, Wp{i})",
+                  f"    s{i} = Add (a{i}, e{i})",
+                  f"    a{i + 1} = Relu (s{i})"]
+        inits[f"Wd{i}"] = rng.normal(0, 0.3, (channels, 1, 3, 3))
+        inits[f"Wp{i}"] = rng.normal(0, 0.1, (channels, channels, 1, 1))
+    lines.append(f"    Y = GlobalAveragePool (a{blocks})")
+    model = onnx.parser.parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 9, 9] X) => (float[1, {channels}, 1, 1] Y) {{
+{chr(10).join(lines)}
+}}
+""")
+    for name, value in inits.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
+                                                                    name))
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+def test_remembered_layout_walks_answer_as_fresh_walks(monkeypatch, order):
+    """The layout walks' remembered answers (conv._WALKS) are the answers of fresh walks, in
+    whatever order the convolutions ask, on a chain deeper than the walks' depth limit (where
+    an answer found near the limit must not be reused further from it)."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    sess = onnxrun.InferenceSession(_residual_chain(30))
+    graph = sess._model.graph
+    convs = [n for n in graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    assert len(convs) == 61
+    if order == "backward":
+        convs = convs[::-1]
+    elif order == "shuffled":
+        convs = [convs[i] for i in np.random.default_rng(15).permutation(len(convs))]
+    conv_mod._WALKS.pop(graph, None)
+    remembered = [conv_mod.channels_last_output(n) for n in convs]
+    assert conv_mod._WALKS.get(graph)  # answers were kept
+    monkeypatch.setattr(conv_mod, "_walk_memo", lambda value: None)
+    fresh = [conv_mod.channels_last_output(n) for n in convs]
+    assert remembered == fresh
+    assert any(fresh) and not all(fresh)  # the chain has both answers
+
+
+def test_a_remembered_walk_is_not_reused_where_the_depth_limit_would_cut_it(monkeypatch):
+    """conv._remembered keeps a walk's answer with how deep it went: asked again from deeper
+    down, where a fresh walk would meet the depth limit, the walk is taken afresh."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    chain = "\n".join(f"    r{i + 1} = Relu (r{i})" for i in range(12))
+    sess = onnxrun.InferenceSession(onnx.parser.parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[2] r0) => (float[2] r12) {{
+{chain}
+}}
+""").SerializeToString(), providers=["CPUExecutionProvider"])
+    graph = sess._model.graph
+    start = graph.nodes[0].outputs[0]  # r1
+    steps = []
+
+    def walk(value, threads, joins, depth):  # to the graph output: 11 steps down
+        steps.append(depth)
+        if depth > conv_mod._LAYOUT_DEPTH:
+            return "cut"
+        if not value.uses:
+            return "end"
+        return conv_mod._remembered(walk, value.uses[0][0].outputs[0], threads, joins,
+                                    depth + 1)
+
+    conv_mod._WALKS.pop(graph, None)
+    assert conv_mod._remembered(walk, start, 1, frozenset(), 0) == "end"
+    assert len(steps) == 12
+    steps.clear()
+    assert conv_mod._remembered(walk, start, 1, frozenset(), 30) == "end"  # remembered
+    assert steps == []
+    limit = conv_mod._LAYOUT_DEPTH
+    assert conv_mod._remembered(walk, start, 1, frozenset(), limit - 5) == "cut"  # afresh
+    assert steps[-1] == limit + 1
+    steps.clear()
+    assert conv_mod._remembered(walk, start, 1, frozenset(), limit - 5) == "cut"
+    assert steps  # an answer that met the limit is not kept

@@ -974,12 +974,59 @@ def _static_shape(value) -> tuple | None:
     return tuple(dims)  # the batch may be symbolic
 
 
+# The layout walks' answers per graph (weakly held, as _KINDS and on the same terms): each
+# convolution's choice walks its neighbourhood forwards and backwards, and its neighbours'
+# choices walk much of it again (ShuffleNet: 1,330 walk steps for 49 convolutions). An answer
+# is kept with how deep below its own step its walk went, and reused only where the walk from
+# the new depth would stay within _LAYOUT_DEPTH as well (then it takes the same steps); an
+# answer that met the depth limit is not kept. _REACHED: the deepest step of the walk under way.
+_WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_REACHED = threading.local()
+
+
+def _walk_memo(value) -> dict | None:
+    producer = value.producer
+    graph = producer.graph if producer is not None else None
+    if graph is None:
+        return None
+    memo = _WALKS.get(graph)
+    if memo is None:
+        memo = _WALKS[graph] = {}
+    return memo
+
+
+def _remembered(walk, value, threads: int, joins: frozenset, depth: int):
+    """``walk(value, threads, joins, depth)``, answered from _WALKS where that is exact."""
+    memo = _walk_memo(value)
+    key = (walk, id(value), threads, joins)
+    outer = getattr(_REACHED, "depth", 0)
+    if memo is not None:
+        hit = memo.get(key)
+        if hit is not None and depth + hit[1] <= _LAYOUT_DEPTH:
+            _REACHED.depth = max(outer, depth + hit[1])
+            return hit[0]
+    _REACHED.depth = depth
+    try:
+        answer = walk(value, threads, joins, depth)
+        reached = _REACHED.depth
+    finally:
+        _REACHED.depth = max(outer, getattr(_REACHED, "depth", depth))
+    if memo is not None and reached <= _LAYOUT_DEPTH:
+        memo[key] = (answer, reached - depth)
+    return answer
+
+
 def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
                            depth: int = 0) -> set[str] | None:
     """The kinds of the convolutions reading ``value`` (through Relu / Clip, and through
     Add / Sub / Mul whose other operands are written channels-last too), or None when some
     reader would pay for channels-last memory (or ``value`` is a graph output). ``joins``:
     the Add nodes whose operands are being decided up the call chain."""
+    found = _remembered(_readers_walk, value, threads, joins, depth)
+    return None if found is None else set(found)
+
+
+def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozenset | None:
     producer = value.producer
     graph = producer.graph if producer is not None else None
     if graph is None or not value.uses or value in graph.outputs or depth > _LAYOUT_DEPTH:
@@ -1031,13 +1078,17 @@ def _channels_last_readers(value, threads: int, joins: frozenset = frozenset(),
                 kinds |= more | {"follow"}
         else:
             return None
-    return kinds
+    return frozenset(kinds)
 
 
 def _writes_channels_last(value, threads: int, joins: frozenset = frozenset(),
                           depth: int = 0) -> bool:
     """Whether the producer of ``value`` (a convolution, or an operator that keeps its
     input's layout) writes it channels-last."""
+    return _remembered(_writes_walk, value, threads, joins, depth)
+
+
+def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
     node = value.producer
     if node is None or depth > _LAYOUT_DEPTH:
         return False
@@ -1084,8 +1135,10 @@ def _reads_channels_last(node, threads: int, depth: int) -> bool:
     v = node.inputs[0]
     while v is not None and v.producer is not None and _passes_layout(v.producer):
         v = v.producer.inputs[0]
-    return v is not None and depth < _LAYOUT_DEPTH and _writes_channels_last(
-        v, threads, frozenset(), depth + 1)
+    if v is not None and depth >= _LAYOUT_DEPTH:  # the limit met: not an answer to keep
+        _REACHED.depth = max(getattr(_REACHED, "depth", 0), _LAYOUT_DEPTH + 1)
+        return False
+    return v is not None and _writes_channels_last(v, threads, frozenset(), depth + 1)
 
 
 def channels_last_output(node, threads: int = 1) -> bool:
