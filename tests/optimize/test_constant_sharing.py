@@ -54,3 +54,17 @@ def test_overridable_initializer_is_not_shared() -> None:
     x = rand(2, 3)
     got = session(model, 1).run(None, {"X": x, "c2": np.array(10.0, np.float32)})[0]
     np.testing.assert_allclose(got, ((x + 2) * 10 - 5) / 3, rtol=1e-5)
+
+
+def test_large_constants_compare_every_piece() -> None:
+    from onnxrun.optimize.basic.constant_sharing import _PIECE, _same
+
+    n = 3 * _PIECE // 4 + 5  # float32: three pieces and a partial one
+    a = np.arange(n, dtype=np.float32)
+    assert _same(a, a.copy())
+    for i in (0, _PIECE // 4, 2 * _PIECE // 4 - 1, n - 1):  # a difference in any piece
+        b = a.copy()
+        b[i] = -b[i] if b[i] else -0.0  # 0.0 -> -0.0: equal as numbers, not as bits
+        assert not _same(a, b), i
+    assert _same(a[::2], np.ascontiguousarray(a[::2]))  # a strided view, as its values
+    assert not _same(a.reshape(-1, 1)[:4], a[:4])  # another shape
