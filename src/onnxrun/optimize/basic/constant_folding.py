@@ -83,6 +83,10 @@ class ConstantFolding(GraphPass):
         if not node.inputs and node.op_type != "Constant":
             return None  # source ops other than Constant (e.g. EyeLike needs an input anyway)
         opset = model.node_opset(node)
+        if node.op_type == "ConstantOfShape" and opset is not None and opset >= 9:
+            filled = _constant_of_shape(node, inputs[0])
+            if filled is not None:
+                return [filled]
         if opset is None or not self._cpu.can_run(node, opset):
             return None
         ctx = KernelContext(node=node, opset=opset, constants=inputs,
@@ -125,6 +129,27 @@ def _static_shape_result(node: Node) -> np.ndarray | None:
     start = node.attr("start", 0)
     end = node.attr("end", None)
     return np.array(shape[slice(start, end)], dtype=np.int64)
+
+
+def _constant_of_shape(node: Node, shape: np.ndarray | None) -> np.ndarray | None:
+    """ConstantOfShape of a constant shape filled as its kernel fills it (ops/tensor.py),
+    without preparing a kernel for it: the zoo's light models hold their weights as
+    ConstantOfShape nodes (ShuffleNet: 243). None leaves the node to the kernel (its errors,
+    unusual operands)."""
+    value = node.attr("value", None)
+    if node.domain != "" or len(node.inputs) != 1 or len(node.outputs) != 1 or \
+            shape is None or shape.dtype != np.int64 or shape.ndim != 1 or \
+            (value is not None and (type(value) is not np.ndarray or value.size != 1)):
+        return None
+    dims = tuple(shape.tolist())
+    if any(d < 0 for d in dims):
+        return None
+    try:
+        if value is None:
+            return np.zeros(dims, dtype=np.float32)
+        return np.full(dims, value.reshape(-1)[0], dtype=value.dtype)
+    except (ValueError, MemoryError):
+        return None  # too large to fold: the kernel says so at run time, naming the node
 
 
 # -- folded dequantizations ---------------------------------------------------------------------
