@@ -609,3 +609,18 @@ g (float[2] r0) => (float[2] r12) {{
     steps.clear()
     assert conv_mod._remembered(walk, start, 1, frozenset(), limit - 5) == "cut"
     assert steps  # an answer that met the limit is not kept
+
+
+def test_remembered_shapes_follow_a_replaced_type():
+    """conv._shape remembers a value's shape per graph by its type object: a value given
+    another type (as shape inference or a released initializer's type do) is read afresh."""
+    from onnxrun.ir.serde import tensor_type
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    sess = onnxrun.InferenceSession(_residual_chain(1), providers=["CPUExecutionProvider"])
+    value = sess._model.graph.nodes[0].outputs[0]
+    assert conv_mod._dims(value) == (1, 32, 9, 9)
+    value.type = tensor_type(np.zeros((2, 32, 5, 5), np.float32))
+    assert conv_mod._dims(value) == (2, 32, 5, 5) and conv_mod._rank(value) == 4
+    value.type = tensor_type(np.zeros((2, 32), np.float32))
+    assert conv_mod._dims(value) == (2, 32) and conv_mod._rank(value) == 2

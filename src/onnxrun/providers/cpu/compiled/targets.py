@@ -13,10 +13,10 @@ the kernels keep their numpy path.
 
 from __future__ import annotations
 
+import collections
 import functools
 import platform
 import sys
-from typing import NamedTuple
 
 TRIPLE = "x86_64-unknown-linux-gnu"
 ENV = "ONNXRUN_COMPILED_TARGET"
@@ -28,14 +28,18 @@ _V3 = ("sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "cx16", "sahf", "avx", "av
 _V4 = _V3 + ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")
 
 
-class Target(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first session)
-    """One instruction set the kernels are compiled for.
+# A collections.namedtuple, not typing.NamedTuple (its string annotations are each compiled
+# into a ForwardRef: ~1 ms of a first session, as a frozen dataclass was).
+class Target(collections.namedtuple("Target", "name cpu features extra lanes")):
+    """One instruction set the kernels are compiled for: ``name`` (str), ``cpu`` (str),
+    ``features`` and ``extra`` (tuples of str), ``lanes`` (int).
 
     ``cpu`` and ``extra`` are what the compiler is given (an LLVM CPU level and features
     beyond it); ``features`` is everything the code may use, all of which the host must have.
     ``lanes`` is the number of float32 (or int32) lanes of the target's vector registers.
     """
 
+    __slots__ = ()
     name: str
     cpu: str
     features: tuple[str, ...]

@@ -10,12 +10,12 @@ stay in channels-last memory (see "memory layout between convolutions").
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import math
 import threading
 import weakref
-from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -785,10 +785,36 @@ def _follows_layout(node) -> bool:
     return False
 
 
+def _shape(value) -> tuple | None:
+    """type_shape of ``value``'s type as a tuple, remembered per graph while its kernels are
+    prepared (the layout walks ask the same values' shapes over and over): keyed by the type
+    object, which the entry holds, so a replaced type is read afresh."""
+    tp = value.type if value is not None else None
+    if tp is None:
+        return None
+    graph = value.graph
+    shapes = _SHAPES.get(graph) if graph is not None else None
+    if shapes is None:
+        if graph is None:
+            dims = type_shape(tp)
+            return None if dims is None else tuple(dims)
+        shapes = _SHAPES[graph] = {}
+    hit = shapes.get(id(tp))
+    if hit is not None and hit[0] is tp:
+        return hit[1]
+    dims = type_shape(tp)
+    dims = None if dims is None else tuple(dims)
+    shapes[id(tp)] = (tp, dims)
+    return dims
+
+
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _dims(value) -> tuple | None:
-    dims = type_shape(value.type) if value is not None and value.type is not None else None
+    dims = _shape(value)
     return None if dims is None or not all(isinstance(d, int) and d > 0 for d in dims) \
-        else tuple(dims)
+        else dims
 
 
 def _shuffle_from(first) -> tuple | None:
@@ -831,7 +857,7 @@ def channel_shuffle(node) -> tuple | None:
 
 
 def _rank(value) -> int | None:
-    dims = type_shape(value.type) if value is not None and value.type is not None else None
+    dims = _shape(value)
     return None if dims is None else len(dims)
 
 
@@ -915,7 +941,9 @@ def _conv_kind(node, threads: int) -> str:
     return method if method in ("winograd", "nhwc") else "other"
 
 
-class _WeightSpec(NamedTuple):
+class _WeightSpec(collections.namedtuple("_WeightSpec", "shape dtype")):
+    # (not typing.NamedTuple: its string annotations cost a compile each at import)
+    __slots__ = ()
     shape: tuple[int, ...]
     dtype: np.dtype
 
