@@ -70,3 +70,14 @@ def test_skeleton_inputs_are_onnx_helpers(dims):
     _add_input(g, "w", TensorProto.FLOAT16, dims)
     want = helper.make_tensor_value_info("w", TensorProto.FLOAT16, list(dims))
     assert g.input[0].SerializeToString() == want.SerializeToString()
+
+
+def test_tensor_types_are_fresh_messages():
+    """tensor_type copies the type it built before for a dtype and shape: each call a message
+    of its own, so a caller changing one changes no other value's type."""
+    a, b = tensor_type(np.zeros((2, 3), np.float32)), tensor_type(np.zeros((2, 3), np.float32))
+    assert a is not b and a == b
+    a.tensor_type.shape.dim[0].dim_value = 7
+    assert b.tensor_type.shape.dim[0].dim_value == 2
+    assert tensor_type(np.zeros((2, 3), np.float32)).tensor_type.shape.dim[0].dim_value == 2
+    assert tensor_type(np.zeros((2, 3), np.int64)) != b  # the dtype is part of the key
