@@ -602,7 +602,6 @@ class GroupQueryAttention:
         self._step = None  # _decode_step's constants of the query's width
         # the rotary caches' addresses (constants, read-only: ~3 us each through ctypes)
         self._cos, self._sin = _HeldAddress(), _HeldAddress()
-        self._scratch = None  # compiled.gqa's Scratch: a prompt's temporaries, kept
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -691,14 +690,12 @@ class GroupQueryAttention:
             out = np.empty((B, S, N * H), np.float32)
             # flash decoding: one token, batch x heads under the threads, equal lengths
             split = S == 1 and B * N < self.threads and bool(np.all(total == total[0]))
-            if self._scratch is None:
-                self._scratch = _gqa.Scratch()
             for b in range(B):  # a prompt's result is written into out[b]
                 ob = out[b]
                 res = _gqa.attend(q[b], kc[b], vc[b], int(past_len[b]), int(total[b]),
                                   _float32_scale(self.scale, H), self.window, fn=exact,
                                   split=split, threads=self.threads, out=ob,
-                                  scratch=self._scratch)
+                                  scratch=_gqa.SCRATCH)
                 if res is not ob:
                     ob[...] = res
             return out, present_k, present_v, None
