@@ -505,9 +505,10 @@ def _pooled_ops(sess):
 
 @pytest.mark.parametrize("name", ["densenet_style", "inception_style", "yolo_style"])
 def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
-    """The compiled channels-last convolutions (and activations) write into their range of a
-    Concat's channels (rows of pixels further apart than their own channels); the outputs of
-    every run equal those without the memory pattern bit for bit."""
+    """Elementwise kernels and Concats write into their range of a Concat's channels (rows
+    of pixels further apart than their own channels); the compiled convolutions do not (a
+    GEMM's tiles in such rows: up to 1.5x slower); the outputs of every run equal those
+    without the memory pattern bit for bit."""
     monkeypatch.setattr(memory, "MIN_BYTES", 4096)  # the small builds' values pooled too
     model, feeds = _suite_model(name)
     opts = onnxrun.SessionOptions()
@@ -521,9 +522,10 @@ def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
             np.testing.assert_array_equal(got, ref, err_msg=f"run {i}")
     pooled, sliced = _pooled_ops(on)
     assert pooled.get("Concat", 0) >= 1, pooled
-    # YOLO's convolutions write SiLU's input (QuickGelu writes the slice)
-    writers = ("QuickGelu",) if name == "yolo_style" else ("FusedConv", "Conv")
-    assert sum(sliced.get(t, 0) for t in writers) >= 1, sliced
+    assert not {"Conv", "FusedConv"} & sliced.keys(), sliced
+    # DenseNet's feature maps: each Concat's output in the next one's bytes; YOLO's SiLU
+    writers = {"densenet_style": "Concat", "yolo_style": "QuickGelu"}.get(name)
+    assert writers is None or sliced.get(writers, 0) >= 1, sliced
     if name != "yolo_style":  # the compiled pools write into their buffers
         assert pooled.get("MaxPool", 0) + pooled.get("AveragePool", 0) >= 1, pooled
 
@@ -662,5 +664,5 @@ def test_slices_never_make_the_arena_larger(name, monkeypatch):
     pattern = arena()
     monkeypatch.setattr(memory._Recorder, "_slices", lambda self, live: {})
     assert pattern.nbytes <= arena().nbytes
-    if name != "dbnet_style":
+    if name in ("densenet_style", "yolo_style"):
         assert pattern.slices

@@ -16,7 +16,8 @@ a run's memory once per input shapes (its memory pattern) and reuses it; so does
   faults) get a place in an arena: offsets where no value live at the same time lies, the
   largest first. A graph output, or anything that aliases one, never gets one: what a run
   returns is never pooled memory.
-- A Concat's input that it reads last (no view of it alive) is written in its place: its
+- A Concat's input that it reads last (no view of it alive), from a kernel that writes
+  its output once in order (an elementwise one, another Concat), is written in its place: its
   producer is handed its range of the Concat's bytes (``_Recorder._slices``; nested Concats
   too) and Concat copies nothing for it. An elementwise kernel's output (a ufunc, a kernel
   with ``in_place = True``) shares the bytes of a same-shaped input that dies at it
@@ -255,8 +256,11 @@ class _Recorder:
     def _slices(self, live: dict[int, list[int]]) -> dict[int, tuple[int, int, int]]:
         """The candidates written straight into a join's output (Concat: its inputs one
         after another along an axis): child -> (the join, its axis, the child's first index
-        along it). A child is a join's input that nothing else reads (nor a view of it), of
-        the join's dtype, whose kernel wrote where it was told (else ``unsliced``)."""
+        along it). A child is a join's input read last by it (no view of it), of the join's
+        dtype, whose kernel writes its output once, in order (``Memory.streams``: a GEMM's
+        tiles, read back across its K blocks, cost up to 1.5x in rows a Concat's width
+        apart, far more than the copy saved), and wrote where it was told (else
+        ``unsliced``)."""
         memory = self.memory
         sole = {next(iter(g)): j for j, g in self.group.items() if len(g) == 1}
         parent: dict[int, tuple[int, int, int]] = {}
@@ -271,8 +275,8 @@ class _Recorder:
             pos = 0
             for s, arg_shape in zip(slots, arg_shapes, strict=True):
                 p = sole.get(s)
-                if p is not None and p in live and p not in parent and \
-                        p not in self.unsliced and slots.count(s) == 1 and \
+                if p is not None and p in live and p not in parent and p in memory.streams \
+                        and p not in self.unsliced and slots.count(s) == 1 and \
                         memory.freed_at.get(s) == memory.step_of[c] and \
                         self.outs[p][1] == arg_shape and self.outs[p][2] == dtype:
                     parent[p] = (c, axis, pos)
@@ -440,12 +444,13 @@ class Memory:
     """The memory patterns of one plan, per input-shape signature."""
 
     __slots__ = ("candidates", "step_of", "fetch_slots", "freed_at", "num_steps", "joins",
-                 "in_place", "patterns", "seen")
+                 "in_place", "streams", "patterns", "seen")
 
     def __init__(self, candidates: dict[int, int], fetch_slots: Sequence[int],
                  frees: Sequence[Sequence[int]],
                  joins: dict[int, tuple[int, tuple[int, ...]]] | None = None,
-                 in_place: dict[int, tuple[int, ...]] | None = None) -> None:
+                 in_place: dict[int, tuple[int, ...]] | None = None,
+                 streams: frozenset[int] = frozenset()) -> None:
         self.candidates = candidates  # step index -> candidate index
         # candidate -> (axis, input slots) of a join: a kernel whose output is its inputs
         # one after another along ``axis`` (``joins_axis``: Concat), skipping an input
@@ -454,6 +459,9 @@ class Memory:
         # candidate -> input slots of an elementwise kernel, whose output may be written over
         # a same-shaped input (a numpy ufunc, a kernel with ``in_place = True``)
         self.in_place = in_place or {}
+        # candidates whose kernel writes its output once, element by element (a ufunc, a
+        # join, ``streams_out = True``): written into a join's slice at no cost
+        self.streams = streams
         self.step_of = {j: i for i, j in candidates.items()}
         self.fetch_slots = frozenset(fetch_slots)
         self.freed_at = {s: i for i, f in enumerate(frees) for s in f}
@@ -468,6 +476,7 @@ class Memory:
         candidates: dict[int, int] = {}
         joins: dict[int, tuple[int, tuple[int, ...]]] = {}
         in_place: dict[int, tuple[int, ...]] = {}
+        streams: set[int] = set()
         for i, step in enumerate(steps):
             if len(step.outputs) == 1 and step.outputs[0] > 1 and \
                     step.outputs[0] not in fetch and \
@@ -478,10 +487,14 @@ class Memory:
                 if isinstance(step.kernel, np.ufunc) or \
                         getattr(step.kernel, "in_place", False) is True:
                     in_place[len(candidates)] = tuple(step.inputs)
+                if isinstance(step.kernel, np.ufunc) or type(axis) is int or \
+                        getattr(step.kernel, "streams_out", False) is True:
+                    streams.add(len(candidates))
                 candidates[i] = len(candidates)
         if not candidates:
             return None
-        return cls(candidates, fetch_slots, [step.frees for step in steps], joins, in_place)
+        return cls(candidates, fetch_slots, [step.frees for step in steps], joins, in_place,
+                   frozenset(streams))
 
     def first_sighting(self, key: tuple) -> bool:
         """Whether ``key`` has not been run before (it is noted); a second run records."""

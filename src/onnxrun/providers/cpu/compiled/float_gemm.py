@@ -668,11 +668,10 @@ class PackedMatrix:
                     bias: np.ndarray | None = None, bounds=None, threads: int = 1,
                     out: np.ndarray | None = None, wrap: int | None = None,
                     wstep: int = 0) -> np.ndarray:
-        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array (or into ``out``,
-        unit column stride, rows any stride apart: a caller's buffer, no fresh pages per call,
-        or a range of a Concat's channels), where A's element (m, k) is
-        ``base[start(m) + k + (k // block) * jump]`` (``base``: contiguous float32, read in
-        place), start(m) = m * lda, or with ``wrap``, (m // wrap) * wstep + (m % wrap)
+        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array (or into ``out``, a
+        C-contiguous one: a caller's scratch buffer, no fresh pages per call), where A's element
+        (m, k) is ``base[start(m) + k + (k // block) * jump]`` (``base``: contiguous float32,
+        read in place), start(m) = m * lda, or with ``wrap``, (m // wrap) * wstep + (m % wrap)
         * lda: a convolution on its zero-padded input, rows of A the output pixels (wrap of
         them a row, lda = the stride times C channels-last, wstep = the vertical stride times
         the padded row), a K block a row of taps (block = kw * C, jump = the padded row minus
@@ -693,10 +692,8 @@ class PackedMatrix:
             raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
         if out is None:
             out = np.empty((rows, N), np.float32)
-        elif out.shape != (rows, N) or out.dtype != np.float32 or out.strides[1] != 4 or \
-                out.strides[0] % 4 or out.strides[0] < 4 * N:
-            raise ValueError(f"float GEMM: out must be a float32 {[rows, N]} with rows of "
-                             "contiguous floats")
+        elif out.shape != (rows, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {[rows, N]}")
         b_ptr, flags = self._zeros_ptr, 0
         if bias is not None:
             bias = np.ascontiguousarray(bias, np.float32).reshape(-1)

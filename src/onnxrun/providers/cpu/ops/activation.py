@@ -49,6 +49,7 @@ def Relu(X, *, out=None):
 
 
 Relu.in_place = True  # elementwise: out may be X's own bytes (memory.py)
+Relu.streams_out = True  # its output written once, in order: into a Concat's slice
 
 
 @op("Sigmoid", 1, 6, 13)
@@ -62,6 +63,9 @@ def Sigmoid(X, *, out=None):
                                     out.shape == X.shape and out.dtype == X.dtype else None)
     return sigmoid(X, out if out is not None and out.shape == X.shape and
                    out.dtype == X.dtype else None)
+
+
+Sigmoid.streams_out = True  # its output written once, in order: into a Concat's slice
 
 
 def sigmoid(X, out=None):

@@ -685,7 +685,7 @@ def nhwc_out(out: np.ndarray | None, shape: tuple[int, ...], dtype,
     executor hands a kernel: memory.py) seen channels-last, when it is one of that layout;
     with ``rows``, for a caller that only slices it or views it as (N * H * W, C) rows, also
     when its rows are further apart (a range of the channels of a wider one: a Concat's
-    input written in its place)."""
+    output written in its place in another Concat's, memory.py)."""
     if out is not None and out.dtype == dtype:
         t = out.transpose(0, 2, 3, 1)
         if t.shape == shape and (t.flags.c_contiguous or rows and _pixel_rows(t)):
@@ -1602,7 +1602,7 @@ class Conv(_ConvBase):
         (into ``out`` when it is so laid out) where it was chosen so (channels_last_output)."""
         if self.channels_last and Y.ndim == 4 and not _is_channels_last(Y):
             N, C, H, W = Y.shape
-            Yt = nhwc_out(out, (N, H, W, C), Y.dtype, True)
+            Yt = nhwc_out(out, (N, H, W, C), Y.dtype)
             np.copyto(Yt, Y.transpose(0, 2, 3, 1))
             return Yt.transpose(0, 3, 1, 2)
         return Y
@@ -1634,7 +1634,7 @@ class Conv(_ConvBase):
                                                  j * dw:j * dw + (Wo - 1) * sw + 1:sw])
         Y = pk.run(cols.reshape(N * Ho * Wo, kh * kw * C), None if b is None else b.reshape(-1),
                    bounds=bounds if fused else None, threads=self.threads,
-                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32, True).reshape(-1, pk.N))
+                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(-1, pk.N))
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
@@ -1666,7 +1666,7 @@ class Conv(_ConvBase):
             _pad_into(P.transpose(0, 3, 1, 2), X, heads)
             lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
         flat = P.reshape(N, -1)
-        Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32, True).reshape(N, Ho * Wo, pk.N)
+        Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
         bias = None if b is None else b.reshape(-1)
         for n in range(N):
             pk.run_shifted(flat[n], Ho * Wo, lda, block, jump, bias,
@@ -1690,7 +1690,7 @@ class Conv(_ConvBase):
                                    None if b is None else b.reshape(M),
                                    bounds=bounds if fused else None, threads=self.threads,
                                    out=nhwc_out(out, (N,) + X.shape[2:] + (M,),
-                                                np.float32, True).reshape(-1, M))
+                                                np.float32).reshape(-1, M))
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 

@@ -374,6 +374,7 @@ class QuickGelu:
         self.silu = None if self.compiled is None else gelu.silu_function(self.alpha)
 
     accepts_out = True  # the executor's buffer for the output (memory.py)
+    streams_out = True  # written once, in order: into a Concat's slice too
 
     def __call__(self, X, *, out=None):
         if self.exact is not None and X.dtype == np.float32 and X.size:
