@@ -320,14 +320,27 @@ def _owned(X: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, n
     return X.astype(cdt, copy=True), cdt
 
 
+def _dense_out(out: np.ndarray | None, X: np.ndarray) -> np.ndarray | None:
+    """The executor's buffer ``out`` where it is a C-contiguous float32 array of X's shape."""
+    if out is not None and out.shape == X.shape and out.dtype == np.float32 and \
+            out.flags.c_contiguous:
+        return out
+    return None
+
+
 @op("Gelu", 1, domain=MS)
 class Gelu:
     def __init__(self, ctx: KernelContext) -> None:
         self.threads = threads_for(ctx)  # float32: compiled rows on the intra-op threads
 
-    def __call__(self, X):
+    # the executor's buffer (memory.py), which may be X's own bytes: gelu_float32 writes
+    # each block after reading it
+    accepts_out = in_place = True
+
+    def __call__(self, X, *, out=None):
         if X.dtype == np.float32:
-            return gelu_float32(np.ascontiguousarray(X), threads=self.threads)
+            return gelu_float32(np.ascontiguousarray(X), out=_dense_out(out, X),
+                                threads=self.threads)
         x, _ = _owned(X)
         return gelu_(x).astype(X.dtype, copy=False)
 
@@ -337,10 +350,13 @@ class BiasGelu:
     def __init__(self, ctx: KernelContext) -> None:
         self.threads = threads_for(ctx)
 
-    def __call__(self, A, B):
+    accepts_out = in_place = True  # as Gelu's
+
+    def __call__(self, A, B, *, out=None):
         if A.dtype == np.float32 and B.dtype == np.float32 and B.shape == A.shape[-1:]:
             # the bias is added block by block, inside the gelu passes
-            return gelu_float32(np.ascontiguousarray(A), B, threads=self.threads)
+            return gelu_float32(np.ascontiguousarray(A), B, out=_dense_out(out, A),
+                                threads=self.threads)
         x, _ = _owned(A, B)
         return gelu_(x).astype(A.dtype, copy=False)
 
