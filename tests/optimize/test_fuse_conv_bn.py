@@ -129,3 +129,22 @@ def test_scaled_weights_round_once_from_float64(dtype):
     np.testing.assert_array_equal(got.view(np.uint16 if dt.itemsize == 2 else np.uint32),
                                   (w.astype(np.float64) * s).astype(dt).view(
                                       np.uint16 if dt.itemsize == 2 else np.uint32))
+
+
+def test_each_fusion_computes_the_affine_once_and_keeps_no_graph(monkeypatch) -> None:
+    """check's (a, b) go to rewrite: batchnorm_affine once per fusion; no match's nodes stay
+    held by the (process-wide) rule afterwards."""
+    from onnxrun.optimize.basic import fuse_conv_bn
+
+    calls = []
+    real = fuse_conv_bn.batchnorm_affine
+    monkeypatch.setattr(fuse_conv_bn, "batchnorm_affine",
+                        lambda *a: calls.append(a[1].name) or real(*a))
+    res = optimize_and_compare(conv_bn_model(), {"X": rand(1, 3, 8, 8)})
+    assert res.changes(PASS) == {"Conv+BatchNormalization": 1}
+    assert len(calls) == 1
+    from onnxrun.optimize.base import registered_passes
+
+    rules = [r for p in registered_passes() if p.name == PASS
+             for r in getattr(getattr(p, "_impl", None) or p, "_rules", ())]
+    assert rules and all(r._last is None for r in rules)

@@ -33,13 +33,34 @@ def _scaled(weight: np.ndarray, scale: np.ndarray) -> np.ndarray:
     return out
 
 
+class _AffineOnce:
+    """A rule whose ``check`` computes the BatchNormalization's (a, b) hands them to its
+    ``rewrite``, which the matcher calls right after on the same match: computed once per
+    fusion, not twice (ShuffleNet: 49 fusions per session). Only an accepted match's answer
+    is held, and the rewrite takes it away: no graph is kept alive by the (global) rule."""
+
+    _last: tuple | None = None
+
+    def affine(self, model, bn, channels: int, take: bool = False):
+        params = tuple(id(constant_value(v)) for v in bn.inputs[1:])
+        last = self._last
+        if take:
+            self._last = None
+        if last is not None and last[0] is bn and last[1] == (channels, params):
+            return last[2]
+        found = batchnorm_affine(model, bn, channels)
+        if found is not None and not take:
+            self._last = (bn, (channels, params), found)
+        return found
+
+
 def _folded_bias(old: np.ndarray | None, a: np.ndarray, b: np.ndarray, dtype: np.dtype
                  ) -> np.ndarray:
     base = np.zeros_like(a) if old is None else old.astype(np.float64)
     return (base * a + b).astype(dtype)
 
 
-class ConvBatchNorm(RewriteRule):
+class ConvBatchNorm(_AffineOnce, RewriteRule):
     name = "Conv+BatchNormalization"
 
     def pattern(self, op, x, w, scale, bias, mean, var):
@@ -51,11 +72,11 @@ class ConvBatchNorm(RewriteRule):
         if not is_float_array(weight) or weight.ndim < 3:
             return False
         ok, _b = _bias(conv, 2)
-        return ok and batchnorm_affine(context.model, bn, weight.shape[0]) is not None
+        return ok and self.affine(context.model, bn, weight.shape[0]) is not None
 
     def rewrite(self, op, x, w, conv, bn, **_):
         weight = constant_value(w)
-        a, b = batchnorm_affine(op.model, bn, weight.shape[0])
+        a, b = self.affine(op.model, bn, weight.shape[0], take=True)
         scale = a.reshape((-1,) + (1,) * (weight.ndim - 1))
         new_w = _scaled(weight, scale)
         new_b = _folded_bias(_bias(conv, 2)[1], a, b, weight.dtype)
@@ -63,7 +84,7 @@ class ConvBatchNorm(RewriteRule):
                        _name=conv.name or None, **conv.attributes)
 
 
-class ConvTransposeBatchNorm(RewriteRule):
+class ConvTransposeBatchNorm(_AffineOnce, RewriteRule):
     name = "ConvTranspose+BatchNormalization"
 
     def pattern(self, op, x, w, scale, bias, mean, var):
@@ -79,13 +100,13 @@ class ConvTransposeBatchNorm(RewriteRule):
             return False
         ok, _b = _bias(conv, 2)
         channels = weight.shape[1] * group
-        return ok and batchnorm_affine(context.model, bn, channels) is not None
+        return ok and self.affine(context.model, bn, channels) is not None
 
     def rewrite(self, op, x, w, conv, bn, **_):
         weight = constant_value(w)
         group = int(conv.attr("group", 1))
         c_in, m_per_group = weight.shape[0], weight.shape[1]
-        a, b = batchnorm_affine(op.model, bn, m_per_group * group)
+        a, b = self.affine(op.model, bn, m_per_group * group, take=True)
         # W is [C, M/group, k...]; output channel g * M/group + j is W[group g's rows, j].
         grouped = weight.reshape((group, c_in // group, m_per_group) + weight.shape[2:])
         scale = a.reshape((group, 1, m_per_group) + (1,) * (weight.ndim - 2))
@@ -95,7 +116,7 @@ class ConvTransposeBatchNorm(RewriteRule):
                                 _name=conv.name or None, **conv.attributes)
 
 
-class GemmBatchNorm(RewriteRule):
+class GemmBatchNorm(_AffineOnce, RewriteRule):
     name = "Gemm+BatchNormalization"
 
     def pattern(self, op, x, w, scale, bias, mean, var):
@@ -110,13 +131,13 @@ class GemmBatchNorm(RewriteRule):
         if not ok or (c is not None and c.ndim > 2):
             return False
         n = weight.shape[0] if gemm.attr("transB", 0) else weight.shape[1]
-        return batchnorm_affine(context.model, bn, n) is not None
+        return self.affine(context.model, bn, n) is not None
 
     def rewrite(self, op, x, w, gemm, bn, **_):
         weight = constant_value(w)
         trans_b = bool(gemm.attr("transB", 0))
         n = weight.shape[0] if trans_b else weight.shape[1]
-        a, b = batchnorm_affine(op.model, bn, n)
+        a, b = self.affine(op.model, bn, n, take=True)
         scale = a[:, None] if trans_b else a[None, :]
         new_w = _scaled(weight, scale)
         c = _bias(gemm, 2)[1]
