@@ -145,7 +145,7 @@ def test_float_gemm_split_on_the_spinning_workers(monkeypatch, M, N):
     from onnxrun.providers.cpu import parallel
     from onnxrun.providers.cpu.compiled import float_gemm
 
-    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 10)  # small products split too
+    monkeypatch.setattr(float_gemm, "SPIN_MACS_PER_RANGE", 1 << 10)  # small products split too
     monkeypatch.setattr(parallel, "run_ranges", None)  # not the queue's threads
     forks = _spy_forks(monkeypatch)
     rng = np.random.default_rng(M + N)
@@ -161,13 +161,32 @@ def test_float_gemm_split_on_the_spinning_workers(monkeypatch, M, N):
         forks.clear()
 
 
-def test_run_blocks_takes_rows_in_turn(monkeypatch):
-    """More products than threads (Winograd's 16 on 2): the threads take products in turn
-    (@grab), every product whole on one thread: the same bits as one by one."""
+def test_small_float_gemm_splits_at_two_threads(monkeypatch):
+    """A product of ~2M multiply-adds (SqueezeNet's and the GPT decoder's size) goes to the
+    spinning workers at 2 threads, under the Python pool's threshold (parallel.
+    MIN_MACS_PER_RANGE, which kept such products on one thread); a tiny one stays whole."""
     from onnxrun.providers.cpu import parallel
     from onnxrun.providers.cpu.compiled import float_gemm
 
-    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 10)
+    assert 64 * 256 * 128 < 2 * parallel.MIN_MACS_PER_RANGE
+    forks = _spy_forks(monkeypatch)
+    rng = np.random.default_rng(7)
+    P = float_gemm.pack(rng.standard_normal((256, 128), np.float32))
+    A = rng.standard_normal((64, 256), np.float32)
+    one = P.run(A)
+    assert P.run(A, threads=2).tobytes() == one.tobytes()
+    assert forks == [2]
+    forks.clear()
+    tiny = rng.standard_normal((4, 256), np.float32)
+    assert P.run(tiny, threads=2).tobytes() == P.run(tiny).tobytes() and forks == []
+
+
+def test_run_blocks_takes_rows_in_turn(monkeypatch):
+    """More products than threads (Winograd's 16 on 2): the threads take products in turn
+    (@grab), every product whole on one thread: the same bits as one by one."""
+    from onnxrun.providers.cpu.compiled import float_gemm
+
+    monkeypatch.setattr(float_gemm, "SPIN_MACS_PER_RANGE", 1 << 10)
     forks = _spy_forks(monkeypatch)
     rng = np.random.default_rng(4)
     Bs = rng.standard_normal((16, 40, 33)).astype(np.float32)
@@ -182,7 +201,7 @@ def test_run_blocks_takes_rows_in_turn(monkeypatch):
         assert forks == [min(threads, spin.pool().size + 1)] * 20
         forks.clear()
     # below the threshold: no fork, one thread
-    monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1 << 22)
+    monkeypatch.setattr(float_gemm, "SPIN_MACS_PER_RANGE", 1 << 22)
     got = np.empty_like(want)
     float_gemm.run_all(packed, A, got, 2)
     assert got.tobytes() == want.tobytes() and forks == []

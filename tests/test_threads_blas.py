@@ -76,7 +76,8 @@ def test_small_products_stay_on_the_calling_thread(monkeypatch):
     B = rng.standard_normal((256, 256)).astype(np.float32)
     A = rng.standard_normal((32, 256)).astype(np.float32)  # a decoder's 32 tokens: 2M MACs
     packed = float_gemm.pack(B)
-    np.testing.assert_allclose(packed.run(A, threads=2), A @ B, rtol=1e-4, atol=1e-4)
+    # under float_gemm.SPIN_MACS_PER_RANGE (spin.py's workers), under parallel's for BLAS
+    np.testing.assert_allclose(packed.run(A[:8], threads=2), A[:8] @ B, rtol=1e-4, atol=1e-4)
     blas.matmul(A, B, threads=2)
     assert calls == []
     A = rng.standard_normal((512, 256)).astype(np.float32)  # 33M MACs: split
@@ -97,6 +98,8 @@ def blas_threads():
     return [i["num_threads"] for i in threadpoolctl.threadpool_info() if i["user_api"] == "blas"]
 
 parallel.MIN_MACS_PER_RANGE = 1 << 12  # small products split too
+from onnxrun.providers.cpu.compiled import float_gemm
+float_gemm.SPIN_MACS_PER_RANGE = 1 << 12  # the compiled GEMM's too
 rng = np.random.default_rng(2)
 K, N = 96, 80
 W = rng.standard_normal((K, N)).astype(np.float32)

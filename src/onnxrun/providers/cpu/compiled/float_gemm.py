@@ -553,6 +553,14 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
 
 
 _NO_CLIP = np.array((-np.inf, np.inf), np.float32)
+# Multiply-adds a range needs before a product is split over spin.py's workers: one still
+# polling from the previous product takes a range within microseconds, so this is below
+# parallel.MIN_MACS_PER_RANGE (sized for waking a Python thread: 50-80 us). 1M multiply-adds
+# are ~60-100 us on one AVX2 core. Quiet 2-vCPU VM, onnxrun/onnxruntime at 2 threads
+# (`benchmarks/split_threshold.py`, three rounds): GPT decoder 1.78 / 2.17 / 2.32 with 4M ->
+# 1.57 / 1.51 / 1.68 with 1M (1.69 / 1.64 with 256K); SqueezeNet 2.48 / 2.11 / 1.94 ->
+# 2.14 / 1.87 / 2.17 (noise: its 1-thread figure moved as much).
+SPIN_MACS_PER_RANGE = 1 << 20
 _NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
 _PTR_A, _PTR_OUT = 0, 4  # A's and out's addresses in the argument block (PackedMatrix._head)
 
@@ -732,16 +740,17 @@ class PackedMatrix:
         MR = self.MR
         ranges = [(0, M, 0, npan)]
         if threads > 1 and M * npan > MR:
-            # ranges of at least parallel.MIN_MACS_PER_RANGE multiply-adds (a small product
+            # ranges of at least SPIN_MACS_PER_RANGE multiply-adds (a small product
             # stays on the calling thread), several a thread, taken in turn by the caller and
             # spin.py's workers: one still spinning from the previous product starts within a
             # microsecond, one woken late (or slowed by other processes) takes fewer
             if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
                 ranges = [(0, M, p0, p1) for p0, p1 in
-                          work_ranges(npan, threads, M * K * self.NR)]
+                          work_ranges(npan, threads, M * K * self.NR, SPIN_MACS_PER_RANGE)]
             else:  # few panels: strips of rows, whole tiles each
                 ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
-                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR)]
+                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR,
+                                      SPIN_MACS_PER_RANGE)]
         params = np.array([head + list(r) for r in ranges], np.int64)  # alive through the calls
         if len(ranges) == 1:
             self._fn(address(params))
@@ -824,9 +833,9 @@ def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
             if not (a.shape[0] and p.N and p.K):
                 p.run(a, out=o)
     if blocks:
-        # the small-work threshold as for one product: a part of >= MIN_MACS_PER_RANGE
+        # the small-work threshold as for one product: a part of >= SPIN_MACS_PER_RANGE
         macs = sum(a.shape[0] * p.K * p.N for p, a in zip(packed, As, strict=True))
-        if len(work_ranges(len(blocks), threads, macs // len(blocks))) == 1:
+        if len(work_ranges(len(blocks), threads, macs // len(blocks), SPIN_MACS_PER_RANGE)) == 1:
             threads = 1
         spin.run_blocks(packed[0]._fn, np.stack(blocks), threads)
 

@@ -1,0 +1,125 @@
+"""From what size a compiled float product pays to split over 2 threads (issue #18): for each
+value of ``float_gemm.SPIN_MACS_PER_RANGE`` (a child process each), onnxrun and onnxruntime at
+1 and 2 intra-op threads run alternately (a 0.15 s pause before each engine's turn, so neither
+engine's spinning workers take a core from the other; then 3 runs, the first one after the pause
+reported apart as 'cold'), medians of the wall time and the ratios to onnxruntime.
+
+    python benchmarks/split_threshold.py --quick                 # squeezenet, GPT decoder
+    python benchmarks/split_threshold.py --macs 262144,1048576,4194304 --models squeezenet -r 20
+
+The GPT decoder comes from the bench cache (scripts/generate_bench_models.py), DenseNet-style
+from benchmarks/suite_models.py; the zoo CNNs from the onnx package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+HERE = Path(__file__).resolve().parent
+LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+CACHE = Path(os.environ.get("ONNXRUN_BENCH_CACHE", Path.home() / ".cache" / "onnxrun-bench"))
+
+
+def _model(name: str) -> tuple[str, dict | None]:
+    if name in ("squeezenet", "shufflenet", "resnet50"):
+        return str(LIGHT / f"light_{name}.onnx"), None
+    if name == "densenet_style":
+        sys.path.insert(0, str(HERE))
+        import suite_models
+
+        path = suite_models.ensure(name, CACHE)
+    else:
+        path = CACHE / name / "model.onnx"
+        if not path.exists():
+            raise SystemExit(f"{path} missing: run scripts/generate_bench_models.py {name}")
+    return str(path), {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
+
+
+def child(macs: int, names: list[str], rounds: int) -> None:
+    import onnxruntime as ort
+
+    import onnxrun
+    from onnxrun.providers.cpu.compiled import float_gemm
+
+    if macs:
+        float_gemm.SPIN_MACS_PER_RANGE = macs
+    for name in names:
+        path, feeds = _model(name)
+        runners = {}
+        for engine in ("onnxrun", "onnxruntime"):
+            for t in (1, 2):
+                mod = onnxrun if engine == "onnxrun" else ort
+                so = mod.SessionOptions()
+                so.intra_op_num_threads = t
+                s = mod.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+                f = feeds or {s.get_inputs()[0].name: np.random.default_rng(0).standard_normal(
+                    (1, 3, 224, 224)).astype(np.float32)}
+                runners[f"{engine} {t}T"] = (s, f)
+        warm = {k: [] for k in runners}
+        cold = {k: [] for k in runners}
+        for s, f in runners.values():
+            for _ in range(3):
+                s.run(None, f)
+        order = list(runners.items())
+        for r in range(rounds):
+            for k, (s, f) in (order if r % 2 == 0 else order[::-1]):
+                time.sleep(0.15)
+                for j in range(3):
+                    t0 = time.perf_counter()
+                    s.run(None, f)
+                    (cold if j == 0 else warm)[k].append(time.perf_counter() - t0)
+        print(json.dumps({"model": name, "macs": macs or float_gemm.SPIN_MACS_PER_RANGE,
+                          "warm": {k: statistics.median(v) * 1e3 for k, v in warm.items()},
+                          "cold": {k: statistics.median(v) * 1e3 for k, v in cold.items()}}),
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="squeezenet,gpt_decoder")
+    ap.add_argument("--macs", default="262144,1048576,4194304",
+                    help="values of float_gemm.SPIN_MACS_PER_RANGE (0: the tree's own)")
+    ap.add_argument("-r", "--rounds", type=int, default=None, help="rounds (10; --quick 6)")
+    ap.add_argument("--quick", action="store_true", help="6 rounds unless -r says otherwise")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    names = args.models.split(",")
+    if args.rounds is None:
+        args.rounds = 6 if args.quick else 10
+    if args.child is not None:
+        child(args.child, names, args.rounds)
+        return
+    print(f"load average {os.getloadavg()[0]:.2f}; medians of {args.rounds} rounds x 2 warm "
+          "runs; ms; ratio = onnxrun / onnxruntime at the same threads\n")
+    print("| SPIN_MACS_PER_RANGE | model | onnxrun 1T / 2T | onnxruntime 1T / 2T | ratio 1T | "
+          "ratio 2T | cold 2T (onnxrun / onnxruntime) |")
+    print("|---|---|---|---|---|---|---|")
+    for macs in (int(m) for m in args.macs.split(",")):
+        out = subprocess.run([sys.executable, __file__, "--child", str(macs), "--models",
+                              args.models, "-r", str(args.rounds)], capture_output=True,
+                             text=True, check=True).stdout
+        for line in out.splitlines():
+            if not line.startswith("{"):
+                continue
+            d = json.loads(line)
+            w, c = d["warm"], d["cold"]
+            print(f"| {d['macs']} | {d['model']} | {w['onnxrun 1T']:.2f} / {w['onnxrun 2T']:.2f}"
+                  f" | {w['onnxruntime 1T']:.2f} / {w['onnxruntime 2T']:.2f} | "
+                  f"{w['onnxrun 1T'] / w['onnxruntime 1T']:.2f} | "
+                  f"{w['onnxrun 2T'] / w['onnxruntime 2T']:.2f} | "
+                  f"{c['onnxrun 2T']:.2f} / {c['onnxruntime 2T']:.2f} |", flush=True)
+    print(f"\nload average after {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
