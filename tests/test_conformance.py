@@ -17,10 +17,6 @@ import onnxrun.backend
 # Pattern (regex on the unittest name) -> why onnxrun does not pass it. Keep this list short and
 # every reason true: a case listed here is a known gap, not a hidden one.
 EXPECTED_FAILURES: dict[str, str] = {
-    # Random draws: the expected outputs come from numpy's global random state, which no engine
-    # can reproduce (onnxruntime fails them too). tests/test_ops_misc.py checks shape, dtype and
-    # that every value is 0 or 1.
-    r"^test_bernoulli(_double|_seed)?(_expanded)?_": "random values cannot match numpy's stream",
     # onnx's expected output divides by the unrounded output length for align_corners
     # downsampling; onnxruntime divides by the integer output size, as onnxrun does (checked
     # against onnxruntime in tests/test_ops_cnn.py).
@@ -36,6 +32,11 @@ EXCLUDED: dict[str, str] = {
     r"^test_.*_real_.*": "real-world models need a download (no network in tests)",
     r"^test_(bvlc_alexnet|densenet121|inception_v1|inception_v2|resnet50|shufflenet|squeezenet|"
     r"vgg19|zfnet512)_.*": "the light model zoo runs in tests/test_zoo.py",
+    # Random draws: the expected outputs come from numpy's global random state, which no engine
+    # can reproduce (onnxruntime fails them too), and ten draws at p ~ 0.6 match them by chance
+    # now and then (an expected failure then "passes": CI failed on it once). tests/
+    # test_ops_misc.py checks shape, dtype and that every value is 0 or 1.
+    r"^test_bernoulli(_double|_seed)?(_expanded)?_": "random values cannot match numpy's stream",
 }
 
 backend_test = onnx.backend.test.BackendTest(onnxrun.backend, __name__)
