@@ -179,11 +179,9 @@ def test_shapes_inside_that_change_with_values():
         np.testing.assert_allclose(y, [np.sum(-s * s)], rtol=1e-5)
 
 
-def test_concurrent_runs():
-    sess = _session(VIEWS)
-    rng = np.random.default_rng(3)
-    inputs = [rng.standard_normal((4, 8192), dtype=np.float32) for _ in range(8)]
-    expected = [_views_reference(x) for x in inputs]
+def _in_eight_threads(check) -> None:
+    """``check(i)`` 3 * RUNS times in each of 8 threads started together, the interpreter
+    switching threads often (runs overlap inside the plan); the first failure re-raised."""
     errors = []
     start = threading.Barrier(8)
 
@@ -191,14 +189,12 @@ def test_concurrent_runs():
         try:
             start.wait()
             for _ in range(3 * RUNS):
-                y, z = sess.run(None, {"x": inputs[i]})
-                np.testing.assert_array_equal(y, expected[i][0])
-                np.testing.assert_array_equal(z, expected[i][1])
+                check(i)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
     old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)  # switch threads often: runs overlap inside the plan
+    sys.setswitchinterval(1e-5)
     try:
         threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
         for t in threads:
@@ -208,6 +204,20 @@ def test_concurrent_runs():
     finally:
         sys.setswitchinterval(old)
     assert not errors, errors[0]
+
+
+def test_concurrent_runs():
+    sess = _session(VIEWS)
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((4, 8192), dtype=np.float32) for _ in range(8)]
+    expected = [_views_reference(x) for x in inputs]
+
+    def check(i):
+        y, z = sess.run(None, {"x": inputs[i]})
+        np.testing.assert_array_equal(y, expected[i][0])
+        np.testing.assert_array_equal(z, expected[i][1])
+
+    _in_eight_threads(check)
     assert len(_pattern(sess).free) >= 1
 
 
@@ -420,30 +430,12 @@ def test_concat_inputs_in_place_from_many_threads():
     rng = np.random.default_rng(6)
     inputs = [rng.standard_normal((2, 4, 4096), dtype=np.float32) for _ in range(8)]
     expected = [_session(JOINS, enable_mem_pattern=False).run(None, {"x": x}) for x in inputs]
-    errors = []
-    start = threading.Barrier(8)
 
-    def work(i):
-        try:
-            start.wait()
-            for _ in range(3 * RUNS):
-                for got, want in zip(sess.run(None, {"x": inputs[i]}), expected[i],
-                                     strict=True):
-                    np.testing.assert_array_equal(got, want)
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+    def check(i):
+        for got, want in zip(sess.run(None, {"x": inputs[i]}), expected[i], strict=True):
+            np.testing.assert_array_equal(got, want)
 
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert not errors, errors[0]
+    _in_eight_threads(check)
     pattern = _pattern(sess)
     assert pattern.slices and any(pattern.over)  # w = Sub(u, x) over u: in place too
 
