@@ -145,6 +145,20 @@ def test_alternating_order() -> None:
     assert [len(t) for t in times] == [3, 3] and first == [1, 2]
 
 
+def test_alternating_settle_warms_again_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # with a pause before each switch of runner, the runner switched to runs once untimed
+    # after it: a timed run never follows the idle pause (a cold run: caches, asleep workers)
+    calls: list[str] = []
+    monkeypatch.setattr(bench.time, "sleep", lambda s: calls.append("pause"))
+    runners = [lambda: calls.append("a") or 1, lambda: calls.append("b") or 2]
+    times, _ = bench.time_alternating(runners, warmup=1, repeat=3, settle=0.15)
+    assert calls == ["a", "b",  # warm-up
+                     "a", "pause", "b", "b",  # round 1: A B
+                     "b", "pause", "a", "a",  # round 2: B A
+                     "a", "pause", "b", "b"]  # round 3: A B
+    assert [len(t) for t in times] == [3, 3]
+
+
 def test_summarize_trace_skips_warmup(tmp_path: Path) -> None:
     def node(name: str, op: str, ts: int, dur: int) -> dict:
         return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur,
