@@ -176,6 +176,48 @@ def test_decode_heads_taken_in_turn():
     assert block[16] == N + 2  # each head taken once, then one look each that found none
 
 
+@pytest.mark.parametrize("rotary,interleaved,window,H", [
+    (True, False, -1, 32), (True, True, 5, 64), (False, False, -1, 32), (True, False, 40, 16)])
+def test_decode_step_one_call(rotary, interleaved, window, H):
+    """decode_step: the packed row copied, rope_rows on its q and k heads at the position, the
+    k and v heads written at row total - 1 of each kv head of the caches (heads sk floats
+    apart), decode over total keys: the same bits as those calls one by one, the rest of the
+    caches and the input row untouched."""
+    from onnxrun.providers.cpu.compiled.jit import address
+
+    fn = gqa.kernels()
+    rng = np.random.default_rng(5)
+    N, Nkv, P, total, pos = 8, 2, 37, 30, 52
+    half = H // 2 if rotary else 0
+    cos = rng.standard_normal((64, H // 2)).astype(np.float32)
+    sin = rng.standard_normal((64, H // 2)).astype(np.float32)
+    row = rng.standard_normal((N + 2 * Nkv) * H).astype(np.float32)
+    caches = [rng.standard_normal((1, Nkv, P, H)).astype(np.float32) for _ in range(2)]
+    # one by one, as _decode_step called them
+    x = row.reshape(N + 2 * Nkv, H).copy()
+    if rotary:
+        fn.rope_rows(address(x), N + Nkv, H, address(cos) + pos * 4 * half,
+                     address(sin) + pos * 4 * half, half, int(interleaved), 1)
+    k_want, v_want = (c.copy() for c in caches)
+    k_want[0, :, total - 1] = x[N:N + Nkv]
+    v_want[0, :, total - 1] = x[N + Nkv:]
+    want = np.empty(N * H, np.float32)
+    ws = total - window if 0 <= window < total else 0
+    gqa.decode_heads(fn, address(x), address(k_want), address(v_want), address(want), N,
+                     N // Nkv, total, H, P * H, P * H, 0.125, ws)
+    block = np.array([N, Nkv, H, gqa._word(0.125), window, address(cos) if rotary else 0,
+                      address(sin) if rotary else 0, half, int(interleaved), int(rotary)],
+                     np.int64)
+    assert len(block) == len(gqa.STEP_WORDS)
+    before = row.copy()
+    got = np.full(N * H, np.nan, np.float32)
+    fn.decode_step(address(row), address(got), address(caches[0]), address(caches[1]),
+                   address(block), pos, total, P * H)
+    assert got.tobytes() == want.tobytes()
+    assert caches[0].tobytes() == k_want.tobytes() and caches[1].tobytes() == v_want.tobytes()
+    assert row.tobytes() == before.tobytes()
+
+
 @pytest.mark.parametrize("N,Nkv,H,B,S,steps,rotary,interleaved,window,packed,share",
                          [(*c, share) for c in TWO_THREAD_CASES for share in (False, True)
                           if not (share and c[3] > 1)])
@@ -394,6 +436,10 @@ def test_decode_step_fast_path(rotary, interleaved, window, positions):
         taken.append(out is not None)
         return out
 
+    module = gqa.kernels()
+    one_call = module.decode_step
+    calls = []
+    module.decode_step = lambda *a: calls.append(a[6]) or one_call(*a)
     GroupQueryAttention._decode_step = spy
     try:
         for total in range(S + 1, S + 1 + steps):
@@ -415,6 +461,7 @@ def test_decode_step_fast_path(rotary, interleaved, window, positions):
                                               w[:, :, :total] if w.ndim == 4 else w)
             np.testing.assert_array_equal(kv_shared[0], got[1])  # written in place
         assert taken == [True, False] * steps  # the plain session's: no shared buffer
+        assert calls == list(range(S + 1, S + 1 + steps))  # each step in one call
         if rotary:  # a position past the caches: the general path's error, as before
             feed["seqlens_k"] = np.array([MAX_POS + 3], np.int32)
             feed["total_sequence_length"] = np.array(MAX_POS + 10, np.int32)
@@ -438,3 +485,4 @@ def test_decode_step_fast_path(rotary, interleaved, window, positions):
         assert taken[-1] is False
     finally:
         GroupQueryAttention._decode_step = real
+        module.decode_step = one_call

@@ -886,6 +886,93 @@ def _decode_grab_ir() -> list[str]:
                 "}"]
 
 
+# decode_step's constants block (i64 words), one per node: built once, never written after
+STEP_WORDS = ("N", "Nkv", "H", "scale", "window", "cos", "sin", "half", "inter", "rotary")
+
+
+def _copy8_ir(tag: str, dst: str, src: str, n: str, before: str, after: str) -> list[str]:
+    """``n`` floats (a positive multiple of 8) from ``src`` to ``dst``, 8 at a time, from block
+    ``before`` on to block ``after`` (the loader links no memcpy)."""
+    return [f"  br label %{tag}.loop",
+            f"{tag}.loop:",
+            f"  %{tag} = phi i64 [0, %{before}], [%{tag}.next, %{tag}.loop]",
+            f"  %{tag}.s = getelementptr float, ptr {src}, i64 %{tag}",
+            f"  %{tag}.d = getelementptr float, ptr {dst}, i64 %{tag}",
+            f"  %{tag}.v = load {_VF}, ptr %{tag}.s, align 4",
+            f"  store {_VF} %{tag}.v, ptr %{tag}.d, align 4",
+            *latch(tag, "8", f"{tag}.more", n, f"{tag}.loop", after)]
+
+
+def _decode_step_ir() -> list[str]:
+    """decode_step(q, out, k, v, c, pos, total, sk): one new token of one sequence in one call
+    (a ctypes call costs ~0.25 us an argument: @rope_rows' and @decode's 24 were more than
+    the small model's attention itself): the packed row q ((N + 2 Nkv) H floats) copied to
+    the stack, its q and k heads rotated at position ``pos`` (@rope_rows, where the block's
+    ``rotary``), its k and v heads written at row total - 1 of the caches k and v (kv heads
+    sk floats apart, rows of H), then @decode over ``total`` keys into out (N H floats), its
+    scores on the stack: the same kernels on the same operands as the calls one by one.
+    ``c``: STEP_WORDS (scale as its float32 bits, window -1 for none, cos / sin the rotary
+    caches' first rows of ``half`` floats)."""
+    L = ["define void @decode_step(ptr %q, ptr %out, ptr %k, ptr %v, ptr %c, i64 %pos, "
+         "i64 %total, i64 %sk) nounwind {",
+         "entry:"]
+    for i, name in enumerate(STEP_WORDS):
+        ty = "ptr" if name in ("cos", "sin") else "i64"
+        L += [f"  %{name}.p = getelementptr i64, ptr %c, i64 {i}",
+              f"  %{name} = load {ty}, ptr %{name}.p, align 8"]
+    return L + [
+        "  %scale.i = trunc i64 %scale to i32",
+        "  %alpha = bitcast i32 %scale.i to float",
+        "  %G = udiv i64 %N, %Nkv",
+        "  %NK = add i64 %N, %Nkv",
+        "  %rows = add i64 %NK, %Nkv",
+        "  %W = mul i64 %rows, %H",
+        "  %x = alloca float, i64 %W, align 32",
+        "  %sc = alloca float, i64 %total, align 32",
+        *_copy8_ir("cq", "%x", "%q", "%W", "entry", "copied"),
+        "copied:",
+        "  %rot = icmp ne i64 %rotary, 0",
+        "  br i1 %rot, label %rope, label %write",
+        "rope:",
+        "  %co = mul i64 %pos, %half",
+        "  %cs = getelementptr float, ptr %cos, i64 %co",
+        "  %sn = getelementptr float, ptr %sin, i64 %co",
+        "  call void @rope_rows(ptr %x, i64 %NK, i64 %H, ptr %cs, ptr %sn, i64 %half, "
+        "i64 %inter, i64 1)",
+        "  br label %write",
+        "write:",
+        "  %p = sub i64 %total, 1",
+        "  %po = mul i64 %p, %H",
+        "  br label %kv",
+        "kv:",
+        "  %h = phi i64 [0, %write], [%h.next, %vdone]",
+        "  %ho = mul i64 %h, %sk",
+        "  %hro = add i64 %ho, %po",
+        "  %kr = getelementptr float, ptr %k, i64 %hro",
+        "  %vr = getelementptr float, ptr %v, i64 %hro",
+        "  %xk.h = add i64 %N, %h",
+        "  %xk.o = mul i64 %xk.h, %H",
+        "  %xk = getelementptr float, ptr %x, i64 %xk.o",
+        "  %xv.h = add i64 %NK, %h",
+        "  %xv.o = mul i64 %xv.h, %H",
+        "  %xv = getelementptr float, ptr %x, i64 %xv.o",
+        *_copy8_ir("ck", "%kr", "%xk", "%H", "kv", "kdone"),
+        "kdone:",
+        *_copy8_ir("cv", "%vr", "%xv", "%H", "kdone", "vdone"),
+        "vdone:",
+        *latch("h", "1", "hmore", "%Nkv", "kv", "attend"),
+        "attend:",
+        "  %inwin0 = icmp sge i64 %window, 0",
+        "  %inwin1 = icmp slt i64 %window, %total",
+        "  %inwin = and i1 %inwin0, %inwin1",
+        "  %wsd = sub i64 %total, %window",
+        "  %ws = select i1 %inwin, i64 %wsd, i64 0",
+        "  call void @decode(ptr %x, ptr %k, ptr %v, ptr %out, ptr %sc, i64 0, i64 %N, i64 %G, "
+        "i64 %total, i64 %H, i64 %sk, i64 %sk, float %alpha, i64 %ws, i64 0, ptr null)",
+        "  ret void",
+        "}"]
+
+
 def _seq_ir() -> list[str]:
     """seq(a): a = [n, fn_0, args_0, .., fn_{n-1}, args_{n-1}]: fn_i(args_i) in order (one
     thread's whole share of a prompt: every KV block's kernels for its query rows)."""
@@ -914,7 +1001,7 @@ def module_ir(target=None) -> str:
     return "\n".join([
         *_rope_rows_ir(), *_scores_ir(), *_sumexp_ir(), *_online_ir(), *_decode_ir(),
         *_pv_ir(False), *_pv_ir(True), *[line for n in _JOBS for line in _job_ir(n)],
-        *_seq_ir(), *_decode_grab_ir(),
+        *_seq_ir(), *_decode_grab_ir(), *_decode_step_ir(),
         f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
         "declare float @llvm.fma.f32(float, float, float)",
         f"declare {_VF} @llvm.masked.load.v8f32.p0(ptr, i32, <8 x i1>, {_VF})",
@@ -924,7 +1011,8 @@ def module_ir(target=None) -> str:
 _CT = {"p": ctypes.c_void_p, "i": ctypes.c_int64, "f": ctypes.c_float}
 _JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _PROTOS = {**{n: ctypes.CFUNCTYPE(None, *[_CT[c] for c in sig]) for n, sig in _SIGS.items()},
-           **{f"{n}_job": _JOB for n in _JOBS}, "seq": _JOB, "decode_grab": _JOB}
+           **{f"{n}_job": _JOB for n in _JOBS}, "seq": _JOB, "decode_grab": _JOB,
+           "decode_step": ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 5, *[ctypes.c_int64] * 3)}
 
 
 def _module() -> jit.Module:

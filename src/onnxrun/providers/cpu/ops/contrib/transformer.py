@@ -602,6 +602,11 @@ class GroupQueryAttention:
         self._step = None  # _decode_step's constants of the query's width
         # the rotary caches' addresses (constants, read-only: ~3 us each through ctypes)
         self._cos, self._sin = _HeldAddress(), _HeldAddress()
+        # the shared cache's buffers (the same arrays every step of a generator)
+        self._pk, self._pv = _HeldAddress(), _HeldAddress()
+        # compiled.gqa.decode_step's constants: ((W, cos, sin, half), words, their address),
+        # swapped whole, never written once made (concurrent runs read a matching block)
+        self._block: tuple = ((), None, 0)
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
@@ -845,6 +850,35 @@ class GroupQueryAttention:
                 or past_key.strides[1] % 4 or past_value.strides[1] % 4):
             return None
         p = total - 1
+        if (N >= self.threads and total <= _STEP_MAX_KEYS and query.flags.c_contiguous
+                and past_value.strides == past_key.strides
+                and (self.threads == 1 or 2 * N * total * H < _gqa.DECODE_SPLIT)):
+            # on this thread, in one call (compiled.gqa's decode_step)
+            pos = p
+            cos_at = sin_at = half = 0
+            if self.rotary:
+                if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
+                        or sin_cache.shape != cos_cache.shape or cos_cache.dtype != np.float32
+                        or sin_cache.dtype != np.float32 or not cos_cache.flags.c_contiguous
+                        or not sin_cache.flags.c_contiguous or 2 * cos_cache.shape[1] > H
+                        or (position_ids is not None and position_ids.size != 1)):
+                    return None
+                if position_ids is not None:
+                    pos = int(position_ids.reshape(-1)[0])
+                half = cos_cache.shape[1]
+                if not 0 <= pos < cos_cache.shape[0]:
+                    return None
+                cos_at, sin_at = self._cos(cos_cache), self._sin(sin_cache)
+            block = self._block
+            if block[0] != (W, cos_at, sin_at, half):
+                words = np.array([N, Nkv, H, _gqa._word(alpha), self.window, cos_at, sin_at,
+                                  half, int(self.interleaved), int(self.rotary)], np.int64)
+                block = self._block = ((W, cos_at, sin_at, half), words, address(words))
+            out = np.empty((1, 1, N * H), np.float32)
+            fn.decode_step(address(query), address(out), self._pk(past_key),
+                           self._pv(past_value), block[2], pos, total,
+                           past_key.strides[1] // 4)
+            return out, past_key, past_value, None
         x = query.reshape(N + 2 * Nkv, H).copy()
         if self.rotary:
             if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
@@ -993,6 +1027,8 @@ class GroupQueryAttention:
 
 
 _gqa = None  # compiled.gqa, imported on first use (it loads jit)
+# decode_step keeps a token's scores on the stack: keys up to this many (64 KiB) take it
+_STEP_MAX_KEYS = 1 << 14
 address = None  # compiled.jit.address, the same
 
 
