@@ -162,3 +162,65 @@ def _nothing():
     import contextlib
 
     return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_constants_bound_into_one_call(with_bias):
+    """A node whose scale (and bias) are constants binds them once into rms_skip_c's /
+    rms_lanes_c's block and then calls it with the rows alone (a decode step's row, the
+    second run on): onnxruntime's bytes, inv_std_var where the graph reads it, and the same
+    bytes as the first (unbound) run; a scale that is an input is never bound."""
+    from onnxrun.providers.cpu.compiled import rms_norm
+
+    _compiled_or_skip()
+    rng = np.random.default_rng(9)
+    n = 256
+    gamma = (rng.standard_normal(n) * 0.5 + 1).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    x = (rng.standard_normal((1, 1, n)) * 3).astype(np.float32)
+    skip = rng.standard_normal((1, 1, n)).astype(np.float32)
+    names = ["x", "s", "g", "b"] if with_bias else ["x", "s", "g"]
+    node = helper.make_node("SkipSimplifiedLayerNormalization", names,
+                            ["y", "", "inv", "sum"], domain="com.microsoft", epsilon=1e-5)
+    norm = helper.make_node("SimplifiedLayerNormalization", ["sum", "g"], ["y2", "inv2"],
+                            epsilon=1e-6)
+    inits = [numpy_helper.from_array(gamma, "g"), numpy_helper.from_array(bias, "b")]
+    outs = ["y", "inv", "sum", "y2", "inv2"]
+    g = helper.make_graph(
+        [node, norm], "g", [helper.make_tensor_value_info(v, TP.FLOAT, None) for v in "xs"],
+        [helper.make_tensor_value_info(v, TP.FLOAT, None) for v in outs],
+        inits if with_bias else inits[:1])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17),
+                                               helper.make_opsetid("com.microsoft", 1)]
+                             ).SerializeToString()
+    sess = onnxrun.InferenceSession(data)
+    feeds = {"x": x, "s": skip}
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+    first = sess.run(None, feeds)
+    calls = []
+    kernels = [step.kernel for step in sess._program.steps]
+    for k in kernels:
+        for name in ("skip_c", "lanes_c"):
+            fn = getattr(k.compiled, name)
+            setattr(k.compiled, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+    second = sess.run(None, feeds)
+    assert sorted(calls) == ["lanes_c", "skip_c"]
+    assert not any(k.bound is rms_norm.UNBOUND or k.bound is rms_norm.NEVER
+                   for k in kernels)
+    for got in (first, second):
+        for g_, w in zip(got, want, strict=True):
+            assert g_.shape == w.shape and g_.tobytes() == w.tobytes()
+    # the scale as an input: computed each run, never bound
+    g2 = helper.make_graph(
+        [helper.make_node("SimplifiedLayerNormalization", ["x", "g"], ["y"])], "g",
+        [helper.make_tensor_value_info(v, TP.FLOAT, None) for v in "xg"],
+        [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+    data2 = helper.make_model(g2, opset_imports=[helper.make_opsetid("", 17)]
+                              ).SerializeToString()
+    sess2 = onnxrun.InferenceSession(data2)
+    for _ in range(2):
+        got = sess2.run(None, {"x": x, "g": gamma.copy()})
+    assert sess2._program.steps[0].kernel.bound is rms_norm.NEVER
+    want2 = ort.InferenceSession(data2, providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "g": gamma})
+    assert got[0].tobytes() == want2[0].tobytes()

@@ -14,6 +14,7 @@ above all) cost tens of microseconds there, one call of this a microsecond or tw
 from __future__ import annotations
 
 import ctypes
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -176,15 +177,51 @@ def _skip_ir() -> list[str]:
     return L
 
 
+# the bound calls' constants block (i64 words; epsilon as its float32 bits), one per node
+LANES_WORDS = ("scale", "n", "eps")
+SKIP_WORDS = ("scale", "n", "eps", "bias", "hasbias")
+
+
+def _bound_ir() -> list[str]:
+    """rms_lanes_c(x, y, inv, c, rows) and rms_skip_c(a, b, y, s, inv, c, rows): @rms_lanes and
+    @rms_skip with a node's constants (LANES_WORDS, SKIP_WORDS) in one block ``c`` (a ctypes
+    call costs ~0.25 us an argument: as much as a decode step's row), inv null where the node's
+    inv_std_var is not used (its values then go to the stack)."""
+    def words(names: tuple[str, ...]) -> list[str]:
+        L = []
+        for i, name in enumerate(names):
+            ty = "ptr" if name in ("scale", "bias") else "i64"
+            L += [f"  %{name}.p = getelementptr i64, ptr %c, i64 {i}",
+                  f"  %{name} = load {ty}, ptr %{name}.p, align 8"]
+        return L + ["  %eps.i = trunc i64 %eps to i32",
+                    "  %epsf = bitcast i32 %eps.i to float",
+                    "  %noinv = icmp eq ptr %inv, null",
+                    "  %stack = alloca float, i64 %rows, align 4",
+                    "  %invp = select i1 %noinv, ptr %stack, ptr %inv"]
+    return ["define void @rms_lanes_c(ptr %x, ptr %y, ptr %inv, ptr %c, i64 %rows) nounwind {",
+            "entry:", *words(LANES_WORDS),
+            "  call void @rms_lanes(ptr %x, ptr %scale, ptr %y, ptr %invp, i64 %rows, i64 %n, "
+            "float %epsf)",
+            "  ret void", "}",
+            "define void @rms_skip_c(ptr %a, ptr %b, ptr %y, ptr %s, ptr %inv, ptr %c, "
+            "i64 %rows) nounwind {",
+            "entry:", *words(SKIP_WORDS),
+            "  call void @rms_skip(ptr %a, ptr %b, ptr %bias, ptr %scale, ptr %y, ptr %s, "
+            "ptr %invp, i64 %rows, i64 %n, float %epsf, i64 %hasbias)",
+            "  ret void", "}"]
+
+
 def module_ir(target=None) -> str:
-    return "\n".join([*_lanes_ir(), *_skip_ir(),
+    return "\n".join([*_lanes_ir(), *_skip_ir(), *_bound_ir(),
                       f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
                       "declare float @llvm.sqrt.f32(float)"])
 
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _SIGNATURES = {"rms_lanes": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I, _I, _F),
-               "rms_skip": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _F, _I)}
+               "rms_skip": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _P, _I, _I, _F, _I),
+               "rms_lanes_c": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _I),
+               "rms_skip_c": ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, _P, _I)}
 
 
 def _module() -> jit.Module:
@@ -203,6 +240,7 @@ class RmsNorm:
     def __init__(self) -> None:
         module = _module()
         self._lanes, self._skip = module.rms_lanes, module.rms_skip
+        self.lanes_c, self.skip_c = module.rms_lanes_c, module.rms_skip_c
         # the last scale and bias seen, with their addresses: they are constants, read-only,
         # and a read-only array's address costs ~3 us (ndarray.ctypes)
         self._known: tuple[tuple[np.ndarray, int], ...] = ()
@@ -249,6 +287,38 @@ class RmsNorm:
         return y, inv, s
 
 
+class Bound(NamedTuple):
+    """A node's constant scale (and bias) bound into the constants block of rms_lanes_c /
+    rms_skip_c: the node calls ``fn(..., address, rows)`` while ``scale`` and ``bias`` (the
+    arrays it was given, held here with the block) come back; made once, never written."""
+
+    scale: Any
+    bias: Any
+    n: int
+    words: np.ndarray
+    address: int
+
+
+UNBOUND = Bound(object(), object(), 0, np.zeros(0, np.int64), 0)  # not bound yet
+NEVER = Bound(object(), object(), 0, np.zeros(0, np.int64), 0)  # not constants: not tried again
+
+
+def bind(scale: np.ndarray, bias: np.ndarray | None, epsilon: float, skip: bool
+         ) -> Bound | None:
+    """The block of a read-only (constant) float32 ``scale`` (n,) [and ``bias`` (n,)]; None
+    where they are not constants of that kind (a computed scale changes each run)."""
+    held = [a for a in (scale, bias) if a is not None]
+    if any(a.flags.writeable or a.dtype != np.float32 or a.ndim != 1 or a.size != scale.size
+           or not a.flags.c_contiguous for a in held) or not scale.size:
+        return None
+    eps = int(np.float32(epsilon).view(np.int32))
+    words = [jit.address(scale), scale.size, eps]
+    if skip:
+        words += [0 if bias is None else jit.address(bias), int(bias is not None)]
+    block = np.array(words, np.int64)
+    return Bound(scale, bias, scale.size, block, jit.address(block))
+
+
 def kernels() -> RmsNorm | None:
     """The compiled normalizations, or None where they do not run here."""
     return RmsNorm() if unavailable() is None else None
@@ -256,4 +326,5 @@ def kernels() -> RmsNorm | None:
 
 BUNDLE = {"rms_norm": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "RmsNorm", "kernels", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "NEVER", "REQUIRES", "UNBOUND", "Bound", "RmsNorm", "bind", "kernels", "module_ir",
+           "unavailable"]

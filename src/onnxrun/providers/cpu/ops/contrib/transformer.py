@@ -122,9 +122,13 @@ def _rms_float32(x: np.ndarray, scale: np.ndarray, epsilon: float, fma_lanes: bo
 
 def _compiled_rms():
     """compiled/rms_norm's kernels (the same arithmetic in one pass), or None where they do not
-    run here: asked once, when a kernel is prepared."""
+    run here: asked once, when a kernel is prepared (compiled/rms_norm then module _rms)."""
+    global _rms, address
     from ...compiled import rms_norm
 
+    _rms = rms_norm
+    if address is None:
+        from ...compiled.jit import address
     return rms_norm.kernels()
 
 
@@ -153,9 +157,23 @@ class SimplifiedLayerNormalization:
         self.axis = int(axis)
         self.epsilon = float(epsilon)
         self.compiled = _compiled_rms()
+        self.want_inv = ctx.output_used(1)
+        self.bound = _rms.UNBOUND  # the constants, bound at the first call
 
     def __call__(self, X, scale):
+        bound = self.bound
+        if (scale is bound.scale and X.dtype == np.float32 and X.ndim
+                and X.shape[-1] == bound.n and X.flags.c_contiguous
+                and self.axis in (-1, X.ndim - 1)):
+            # the scale bound once: rms_lanes_c's call of 5 arguments (a decode step's row)
+            Y = np.empty(X.shape, np.float32)
+            inv = np.empty(X.shape[:-1] + (1,), np.float32) if self.want_inv else None
+            self.compiled.lanes_c(address(X), address(Y), 0 if inv is None else address(inv),
+                                  bound.address, X.size // bound.n)
+            return Y, inv
         if self.axis in (-1, X.ndim - 1) and _exact_rows(X, scale, 8):
+            if bound is _rms.UNBOUND:
+                self.bound = _rms.bind(scale, None, self.epsilon, False) or _rms.NEVER
             rows = X.reshape(-1, X.shape[-1])
             if self.compiled is not None:
                 Y, inv = self.compiled.lanes(np.ascontiguousarray(rows), _vector(scale),
@@ -219,12 +237,29 @@ class SkipSimplifiedLayerNormalization:
         self.epsilon = float(epsilon)
         self.want_sum = ctx.output_used(3)
         self.want_mean = ctx.output_used(1)
+        self.want_inv = ctx.output_used(2)
         self.compiled = _compiled_rms()
+        self.bound = _rms.UNBOUND  # the constants, bound at the first call
 
     def __call__(self, input, skip, gamma, bias=None):  # noqa: A002 - the schema's name
+        bound = self.bound
+        if (gamma is bound.scale and bias is bound.bias and input.dtype == np.float32
+                and skip.dtype == np.float32 and input.shape == skip.shape
+                and input.shape[-1] == bound.n and input.flags.c_contiguous
+                and skip.flags.c_contiguous and not self.want_mean):
+            # constants bound once: rms_skip_c's call of 7 arguments (a decode step's row)
+            shape = input.shape
+            Y, total = np.empty(shape, np.float32), np.empty(shape, np.float32)
+            inv = np.empty(shape[:-1] + (1,), np.float32) if self.want_inv else None
+            self.compiled.skip_c(address(input), address(skip), address(Y), address(total),
+                                 0 if inv is None else address(inv), bound.address,
+                                 input.size // bound.n)
+            return Y, None, inv, total if self.want_sum else None
         if self.compiled is not None and skip.shape == input.shape and \
                 skip.dtype == np.float32 and _exact_rows(input, gamma) and \
                 (bias is None or (bias.dtype == np.float32 and bias.size == gamma.size)):
+            if bound is _rms.UNBOUND:
+                self.bound = _rms.bind(gamma, bias, self.epsilon, True) or _rms.NEVER
             Y, inv, total = self.compiled.skip(
                 input, skip, None if bias is None else _vector(bias), _vector(gamma),
                 self.epsilon)
@@ -1027,6 +1062,7 @@ class GroupQueryAttention:
 
 
 _gqa = None  # compiled.gqa, imported on first use (it loads jit)
+_rms = None  # compiled.rms_norm, imported when a normalization is prepared
 # decode_step keeps a token's scores on the stack: keys up to this many (64 KiB) take it
 _STEP_MAX_KEYS = 1 << 14
 address = None  # compiled.jit.address, the same
