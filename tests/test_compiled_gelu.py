@@ -117,9 +117,16 @@ def test_quick_gelu_equals_x_sigmoid_alpha_x(n, alpha):
     assert np.array_equal(z, y, equal_nan=True)
 
 
-def test_quick_gelu_threads_and_bad_inputs():
+def test_quick_gelu_threads_and_bad_inputs(monkeypatch):
+    from onnxrun.providers.cpu.compiled import spin
+
+    forks = []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
     x = np.random.default_rng(0).standard_normal(4096 * 40 + 5).astype(np.float32)
     np.testing.assert_array_equal(gelu.quick_gelu(x, threads=3), gelu.quick_gelu(x))
+    assert forks or spin.unavailable() is not None  # rows on spin.py's workers
     with pytest.raises(ValueError, match="1-D contiguous"):
         gelu.quick_gelu(x.reshape(-1, 5))
     with pytest.raises(ValueError, match="out"):

@@ -864,6 +864,42 @@ def test_float_depthwise_bias_given_at_run_time(monkeypatch):
     assert counter.calls == 2
 
 
+def test_float_depthwise_rows_split_on_the_spinning_workers(monkeypatch):
+    """At 2+ intra-op threads a depthwise layer of at least two ranges of MIN_TAPS_PER_RANGE
+    taps hands its output rows to spin.py's workers (taken in turn, each row whole on one
+    thread): the same bits as at 1 thread; a smaller one hands nothing off (no fork, no queue
+    of parallel.py's Python threads, where every split went before)."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import depthwise, spin
+
+    if spin.unavailable() is not None:
+        pytest.skip(spin.unavailable())
+    forks, queued = [], []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    run_ranges = parallel.run_ranges
+    monkeypatch.setattr(parallel, "run_ranges",
+                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    X = RNG.standard_normal((2, 40, 23, 29)).astype(np.float32)
+    Wt = RNG.standard_normal((40, 1, 3, 3)).astype(np.float32)
+    B = RNG.standard_normal(40).astype(np.float32)
+    model, feeds = one_node("FusedConv", [X, Wt, B], opset=17, const=(1, 2), domain=MS,
+                            out_types=[TP.FLOAT], activation="Relu", group=40,
+                            kernel_shape=[3, 3], strides=[1, 2], pads=[1, 1, 1, 1])
+    counter = _Counting(monkeypatch, depthwise.DepthwiseFloat, "run")
+    one = _sessions(model, 1)[1].run(None, feeds)[0]
+    two = _sessions(model, 2)[1]
+    assert two.run(None, feeds)[0].tobytes() == one.tobytes()
+    assert forks == [] and queued == []  # 46 x 15 x 40 x 9 taps: one range
+    monkeypatch.setattr(depthwise, "MIN_TAPS_PER_RANGE", 1024)
+    for threads in (2, 3):
+        sess = _sessions(model, threads)[1]
+        for _ in range(5):
+            assert sess.run(None, feeds)[0].tobytes() == one.tobytes()
+    assert counter.calls == 12 and forks and queued == []
+
+
 _EXPAND_DEPTHWISE = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[1, 16, 32, 32] x) => (float[1, 16, 32, 32] y) {

@@ -49,3 +49,34 @@ def test_quick_gelu(alpha, n):
     got, want = _both("QuickGelu", "com.microsoft", _input(n).reshape(1, -1), threads=2,
                       alpha=alpha)
     assert_ort_bits(got, want)
+
+
+def test_quick_gelu_splits_on_the_spinning_workers(monkeypatch):
+    """At 2+ intra-op threads a SiLU of at least two ranges (logistic._CHUNK elements each)
+    hands whole vectors of 8 to spin.py's workers, taken in turn: onnxruntime's bits and 1
+    thread's at 2 and 3 threads, the ragged tail included; no range goes to parallel.py's
+    Python threads, and a smaller SiLU hands nothing off."""
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import spin
+
+    if spin.unavailable() is not None:
+        pytest.skip(spin.unavailable())
+    forks, queued = [], []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    run_ranges = parallel.run_ranges
+    monkeypatch.setattr(parallel, "run_ranges",
+                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    small = _input(2 * logistic._CHUNK - 3).reshape(1, -1)
+    got, want = _both("QuickGelu", "com.microsoft", small, threads=2)
+    assert_ort_bits(got, want)
+    assert forks == [] and queued == []
+    x = _input(300_001).reshape(1, -1)
+    one, want = _both("QuickGelu", "com.microsoft", x, threads=1)
+    for threads in (2, 3):
+        for _ in range(3):
+            got, _ = _both("QuickGelu", "com.microsoft", x, threads=threads)
+            assert got.tobytes() == one.tobytes()
+    assert_ort_bits(one, want)
+    assert forks and queued == []

@@ -24,11 +24,18 @@ import ctypes
 
 import numpy as np
 
-from . import ir, jit
+from ..parallel import work_ranges
+from . import ir, jit, spin
 from .jit import address
 from .layout import aligned_zeros
 
 REQUIRES = ()  # generic vector IR: every target
+# Window taps (output floats x taps) a range of output rows needs before it goes to another
+# thread (the depthwise kernel's and the pools', pool.py): ~30-60 us of one AVX2 core's work,
+# against a hand-off of a few microseconds to a spinning worker (benchmarks/pool_costs.py).
+# Cut into exactly one range a thread on parallel.py's queue, every split paid a wake of a
+# Python thread (GIL and all).
+MIN_TAPS_PER_RANGE = 1 << 18
 _NEG_INF = "<" + ", ".join(["float 0xFFF0000000000000"] * 16) + ">"
 MAX_TAPS = 49  # unrolled up to 7x7; larger windows keep the numpy path
 _V, _VF = ir.V, ir.VF
@@ -532,15 +539,12 @@ class DepthwiseFloat:
             bias = self._padded(bias)  # (kept alive through the calls below)
             block[_BIAS] = address(bias)
         rows = N * Ho
-        if threads > 1 and rows > 1:
-            from ..parallel import run_ranges, split
-
-            def part(r0: int, r1: int) -> None:
-                mine = block.copy()
-                mine[_R0], mine[_R1] = r0, r1
-                self._fn(address(mine))
-
-            run_ranges(part, split(rows, threads))
+        ranges = work_ranges(rows, threads, Wo * C * self.kernel[0] * self.kernel[1],
+                             least=MIN_TAPS_PER_RANGE)
+        if len(ranges) > 1:  # rows taken in turn by the caller and spin.py's workers
+            blocks = np.repeat(block[None], len(ranges), axis=0)
+            blocks[:, _R0], blocks[:, _R1] = np.array(ranges, np.int64).T
+            spin.run_blocks(self._fn, blocks, threads)
         else:
             block[_R0], block[_R1] = 0, rows
             self._fn(address(block))

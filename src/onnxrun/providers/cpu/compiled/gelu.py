@@ -195,7 +195,8 @@ _SILU_CHUNK = 4096  # floats per kernel row: the bias row of zeros it reads stay
 def _silu_module(alpha: float) -> jit.Module:
     c = float(np.float32(-alpha * math.log2(math.e)))
     return jit.compile_module(f"silu_{np.float32(alpha).view(np.uint32):08x}",
-                              lambda target: module_ir([c], "silu"), {"silu": _PROTO})
+                              lambda target: module_ir([c], "silu"),
+                              {"silu": _PROTO, "silu_job": _JOB})
 
 
 def silu_unavailable(alpha: float = 1.0) -> str | None:
@@ -222,18 +223,20 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
         raise ValueError("quick_gelu: expected a 1-D contiguous float32 array")
     if fn is None:
         fn = _silu_module(alpha).silu
-    za = address(_ZEROS)
-
-    def rows(xa: int, ya: int, a: int, b: int) -> None:
-        # rows of _SILU_CHUNK (the bias row of zeros is that long), then the short last one
-        whole, rest = divmod(b - a, _SILU_CHUNK)
-        if whole:
-            fn(xa + 4 * a, za, ya + 4 * a, _SILU_CHUNK, 0, whole)
-        if rest:
-            at = 4 * (b - rest)
-            fn(xa + at, za, ya + at, rest, 0, 1)
-
-    return jit.elementwise("quick_gelu", x, out, rows, threads, _SILU_CHUNK, 16 * _SILU_CHUNK)
+    out = jit.elementwise_out("quick_gelu", x, out)
+    xa, za, ya = address(x), address(_ZEROS), address(out)
+    # rows of _SILU_CHUNK (the bias row of zeros is that long), then the short last one
+    whole, rest = divmod(x.size, _SILU_CHUNK)
+    ranges = work_ranges(whole, threads, _SILU_CHUNK, least=_GELU_RANGE)
+    if len(ranges) > 1:  # taken in turn by the caller and spin.py's workers
+        spin.run_blocks(_silu_module(alpha).silu_job, np.array(
+            [(xa, za, ya, _SILU_CHUNK, r0, r1) for r0, r1 in ranges], np.int64), threads)
+    elif whole:
+        fn(xa, za, ya, _SILU_CHUNK, 0, whole)
+    if rest:
+        at = 4 * (x.size - rest)
+        fn(xa + at, za, ya + at, rest, 0, 1)
+    return out
 
 
 __all__ = ["bias_gelu", "module_ir", "quick_gelu", "silu_function", "silu_unavailable",

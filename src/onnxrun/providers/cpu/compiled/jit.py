@@ -244,29 +244,17 @@ def address(a) -> int:
         return a.ctypes.data
 
 
-def elementwise(name: str, x: Any, out: Any, call: Callable[[int, int, int, int], Any],
-                threads: int = 1, grain: int = 8, parallel_from: int = 1 << 17) -> Any:
-    """The driver of the compiled element-wise float32 kernels: ``x`` contiguous float32,
-    ``out`` the same (new when None; may be ``x``), then ``call(x_address, out_address, start,
-    stop)`` over [0, x.size), in pieces of whole ``grain`` elements over ``threads`` threads
-    when there are at least ``parallel_from`` elements. ``name`` is the kernel's, for errors."""
+def elementwise_out(name: str, x: Any, out: Any) -> Any:
+    """The output of an element-wise float32 kernel of ``x`` (contiguous float32): ``out``
+    checked (the same; may be ``x``), or a new array when None. ``name``: the kernel's."""
     import numpy as np
 
     if x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous float32 array")
     if out is None:
-        out = np.empty(x.shape, np.float32)
-    elif out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        return np.empty(x.shape, np.float32)
+    if out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
         raise ValueError(f"{name}: out must be a contiguous float32 {list(x.shape)}")
-    n = x.size
-    xa, ya = address(x), address(out)
-    if threads > 1 and n >= parallel_from:
-        from ..parallel import run_ranges, split
-
-        pieces = [(a * grain, min(b * grain, n)) for a, b in split(-(-n // grain), threads)]
-        run_ranges(lambda a, b: call(xa, ya, a, b), pieces)
-    elif n:
-        call(xa, ya, 0, n)
     return out
 
 

@@ -14,7 +14,8 @@ import ctypes
 
 import numpy as np
 
-from . import jit
+from ..parallel import work_ranges
+from . import ir, jit, spin
 
 REQUIRES = ("avx2", "fma")
 
@@ -118,16 +119,21 @@ def module_ir(target=None) -> str:
          "  ret void",
          "}",
          f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
-         "declare float @llvm.fma.f32(float, float, float)"]
+         "declare float @llvm.fma.f32(float, float, float)",
+         # @logistic_job: the same on an argument block (alpha's float32 bits in its word's
+         # low half), a range of elements per spin.py worker
+         *ir.job("logistic_job", "logistic", ("ptr", "ptr", "i64", "float", "i64"))]
     return "\n".join(L)
 
 
 _PROTO = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                           ctypes.c_float, ctypes.c_int64)
+_JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _module() -> jit.Module:
-    return jit.compile_module("logistic", module_ir, {"logistic": _PROTO}, REQUIRES)
+    return jit.compile_module("logistic", module_ir,
+                              {"logistic": _PROTO, "logistic_job": _JOB}, REQUIRES)
 
 
 def unavailable() -> str | None:
@@ -137,7 +143,10 @@ def unavailable() -> str | None:
     return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("logistic", _module)
 
 
-_CHUNK = 1 << 15  # elements per thread's piece
+# Elements a range needs before it goes to another thread (~10-20 us of one AVX2 core's
+# work, against a hand-off of a few microseconds to spin.py's spinning worker); below two
+# ranges' worth, one pass on the calling thread
+_CHUNK = 1 << 15
 
 
 def function():
@@ -149,16 +158,25 @@ def _apply(x: np.ndarray, out: np.ndarray | None, alpha: float, mul: int, thread
            fn=None) -> np.ndarray:
     if fn is None:
         fn = _module().logistic
-    if out is None and 0 < x.size < 4 * _CHUNK and x.dtype == np.float32 and \
+    if out is None and 0 < x.size < 2 * _CHUNK and x.dtype == np.float32 and \
             x.flags.c_contiguous:  # one pass on this thread (a decode step's): no driver
         out = np.empty(x.shape, np.float32)
         fn(jit.address(x), jit.address(out), x.size, alpha, mul)
         return out
-
-    def part(xa: int, ya: int, a: int, b: int) -> None:
-        fn(xa + 4 * a, ya + 4 * a, b - a, alpha, mul)
-
-    return jit.elementwise("logistic", x, out, part, threads, 8, 4 * _CHUNK)
+    # whole vectors of 8 a range, taken in turn by the caller and spin.py's workers: each
+    # element's operations are the same on any thread (the same bits)
+    ranges = work_ranges(-(-x.size // 8), threads, 8, least=_CHUNK)
+    out = jit.elementwise_out("logistic", x, out)
+    xa, ya, n = jit.address(x), jit.address(out), x.size
+    if len(ranges) == 1:
+        if n:
+            fn(xa, ya, n, alpha, mul)
+        return out
+    bits = int(np.float32(alpha).view(np.int32))
+    spin.run_blocks(_module().logistic_job, np.array(
+        [(xa + 32 * a, ya + 32 * a, min(8 * b, n) - 8 * a, bits, mul) for a, b in ranges],
+        np.int64), threads)
+    return out
 
 
 def sigmoid(x: np.ndarray, out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:

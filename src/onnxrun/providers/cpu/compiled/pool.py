@@ -28,12 +28,9 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, _P, _P, *([_I] * 16))
 _UNUSED = np.zeros(16, np.float32)  # the depthwise kernel's bias / bounds, never read here
 _JOB = ctypes.CFUNCTYPE(None, _P)
-# Window taps (output floats x taps) a range of output rows needs before it goes to another
-# thread: ~30-60 us of one AVX2 core's work, against a hand-off of a few microseconds to a
-# spinning worker (benchmarks/pool_costs.py). Cut into exactly one range a thread on
-# parallel.py's queue, every pool at 2 threads paid a wake of a Python thread (GIL and all):
-# SqueezeNet's three 3x3 max pools, ShuffleNet's one, the global average pools' one row.
-MIN_TAPS_PER_RANGE = 1 << 18
+# the depthwise kernel's (its loops are these): below, a pool stays on the calling thread
+# (SqueezeNet's three 3x3 max pools, ShuffleNet's one, the global average pools' one row)
+MIN_TAPS_PER_RANGE = depthwise.MIN_TAPS_PER_RANGE
 
 
 def module_ir(kh: int, kw: int, op: str) -> str:

@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 from ....dtypes import BFLOAT16, np_dtype, type_shape
 from .. import blas
 from ..kernels import KernelContext, op
-from ..parallel import parallel_for, split_threads, threads_for
+from ..parallel import parallel_for, threads_for
 
 _LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
 
@@ -1308,7 +1308,7 @@ class Conv(_ConvBase):
             if nd == 2:
                 self.w_depthwise_2d = _depthwise_weights_2d(W, *self._attrs(2, W.shape), cdt)
                 self.dw_compiled = _compiled_depthwise(W, cdt, self.bias)
-                self.dw_threads = split_threads(ctx)
+                self.dw_threads = self.threads  # rows on spin.py's workers, from a size
                 return
             self.w_depthwise = self._depthwise_weights(W, cdt)
         outs = None

@@ -13,7 +13,7 @@ import numpy as np
 from ... import blas
 from ...kernels import KernelContext, op
 from ...compiled.layout import dense_order, flat, flat_out, shaped_like
-from ...parallel import split_threads, threads_for
+from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
 from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
@@ -380,7 +380,7 @@ class QuickGelu:
 
     def __init__(self, ctx: KernelContext, *, alpha=1.702) -> None:
         self.alpha = float(alpha)
-        self.threads = split_threads(ctx)
+        self.threads = threads_for(ctx)  # float32: ranges on spin.py's workers, from a size
         from ...compiled import gelu, logistic
 
         self.exact = logistic if logistic.unavailable() is None else None
