@@ -114,6 +114,54 @@ def test_concat(axis):
     check("Concat", [rand(0, 3), rand(2, 3)], opset=13, axis=0)
 
 
+_CONCATS = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 48, 40, 40] x, float[1, 24, 40, 40] y, int64[1, 24, 40, 40] i) =>
+  (float[1, 120, 40, 40] a, int64[1, 48, 40, 40] b, float[2, 48, 40, 40] c) {
+  r = Relu(x)
+  a = Concat<axis = 1>(y, r, x)
+  b = Concat<axis = -3>(i, i)
+  c = Concat<axis = 0>(x, r)
+}
+"""
+
+
+def test_large_concats_split_over_the_spinning_workers(monkeypatch):
+    """At 2+ intra-op threads a Concat's large copies (an input not written in its place)
+    are cut into ranges for spin.py's workers (compiled/copy.py): the same bytes as at 1
+    thread and as numpy's concatenate, run after run (the executor's buffers too)."""
+    from onnxrun.providers.cpu.compiled import copy, spin
+
+    if spin.unavailable() is not None or copy.unavailable() is not None:
+        pytest.skip("no spinning workers here")
+    forks = []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    model = onnx.parser.parse_model(_CONCATS).SerializeToString()
+    x = RNG.standard_normal((1, 48, 40, 40)).astype(np.float32)
+    y = RNG.standard_normal((1, 24, 40, 40)).astype(np.float32)
+    i = RNG.integers(-9, 9, (1, 24, 40, 40))
+    want = [np.concatenate([y, np.maximum(x, 0), x], 1), np.concatenate([i, i], 1),
+            np.concatenate([x, np.maximum(x, 0)], 0)]
+    for threads in (1, 2, 3):
+        so = onnxrun.SessionOptions()
+        so.intra_op_num_threads = threads
+        sess = onnxrun.InferenceSession(model, so)
+        for _ in range(4):
+            got = sess.run(None, {"x": x, "y": y, "i": i})
+            for g, w in zip(got, want, strict=True):
+                assert g.dtype == w.dtype and g.tobytes() == w.tobytes()
+        assert bool(forks) == (threads > 1)
+        forks.clear()
+    a = np.zeros((3, 5, 7, 70), np.float32)  # a channels-last join: rows of a slice
+    monkeypatch.setattr(copy, "MIN_BYTES_PER_RANGE", 256)
+    assert copy.copy(a[..., 9:32], x.reshape(-1)[:3 * 5 * 7 * 23].reshape(3, 5, 7, 23), 2)
+    assert a[..., 9:32].tobytes() == x.reshape(-1)[:3 * 5 * 7 * 23].tobytes()
+    assert not a[..., :9].any() and not a[..., 32:].any()
+    assert not copy.copy(a[..., ::2], a[..., 1::2], 2)  # no rows: numpy's
+
+
 # -- Split ------------------------------------------------------------------------------------
 
 

@@ -224,6 +224,7 @@ class Concat:
     accepts_out = True  # the executor's buffer for the output (memory.py)
 
     def __init__(self, ctx: KernelContext, *, axis=1) -> None:
+        from ..parallel import threads_for
         from .conv import keeps_layout
 
         self.axis = int(axis)
@@ -231,6 +232,7 @@ class Concat:
         # is found in place and not copied
         self.joins_axis = self.axis
         self.keep_layout = keeps_layout(ctx)
+        self.copy = _copier(threads_for(ctx))  # large copies on spin.py's workers
 
     def __call__(self, *inputs, out=None):
         from .conv import nhwc_out
@@ -243,26 +245,55 @@ class Concat:
                           True)
             c = 0
             for x in inputs:
-                _place(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1))
+                _place(Yt[..., c:c + x.shape[1]], x.transpose(0, 2, 3, 1), self.copy)
                 c += x.shape[1]
             return Yt.transpose(0, 3, 1, 2)
         if out is not None and out.dtype == inputs[0].dtype and \
                 (self.keep_layout or out.flags.c_contiguous):
             try:  # out: the shape and layout this Concat's result had at these shapes
-                return _concatenate_into(inputs, self.axis, out)
+                return _concatenate_into(inputs, self.axis, out, self.copy)
             except ValueError:  # not the result's shape after all: a fresh one
+                pass
+        if self.copy is not np.copyto and sum(x.nbytes for x in inputs) >= _SPLIT_FROM and \
+                all(x.flags.c_contiguous for x in inputs):
+            try:  # C-contiguous as numpy's would be; large copies on spin.py's workers
+                return _concatenate_into(inputs, self.axis, np.empty(
+                    _joined_shape(inputs, self.axis), inputs[0].dtype), self.copy)
+            except ValueError:  # numpy's error for operands that do not join
                 pass
         Y = np.concatenate(inputs, axis=self.axis)  # numpy keeps a layout all operands share
         return Y if self.keep_layout or Y.flags.c_contiguous else np.ascontiguousarray(Y)
 
 
-def _place(dst: np.ndarray, x: np.ndarray) -> None:
+_SPLIT_FROM = 1 << 18  # bytes: below, no copy is worth two ranges (copy.MIN_BYTES_PER_RANGE)
+
+
+def _copier(threads: int):
+    """``copy(dst, src)``: dst[...] = src, split over spin.py's workers where large enough
+    (compiled/copy.py), else numpy's; at 1 thread numpy's copyto itself."""
+    if threads > 1:
+        from ..compiled import copy
+
+        if copy.unavailable() is None:
+            return lambda dst, src: copy.copy(dst, src, threads) or np.copyto(dst, src)
+    return np.copyto
+
+
+def _place(dst: np.ndarray, x: np.ndarray, copy=np.copyto) -> None:
     """dst[...] = x, unless x is dst's very elements already (written there by its producer)."""
     if x.ctypes.data != dst.ctypes.data or x.strides != dst.strides or x.dtype != dst.dtype:
-        np.copyto(dst, x)
+        copy(dst, x)
 
 
-def _concatenate_into(inputs, axis: int, out: np.ndarray) -> np.ndarray:
+def _joined_shape(inputs, axis: int) -> tuple[int, ...]:
+    first = inputs[0]
+    if not -first.ndim <= axis < first.ndim:
+        raise ValueError("Concat: axis out of range")
+    axis %= first.ndim
+    return first.shape[:axis] + (sum(x.shape[axis] for x in inputs),) + first.shape[axis + 1:]
+
+
+def _concatenate_into(inputs, axis: int, out: np.ndarray, copy=np.copyto) -> np.ndarray:
     """np.concatenate(inputs, axis, out=out), an input already in its place not copied."""
     first = inputs[0]
     axis = axis + first.ndim if axis < 0 else axis
@@ -274,7 +305,7 @@ def _concatenate_into(inputs, axis: int, out: np.ndarray) -> np.ndarray:
     pre = (slice(None),) * axis
     c = 0
     for x in inputs:
-        _place(out[pre + (slice(c, c + x.shape[axis]),)], x)
+        _place(out[pre + (slice(c, c + x.shape[axis]),)], x, copy)
         c += x.shape[axis]
     return out
 
