@@ -570,8 +570,15 @@ def test_prepared_product_equals_run(variant, M, K, N):
             assert got.shape == (M, N) and got is not call(A)
             np.testing.assert_array_equal(got, packed.run(A, bias=b, bounds=bounds))
     assert packed.prepared(0) is None
-    # a product run() would split over threads is not prepared (its block is per range)
-    assert packed.prepared(64, threads=2) is None or -(-N // packed.NR) * 64 <= packed.MR
+    # a product run() would split over threads is not prepared (its block is per range);
+    # one too small to split is, at 2 threads as at 1 (a streaming model's small Gemm)
+    from onnxrun.providers.cpu.compiled.float_gemm import SPIN_MACS_PER_RANGE
+
+    npan = -(-N // packed.NR)
+    assert (packed.prepared(64, threads=2) is None) == (len(packed._ranges(64, npan, 2)) > 1)
+    if 64 * K * npan * packed.NR < SPIN_MACS_PER_RANGE:
+        assert packed.prepared(64, threads=2) is not None
+    assert packed.prepared(1 << 18, threads=2) is None
 
 
 @pytest.mark.parametrize("op,attrs", [("Gemm", {"alpha": 0.5, "beta": 2.0, "transB": 1}),

@@ -737,26 +737,31 @@ class PackedMatrix:
         npan = sets * snp
         head = self._head(a_ptr, lda, address(out), out.strides[0] // 4, b_ptr, r_ptr, ldr,
                           address(clip), flags, kcb, ajump, blk, wrap, wstep)
-        MR = self.MR
-        ranges = [(0, M, 0, npan)]
-        if threads > 1 and M * npan > MR:
-            # ranges of at least SPIN_MACS_PER_RANGE multiply-adds (a small product
-            # stays on the calling thread), several a thread, taken in turn by the caller and
-            # spin.py's workers: one still spinning from the previous product starts within a
-            # microsecond, one woken late (or slowed by other processes) takes fewer
-            if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
-                ranges = [(0, M, p0, p1) for p0, p1 in
-                          work_ranges(npan, threads, M * K * self.NR, SPIN_MACS_PER_RANGE)]
-            else:  # few panels: strips of rows, whole tiles each
-                ranges = [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
-                          work_ranges(-(-M // MR), threads, MR * K * npan * self.NR,
-                                      SPIN_MACS_PER_RANGE)]
+        ranges = self._ranges(M, npan, threads)
         params = np.array([head + list(r) for r in ranges], np.int64)  # alive through the calls
         if len(ranges) == 1:
             self._fn(address(params))
         else:
             spin.run_blocks(self._fn, params, threads)
         return out
+
+    def _ranges(self, M: int, npan: int, threads: int) -> list[tuple[int, int, int, int]]:
+        """(m0, m1, p0, p1): the rows and panels of each range of an (M, K) product over
+        ``npan`` panels on ``threads`` threads; one range for a product under two ranges of
+        SPIN_MACS_PER_RANGE multiply-adds (it stays on the calling thread)."""
+        MR = self.MR
+        if threads <= 1 or M * npan <= MR:
+            return [(0, M, 0, npan)]
+        # several ranges a thread, taken in turn by the caller and spin.py's workers: one
+        # still spinning from the previous product starts within a microsecond, one woken
+        # late (or slowed by other processes) takes fewer
+        if npan >= 2 * threads:  # each thread reads its share of B (the bigger operand)
+            return [(0, M, p0, p1) for p0, p1 in
+                    work_ranges(npan, threads, M * self.K * self.NR, SPIN_MACS_PER_RANGE)]
+        # few panels: strips of rows, whole tiles each
+        return [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
+                work_ranges(-(-M // MR), threads, MR * self.K * npan * self.NR,
+                            SPIN_MACS_PER_RANGE)]
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
                  threads: int = 1) -> PreparedProduct | None:
@@ -766,7 +771,7 @@ class PackedMatrix:
         product); None where that product would be split over threads, or is empty."""
         N, K = self.N, self.K
         snp = -(-N // self.NR)
-        if M <= 0 or N == 0 or K == 0 or (threads > 1 and M * snp > self.MR):
+        if M <= 0 or N == 0 or K == 0 or len(self._ranges(M, snp, threads)) > 1:
             return None
         keep = [_NO_CLIP if bounds is None else np.array(bounds, np.float32)]
         b_ptr, flags = self._zeros_ptr, 0
