@@ -72,6 +72,44 @@ def test_runner_logits_equal_checked_runs(genai_folder, monkeypatch, arch):
         np.testing.assert_array_equal(a, b)
 
 
+def test_runner_holds_blas_only_where_a_kernel_may_call_it(genai_folder, monkeypatch):
+    """The builder's int4 decode step calls no BLAS (MatMulNBits' compiled products,
+    GroupQueryAttention's compiled kernels, the compiled norms, element-wise ops): its runner
+    leaves BLAS's count alone (a hold reads and sets it twice a step); a plan with a float
+    MatMul holds it, as session.run does."""
+    import onnxrun.genai as og
+    from onnxrun.api import session as session_module
+
+    holds = []
+    enter = session_module._BlasHeld.__enter__
+
+    def spy(self):
+        holds.append(1)
+        enter(self)
+
+    monkeypatch.setattr(session_module._BlasHeld, "__enter__", spy)
+    model = og.Model(genai_folder("llama", "int4"))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=16, do_sample=False)
+    gen = og.Generator(model, params)
+    gen.append_tokens(np.array([[5, 9, 14]], np.int32))
+    gen.generate_next_token()  # the prompt's logits: its checked run held BLAS
+    before = len(holds)
+    assert before == 1
+    for _ in range(4):
+        gen.generate_next_token()
+    assert len(holds) == before  # the runner's steps
+    X = helper.make_tensor_value_info("x", TP.FLOAT, [2, 4])
+    Y = helper.make_tensor_value_info("y", TP.FLOAT, [2, 3])
+    w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [X], [Y], [w])
+    sess = onnxrun.InferenceSession(helper.make_model(g).SerializeToString())
+    run = sess._runner(["y"], ["x"])
+    y = run([np.ones((2, 4), np.float32)], None)[0]
+    np.testing.assert_array_equal(y, np.full((2, 3), 4, np.float32))
+    assert len(holds) == before + 1
+
+
 def _gqa_model(chain: str) -> onnxrun.InferenceSession:
     """GroupQueryAttention whose seqlens_k and total_sequence_length come from the mask
     through ``chain``: "builder" (the builder's subgraph), "attr_axes" (opset 11's axes

@@ -527,6 +527,16 @@ class InferenceSession:
         # one, and asking costs a shape signature per run
         plan = program.plan(fetches, known=frozenset(computed))._replace(memory=None)
         run_plan, blas = program.run, self._blas_threads
+        if not any(may_call_blas(step.kernel) for step in plan.steps):
+            # nothing to hold BLAS for: a hold reads and sets its count twice (~25 us of a
+            # small model's decode step)
+            def run(values: Sequence[Any], run_options: Any) -> list[Any]:
+                with np.errstate(all="ignore"):
+                    results = run_plan(plan, list(zip(slots, values, strict=True)), (),
+                                       run_options)
+                return [r if r.__class__ is np.ndarray else _as_output(r) for r in results]
+
+            return run
 
         def run(values: Sequence[Any], run_options: Any) -> list[Any]:
             with np.errstate(all="ignore"), blas:
@@ -1075,6 +1085,20 @@ class _BlasHeld:
 
 
 _BLAS_HELD = _BlasHeld()
+
+
+def may_call_blas(kernel: Any) -> bool:
+    """Whether a step's kernel may call a BLAS library (a run then holds BLAS to one thread,
+    _BlasHeld; the engine's runner leaves the hold out of plans where none may): numpy's
+    element-wise ufuncs never do (matmul has a signature); a kernel (or a partial's function)
+    says it does not with ``calls_blas = False``, an attribute or a property of what it was
+    prepared with."""
+    if isinstance(kernel, np.ufunc):
+        return kernel.signature is not None
+    flag = getattr(kernel, "calls_blas", None)
+    if flag is None:
+        flag = getattr(getattr(kernel, "func", None), "calls_blas", None)
+    return flag is not False
 _blas_module: Any = None
 
 

@@ -436,6 +436,9 @@ def Gather(data, indices, *, axis=0):
     return data.take(as_intp(indices), axis=axis)  # the method: np.take's wrapper costs ~1 us
 
 
+Gather.calls_blas = False  # (InferenceSession's runner: no BLAS hold for it)
+
+
 def _along_axis_index(indices, axis):
     """Full fancy index that reads ``indices`` along ``axis`` (the other dims: arange)."""
     axis = axis + indices.ndim if axis < 0 else axis

@@ -391,6 +391,7 @@ class QuickGelu:
 
     accepts_out = True  # the executor's buffer for the output (memory.py)
     streams_out = True  # written once, in order: into a Concat's slice too
+    calls_blas = False  # element-wise on every path
 
     def __call__(self, X, *, out=None):
         if self.exact is not None and X.dtype == np.float32 and X.size:

@@ -701,6 +701,10 @@ class MatMulNBits:
     def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
         return self.packed is not None or self.blocks is not None
 
+    @property
+    def calls_blas(self) -> bool:  # only the float32 product of a dequantized weight does
+        return not self.uses_compiled_gemm
+
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
         if A.shape[-1] != self.K:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")

@@ -120,6 +120,28 @@ def _rms_float32(x: np.ndarray, scale: np.ndarray, epsilon: float, fma_lanes: bo
     return Y, inv
 
 
+def _float32_typed(ctx: KernelContext, *indices: int) -> bool:
+    """Whether the node's inputs ``indices`` are typed float32 tensors (an absent one
+    counts); False where a type is unknown."""
+    for i in indices:
+        if not ctx.has_input(i):
+            continue
+        t = ctx.input_type(i)
+        if t is None or t.WhichOneof("value") != "tensor_type" or t.tensor_type.elem_type != 1:
+            return False
+    return True
+
+
+def _rows_of(ctx: KernelContext, index: int, scale: int) -> bool:
+    """Whether input ``index`` is float32 with a fixed last dimension the size of the
+    constant float32 input ``scale``: the RMS kernels' float32 paths then take every call
+    (no BLAS: rms_normalize's sums are)."""
+    shape = ctx.input_shape(index)
+    c = ctx.constant(scale)
+    return (_float32_typed(ctx, index, scale) and c is not None and bool(shape)
+            and shape[-1] == c.size and c.size > 0)
+
+
 def _compiled_rms():
     """compiled/rms_norm's kernels (the same arithmetic in one pass), or None where they do not
     run here: asked once, when a kernel is prepared (compiled/rms_norm then module _rms)."""
@@ -159,6 +181,9 @@ class SimplifiedLayerNormalization:
         self.compiled = _compiled_rms()
         self.want_inv = ctx.output_used(1)
         self.bound = _rms.UNBOUND  # the constants, bound at the first call
+        # InferenceSession's runner: no BLAS hold for float32 rows of 8k (_exact_rows)
+        self.calls_blas = not (_rows_of(ctx, 0, 1) and self.axis == -1
+                               and ctx.constant(1).size % 8 == 0)
 
     def __call__(self, X, scale):
         bound = self.bound
@@ -240,6 +265,9 @@ class SkipSimplifiedLayerNormalization:
         self.want_inv = ctx.output_used(2)
         self.compiled = _compiled_rms()
         self.bound = _rms.UNBOUND  # the constants, bound at the first call
+        # InferenceSession's runner: no BLAS hold for float32 rows (the compiled kernel or
+        # _rms_float32)
+        self.calls_blas = not (_rows_of(ctx, 0, 2) and _float32_typed(ctx, 1, 3))
 
     def __call__(self, input, skip, gamma, bias=None):  # noqa: A002 - the schema's name
         bound = self.bound
@@ -642,6 +670,18 @@ class GroupQueryAttention:
         # compiled.gqa.decode_step's constants: ((W, cos, sin, half), words, their address),
         # swapped whole, never written once made (concurrent runs read a matching block)
         self._block: tuple = ((), None, 0)
+        # the packed row's fixed width where the node is float32 (calls_blas)
+        shape = ctx.input_shape(0)
+        self._f32_width = shape[-1] if (
+            shape and isinstance(shape[-1], int) and not ctx.has_input(1)
+            and _float32_typed(ctx, 0, 3, 4) and self._exact_node) else 0
+
+    @property
+    def calls_blas(self) -> bool:
+        """False where its calls take compiled.gqa's kernels (float32, a head size they take):
+        InferenceSession's runner (onnxrun.genai's decode steps) then holds no BLAS. (A first
+        prompt with padded rows still takes numpy's products.)"""
+        return not self._f32_width or self._step_constants(self._f32_width)[3] is None
 
     def __call__(self, query, key=None, value=None, past_key=None, past_value=None,
                  seqlens_k=None, total_sequence_length=None, cos_cache=None, sin_cache=None,
