@@ -158,12 +158,15 @@ SPLIT_CASES = ["no mask", "padding keys skipped", "mask with holes", "mild filte
 
 @pytest.mark.parametrize("case", SPLIT_CASES)
 def test_attention_split_over_threads(monkeypatch, case):
-    """At 2 threads the projection's ranges go to spin.py's workers and the blocks of heads
-    to parallel.py's (every split forced here): the bits of 1 thread, onnxruntime's values."""
-    from onnxrun.providers.cpu import parallel
-    from onnxrun.providers.cpu.compiled import float_gemm, spin
+    """At 2 threads the projection's ranges go to spin.py's workers, and so do the heads
+    where compiled.attention_heads takes them (no mask, or padding keys skipped), else the
+    blocks of heads go to parallel.py's (every split forced here): the bits of 1 thread,
+    onnxruntime's values."""
+    from onnxrun.providers.cpu import blas, parallel
+    from onnxrun.providers.cpu.compiled import attention_heads, float_gemm, spin
 
     monkeypatch.setattr(parallel, "MIN_MACS_PER_RANGE", 1)
+    monkeypatch.setattr(attention_heads, "SPLIT_MACS", 1)
     blocks, products = [], []
     run_ranges, run_blocks = parallel.run_ranges, spin.run_blocks
 
@@ -178,7 +181,11 @@ def test_attention_split_over_threads(monkeypatch, case):
     monkeypatch.setattr(parallel, "run_ranges", counted_ranges)
     monkeypatch.setattr(spin, "run_blocks", counted_blocks)
     check(*attention_model(*ATTENTION[case]))
-    assert blocks and max(blocks) >= 4  # B x heads cut into at least _MIN_BLOCKS blocks
+    if case in ("no mask", "padding keys skipped") and blas.cblas_sgemm() is not None and \
+            attention_heads.unavailable() is None:
+        assert (B * HEADS, 2) in products  # every head a job on the workers
+    else:
+        assert blocks and max(blocks) >= 4  # B x heads cut into at least _MIN_BLOCKS blocks
     if float_gemm.unavailable() is None:
         assert any(n > 1 and threads == 2 for n, threads in products)
 

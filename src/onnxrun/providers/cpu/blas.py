@@ -133,6 +133,36 @@ def _gemm2(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.nda
     return out
 
 
+@functools.cache
+def cblas_sgemm() -> tuple[int, int] | None:
+    """(address, integer bits) of the process's OpenBLAS ``cblas_sgemm``, numpy's own where
+    it is one (found through threadpoolctl, as the session finds the BLAS it holds to one
+    thread), for compiled kernels that call it (``compiled.attention_heads``); None where
+    there is no OpenBLAS, or no threadpoolctl. 64 bits: built with 64-bit integers."""
+    if sys.platform == "emscripten":
+        return None
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    import ctypes
+
+    libs = [lib for lib in ThreadpoolController().select(internal_api="openblas").lib_controllers
+            if getattr(lib, "dynlib", None) is not None]
+    libs.sort(key=lambda lib: "numpy" not in str(getattr(lib, "filepath", "")))  # numpy's first
+    for lib in libs:
+        for prefix in ("", "scipy_"):
+            for suffix in ("64_", ""):
+                fn = getattr(lib.dynlib, f"{prefix}cblas_sgemm{suffix}", None)
+                config = getattr(lib.dynlib, f"{prefix}openblas_get_config{suffix}", None)
+                if fn is None or config is None:
+                    continue
+                config.restype = ctypes.c_char_p
+                wide = b"USE64BITINT" in (config() or b"")
+                return ctypes.cast(fn, ctypes.c_void_p).value, 64 if wide else 32
+    return None
+
+
 def clip(x: np.ndarray, lo, hi, out: np.ndarray | None = None) -> np.ndarray:
     """``np.clip(x, lo, hi, out=out)``; in Pyodide float32 arrays through the WebAssembly
     kernel (the same results: NaN stays NaN)."""

@@ -59,7 +59,8 @@ IR = str | Callable[[Target], str]
 # name -> (IR generator taking the target, features the module needs of the target).
 _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise",
            "float_gemm", "nbits_gemv", "nbits_gemm", "logistic", "spin", "gqa",
-           "rms_norm", "pool", "winograd", "layer_norm", "shuffle", "copy")
+           "rms_norm", "pool", "winograd", "layer_norm", "shuffle", "copy",
+           "attention_heads")
 
 
 def _compile(modules: dict[str, str], target: Target) -> dict:

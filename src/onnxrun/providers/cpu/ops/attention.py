@@ -215,6 +215,9 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
             dst[...] = stable(b, h0, h1)
 
     head_macs = S * T * (q.shape[-1] + v.shape[-1])
+    if keep is None and bias is None and _compiled_heads(q, k, v, out, key_ranges, threads,
+                                                         stable):
+        return
     per_block = _head_blocks(B, N, S * T * dt.itemsize, head_macs)
     blocks = [(b, h0, min(N, h0 + per_block)) for b in range(B) for h0 in range(0, N, per_block)]
     with np.errstate(all="ignore"):  # overflows and masked rows are handled above
@@ -225,6 +228,46 @@ def attend_exp2(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, *,
         else:
             for b, h0, h1 in blocks:
                 block(b, h0, h1)
+
+
+def _unit_rows(x: np.ndarray) -> bool:
+    """Whether BLAS can read ``x`` (4-D float32) as row-major matrices by its row stride."""
+    st = x.strides
+    return st[3] == 4 and all(s >= 0 and s % 4 == 0 for s in st) and \
+        st[2] >= 4 * max(1, x.shape[3])
+
+
+def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
+    """attend_exp2 without masks on float32 heads by ``compiled.attention_heads``: each head
+    one compiled job (cblas_sgemm, the softmax pass, cblas_sgemm), the heads taken in turn by
+    spin.py's workers (no Python between them); heads whose row sums fail the test redone
+    ``stable``. False where it cannot run (nothing done then)."""
+    if q.dtype != np.float32 or k.dtype != np.float32 or v.dtype != np.float32 or \
+            not out.flags.c_contiguous or not all(map(_unit_rows, (q, k, v))):
+        return False
+    from ..compiled import attention_heads, spin
+
+    sgemm = blas.cblas_sgemm()
+    # (blas.matmul not numpy's own: Pyodide's products, which the tests force on here)
+    if sgemm is None or blas.matmul_function(np.float32) is not np.matmul or \
+            attention_heads.unavailable() is not None:
+        return False
+    B, N, S, _ = q.shape
+    T = k.shape[2]
+    heads = [(b, h, *(key_ranges[b] if key_ranges is not None else (0, T)))
+             for b in range(B) for h in range(N)]
+    # the scratch held until the jobs end
+    blocks, _scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, heads)
+    macs = S * sum(hi - lo for _, _, lo, hi in heads) * (q.shape[3] + v.shape[3])
+    # the heads split where the work is worth two of the float GEMM's ranges, and BLAS is at
+    # one thread (else each part's products would queue for OpenBLAS's own threads)
+    split = threads > 1 and blas.one_thread and macs >= 2 * attention_heads.SPLIT_MACS
+    spin.run_blocks(attention_heads.job(sgemm[1]), blocks, threads if split else 1)
+    with np.errstate(all="ignore"):
+        for i in np.flatnonzero(flags):
+            b, h = heads[i][:2]
+            out[b, :, h] = stable(b, h, h + 1)[0]
+    return True
 
 
 # attend_exp2 cuts a few large blocks further, into at least this many (of at least

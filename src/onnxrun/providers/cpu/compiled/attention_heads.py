@@ -1,0 +1,250 @@
+"""float32 softmax attention of whole heads in one compiled job, so that a head's products
+(BLAS's ``cblas_sgemm``, called from the compiled code) and its softmax pass split over
+spin.py's workers without Python: ``ops.attention.attend_exp2``'s arithmetic for the heads of
+an encoder (BERT: 2 x 12 heads of 128 x 128 scores a layer).
+
+Why: attend_exp2's numpy blocks ran on parallel.py's Python threads, each block a dozen numpy
+calls, each call a GIL hand-off between the calling thread and the worker, next to spin.py's
+workers polling for the products' ranges (two pools on the same cores).
+
+Per head (``head``: words below), as attend_exp2 but in one pass where it makes three:
+- s = q k^T by cblas_sgemm (row-major, B transposed), q carrying scale * log2(e);
+- per row: s = exp2(s) in place (clamped to [-127, 128]: 0 below 2^-126.5, inf from 2^127.5;
+  a Taylor polynomial of 2^f, |f| <= 1/2, to f^7: within ~1 ulp of numpy's exp2), the row's sum
+  in 8 lanes added as a tree (numpy's path sums by a BLAS product: not its bits);
+- a row sum under 2^-60, infinite or NaN sets the head's flag and ends the head (the caller
+  redoes it the stable way, as attend_exp2 does a block);
+- out = s v by cblas_sgemm straight into the (S, N, Dv) output, then each row times 1 / sum.
+
+Each head is computed whole on one thread, the same way on any: the results do not depend on
+the thread count. ``head`` reads one argument block of i64 words: sgemm, q, ldq, k, ldk, v,
+ldv, out, ldo, scratch (S * T + S floats), flag (an i64), S, T, D, Dv; strides in floats.
+``head64`` calls an ILP64 cblas_sgemm (OpenBLAS built with 64-bit integers, numpy's wheels),
+``head32`` one with 32-bit integers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import numpy as np
+
+from . import ir, jit
+
+REQUIRES = ("avx2", "fma")
+_VF = "<8 x float>"
+_VI = "<8 x i32>"
+_FMA = "@llvm.fma.v8f32"
+_WORDS = ("sgemm", "q", "ldq", "k", "ldk", "v", "ldv", "out", "ldo", "scratch", "flag",
+          "S", "T", "D", "Dv")
+# below this row sum of exponentials, attend_exp2 redoes the block the stable way
+TINY_ROW_SUM = 2.0 ** -60
+# Multiply-adds of a range (a head is one) from which the heads split over spin.py's workers:
+# the float GEMM's SPIN_MACS_PER_RANGE (a hand-off to a polling worker costs ~1-3 us, a
+# BERT head ~35 us of one core)
+SPLIT_MACS = 1 << 20
+# CBLAS's enumerations (C ints)
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _v(x: float) -> str:
+    return "<" + ", ".join([f"float {ir.float_constant(x)}"] * 8) + ">"
+
+
+def _i(x: int) -> str:
+    return "<" + ", ".join([f"i32 {x}"] * 8) + ">"
+
+
+def _exp2_ir() -> list[str]:
+    """``@exp2v(<8 x float>)``: 2^x by n = rint(x), f = x - n (exact), 2^f by its Taylor
+    series (f ln2)^k / k! to k = 7 (relative error < 1e-8) times 2^n from the exponent bits."""
+    coeffs = [math.log(2) ** k / math.factorial(k) for k in range(8)]
+    L = [f"define internal {_VF} @exp2v({_VF} %x) alwaysinline nounwind {{",
+         "entry:",
+         f"  %x0 = call {_VF} @llvm.maxnum.v8f32({_VF} %x, {_VF} {_v(-127.0)})",
+         f"  %xc = call {_VF} @llvm.minnum.v8f32({_VF} %x0, {_VF} {_v(128.0)})",
+         f"  %n = call {_VF} @llvm.rint.v8f32({_VF} %xc)",
+         f"  %f = fsub {_VF} %xc, %n",
+         f"  %p7 = bitcast {_VF} {_v(coeffs[7])} to {_VF}"]
+    for k in range(6, -1, -1):
+        L.append(f"  %p{k} = call {_VF} {_FMA}({_VF} %p{k + 1}, {_VF} %f, {_VF} {_v(coeffs[k])})")
+    return L + [
+        f"  %ni = fptosi {_VF} %n to {_VI}",
+        f"  %nb = add {_VI} %ni, {_i(127)}",
+        f"  %eb = shl {_VI} %nb, {_i(23)}",
+        f"  %sc = bitcast {_VI} %eb to {_VF}",
+        f"  %r = fmul {_VF} %p0, %sc",
+        f"  %nan = fcmp uno {_VF} %x, %x",  # maxnum dropped the NaN: it comes back here
+        f"  %y = select <8 x i1> %nan, {_VF} %x, {_VF} %r",
+        f"  ret {_VF} %y",
+        "}"]
+
+
+def _head_ir(bits: int) -> list[str]:
+    it = f"i{bits}"
+    sig = (f"i32, i32, i32, {it}, {it}, {it}, float, ptr, {it}, ptr, {it}, float, ptr, {it}")
+
+    def ints(*names: str) -> list[str]:
+        return [f"  %{n}.c = trunc i64 %{n} to {it}" if bits == 32 else
+                f"  %{n}.c = add i64 %{n}, 0" for n in names]
+
+    L = [f"define void @head{bits}(ptr %a) nounwind {{",
+         "entry:"]
+    for i, name in enumerate(_WORDS):
+        ty = "ptr" if name in ("sgemm", "q", "k", "v", "out", "scratch", "flag") else "i64"
+        L += [f"  %{name}.p = getelementptr i64, ptr %a, i64 {i}",
+              f"  %{name} = load {ty}, ptr %{name}.p, align 8"]
+    L += ints("S", "T", "D", "Dv", "ldq", "ldk", "ldv", "ldo")
+    L += ["  %ST = mul i64 %S, %T",
+          "  %sums = getelementptr float, ptr %scratch, i64 %ST",
+          # s = q k^T (S x T)
+          f"  call void %sgemm(i32 {_ROW_MAJOR}, i32 {_NO_TRANS}, i32 {_TRANS}, {it} %S.c, "
+          f"{it} %T.c, {it} %D.c, float 1.0, ptr %q, {it} %ldq.c, ptr %k, {it} %ldk.c, "
+          f"float 0.0, ptr %scratch, {it} %T.c)",
+          "  %T8 = and i64 %T, -8",
+          "  %anyrow = icmp sgt i64 %S, 0",
+          "  br i1 %anyrow, label %row, label %pv",
+          "row:",
+          "  %r = phi i64 [0, %entry], [%r.next, %rowok]",
+          "  %ro = mul i64 %r, %T",
+          "  %rp = getelementptr float, ptr %scratch, i64 %ro",
+          "  %any8 = icmp sgt i64 %T8, 0",
+          "  br i1 %any8, label %vec, label %vecdone",
+          "vec:",
+          "  %j = phi i64 [0, %row], [%j.next, %vec]",
+          f"  %acc = phi {_VF} [zeroinitializer, %row], [%acc.n, %vec]",
+          "  %xp = getelementptr float, ptr %rp, i64 %j",
+          f"  %xv = load {_VF}, ptr %xp, align 4",
+          f"  %ev = call {_VF} @exp2v({_VF} %xv)",
+          f"  store {_VF} %ev, ptr %xp, align 4",
+          f"  %acc.n = fadd {_VF} %acc, %ev",
+          *ir.latch("j", 8, "jmore", "%T8", "vec", "vecdone"),
+          "vecdone:",
+          f"  %accf = phi {_VF} [zeroinitializer, %row], [%acc.n, %vec]",
+          # the 8 lanes as a tree: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two
+          f"  %h4a = shufflevector {_VF} %accf, {_VF} poison, <4 x i32> <i32 0, i32 1, "
+          "i32 2, i32 3>",
+          f"  %h4b = shufflevector {_VF} %accf, {_VF} poison, <4 x i32> <i32 4, i32 5, "
+          "i32 6, i32 7>",
+          "  %h4 = fadd <4 x float> %h4a, %h4b",
+          "  %h2a = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 0, i32 1>",
+          "  %h2b = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 2, i32 3>",
+          "  %h2 = fadd <2 x float> %h2a, %h2b",
+          "  %h1a = extractelement <2 x float> %h2, i64 0",
+          "  %h1b = extractelement <2 x float> %h2, i64 1",
+          "  %vsum = fadd float %h1a, %h1b",
+          "  %anytail = icmp slt i64 %T8, %T",
+          "  br i1 %anytail, label %tail, label %rowend",
+          "tail:",  # the row's last T % 8 keys, one at a time
+          "  %t = phi i64 [%T8, %vecdone], [%t.next, %tail]",
+          "  %ts = phi float [%vsum, %vecdone], [%ts.n, %tail]",
+          "  %tp = getelementptr float, ptr %rp, i64 %t",
+          "  %tx = load float, ptr %tp, align 4",
+          f"  %tv = insertelement {_VF} zeroinitializer, float %tx, i64 0",
+          f"  %te = call {_VF} @exp2v({_VF} %tv)",
+          f"  %tf = extractelement {_VF} %te, i64 0",
+          "  store float %tf, ptr %tp, align 4",
+          "  %ts.n = fadd float %ts, %tf",
+          *ir.latch("t", 1, "tmore", "%T", "tail", "rowend"),
+          "rowend:",
+          "  %sum = phi float [%vsum, %vecdone], [%ts.n, %tail]",
+          "  %sp = getelementptr float, ptr %sums, i64 %r",
+          "  store float %sum, ptr %sp, align 4",
+          f"  %big = fcmp oge float %sum, {ir.float_constant(TINY_ROW_SUM)}",
+          "  %fin = fcmp olt float %sum, 0x7FF0000000000000",
+          "  %ok = and i1 %big, %fin",
+          "  br i1 %ok, label %rowok, label %bad",
+          "rowok:",
+          *ir.latch("r", 1, "rmore", "%S", "row", "pv"),
+          "bad:",  # redone the stable way by the caller
+          "  store i64 1, ptr %flag, align 8",
+          "  ret void",
+          "pv:",
+          # out = s v (S x Dv), rows ldo apart
+          f"  call void %sgemm(i32 {_ROW_MAJOR}, i32 {_NO_TRANS}, i32 {_NO_TRANS}, {it} %S.c, "
+          f"{it} %Dv.c, {it} %T.c, float 1.0, ptr %scratch, {it} %T.c, ptr %v, {it} %ldv.c, "
+          f"float 0.0, ptr %out, {it} %ldo.c)",
+          "  br i1 %anyrow, label %norm, label %end",
+          "norm:",
+          "  %nr = phi i64 [0, %pv], [%nr.next, %normend]",
+          "  %nsp = getelementptr float, ptr %sums, i64 %nr",
+          "  %ns = load float, ptr %nsp, align 4",
+          "  %inv = fdiv float 1.0, %ns",
+          "  %oro = mul i64 %nr, %ldo",
+          "  %orp = getelementptr float, ptr %out, i64 %oro",
+          "  %anyd = icmp sgt i64 %Dv, 0",
+          "  br i1 %anyd, label %ncol, label %normend",
+          "ncol:",
+          "  %c = phi i64 [0, %norm], [%c.next, %ncol]",
+          "  %op = getelementptr float, ptr %orp, i64 %c",
+          "  %ov = load float, ptr %op, align 4",
+          "  %ow = fmul float %ov, %inv",
+          "  store float %ow, ptr %op, align 4",
+          *ir.latch("c", 1, "cmore", "%Dv", "ncol", "normend"),
+          "normend:",
+          *ir.latch("nr", 1, "nmore", "%S", "norm", "end"),
+          "end:",
+          "  ret void",
+          "}",
+          f"; cblas_sgemm: void ({sig})"]
+    return L
+
+
+def module_ir(target=None) -> str:
+    return "\n".join([
+        *_exp2_ir(), *_head_ir(64), *_head_ir(32),
+        f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
+        f"declare {_VF} @llvm.rint.v8f32({_VF})",
+        f"declare {_VF} @llvm.minnum.v8f32({_VF}, {_VF})",
+        f"declare {_VF} @llvm.maxnum.v8f32({_VF}, {_VF})"])
+
+
+_JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("attention_heads", module_ir, {"head64": _JOB, "head32": _JOB},
+                              REQUIRES)
+
+
+def unavailable() -> str | None:
+    """None when the kernel can run here (its object loaded), else why not."""
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("attention_heads", _module)
+
+
+def job(bits: int):
+    """The compiled job for a cblas_sgemm of ``bits``-bit integers (64 or 32)."""
+    module = _module()
+    return module.head64 if bits == 64 else module.head32
+
+
+def head_blocks(sgemm: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                heads: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray,
+                                                                 np.ndarray]:
+    """The argument blocks (one row per head) of ``heads`` (b, h, key lo, key hi): q (B, N, S,
+    D), k (B, N, T, D), v (B, N, T, Dv) float32 with unit last strides, out (B, S, N, Dv)
+    C-contiguous. Returns (blocks, scratch, flags): keep all three alive while the jobs run;
+    flags[i] = 1 where head i must be redone the stable way."""
+    S, D = q.shape[2], q.shape[3]
+    Dv = v.shape[3]
+    T = max((hi - lo for _, _, lo, hi in heads), default=0)
+    scratch = np.empty((len(heads), S * T + S), np.float32)
+    flags = np.zeros(len(heads), np.int64)
+    qa, ka, va, oa = (x.__array_interface__["data"][0] for x in (q, k, v, out))
+    sa, fa = jit.address(scratch), jit.address(flags)
+    qs, ks, vs, os_ = (np.array(x.strides) // 4 for x in (q, k, v, out))
+    blocks = np.empty((len(heads), len(_WORDS)), np.int64)
+    for i, (b, h, lo, hi) in enumerate(heads):
+        blocks[i] = (sgemm, qa + 4 * (b * qs[0] + h * qs[1]), qs[2],
+                     ka + 4 * (b * ks[0] + h * ks[1] + lo * ks[2]), ks[2],
+                     va + 4 * (b * vs[0] + h * vs[1] + lo * vs[2]), vs[2],
+                     oa + 4 * (b * os_[0] + h * os_[2]), os_[1],
+                     sa + i * scratch.strides[0], fa + 8 * i, S, hi - lo, D, Dv)
+    return blocks, scratch, flags
+
+
+BUNDLE = {"attention_heads": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "REQUIRES", "SPLIT_MACS", "TINY_ROW_SUM", "head_blocks", "job", "module_ir",
+           "unavailable"]
