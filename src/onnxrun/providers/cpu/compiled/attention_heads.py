@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 
 import numpy as np
 
@@ -219,29 +220,61 @@ def job(bits: int):
     return module.head64 if bits == 64 else module.head32
 
 
+_local = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    """n floats of this thread's scratch, kept between calls: a new buffer of a BERT layer's
+    scores (1.6 MB) was paged in afresh at every call."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _local.buf = np.empty(n, np.float32)
+    return buf[:n]
+
+
+def _offsets(S: int, D: int, Dv: int, strides: tuple, heads: tuple) -> np.ndarray:
+    """head_blocks' argument blocks less the arrays' addresses (the words that point get
+    offsets in bytes), for one set of shapes and strides: the same every run."""
+    qs, ks, vs, os_ = ([st // 4 for st in x] for x in strides)
+    T = max(hi - lo for _, _, lo, hi in heads)
+    b, h, lo, hi = np.array(heads, np.int64).reshape(-1, 4).T
+    n = np.arange(len(heads))
+    rel = np.zeros((len(heads), len(_WORDS)), np.int64)
+    rel[:, 1], rel[:, 2] = 4 * (b * qs[0] + h * qs[1]), qs[2]
+    rel[:, 3], rel[:, 4] = 4 * (b * ks[0] + h * ks[1] + lo * ks[2]), ks[2]
+    rel[:, 5], rel[:, 6] = 4 * (b * vs[0] + h * vs[1] + lo * vs[2]), vs[2]
+    rel[:, 7], rel[:, 8] = 4 * (b * os_[0] + h * os_[2]), os_[1]
+    rel[:, 9], rel[:, 10] = 4 * (S * T + S) * n, 8 * n
+    rel[:, 11], rel[:, 12], rel[:, 13], rel[:, 14] = S, hi - lo, D, Dv
+    return rel
+
+
+_OFFSETS: dict[tuple, np.ndarray] = {}
+
+
 def head_blocks(sgemm: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                 heads: list[tuple[int, int, int, int]]) -> tuple[np.ndarray, np.ndarray,
                                                                  np.ndarray]:
     """The argument blocks (one row per head) of ``heads`` (b, h, key lo, key hi): q (B, N, S,
     D), k (B, N, T, D), v (B, N, T, Dv) float32 with unit last strides, out (B, S, N, Dv)
-    C-contiguous. Returns (blocks, scratch, flags): keep all three alive while the jobs run;
-    flags[i] = 1 where head i must be redone the stable way."""
-    S, D = q.shape[2], q.shape[3]
-    Dv = v.shape[3]
-    T = max((hi - lo for _, _, lo, hi in heads), default=0)
-    scratch = np.empty((len(heads), S * T + S), np.float32)
+    C-contiguous. Returns (blocks, scratch, flags): keep all three alive while the jobs run
+    (the scratch is the calling thread's, reused by its next call); flags[i] = 1 where head
+    i must be redone the stable way."""
+    S, D, Dv = q.shape[2], q.shape[3], v.shape[3]
+    key = (S, D, Dv, q.strides, k.strides, v.strides, out.strides, tuple(heads))
+    rel = _OFFSETS.get(key)
+    if rel is None:
+        if len(_OFFSETS) > 64:
+            _OFFSETS.clear()
+        rel = _OFFSETS[key] = _offsets(S, D, Dv, key[3:7], key[7])
+    T = max(hi - lo for _, _, lo, hi in heads)
+    scratch = _scratch(len(heads) * (S * T + S))
     flags = np.zeros(len(heads), np.int64)
-    qa, ka, va, oa = (x.__array_interface__["data"][0] for x in (q, k, v, out))
-    sa, fa = jit.address(scratch), jit.address(flags)
-    qs, ks, vs, os_ = (np.array(x.strides) // 4 for x in (q, k, v, out))
-    blocks = np.empty((len(heads), len(_WORDS)), np.int64)
-    for i, (b, h, lo, hi) in enumerate(heads):
-        blocks[i] = (sgemm, qa + 4 * (b * qs[0] + h * qs[1]), qs[2],
-                     ka + 4 * (b * ks[0] + h * ks[1] + lo * ks[2]), ks[2],
-                     va + 4 * (b * vs[0] + h * vs[1] + lo * vs[2]), vs[2],
-                     oa + 4 * (b * os_[0] + h * os_[2]), os_[1],
-                     sa + i * scratch.strides[0], fa + 8 * i, S, hi - lo, D, Dv)
-    return blocks, scratch, flags
+    base = np.zeros(len(_WORDS), np.int64)
+    base[[0, 1, 3, 5, 7, 9, 10]] = (sgemm, *(x.__array_interface__["data"][0]
+                                             for x in (q, k, v, out)),
+                                    jit.address(scratch), jit.address(flags))
+    return rel + base, scratch, flags
 
 
 BUNDLE = {"attention_heads": (module_ir, REQUIRES)}
