@@ -265,6 +265,38 @@ def test_strided_implicit_gemm(C, kernel, attrs):
                       **attrs), threads=1)  # stride 1, each output row wrapping too
 
 
+@pytest.mark.parametrize("C", [3, 64], ids=["hcw", "nhwc"])
+def test_implicit_gemm_padded_copy_splits_at_two_threads(monkeypatch, C):
+    """The implicit GEMM's zero-padded copy of a large input goes to the intra-op threads in
+    ranges of rows of at least conv._PAD_BYTES (VGG-19's 64 channels at 224 x 224: 12.8 MB on
+    one thread); the same bits at 1 and 2 threads, onnxruntime's numbers."""
+    _needs_packed_gemm()
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.ops import conv
+
+    pads = []
+
+    def counted(fn, n, threads, bytes_per_item=1 << 20, least=None):
+        ranges = parallel.ranges_for(n, threads, bytes_per_item, least)
+        if getattr(fn, "__name__", "") == "pad_rows":
+            pads.append(len(ranges))
+        return parallel.run_ranges(fn, ranges)
+
+    monkeypatch.setattr(parallel, "MIN_BYTES_PER_RANGE", None)
+    monkeypatch.setattr(conv, "parallel_for", counted)
+    side = 100 if C == 64 else 440  # padded input 2.3-2.6 MB (read and written: 2 ranges)
+    model, feeds = conv_model((1, C, side, side), rand(16, C, 3, 3, scale=0.2), rand(16),
+                              "Relu", pads=[1, 1, 1, 1])
+    outs = []
+    for threads in (1, 2):
+        sess = session(model, threads)
+        assert _implicit_steps(sess) == 1
+        outs.append(sess.run(None, feeds)[0])
+        assert pads[-1] == threads
+    np.testing.assert_array_equal(outs[0], outs[1])
+    check(model, feeds, threads=2)
+
+
 def test_channels_last_im2col_without_a_constant_weight_or_shapes():
     """A weight fed at run time takes the BLAS methods; a symbolic image size packs the
     weight of a dilated convolution (whose method depends on the size) at the first run, an

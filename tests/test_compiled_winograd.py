@@ -132,7 +132,7 @@ def test_winograd_convolution_through_the_compiled_transforms(monkeypatch):
 
 def test_the_padded_copy_splits_at_two_threads(monkeypatch):
     """Winograd's padded channels-last copy of a large input goes to the intra-op threads in
-    ranges of at least _WINOGRAD_PAD_BYTES (the other numpy passes stay whole by default)."""
+    ranges of at least _PAD_BYTES (the other numpy passes stay whole by default)."""
     from onnxrun.providers.cpu import parallel
 
     pads = []

@@ -238,6 +238,17 @@ def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
     return P
 
 
+def _pad_into_rows(P: np.ndarray, X: np.ndarray, heads, threads: int) -> None:
+    """_pad_into(P, X, heads), ranges of P's rows (of at least _PAD_BYTES) on the intra-op
+    threads: a large padded copy (numpy releases the GIL in it) is worth the queue's hand-off."""
+    def pad_rows(r0: int, r1: int) -> None:
+        Xr = X[:, :, max(0, r0 - heads[0]):max(0, r1 - heads[0])]
+        _pad_into(P[:, :, r0:r1], Xr, (max(0, heads[0] - r0), heads[1]))
+
+    row_bytes = 2 * P.shape[0] * P.shape[1] * P.shape[3] * P.itemsize  # read and written
+    parallel_for(pad_rows, P.shape[2], threads, row_bytes, _PAD_BYTES)
+
+
 # -- depthwise ------------------------------------------------------------------------------------
 
 
@@ -441,10 +452,11 @@ def _winograd_weights(W: np.ndarray, cdt) -> np.ndarray:
 
 
 _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
-# The padded channels-last copy of Winograd's input in ranges of rows of at least this many
-# bytes on the intra-op threads (a 2 MiB copy takes ~0.3-0.5 ms, the queue's hand-off 20-80
-# us): VGG-19's layers from 256 channels at 56 x 56 up
-_WINOGRAD_PAD_BYTES = 1 << 21
+# The padded channels-last copy of a convolution's input (Winograd's, the implicit GEMM's) in
+# ranges of rows of at least this many bytes on the intra-op threads (a 2 MiB copy takes
+# ~0.3-0.5 ms, the queue's hand-off 20-80 us): VGG-19's layers from 64 channels at 224 x 224
+# (12.8 MB, 3-6 ms on one thread) and 256 at 56 x 56 up
+_PAD_BYTES = 1 << 21
 # Fewer 2x2 tiles than this (images below 16 x 16) make the 16 GEMMs too short to run at
 # BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
 # unless the channels are many (VGG19's and ZFNet's 512-channel layers).
@@ -486,11 +498,7 @@ def _winograd_3x3(X, U, b, heads, outs, threads: int = 1, packed=None) -> np.nda
     Y = np.empty((N, 2 * th, 2 * tw, M), X.dtype)
     item = X.itemsize
 
-    def pad_rows(r0: int, r1: int) -> None:
-        Xr = X[:, :, max(0, r0 - heads[0]):max(0, r1 - heads[0])]
-        _pad_into(Pt[:, :, r0:r1], Xr, (max(0, heads[0] - r0), heads[1]))
-
-    parallel_for(pad_rows, 2 * th + 2, threads, 2 * N * Wp * C * item, _WINOGRAD_PAD_BYTES)
+    _pad_into_rows(Pt, X, heads, threads)
     band = max(1, min(th, _WINOGRAD_BAND // (16 * C * N * tw)))
     wk = _winograd_kernels(X.dtype)
     for t0 in range(0, th, band):
@@ -1659,11 +1667,11 @@ class Conv(_ConvBase):
         fused = bounds is not None and Z is None
         if hcw:  # K in (kh, C, kw) order: _hcw_weights
             P = scratch("conv_nhwc_pad", (N, Hp, C, Wp), np.float32)
-            _pad_into(P.transpose(0, 2, 1, 3), X, heads)
+            _pad_into_rows(P.transpose(0, 2, 1, 3), X, heads, self.threads)
             lda, block, jump, wstep = sw, kw, Wp - kw, sh * C * Wp
         else:  # K in (kh, kw, C) order: _nhwc_weights
             P = scratch("conv_nhwc_pad", (N, Hp, Wp, C), np.float32)
-            _pad_into(P.transpose(0, 3, 1, 2), X, heads)
+            _pad_into_rows(P.transpose(0, 3, 1, 2), X, heads, self.threads)
             lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
         flat = P.reshape(N, -1)
         Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
