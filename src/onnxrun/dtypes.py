@@ -56,6 +56,13 @@ _ELEM_BY_NP[np.dtype(np.bytes_)] = TensorProto.STRING
 
 # None without ml_dtypes: no array has it then, so comparisons with it are simply false.
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16) if ml_dtypes is not None else None
+_LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype a CPU kernel computes ``dtype`` in: float16/bfloat16 have no BLAS, so
+    float32 (the result cast back); any other dtype itself."""
+    return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
 
 
 class NarrowTypeUnavailable(_NotImplemented, TypeError):

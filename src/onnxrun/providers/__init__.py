@@ -13,9 +13,9 @@ CUDA = "CUDAExecutionProvider"
 
 def available_providers() -> list[str]:
     """CUDA only where CuPy finds a GPU (or inside the tests' stand-in), then CPU."""
-    from .cuda import device
+    from . import cuda
 
-    return [CUDA, CPU] if device.available() else [CPU]
+    return [CUDA, CPU] if cuda.available() else [CPU]
 
 
 def create_provider(name: str, options: dict[str, Any] | None = None) -> ExecutionProvider:

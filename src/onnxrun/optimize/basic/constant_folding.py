@@ -13,9 +13,9 @@ that arrives at each run). ``dequantized_from`` gives the integers back to those
 
 from __future__ import annotations
 
+import collections
 import weakref
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -155,8 +155,9 @@ def _constant_of_shape(node: Node, shape: np.ndarray | None) -> np.ndarray | Non
 # -- folded dequantizations ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Folded:
+class _Folded(collections.namedtuple("_Folded", "array ints dtype scale zero_point axis")):
+    # (not a frozen dataclass: creating that class cost ~1 ms of every first session)
+    __slots__ = ()
     array: weakref.ref  # the folded float array (an initializer's value while it lives)
     ints: np.ndarray | None  # int32 codes (a bias); 8-bit codes are recovered from the floats
     dtype: np.dtype

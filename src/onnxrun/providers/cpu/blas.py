@@ -16,8 +16,24 @@ import sys
 
 import numpy as np
 
-from . import wasm_gemm
 from .parallel import run_ranges, work_ranges
+
+_WASM = f"{__package__}.wasm_gemm"
+
+
+def _wasm():
+    """The WebAssembly kernel's module where it may run: in Pyodide, or where it was imported
+    already (the tests' stand-in driver); else None, so that CPython's sessions do not import
+    it (~0.7 ms of a first session)."""
+    module = sys.modules.get(_WASM)
+    if module is None and sys.platform == "emscripten":
+        from . import wasm_gemm as module
+    return module
+
+
+def _wasm_available() -> bool:
+    wasm = _wasm()
+    return wasm is not None and wasm.available()
 
 try:  # the clip ufunc itself: np.clip's Python wrapper costs ~5-10 us a call (a Relu of 128)
     from numpy._core.umath import clip as _clip_ufunc
@@ -50,7 +66,7 @@ def matmul_function(dtype: np.dtype):
     """What ``matmul(a, b)`` of two ``dtype`` matrices on one thread calls: np.matmul itself
     where no other GEMM takes them (for a caller that runs one product many times)."""
     dtype = np.dtype(dtype)
-    if _gemms().get(dtype) is None and not (dtype == np.float32 and wasm_gemm.available()):
+    if _gemms().get(dtype) is None and not (dtype == np.float32 and _wasm_available()):
         return np.matmul
     return matmul
 
@@ -64,7 +80,7 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None,
     if a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or not a.size or not b.size:
         return np.matmul(a, b, out=out)
     gemm = _gemms().get(a.dtype)
-    if gemm is None and not (a.dtype == np.float32 and wasm_gemm.available()):
+    if gemm is None and not (a.dtype == np.float32 and _wasm_available()):
         if threads > 1 and one_thread and a.dtype.kind == "f":
             return _split_matmul(a, b, out, threads)
         return np.matmul(a, b, out=out)
@@ -117,8 +133,9 @@ def _split_matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None,
 
 
 def _gemm2(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    if a.dtype == np.float32:
-        c = wasm_gemm.gemm(a, b, out)
+    wasm = _wasm() if a.dtype == np.float32 else None
+    if wasm is not None:
+        c = wasm.gemm(a, b, out)
         if c is not None:
             return c
     if gemm is None:
@@ -166,8 +183,8 @@ def cblas_sgemm() -> tuple[int, int] | None:
 def clip(x: np.ndarray, lo, hi, out: np.ndarray | None = None) -> np.ndarray:
     """``np.clip(x, lo, hi, out=out)``; in Pyodide float32 arrays through the WebAssembly
     kernel (the same results: NaN stays NaN)."""
-    if x.dtype == np.float32 and wasm_gemm.available():
+    if x.dtype == np.float32 and _wasm_available():
         dst = np.empty(x.shape, np.float32) if out is None else out
-        if wasm_gemm.clip(x, lo, hi, dst):
+        if _wasm().clip(x, lo, hi, dst):
             return dst
     return _clip_ufunc(x, lo, hi, out=out)

@@ -24,15 +24,23 @@ multiply-add latency.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import ir, jit, quantize
-from .int8_gemm import NR, PackedB
-from .int8_gemm import REQUIRES as INT8_REQUIRES
+from . import ir, jit
 from .jit import address
 from .layout import aligned_zeros
 
+if TYPE_CHECKING:
+    from .int8_gemm import PackedB
+
+# int8_gemm's constants, restated so that a float LSTM's session does not import the int8
+# GEMM's module (nor quantize's): the u8 mode reads R as an int8_gemm.PackedB, NR columns a
+# panel, as the IR's shifts by 5 read every panel (the float32 R is packed the same way);
+# tests/test_lazy_imports.py checks that they agree.
+NR = 32
+INT8_REQUIRES = ()  # int8_gemm.REQUIRES: every target (ir.dot_u8s8)
 FLOAT_REQUIRES = ()  # generic vector IR: every target
 _V, _VF = ir.V, ir.VF
 CHAINS = 4  # accumulator chains per row and 16 columns for one row: the latency, hidden
@@ -434,6 +442,8 @@ def _module_ir(target: jit.Target, mode: str, kind: str = "lstm") -> str:
                               "minnum")}
     helpers = []
     if mode == "u8":
+        from . import quantize
+
         decls |= {*quantize.declarations(), *ir.dot_declarations(target)}
         helpers = [*quantize.functions(), ""]
     groups = [line for rows in range(1, GROUP + 1)

@@ -91,9 +91,9 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "com.microsoft": {
         "contrib.fused": (
-            "BiasAdd", "BiasGelu", "BiasSoftmax", "BiasSplitGelu", "FastGelu", "FusedConv",
-            "FusedGemm", "FusedMatMul", "Gelu", "NhwcMaxPool", "QuickGelu",
-            "SparseToDenseMatMul"),
+            "BiasAdd", "BiasGelu", "BiasSoftmax", "BiasSplitGelu", "FastGelu", "FusedGemm",
+            "FusedMatMul", "Gelu", "QuickGelu", "SparseToDenseMatMul"),
+        "contrib.fused_conv": ("FusedConv",),
         "contrib.quantization": (
             "DequantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
             "GatherBlockQuantized",
@@ -105,6 +105,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
             "MultiHeadAttention", "QAttention", "QEmbedLayerNormalization", "RotaryEmbedding",
             "SimplifiedLayerNormalization",
             "SkipLayerNormalization", "SkipSimplifiedLayerNormalization"),
+        "pool": ("NhwcMaxPool",),
     },
 }
 

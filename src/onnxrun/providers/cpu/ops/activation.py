@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 
+from ....dtypes import compute_dtype
 from .. import blas
 from ..kernels import KernelContext, op, takes_out
 from ..parallel import threads_for
-from .conv import compute_dtype
 from .elementwise import erf, gelu_float32
 from .reduction import max_last, sum_trailing
 

@@ -20,17 +20,10 @@ import weakref
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ....dtypes import BFLOAT16, np_dtype, type_shape
+from ....dtypes import compute_dtype, np_dtype, type_shape
 from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, threads_for
-
-_LOW_PRECISION = (np.dtype(np.float16), BFLOAT16)
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """float16/bfloat16 have no BLAS: compute those in float32 and cast the result back."""
-    return np.dtype(np.float32) if dtype in _LOW_PRECISION else dtype
 
 
 @functools.lru_cache(maxsize=1024)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ....dtypes import compute_dtype
 from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import threads_for
-from .conv import compute_dtype
 
 # Products with fewer rows than this stay on BLAS: one row is a GEMV, which BLAS runs bound by
 # memory while the compiled 1-row tile waits on its two accumulators (1.2-9x slower); from 2

@@ -6,11 +6,10 @@ import threading
 
 import numpy as np
 
-from ....dtypes import np_dtype
+from ....dtypes import compute_dtype, np_dtype
 from ..kernels import KernelContext, op
 from ..parallel import threads_for
 from ..random_state import generator
-from .conv import channels_inner, compute_dtype, scale_shift_channels
 
 
 def _stat_dtype(dtype: np.dtype) -> np.dtype:
@@ -93,9 +92,14 @@ class BatchNormalization:
         a, b = self.folded if self.folded is not None else self._fold(
             scale, B, input_mean, input_var
         )
-        if X.dtype == cdt and a.size == X.shape[1] < 4096 and channels_inner(X):
-            return scale_shift_channels(X, a.astype(cdt, copy=False), b.astype(cdt, copy=False),
-                                        out)
+        if X.ndim == 4 and X.dtype == cdt and a.size == X.shape[1] < 4096:
+            # (conv.py's layout helpers, imported here: a LayerNormalization model loads this
+            # module without convolutions; a 4-D BatchNormalization's model has them loaded)
+            from .conv import channels_inner, scale_shift_channels
+
+            if channels_inner(X):
+                return scale_shift_channels(X, a.astype(cdt, copy=False),
+                                            b.astype(cdt, copy=False), out)
         if out is not None and X.dtype == cdt and out.dtype == cdt and out.shape == X.shape:
             Y = np.multiply(X, _per_channel(a, X, cdt), out=out)
             Y += _per_channel(b, X, cdt)

@@ -350,3 +350,23 @@ def GlobalLpPool(X, *, p=2):
     Y = np.sum(powered, axis=_spatial_axes(X), keepdims=True)
     Y = np.sqrt(Y) if p == 2 else Y ** cdt.type(1.0 / p)
     return Y.astype(X.dtype, copy=False)
+
+
+# -- NhwcMaxPool (com.microsoft) ------------------------------------------------------------------
+
+
+@op("NhwcMaxPool", 1, domain="com.microsoft")
+class NhwcMaxPool(MaxPool):
+    """MaxPool over a channels-last (N, spatial..., C) tensor."""
+
+    accepts_out = False  # its output is copied out of MaxPool's
+
+    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
+                 kernel_shape, pads=None, strides=None) -> None:
+        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
+                         kernel_shape=kernel_shape, pads=pads, strides=strides)
+        self.want_indices = False
+
+    def __call__(self, x):
+        Y = super().__call__(np.moveaxis(x, -1, 1))
+        return np.ascontiguousarray(np.moveaxis(Y, 1, -1))

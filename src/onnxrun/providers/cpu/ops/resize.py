@@ -13,9 +13,10 @@ import functools
 
 import numpy as np
 
+from ....dtypes import compute_dtype
 from ..indices import as_intp
 from ..kernels import KernelContext, op
-from .conv import channels_inner, compute_dtype, keeps_layout
+from .conv import channels_inner, keeps_layout
 
 f32 = np.float32
 

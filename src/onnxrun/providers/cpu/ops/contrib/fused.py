@@ -1,7 +1,9 @@
 """com.microsoft fused elementwise / linear-algebra operators that onnxruntime's graph
-optimizer writes: FusedConv, FusedGemm, FusedMatMul, the Gelu family (Gelu, FastGelu,
-BiasGelu, QuickGelu, BiasSplitGelu), BiasSoftmax, BiasAdd and NhwcMaxPool; and
-SparseToDenseMatMul.
+optimizer writes: FusedGemm, FusedMatMul, the Gelu family (Gelu, FastGelu, BiasGelu,
+QuickGelu, BiasSplitGelu), BiasSoftmax and BiasAdd; SparseToDenseMatMul; and the fused
+activations (``make_activation``) FusedConv (``fused_conv.py``) shares. NhwcMaxPool is with
+the pools (``ops/pool.py``). Neither convolutions nor pools are imported here: a FusedGemm
+model does not load their modules.
 """
 
 from __future__ import annotations
@@ -10,15 +12,14 @@ import math
 
 import numpy as np
 
+from .....dtypes import compute_dtype
 from ... import blas
 from ...kernels import KernelContext, op
 from ...compiled.layout import dense_order, flat, flat_out, shaped_like
 from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
-from ..conv import Conv, compute_dtype
 from ..elementwise import erf, gelu_float32
 from ..linalg import gemm_packed, packed_gemm, packed_weights, run_packed
-from ..pool import MaxPool
 
 MS = "com.microsoft"
 _F32 = np.dtype(np.float32)
@@ -127,24 +128,6 @@ def _clipper(lo: float, hi: float):
 
     clip.bounds = (lo, hi)
     return clip
-
-
-@op("FusedConv", 1, domain=MS)
-class FusedConv(Conv):
-    """Conv, plus the optional Z input summed in, then the activation."""
-
-    def __init__(self, ctx: KernelContext, *, activation="", activation_params=None,
-                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-                 strides=None) -> None:
-        super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
-                         kernel_shape=kernel_shape, pads=pads, strides=strides)
-        params = [float(p) for p in activation_params] if activation_params is not None else []
-        params += [None] * (3 - len(params))
-        self.act = make_activation(activation, *params[:3])
-
-    def __call__(self, X, W, B=None, Z=None, *, out=None):
-        # the activation runs in place on the (compute-dtype) output, bias and Z added
-        return self._forward(X, W, B, Z, self.act, out)
 
 
 @op("FusedGemm", 1, domain=MS)
@@ -455,23 +438,3 @@ def BiasSoftmax(data, bias, *, axis=1, is_inner_broadcast):
     np.exp(s, out=s)
     s /= s.sum(axis=1, keepdims=True)
     return s.reshape(data.shape).astype(data.dtype, copy=False)
-
-
-# -- NhwcMaxPool -----------------------------------------------------------------------------
-
-
-@op("NhwcMaxPool", 1, domain=MS)
-class NhwcMaxPool(MaxPool):
-    """MaxPool over a channels-last (N, spatial..., C) tensor."""
-
-    accepts_out = False  # its output is copied out of MaxPool's
-
-    def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", ceil_mode=0, dilations=None,
-                 kernel_shape, pads=None, strides=None) -> None:
-        super().__init__(ctx, auto_pad=auto_pad, ceil_mode=ceil_mode, dilations=dilations,
-                         kernel_shape=kernel_shape, pads=pads, strides=strides)
-        self.want_indices = False
-
-    def __call__(self, x):
-        Y = super().__call__(np.moveaxis(x, -1, 1))
-        return np.ascontiguousarray(np.moveaxis(Y, 1, -1))
