@@ -761,9 +761,18 @@ def test_conv_weights_are_freed():
 @pytest.mark.parametrize("G,K,N", [(1, 1, 1), (2, 3, 16), (16, 64, 100), (1, 7, 15), (3, 0, 20),
                                    (1, 5, 0), (16, 128, 256), (1, 33, 47)])
 @pytest.mark.parametrize("NR", [16, 32])
-def test_panels_layout(G, K, N, NR):
+def test_panels_layout(G, K, N, NR, monkeypatch):
     """_panels: (G, K, N) -> (G, N/NR panels, K, NR), the last panel's missing columns zero,
-    64-byte aligned (the full panels are moved as opaque rows of NR floats)."""
+    64-byte aligned (the full panels are moved as opaque rows of NR floats). Its buffer is
+    not zeroed first (every element is written): here it starts as NaN, so a missed one shows."""
+    real = float_gemm.aligned_empty
+
+    def poisoned(shape, dtype, align=64):
+        out = real(shape, dtype, align)
+        out[...] = np.nan
+        return out
+
+    monkeypatch.setattr(float_gemm, "aligned_empty", poisoned)
     Bs = np.random.default_rng(K * N + G).standard_normal((G, K, N)).astype(np.float32)
     npan = -(-N // NR)
     want = np.zeros((G, K, npan * NR), np.float32)

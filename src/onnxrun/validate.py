@@ -604,6 +604,8 @@ def _gains_shape(declared: onnx.TypeProto, inferred: onnx.TypeProto) -> bool:
     """Whether inference knows more of a tensor's shape than its declaration: a shape where none
     was declared (e.g. a graph output), or sizes where the declaration left a dimension open
     (unknown, symbolic or negative). onnxruntime reports the merged shape; so do we."""
+    if declared == inferred:  # most values: one C-level comparison, not a walk of the dims
+        return False
     if not (
         declared.HasField("tensor_type")
         and inferred.HasField("tensor_type")

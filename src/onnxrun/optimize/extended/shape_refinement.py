@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...dtypes import type_shape
+from ...dtypes import has_shape
 from ...ir import Model, Node
 from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
@@ -253,7 +253,7 @@ class ShapeRefinement(GraphPass):
 
     def _refine(self, model: Model, node: Node) -> None:
         targets = [v for v in node.outputs
-                   if v.name and type_shape(v.type) is None and not is_graph_output(v)]
+                   if v.name and not has_shape(v.type) and not is_graph_output(v)]
         if not targets:
             return
         ins = [shape(v) if v is not None else None for v in node.inputs]

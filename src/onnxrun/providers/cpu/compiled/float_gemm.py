@@ -37,7 +37,7 @@ import numpy as np
 from ..parallel import work_ranges
 from . import _compiler, jit, spin
 from .jit import address
-from .layout import aligned_zeros
+from .layout import aligned_empty, aligned_zeros
 
 
 class Tile(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first session)
@@ -536,7 +536,7 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
     G, rows, N = Bs.shape[0], Bs.shape[1:-1], Bs.shape[-1]
     K = math.prod(rows)
     full, rest = divmod(N, NR)
-    panels = aligned_zeros((G, full + (rest > 0), K, NR), np.float32)
+    panels = aligned_empty((G, full + (rest > 0), K, NR), np.float32)  # each element written
     nr = len(rows)
     if full and K:
         src = Bs[..., :full * NR]
@@ -549,6 +549,7 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
             dst[...] = src.reshape(src.shape[:-1] + (full, NR)).transpose(to_panels + (nr + 2,))
     if rest:
         panels[:, full, :, :rest] = Bs[..., full * NR:].reshape(G, K, rest)
+        panels[:, full, :, rest:] = 0
     return panels
 
 
