@@ -224,3 +224,26 @@ def test_constants_bound_into_one_call(with_bias):
     want2 = ort.InferenceSession(data2, providers=["CPUExecutionProvider"]).run(
         None, {"x": x, "g": gamma})
     assert got[0].tobytes() == want2[0].tobytes()
+
+
+def test_bound_calls_past_the_stack_rows(monkeypatch):
+    """Rows past rms_norm.STACK_ROWS whose inv_std_var is not read: the node passes an array
+    for it (the block's stack holds only so many), the same bytes as onnxruntime's."""
+    from onnxrun.providers.cpu.compiled import rms_norm
+
+    _compiled_or_skip()
+    monkeypatch.setattr(rms_norm, "STACK_ROWS", 3)
+    rng = np.random.default_rng(2)
+    gamma = (rng.standard_normal(64) * 0.5 + 1).astype(np.float32)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    skip = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    for op, domain, feeds, n_out in (
+            ("SkipSimplifiedLayerNormalization", "com.microsoft", {"x": x, "s": skip}, 1),
+            ("SimplifiedLayerNormalization", "", {"x": x}, 1)):
+        data = _model(op, domain, list(feeds), n_out, gamma)
+        sess = onnxrun.InferenceSession(data)
+        want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
+        for _ in range(2):  # unbound, then bound
+            got = sess.run(None, feeds)
+            assert got[0].tobytes() == want[0].tobytes()
+        assert sess._program.steps[0].kernel.bound.n == 64

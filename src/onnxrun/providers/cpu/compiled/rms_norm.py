@@ -178,6 +178,8 @@ def _skip_ir() -> list[str]:
 
 
 # the bound calls' constants block (i64 words; epsilon as its float32 bits), one per node
+# rows whose unread inv_std_var may go to the stack (a null inv); more: the caller passes one
+STACK_ROWS = 4096
 LANES_WORDS = ("scale", "n", "eps")
 SKIP_WORDS = ("scale", "n", "eps", "bias", "hasbias")
 
@@ -186,7 +188,8 @@ def _bound_ir() -> list[str]:
     """rms_lanes_c(x, y, inv, c, rows) and rms_skip_c(a, b, y, s, inv, c, rows): @rms_lanes and
     @rms_skip with a node's constants (LANES_WORDS, SKIP_WORDS) in one block ``c`` (a ctypes
     call costs ~0.25 us an argument: as much as a decode step's row), inv null where the node's
-    inv_std_var is not used (its values then go to the stack)."""
+    inv_std_var is not used (its values then go to the stack: the caller passes one past
+    STACK_ROWS rows)."""
     def words(names: tuple[str, ...]) -> list[str]:
         L = []
         for i, name in enumerate(names):
@@ -196,8 +199,12 @@ def _bound_ir() -> list[str]:
         return L + ["  %eps.i = trunc i64 %eps to i32",
                     "  %epsf = bitcast i32 %eps.i to float",
                     "  %noinv = icmp eq ptr %inv, null",
-                    "  %stack = alloca float, i64 %rows, align 4",
-                    "  %invp = select i1 %noinv, ptr %stack, ptr %inv"]
+                    "  br i1 %noinv, label %stack, label %go",
+                    "stack:",
+                    "  %tmp = alloca float, i64 %rows, align 4",
+                    "  br label %go",
+                    "go:",
+                    "  %invp = phi ptr [%tmp, %stack], [%inv, %entry]"]
     return ["define void @rms_lanes_c(ptr %x, ptr %y, ptr %inv, ptr %c, i64 %rows) nounwind {",
             "entry:", *words(LANES_WORDS),
             "  call void @rms_lanes(ptr %x, ptr %scale, ptr %y, ptr %invp, i64 %rows, i64 %n, "
@@ -326,5 +333,5 @@ def kernels() -> RmsNorm | None:
 
 BUNDLE = {"rms_norm": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "NEVER", "REQUIRES", "UNBOUND", "Bound", "RmsNorm", "bind", "kernels", "module_ir",
-           "unavailable"]
+__all__ = ["BUNDLE", "NEVER", "REQUIRES", "STACK_ROWS", "UNBOUND", "Bound", "RmsNorm", "bind",
+           "kernels", "module_ir", "unavailable"]

@@ -192,10 +192,12 @@ class SimplifiedLayerNormalization:
                 and self.axis in (-1, X.ndim - 1)):
             # the scale bound once: rms_lanes_c's call of 5 arguments (a decode step's row)
             Y = np.empty(X.shape, np.float32)
-            inv = np.empty(X.shape[:-1] + (1,), np.float32) if self.want_inv else None
+            rows = X.size // bound.n
+            inv = np.empty(X.shape[:-1] + (1,), np.float32) \
+                if self.want_inv or rows > _rms.STACK_ROWS else None
             self.compiled.lanes_c(address(X), address(Y), 0 if inv is None else address(inv),
-                                  bound.address, X.size // bound.n)
-            return Y, inv
+                                  bound.address, rows)
+            return Y, inv if self.want_inv else None
         if self.axis in (-1, X.ndim - 1) and _exact_rows(X, scale, 8):
             if bound is _rms.UNBOUND:
                 self.bound = _rms.bind(scale, None, self.epsilon, False) or _rms.NEVER
@@ -278,11 +280,12 @@ class SkipSimplifiedLayerNormalization:
             # constants bound once: rms_skip_c's call of 7 arguments (a decode step's row)
             shape = input.shape
             Y, total = np.empty(shape, np.float32), np.empty(shape, np.float32)
-            inv = np.empty(shape[:-1] + (1,), np.float32) if self.want_inv else None
+            rows = input.size // bound.n
+            inv = np.empty(shape[:-1] + (1,), np.float32) \
+                if self.want_inv or rows > _rms.STACK_ROWS else None
             self.compiled.skip_c(address(input), address(skip), address(Y), address(total),
-                                 0 if inv is None else address(inv), bound.address,
-                                 input.size // bound.n)
-            return Y, None, inv, total if self.want_sum else None
+                                 0 if inv is None else address(inv), bound.address, rows)
+            return Y, None, inv if self.want_inv else None, total if self.want_sum else None
         if self.compiled is not None and skip.shape == input.shape and \
                 skip.dtype == np.float32 and _exact_rows(input, gamma) and \
                 (bias is None or (bias.dtype == np.float32 and bias.size == gamma.size)):
