@@ -297,6 +297,31 @@ def test_implicit_gemm_padded_copy_splits_at_two_threads(monkeypatch, C):
     check(model, feeds, threads=2)
 
 
+@pytest.mark.parametrize("heads, size", [((1, 1), (40, 40)), ((2, 0), (30, 41)),
+                                         ((0, 3), (45, 44))])
+def test_channels_last_padded_copy_on_the_spinning_workers(monkeypatch, heads, size):
+    """Channels-last pixels in and out: the borders zeroed, each image's rows copied by
+    compiled.copy in ranges on spin.py's workers (at 2 threads), the input cut where it does
+    not fit; the bytes of _pad_into."""
+    from onnxrun.providers.cpu.compiled import copy, spin
+    from onnxrun.providers.cpu.ops import conv
+
+    if copy.unavailable() is not None or spin.usable() is None:
+        pytest.skip("no compiled copy or spinning workers here")
+    monkeypatch.setattr(copy, "MIN_BYTES_PER_RANGE", 1024)
+    forks = []
+    run_blocks = spin.run_blocks
+    monkeypatch.setattr(spin, "run_blocks", lambda job, b, t: forks.append(t) or
+                        run_blocks(job, b, t))
+    X = rand(2, 42, 43, 24).transpose(0, 3, 1, 2)  # (N, C, H, W) of channels-last pixels
+    P = np.full((2, size[0], size[1], 24), np.nan, np.float32).transpose(0, 3, 1, 2)
+    want = conv._pad_into(np.empty_like(P), X, heads)
+    conv._pad_into_rows(P, X, heads, 2)
+    assert forks and set(forks) == {2}
+    np.testing.assert_array_equal(P, want)
+    assert not conv._pad_on_workers(P, np.ascontiguousarray(X), heads, 2)  # NCHW: no
+
+
 def test_channels_last_im2col_without_a_constant_weight_or_shapes():
     """A weight fed at run time takes the BLAS methods; a symbolic image size packs the
     weight of a dilated convolution (whose method depends on the size) at the first run, an

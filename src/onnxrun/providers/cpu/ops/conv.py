@@ -232,14 +232,46 @@ def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
 
 
 def _pad_into_rows(P: np.ndarray, X: np.ndarray, heads, threads: int) -> None:
-    """_pad_into(P, X, heads), ranges of P's rows (of at least _PAD_BYTES) on the intra-op
-    threads: a large padded copy (numpy releases the GIL in it) is worth the queue's hand-off."""
+    """_pad_into(P, X, heads) at ``threads`` threads: channels-last pixels on both sides
+    (_pad_on_workers) on spin.py's workers, else ranges of P's rows (of at least _PAD_BYTES)
+    on the intra-op queue: a large padded copy (numpy releases the GIL in it) is worth the
+    queue's hand-off."""
+    if threads > 1 and _pad_on_workers(P, X, heads, threads):
+        return
+
     def pad_rows(r0: int, r1: int) -> None:
         Xr = X[:, :, max(0, r0 - heads[0]):max(0, r1 - heads[0])]
         _pad_into(P[:, :, r0:r1], Xr, (max(0, heads[0] - r0), heads[1]))
 
     row_bytes = 2 * P.shape[0] * P.shape[1] * P.shape[3] * P.itemsize  # read and written
     parallel_for(pad_rows, P.shape[2], threads, row_bytes, _PAD_BYTES)
+
+
+def _pad_on_workers(P: np.ndarray, X: np.ndarray, heads, threads: int) -> bool:
+    """_pad_into where P (N, C, Hp, Wp) and X are views of channels-last pixels (the implicit
+    GEMM's and Winograd's buffers; the layout level's activations): the borders zeroed here,
+    each image's rows of w * C floats copied by compiled.copy (ranges on spin.py's workers, or
+    here when too small to split). False (nothing done) for other layouts."""
+    from ..compiled import copy
+
+    N, C, Hp, Wp = P.shape
+    item = P.itemsize
+    h0, w0 = heads
+    h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
+    if X.dtype != P.dtype or not h or not w or min(heads) < 0 or P.strides[1] != item or \
+            P.strides[3] != C * item or X.strides[1] != item or X.strides[3] != C * item or \
+            copy.unavailable() is not None:
+        return False
+    P[:, :, :h0] = 0
+    P[:, :, h0 + h:] = 0
+    P[:, :, h0:h0 + h, :w0] = 0
+    P[:, :, h0:h0 + h, w0 + w:] = 0
+    for n in range(N):
+        dst = as_strided(P[n, :, h0:, w0:], (h, w * C), (P.strides[2], item))
+        src = as_strided(X[n], (h, w * C), (X.strides[2], item), writeable=False)
+        if not copy.copy(dst, src, threads):
+            dst[...] = src
+    return True
 
 
 # -- depthwise ------------------------------------------------------------------------------------
