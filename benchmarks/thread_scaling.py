@@ -9,8 +9,9 @@ more than at 1 thread means hand-off cost or spinning).
     python benchmarks/thread_scaling.py --quick --pause 0.15   # each run after 0.15 s idle
 
 ``--pause``: every timed run follows that long a sleep, as half of run_suite.py's 2-thread
-runs follow its pause between engines (tools/bench.py SETTLE_SECONDS, at 2+ threads only):
-the same command with and without it says what the pause alone costs each thread count.
+runs followed its pause between engines until session 11 (tools/bench.py SETTLE_SECONDS; an
+untimed run follows the pause now): the same command with and without it says what the pause
+alone costs each thread count (benchmarks/cold_runs.py: both engines).
 
 The zoo CNNs come with the onnx package; YOLO, CRNN and DenseNet from benchmarks/suite_models.py
 (written to the cache on first use); the GPT decoder from the cache when
