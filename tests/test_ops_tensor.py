@@ -162,6 +162,41 @@ def test_large_concats_split_over_the_spinning_workers(monkeypatch):
     assert not copy.copy(a[..., ::2], a[..., 1::2], 2)  # no rows: numpy's
 
 
+_SPLIT_SMALL_OPS = """
+<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[1, 64, 48, 48] x, float[64, 64, 1, 1] we, float[64, 1, 3, 3] wd)
+  => (float[1, 128, 48, 48] y) {
+  e = Conv<group = 1>(x, we)
+  d = Conv<group = 64, pads = [1, 1, 1, 1]>(e, wd)
+  s = com.microsoft.QuickGelu<alpha = 1.0>(d)
+  y = Concat<axis = 1>(s, x)
+}
+"""
+
+
+def test_split_small_ops_from_concurrent_runs():
+    """One session at 2 intra-op threads run from four Python threads at once: its depthwise
+    rows, SiLU vectors and Concat copies, each cut over spin.py's workers (a worker another
+    call holds is not used), give every thread one serial run's bits."""
+    from concurrency import assert_threads_match_serial
+
+    model = onnx.parser.parse_model(_SPLIT_SMALL_OPS)
+    rng = np.random.default_rng(11)
+    for v in list(model.graph.input)[1:]:  # the weights: constants
+        dims = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        model.graph.initializer.append(numpy_helper.from_array(
+            (rng.standard_normal(dims) * 0.2).astype(np.float32), v.name))
+        model.graph.input.remove(v)
+    data = model.SerializeToString()
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 2
+    sess = onnxrun.InferenceSession(data, so)
+    x = rng.standard_normal((1, 64, 48, 48)).astype(np.float32)
+    one = onnxrun.InferenceSession(data).run(None, {"x": x})[0]
+    assert sess.run(None, {"x": x})[0].tobytes() == one.tobytes()
+    assert_threads_match_serial(sess, [{"x": x * (1 + k)} for k in range(4)], 5)
+
+
 # -- Split ------------------------------------------------------------------------------------
 
 
