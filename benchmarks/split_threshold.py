@@ -1,7 +1,7 @@
 """From what size a compiled float product pays to split over 2 threads (issue #18): for each
 value of ``float_gemm.SPIN_MACS_PER_RANGE`` and each ``--scales`` factor of the smaller kernels'
 thresholds (depthwise.MIN_TAPS_PER_RANGE, the pools' too; logistic._CHUNK; gelu._GELU_RANGE;
-copy.MIN_BYTES_PER_RANGE: a child process each), onnxrun and onnxruntime at
+copy.MIN_BYTES_PER_RANGE; scale_shift.MIN_ELEMENTS_PER_RANGE: a child process each), onnxrun and onnxruntime at
 1 and 2 intra-op threads run alternately (a 0.15 s pause before each engine's turn, so neither
 engine's spinning workers take a core from the other; then 3 runs, the first one after the pause
 reported apart as 'cold'), medians of the wall time and the ratios to onnxruntime.
@@ -52,8 +52,8 @@ def _model(name: str) -> tuple[str, dict | None]:
 
 def _scale_thresholds(scale: float) -> None:
     """The small kernels' split thresholds (not the GEMM's) times ``scale``."""
-    from onnxrun.providers.cpu.compiled import copy, depthwise, gelu, logistic, pool
-    from onnxrun.providers.cpu.ops import tensor
+    from onnxrun.providers.cpu.compiled import copy, depthwise, gelu, logistic, pool, scale_shift
+    from onnxrun.providers.cpu.ops import conv, tensor
 
     taps = max(1, int(depthwise.MIN_TAPS_PER_RANGE * scale))
     depthwise.MIN_TAPS_PER_RANGE = pool.MIN_TAPS_PER_RANGE = taps
@@ -61,6 +61,8 @@ def _scale_thresholds(scale: float) -> None:
     gelu._GELU_RANGE = max(1, int(gelu._GELU_RANGE * scale))
     copy.MIN_BYTES_PER_RANGE = max(64, int(copy.MIN_BYTES_PER_RANGE * scale))
     tensor._SPLIT_FROM = 2 * copy.MIN_BYTES_PER_RANGE
+    scale_shift.MIN_ELEMENTS_PER_RANGE = max(8, int(scale_shift.MIN_ELEMENTS_PER_RANGE * scale))
+    conv._SCALE_SHIFT_SPLIT = 2 * scale_shift.MIN_ELEMENTS_PER_RANGE
 
 
 def child(macs: int, names: list[str], rounds: int, scale: float = 1.0) -> None:

@@ -521,6 +521,51 @@ def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(mon
     assert len(blocks) == 10  # NCHW: numpy's broadcast as before
 
 
+def test_batch_norm_of_a_channels_last_input_splits_on_the_spinning_workers(monkeypatch):
+    """At 2+ intra-op threads a large channels-last BatchNormalization's rows of pixels go to
+    spin.py's workers (compiled/scale_shift.py: a multiply, then an add, each rounded): the
+    NCHW numpy path's bits, NaN, infinities and signed zeros included; a small one stays on
+    the calling thread."""
+    from onnxrun.providers.cpu.compiled import spin
+    from onnxrun.providers.cpu.ops.normalization import BatchNormalization
+
+    if spin.unavailable() is not None:
+        pytest.skip(spin.unavailable())
+    forks = []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+
+    class Ctx:
+        opset = 15
+        node = None
+
+        def __init__(self, threads):
+            self.session_options = onnxrun.SessionOptions()
+            self.session_options.intra_op_num_threads = threads
+
+        def constant(self, i):
+            return None
+
+    rng = np.random.default_rng(17)
+    for shape, split in (((1, 97, 40, 41), True), ((2, 24, 7, 9), False)):
+        X = rng.normal(size=shape).astype(np.float32)
+        X.reshape(-1)[:6] = [np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-38]
+        params = [rng.uniform(0.5, 1.5, shape[1]).astype(np.float32),
+                  rng.normal(size=shape[1]).astype(np.float32),
+                  rng.normal(size=shape[1]).astype(np.float32),
+                  rng.uniform(0.5, 2, shape[1]).astype(np.float32)]
+        params[0][:2] = [-1.0, 0.0]
+        want = BatchNormalization(Ctx(1))(X, *params)  # NCHW: numpy's broadcast
+        cl = np.ascontiguousarray(X.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        for threads in (1, 2, 3):
+            got = BatchNormalization(Ctx(threads))(cl, *params)
+            assert got.transpose(0, 2, 3, 1).flags.c_contiguous
+            assert got.transpose(0, 2, 3, 1).tobytes() == want.transpose(0, 2, 3, 1).tobytes()
+        assert bool(forks) == split
+        forks.clear()
+
+
 def _residual_chain(blocks: int, channels: int = 32) -> bytes:
     """ShuffleNet-like residual blocks without convolutions on the skip path, deeper than the
     layout walks' depth limit: a_{i+1} = Relu(a_i + Conv1x1(DepthwiseConv3x3(a_i)))."""

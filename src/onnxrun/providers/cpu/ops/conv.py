@@ -738,8 +738,11 @@ def _pixel_rows(t: np.ndarray) -> bool:
         v.strides[0] % t.itemsize == 0
 
 
+_SCALE_SHIFT_SPLIT = 1 << 16  # elements: below, never two ranges (scale_shift.py)
+
+
 def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
-                         out: np.ndarray | None = None) -> np.ndarray:
+                         out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
     """X * a + b, one (a, b) per channel, for a channels-last X (N, C, H, W) with C < 4096:
     a fresh channels-last result, the rows of pixels taken in blocks of several thousand
     elements with a and b repeated to match (as add_channel_bias; BatchNormalization at
@@ -750,6 +753,11 @@ def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
     if Yt.size == 0:  # an empty batch or image: nothing to scale
         return Yt.transpose(0, 3, 1, 2)
     src, dst = X.transpose(0, 2, 3, 1).reshape(-1, C), Yt.reshape(-1, C)
+    if threads > 1 and src.size >= _SCALE_SHIFT_SPLIT:  # rows on spin.py's workers
+        from ..compiled.scale_shift import scale_shift
+
+        if scale_shift(src, a, b, dst, threads):
+            return Yt.transpose(0, 3, 1, 2)
     R = min(src.shape[0], max(1, 8192 // C))
     whole = src.shape[0] // R * R
     body = dst[:whole].reshape(-1, R * C)

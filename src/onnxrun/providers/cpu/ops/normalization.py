@@ -71,6 +71,7 @@ class BatchNormalization:
         self.legacy_outputs = ctx.opset < 14
         # folded y = x * a + b when every parameter is a constant
         self.folded = None
+        self.threads = threads_for(ctx)  # a channels-last scale's rows on spin.py's workers
         params = [ctx.constant(i) for i in range(1, 5)]
         if not self.training and all(p is not None for p in params):
             self.folded = self._fold(*params)
@@ -99,7 +100,7 @@ class BatchNormalization:
 
             if channels_inner(X):
                 return scale_shift_channels(X, a.astype(cdt, copy=False),
-                                            b.astype(cdt, copy=False), out)
+                                            b.astype(cdt, copy=False), out, self.threads)
         if out is not None and X.dtype == cdt and out.dtype == cdt and out.shape == X.shape:
             Y = np.multiply(X, _per_channel(a, X, cdt), out=out)
             Y += _per_channel(b, X, cdt)

@@ -1,0 +1,129 @@
+"""x * a + b with one (a, b) per channel, over rows of channels-last pixels, split over
+spin.py's workers: BatchNormalization at inference on a channels-last input (a DenseNet's
+pre-activations after its Concats) at 2+ intra-op threads.
+
+Why: at 2 threads it ran on the calling thread (numpy's multiply and add) while the workers
+idled: ~8% of the DenseNet-style blocks' 1-thread run. Each element is rounded after the
+multiply and again after the add, as numpy's two passes do (no fused multiply-add: the IR
+has no ``contract`` flag): the numpy path's bits, on any split.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+from ..parallel import work_ranges
+from . import ir, jit, spin
+from .jit import address
+
+REQUIRES = ()  # generic vector IR: every target
+# Elements a range needs before it goes to another thread (~15-30 us of one core's work,
+# against a hand-off of a few microseconds to a spinning worker)
+MIN_ELEMENTS_PER_RANGE = 1 << 15
+_V8 = "<8 x float>"
+_ARGS = ("ptr", "ptr", "ptr", "ptr", "i64", "i64", "i64")
+
+
+def module_ir(target=None) -> str:
+    """``@scale_shift(x, a, b, y, C, r0, r1)``: y[r, c] = x[r, c] * a[c] + b[c] for rows r in
+    [r0, r1) of C floats each (both C-contiguous), 8 channels a step, then the rest."""
+    L = ["define void @scale_shift(ptr noalias %x, ptr noalias %a, ptr noalias %b, "
+         "ptr noalias %y, i64 %C, i64 %r0, i64 %r1) nounwind {",
+         "entry:",
+         "  %c8 = and i64 %C, -8",
+         "  %any = icmp slt i64 %r0, %r1",
+         "  br i1 %any, label %row, label %end",
+         "row:",
+         "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
+         "  %off = mul i64 %r, %C",
+         "  %xr = getelementptr float, ptr %x, i64 %off",
+         "  %yr = getelementptr float, ptr %y, i64 %off",
+         "  %anyv = icmp sgt i64 %c8, 0",
+         "  br i1 %anyv, label %vloop, label %vdone",
+         "vloop:",
+         "  %i = phi i64 [0, %row], [%in, %vloop]",
+         "  %xp = getelementptr float, ptr %xr, i64 %i",
+         f"  %xv = load {_V8}, ptr %xp, align 4",
+         "  %ap = getelementptr float, ptr %a, i64 %i",
+         f"  %av = load {_V8}, ptr %ap, align 4",
+         "  %bp = getelementptr float, ptr %b, i64 %i",
+         f"  %bv = load {_V8}, ptr %bp, align 4",
+         f"  %m = fmul {_V8} %xv, %av",
+         f"  %s = fadd {_V8} %m, %bv",
+         "  %yp = getelementptr float, ptr %yr, i64 %i",
+         f"  store {_V8} %s, ptr %yp, align 4",
+         "  %in = add i64 %i, 8",
+         "  %more = icmp slt i64 %in, %c8",
+         "  br i1 %more, label %vloop, label %vdone",
+         "vdone:",
+         "  %anyt = icmp slt i64 %c8, %C",
+         "  br i1 %anyt, label %tloop, label %rnext",
+         "tloop:",
+         "  %j = phi i64 [%c8, %vdone], [%jn, %tloop]",
+         "  %txp = getelementptr float, ptr %xr, i64 %j",
+         "  %tx = load float, ptr %txp, align 4",
+         "  %tap = getelementptr float, ptr %a, i64 %j",
+         "  %ta = load float, ptr %tap, align 4",
+         "  %tbp = getelementptr float, ptr %b, i64 %j",
+         "  %tb = load float, ptr %tbp, align 4",
+         "  %tm = fmul float %tx, %ta",
+         "  %ts = fadd float %tm, %tb",
+         "  %typ = getelementptr float, ptr %yr, i64 %j",
+         "  store float %ts, ptr %typ, align 4",
+         "  %jn = add i64 %j, 1",
+         "  %tmore = icmp slt i64 %jn, %C",
+         "  br i1 %tmore, label %tloop, label %rnext",
+         "rnext:",
+         "  %rn = add i64 %r, 1",
+         "  %rmore = icmp slt i64 %rn, %r1",
+         "  br i1 %rmore, label %row, label %end",
+         "end:",
+         "  ret void",
+         "}",
+         # @scale_shift_job: the same on an argument block, a range of rows per worker
+         *ir.job("scale_shift_job", "scale_shift", _ARGS)]
+    return "\n".join(L)
+
+
+_JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _module() -> jit.Module:
+    return jit.compile_module("scale_shift", module_ir, {"scale_shift_job": _JOB}, REQUIRES)
+
+
+def unavailable() -> str | None:
+    """None when the kernel runs here, else why not."""
+    return jit.why_unavailable(REQUIRES) or jit.why_not_loaded("scale_shift", _module)
+
+
+def scale_shift(src: np.ndarray, a: np.ndarray, b: np.ndarray, dst: np.ndarray,
+                threads: int) -> bool:
+    """dst = src * a + b for (rows, C) float32 ``src`` and ``dst`` (C-contiguous) and (C,)
+    ``a``, ``b``, in ranges of rows on the calling thread and spin.py's workers, when worth
+    at least two ranges on ``threads`` threads; False (nothing done) where not."""
+    if threads <= 1 or src.size < 2 * MIN_ELEMENTS_PER_RANGE or src.ndim != 2 or \
+            src.dtype != np.float32 or dst.dtype != np.float32 or dst.shape != src.shape or \
+            not (src.flags.c_contiguous and dst.flags.c_contiguous) or \
+            np.may_share_memory(src, dst) or spin.usable() is None or unavailable() is not None:
+        return False
+    rows, C = src.shape
+    a = np.ascontiguousarray(a, np.float32).reshape(-1)
+    b = np.ascontiguousarray(b, np.float32).reshape(-1)
+    if a.size != C or b.size != C:
+        return False
+    ranges = work_ranges(rows, threads, C, least=MIN_ELEMENTS_PER_RANGE)
+    if len(ranges) < 2:
+        return False
+    head = (address(src), address(a), address(b), address(dst), C)
+    spin.run_blocks(_module().scale_shift_job,
+                    np.array([head + (r0, r1) for r0, r1 in ranges], np.int64), threads)
+    return True
+
+
+# compiled with the other kernels on first use (jit._BUNDLE)
+BUNDLE = {"scale_shift": (module_ir, REQUIRES)}
+
+__all__ = ["BUNDLE", "MIN_ELEMENTS_PER_RANGE", "module_ir", "scale_shift", "unavailable"]
