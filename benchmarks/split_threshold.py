@@ -2,9 +2,10 @@
 value of ``float_gemm.SPIN_MACS_PER_RANGE`` and each ``--scales`` factor of the smaller kernels'
 thresholds (depthwise.MIN_TAPS_PER_RANGE, the pools' too; logistic._CHUNK; gelu._GELU_RANGE;
 copy.MIN_BYTES_PER_RANGE; scale_shift.MIN_ELEMENTS_PER_RANGE: a child process each),
-onnxrun and onnxruntime at 1 and 2 intra-op threads run alternately (a 0.15 s pause before each engine's turn, so neither
-engine's spinning workers take a core from the other; then 3 runs, the first one after the pause
-reported apart as 'cold'), medians of the wall time and the ratios to onnxruntime.
+onnxrun and onnxruntime at 1 and 2 intra-op threads run alternately (a 0.15 s pause before
+each engine's turn, so neither engine's spinning workers take a core from the other; then 3
+runs, the first one after the pause reported apart as 'cold'), medians of the wall time and the
+ratios to onnxruntime.
 
     python benchmarks/split_threshold.py --quick                 # squeezenet, GPT decoder
     python benchmarks/split_threshold.py --macs 262144,1048576,4194304 --models squeezenet -r 20
