@@ -55,6 +55,25 @@ def test_three_dimensional_input_and_its_rows():
     assert_ort_bits(sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0])
 
 
+def test_one_row_shapes_remembered_per_call():
+    """A decode step's row takes the one-row call with the shapes of the last row's A and Y
+    remembered: rows of another shape after it (2-D, 3-D, more rows) get their own shapes
+    and onnxruntime's bits, each time."""
+    rng = np.random.default_rng(8)
+    data = _reshaped(matmul_nbits(256, 40, rng, zp=False, bias=False))
+    sess = onnxrun.InferenceSession(data)
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    kernel = sess._program.steps[0].kernel
+    assert kernel.row1 is not None
+    for shape in ((1, 1, 256), (1, 1, 256), (2, 1, 256), (1, 1, 256), (1, 3, 256),
+                  (1, 1, 256)):
+        a = rng.standard_normal(shape).astype(np.float32)
+        got, want = sess.run(None, {"A": a})[0], ref.run(None, {"A": a})[0]
+        assert got.shape == want.shape == shape[:-1] + (40,)
+        assert_ort_bits(got, want, err=str(shape))
+    assert kernel.row1[3] == ((1, 1, 256), (1, 1, 40))
+
+
 def _reshaped(data: bytes) -> bytes:
     """The same model with A (batch, sequence, K), as the builder's models have it."""
     import onnx

@@ -694,7 +694,10 @@ class MatMulNBits:
         gemm = nbits_gemm.Gemm(self.packed, self.scales, self.zs, b, zq)
         if gemm.K == self.K and not self.bias_computed and \
                 (self.spin is None or self.packed.nbytes < self.SPLIT_ROW_BYTES):
-            self.row1 = gemm.one_row()  # a decode step's whole-block row on this thread
+            # a decode step's whole-block row on this thread: (fn, consts, address, the
+            # shapes of the last row's A and Y, one row of K floats)
+            one = gemm.one_row()
+            self.row1 = None if one is None else (*one, ((), ()))
         return gemm
 
     @property
@@ -706,13 +709,20 @@ class MatMulNBits:
         return not self.uses_compiled_gemm
 
     def __call__(self, A, B, scales, zero_points=None, g_idx=None, bias=None):
+        row1 = self.row1
+        if row1 is not None:
+            fn, consts, address, shapes = row1
+            if A.shape == shapes[0] and A.dtype == F32 and A.flags.c_contiguous:
+                Y = np.empty(shapes[1], F32)  # the last row's shapes again: a decode step's
+                fn(address(A), address(Y), consts)
+                return Y
         if A.shape[-1] != self.K:
             raise ValueError(f"MatMulNBits: A's last dimension {A.shape[-1]} != K={self.K}")
-        row1 = self.row1
         if row1 is not None and A.size == self.K and A.dtype == F32 and A.flags.c_contiguous:
             Y = np.empty(A.shape[:-1] + (self.N,), F32)  # Gemm.row's call, less its checks
-            fn, consts, address = row1
             fn(address(A), address(Y), consts)
+            # its shapes remembered (the tuple swapped whole): the next step's call above
+            self.row1 = (fn, consts, address, (A.shape, Y.shape))
             return Y
         if A.size == self.K and self.blocks is not None and self.a_block is not None:
             Y = np.empty(A.shape[:-1] + (self.N,), F32)  # a decode step, bias bound
