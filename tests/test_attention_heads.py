@@ -152,3 +152,47 @@ def test_avx2_code():
     with compiled_pkg.forced_target("avx2"):
         assert attention_heads.unavailable() is None
         np.testing.assert_array_equal(run(q, k, v), host)
+
+
+def test_a_cblas_of_32_bit_integers():
+    """``head32`` (an OpenBLAS built with 32-bit integers: distributions' libopenblas) passes
+    the same arguments as int32: checked with a stand-in cblas_sgemm (numpy, through ctypes)
+    that records them."""
+    import ctypes
+
+    from onnxrun.providers.cpu.compiled import jit
+
+    i32, f32, fp = ctypes.c_int32, ctypes.c_float, ctypes.POINTER(ctypes.c_float)
+    calls = []
+
+    def sgemm(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+        calls.append((order, ta, tb, M, N, K, alpha, lda, ldb, beta, ldc))
+        a = np.ctypeslib.as_array(A, ((M - 1) * lda + K,))
+        b = np.ctypeslib.as_array(B, (((N if tb == 112 else K) - 1) * ldb +
+                                      (K if tb == 112 else N),))
+        c = np.ctypeslib.as_array(C, ((M - 1) * ldc + N,))
+        am = np.lib.stride_tricks.as_strided(a, (M, K), (4 * lda, 4))
+        bm = np.lib.stride_tricks.as_strided(b, (N, K) if tb == 112 else (K, N), (4 * ldb, 4))
+        cm = np.lib.stride_tricks.as_strided(c, (M, N), (4 * ldc, 4))
+        cm[...] = alpha * (am @ (bm.T if tb == 112 else bm)) + beta * cm * (beta != 0)
+
+    proto = ctypes.CFUNCTYPE(None, i32, i32, i32, i32, i32, i32, f32, fp, i32, fp, i32, f32, fp,
+                             i32)
+    fn = proto(sgemm)
+    q, k, v = heads(1, 2, 6, 11, 8, 4)
+    out = np.empty((1, 6, 2, 4), np.float32)
+    blocks, _scratch, flags = attention_heads.head_blocks(
+        ctypes.cast(fn, ctypes.c_void_p).value, q, k, v, out, [(0, 0, 0, 11), (0, 1, 2, 9)])
+    job = attention_heads.job(32)
+    for i in range(len(blocks)):
+        job(jit.address(blocks) + i * blocks.strides[0])
+    assert not flags.any()
+    ldq, ldkv = q.strides[2] // 4, k.strides[2] // 4
+    assert calls == [(101, 111, 112, 6, 11, 8, 1.0, ldq, ldkv, 0.0, 11),
+                     (101, 111, 111, 6, 4, 11, 1.0, 11, ldkv, 0.0, 8),
+                     (101, 111, 112, 6, 7, 8, 1.0, ldq, ldkv, 0.0, 7),
+                     (101, 111, 111, 6, 4, 7, 1.0, 7, ldkv, 0.0, 8)]
+    np.testing.assert_allclose(out[0, :, 0], oracle(q[:, :1], k[:, :1], v[:, :1])[0, :, 0],
+                               rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(out[0, :, 1], oracle(q[:, 1:], k[:, 1:], v[:, 1:],
+                                                    [(2, 9)])[0, :, 0], rtol=2e-5, atol=2e-6)
