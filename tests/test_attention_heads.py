@@ -174,7 +174,8 @@ def test_a_cblas_of_32_bit_integers():
         am = np.lib.stride_tricks.as_strided(a, (M, K), (4 * lda, 4))
         bm = np.lib.stride_tricks.as_strided(b, (N, K) if tb == 112 else (K, N), (4 * ldb, 4))
         cm = np.lib.stride_tricks.as_strided(c, (M, N), (4 * ldc, 4))
-        cm[...] = alpha * (am @ (bm.T if tb == 112 else bm)) + beta * cm * (beta != 0)
+        prod = alpha * (am @ (bm.T if tb == 112 else bm))
+        cm[...] = prod if beta == 0 else prod + beta * cm  # beta 0: C is not read
 
     proto = ctypes.CFUNCTYPE(None, i32, i32, i32, i32, i32, i32, f32, fp, i32, fp, i32, f32, fp,
                              i32)
