@@ -116,8 +116,8 @@ def test_concat(axis):
 
 _CONCATS = """
 <ir_version: 8, opset_import: ["" : 17]>
-g (float[1, 48, 40, 40] x, float[1, 24, 40, 40] y, int64[1, 24, 40, 40] i) =>
-  (float[1, 120, 40, 40] a, int64[1, 48, 40, 40] b, float[2, 48, 40, 40] c) {
+g (float[1, 48, 64, 64] x, float[1, 24, 64, 64] y, int64[1, 24, 64, 64] i) =>
+  (float[1, 120, 64, 64] a, int64[1, 48, 64, 64] b, float[2, 48, 64, 64] c) {
   r = Relu(x)
   a = Concat<axis = 1>(y, r, x)
   b = Concat<axis = -3>(i, i)
@@ -139,9 +139,9 @@ def test_large_concats_split_over_the_spinning_workers(monkeypatch):
     monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
         len(argv)) or fork(self, job, argv, **kw))
     model = onnx.parser.parse_model(_CONCATS).SerializeToString()
-    x = RNG.standard_normal((1, 48, 40, 40)).astype(np.float32)
-    y = RNG.standard_normal((1, 24, 40, 40)).astype(np.float32)
-    i = RNG.integers(-9, 9, (1, 24, 40, 40))
+    x = RNG.standard_normal((1, 48, 64, 64)).astype(np.float32)
+    y = RNG.standard_normal((1, 24, 64, 64)).astype(np.float32)
+    i = RNG.integers(-9, 9, (1, 24, 64, 64))
     want = [np.concatenate([y, np.maximum(x, 0), x], 1), np.concatenate([i, i], 1),
             np.concatenate([x, np.maximum(x, 0)], 0)]
     for threads in (1, 2, 3):

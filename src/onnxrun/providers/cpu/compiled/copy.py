@@ -19,9 +19,10 @@ from . import ir, jit, spin
 from .jit import address
 
 REQUIRES = ()  # generic IR: every target
-# Bytes a range needs before it goes to another thread: ~15-30 us of one core's copying,
-# against a hand-off of a few microseconds to a spinning worker (benchmarks/pool_costs.py)
-MIN_BYTES_PER_RANGE = 1 << 17
+# Bytes a range needs before it goes to another thread: ~25-50 us of one core's copying (the
+# pools' measured ~30-60 us a range), against a hand-off of a few microseconds to a spinning
+# worker and ~6 us of Python around it (benchmarks/pool_costs.py)
+MIN_BYTES_PER_RANGE = 1 << 18
 _ARGS = ("ptr", "ptr", "i64", "i64", "i64", "i64", "i64")
 
 

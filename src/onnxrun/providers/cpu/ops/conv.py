@@ -738,7 +738,7 @@ def _pixel_rows(t: np.ndarray) -> bool:
         v.strides[0] % t.itemsize == 0
 
 
-_SCALE_SHIFT_SPLIT = 1 << 16  # elements: below, never two ranges (scale_shift.py)
+_SCALE_SHIFT_SPLIT = 1 << 17  # elements: below, never two ranges (scale_shift.py)
 
 
 def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,

@@ -265,7 +265,7 @@ class Concat:
         return Y if self.keep_layout or Y.flags.c_contiguous else np.ascontiguousarray(Y)
 
 
-_SPLIT_FROM = 1 << 18  # bytes: below, no copy is worth two ranges (copy.MIN_BYTES_PER_RANGE)
+_SPLIT_FROM = 1 << 19  # bytes: below, no copy is worth two ranges (copy.MIN_BYTES_PER_RANGE)
 
 
 def _copier(threads: int):
