@@ -87,6 +87,25 @@ def test_two_threads_give_the_bits_of_one(monkeypatch):
     np.testing.assert_array_equal(one, two)
 
 
+def test_heads_in_groups_under_the_scratch_bound(monkeypatch):
+    """Heads whose scores would pass SCRATCH_BYTES go in groups (of at least two), one call of
+    the workers each; the bits of one group, a flagged head redone in its group."""
+    calls = []
+    run_blocks = spin.run_blocks
+    monkeypatch.setattr(spin, "run_blocks", lambda job, b, t: calls.append(len(b)) or
+                        run_blocks(job, b, t))
+    q, k, v = heads(2, 5, 16, 16, 8, 8)
+    q = q.copy()
+    q[1, 3] *= 500.0  # the 9th head overflows: redone the stable way
+    whole = run(q, k, v)
+    assert calls == [10]
+    monkeypatch.setattr(attention_heads, "SCRATCH_BYTES", 3 * 4 * 16 * 17)  # 3 heads a group
+    calls.clear()
+    np.testing.assert_array_equal(run(q, k, v), whole)
+    assert calls == [3, 3, 3, 1]
+    np.testing.assert_allclose(whole, oracle(q, k, v), rtol=1e-4, atol=1e-5)
+
+
 def test_split_needs_blas_at_one_thread(monkeypatch):
     """With BLAS on its own threads, the heads stay on the calling thread (two split parts'
     products would queue for OpenBLAS's threads)."""

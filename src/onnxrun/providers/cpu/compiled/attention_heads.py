@@ -45,6 +45,9 @@ TINY_ROW_SUM = 2.0 ** -60
 # the float GEMM's SPIN_MACS_PER_RANGE (a hand-off to a polling worker costs ~1-3 us, a
 # BERT head ~35 us of one core)
 SPLIT_MACS = 1 << 20
+# Bytes of scores (every head of a call at once, one buffer per head) from which a caller
+# takes the heads in groups: a long prompt's 2 x 16 heads of 4096 x 4096 keys would need 2 GiB
+SCRATCH_BYTES = 1 << 25
 # CBLAS's enumerations (C ints)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
@@ -228,7 +231,9 @@ def _scratch(n: int) -> np.ndarray:
     scores (1.6 MB) was paged in afresh at every call."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.size < n:
-        buf = _local.buf = np.empty(n, np.float32)
+        buf = np.empty(n, np.float32)
+        if 4 * n <= SCRATCH_BYTES // 2:  # a larger one is not kept for the thread's life
+            _local.buf = buf
     return buf[:n]
 
 
@@ -279,5 +284,5 @@ def head_blocks(sgemm: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np
 
 BUNDLE = {"attention_heads": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "SPLIT_MACS", "TINY_ROW_SUM", "head_blocks", "job", "module_ir",
-           "unavailable"]
+__all__ = ["BUNDLE", "REQUIRES", "SCRATCH_BYTES", "SPLIT_MACS", "TINY_ROW_SUM", "head_blocks",
+           "job", "module_ir", "unavailable"]

@@ -256,17 +256,22 @@ def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
     T = k.shape[2]
     heads = [(b, h, *(key_ranges[b] if key_ranges is not None else (0, T)))
              for b in range(B) for h in range(N)]
-    # the scratch held until the jobs end
-    blocks, _scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, heads)
     macs = S * sum(hi - lo for _, _, lo, hi in heads) * (q.shape[3] + v.shape[3])
     # the heads split where the work is worth two of the float GEMM's ranges, and BLAS is at
     # one thread (else each part's products would queue for OpenBLAS's own threads)
     split = threads > 1 and blas.one_thread and macs >= 2 * attention_heads.SPLIT_MACS
-    spin.run_blocks(attention_heads.job(sgemm[1]), blocks, threads if split else 1)
-    with np.errstate(all="ignore"):
-        for i in np.flatnonzero(flags):
-            b, h = heads[i][:2]
-            out[b, :, h] = stable(b, h, h + 1)[0]
+    job = attention_heads.job(sgemm[1])
+    # heads in groups whose scores stay under SCRATCH_BYTES (at least two: both threads busy)
+    group = max(2, attention_heads.SCRATCH_BYTES // (4 * S * (T + 1)))
+    for g0 in range(0, len(heads), group):
+        part = heads[g0:g0 + group]
+        # the scratch held until the jobs end
+        blocks, _scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, part)
+        spin.run_blocks(job, blocks, threads if split else 1)
+        with np.errstate(all="ignore"):
+            for i in np.flatnonzero(flags):
+                b, h = part[i][:2]
+                out[b, :, h] = stable(b, h, h + 1)[0]
     return True
 
 
