@@ -571,3 +571,98 @@ def test_small_convolution_plan_keeps_its_zero_padded_input(x_shape, w_shape, at
     if padded:
         assert [id(b) for b in pool] == buffers and len(pool) == 1
         assert not pool[0][:, -1].any()  # the appended column stays zero
+
+
+def fused_conv_model(x_shape, w, b, activation, z=False, **attrs) -> tuple[bytes, dict]:
+    """One com.microsoft FusedConv (the optimizer's form of Conv + activation), with Z
+    summed in before the activation when ``z``."""
+    out_shape = [x_shape[0], w.shape[0]]
+    inits = [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")]
+    inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x_shape))]
+    feeds = {"X": rand(*x_shape)}
+    names = ["X", "W", "B"]
+    if z:
+        probe = onnxrun.InferenceSession(conv_model(x_shape, w, b, **attrs)[0])
+        zshape = list(probe.run(None, {"X": feeds["X"]})[0].shape)
+        inputs.append(helper.make_tensor_value_info("Z", TensorProto.FLOAT, zshape))
+        feeds["Z"] = rand(*zshape)
+        names.append("Z")
+    extra = {"activation": activation} if activation else {}
+    node = helper.make_node("FusedConv", names, ["Y"], domain="com.microsoft", **extra, **attrs)
+    graph = helper.make_graph([node], "g", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+                              inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    del out_shape
+    return model.SerializeToString(), feeds
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("activation,z", [("", False), ("Relu", False), ("Sigmoid", False),
+                                          ("Relu", True), ("", True)])
+@pytest.mark.parametrize("x_shape, w_shape, attrs", SMALL[:6])
+def test_small_convolutions_on_the_compiled_gemm_match_blas(x_shape, w_shape, attrs,
+                                                            activation, z, threads,
+                                                            monkeypatch):
+    """A planned small float32 convolution runs its transposed product on the compiled GEMM
+    (bias and Relu in its epilogue; an STFT's one channel read in place as overlapping
+    rows): within float32 rounding of the BLAS path it replaces, run after run, at 1 and 2
+    threads (the AVX2 code here)."""
+    if conv_mod._packable(np.float32) is False:
+        pytest.skip("no compiled kernels here")
+    model, feeds = fused_conv_model(x_shape, rand(*w_shape, scale=0.3), rand(w_shape[0]),
+                                    activation, z, **attrs)
+    sess = session(model, threads)
+    got = [sess.run(None, feeds)[0] for _ in range(3)]
+    (kernel,) = [s.kernel for s in sess._program.steps if getattr(s.kernel, "small_plans", 0)]
+    assert kernel.small_plans[x_shape][10] is not None  # the compiled product was planned
+    monkeypatch.setattr(conv_mod, "_packable", lambda dtype: False)
+    blas_sess = session(model, threads)
+    want = blas_sess.run(None, feeds)[0]
+    (kernel,) = [s.kernel for s in blas_sess._program.steps
+                 if getattr(s.kernel, "small_plans", 0)]
+    assert kernel.small_plans[x_shape][10] is None
+    K = w_shape[1] * int(np.prod(w_shape[2:]))
+    for g in got:
+        assert g.shape == want.shape
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6 * K ** 0.5 * 8)
+    np.testing.assert_array_equal(got[1], got[2])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_small_convolution_chain_hands_on_its_transposed_product(threads, monkeypatch):
+    """A streaming model's 1-D layers: a small convolution read only by the next one hands
+    it its (frames, channels) product as a strided view (no copy); the graph's output comes
+    C-contiguous, and the numbers are the BLAS path's within float32 rounding."""
+    if conv_mod._packable(np.float32) is False:
+        pytest.skip("no compiled kernels here")
+    shapes = [(129, 128, 1), (128, 64, 2), (64, 64, 2), (64, 128, 1)]
+    inits, nodes, x = [], [], "X"
+    for i, (c, m, s) in enumerate(shapes):
+        inits += [numpy_helper.from_array(rand(m, c, 3, scale=0.1), f"W{i}"),
+                  numpy_helper.from_array(rand(m), f"B{i}")]
+        nodes.append(helper.make_node("Conv", [x, f"W{i}", f"B{i}"], [f"C{i}"], pads=[1, 1],
+                                      strides=[s]))
+        nodes.append(helper.make_node("Relu", [f"C{i}"], [f"R{i}"]))
+        x = f"R{i}"
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 129, 4])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    model = model.SerializeToString()
+    feeds = {"X": rand(1, 129, 4)}
+    sess = session(model, threads)
+    got = [sess.run(None, feeds)[0] for _ in range(3)]
+    kernels = [s.kernel for s in sess._program.steps if getattr(s.kernel, "small_plans", 0)]
+    assert [k.strided_out for k in kernels] == [True, True, True, False]
+    assert all(g.flags.c_contiguous for g in got)
+    expected = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(got[0], expected[0], rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(conv_mod, "_packable", lambda dtype: False)
+    want = session(model, threads).run(None, feeds)[0]
+    for g in got:
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], got[2])

@@ -581,6 +581,21 @@ def test_prepared_product_equals_run(variant, M, K, N):
     assert packed.prepared(1 << 18, threads=2) is None
 
 
+@pytest.mark.parametrize("M,K,N,lda", [(4, 256, 258, 128), (3, 17, 5, 4), (7, 40, 33, 1)])
+def test_prepared_product_reads_overlapping_rows(variant, M, K, N, lda):
+    """prepared(lda=): A's rows lda floats apart in one buffer (a 1-D convolution's windows
+    read in place, rows overlapping): run's numbers on the same rows copied out, bit for bit."""
+    rng = np.random.default_rng(K + N)
+    packed = _packed(rng.standard_normal((K, N)).astype(np.float32), variant)
+    bias = rng.standard_normal(N).astype(np.float32)
+    base = rng.standard_normal((M - 1) * lda + K).astype(np.float32)
+    rows = np.stack([base[m * lda:m * lda + K] for m in range(M)])
+    got = packed.prepared(M, bias, (0.0, np.inf), lda=lda)(base)
+    np.testing.assert_array_equal(got, packed.run(rows, bias=bias, bounds=(0.0, np.inf)))
+    with pytest.raises(ValueError):
+        packed.prepared(M, lda=0)
+
+
 @pytest.mark.parametrize("op,attrs", [("Gemm", {"alpha": 0.5, "beta": 2.0, "transB": 1}),
                                       ("FusedGemm", {"activation": "Sigmoid"}),
                                       ("FusedGemm", {"activation": "Relu"}),

@@ -765,12 +765,17 @@ class PackedMatrix:
                             SPIN_MACS_PER_RANGE)]
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
-                 threads: int = 1) -> PreparedProduct | None:
+                 threads: int = 1, lda: int | None = None) -> PreparedProduct | None:
         """``run`` for A of one shape (M, K), C-contiguous, with this ``bias`` and
         ``bounds``, its argument block built once (a streaming model's small Gemm, called
         with one shape every time: run's checks and block cost several times its one-row
-        product); None where that product would be split over threads, or is empty."""
+        product); None where that product would be split over threads, or is empty.
+        ``lda``: A's rows that many floats apart instead (rows that overlap: a 1-D
+        convolution's windows read in place); the caller checks A reaches (M - 1) * lda + K
+        floats."""
         N, K = self.N, self.K
+        if lda is not None and lda <= 0:
+            raise ValueError(f"float GEMM: bad lda {lda}")
         snp = -(-N // self.NR)
         if M <= 0 or N == 0 or K == 0 or len(self._ranges(M, snp, threads)) > 1:
             return None
@@ -782,8 +787,8 @@ class PackedMatrix:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
             b_ptr, flags = address(keep[-1]), 1
         # run's block for one range (A's and out's addresses filled in at each call)
-        block = np.array(self._head(0, K, 0, N, b_ptr, self._zeros_ptr, 0, address(keep[0]),
-                                    flags) + [0, M, 0, snp], np.int64)
+        block = np.array(self._head(0, K if lda is None else lda, 0, N, b_ptr, self._zeros_ptr,
+                                    0, address(keep[0]), flags) + [0, M, 0, snp], np.int64)
         return PreparedProduct(self, (M, K), block, keep, _PTR_A, _PTR_OUT)
 
     def args(self, A: np.ndarray, out: np.ndarray) -> np.ndarray:

@@ -1219,6 +1219,17 @@ def channels_last_output(node, threads: int = 1) -> bool:
     return _writes_channels_last(node.outputs[0], threads)
 
 
+def _read_by_convolutions_only(node) -> bool:
+    """Whether ``node``'s first output is read only as convolutions' input X (and is no
+    graph output)."""
+    value = node.outputs[0] if node is not None and node.outputs else None
+    graph = value.producer.graph if value is not None and value.producer is not None else None
+    if graph is None or not value.uses or value in graph.outputs:
+        return False
+    return all(n.domain in ("", "com.microsoft") and n.op_type in ("Conv", "FusedConv") and
+               i == 0 for n, i in value.uses)
+
+
 def _is_channels_last(X: np.ndarray) -> bool:
     """X (N, C, H, W) is a view of a C-contiguous (N, H, W, C) array."""
     return X.ndim == 4 and X.transpose(0, 2, 3, 1).flags.c_contiguous
@@ -1331,6 +1342,9 @@ class Conv(_ConvBase):
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
         self.small_plans: dict[tuple, tuple] | None = None  # X's shape -> _small_conv's plan
         self.channels_last = False  # write the output channels-last (channels_last_output)
+        # _small_conv_compiled may hand its (pixels, M) product on as a transposed view:
+        # every reader is a convolution's input (the gather reads any strides)
+        self.strided_out = _read_by_convolutions_only(getattr(ctx, "node", None))
         self.dw_compiled = None  # a compiled.depthwise.DepthwiseFloat, for a constant W
         # W itself, when it is kept only in the panels (nhwc_packed, gemm_t_packed): the session
         # then drops the original and calls with W None; a method that needs W after all
@@ -1587,12 +1601,16 @@ class Conv(_ConvBase):
             # the bias over the whole output (numpy adds a short broadcast row slowly); a
             # pool of inputs with their zero column appended (none where nothing is padding)
             bias = None if b is None else np.ascontiguousarray(np.broadcast_to(b, (M,) + outs))
+            padded = (idx == S).any()
+            # all of the plan depends on X's shape only (kept per shape, below)
+            cacheable = const_w and X.dtype == cdt and (B is None or self.bias is not None)
             plan = (X.dtype, idx, Wm[0], (C, S), (C * math.prod(kernel), math.prod(outs)), b,
-                    (N, M) + outs, bias, [] if (idx == S).any() else None,
-                    blas.matmul_function(cdt))
-            if const_w and X.dtype == cdt and (B is None or self.bias is not None):
-                # all of the above depends on X's shape only: later calls of this shape go
-                # straight to _small_conv (a streaming model's 1-D layers: ~20 us a call)
+                    (N, M) + outs, bias, [] if padded else None, blas.matmul_function(cdt),
+                    self._small_product(Wm[0], b, act, Z is None, idx, C, S, padded, kernel,
+                                        strides, dilations, cdt, cacheable))
+            if cacheable:
+                # later calls of this shape go straight to _small_conv (a streaming model's
+                # 1-D layers: ~20 us a call)
                 if self.small_plans is None:
                     self.small_plans = {}
                 self.small_plans[X.shape] = plan
@@ -1613,7 +1631,9 @@ class Conv(_ConvBase):
         the columns in one gather (cached indices, padding read from an appended zero), one
         GEMM, the epilogue inline; the padded copy, window view and banded, threaded path cost
         far more in Python than the arithmetic here. X in the compute dtype."""
-        _, idx, w, (C, S), cols_shape, b, y_shape, bias, padded, matmul = plan
+        _, idx, w, (C, S), cols_shape, b, y_shape, bias, padded, matmul, compiled = plan
+        if compiled is not None and (Z is None or not compiled[2]):
+            return self._small_conv_compiled(compiled, X, Z, act, padded, C, S, y_shape)
         if padded is None:
             cols = X.reshape(C, S).take(idx, axis=1)
         else:
@@ -1637,6 +1657,75 @@ class Conv(_ConvBase):
             Z = np.broadcast_to(Z, Y.shape)
         _epilogue(Y, None, b, Z, act)
         return self._laid_out(Y)
+
+    def _small_product(self, w, b, act, zfree, idx, C, S, padded, kernel, strides, dilations,
+                       cdt, cacheable):
+        """The compiled GEMM's part of a small convolution's plan, or None where BLAS's
+        product stays: (prepared product, gather indices or None, whether the Relu / Clip
+        is in the epilogue).
+
+        The product is taken transposed, (pixels, C * taps) @ the packed (C * taps, M), the
+        bias and a Relu / Clip in its epilogue: at a few pixels OpenBLAS packs the whole
+        weight at every call and ran at ~20 GFLOP/s (a streaming model's [258, 256] STFT
+        @ 4 frames: 20 -> 10 us), and the columns come in one gather (or, one channel
+        unpadded, as overlapping rows read in place). At one pixel BLAS's GEMV is faster
+        alone (2 against 4 us) but not in a run (the next layer's gather reads this one's
+        channels-last output: 13 -> 10 us a call in the VAD-style model)."""
+        K, P = math.prod(kernel), idx.size // math.prod(kernel)
+        if not (cacheable and cdt == np.float32 and P >= 1 and _packable(cdt)):
+            return None
+        from ..compiled import float_gemm
+
+        if self.threads > 1 and w.size * P >= float_gemm.SPIN_MACS_PER_RANGE:
+            return None  # large enough to split: BLAS's threads
+        try:
+            packed = float_gemm.pack(np.ascontiguousarray(w.T))
+        except Exception:  # noqa: BLE001 - jit.Unavailable and the like: BLAS stays
+            return None
+        if packed is None:
+            return None
+        lda = None
+        if C == 1 and not padded and len(kernel) == 1 and dilations == (1,):
+            lda = strides[0]  # the windows are overlapping rows of the input itself
+        # a Relu / Clip clipped in the epilogue, unless Z is added before it
+        bounds = getattr(act, "bounds", None) if zfree else None
+        prod = packed.prepared(P, None if b is None else b.reshape(-1), bounds, lda=lda)
+        if prod is None:
+            return None
+        tidx = None
+        if lda is None:  # (P, C * K): pixel p's column c * K + k, from the flat input
+            width = S + 1 if padded else S
+            tidx = (np.arange(C, dtype=np.intp)[None, :, None] * width +
+                    idx.reshape(K, P).T[:, None, :]).reshape(P, C * K)
+        return prod, tidx, bounds is not None
+
+    def _small_conv_compiled(self, compiled, X, Z, act, padded, C, S, y_shape):
+        """_small_conv on the compiled GEMM (_small_product): its output (pixels, M),
+        returned as the NCHW-shaped view of that channels-last memory."""
+        prod, tidx, clipped = compiled
+        if tidx is None:  # one channel, its windows read in place
+            if not X.flags.c_contiguous:
+                X = np.ascontiguousarray(X)
+            Yt = prod(X)
+        elif padded is None:
+            Yt = prod(X.reshape(-1).take(tidx))
+        else:
+            try:  # list.pop and append are atomic: concurrent runs take different buffers
+                Xz = padded.pop()
+            except IndexError:
+                Xz = np.empty((C, S + 1), X.dtype)
+                Xz[:, S] = 0
+            Xz[:, :S] = X.reshape(C, S)
+            Yt = prod(Xz.reshape(-1).take(tidx))
+            padded.append(Xz)
+        if Z is not None:
+            Z = Z.astype(Yt.dtype, copy=False)
+            Yt += np.broadcast_to(Z, y_shape).reshape(y_shape[1], -1).T
+        if act is not None and not clipped:
+            act(Yt)  # element-wise: the layout does not matter
+        if not self.strided_out:  # NCHW for any other reader (a graph output, a kernel)
+            return np.ascontiguousarray(Yt.T).reshape(y_shape)
+        return self._laid_out(Yt.T.reshape(y_shape))
 
     def _laid_out(self, Y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The NCHW result of an im2col / per-tap / gather convolution, copied channels-last
