@@ -78,7 +78,7 @@ def avx2():
 
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("kernel,attrs", CASES, ids=str)
-@pytest.mark.parametrize("C", [5, 16, 37])
+@pytest.mark.parametrize("C", [5, 16, 24, 37, 136])
 def test_compiled_pool_equals_onnxruntime(op, kernel, attrs, C):
     rng = np.random.default_rng(C)
     X = rng.standard_normal((2, C, 23, 19)).astype(np.float32)

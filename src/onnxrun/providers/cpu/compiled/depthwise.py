@@ -174,9 +174,10 @@ def _kernel(kh: int, kw: int, op: str = "fma") -> str:
     for i in range(kh):
         L += [f"  %rr{i} = add i64 %ih, %rd{i}",
               f"  %rv{i} = icmp ult i64 %rr{i}, %H"]
+    pool = op != "fma"
     L += ["  br label %cloop",
           "cloop:",
-          "  %c0 = phi i64 [0, %rloop], [%c0n, %right.done]",
+          f"  %c0 = phi i64 [0, %rloop], [%c0n, {'%cnext' if pool else '%right.done'}]",
           "  %left = sub i64 %C, %c0",
           *ir.lane_mask("%mask", "%left")]
     if op == "fma":
@@ -202,8 +203,25 @@ def _kernel(kh: int, kw: int, op: str = "fma") -> str:
           *_pixels("mid", kh, kw, "%ow_lo", "%ow_hi", False, op=op),
           "  br label %right.pre",
           "right.pre:",
-          *_pixels("right", kh, kw, "%ow_hi", "%Wo", True, op=op),
-          *ir.chunk_and_row_loop_end()]
+          *_pixels("right", kh, kw, "%ow_hi", "%Wo", True, op=op)]
+    if not pool:
+        return "\n".join(L + ir.chunk_and_row_loop_end())
+    # A pool's last chunk of a partial 16 (ShuffleNet's 24 and 136 channels) is the last 16
+    # channels instead, overlapping the chunk before: each channel's window is pooled
+    # alone, so those channels are computed and stored again with the same values, by plain
+    # loads and stores where the masked ones of a partial chunk cost most (AVX2 on AMD)
+    L += ["  %c0s = add i64 %c0, 16",
+          "  %cmore = icmp slt i64 %c0s, %C",
+          "  br i1 %cmore, label %cnext, label %rnext",
+          "cnext:",
+          "  %cend = add i64 %c0s, 16",
+          "  %cpart = icmp sgt i64 %cend, %C",
+          "  %cwide = icmp sge i64 %C, 16",
+          "  %cover = and i1 %cpart, %cwide",
+          "  %cback = sub i64 %C, 16",
+          "  %c0n = select i1 %cover, i64 %cback, i64 %c0s",
+          "  br label %cloop",
+          *ir.chunk_and_row_loop_end()[3:]]
     return "\n".join(L)
 
 
