@@ -35,7 +35,11 @@ def timed_kernels(runs: int) -> list[tuple[str, float]]:
         sys.path.pop(0)
     times: dict[int, tuple[str, list[float]]] = {}
     originals = []
-    for cls in (conv.Conv, fused.FusedConv, rnn.LSTM, fused.FusedGemm):
+    try:  # FusedConv's own module since create5's lazy imports (669ac07: in fused.py)
+        from onnxrun.providers.cpu.ops.contrib.fused_conv import FusedConv
+    except ImportError:
+        FusedConv = fused.FusedConv
+    for cls in (conv.Conv, FusedConv, rnn.LSTM, fused.FusedGemm):
         call = cls.__dict__["__call__"]
         originals.append((cls, call))
 

@@ -1104,3 +1104,36 @@ def test_float_lstm_streaming_step_equals_the_general_path(T, batch, want_y, mon
     ref = ort.InferenceSession(fast_model, so, providers=["CPUExecutionProvider"])
     for g, e in zip(got, ref.run(None, feeds), strict=True):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,batch,H", [(1, 1, 128), (1, 3, 20), (3, 5, 16)])
+def test_float_lstm_run_fresh_argument_block_equals_the_direct_call(T, batch, H, monkeypatch):
+    """run_fresh reaches the recurrence through its argument block (one pointer: built once
+    per shape, only the arrays' addresses written per call), never the 20-argument entry; bit
+    for bit what ``run`` (that entry) gives, for calls on new arrays that reuse the block."""
+    RT = (RNG.standard_normal((H, 4 * H)) * 0.2).astype(np.float32)
+    half = np.concatenate([np.full(3 * H, 0.5), np.ones(H)]).astype(np.float32)
+    rec = lstm.Float32Recurrence(RT * half, half, None, biased=True)
+    direct = rec.fn
+
+    def refuse(*args):
+        raise AssertionError("run_fresh called the 20-argument entry")
+
+    for _ in range(3):  # the second and third calls reuse the pooled block
+        xw = RNG.standard_normal((T * batch, 4 * H)).astype(np.float32)
+        h0, c0 = (RNG.standard_normal((1, batch, H)).astype(np.float32) for _ in range(2))
+        h, c, ys = h0.copy(), c0.copy(), np.zeros((T, 1, batch, H), np.float32)
+        monkeypatch.setattr(rec, "fn", refuse)
+        rec.run_fresh(xw, h, c, ys, T, batch)
+        h2, c2 = h0.copy(), c0.copy()  # the state without a ys wanted
+        rec.run_fresh(xw, h2, c2, None, T, batch)
+        monkeypatch.setattr(rec, "fn", direct)
+        wh, wc, wys = h0[0].copy(), c0[0].copy(), np.zeros((T, batch, H), np.float32)
+        rec.run(xw.reshape(T, batch, 4 * H), wh, wc, wys)
+        np.testing.assert_array_equal(h[0], wh)
+        np.testing.assert_array_equal(c[0], wc)
+        np.testing.assert_array_equal(ys[:, 0], wys)
+        np.testing.assert_array_equal(h2, h)
+        np.testing.assert_array_equal(c2, c)
+        assert np.abs(wh - h0[0]).max() > 0  # the step did change the state
+    assert len(rec._scratch[(T, batch)]) == 1

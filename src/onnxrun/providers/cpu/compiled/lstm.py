@@ -437,6 +437,29 @@ def _step_function(mode: str, kind: str = "lstm") -> list[str]:
     return L
 
 
+# the step function's arguments, in order: a block of int64 words (the float's bits in the
+# last) for ``@{kind}_{mode}_block``, which a call with one argument reaches (ctypes converts
+# 20 arguments in ~5-8 us: about what a streaming LSTM step's products cost)
+_ARGS = ("ptr", "i64", "ptr", "ptr", "ptr", "i64", "i64", "i64", "i64", "ptr", "i64", "i64",
+         "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "float")
+XW, H_PTR, C_PTR, YS = 0, 2, 3, 4  # the words a call changes
+
+
+def _block_function(mode: str, kind: str) -> list[str]:
+    """``@{kind}_{mode}_block(ptr %a)``: ``@{kind}_{mode}`` on the words of ``%a``."""
+    L = [f"define void @{kind}_{mode}_block(ptr %a) nounwind {{", "entry:"]
+    args = []
+    for i, t in enumerate(_ARGS):
+        L += [f"  %w{i}.p = getelementptr i64, ptr %a, i64 {i}"]
+        if t == "float":
+            L += [f"  %w{i}.i = load i32, ptr %w{i}.p, align 8",
+                  f"  %w{i} = bitcast i32 %w{i}.i to float"]
+        else:
+            L += [f"  %w{i} = load {t}, ptr %w{i}.p, align 8"]
+        args.append(f"{t} %w{i}")
+    return L + [f"  call void @{kind}_{mode}({', '.join(args)})", "  ret void", "}"]
+
+
 def _module_ir(target: jit.Target, mode: str, kind: str = "lstm") -> str:
     decls = {*ir.declarations("store.f32", "load.f32", "fma", "fabs", "copysign", "rint",
                               "minnum")}
@@ -449,7 +472,7 @@ def _module_ir(target: jit.Target, mode: str, kind: str = "lstm") -> str:
     groups = [line for rows in range(1, GROUP + 1)
               for line in _group_function(target, mode, rows, kind)]
     return "\n".join([*sorted(decls), "", *helpers, *ir.tanh_function(), "", *groups, "",
-                      *_step_function(mode, kind)])
+                      *_step_function(mode, kind), "", *_block_function(mode, kind)])
 
 
 def module_ir_u8(target: jit.Target) -> str:
@@ -467,6 +490,7 @@ def module_ir_gru(target: jit.Target) -> str:
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _P, _P, _P, _P,
                           _P, _P, _P, ctypes.c_float)
+_BLOCK_PROTO = ctypes.CFUNCTYPE(None, _P)
 
 
 _MODULES = {"lstm_u8": module_ir_u8, "lstm_f32": module_ir_f32, "gru_f32": module_ir_gru}
@@ -480,7 +504,19 @@ def _function(name: str):
     reason = jit.why_unavailable(requires)
     if reason:
         raise jit.Unavailable(reason)
-    return getattr(jit.compile_module(name, _MODULES[name], {name: _PROTO}, requires), name)
+    return getattr(jit.compile_module(name, _MODULES[name], _signatures(name), requires), name)
+
+
+def _signatures(name: str) -> dict:
+    return {name: _PROTO, f"{name}_block": _BLOCK_PROTO}
+
+
+def _block_function_of(name: str):
+    """``_function(name)``'s ``_block`` entry (one pointer: the argument block)."""
+    _function(name)  # the checks and the compilation
+    requires = INT8_REQUIRES if name.endswith("u8") else FLOAT_REQUIRES
+    return getattr(jit.compile_module(name, _MODULES[name], _signatures(name), requires),
+                   f"{name}_block")
 
 
 def _gate_columns(width: int, half: np.ndarray, clip: float | None, scale=None,
@@ -603,6 +639,7 @@ class Float32Recurrence(_Recurrence):
         self._panels_ptr, self._cols_ptr = address(self.panels), address(self.cols)
         self._scratch: dict[tuple[int, int], list] = {}  # run_fresh's, per (steps, B)
         self.fn = _function(f"{kind}_f32")
+        self._block_fn = _block_function_of(f"{kind}_f32")
 
     def dense(self) -> np.ndarray:
         """R^T [H, gates*H] back from the panels (for a numpy path: the panels are the only
@@ -623,23 +660,35 @@ class Float32Recurrence(_Recurrence):
         [steps * B, gates*H], ``h`` / ``c`` [1, B, H], ``ys`` [steps, 1, B, H] (None: the
         steps' h are not wanted), all new C-contiguous float32 (a streaming LSTM's step a
         call: the checks and the reshapes cost more than the step's products). The kernel's
-        scratch (and an unwanted ys) come from a pool per shape: list pop / append are
-        atomic, so concurrent runs take different buffers."""
+        scratch (and an unwanted ys) come from a pool per shape with the kernel's argument
+        block, only the arrays' addresses written per call: list pop / append are atomic, so
+        concurrent runs take different buffers and blocks."""
         pool = self._scratch.get((steps, B))
         try:
-            gates_ptr, ys_ptr, keep = pool.pop()
+            block, ys_ptr, keep = pool.pop()
         except (AttributeError, IndexError):
             gates = np.empty((GROUP, self.width), np.float32)
             unwanted = np.empty((steps, 1, B, self.H), np.float32)
-            gates_ptr, ys_ptr, keep = address(gates), address(unwanted), (gates, unwanted)
+            ys_ptr = address(unwanted)
+            block = (ctypes.c_int64 * len(_ARGS))(
+                0, B * self.gates * self.H, 0, 0, 0, B * self.H, steps, B, self.H,
+                self._panels_ptr, self.H, self.width, 0, 0, self._cols_ptr, 0,
+                address(gates), 0, 0, _float_word(1.0))
+            keep = (gates, unwanted)
             if pool is None and len(self._scratch) < 16:
                 pool = self._scratch.setdefault((steps, B), [])
-        self.fn(address(xw), B * self.gates * self.H, address(h), address(c),
-                ys_ptr if ys is None else address(ys), B * self.H, steps, B, self.H,
-                self._panels_ptr, self.H, self.width, None, None, self._cols_ptr, None,
-                gates_ptr, None, None, 1.0)
+        block[XW] = address(xw)
+        block[H_PTR] = address(h)
+        block[C_PTR] = address(c)
+        block[YS] = ys_ptr if ys is None else address(ys)
+        self._block_fn(ctypes.addressof(block))
         if pool is not None:
-            pool.append((gates_ptr, ys_ptr, keep))
+            pool.append((block, ys_ptr, keep))
+
+
+def _float_word(value: float) -> int:
+    """A float32's bits as an argument block's word."""
+    return int(np.array(value, np.float32).view(np.int32))
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
