@@ -21,6 +21,12 @@ if blas.cblas_sgemm() is None or attention_heads.unavailable() is not None:
 RNG = np.random.default_rng(5)
 
 
+@pytest.fixture(autouse=True)
+def every_size(monkeypatch):
+    """The compiled heads for every size here (small calls take the numpy path: MIN_MACS)."""
+    monkeypatch.setattr(attention_heads, "MIN_MACS", 0)
+
+
 def heads(B, N, S, T, D, Dv, scale=1.0):
     """q, k, v as the Attention kernel passes them: views of one packed projection."""
     qkv = (RNG.standard_normal((B, max(S, T), N * (2 * D + Dv))) * scale).astype(np.float32)
@@ -104,6 +110,15 @@ def test_heads_in_groups_under_the_scratch_bound(monkeypatch):
     np.testing.assert_array_equal(run(q, k, v), whole)
     assert calls == [3, 3, 3, 1]
     np.testing.assert_allclose(whole, oracle(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_small_calls_take_the_numpy_path(monkeypatch):
+    monkeypatch.setattr(attention_heads, "MIN_MACS", 1 << 18)
+    calls = []
+    monkeypatch.setattr(spin, "run_blocks", lambda *a: calls.append(a))
+    q, k, v = heads(2, 2, 16, 16, 32, 32)  # 64 K multiply-adds
+    np.testing.assert_allclose(run(q, k, v), oracle(q, k, v), rtol=2e-5, atol=2e-6)
+    assert not calls
 
 
 def test_split_needs_blas_at_one_thread(monkeypatch):

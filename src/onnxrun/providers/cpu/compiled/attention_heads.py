@@ -45,6 +45,11 @@ TINY_ROW_SUM = 2.0 ** -60
 # the float GEMM's SPIN_MACS_PER_RANGE (a hand-off to a polling worker costs ~1-3 us, a
 # BERT head ~35 us of one core)
 SPLIT_MACS = 1 << 20
+# Multiply-adds of a call (every head's two products) from which the compiled heads take it:
+# below, the argument blocks and the fork cost more than the numpy blocks (attend_exp2, one
+# thread, best of 3 x 200, load 4.7: 2 x 2 heads of 16 x 16 keys, 64 K: 163 against 130 us;
+# 2 x 4 heads of 32 x 32, 512 K: 161 against 208 us; BERT's layer, 24 M: 8.7 against 24 ms)
+MIN_MACS = 1 << 18
 # Bytes of scores (every head of a call at once, one buffer per head) from which a caller
 # takes the heads in groups: a long prompt's 2 x 16 heads of 4096 x 4096 keys would need 2 GiB
 SCRATCH_BYTES = 1 << 25
@@ -284,5 +289,5 @@ def head_blocks(sgemm: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np
 
 BUNDLE = {"attention_heads": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "SCRATCH_BYTES", "SPLIT_MACS", "TINY_ROW_SUM", "head_blocks",
-           "job", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "MIN_MACS", "REQUIRES", "SCRATCH_BYTES", "SPLIT_MACS", "TINY_ROW_SUM",
+           "head_blocks", "job", "module_ir", "unavailable"]

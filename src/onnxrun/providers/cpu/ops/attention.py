@@ -257,6 +257,8 @@ def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
     heads = [(b, h, *(key_ranges[b] if key_ranges is not None else (0, T)))
              for b in range(B) for h in range(N)]
     macs = S * sum(hi - lo for _, _, lo, hi in heads) * (q.shape[3] + v.shape[3])
+    if macs < attention_heads.MIN_MACS:  # small heads: the numpy blocks are faster
+        return False
     # the heads split where the work is worth two of the float GEMM's ranges, and BLAS is at
     # one thread (else each part's products would queue for OpenBLAS's own threads)
     split = threads > 1 and blas.one_thread and macs >= 2 * attention_heads.SPLIT_MACS
