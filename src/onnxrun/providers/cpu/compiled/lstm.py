@@ -416,7 +416,10 @@ def _step_function(mode: str, kind: str = "lstm") -> list[str]:
         L += ["  %arow.o = mul i64 %b, %G4",
               "  %arow = getelementptr i8, ptr %codes, i64 %arow.o"]
     else:
-        L += ["  %arow = getelementptr float, ptr %hrow, i64 0"]
+        # h's row is the product's A but for a stacked step (G = inputs + H, one row): A is
+        # [x, h] in one buffer, h's part last (Float32Recurrence.run_stacked)
+        L += ["  %arow.o = sub i64 %H, %G",
+              "  %arow = getelementptr float, ptr %hrow, i64 %arow.o"]
     L += ["  %left = sub i64 %B, %b",
           f"  %full = icmp sge i64 %left, {GROUP}",
           f"  %take = select i1 %full, i64 {GROUP}, i64 %left",
@@ -616,19 +619,21 @@ class Float32Recurrence(_Recurrence):
 
     def __init__(self, RT: np.ndarray, half: np.ndarray, clip: float | None,
                  kind: str = "lstm", rbh: np.ndarray | None = None,
-                 biased: bool = False) -> None:
-        H = RT.shape[0]
+                 biased: bool = False, inputs: int = 0) -> None:
+        H = RT.shape[0] - inputs  # ``inputs`` > 0: [W^T; R^T] for run_stacked (an LSTM)
         self.gates = 3 if kind == "gru" else 4
+        self.inputs = inputs
         n = self.gates * H
-        if RT.ndim != 2 or RT.shape[1] != n or half.shape != (n,) or \
-                (kind == "gru") != (rbh is not None):
+        if RT.ndim != 2 or RT.shape[1] != n or half.shape != (n,) or H <= 0 or \
+                (kind == "gru") != (rbh is not None) or (inputs and kind == "gru"):
             raise ValueError(f"{kind.upper()} R^T must be [H, {self.gates}H], got "
                              f"{list(RT.shape)}")
+        K = inputs + H
         npan = -(-n // NR)
-        full = np.zeros((H, npan * NR), np.float32)
+        full = np.zeros((K, npan * NR), np.float32)
         full[:, :n] = RT
-        self.panels = aligned_zeros((npan, H, NR), np.float32)  # 64-byte aligned loads
-        self.panels[...] = full.reshape(H, npan, NR).transpose(1, 0, 2)
+        self.panels = aligned_zeros((npan, K, NR), np.float32)  # 64-byte aligned loads
+        self.panels[...] = full.reshape(K, npan, NR).transpose(1, 0, 2)
         self.H, self.half, self.width = H, half, npan * NR
         raw = None
         if rbh is not None:  # added to h's columns of the product (cols[0])
@@ -645,14 +650,25 @@ class Float32Recurrence(_Recurrence):
         """R^T [H, gates*H] back from the panels (for a numpy path: the panels are the only
         copy)."""
         H = self.H
-        return np.ascontiguousarray(
-            self.panels.transpose(1, 0, 2).reshape(H, -1)[:, : self.gates * H])
+        return np.ascontiguousarray(self.panels.transpose(1, 0, 2).reshape(
+            self.inputs + H, -1)[self.inputs:, : self.gates * H])
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
+        if self.inputs:
+            raise ValueError("a stacked recurrence runs one step of one row: run_stacked")
         gates = np.empty((GROUP, self.width), np.float32)
         self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,
                 self.H, self._panels_ptr, self.H, self.width, None, None,
                 self._cols_ptr, None, address(gates), None, None, 1.0)
+
+    def run_stacked(self, bias: np.ndarray, xh: np.ndarray, c: np.ndarray,
+                    ys: np.ndarray | None) -> None:
+        """One step of one row with the input product inside (a recurrence made with
+        ``inputs`` = I, on [W^T; R^T]): gates = [x, h] @ [W^T; R^T] + bias, so a streaming
+        step streams both weights in one pass, no separate GEMV and bias add. ``xh`` [I + H]
+        holds x then h (h updated in place), ``c`` [1, 1, H], ``ys`` [1, 1, 1, H] or None,
+        ``bias`` [4H]; all contiguous float32 (the caller made them)."""
+        self._fresh(bias, address(xh) + 4 * self.inputs, c, ys, 1, 1)
 
     def run_fresh(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray, ys: np.ndarray | None,
                   steps: int, B: int) -> None:
@@ -663,6 +679,11 @@ class Float32Recurrence(_Recurrence):
         scratch (and an unwanted ys) come from a pool per shape with the kernel's argument
         block, only the arrays' addresses written per call: list pop / append are atomic, so
         concurrent runs take different buffers and blocks."""
+        if self.inputs:
+            raise ValueError("a stacked recurrence runs one step of one row: run_stacked")
+        self._fresh(xw, address(h), c, ys, steps, B)
+
+    def _fresh(self, xw, h_ptr: int, c, ys, steps: int, B: int) -> None:
         pool = self._scratch.get((steps, B))
         try:
             block, ys_ptr, keep = pool.pop()
@@ -672,13 +693,13 @@ class Float32Recurrence(_Recurrence):
             ys_ptr = address(unwanted)
             block = (ctypes.c_int64 * len(_ARGS))(
                 0, B * self.gates * self.H, 0, 0, 0, B * self.H, steps, B, self.H,
-                self._panels_ptr, self.H, self.width, 0, 0, self._cols_ptr, 0,
+                self._panels_ptr, self.inputs + self.H, self.width, 0, 0, self._cols_ptr, 0,
                 address(gates), 0, 0, _float_word(1.0))
             keep = (gates, unwanted)
             if pool is None and len(self._scratch) < 16:
                 pool = self._scratch.setdefault((steps, B), [])
         block[XW] = address(xw)
-        block[H_PTR] = address(h)
+        block[H_PTR] = h_ptr
         block[C_PTR] = address(c)
         block[YS] = ys_ptr if ys is None else address(ys)
         self._block_fn(ctypes.addressof(block))

@@ -473,6 +473,16 @@ class LSTM(_Recurrent):
         states, in place), the same operations, without the generality's Python."""
         T, B, I = X.shape
         H = w["H"]
+        if T == B == 1 and w is self.prepared and I == w["WT"].shape[0]:  # one step of one row:
+            # the input product inside the recurrence (weights prepared once, not per call)
+            stacked = w.get("stacked") or _stacked_recurrence(self, w, I)
+            xh = np.empty(I + H, np.float32)  # x, then h (updated in place)
+            xh[:I] = X.reshape(I)
+            xh[I:] = 0 if initial_h is None else _state_copy(self, initial_h, 1, H).reshape(H)
+            c = _state_copy(self, initial_c, 1, H)
+            ys = np.zeros((1, 1, 1, H), np.float32) if self.want_y else None
+            stacked.run_stacked(w["bias"], xh, c, ys)
+            return ys, xh[I:].reshape(1, 1, H), c
         h = _state_copy(self, initial_h, B, H)  # [1, B, H], updated in place
         c = _state_copy(self, initial_c, B, H)
         xw = np.matmul(X.reshape(T * B, I), w["WT"])
@@ -481,6 +491,18 @@ class LSTM(_Recurrent):
         # the arrays are made here with the layout the recurrence reads: no checks
         w["recurrences"][0].run_fresh(xw, h, c, ys, T, B)
         return ys, h, c
+
+
+def _stacked_recurrence(rnn: _Recurrent, w: dict[str, Any], I: int):
+    """The recurrence on [W^T; R^T] (made on the first one-step, one-row call: a streaming
+    model's; 4H (I + H) floats more, which other models never make)."""
+    from ..compiled import lstm
+
+    rec = w["recurrences"][0]
+    stacked = lstm.Float32Recurrence(np.vstack([w["WT"], rec.dense()]), rec.half, rnn.clip,
+                                     biased=w["biased"], inputs=I)
+    w["stacked"] = stacked  # two threads making it at once make equal ones
+    return stacked
 
 
 def _state_copy(rnn: _Recurrent, state: np.ndarray | None, B: int, H: int) -> np.ndarray:
