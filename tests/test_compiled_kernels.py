@@ -17,10 +17,10 @@ import sys
 import textwrap
 
 import numpy as np
+import onnx
 import pytest
 from concurrency import assert_threads_match_serial
 from one_node_harness import one_node
-import onnx
 from onnx import TensorProto as TP
 
 import onnxrun

@@ -12,11 +12,11 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
 
+from . import validate_cache
 from .dtypes import elem_type, has_negative_dim, type_shape, type_string, without_negative_dims
 from .errors import InvalidGraph
 from .ir import Graph, Model
 from .ir.toposort import stable_topological_order
-from . import validate_cache
 from .proto import HAVE_ONNX, onnx
 from .validate_types import check_types
 

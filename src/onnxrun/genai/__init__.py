@@ -28,9 +28,10 @@ from .tensors import NamedTensors, Tensor
 from .tokenizer import Tokenizer, TokenizerStream
 
 __all__ = [
-    "Adapters", "Config", "Generator", "GeneratorParams", "Model", "NamedTensors", "Tensor", "Tokenizer",
-    "TokenizerStream", "is_cuda_available", "is_dml_available", "is_openvino_available",
-    "is_qnn_available", "is_rocm_available", "is_webgpu_available", "set_log_options",
+    "Adapters", "Config", "Generator", "GeneratorParams", "Model", "NamedTensors", "Tensor",
+    "Tokenizer", "TokenizerStream", "is_cuda_available", "is_dml_available",
+    "is_openvino_available", "is_qnn_available", "is_rocm_available", "is_webgpu_available",
+    "set_log_options",
     "set_log_callback", "set_current_gpu_device_id", "get_current_gpu_device_id",
     "enable_telemetry_events", "disable_telemetry_events", "register_execution_provider_library",
     "unregister_execution_provider_library",

@@ -732,7 +732,7 @@ class PackedMatrix:
         """One call of the kernel (or one per thread): ``sets`` products of this matrix's
         shape whose panels follow each other in memory (PackedGroups), set s reading A
         from column s * K and writing out's columns from s * N."""
-        N, K = self.N, self.K
+        N = self.N
         clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
         snp = -(-N // self.NR)
         npan = sets * snp

@@ -97,7 +97,8 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
         "contrib.quantization": (
             "DequantizeLinear", "DynamicQuantizeLSTM", "DynamicQuantizeMatMul",
             "GatherBlockQuantized",
-            "MatMulBnb4", "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd", "QLinearAveragePool",
+            "MatMulBnb4", "MatMulIntegerToFloat", "MatMulNBits", "QGemm", "QLinearAdd",
+            "QLinearAveragePool",
             "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu", "QLinearMul",
             "QLinearSigmoid", "QLinearSoftmax", "QLinearWhere", "QuantizeLinear"),
         "contrib.transformer": (

@@ -14,8 +14,8 @@ import numpy as np
 
 from .....dtypes import compute_dtype
 from ... import blas
-from ...kernels import KernelContext, op
 from ...compiled.layout import dense_order, flat, flat_out, shaped_like
+from ...kernels import KernelContext, op
 from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
 from ..elementwise import erf, gelu_float32
