@@ -189,6 +189,23 @@ def _small_conv_columns(spatial, kernel, strides, dilations, heads, outs) -> np.
     return idx
 
 
+def _take_zero_padded(padded: list, X: np.ndarray, C: int, S: int, idx: np.ndarray,
+                      axis: int | None) -> np.ndarray:
+    """X as (C, S) with a zero column appended, taken at ``idx`` along ``axis`` (index S
+    reads the zero: a small convolution's padding); the (C, S + 1) buffer comes from and
+    goes back to the plan's list ``padded`` (pop and append are atomic, so concurrent
+    runs take different buffers)."""
+    try:
+        Xz = padded.pop()
+    except IndexError:
+        Xz = np.empty((C, S + 1), X.dtype)
+        Xz[:, S] = 0
+    Xz[:, :S] = X.reshape(C, S)
+    taken = Xz.take(idx, axis=axis)
+    padded.append(Xz)
+    return taken
+
+
 def _copy_channels(dst: np.ndarray, src: np.ndarray, c0: int, c1: int) -> None:
     np.copyto(dst[c0:c1], src[c0:c1])
 
@@ -1636,15 +1653,8 @@ class Conv(_ConvBase):
             return self._small_conv_compiled(compiled, X, Z, act, padded, C, S, y_shape)
         if padded is None:
             cols = X.reshape(C, S).take(idx, axis=1)
-        else:
-            try:  # list.pop and append are atomic: concurrent runs take different buffers
-                Xz = padded.pop()
-            except IndexError:
-                Xz = np.empty((C, S + 1), X.dtype)
-                Xz[:, S] = 0
-            Xz[:, :S] = X.reshape(C, S)
-            cols = Xz.take(idx, axis=1)  # (C, K * P): (C, K) rows, as w's columns
-            padded.append(Xz)
+        else:  # (C, K * P): (C, K) rows, as w's columns
+            cols = _take_zero_padded(padded, X, C, S, idx, 1)
         Y = matmul(w, cols.reshape(cols_shape)).reshape(y_shape)
         if Z is None:
             if bias is not None:
@@ -1710,14 +1720,7 @@ class Conv(_ConvBase):
         elif padded is None:
             Yt = prod(X.reshape(-1).take(tidx))
         else:
-            try:  # list.pop and append are atomic: concurrent runs take different buffers
-                Xz = padded.pop()
-            except IndexError:
-                Xz = np.empty((C, S + 1), X.dtype)
-                Xz[:, S] = 0
-            Xz[:, :S] = X.reshape(C, S)
-            Yt = prod(Xz.reshape(-1).take(tidx))
-            padded.append(Xz)
+            Yt = prod(_take_zero_padded(padded, X, C, S, tidx, None))
         if Z is not None:
             Z = Z.astype(Yt.dtype, copy=False)
             Yt += np.broadcast_to(Z, y_shape).reshape(y_shape[1], -1).T

@@ -636,6 +636,22 @@ def gqa_attributes(num_heads, kv_num_heads, scale=0.0, softcap=0.0, local_window
         float(qk_norm_epsilon if k_norm_epsilon is None else k_norm_epsilon))
 
 
+def _rotary_row(cos_cache, sin_cache, position_ids, H, p):
+    """(position, half) of a one-token step's rotation by float32 C-contiguous (positions,
+    half) caches (the position from position_ids, else ``p``), or None where the caches or
+    the position do not fit the compiled rope_rows (the caller takes the general path)."""
+    if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
+            or sin_cache.shape != cos_cache.shape or cos_cache.dtype != np.float32
+            or sin_cache.dtype != np.float32 or not cos_cache.flags.c_contiguous
+            or not sin_cache.flags.c_contiguous or 2 * cos_cache.shape[1] > H
+            or (position_ids is not None and position_ids.size != 1)):
+        return None
+    pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
+    if not 0 <= pos < cos_cache.shape[0]:
+        return None
+    return pos, cos_cache.shape[1]
+
+
 @op("GroupQueryAttention", 1, domain=MS)
 class GroupQueryAttention:
     def __init__(self, ctx: KernelContext, *, num_heads, kv_num_heads, scale=0.0, softcap=0.0,
@@ -935,17 +951,10 @@ class GroupQueryAttention:
             pos = p
             cos_at = sin_at = half = 0
             if self.rotary:
-                if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
-                        or sin_cache.shape != cos_cache.shape or cos_cache.dtype != np.float32
-                        or sin_cache.dtype != np.float32 or not cos_cache.flags.c_contiguous
-                        or not sin_cache.flags.c_contiguous or 2 * cos_cache.shape[1] > H
-                        or (position_ids is not None and position_ids.size != 1)):
+                at = _rotary_row(cos_cache, sin_cache, position_ids, H, p)
+                if at is None:
                     return None
-                if position_ids is not None:
-                    pos = int(position_ids.reshape(-1)[0])
-                half = cos_cache.shape[1]
-                if not 0 <= pos < cos_cache.shape[0]:
-                    return None
+                pos, half = at
                 cos_at, sin_at = self._cos(cos_cache), self._sin(sin_cache)
             block = self._block
             if block[0] != (W, cos_at, sin_at, half):
@@ -959,16 +968,10 @@ class GroupQueryAttention:
             return out, past_key, past_value, None
         x = query.reshape(N + 2 * Nkv, H).copy()
         if self.rotary:
-            if (cos_cache is None or sin_cache is None or cos_cache.ndim != 2
-                    or sin_cache.shape != cos_cache.shape or cos_cache.dtype != np.float32
-                    or sin_cache.dtype != np.float32 or not cos_cache.flags.c_contiguous
-                    or not sin_cache.flags.c_contiguous or 2 * cos_cache.shape[1] > H
-                    or (position_ids is not None and position_ids.size != 1)):
+            at = _rotary_row(cos_cache, sin_cache, position_ids, H, p)
+            if at is None:
                 return None
-            pos = p if position_ids is None else int(position_ids.reshape(-1)[0])
-            half = cos_cache.shape[1]
-            if not 0 <= pos < cos_cache.shape[0]:
-                return None
+            pos, half = at
             cos_at = self._cos(cos_cache) + pos * 4 * half
             sin_at = self._sin(sin_cache) + pos * 4 * half
             fn.rope_rows(address(x), N + Nkv, H, cos_at, sin_at, half, int(self.interleaved), 1)
