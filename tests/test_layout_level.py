@@ -4,6 +4,7 @@ depend on it, and the optimization report counts it."""
 
 from __future__ import annotations
 
+import collections
 from pathlib import Path
 
 import numpy as np
@@ -616,6 +617,70 @@ def test_remembered_layout_walks_answer_as_fresh_walks(monkeypatch, order):
     assert remembered == fresh
     assert any(fresh) and not all(fresh)  # the chain has both answers
 
+
+def _dense_block(layers: int, channels: int = 16, growth: int = 8) -> bytes:
+    """DenseNet-style layers: x_{i+1} = Concat(x_i, Conv3x3(Relu(Conv1x1(Relu(x_i))))), each
+    Concat read by the next one and by the next layer."""
+    lines = ["    x0 = Conv <kernel_shape = [1, 1]> (X, Win)"]
+    rng = np.random.default_rng(18)
+    inits = {"Win": rng.normal(0, 0.3, (channels, 3, 1, 1))}
+    c = channels
+    for i in range(layers):
+        lines += [f"    r{i} = Relu (x{i})",
+                  f"    b{i} = Conv <kernel_shape = [1, 1]> (r{i}, Wb{i})",
+                  f"    q{i} = Relu (b{i})",
+                  f"    y{i} = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (q{i}, Wy{i})",
+                  f"    x{i + 1} = Concat <axis = 1> (x{i}, y{i})"]
+        inits[f"Wb{i}"] = rng.normal(0, 0.3, (4 * growth, c, 1, 1))
+        inits[f"Wy{i}"] = rng.normal(0, 0.1, (growth, 4 * growth, 3, 3))
+        c += growth
+    lines.append(f"    Y = GlobalAveragePool (x{layers})")
+    model = onnx.parser.parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 8, 8] X) => (float[1, {c}, 1, 1] Y) {{
+{chr(10).join(lines)}
+}}
+""")
+    for name, value in inits.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
+                                                                    name))
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+def test_layout_walks_around_concats_walk_each_value_once(monkeypatch, order):
+    """Around a dense block's Concats the walks meet the same value with other Concats
+    already being decided up the call chain (``joins``); where the walk from it asks about
+    none of them it is answered from conv._WALKS (keyed by the whole set, the 12-layer block
+    walked x0's readers 12 times, 196 walks for 75 values), and the answers are those of
+    fresh walks."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    sess = onnxrun.InferenceSession(_dense_block(12), providers=["CPUExecutionProvider"])
+    graph = sess._model.graph
+    convs = [n for n in graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    assert len(convs) == 25
+    if order == "backward":
+        convs = convs[::-1]
+    elif order == "shuffled":
+        convs = [convs[i] for i in np.random.default_rng(16).permutation(len(convs))]
+    walked = collections.Counter()
+
+    def counted(walk):
+        def step(value, *args):
+            walked[walk.__name__, value.name] += 1
+            return walk(value, *args)
+        return step
+
+    monkeypatch.setattr(conv_mod, "_readers_walk", counted(conv_mod._readers_walk))
+    monkeypatch.setattr(conv_mod, "_writes_walk", counted(conv_mod._writes_walk))
+    conv_mod._WALKS.pop(graph, None)
+    remembered = [conv_mod.channels_last_output(n) for n in convs]
+    assert walked and max(walked.values()) == 1, walked.most_common(3)
+    monkeypatch.setattr(conv_mod, "_walk_memo", lambda value: None)
+    fresh = [conv_mod.channels_last_output(n) for n in convs]
+    assert remembered == fresh
+    assert any(fresh) and not all(fresh)
 
 def test_a_remembered_walk_is_not_reused_where_the_depth_limit_would_cut_it(monkeypatch):
     """conv._remembered keeps a walk's answer with how deep it went: asked again from deeper

@@ -1065,7 +1065,12 @@ def _static_shape(value) -> tuple | None:
 # choices walk much of it again (ShuffleNet: 1,330 walk steps for 49 convolutions). An answer
 # is kept with how deep below its own step its walk went, and reused only where the walk from
 # the new depth would stay within _LAYOUT_DEPTH as well (then it takes the same steps); an
-# answer that met the depth limit is not kept. _REACHED: the deepest step of the walk under way.
+# answer that met the depth limit is not kept. A walk reads its ``joins`` only by asking
+# whether a node is among them (_joined), so an answer is kept with the nodes its walk asked
+# about and which of them were joins, and reused for any ``joins`` that answers those the
+# same: keyed by the whole set, the answers around Concats were missed (a DenseNet block's
+# inner Concats enter the set in every order its walks meet them). _REACHED: the deepest step
+# of the walk under way (.depth) and the nodes it asked about (.asked).
 _WALKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _REACHED = threading.local()
 
@@ -1081,24 +1086,40 @@ def _walk_memo(value) -> dict | None:
     return memo
 
 
+def _joined(node, joins: frozenset) -> bool:
+    """``node in joins``, noted for the walk under way (see _WALKS)."""
+    asked = getattr(_REACHED, "asked", None)
+    if asked is not None:
+        asked.add(node)
+    return node in joins
+
+
 def _remembered(walk, value, threads: int, joins: frozenset, depth: int):
     """``walk(value, threads, joins, depth)``, answered from _WALKS where that is exact."""
     memo = _walk_memo(value)
-    key = (walk, id(value), threads, joins)
+    key = (walk, id(value), threads)
     outer = getattr(_REACHED, "depth", 0)
+    outer_asked = getattr(_REACHED, "asked", None)
     if memo is not None:
-        hit = memo.get(key)
-        if hit is not None and depth + hit[1] <= _LAYOUT_DEPTH:
-            _REACHED.depth = max(outer, depth + hit[1])
-            return hit[0]
+        for answer, reach, asked, inside in memo.get(key, ()):
+            if depth + reach <= _LAYOUT_DEPTH and asked & joins == inside:
+                _REACHED.depth = max(outer, depth + reach)
+                if outer_asked is not None:
+                    outer_asked |= asked
+                return answer
     _REACHED.depth = depth
+    _REACHED.asked = asked = set()
     try:
         answer = walk(value, threads, joins, depth)
         reached = _REACHED.depth
     finally:
         _REACHED.depth = max(outer, getattr(_REACHED, "depth", depth))
+        _REACHED.asked = outer_asked
+        if outer_asked is not None:
+            outer_asked |= asked
     if memo is not None and reached <= _LAYOUT_DEPTH:
-        memo[key] = (answer, reached - depth)
+        memo.setdefault(key, []).append((answer, reached - depth, frozenset(asked),
+                                         joins & asked))
     return answer
 
 
@@ -1131,7 +1152,7 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
                     return None
                 kinds |= more
         elif node.domain == "" and node.op_type in _JOIN:
-            if node in joins:
+            if _joined(node, joins):
                 continue  # decided where the recursion entered it
             inner = joins | {node}
             for v in node.inputs:
@@ -1150,7 +1171,7 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
         elif _follows_layout(node):
             inner = joins
             if node.op_type == "Concat":  # (its NCHW operands are copied in, transposed)
-                if node in joins:
+                if _joined(node, joins):
                     continue
                 inner = joins | {node}
             elif index != 0:
@@ -1181,14 +1202,14 @@ def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
     join = node.domain == "" and node.op_type in _JOIN
     if _passes_layout(node) or _follows_layout(node) or join:
         if join:  # channels-last when every operand comes so (numpy keeps a shared layout)
-            if node in joins:
+            if _joined(node, joins):
                 return False
             joins = joins | {node}
             if any(v is None or not _writes_channels_last(v, threads, joins, depth + 1)
                    for v in node.inputs):
                 return False
         elif node.op_type == "Concat":  # channels-last when one operand comes so
-            if node in joins:
+            if _joined(node, joins):
                 return False
             joins = joins | {node}
             if not any(v is not None and _writes_channels_last(v, threads, joins, depth + 1)
