@@ -42,3 +42,25 @@ def assert_threads_match_serial(sess, inputs: Sequence[dict], repeats: int) -> N
     for g, w in zip(got, want, strict=True):
         for a, b in zip(g, w, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def spy_hand_offs(monkeypatch) -> tuple[list[int], list[int]]:
+    """Record the work handed to other threads from now on: each spin.Pool.fork's number of
+    argument blocks (``forks``) and each parallel.run_ranges queue's number of ranges
+    (``queued``), both still run. Skips the test where spin.py's pool is unavailable."""
+    import pytest
+
+    from onnxrun.providers.cpu import parallel
+    from onnxrun.providers.cpu.compiled import spin
+
+    if spin.unavailable() is not None:
+        pytest.skip(spin.unavailable())
+    forks: list[int] = []
+    queued: list[int] = []
+    fork = spin.Pool.fork
+    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
+        len(argv)) or fork(self, job, argv, **kw))
+    run_ranges = parallel.run_ranges
+    monkeypatch.setattr(parallel, "run_ranges",
+                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    return forks, queued

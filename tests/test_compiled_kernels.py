@@ -19,7 +19,7 @@ import textwrap
 import numpy as np
 import onnx
 import pytest
-from concurrency import assert_threads_match_serial
+from concurrency import assert_threads_match_serial, spy_hand_offs
 from one_node_harness import one_node
 from onnx import TensorProto as TP
 
@@ -869,18 +869,9 @@ def test_float_depthwise_rows_split_on_the_spinning_workers(monkeypatch):
     taps hands its output rows to spin.py's workers (taken in turn, each row whole on one
     thread): the same bits as at 1 thread; a smaller one hands nothing off (no fork, no queue
     of parallel.py's Python threads, where every split went before)."""
-    from onnxrun.providers.cpu import parallel
-    from onnxrun.providers.cpu.compiled import depthwise, spin
+    from onnxrun.providers.cpu.compiled import depthwise
 
-    if spin.unavailable() is not None:
-        pytest.skip(spin.unavailable())
-    forks, queued = [], []
-    fork = spin.Pool.fork
-    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
-        len(argv)) or fork(self, job, argv, **kw))
-    run_ranges = parallel.run_ranges
-    monkeypatch.setattr(parallel, "run_ranges",
-                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    forks, queued = spy_hand_offs(monkeypatch)
     X = RNG.standard_normal((2, 40, 23, 29)).astype(np.float32)
     Wt = RNG.standard_normal((40, 1, 3, 3)).astype(np.float32)
     B = RNG.standard_normal(40).astype(np.float32)

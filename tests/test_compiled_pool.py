@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from concurrency import spy_hand_offs
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxrun
@@ -144,18 +145,7 @@ def test_rows_split_on_the_spinning_workers_give_one_threads_bits(monkeypatch):
     """Above MIN_TAPS_PER_RANGE the output rows go to spin.py's workers (taken in turn), each
     row whole on one thread: the same bits at 1, 2 and 3 threads; below it, a pool at 2
     threads hands nothing off (no fork, no queue): a hand-off cost more than such a pool."""
-    from onnxrun.providers.cpu import parallel
-    from onnxrun.providers.cpu.compiled import spin
-
-    if spin.unavailable() is not None:
-        pytest.skip(spin.unavailable())
-    forks, queued = [], []
-    fork = spin.Pool.fork
-    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
-        len(argv)) or fork(self, job, argv, **kw))
-    run_ranges = parallel.run_ranges
-    monkeypatch.setattr(parallel, "run_ranges",
-                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    forks, queued = spy_hand_offs(monkeypatch)
     rng = np.random.default_rng(7)
     X = rng.standard_normal((1, 24, 27, 31)).astype(np.float32)
     for op in ("MaxPool", "AveragePool"):

@@ -567,6 +567,31 @@ def test_batch_norm_of_a_channels_last_input_splits_on_the_spinning_workers(monk
         forks.clear()
 
 
+def _pooled_model(lines: list[str], inits: dict, side: int, channels: int) -> bytes:
+    """The model of ``lines`` (ONNX text) from X (1, 3, side, side) to Y (1, channels, 1, 1),
+    with ``inits`` as float32 initializers."""
+    model = onnx.parser.parse_model(f"""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, {side}, {side}] X) => (float[1, {channels}, 1, 1] Y) {{
+{chr(10).join(lines)}
+}}
+""")
+    for name, value in inits.items():
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
+                                                                    name))
+    return model.SerializeToString()
+
+
+def _convs_in(graph, order: str, seed: int) -> list:
+    """The graph's Conv / FusedConv nodes in graph order, reversed, or shuffled by ``seed``."""
+    convs = [n for n in graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    if order == "backward":
+        return convs[::-1]
+    if order == "shuffled":
+        return [convs[i] for i in np.random.default_rng(seed).permutation(len(convs))]
+    return convs
+
+
 def _residual_chain(blocks: int, channels: int = 32) -> bytes:
     """ShuffleNet-like residual blocks without convolutions on the skip path, deeper than the
     layout walks' depth limit: a_{i+1} = Relu(a_i + Conv1x1(DepthwiseConv3x3(a_i)))."""
@@ -582,16 +607,7 @@ def _residual_chain(blocks: int, channels: int = 32) -> bytes:
         inits[f"Wd{i}"] = rng.normal(0, 0.3, (channels, 1, 3, 3))
         inits[f"Wp{i}"] = rng.normal(0, 0.1, (channels, channels, 1, 1))
     lines.append(f"    Y = GlobalAveragePool (a{blocks})")
-    model = onnx.parser.parse_model(f"""
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[1, 3, 9, 9] X) => (float[1, {channels}, 1, 1] Y) {{
-{chr(10).join(lines)}
-}}
-""")
-    for name, value in inits.items():
-        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
-                                                                    name))
-    return model.SerializeToString()
+    return _pooled_model(lines, inits, 9, channels)
 
 
 @pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
@@ -603,12 +619,8 @@ def test_remembered_layout_walks_answer_as_fresh_walks(monkeypatch, order):
 
     sess = onnxrun.InferenceSession(_residual_chain(30))
     graph = sess._model.graph
-    convs = [n for n in graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    convs = _convs_in(graph, order, 15)
     assert len(convs) == 61
-    if order == "backward":
-        convs = convs[::-1]
-    elif order == "shuffled":
-        convs = [convs[i] for i in np.random.default_rng(15).permutation(len(convs))]
     conv_mod._WALKS.pop(graph, None)
     remembered = [conv_mod.channels_last_output(n) for n in convs]
     assert conv_mod._WALKS.get(graph)  # answers were kept
@@ -635,16 +647,7 @@ def _dense_block(layers: int, channels: int = 16, growth: int = 8) -> bytes:
         inits[f"Wy{i}"] = rng.normal(0, 0.1, (growth, 4 * growth, 3, 3))
         c += growth
     lines.append(f"    Y = GlobalAveragePool (x{layers})")
-    model = onnx.parser.parse_model(f"""
-<ir_version: 8, opset_import: ["" : 17]>
-g (float[1, 3, 8, 8] X) => (float[1, {c}, 1, 1] Y) {{
-{chr(10).join(lines)}
-}}
-""")
-    for name, value in inits.items():
-        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
-                                                                    name))
-    return model.SerializeToString()
+    return _pooled_model(lines, inits, 8, c)
 
 
 @pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
@@ -658,12 +661,8 @@ def test_layout_walks_around_concats_walk_each_value_once(monkeypatch, order):
 
     sess = onnxrun.InferenceSession(_dense_block(12), providers=["CPUExecutionProvider"])
     graph = sess._model.graph
-    convs = [n for n in graph.nodes if n.op_type in ("Conv", "FusedConv")]
+    convs = _convs_in(graph, order, 16)
     assert len(convs) == 25
-    if order == "backward":
-        convs = convs[::-1]
-    elif order == "shuffled":
-        convs = [convs[i] for i in np.random.default_rng(16).permutation(len(convs))]
     walked = collections.Counter()
 
     def counted(walk):
@@ -681,6 +680,7 @@ def test_layout_walks_around_concats_walk_each_value_once(monkeypatch, order):
     fresh = [conv_mod.channels_last_output(n) for n in convs]
     assert remembered == fresh
     assert any(fresh) and not all(fresh)
+
 
 def test_a_remembered_walk_is_not_reused_where_the_depth_limit_would_cut_it(monkeypatch):
     """conv._remembered keeps a walk's answer with how deep it went: asked again from deeper

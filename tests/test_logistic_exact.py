@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from concurrency import spy_hand_offs
 from onnx import TensorProto as TP
 from onnx import helper
 from ort_bits import assert_ort_bits
@@ -56,18 +57,7 @@ def test_quick_gelu_splits_on_the_spinning_workers(monkeypatch):
     hands whole vectors of 8 to spin.py's workers, taken in turn: onnxruntime's bits and 1
     thread's at 2 and 3 threads, the ragged tail included; no range goes to parallel.py's
     Python threads, and a smaller SiLU hands nothing off."""
-    from onnxrun.providers.cpu import parallel
-    from onnxrun.providers.cpu.compiled import spin
-
-    if spin.unavailable() is not None:
-        pytest.skip(spin.unavailable())
-    forks, queued = [], []
-    fork = spin.Pool.fork
-    monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
-        len(argv)) or fork(self, job, argv, **kw))
-    run_ranges = parallel.run_ranges
-    monkeypatch.setattr(parallel, "run_ranges",
-                        lambda fn, r: queued.append(len(r)) or run_ranges(fn, r))
+    forks, queued = spy_hand_offs(monkeypatch)
     small = _input(2 * logistic._CHUNK - 3).reshape(1, -1)
     got, want = _both("QuickGelu", "com.microsoft", small, threads=2)
     assert_ort_bits(got, want)
