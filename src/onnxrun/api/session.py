@@ -526,17 +526,11 @@ class InferenceSession:
         # no memory pattern: a decode step's shapes are new each step, so it never records
         # one, and asking costs a shape signature per run
         plan = program.plan(fetches, known=frozenset(computed))._replace(memory=None)
-        run_plan, blas = program.run, self._blas_threads
-        if not any(may_call_blas(step.kernel) for step in plan.steps):
-            # nothing to hold BLAS for: a hold reads and sets its count twice (~25 us of a
-            # small model's decode step)
-            def run(values: Sequence[Any], run_options: Any) -> list[Any]:
-                with np.errstate(all="ignore"):
-                    results = run_plan(plan, list(zip(slots, values, strict=True)), (),
-                                       run_options)
-                return [r if r.__class__ is np.ndarray else _as_output(r) for r in results]
-
-            return run
+        run_plan = program.run
+        # no BLAS hold where no kernel may call BLAS: a hold reads and sets its count twice
+        # (~25 us of a small model's decode step)
+        blas = self._blas_threads if any(may_call_blas(step.kernel) for step in plan.steps) \
+            else contextlib.nullcontext()
 
         def run(values: Sequence[Any], run_options: Any) -> list[Any]:
             with np.errstate(all="ignore"), blas:
@@ -1099,6 +1093,8 @@ def may_call_blas(kernel: Any) -> bool:
     if flag is None:
         flag = getattr(getattr(kernel, "func", None), "calls_blas", None)
     return flag is not False
+
+
 _blas_module: Any = None
 
 
