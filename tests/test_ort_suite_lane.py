@@ -114,3 +114,54 @@ def test_update_pending_rewrites_only_the_pending_section(tmp_path: Path):
                              "a.py::T::p[[]True]": "not passing yet (error: E)"}
     assert again.pending_pattern("a.py::T::p[True]") == "a.py::T::p[[]True]"
     assert toml.read_text().startswith("# head\n")
+
+
+def _lane_with_fake_runner(monkeypatch, tmp_path: Path, outcomes_per_run: list[dict]) -> list:
+    """lane.main on a suite folder whose runner reports ``outcomes_per_run[i]`` on its i-th call."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "run_ort_pytests.sh").write_text("")
+    monkeypatch.setenv("ORT_SUITE_DIR", str(suite))
+    f = "quantization/test_x.py"
+    monkeypatch.setattr(lane, "load_baseline", lambda: (["ort: recorded"],
+                                                        {f"{f}::T::a", f"{f}::T::b"}))
+    monkeypatch.setattr(lane.Exclusions, "load", classmethod(lambda cls: cls()))
+    calls = []
+
+    def fake_run_suite(suite_, files, work):
+        calls.append(files)
+        out = Path(work) / "results" / "onnxrun"
+        out.mkdir(parents=True)
+        _results(out, f, outcomes_per_run[len(calls) - 1])
+        return 1
+
+    monkeypatch.setattr(lane, "run_suite", fake_run_suite)
+    return calls
+
+
+def test_a_failure_that_passes_when_its_file_runs_again_is_named_flaky(monkeypatch, tmp_path,
+                                                                       capsys):
+    f = "quantization/test_x.py"
+    calls = _lane_with_fake_runner(monkeypatch, tmp_path, [
+        {f"{f}::T::a": ["failed", "tolerance"], f"{f}::T::b": ["passed", ""]},
+        {f"{f}::T::a": ["passed", ""], f"{f}::T::b": ["passed", ""]}])
+    assert lane.main(["--files", f]) == 0
+    assert calls == [[f], [f]]  # the failing file ran once more, alone
+    assert f"FLAKY, not listed: failed once, passed when its file ran again: {f}::T::a" in \
+        capsys.readouterr().out
+
+
+def test_a_failure_that_fails_again_fails_the_lane(monkeypatch, tmp_path, capsys):
+    f = "quantization/test_x.py"
+    run = {f"{f}::T::a": ["failed", "AssertionError"], f"{f}::T::b": ["passed", ""]}
+    calls = _lane_with_fake_runner(monkeypatch, tmp_path, [run, run])
+    assert lane.main(["--files", f]) == 1
+    assert len(calls) == 2
+    assert f"UNEXPECTED failed: {f}::T::a" in capsys.readouterr().out
+
+
+def test_no_rerun_when_nothing_failed(monkeypatch, tmp_path):
+    f = "quantization/test_x.py"
+    calls = _lane_with_fake_runner(monkeypatch, tmp_path, [
+        {f"{f}::T::a": ["passed", ""], f"{f}::T::b": ["passed", ""]}])
+    assert lane.main(["--files", f]) == 0 and len(calls) == 1
