@@ -905,6 +905,21 @@ def broadcasts_per_channel(shape, channels: int, rank: int) -> bool:
                                 for i, d in enumerate(shape))
 
 
+def clip_bounds(activation, activation_params) -> tuple[float, float] | None:
+    """ConvIntegerToFloat's fused activation as the bounds it clips to (None: no activation):
+    "Relu" is (0, inf), "Clip" its [min, max]. The CUDA kernel shares it."""
+    activation = activation.decode() if isinstance(activation, bytes) else activation
+    params = [float(p) for p in activation_params or ()]
+    if activation in ("", None):
+        return None
+    if activation == "Relu":
+        return (0.0, np.inf)
+    if activation == "Clip" and len(params) == 2:
+        return (params[0], params[1])
+    raise ValueError(f"ConvIntegerToFloat: unsupported activation {activation!r} "
+                     f"{params} (Relu, or Clip with [min, max])")
+
+
 @op("ConvIntegerToFloat", 1, domain=ONNXRUN_DOMAIN)
 class ConvIntegerToFloat:
     """onnxrun's fusion of a dynamically quantized convolution (ConvIntegerToFloatFusion):
@@ -920,17 +935,7 @@ class ConvIntegerToFloat:
                  strides=None) -> None:
         self.conv = IntConv(auto_pad=auto_pad, dilations=dilations, group=group,
                             kernel_shape=kernel_shape, pads=pads, strides=strides)
-        activation = activation.decode() if isinstance(activation, bytes) else activation
-        params = [float(p) for p in activation_params or ()]
-        if activation in ("", None):
-            self.clip = None
-        elif activation == "Relu":
-            self.clip = (0.0, np.inf)
-        elif activation == "Clip" and len(params) == 2:
-            self.clip = (params[0], params[1])
-        else:
-            raise ValueError(f"ConvIntegerToFloat: unsupported activation {activation!r} "
-                             f"{params} (Relu, or Clip with [min, max])")
+        self.clip = clip_bounds(activation, activation_params)
         self.w = _conv_weights(ctx, 1, 4, self.conv.group)
         self.compiled = None
         if self.w is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...cpu.ops.contrib.fused import activation_arguments
 from ..array import is_float, namespace
 from ..kernels import KernelContext, op
 from . import _windows
@@ -101,9 +102,7 @@ class FusedConv(Conv):
                  strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
-        params = [float(p) for p in activation_params] if activation_params is not None else []
-        params += [None] * (3 - len(params))
-        self.act = make_activation(activation, *params[:3])
+        self.act = make_activation(activation, *activation_arguments(activation_params))
 
     def __call__(self, X, W, B=None, Z=None):
         return self._forward(X, W, B, Z)

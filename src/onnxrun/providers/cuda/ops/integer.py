@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...cpu.ops.quantization import clip_bounds
 from ..array import namespace
 from ..kernels import KernelContext, op
 from .conv import Conv
@@ -192,17 +193,7 @@ class ConvIntegerToFloat(Conv):
                  strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
-        activation = activation.decode() if isinstance(activation, bytes) else activation
-        params = [float(p) for p in activation_params or ()]
-        if activation in ("", None):
-            self.clip = None
-        elif activation == "Relu":
-            self.clip = (0.0, None)
-        elif activation == "Clip" and len(params) == 2:
-            self.clip = (params[0], params[1])
-        else:
-            raise ValueError(f"ConvIntegerToFloat: unsupported activation {activation!r} "
-                             f"{params} (Relu, or Clip with [min, max])")
+        self.clip = clip_bounds(activation, activation_params)
 
     def __call__(self, x, w, scale, x_zero_point=None, w_zero_point=None, bias=None):
         xp = namespace(x)
@@ -214,7 +205,7 @@ class ConvIntegerToFloat(Conv):
         if self.clip is not None:
             lo, hi = self.clip
             Y = xp.maximum(Y, xp.asarray(lo, dtype=Y.dtype, device=Y.device))
-            if hi is not None:
+            if hi != np.inf:
                 Y = xp.minimum(Y, xp.asarray(hi, dtype=Y.dtype, device=Y.device))
         return Y
 

@@ -54,6 +54,13 @@ def _logistic_in_place():
     return act
 
 
+def activation_arguments(activation_params) -> list[float | None]:
+    """FusedConv's ``activation_params`` as make_activation's (alpha, beta, gamma): the ones
+    given, then None (the standalone operator's default). The CUDA kernel shares it."""
+    params = [float(p) for p in activation_params] if activation_params is not None else []
+    return (params + [None] * 3)[:3]
+
+
 def make_activation(name: str, alpha: float | None = None, beta: float | None = None,
                gamma: float | None = None):
     """The in-place activation named by FusedConv / FusedGemm (None: identity). The

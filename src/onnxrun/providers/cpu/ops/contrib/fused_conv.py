@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ...kernels import KernelContext, op
 from ..conv import Conv
-from .fused import MS, make_activation
+from .fused import MS, activation_arguments, make_activation
 
 
 @op("FusedConv", 1, domain=MS)
@@ -19,9 +19,7 @@ class FusedConv(Conv):
                  strides=None) -> None:
         super().__init__(ctx, auto_pad=auto_pad, dilations=dilations, group=group,
                          kernel_shape=kernel_shape, pads=pads, strides=strides)
-        params = [float(p) for p in activation_params] if activation_params is not None else []
-        params += [None] * (3 - len(params))
-        self.act = make_activation(activation, *params[:3])
+        self.act = make_activation(activation, *activation_arguments(activation_params))
 
     def __call__(self, X, W, B=None, Z=None, *, out=None):
         # the activation runs in place on the (compute-dtype) output, bias and Z added
