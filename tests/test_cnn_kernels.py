@@ -130,6 +130,16 @@ def test_winograd_matches_direct_convolution():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_winograd_weights_blocks_keep_the_bits(monkeypatch):
+    # 300 channels of 256 filters: blocks of 28 channels and a short last one, against the
+    # whole layer as one block
+    W = rand(256, 300, 3, 3)
+    blocked = conv_mod._winograd_weights(W, np.dtype(np.float32))
+    monkeypatch.setattr(conv_mod, "_WINOGRAD_PREP_ELEMENTS", W.size)
+    whole = conv_mod._winograd_weights(W, np.dtype(np.float32))
+    assert blocked.tobytes() == whole.tobytes()
+
+
 @pytest.mark.parametrize("kernel,attrs", [
     ((3, 3), {"pads": [1, 1, 1, 1]}),
     ((5, 5), {"pads": [2, 2, 2, 2]}),
