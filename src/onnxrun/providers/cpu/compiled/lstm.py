@@ -30,7 +30,7 @@ import numpy as np
 
 from . import ir, jit
 from .jit import address
-from .layout import aligned_zeros
+from .layout import aligned_empty
 
 if TYPE_CHECKING:
     from .int8_gemm import PackedB
@@ -629,11 +629,15 @@ class Float32Recurrence(_Recurrence):
             raise ValueError(f"{kind.upper()} R^T must be [H, {self.gates}H], got "
                              f"{list(RT.shape)}")
         K = inputs + H
-        npan = -(-n // NR)
-        full = np.zeros((K, npan * NR), np.float32)
-        full[:, :n] = RT
-        self.panels = aligned_zeros((npan, K, NR), np.float32)  # 64-byte aligned loads
-        self.panels[...] = full.reshape(K, npan, NR).transpose(1, 0, 2)
+        npan, whole = -(-n // NR), n // NR
+        # Panel p is RT[:, 32 p: 32 p + 32], copied straight from RT (a view of R's halved rows,
+        # as rnn.LSTM hands it: each panel 32 of those rows, a cache-sized transpose), only
+        # the last panel's missing columns zeroed: no padded copy of the whole of R^T.
+        self.panels = aligned_empty((npan, K, NR), np.float32)  # 64-byte aligned loads
+        self.panels[:whole] = RT[:, :whole * NR].reshape(K, whole, NR).transpose(1, 0, 2)
+        if whole < npan:
+            self.panels[whole, :, :n - whole * NR] = RT[:, whole * NR:]
+            self.panels[whole, :, n - whole * NR:] = 0
         self.H, self.half, self.width = H, half, npan * NR
         raw = None
         if rbh is not None:  # added to h's columns of the product (cols[0])

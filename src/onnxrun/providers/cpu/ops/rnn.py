@@ -380,7 +380,7 @@ class LSTM(_Recurrent):
         if P is not None:
             P = np.asarray(P, dt).reshape(D, 3, 1, H)
             peep = (P[:, 0], P[:, 1], P[:, 2])  # i, o, f: each [D, 1, H]
-        WT, bias, RT = _wt(W, dt), (wb + rb).reshape(-1), _rt(R, dt)
+        WT, bias = _wt(W, dt), (wb + rb).reshape(-1)
         # The usual cell (sigmoid, tanh, tanh; no peepholes) takes one tanh over all four
         # gates: sigmoid(x) = (1 + tanh(x / 2)) / 2, the halving folded into the weights of i, o, f.
         usual = ["sigmoid", "tanh", "tanh"]
@@ -391,10 +391,14 @@ class LSTM(_Recurrent):
             half = sigmoid_halves(H, 4, dt)
             WT = WT * np.tile(half, D)
             bias = bias * np.tile(half, D)
-            RT = RT * half
+            # R's rows halved, R^T a view of them: the recurrences' panels are cut from the
+            # rows (the same products as halving a transposed copy, two copies fewer)
+            RT = (np.asarray(R, dt) * half[:, None]).transpose(0, 2, 1)
             recurrences = _compiled_recurrences(RT, half, self.clip, biased=B is not None)
-            if recurrences is not None:
-                RT = None  # the recurrences' panels hold R; _recurrent_weights rebuilds it
+            # None: the recurrences' panels hold R; _recurrent_weights rebuilds it
+            RT = None if recurrences is not None else np.ascontiguousarray(RT)
+        else:
+            RT = _rt(R, dt)
         return {"dtype": dt, "WT": WT, "I": WT.shape[0], "bias": bias, "RT": RT, "P": peep,
                 "H": H, "fast": fast, "half": half if fast else None, "recurrences": recurrences,
                 "biased": B is not None}
