@@ -116,7 +116,12 @@ def module_ir(target=None) -> str:
         "  br i1 %still, label %wait, label %outer",
         "wait:",
         "  " + _FUTEX.format(op=_FUTEX_WAIT, val=0),
-        "  br label %sleep",
+        # woken: spinning (0 -> 1) for the next parts, even where the caller has taken this
+        # one back (the word is 0 again) before the worker ran: a worker that went back to
+        # sleep then was asleep at every fork of a run (each paying the wake, 30 us) and
+        # never took a part; a claim since (3 or 2) is found by the poll
+        "  %up = " + cas.format(p="%ctrl", old=0, new=1),
+        "  br label %outer",
         "}",
         # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning or asleep
         # (the caller wakes those first), part 0 here, then each part no worker has begun;
@@ -315,17 +320,18 @@ class Pool:
                                      args=(self.base + i * _WORDS * 8, SPIN_TICKS)).start()
                     self.started[i] = True
 
-    def fork(self, job: int, argv: np.ndarray, at: int = 0) -> None:
+    def fork(self, job: int, argv: np.ndarray, at: int = 0) -> int:
         """job(argv[i]) for every i, at once where workers are spinning: ``job`` a compiled
         function's address, ``argv`` (parts,) int64 addresses of argument blocks (kept alive
         by the caller until this returns), ``at`` its address where the caller holds it.
-        Part 0 runs on this thread; a sleeping worker is woken by the fork itself."""
+        Part 0 runs on this thread; a sleeping worker is woken by the fork itself. Returns
+        the mask of the workers it found asleep (bit i: worker i)."""
         workers = len(argv) - 1
         if workers > self.size:
             raise ValueError(f"fork: {len(argv)} parts for {self.size} workers")
         if workers and not self.started[workers - 1]:
             self._start(workers)
-        self._fork(self.base, workers, job, at or jit.address(argv))
+        return self._fork(self.base, workers, job, at or jit.address(argv))
 
 
 _pool: Pool | None = None
