@@ -7,6 +7,7 @@ onnxruntime's nodes of the same operator and shapes (its node names differ: fusi
     python benchmarks/node_profile.py --quick               # fewer runs, YOLO and squeezenet
     python benchmarks/node_profile.py --models shufflenet -r 20 --top 30
     python benchmarks/node_profile.py --threads 1,2 --models squeezenet   # onnxrun 1T vs 2T
+    python benchmarks/node_profile.py --threads 1,2 --models mobilenet    # (the cache's, generated)
 
 Profiled times include each engine's per-node cost of the profiler; compare rows, not the
 totals with run_suite.py's.
@@ -29,7 +30,8 @@ sys.path.insert(0, str(HERE))
 import run_suite  # noqa: E402 - the benchmarks' shared helpers, beside this script
 
 sys.path.pop(0)
-CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zoo:resnet50")
+CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zoo:resnet50",
+         "bench:mobilenet_v2")
 QUICK = ("yolo_style", "zoo:squeezenet")
 
 

@@ -301,8 +301,10 @@ def mib(n: int | None) -> str:
 def ab_cases(names, words: list[str]) -> list[tuple[str, str, dict | None]]:
     """(label, model path, feeds or None for random ones) of ``names`` that ``words`` select
     (by name or label), for the scripts that compare onnxrun variants in one process
-    (cnn_gain.py, layout_gain.py): "zoo:NAME" a light zoo model, else a suite_models.py
-    model, written to the cache first where missing."""
+    (cnn_gain.py, layout_gain.py): "zoo:NAME" a light zoo model, "bench:FOLDER" a model
+    scripts/generate_bench_models.py wrote to the cache (MobileNetV2: bench:mobilenet_v2;
+    skipped where missing), else a suite_models.py model, written to the cache first where
+    missing."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         import suite_models
@@ -310,14 +312,18 @@ def ab_cases(names, words: list[str]) -> list[tuple[str, str, dict | None]]:
         sys.path.pop(0)
     out = []
     for name in names:
-        zoo = name.startswith("zoo:")
-        label = f"zoo {name[4:]}" if zoo else suite_models.MODELS[name][1]
+        zoo, bench = name.startswith("zoo:"), name.startswith("bench:")
+        label = f"zoo {name[4:]}" if zoo else name[6:] if bench else suite_models.MODELS[name][1]
         if words and not any(w in (name + " " + label).lower() for w in words):
             continue
         if zoo:
             out.append((label, str(LIGHT / f"light_{name[4:]}.onnx"), None))
             continue
-        path = suite_models.ensure(name, default_cache())
+        path = default_cache() / name[6:] / "model.onnx" if bench else \
+            suite_models.ensure(name, default_cache())
+        if not path.is_file():
+            print(f"{name}: not generated ({path}; scripts/generate_bench_models.py)")
+            continue
         feeds = {p.stem: np.load(p) for p in sorted(path.parent.glob("*.npy"))}
         out.append((label, str(path), feeds))
     return out

@@ -14,8 +14,8 @@ untimed run follows the pause now): the same command with and without it says wh
 alone costs each thread count (benchmarks/cold_runs.py: both engines).
 
 The zoo CNNs come with the onnx package; YOLO, CRNN and DenseNet from benchmarks/suite_models.py
-(written to the cache on first use); the GPT decoder from the cache when
-scripts/generate_bench_models.py wrote it; the BERT-shaped encoder (MiniLM-L6: 6 layers,
+(written to the cache on first use); the GPT decoder and MobileNetV2 from the cache when
+scripts/generate_bench_models.py wrote them; the BERT-shaped encoder (MiniLM-L6: 6 layers,
 hidden 384, 12 heads, MLP 1536, 2 x 128 tokens, random weights) is built here with onnx.helper.
 Run the same command on another checkout (PYTHONPATH=that/src) for a before/after figure.
 """
@@ -112,6 +112,7 @@ def cases(quick: bool) -> list[tuple[str, object]]:
            ("bert", bert_encoder)]
     if not quick:
         out[2:2] = [("shufflenet", lambda: (str(LIGHT / "light_shufflenet.onnx"), {})),
+                    ("mobilenet", lambda: (str(CACHE / "mobilenet_v2" / "model.onnx"), {})),
                     ("vgg19", lambda: (str(LIGHT / "light_vgg19.onnx"), {}))]
         out += [("crnn", lambda: _suite("crnn_style")),
                 ("densenet", lambda: _suite("densenet_style"))]
