@@ -4,6 +4,8 @@ that change, runs that fail, and the session options that turn it off."""
 
 from __future__ import annotations
 
+import collections
+import json
 import sys
 import threading
 from pathlib import Path
@@ -120,6 +122,40 @@ def test_arena_reused_across_runs():
     assert arena is not None
     sess.run(None, {"x": x})
     assert pattern.free[0].arena is arena
+
+
+def test_profiled_runs_use_the_arena(tmp_path):
+    """A profiled session records its pattern and runs in the arena, as an unprofiled one:
+    its profile times the kernels of a run, not fresh memory's page faults."""
+    sess = _session(VIEWS, enable_profiling=True,
+                    profile_file_prefix=str(tmp_path / "views"))
+    rng = np.random.default_rng(1)
+    for i in range(RUNS):
+        x = rng.standard_normal((4, 8192), dtype=np.float32)
+        y, z = sess.run(None, {"x": x})
+        ry, rz = _views_reference(x)
+        np.testing.assert_array_equal(y, ry, err_msg=f"run {i}")
+        np.testing.assert_array_equal(z, rz, err_msg=f"run {i}")
+    pattern = _pattern(sess)
+    arena = pattern.free[0].arena
+    assert arena is not None
+    seen = []
+    original = Buffers.take
+
+    def take(self, j, *args):
+        out = original(self, j, *args)
+        seen.append(out is not None and np.shares_memory(out, arena))
+        return out
+
+    Buffers.take = take
+    try:
+        sess.run(None, {"x": x})
+    finally:
+        Buffers.take = original
+    assert len(seen) == 4 and all(seen)  # a, b, c, d: written into the arena
+    with open(sess.end_profiling()) as f:
+        counts = collections.Counter(e["name"] for e in json.load(f) if e.get("cat") == "Node")
+    assert counts and set(counts.values()) == {RUNS + 1}  # every run's nodes timed
 
 
 def test_outputs_never_alias_blocks():

@@ -271,15 +271,15 @@ def run_steps(steps: list[Step], slots: list[Any], names: list[str], run_options
     keeps it (without it, the loop runs them and leaves every output in its slot).
     ``buffers``: a memory.Buffers whose arena the steps of ``compiled.outs`` write into;
     ``observe(i, args, results, outs, frees)``: called after each step (memory.py records a
-    run; with ``buffers`` too, it is also given the step's ``out``, or None). Returns False
-    when the run was profiled instead (neither used)."""
+    run; with ``buffers`` too, it is also given the step's ``out``, or None). Profiled
+    (``profile.active()``), the observed loop times each step: the buffers and the recording
+    as in an unprofiled run, so that a profile shows the kernels of a run (without them,
+    every large output was fresh memory and its page faults). Returns True."""
     profiler = profile.active()
-    if profiler is not None:
-        _run_steps_profiled(steps, slots, run_options, profiler)
-        return False
-    if observe is not None:
-        _run_steps_observed(steps, slots, run_options, observe,
-                            buffers, compiled.outs if compiled is not None else {})
+    if observe is not None or profiler is not None:
+        _run_steps_observed(steps, slots, run_options, observe, buffers,
+                            compiled.outs if compiled is not None and buffers is not None
+                            else {}, profiler)
         return True
     run = None if compiled is None else \
         compiled.function(run_options is not None, buffers is not None)
@@ -340,56 +340,42 @@ def _run_table(steps: list[Step], table: list[tuple[Any, ...]], slots: list[Any]
 
 
 def _run_steps_observed(steps: list[Step], slots: list[Any], run_options: Any,
-                        observe: Callable[..., None], buffers: Any = None,
-                        pooled: dict[int, int] | None = None) -> None:
+                        observe: Callable[..., None] | None, buffers: Any = None,
+                        pooled: dict[int, int] | None = None,
+                        profiler: profile.Profiler | None = None) -> None:
     """The loop, calling ``observe(i, args, results, outs, frees)`` after each step (and the
-    step's ``out`` after those, when ``buffers`` give the steps of ``pooled`` one)."""
-    for i, (kernel, ins, outs, frees, node, _provider) in enumerate(steps):
+    step's ``out`` after those, when ``buffers`` give the steps of ``pooled`` one), and
+    recording each step's time and shapes with ``profiler``."""
+    clock = time.perf_counter_ns
+    for i, (kernel, ins, outs, frees, node, provider) in enumerate(steps):
         if run_options is not None and run_options.terminate:
             raise RunTerminated(_TERMINATED)
         args = [slots[s] for s in ins]
         j = -1 if buffers is None else pooled.get(i, -1)
         given = None if j < 0 else buffers.take(j, *args)
+        start = clock()
         try:
             result = kernel(*args) if j < 0 else kernel(*args, out=given)
         except RunTerminated:
             raise
         except Exception as e:
             raise kernel_error(node, args, e) from e
+        end = clock()
         results = result if type(result) is tuple else (result,)
+        if profiler is not None:
+            profiler.node_event(node, provider, args[: len(node.inputs)], list(results),
+                                start, end)
         for s, r in zip(outs, results, strict=False):
             slots[s] = r
         for s in frees:
             slots[s] = None
-        if buffers is None:
+        if observe is None:
+            pass
+        elif buffers is None:
             observe(i, args, results, outs, frees)
         else:
             observe(i, args, results, outs, frees, given)
         del args, result, results, given
-
-
-def _run_steps_profiled(steps: list[Step], slots: list[Any], run_options: Any,
-                        profiler: profile.Profiler) -> None:
-    """The same loop, timing each node and recording its input and output shapes."""
-    clock = time.perf_counter_ns
-    for kernel, ins, outs, frees, node, provider in steps:
-        if run_options is not None and run_options.terminate:
-            raise RunTerminated(_TERMINATED)
-        args = [slots[i] for i in ins]
-        start = clock()
-        try:
-            result = kernel(*args)
-        except RunTerminated:
-            raise
-        except Exception as e:
-            raise kernel_error(node, args, e) from e
-        end = clock()
-        results = result if type(result) is tuple else (result,)
-        profiler.node_event(node, provider, args[: len(node.inputs)], list(results), start, end)
-        for s, r in zip(outs, results, strict=False):
-            slots[s] = r
-        for s in frees:
-            slots[s] = None
 
 
 class ParallelSchedule(NamedTuple):
