@@ -113,3 +113,23 @@ def test_mean_output_read_does_not_fire(tmp_path):
                      outs=f"float[2, 3, {D}] y, float[2, 3, 1] mu")
     changes, opt = optimized(model, FEEDS, tmp_path)
     assert "SkipLayerNormFusion" not in changes
+
+
+def test_same_dim_stops_where_the_lineages_meet(monkeypatch):
+    # a residual stream 40 steps deep (no shapes inferred in between): a and b meet two steps
+    # above a, so the walk takes a few steps, not both lineages back to the input
+    from onnxrun.load import load_model
+    from onnxrun.optimize.extended import _helpers
+
+    body = "\n".join(f"    x{i + 1} = Relu(x{i})" for i in range(40))
+    text = f"{HEAD}g (float[N, S, {D}] x0) => (float[N, S, {D}] x40) {{\n{body}\n}}"
+    _, model = load_model(onnx.parser.parse_model(text).SerializeToString())
+    values = {v.name: v for n in model.graph.nodes for v in n.outputs}
+    steps = []
+    walk = _helpers._dim_parent
+    monkeypatch.setattr(_helpers, "_dim_parent", lambda v, k: steps.append(v) or walk(v, k))
+    assert _helpers.same_dim(values["x40"], values["x38"], 0)
+    assert len(steps) <= 4
+    steps.clear()
+    assert _helpers.same_dim(values["x38"], values["x40"], 1)
+    assert len(steps) <= 4

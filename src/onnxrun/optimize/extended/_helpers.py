@@ -208,14 +208,28 @@ def _dim_parent(v: Value, k: int) -> Value | None:
     return None
 
 
-def _lineage(v: Value, k: int, limit: int = 64) -> list[Value]:
-    out = [v]
-    while len(out) < limit:
-        p = _dim_parent(out[-1], k)
-        if p is None:
-            break
-        out.append(p)
-    return out
+def _lineages(a: Value, b: Value, k: int, limit: int = 64) -> tuple[list, list] | None:
+    """The values whose dimension ``k`` is provably ``a``'s, and ``b``'s (each list at most
+    ``limit`` long, the value first), walked a step of each in turn: None as soon as the two
+    meet. A residual stream's lineage runs back to the embedding, and a transformer layer's
+    two operands meet a few steps up: walking both to the end made BERT's checks quadratic
+    in its layers."""
+    lines, seen = ([a], [b]), ({id(a)}, {id(b)})
+    walking = [True, True]
+    while walking[0] or walking[1]:
+        for i in (0, 1):
+            line = lines[i]
+            if not walking[i]:
+                continue
+            p = _dim_parent(line[-1], k) if len(line) < limit else None
+            if p is None:
+                walking[i] = False
+            elif id(p) in seen[1 - i]:
+                return None
+            else:
+                line.append(p)
+                seen[i].add(id(p))
+    return lines
 
 
 def same_dim(a: Value, b: Value, k: int) -> bool:
@@ -223,9 +237,14 @@ def same_dim(a: Value, b: Value, k: int) -> bool:
     dimension-preserving producers, or the same static size / shape-inference symbol."""
     if a is b:
         return True
-    la, lb = _lineage(a, k), _lineage(b, k)
-    if any(x is y for x in la for y in lb):
+    sa, sb = shape(a), shape(b)
+    if sa is not None and sb is not None and k < min(len(sa), len(sb)) and \
+            sa[k] is not None and sa[k] == sb[k]:
+        return True  # the pair (a, b) of the loop below, without walking the lineages first
+    lines = _lineages(a, b, k)
+    if lines is None:
         return True
+    la, lb = lines
     for x in la:
         sx = shape(x)
         if sx is None or k >= len(sx) or sx[k] is None:
