@@ -271,28 +271,29 @@ def test_a_sleeping_worker_wakes_without_the_gil():
     assert blocks[0, 2] == 1, "part 0 waited out its timeout: the worker slept on"
 
 
-def test_a_worker_woken_for_a_part_taken_back_polls_for_the_next():
+def test_a_worker_woken_for_a_part_taken_back_polls_for_the_next(monkeypatch):
     """A fork that finds its worker asleep wakes it, and a small part is taken back by the
     caller before the worker is up (a wake is ~15-30 us on a virtual machine): the worker
-    then polls for the next fork (state 1) instead of going back to sleep. Before, it slept
-    again at once, so in a run of small products every fork found it asleep, paid the wake
-    and got no help (ShuffleNet at 2 threads: ~half of its ~30 forks a run)."""
-    from onnxrun.providers.cpu.compiled import jit
+    finds its word 0 again and polls for the next fork, the word 1. Before, it went back to
+    sleep, so in a run of small products every fork found it asleep, paid the wake and got
+    no help. Here the wake is made by hand, the word left 0 (what such a fork leaves)."""
+    import ctypes
 
+    # polling for ~0.1-0.4 s (time-stamp ticks): a window this thread sees on a busy machine
+    monkeypatch.setattr(spin, "SPIN_TICKS", 400_000_000)
     pool = spin.Pool(1)
-    block = np.zeros(7, np.int64)  # @grab's block of no rows, then the parts' addresses
-    at = jit.address(block)
-    block[:5] = pool.grab, 0, 0, 0, 0
-    block[5:] = at
-
-    def fork_nothing() -> int:
-        block[2] = 0
-        return pool.fork(pool.grab, block[5:], at=at + 40)
-
-    fork_nothing()  # starts the worker
-    time.sleep(0.05)  # past its polling: asleep
-    assert pool.ctrl[0, 0] == 0
-    assert fork_nothing() == 1  # claimed asleep, woken, its part taken back at once
+    pool._start(1)
+    for state in (1, 0):  # started (polling), then past its polling
+        deadline = time.perf_counter() + 5.0
+        while pool.ctrl[0, 0] != state and time.perf_counter() < deadline:
+            time.sleep(0.001)
+        assert pool.ctrl[0, 0] == state
+    time.sleep(0.05)  # in its futex wait
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    woken = libc.syscall(ctypes.c_long(202), ctypes.c_void_p(pool.base), ctypes.c_long(129),
+                         ctypes.c_long(1), None, None, ctypes.c_long(0))  # FUTEX_WAKE_PRIVATE
+    assert woken == 1, "the worker was not in its futex wait"
     deadline = time.perf_counter() + 2.0
     while pool.ctrl[0, 0] != 1 and time.perf_counter() < deadline:
         pass

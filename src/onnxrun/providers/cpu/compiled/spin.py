@@ -72,7 +72,17 @@ def module_ir(target=None) -> str:
         "poll:",
         "  %st = load atomic i64, ptr %ctrl acquire, align 8",
         "  %posted = icmp eq i64 %st, 2",
-        "  br i1 %posted, label %take, label %idle",
+        "  br i1 %posted, label %take, label %awake",
+        # 0 while polling: woken for a part the caller has taken back (or a spurious wake):
+        # the word says spinning again (0 -> 1), so that later forks post without a wake.
+        # Before, such a worker went back to sleep: at every fork of a run of small parts it
+        # was asleep, each fork paid the wake (15-30 us on the VM) and it never took a part
+        "awake:",
+        "  %gone = icmp eq i64 %st, 0",
+        "  br i1 %gone, label %respin, label %idle",
+        "respin:",
+        "  %rs = " + cas.format(p="%ctrl", old=0, new=1),
+        "  br label %idle",
         "take:",
         "  %tk = " + cas.format(p="%ctrl", old=2, new=4),
         "  %took = extractvalue { i64, i1 } %tk, 1",
@@ -116,12 +126,7 @@ def module_ir(target=None) -> str:
         "  br i1 %still, label %wait, label %outer",
         "wait:",
         "  " + _FUTEX.format(op=_FUTEX_WAIT, val=0),
-        # woken: spinning (0 -> 1) for the next parts, even where the caller has taken this
-        # one back (the word is 0 again) before the worker ran: a worker that went back to
-        # sleep then was asleep at every fork of a run (each paying the wake, 30 us) and
-        # never took a part; a claim since (3 or 2) is found by the poll
-        "  %up = " + cas.format(p="%ctrl", old=0, new=1),
-        "  br label %outer",
+        "  br label %outer",  # woken: polls (a word still 0 is made 1 there)
         "}",
         # fork(ctrls, nw, fn, argv): parts 1..nw to workers 0..nw-1 where spinning or asleep
         # (the caller wakes those first), part 0 here, then each part no worker has begun;
