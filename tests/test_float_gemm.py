@@ -581,6 +581,27 @@ def test_prepared_product_equals_run(variant, M, K, N):
     assert packed.prepared(1 << 18, threads=2) is None
 
 
+def test_threads_take_their_share_of_the_bigger_operand(variant):
+    """At 2 threads each range reads its share of the bigger operand: a tall product (a
+    convolution's pixels) is cut by strips of rows, each range every panel (cut by panels,
+    every thread read all of A); a wide one (a decoder's few rows) by panels, each range all
+    rows. One thread's bits either way."""
+    rng = np.random.default_rng(12)
+    for M, K, N, by_rows in ((3136, 24, 160, True), (16, 256, 1024, False)):
+        P = _packed(rng.standard_normal((K, N)).astype(np.float32), variant)
+        npan = -(-N // P.NR)
+        ranges = P._ranges(M, npan, 2)
+        assert len(ranges) > 1
+        if by_rows:
+            assert all((p0, p1) == (0, npan) for _, _, p0, p1 in ranges)
+            assert [r[:2] for r in ranges] == sorted(r[:2] for r in ranges)
+            assert ranges[0][0] == 0 and ranges[-1][1] == M
+        else:
+            assert all((m0, m1) == (0, M) for m0, m1, _, _ in ranges)
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        assert P.run(A, threads=2).tobytes() == P.run(A).tobytes()
+
+
 @pytest.mark.parametrize("M,K,N,lda", [(4, 256, 258, 128), (3, 17, 5, 4), (7, 40, 33, 1)])
 def test_prepared_product_reads_overlapping_rows(variant, M, K, N, lda):
     """prepared(lda=): A's rows lda floats apart in one buffer (a 1-D convolution's windows
