@@ -9,6 +9,7 @@ import base64
 import ctypes
 import importlib
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -236,3 +237,17 @@ def test_why_unavailable_is_remembered_per_switch_state(fresh_jit, monkeypatch):
     assert jit.why_unavailable().startswith(f"{targets.ENV}=sse2")
     monkeypatch.delenv(targets.ENV)
     assert jit.why_unavailable() == first and len(calls) == 3
+
+
+def test_the_switches_read_the_environment_as_os_environ_does(monkeypatch):
+    # jit._getenv reads os.environ's own data (its get of an unset name costs a KeyError)
+    name = "ONNXRUN_TEST_SWITCH_READ"
+    monkeypatch.delenv(name, raising=False)
+    assert jit._getenv(name) is None
+    for value in ("0", "avx2", "", "é"):
+        monkeypatch.setenv(name, value)
+        assert jit._getenv(name) == os.environ.get(name) == value
+    monkeypatch.delenv(name)
+    assert jit._getenv(name) is None
+    monkeypatch.setattr(os, "environ", {name: "1"})  # a stand-in mapping: its get
+    assert jit._getenv(name) == "1"
