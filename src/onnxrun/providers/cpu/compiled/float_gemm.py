@@ -10,12 +10,15 @@ for a block of K, a row of A broadcast one float at a time (A is read where it l
 stride free, never packed). The epilogue adds the bias per column, a residual matrix and the
 clip (Relu, Relu6, Clip) before the single store.
 
-Two shapes of tile, one IR generator (``tile_ir(W, MR)``), chosen by the target's vector width
-(``tile_for``): avx2 / avxvnni, W = 8 lanes and
-6 x 16 tiles (12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers); AVX-512,
-W = 16 and 14 x 32 (28 + 2 + 1 of 32 zmm registers). The IR is generic LLVM vector code: a
-<16 x float> tile compiled for AVX2 is correct (split in halves, slower), which is how the
-tests check the AVX-512 tile on an AVX2 host.
+Two shapes of tile, one IR generator (``tile_ir(W, MR, NV)``), chosen by the target's vector
+width (``tile_for``): avx2 / avxvnni, W = 8 lanes and 6 x 16 tiles (12 accumulators + 2 B
+vectors + 1 broadcast of 16 ymm registers); AVX-512, W = 16 and 6 x 64 (24 + 4 + 1 of 32 zmm
+registers). Not 14 x 32 (28 + 2 + 1): its 14 row pointers outgrow the 15 general registers,
+and LLVM reloaded them from the stack and spilled an accumulator in the K loop (1-9% slower,
+AVX-512 EPYC; 256 x 384 x 1536 107.0 against 103.1 GFLOP/s). A partial panel runs the tile of
+as many vectors of B as its columns need. The IR is generic LLVM vector code: a <16 x float>
+tile compiled for AVX2 is correct (split in halves, slower), which is how the tests check the
+AVX-512 tile on an AVX2 host.
 
 Blocking (Goto/MLAS): K in blocks of ``kc`` (the first starts from zero, the others add to the
 stored partial sums, only the last runs the epilogue), panels in groups of ``nc`` (the group's
@@ -41,11 +44,14 @@ from .layout import aligned_empty, aligned_zeros
 
 
 class Tile(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first session)
-    """A tile shape: W float lanes per vector, MR rows, NR = NV * W columns."""
+    """A tile shape: W float lanes per vector, MR rows, NR = NV * W columns; its blocking:
+    KC rows of B per K block, panels in groups of NC bytes of such a block (in L2)."""
 
     W: int
     MR: int
     NV: int = 2
+    KC: int = 256
+    NC: int = 128 * 1024
 
     @property
     def NR(self) -> int:
@@ -56,18 +62,18 @@ class Tile(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first s
         return f"float_gemm_{self.MR}x{self.NR}"
 
 
-AVX2_TILE = Tile(8, 6)  # 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers
-AVX512_TILE = Tile(16, 14)  # 28 + 2 + 1 of 32 zmm registers
+# 12 accumulators + 2 B vectors + 1 broadcast of 16 ymm registers; K blocks of 256, groups
+# of 128 KiB, measured on the AVX2 EPYC (docs/PERFORMANCE.md)
+AVX2_TILE = Tile(8, 6)
+# 24 + 4 + 1 of 32 zmm registers; K blocks of 512 (half the passes over C's partial sums),
+# groups of 256 KiB (2 panels): 2-5% faster than 256 and 128 KiB on the AVX-512 EPYC
+# (Zen 4, 1 MiB L2), 256 x 384 x 1536 106.0 -> 110.6 GFLOP/s
+AVX512_TILE = Tile(16, 6, 4, 512, 256 * 1024)
 
 
 def tile_for(target: jit.Target) -> Tile:
     return AVX512_TILE if target.lanes >= 16 else AVX2_TILE
 
-
-# Blocking, in elements: kc rows of B per block, nc columns per group of panels (a kc x nc
-# block of 128 KiB sits in L2). Measured on the AVX2 EPYC (docs/PERFORMANCE.md).
-KC = 256
-NC_BYTES = 128 * 1024
 
 
 def _step(tag: str, k: str, u: int, R: int, W: int, NV: int, acc: dict, out: str,
@@ -108,7 +114,7 @@ def _tile(R: int, W: int, NV: int, U: int = 4, NP: int | None = None) -> list[st
     NP = NP or NR  # the panels' width: NP > NR, the first NR columns of a partial panel
     sfx = f"v{W}f32"
     iota = lambda off: "<" + ", ".join(f"i32 {i + off}" for i in range(W)) + ">"  # noqa: E731
-    name = f"tile{R}" if NP == NR else f"half{R}"
+    name = f"tile{R}" if NP == NR else f"part{NV}x{R}"
     L = [f"define internal void @{name}(ptr %A, i64 %lda, ptr %B, i64 %kc, ptr %C, i64 %ldc, "
          "i64 %ncols, i1 %first, i1 %last, ptr %bias, ptr %Rs, i64 %ldr, ptr %clip, "
          "i64 %flags, i64 %blk, i64 %astep, i64 %nob, ptr %roff) alwaysinline nounwind {",
@@ -405,23 +411,21 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "  %bt = getelementptr float, ptr %bias, i64 %n0",
          "  %rx = add i64 %rm, %n0",
          "  %Rt = getelementptr float, ptr %R, i64 %rx",
-         # a panel of at most W columns left (ShuffleNet's groups of 34, 68 or 136: 2 or
-         # 4): half a tile, one vector of B per k, half the multiply-adds
-         f"  %half = icmp sle i64 %nc, {W}",
-         "  br i1 %half, label %hsw, label %tsw",
-         "tsw:",
-         "  switch i64 %rows, label %t" + str(MR) + " ["
-         + " ".join(f"i64 {r}, label %t{r}" for r in range(1, MR)) + "]",
-         "hsw:",
-         "  switch i64 %rows, label %h" + str(MR) + " ["
-         + " ".join(f"i64 {r}, label %h{r}" for r in range(1, MR)) + "]"]
-    for r in range(1, MR + 1):
-        L += [f"t{r}:",
-              f"  call void @tile{r}({args})",
-              "  br label %pnext",
-              f"h{r}:",
-              f"  call void @half{r}({args})" if NV > 1 else f"  call void @tile{r}({args})",
-              "  br label %pnext"]
+         # a partial panel (the last, or ShuffleNet's groups of 34, 68 or 136 columns): the
+         # tile of as many vectors of B per k as its columns need, no multiply-adds on zeros
+         f"  %nvw = add i64 %nc, {W - 1}",
+         f"  %nv = udiv i64 %nvw, {W}",
+         f"  switch i64 %nv, label %sw{NV} ["
+         + " ".join(f"i64 {v}, label %sw{v}" for v in range(1, NV)) + "]"]
+    for v in range(1, NV + 1):
+        L += [f"sw{v}:",
+              f"  switch i64 %rows, label %t{v}x{MR} ["
+              + " ".join(f"i64 {r}, label %t{v}x{r}" for r in range(1, MR)) + "]"]
+        for r in range(1, MR + 1):
+            name = f"tile{r}" if v == NV else f"part{v}x{r}"
+            L += [f"t{v}x{r}:",
+                  f"  call void @{name}({args})",
+                  "  br label %pnext"]
     L += ["pnext:",
           "  %pn = add i64 %p, 1",
           "  %pmore = icmp slt i64 %pn, %g1",
@@ -452,8 +456,8 @@ def tile_ir(W: int, MR: int, NV: int = 2) -> str:
              f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})"]
     parts = [_compiler.INLINE + "\n".join(decls)]  # the tiles inlined into the driver
     parts += ["\n".join(_tile(r, W, NV)) for r in range(1, MR + 1)]
-    if NV > 1:  # the last panel's first W columns (the others zeros: not computed)
-        parts += ["\n".join(_tile(r, W, 1, NP=NV * W)) for r in range(1, MR + 1)]
+    # a partial panel's first v vectors of columns (the others zeros: not computed)
+    parts += ["\n".join(_tile(r, W, v, NP=NV * W)) for v in range(1, NV) for r in range(1, MR + 1)]
     parts.append("\n".join(_driver(W, MR, NV)))
     return "\n\n".join(parts)
 
@@ -571,7 +575,7 @@ class PackedMatrix:
     tile: (N/NR panels, K, NR) floats, 64-byte aligned, the last panel's missing columns zero.
     ``run`` computes clip(A @ B + bias + R). Raises ``jit.Unavailable`` where the kernel
     cannot run here. ``tile`` (tests) takes another tile shape, compiled for the selected
-    target: the AVX-512 14 x 32 tile's code checked on an AVX2 host."""
+    target: the AVX-512 6 x 64 tile's code checked on an AVX2 host."""
 
     __slots__ = ("K", "N", "NR", "MR", "panels", "tile", "_fn", "_ptr", "_ncb", "_zeros",
                  "_zeros_ptr")
@@ -604,7 +608,7 @@ class PackedMatrix:
         self.panels = panels
         self._ptr = address(self.panels) if self.panels.size else 0
         self.K, self.N, self.NR, self.MR, self.tile = K, N, NR, tile.MR, tile
-        self._ncb = max(1, NC_BYTES // (4 * NR * max(1, min(K, KC))))
+        self._ncb = max(1, tile.NC // (4 * NR * max(1, min(K, tile.KC))))
         self._zeros = aligned_zeros(npan * NR, np.float32)  # stands for no bias / residual
         self._zeros_ptr = address(self._zeros)
 
@@ -670,7 +674,8 @@ class PackedMatrix:
                     residual.strides[0] < 4 * N:
                 residual = np.ascontiguousarray(residual)
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
-        return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags, KC, 0,
+        return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags,
+                            self.tile.KC, 0,
                             threads)
 
     def run_shifted(self, base: np.ndarray, rows: int, lda: int, block: int, jump: int,
@@ -709,21 +714,22 @@ class PackedMatrix:
             if bias.size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {bias.size}")
             b_ptr, flags = address(bias), 1
-        # K blocks of whole rows of taps, as near KC as they come: the sub-blocks (rows of
-        # taps) of one K block run with the accumulators in registers (a K block per row of
-        # taps made 3 passes over C for a 3x3 kernel, of 48 rows of K at 16 channels)
-        kcb = max(1, KC // block) * block
+        # K blocks of whole rows of taps, as near the tile's KC as they come: the sub-blocks
+        # (rows of taps) of one K block run with the accumulators in registers (a K block per
+        # row of taps made 3 passes over C for a 3x3 kernel, of 48 rows of K at 16 channels)
+        kcb = max(1, self.tile.KC // block) * block
         return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
                             flags, kcb, jump, threads, blk=block, wrap=wrap, wstep=wstep)
 
     def _head(self, a_ptr: int, lda: int, out_ptr: int, ldc: int, b_ptr: int, r_ptr: int,
-              ldr: int, clip_ptr: int, flags: int, kcb: int = KC, ajump: int = 0,
+              ldr: int, clip_ptr: int, flags: int, kcb: int = 0, ajump: int = 0,
               blk: int = 0, wrap: int = _NO_WRAP, wstep: int = 0) -> list[int]:
         """The kernel's argument block up to its range (rows m0, m1, panels p0, p1): the
         one place that lays it out."""
         N, K = self.N, self.K
         return [a_ptr, lda, self._ptr, K, out_ptr, ldc, N, b_ptr, r_ptr, ldr, clip_ptr, flags,
-                kcb, self._ncb, ajump, blk, -(-N // self.NR), K, N, N, wrap, wstep]
+                kcb or self.tile.KC, self._ncb, ajump, blk, -(-N // self.NR), K, N, N, wrap,
+                wstep]
 
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
@@ -763,13 +769,14 @@ class PackedMatrix:
         # cut by panels, every thread read all of A, and wrote part of each output row's
         # cache lines, which the next node read back from both cores; ShuffleNet's grouped
         # 1x1 convolutions at 2 threads, quiet: 96 -> 88 us, MobileNetV2's 3136 x 24 x 144
-        # 201 -> 182 us)
-        if npan >= 2 * threads and npan * self.NR > M * sets:
+        # 201 -> 182 us). Panels under two a thread still beat fewer strips (a few rows on
+        # AVX-512's 64-column panels).
+        strips = -(-M // MR)
+        if npan * self.NR > M * sets and (npan >= 2 * threads or npan > strips):
             return [(0, M, p0, p1) for p0, p1 in
                     work_ranges(npan, threads, M * self.K * self.NR, SPIN_MACS_PER_RANGE)]
-        # few panels: strips of rows, whole tiles each
         return [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
-                work_ranges(-(-M // MR), threads, MR * self.K * npan * self.NR,
+                work_ranges(strips, threads, MR * self.K * npan * self.NR,
                             SPIN_MACS_PER_RANGE)]
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
@@ -911,12 +918,13 @@ class PackedGroups:
                                  f"{bias.size}")
             b_ptr, flags = address(bias), 1
         return self.first._launch(address(A), A.strides[0] // 4, A.shape[0], out, b_ptr,
-                                  self._zeros_ptr, 0, bounds, flags, KC, 0, threads, sets=g)
+                                  self._zeros_ptr, 0, bounds, flags, self.first.tile.KC, 0,
+                                  threads, sets=g)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"float_gemm": (module_ir, ())}
 
-__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "KC", "PackedGroups", "PackedMatrix", "Tile",
+__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "PackedGroups", "PackedMatrix", "Tile",
            "module_ir", "pack", "pack_groups", "pack_stack", "tile_for", "tile_ir",
            "unavailable"]
