@@ -45,13 +45,16 @@ from .layout import aligned_empty, aligned_zeros
 
 class Tile(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first session)
     """A tile shape: W float lanes per vector, MR rows, NR = NV * W columns; its blocking:
-    KC rows of B per K block, panels in groups of NC bytes of such a block (in L2)."""
+    KC rows of B per K block, panels in groups of NC bytes of such a block (in L2); products
+    of K <= SHORT_K over more than one panel in strips of SHORT_MR < MR rows (0: MR always)."""
 
     W: int
     MR: int
     NV: int = 2
     KC: int = 256
     NC: int = 128 * 1024
+    SHORT_K: int = 0
+    SHORT_MR: int = 0
 
     @property
     def NR(self) -> int:
@@ -67,8 +70,11 @@ class Tile(NamedTuple):  # (not a dataclass: its creation was ~1 ms of a first s
 AVX2_TILE = Tile(8, 6)
 # 24 + 4 + 1 of 32 zmm registers; K blocks of 512 (half the passes over C's partial sums),
 # groups of 256 KiB (2 panels): 2-5% faster than 256 and 128 KiB on the AVX-512 EPYC
-# (Zen 4, 1 MiB L2), 256 x 384 x 1536 106.0 -> 110.6 GFLOP/s
-AVX512_TILE = Tile(16, 6, 4, 512, 256 * 1024)
+# (Zen 4, 1 MiB L2), 256 x 384 x 1536 106.0 -> 110.6 GFLOP/s. Strips of 4 rows where K is
+# short and N wide (medians of 31, load 7): 3136 x 24 x 144 85.4 -> 90.6, 3136 x 64 x 256
+# 93.6 -> 99.3, 12544 x 16 x 96 69.0 -> 73.3, 196 x 64 x 384 98.9 -> 102.4; they lost on one
+# panel (3136 x 144 x 24 69.5 -> 66.4), at K = 256 with 32 rows (98.4 -> 95.5), from K = 1024
+AVX512_TILE = Tile(16, 6, 4, 512, 256 * 1024, 192, 4)
 
 
 def tile_for(target: jit.Target) -> Tile:
@@ -299,9 +305,10 @@ def _tile(R: int, W: int, NV: int, U: int = 4, NP: int | None = None) -> list[st
 # for one product); set s reads A from column s * sa, writes C, the bias and R from column
 # s * sc on, sN columns; ``wrap, wstep``: row m of A starts at (m // wrap) * wstep +
 # (m % wrap) * lda, a strided convolution's output rows of ``wrap`` pixels, 2**62 and 0 for a
-# plain A)
+# plain A; ``ms``: rows per strip of A, at most MR)
 PARAMS = ("A", "lda", "Bp", "K", "C", "ldc", "N", "bias", "R", "ldr", "clip", "flags", "kcb",
-          "ncb", "ajump", "blk", "snp", "sa", "sc", "sN", "wrap", "wstep", "m0", "m1", "p0", "p1")
+          "ncb", "ajump", "blk", "snp", "sa", "sc", "sN", "wrap", "wstep", "ms", "m0", "m1",
+          "p0", "p1")
 _POINTERS = frozenset({"A", "Bp", "C", "bias", "R", "clip"})
 
 
@@ -373,8 +380,8 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
          "mloop:",
          "  %m = phi i64 [%m0, %gloop], [%mn, %mnext]",
          "  %mleft = sub i64 %m1, %m",
-         f"  %mfit = icmp slt i64 %mleft, {MR}",
-         f"  %rows = select i1 %mfit, i64 %mleft, i64 {MR}",
+         "  %mfit = icmp slt i64 %mleft, %ms",
+         "  %rows = select i1 %mfit, i64 %mleft, i64 %ms",
          "  %mq0 = udiv i64 %m, %wrap",  # (once per strip: the rows' offsets below)
          "  %mqw = mul i64 %mq0, %wrap",
          "  %mr0 = sub i64 %m, %mqw",
@@ -431,7 +438,7 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
           "  %pmore = icmp slt i64 %pn, %g1",
           "  br i1 %pmore, label %ploop, label %mnext",
           "mnext:",
-          f"  %mn = add i64 %m, {MR}",
+          "  %mn = add i64 %m, %ms",
           "  %mmore = icmp slt i64 %mn, %m1",
           "  br i1 %mmore, label %mloop, label %gnext",
           "gnext:",
@@ -577,8 +584,8 @@ class PackedMatrix:
     cannot run here. ``tile`` (tests) takes another tile shape, compiled for the selected
     target: the AVX-512 6 x 64 tile's code checked on an AVX2 host."""
 
-    __slots__ = ("K", "N", "NR", "MR", "panels", "tile", "_fn", "_ptr", "_ncb", "_zeros",
-                 "_zeros_ptr")
+    __slots__ = ("K", "N", "NR", "MR", "panels", "tile", "_fn", "_ptr", "_ncb", "_ms",
+                 "_zeros", "_zeros_ptr")
 
     def __init__(self, B: np.ndarray, tile: Tile | None = None) -> None:
         if B.ndim < 2:
@@ -609,6 +616,8 @@ class PackedMatrix:
         self._ptr = address(self.panels) if self.panels.size else 0
         self.K, self.N, self.NR, self.MR, self.tile = K, N, NR, tile.MR, tile
         self._ncb = max(1, tile.NC // (4 * NR * max(1, min(K, tile.KC))))
+        short = tile.SHORT_MR and K <= tile.SHORT_K and npan > 1
+        self._ms = tile.SHORT_MR if short else tile.MR  # rows per strip of A
         self._zeros = aligned_zeros(npan * NR, np.float32)  # stands for no bias / residual
         self._zeros_ptr = address(self._zeros)
 
@@ -729,7 +738,7 @@ class PackedMatrix:
         N, K = self.N, self.K
         return [a_ptr, lda, self._ptr, K, out_ptr, ldc, N, b_ptr, r_ptr, ldr, clip_ptr, flags,
                 kcb or self.tile.KC, self._ncb, ajump, blk, -(-N // self.NR), K, N, N, wrap,
-                wstep]
+                wstep, self._ms]
 
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
@@ -758,7 +767,7 @@ class PackedMatrix:
         ``npan`` panels (of ``sets`` products: PackedGroups) on ``threads`` threads; one
         range for a product under two ranges of SPIN_MACS_PER_RANGE multiply-adds (it stays
         on the calling thread)."""
-        MR = self.MR
+        MR = self._ms
         if threads <= 1 or M * npan <= MR:
             return [(0, M, 0, npan)]
         # several ranges a thread, taken in turn by the caller and spin.py's workers: one
