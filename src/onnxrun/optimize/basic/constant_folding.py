@@ -72,6 +72,9 @@ class ConstantFolding(GraphPass):
     def _fold(self, model: Model, node: Node) -> list[np.ndarray] | None:
         if node.domain not in ("", "com.microsoft") or node.op_type in _NONDETERMINISTIC:
             return None
+        if node.op_type not in _SHAPE_OPS and any(
+                v is not None and constant_value(v) is None for v in node.inputs):
+            return None  # the usual node, asked first (every sweep asks it of every node)
         if any(True for _ in node.subgraphs()) or _narrow_weight(node):
             return None  # a narrow weight stays narrow (dequantized per run by its kernel)
         static = _static_shape_result(node)
@@ -114,9 +117,12 @@ class ConstantFolding(GraphPass):
         return arrays
 
 
+_SHAPE_OPS = ("Shape", "Size")  # folded from a non-constant input's static shape
+
+
 def _static_shape_result(node: Node) -> np.ndarray | None:
     """Shape/Size of an input whose shape is fully known statically."""
-    if node.domain != "" or node.op_type not in ("Shape", "Size") or not node.inputs:
+    if node.domain != "" or node.op_type not in _SHAPE_OPS or not node.inputs:
         return None
     x = node.inputs[0]
     if x is None or constant_value(x) is not None:
