@@ -8,8 +8,9 @@ alternately in this one process with the same thread count, at 1 and 2 intra-op 
 Models: encoders in MiniLM-L6's configuration (6 layers, hidden 384) and in BERT-base's
 (hidden 768, intermediate 3072; 4 layers, 2 with --quick), 2 x 128 tokens, random weights,
 built by benchmarks/host_malloc.py's builder (no download); VGG-19 of the onnx package's light
-model zoo. Then the bare products on the models' shapes: the kernel against numpy.dot (BLAS
-held to one thread). Prints medians, the ratios, and the load average next to them.
+model zoo. Then the bare products on the models' shapes (BERT, ResNet-50, VGG-19's Winograd,
+MobileNetV2): the kernel against numpy.dot (BLAS held to one thread) and onnxruntime's MatMul
+on a constant B, thread CPU time. Prints medians, the ratios, and the load average next to them.
 """
 
 from __future__ import annotations
@@ -91,10 +92,60 @@ def bench_model(name: str, path: Path, repeat: int) -> None:
 
 GEMM_SHAPES = [  # (M, K, N): BERT MiniLM / base at 2 x 128 tokens, 32 tokens, and a GEMV
     (256, 384, 384), (256, 384, 1536), (256, 1536, 384), (256, 768, 768), (256, 768, 3072),
-    (256, 3072, 768), (32, 768, 768), (8, 768, 768), (1, 768, 3072)]
+    (256, 3072, 768), (32, 768, 768), (8, 768, 768), (1, 768, 3072),
+    # ResNet-50's 1x1 and implicit-GEMM 3x3 layers (pixels x channels), VGG-19's Winograd
+    # products (2x2 tiles x channels), MobileNetV2's expansions and projections
+    (3136, 64, 256), (3136, 256, 64), (784, 512, 128), (196, 1024, 256), (49, 2048, 512),
+    (3136, 576, 64), (196, 2304, 256), (49, 4608, 512), (784, 256, 256), (196, 512, 512),
+    (3136, 24, 144), (3136, 144, 24)]
+
+
+def _matmul_session(B: np.ndarray):
+    """onnxruntime at one thread on one MatMul by the constant B (MLAS packs it once)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    K, N = B.shape
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "B"], ["Y"])], "matmul",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [None, K])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, N])],
+        [numpy_helper.from_array(B, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
+
+
+def _gemm_times(A: np.ndarray, B: np.ndarray, repeat: int) -> tuple[float, float, float]:
+    """Median seconds of this thread's CPU time of one product A @ B: the kernel, numpy.dot,
+    onnxruntime's MatMul, over ``repeat`` interleaved rounds."""
+    M, K = A.shape
+    N = B.shape[1]
+    P = float_gemm.PackedMatrix(B)
+    sess = _matmul_session(B)
+    out = np.empty((M, N), np.float32)
+    feeds = {"A": A}
+    runs = [lambda: P.run(A, out=out), lambda: np.dot(A, B, out=out),
+            lambda: sess.run(None, feeds)]
+    reps = max(1, int(3e7 / (M * K * N)))
+    times: list[list[float]] = [[] for _ in runs]
+    for run in runs:
+        run()
+    for _ in range(repeat):
+        for run, kept in zip(runs, times, strict=True):
+            t0 = time.thread_time()
+            for _ in range(reps):
+                run()
+            kept.append((time.thread_time() - t0) / reps)
+    return tuple(statistics.median(t) for t in times)
 
 
 def bench_gemms(repeat: int) -> None:
+    """GFLOP/s of the kernel, numpy.dot (BLAS held to one thread) and onnxruntime's MatMul
+    on a constant B, all on this thread (its CPU time: other processes' load stretches wall
+    time, not this)."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(0)
@@ -102,25 +153,12 @@ def bench_gemms(repeat: int) -> None:
         for M, K, N in GEMM_SHAPES:
             A = rng.standard_normal((M, K), np.float32)
             B = rng.standard_normal((K, N), np.float32)
-            P = float_gemm.PackedMatrix(B)
-            out = np.empty((M, N), np.float32)
-            reps = max(1, int(3e7 / (M * K * N)))
-
-            def numpy_dot(A=A, B=B, out=out, reps=reps):
-                for _ in range(reps):
-                    np.dot(A, B, out=out)
-
-            def compiled(A=A, P=P, out=out, reps=reps):
-                for _ in range(reps):
-                    P.run(A, out=out)
-
-            times, _ = time_alternating([compiled, numpy_dot], warmup=1, repeat=repeat)
-            c, n = (statistics.median(t) / reps for t in times)
+            c, n, o = _gemm_times(A, B, repeat)
             flops = 2 * M * K * N
-            print(f"GEMM {M:4d}x{K:4d}x{N:4d} 1T  compiled {c * 1e3:7.3f} ms "
-                  f"({flops / c / 1e9:5.1f} GFLOP/s)  numpy {n * 1e3:7.3f} ms "
-                  f"({flops / n / 1e9:5.1f})  ratio {c / n:.2f}  load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+            print(f"GEMM {M:5d}x{K:4d}x{N:4d} 1T  compiled {c * 1e3:7.3f} ms "
+                  f"({flops / c / 1e9:5.1f} GFLOP/s)  numpy {flops / n / 1e9:5.1f}  "
+                  f"onnxruntime {flops / o / 1e9:5.1f}  compiled / onnxruntime time "
+                  f"{c / o:.2f}  load {os.getloadavg()[0]:.1f}", flush=True)
 
 
 def main() -> None:
