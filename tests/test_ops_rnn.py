@@ -309,3 +309,18 @@ def test_hidden_size_mismatch_is_an_error():
     with pytest.raises(Exception, match="hidden"):
         sess = onnxrun.InferenceSession(model.SerializeToString())
         sess.run(None, feeds)
+
+
+def test_input_weights_transposed_in_blocks_keep_the_bits():
+    # W^T of a weight above rnn._WT_BLOCKED_BYTES is copied 16 rows at a time (1000 rows: a
+    # short last block), below it in one copy: both the plain transpose, C-contiguous
+    from onnxrun.providers.cpu.ops import rnn
+
+    rng = np.random.default_rng(3)
+    for shape in [(1, 1000, 700), (2, 8, 5)]:
+        W = rng.standard_normal(shape).astype(np.float32)
+        for dt in (np.float32, np.float64):
+            got = rnn._wt(W, np.dtype(dt))
+            want = np.ascontiguousarray(W.astype(dt).reshape(-1, shape[2]).T)
+            assert got.flags.c_contiguous and got.dtype == want.dtype
+            assert got.tobytes() == want.tobytes()

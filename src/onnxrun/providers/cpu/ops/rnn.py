@@ -174,7 +174,19 @@ def _split_bias(B: np.ndarray | None, D: int, n: int, H: int, dt: np.dtype
 def _wt(W: np.ndarray, dt: np.dtype) -> np.ndarray:
     """``[D, G, I]`` -> ``[I, D*G]``: the right operand of the all-steps input GEMM."""
     D, G, I = W.shape
-    return np.ascontiguousarray(np.asarray(W, dt).reshape(D * G, I).T)
+    rows = np.asarray(W, dt).reshape(D * G, I)
+    if rows.nbytes < _WT_BLOCKED_BYTES:
+        return np.ascontiguousarray(rows.T)
+    # 16 rows of W at a time: each row of W^T is written 64 bytes at a time, where numpy's
+    # copy of the whole transpose writes W^T a float at a time across every cache line
+    # (LSTM 2x256's [2048, 512]: 3.7 -> 1.5 ms)
+    out = np.empty((I, D * G), dt)
+    for j in range(0, D * G, 16):
+        out[:, j:j + 16] = rows[j:j + 16].T
+    return out
+
+
+_WT_BLOCKED_BYTES = 1 << 21  # smaller weights transpose within the cache as fast either way
 
 
 def _rt(R: np.ndarray, dt: np.dtype) -> np.ndarray:
