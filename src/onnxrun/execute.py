@@ -484,6 +484,8 @@ def run_steps_parallel(steps: list[Step], schedule: ParallelSchedule, slots: lis
 
 
 def kernel_error(node: Node, args: list[Any], error: Exception) -> Fail | RuntimeException:
+    if getattr(error, "names_its_node", False):  # a fused step's node's error (fuse.py)
+        return type(error)(str(error))
     if isinstance(error, RuntimeException) and "while running node" in str(error):
         # An error from inside a subgraph: keep its node context and add ours in front.
         return RuntimeException(

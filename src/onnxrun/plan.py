@@ -25,6 +25,7 @@ from .execute import (
     run_steps,
     run_steps_parallel,
 )
+from .fuse import fuse_steps
 from .ir import Graph, Model, Node, Value
 from .ir.serde import tensor_type
 from .ir.toposort import stable_topological_order
@@ -91,6 +92,8 @@ class Program:
         self.graph = graph
         self.model = model
         self.reuse_memory = _reuses_memory(session_options)
+        # runs of small element-wise steps as one (fuse.py), unless optimizations are off
+        self.fuse = getattr(session_options, "graph_optimization_level", 99) != 0
         self._slot: dict[int, int] = {}
         template: list[Any] = [None, None]
         self.names: list[str] = ["<none>", "<discard>"]
@@ -218,6 +221,11 @@ class Program:
             if s not in keep:
                 frees[i].append(s)
         steps = [step._replace(frees=tuple(f)) for step, f in zip(selected, frees, strict=True)]
+        if self.fuse:
+            template = self.template
+            constants = {s: template[s] for s in map(self._slot.get, self.constant_ids)
+                         if s is not None and template[s] is not None}
+            steps = fuse_steps(steps, constants)
         schedule = parallel_schedule(steps, keep) if self.pool is not None else None
         memory = Memory.of(steps, fetch_slots) if self.reuse_memory and schedule is None \
             else None
