@@ -12,6 +12,7 @@ Operands of another shape, dtype or layout at run time take the ufuncs one by on
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -54,7 +55,7 @@ def _fusable(step: Step) -> tuple[int, ...] | None:
             len(step.inputs) != step.kernel.nin:
         return None
     shape = _static_f32_shape(step.node.outputs[0])
-    if shape is None or int(np.prod(shape)) > MAX_ELEMENTS:
+    if shape is None or math.prod(shape) > MAX_ELEMENTS:
         return None
     return shape
 
@@ -65,14 +66,16 @@ def fuse_steps(steps: list[Step], constants: dict[int, Any]) -> list[Step]:
     reads there (initializers that no feed overrides)."""
     groups: list[list[Step]] = []  # runs of fusable steps, or single steps
     shape: tuple[int, ...] | None = None
+    made: set[int] = set()  # the slots the last run writes
     for step in steps:
         got = _fusable(step)
-        run = groups[-1] if groups and shape is not None else None
-        if got is not None and run is not None and got == shape and \
-                _operands_fit(step, got, run, constants):
-            run.append(step)
+        if got is not None and shape is not None and got == shape and \
+                _operands_fit(step, got, made, constants):
+            groups[-1].append(step)
+            made.update(step.outputs)
             continue
-        shape = got if got is not None and _operands_fit(step, got, [], constants) else None
+        made = set(step.outputs)
+        shape = got if got is not None and _operands_fit(step, got, set(), constants) else None
         groups.append([step])
     if all(len(g) < MIN_STEPS for g in groups):
         return steps
@@ -90,18 +93,18 @@ def fuse_steps(steps: list[Step], constants: dict[int, Any]) -> list[Step]:
     return out
 
 
-def _operands_fit(step: Step, shape: tuple[int, ...], run: list[Step],
+def _operands_fit(step: Step, shape: tuple[int, ...], made: set[int],
                   constants: dict[int, Any]) -> bool:
-    """Whether each operand is made in ``run``, a float32 constant that broadcasts to
+    """Whether each operand is ``made`` in the run, a float32 constant that broadcasts to
     ``shape``, or a value whose type says float32 of ``shape``."""
-    made = {s for st in run for s in st.outputs}
     for s, v in zip(step.inputs, step.node.inputs, strict=True):
         if s in made:
             continue
         c = constants.get(s)
         if c is not None:
-            if not isinstance(c, np.ndarray) or c.dtype != _F32 or \
-                    np.broadcast_shapes(c.shape, shape) != shape:
+            if not isinstance(c, np.ndarray) or c.dtype != _F32 or c.ndim > len(shape) or \
+                    any(a not in (1, b) for a, b in
+                        zip(c.shape[::-1], shape[::-1][:c.ndim], strict=True)):
                 return False
         elif _static_f32_shape(v) != shape:
             return False
