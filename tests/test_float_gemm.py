@@ -217,6 +217,32 @@ def test_grouped_products_in_one_call(variant, shape):
     np.testing.assert_array_equal(into, one)
     with pytest.raises(ValueError, match="out must be"):
         P.run(A, out=np.empty((M, g * N + 1), np.float32))
+
+
+@pytest.mark.parametrize("shape", [(4, 37, 9, 21), (2, 50, 300, 3)])
+def test_grouped_products_add_a_residual(variant, shape):
+    """PackedGroups' epilogue adds a (M, g*N) residual after the bias, before the clip (a
+    FusedConv's Z): the bits of the product, then += residual, then the clip; rows of the
+    residual any stride apart."""
+    g, M, K, N = shape
+    rng = np.random.default_rng(10)
+    A = rng.standard_normal((M, g * K), np.float32)
+    Bs = rng.standard_normal((g, K, N), np.float32)
+    bias = rng.standard_normal(g * N).astype(np.float32)
+    wide = rng.standard_normal((M, g * N + 5), np.float32)
+    R = wide[:, 2:2 + g * N]  # rows g*N + 5 floats apart
+    try:
+        P = float_gemm.PackedGroups(Bs, variant)
+    except jit.Unavailable as exc:
+        pytest.skip(str(exc))
+    want = P.run(A, bias)
+    want += R
+    np.clip(want, -1.0, 1.5, out=want)
+    np.testing.assert_array_equal(P.run(A, bias, bounds=(-1.0, 1.5), residual=R), want)
+    np.testing.assert_array_equal(P.run(A, bias, residual=R, threads=2),
+                                  P.run(A, bias) + R)
+    with pytest.raises(ValueError, match="residual must be"):
+        P.run(A, residual=R[:, 1:])
     with pytest.raises(ValueError, match="bias"):
         P.run(A, np.ones(3, np.float32))
     with pytest.raises(ValueError, match=r"\[M, "):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx.parser
+import onnxruntime as ort
 import pytest
 
 import onnxrun
@@ -424,8 +425,8 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     """ShuffleNet's units: grouped 1x1 convolutions on the compiled GEMM (a GEMM per group on
     channels-last rows), the channel shuffle (Reshape-Transpose-Reshape) passing the layout on
     with one copy (the compiled shuffle's), depthwise layers of stride 2 and 1, AveragePool +
-    Concat and a residual Sum; every convolution writes channels-last, results equal level
-    2's and onnxruntime's."""
+    Concat and a residual Sum (with its Relu, the last grouped 1x1's Z); every convolution
+    writes channels-last, results equal level 2's and onnxruntime's."""
     _needs_compiled_gemm()
     from onnxrun.providers.cpu.compiled import shuffle
 
@@ -442,9 +443,12 @@ def test_shufflenet_units_stay_channels_last_through_grouped_1x1_and_the_shuffle
     seen = _spy_layouts(layout)
     x = np.random.default_rng(12).normal(size=(1, 3, 62, 54)).astype(np.float32)
     _assert_matches(layout, plain, blob, {"X": x})
-    # every 4-D value channels-last, the shuffles' ends (sh, sh2) included
-    for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "k", "j", "o"):
+    # every 4-D value channels-last, the shuffles' ends (sh, sh2) included; k + cr -> Relu
+    # is one FusedConv writing o, cr its Z (ConvAddActivationFusion)
+    for name in ("m0", "m", "ar", "sh", "d", "e", "p", "c", "fr", "sh2", "h", "o"):
         assert seen[name][1], (name, seen[name])
+    assert [len(s.node.inputs) for s in layout._program.steps
+            if s.node.outputs[0].name == "o"] == [4]
     assert len(shuffles) >= 2  # both shuffles of each layout-level run compiled
 
 
@@ -618,6 +622,27 @@ def _residual_chain(blocks: int, channels: int = 32) -> bytes:
     return _pooled_model(lines, inits, 9, channels)
 
 
+def test_fused_residual_chain_stays_channels_last():
+    """The chain's Adds as FusedConv's Z (ConvAddActivationFusion): a Z read is a join with
+    the convolution's own output, one walk on from it (two walks, one for the output's
+    layout and one for its readers, doubled at every block: 30 blocks never finished);
+    every convolution channels-last, onnxruntime's numbers (to float32 rounding: the Add
+    graph's layouts differ where the depth limit cuts its walks, and with them the sums'
+    order)."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    blob = _residual_chain(30)
+    sess = onnxrun.InferenceSession(blob)
+    graph = sess._model.graph
+    convs = _convs_in(graph, "forward", 0)
+    assert len(convs) == 61
+    assert sum(len(n.inputs) > 3 and n.inputs[3] is not None for n in convs) == 30
+    assert all(conv_mod.channels_last_output(n) for n in convs)
+    x = np.random.default_rng(16).normal(size=(1, 3, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})
+    np.testing.assert_allclose(sess.run(None, {"X": x})[0], want[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
 def test_remembered_layout_walks_answer_as_fresh_walks(monkeypatch, order):
     """The layout walks' remembered answers (conv._WALKS) are the answers of fresh walks, in
@@ -625,7 +650,9 @@ def test_remembered_layout_walks_answer_as_fresh_walks(monkeypatch, order):
     an answer found near the limit must not be reused further from it)."""
     from onnxrun.providers.cpu.ops import conv as conv_mod
 
-    sess = onnxrun.InferenceSession(_residual_chain(30))
+    # the Adds kept (no FusedConv Z): walks through joins, cut by the depth limit mid-chain
+    sess = onnxrun.InferenceSession(_residual_chain(30),
+                                    disabled_optimizers=["ConvAddActivationFusion"])
     graph = sess._model.graph
     convs = _convs_in(graph, order, 15)
     assert len(convs) == 61

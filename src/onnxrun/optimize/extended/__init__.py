@@ -30,6 +30,8 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
                                          "Add Gelu")),
     "skip_layer_norm": ("SkipLayerNormFusion", 35, (
         "Add LayerNormalization", "Add SimplifiedLayerNormalization", "Add RMSNormalization")),
+    "conv_add_activation": ("ConvAddActivationFusion", 39, (
+        "Add Conv", "Add Conv Relu", "Conv Sum", "Conv Relu Sum")),
     "conv_activation": ("ConvActivationFusion", 40, (
         "Clip Conv", "Conv HardSigmoid", "Conv LeakyRelu", "Conv Relu", "Conv Sigmoid",
         "Conv Tanh")),

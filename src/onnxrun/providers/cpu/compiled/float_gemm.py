@@ -909,10 +909,12 @@ class PackedGroups:
             else self.first.panels.nbytes
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None, bounds=None,
-            threads: int = 1, out: np.ndarray | None = None) -> np.ndarray:
-        """clip(group products + bias, *bounds) as a new (M, g*N) float32 array, or into
-        ``out`` (a C-contiguous one: the executor's buffer, no fresh pages per call). A:
-        (M, g*K) float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,)."""
+            threads: int = 1, out: np.ndarray | None = None,
+            residual: np.ndarray | None = None) -> np.ndarray:
+        """clip(group products + bias + residual, *bounds) as a new (M, g*N) float32 array,
+        or into ``out`` (a C-contiguous one: the executor's buffer, no fresh pages per call).
+        A: (M, g*K) float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,);
+        ``residual``: (M, g*N) float32 with contiguous rows (a FusedConv's Z)."""
         g, K, N = self.g, self.K, self.N
         if A.ndim != 2 or A.shape[1] != g * K or A.dtype != np.float32:
             raise ValueError(f"grouped float GEMM: expected float32 A of shape [M, {g * K}], "
@@ -934,9 +936,19 @@ class PackedGroups:
                 raise ValueError(f"grouped float GEMM: bias must have {g * N} values, got "
                                  f"{bias.size}")
             b_ptr, flags = address(bias), 1
+        r_ptr, ldr = self._zeros_ptr, 0
+        if residual is not None:
+            if residual.shape != out.shape or residual.dtype != np.float32:
+                raise ValueError(f"grouped float GEMM: residual must be float32 "
+                                 f"{list(out.shape)}, got {residual.dtype}"
+                                 f"{list(residual.shape)}")
+            if residual.strides[1] != 4 or residual.strides[0] % 4 or \
+                    residual.strides[0] < 4 * g * N:
+                residual = np.ascontiguousarray(residual)
+            r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
         return self.first._launch(address(A), A.strides[0] // 4, A.shape[0], out, b_ptr,
-                                  self._zeros_ptr, 0, bounds, flags, self.first.tile.KC, 0,
-                                  threads, sets=g)
+                                  r_ptr, ldr, bounds, flags, self.first.tile.KC, 0, threads,
+                                  sets=g)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

@@ -689,6 +689,15 @@ def _finish(Y, src, b, Z, act, out_dtype, threads: int = 1, out=None) -> np.ndar
     return Y if Y.dtype == out_dtype else Y.astype(out_dtype)
 
 
+def _residual_rows(Z, shape: tuple[int, ...]) -> np.ndarray | None:
+    """Z (FusedConv's addend) as the (pixels, channels) rows a compiled GEMM's epilogue adds
+    after the bias (the same additions, in the same order, as _finish's), or None where Z
+    is absent or not a float32 channels-last array of the output's ``shape``."""
+    if Z is None or Z.shape != shape or Z.dtype != np.float32 or not _is_channels_last(Z):
+        return None
+    return Z.transpose(0, 2, 3, 1).reshape(-1, shape[1])
+
+
 def _row_pieces(H: int, start: int, stop: int):
     """Rows [start, stop) of the flattened (image, row) index as (image, first row, end row)
     pieces, one image each: a piece of a channels-last array stays one contiguous block."""
@@ -1149,6 +1158,17 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
     kinds: set[str] = set()
     for node, index in value.uses:
         if node.domain in ("", "com.microsoft") and node.op_type in ("Conv", "FusedConv"):
+            if index == 3 and node.op_type == "FusedConv":  # Z: added to the output in the
+                # output's layout (ConvAddActivationFusion's residuals), a join as an Add's
+                # whose other operand is the convolution's own result (one walk on: its
+                # readers are asked by _writes_walk)
+                if _joined(node, joins):
+                    continue
+                if not _writes_channels_last(node.outputs[0], threads, joins | {node},
+                                             depth + 1):
+                    return None
+                kinds.add("follow")
+                continue
             kind = conv_kind(node, threads)
             if index != 0 or kind == "other":
                 return None
@@ -1843,13 +1863,16 @@ class Conv(_ConvBase):
 
     def _gemm_1x1_compiled(self, X, b, Z, act, out=None):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
-        the output channels-last, the bias and a Relu / Clip (without Z) in its epilogue."""
+        the output channels-last, the bias, a channels-last Z and a Relu / Clip in its
+        epilogue."""
         N, C = X.shape[:2]
         M = self.gemm_t_packed.N
         bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
+        residual = _residual_rows(Z, (N, M) + X.shape[2:])
+        fused = (act is None or bounds is not None) and (Z is None or residual is not None)
         Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
                                    None if b is None else b.reshape(M),
+                                   residual=residual if fused else None,
                                    bounds=bounds if fused else None, threads=self.threads,
                                    out=nhwc_out(out, (N,) + X.shape[2:] + (M,),
                                                 np.float32).reshape(-1, M))
@@ -1861,16 +1884,17 @@ class Conv(_ConvBase):
         C/g channels (read in place, rows C floats apart) @ its packed weight, written into
         its range of the output's channels (``out``'s, the executor's buffer, where it is
         laid out so), every group in one call (ShuffleNet's layers, where BLAS ran a GEMM
-        per group on NCHW planes); the bias and a Relu / Clip (without Z) in the
+        per group on NCHW planes); the bias, a channels-last Z and a Relu / Clip in the
         epilogue."""
         N, C = X.shape[:2]
         pk = self.group_packed
         M = pk.g * pk.N
         bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
+        residual = _residual_rows(Z, (N, M) + X.shape[2:])
+        fused = (act is None or bounds is not None) and (Z is None or residual is not None)
         Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
                    None if b is None else b.reshape(M), bounds=bounds if fused else None,
-                   threads=self.threads,
+                   residual=residual if fused else None, threads=self.threads,
                    out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32).reshape(-1, M))
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
