@@ -4,8 +4,9 @@ transposed to (a, b), out[p, i * b + j] = in[p, j * a + i] (ShuffleNet's Reshape
 
 Why: numpy copies it as b strided copies (every b-th float out), ~4 cycles a float; here 8
 channels of each of the b groups are loaded as vectors and interleaved by one shuffle into
-8 * b consecutive floats (the rest of a pixel, a % 8 channels, one float at a time). A copy:
-the numbers are the input's, bit for bit.
+8 * b consecutive floats (the rest of a pixel, a % 8 channels, as the last 8 channels again,
+overlapping: ShuffleNet's a = 28, 34 and 68 spent about half their time on them one float at
+a time; only a < 8 goes float by float). A copy: the numbers are the input's, bit for bit.
 """
 
 from __future__ import annotations
@@ -23,13 +24,49 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _PROTO = ctypes.CFUNCTYPE(None, _P, _P, _I, _I)
 
 
+def _lanes(idx) -> str:
+    """A shuffle mask, typed."""
+    idx = list(idx)
+    return f"<{len(idx)} x i32> <" + ", ".join(f"i32 {i}" for i in idx) + ">"
+
+
+def _block(b: int, i: str, t: str) -> list[str]:
+    """Channels ``i``..``i``+7 of each of the b groups of pixel %xp loaded as vectors and
+    interleaved by one shuffle into 8 * b consecutive floats of %yp (names suffixed ``t``)."""
+    V8 = "<8 x float>"
+    L = []
+    for j in range(b):
+        L += [f"  %oj{j}{t} = mul i64 %a, {j}",
+              f"  %o{j}{t} = add i64 %oj{j}{t}, {i}",
+              f"  %q{j}{t} = getelementptr float, ptr %xp, i64 %o{j}{t}",
+              f"  %v{j}{t} = load {V8}, ptr %q{j}{t}, align 4"]
+    # widen to one vector of 8 * b lanes: v0 ++ v1 ++ ... (a power-of-two tree of concats)
+    parts, width, n = [f"%v{j}{t}" for j in range(b)], 8, 0
+    while len(parts) > 1:
+        nxt = []
+        for k in range(0, len(parts) - 1, 2):
+            name = f"%c{n}{t}"
+            n += 1
+            L.append(f"  {name} = shufflevector <{width} x float> {parts[k]}, "
+                     f"<{width} x float> {parts[k + 1]}, {_lanes(range(2 * width))}")
+            nxt.append(name)
+        if len(parts) % 2:  # the odd one out, padded to the doubled width
+            name = f"%c{n}{t}"
+            n += 1
+            L.append(f"  {name} = shufflevector <{width} x float> {parts[-1]}, "
+                     f"<{width} x float> poison, {_lanes(range(2 * width))}")
+            nxt.append(name)
+        parts, width = nxt, 2 * width
+    order = [j * 8 + k for k in range(8) for j in range(b)]  # out k * b + j <- v_j[k]
+    return L + [f"  %s{t} = shufflevector <{width} x float> {parts[0]}, <{width} x float> "
+                f"poison, {_lanes(order)}",
+                f"  %yo{t} = mul i64 {i}, {b}",
+                f"  %yq{t} = getelementptr float, ptr %yp, i64 %yo{t}",
+                f"  store <{8 * b} x float> %s{t}, ptr %yq{t}, align 4"]
+
+
 def module_ir(b: int) -> str:
     """``@shuffle_f32(ptr %X, ptr %Y, i64 %P, i64 %a)``: P pixels of a * b floats each."""
-    V8 = "<8 x float>"
-    def lanes(idx) -> str:  # a shuffle mask, typed
-        idx = list(idx)
-        return f"<{len(idx)} x i32> <" + ", ".join(f"i32 {i}" for i in idx) + ">"
-
     L = ["define void @shuffle_f32(ptr %X, ptr %Y, i64 %P, i64 %a) nounwind {",
          "entry:",
          f"  %pix = mul i64 %a, {b}",
@@ -45,43 +82,23 @@ def module_ir(b: int) -> str:
          "  br i1 %anyv, label %vloop, label %vdone",
          "vloop:",  # channels i..i+7 of every group: one interleaving shuffle
          "  %i = phi i64 [0, %ploop], [%in, %vloop]"]
-    for j in range(b):
-        L += [f"  %oj{j} = mul i64 %a, {j}",
-              f"  %o{j} = add i64 %oj{j}, %i",
-              f"  %q{j} = getelementptr float, ptr %xp, i64 %o{j}",
-              f"  %v{j} = load {V8}, ptr %q{j}, align 4"]
-    # widen to one vector of 8 * b lanes: v0 ++ v1 ++ ... (a power-of-two tree of concats)
-    parts, width, n = [f"%v{j}" for j in range(b)], 8, 0
-    while len(parts) > 1:
-        nxt = []
-        for k in range(0, len(parts) - 1, 2):
-            name = f"%c{n}"
-            n += 1
-            L.append(f"  {name} = shufflevector <{width} x float> {parts[k]}, "
-                     f"<{width} x float> {parts[k + 1]}, {lanes(range(2 * width))}")
-            nxt.append(name)
-        if len(parts) % 2:  # the odd one out, padded to the doubled width
-            name = f"%c{n}"
-            n += 1
-            L.append(f"  {name} = shufflevector <{width} x float> {parts[-1]}, "
-                     f"<{width} x float> poison, {lanes(range(2 * width))}")
-            nxt.append(name)
-        parts, width = nxt, 2 * width
-    total = 8 * b
-    order = [j * 8 + t for t in range(8) for j in range(b)]  # out t * b + j <- v_j[t]
-    L += [f"  %s = shufflevector <{width} x float> {parts[0]}, <{width} x float> poison, "
-          f"{lanes(order)}",
-          f"  %yo = mul i64 %i, {b}",
-          "  %yq = getelementptr float, ptr %yp, i64 %yo",
-          f"  store <{total} x float> %s, ptr %yq, align 4",
-          "  %in = add i64 %i, 8",
+    L += _block(b, "%i", "")
+    L += ["  %in = add i64 %i, 8",
           "  %vmore = icmp slt i64 %in, %a8",
           "  br i1 %vmore, label %vloop, label %vdone",
           "vdone:",
           "  %anys = icmp slt i64 %a8, %a",
-          "  br i1 %anys, label %sloop, label %pnext",
-          "sloop:",  # the last a % 8 channels of each group, one float at a time
-          "  %k = phi i64 [%a8, %vdone], [%kn, %sloop]"]
+          "  br i1 %anys, label %tail, label %pnext",
+          "tail:",  # a % 8 channels left: the last 8 again, overlapping (a copy: the same
+          # values stored twice), where a >= 8; else one float at a time
+          "  %wide = icmp ne i64 %a8, 0",
+          "  br i1 %wide, label %vlast, label %sloop",
+          "vlast:",
+          "  %il = sub i64 %a, 8"]
+    L += _block(b, "%il", "l")
+    L += ["  br label %pnext",
+          "sloop:",
+          "  %k = phi i64 [0, %tail], [%kn, %sloop]"]
     for j in range(b):
         L += [f"  %sj{j} = mul i64 %a, {j}",
               f"  %so{j} = add i64 %sj{j}, %k",
