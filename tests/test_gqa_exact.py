@@ -277,7 +277,12 @@ def test_two_threads_long_cache_decode_bit_exact(N, Nkv, past, window, share, mo
     got = ours.run(None, {**feed, "past_key": cache[0], "past_value": cache[1]})
     _assert_same(got, want)
     if spin.usable() is not None:
-        assert any(n > 1 and t == 2 for n, t in calls)
+        # with fewer heads than threads, the keys split only where they fill more than one
+        # KV block, whose size comes from this host's L2 cache as onnxruntime's does (one
+        # MiB of L2: 512 keys of 64, so 301 keys stay whole, and so do onnxruntime's)
+        blocks = -(-(past + 1) // max(gqa.l2_cache_size() // (32 * H), 1))
+        split = any(n > 1 and t == 2 for n, t in calls)
+        assert split == (N >= 2 or blocks > 1), (calls, blocks)
 
 
 @pytest.mark.parametrize("window", [-1, 200])
