@@ -579,19 +579,31 @@ def _float_rnn_inputs(gates: int, D: int, T: int, batch: int, I: int, H: int,
                                                      ("bidirectional", 7, 1)])
 def test_float_lstm_takes_the_compiled_recurrence(direction, batch, threads, monkeypatch):
     """The usual float32 LSTM runs each direction in one compiled call: outputs equal the
-    numpy loop's but for tanh's and the products' last bits; both directions on 2 threads."""
+    numpy loop's but for tanh's and the products' last bits; both directions on 2 threads,
+    by one fork to spin.py's workers where they run here."""
+    from onnxrun.providers.cpu.compiled import spin
+
     T, I, H = 6, 10, 20
     D = 2 if direction == "bidirectional" else 1
     inputs = _float_rnn_inputs(4, D, T, batch, I, H)
     model, feeds = one_node("LSTM", inputs, opset=14, n_out=3, const=(1, 2, 3),
                             out_types=[TP.FLOAT] * 3, hidden_size=H, direction=direction)
-    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
+    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "_checked")  # run's, the fork's
     fresh = _Counting(monkeypatch, lstm.Float32Recurrence, "run_fresh")  # one direction
+    forks, fork = [], spin.Pool.fork  # the jobs of spin.py's forks
+    monkeypatch.setattr(spin.Pool, "fork", lambda pool, job, argv, at=0: forks.append(
+        (job, len(argv))) or fork(pool, job, argv, at))
     ref, sess = _sessions(model, threads)
     want = ref.run(None, feeds)
     assert counter.calls == fresh.calls == 0
     got = sess.run(None, feeds)
     assert counter.calls + fresh.calls == D
+    block = spin.function_address(lstm._block_function_of("lstm_f32"))
+    split = threads > 1 and D > 1 and spin.usable() is not None
+    assert [f for f in forks if f[0] == block] == ([(block, 2)] if split else [])
+    if threads > 1:  # each direction whole on one thread: 1 thread's bits
+        for g, w in zip(got, _sessions(model, 1)[1].run(None, feeds), strict=True):
+            np.testing.assert_array_equal(g, w)
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         np.testing.assert_allclose(g, w, rtol=0, atol=5e-6)
@@ -690,7 +702,7 @@ def test_float_gru_takes_the_compiled_recurrence(direction, batch, threads, lbr,
     model, feeds = one_node("GRU", inputs, opset=14, n_out=2, const=(1, 2, 3),
                             out_types=[TP.FLOAT] * 2, hidden_size=H, direction=direction,
                             linear_before_reset=lbr)
-    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "run")
+    counter = _Counting(monkeypatch, lstm.Float32Recurrence, "_checked")  # run's, the fork's
     ref, sess = _sessions(model, threads)
     want = ref.run(None, feeds)
     got = sess.run(None, feeds)

@@ -558,6 +558,13 @@ class _Recurrence:
         [B, H] (updated in place to the final state; a GRU has no ``c``: None), ``ys``
         [steps, B, H] receives every step's h. float32; h and c C-contiguous, xw and ys
         contiguous but for their first (step) axis."""
+        args = self._checked(xw, h, c, ys)
+        if args is not None:
+            self._call(*args)
+
+    def _checked(self, xw: np.ndarray, h: np.ndarray, c: np.ndarray | None, ys: np.ndarray
+                 ) -> tuple | None:
+        """``run``'s checks; ``_call``'s arguments, or None where there is nothing to do."""
         steps, B = xw.shape[:2]
         H = self.H
         arrays = [("xw", xw, (steps, B, self.gates * H)), ("h", h, (B, H)),
@@ -573,9 +580,9 @@ class _Recurrence:
             if name != "xw" and not a.flags.writeable:
                 raise ValueError(f"{type(self).__name__}.run: {name} must be writeable")
         if steps == 0 or B == 0:
-            return
-        self._call(xw, xw.strides[0] // 4, h, h if c is None else c, ys, ys.strides[0] // 4,
-                   steps, B)
+            return None
+        return (xw, xw.strides[0] // 4, h, h if c is None else c, ys, ys.strides[0] // 4,
+                steps, B)
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:  # pragma: no cover
         raise NotImplementedError
@@ -658,12 +665,19 @@ class Float32Recurrence(_Recurrence):
             self.inputs + H, -1)[self.inputs:, : self.gates * H])
 
     def _call(self, xw, xs, h, c, ys, ys_step, steps, B) -> None:
+        words, _gates = self._block(xw, xs, h, c, ys, ys_step, steps, B)
+        self._block_fn(address(words))
+
+    def _block(self, xw, xs, h, c, ys, ys_step, steps, B) -> tuple[np.ndarray, np.ndarray]:
+        """The kernel's argument block for ``_call``'s arguments, and the scratch it points
+        at (both to be kept alive through the call)."""
         if self.inputs:
             raise ValueError("a stacked recurrence runs one step of one row: run_stacked")
         gates = np.empty((GROUP, self.width), np.float32)
-        self.fn(address(xw), xs, address(h), address(c), address(ys), ys_step, steps, B,
-                self.H, self._panels_ptr, self.H, self.width, None, None,
-                self._cols_ptr, None, address(gates), None, None, 1.0)
+        words = np.array([address(xw), xs, address(h), address(c), address(ys), ys_step, steps,
+                          B, self.H, self._panels_ptr, self.H, self.width, 0, 0,
+                          self._cols_ptr, 0, address(gates), 0, 0, _float_word(1.0)], np.int64)
+        return words, gates
 
     def run_stacked(self, bias: np.ndarray, xh: np.ndarray, c: np.ndarray,
                     ys: np.ndarray | None) -> None:
@@ -711,6 +725,29 @@ class Float32Recurrence(_Recurrence):
             pool.append((block, ys_ptr, keep))
 
 
+def run_directions(recurrences: list, calls: list[tuple], threads: int) -> None:
+    """``recurrences[d].run(*calls[d])`` for every direction, on up to ``threads`` threads at
+    once. Float32 recurrences of one kind go to spin.py's workers by one fork of their
+    argument blocks: a worker still spinning from the layer's input product starts at once,
+    and a direction no worker has begun is run by the caller (parallel.py's queue woke a
+    Python thread, which then waited for the GIL and for a core). 8-bit ones go to
+    parallel.py's threads."""
+    from ..parallel import run_each
+    from . import spin
+
+    fns = {id(fn): fn for fn in (getattr(r, "_block_fn", None) for r in recurrences)}
+    pool = spin.usable() if threads > 1 and len(recurrences) > 1 else None
+    if pool is None or len(fns) != 1 or None in fns.values() or \
+            len(recurrences) - 1 > pool.size:
+        run_each(lambda d: recurrences[d].run(*calls[d]), len(recurrences), threads)
+        return
+    parts = [(r, r._checked(*a)) for r, a in zip(recurrences, calls, strict=True)]
+    blocks = [r._block(*a) for r, a in parts if a is not None]  # (words, scratch) each
+    if blocks:
+        argv = np.array([address(words) for words, _ in blocks], np.int64)
+        pool.fork(spin.function_address(next(iter(fns.values()))), argv)
+
+
 def _float_word(value: float) -> int:
     """A float32's bits as an argument block's word."""
     return int(np.array(value, np.float32).view(np.int32))
@@ -721,4 +758,4 @@ BUNDLE = {"lstm_u8": (module_ir_u8, INT8_REQUIRES), "lstm_f32": (module_ir_f32, 
           "gru_f32": (module_ir_gru, FLOAT_REQUIRES)}
 
 __all__ = ["BUNDLE", "FLOAT_REQUIRES", "Float32Recurrence", "Int8Recurrence", "module_ir_f32",
-           "module_ir_gru", "module_ir_u8"]
+           "module_ir_gru", "module_ir_u8", "run_directions"]

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..kernels import KernelContext, op
-from ..parallel import run_each, threads_for
+from ..parallel import threads_for
 
 # -- activations -----------------------------------------------------------------------------------
 
@@ -346,10 +346,10 @@ class _Recurrent:
         h = np.array(states[0], order="C")  # written in place: [D, B, H]
         c = np.array(states[1], order="C") if len(states) > 1 else None  # a GRU has none
 
-        def run(d: int) -> None:
-            recurrences[d].run(xs[:, d], h[d], None if c is None else c[d], ys[:, d])
+        from ..compiled.lstm import run_directions  # loaded: the recurrences come from it
 
-        run_each(run, len(recurrences), self.threads)
+        run_directions(recurrences, [(xs[:, d], h[d], None if c is None else c[d], ys[:, d])
+                                     for d in range(len(recurrences))], self.threads)
         return [h] if c is None else [h, c]
 
     def _outputs(self, dtype: np.dtype, ys: np.ndarray | None, states: list[np.ndarray]
