@@ -298,3 +298,14 @@ def test_a_worker_woken_for_a_part_taken_back_polls_for_the_next(monkeypatch):
     while pool.ctrl[0, 0] != 1 and time.perf_counter() < deadline:
         pass
     assert pool.ctrl[0, 0] == 1, "the woken worker went back to sleep"
+
+
+def test_control_words_own_their_cache_lines():
+    """Each worker's control block starts a 128-byte pair of cache lines of its own, with a
+    padding pair before the first and after the last: the polled words share no line with
+    any other object of the process."""
+    pool = spin.Pool(3)
+    buffer = pool.ctrl.base
+    assert pool.base % 128 == 0 and pool.ctrl.strides == (128, 8)
+    assert pool.base - buffer.ctypes.data >= 128
+    assert buffer.ctypes.data + buffer.nbytes - (pool.base + pool.ctrl.nbytes) >= 128

@@ -33,12 +33,19 @@ import numpy as np
 
 from ..parallel import run_ranges, usable_cores
 from . import jit
+from .layout import aligned_zeros
 
 REQUIRES = ()
 # how long a worker polls for its next piece before sleeping; in time-stamp counter ticks
 # (~1-3 GHz): about 1 ms, longer than the gaps between a decode step's products
 SPIN_TICKS = 2_000_000
-_WORDS = 8  # one 64-byte line per worker
+# 128 bytes per worker, from a 128-byte boundary, with a padding pair of lines before the
+# first and after the last: nothing else shares a worker's cache lines (nor the line the
+# adjacent-line prefetcher pairs with them). A worker polls its control word; at 64 bytes
+# from numpy's 16-byte-aligned allocation the words straddled two lines shared with other
+# heap objects (base % 64 = 32 seen), whose every write (a Python refcount) would pull the
+# line off the polling core
+_WORDS = 16
 # After this many ticks (~20-50 us) of polling, a worker or a waiting caller yields its core
 # (sched_yield) on each turn: on an idle machine the call returns at once, on a busy one
 # (more runnable threads than cores) another thread runs instead of the polling. Measured on
@@ -140,7 +147,7 @@ def module_ir(target=None) -> str:
         "  %w = phi i64 [0, %entry], [%w.next, %post.next]",
         "  %held = phi i64 [0, %entry], [%held.n, %post.next]",
         "  %asleep = phi i64 [0, %entry], [%asleep.n, %post.next]",
-        "  %woff = mul i64 %w, 8",
+        f"  %woff = mul i64 %w, {_WORDS}",
         "  %ctrl = getelementptr i64, ptr %ctrls, i64 %woff",
         "  %cl = " + cas.format(p="%ctrl", old=1, new=3),
         "  %claimed = extractvalue { i64, i1 } %cl, 1",
@@ -200,7 +207,7 @@ def module_ir(target=None) -> str:
         "  %aj = load ptr, ptr %argj, align 8",
         "  br i1 %mine, label %reclaim, label %run",
         "reclaim:",  # a part its worker has not begun: taken back
-        "  %joff = mul i64 %j, 8",
+        f"  %joff = mul i64 %j, {_WORDS}",
         "  %jc = getelementptr i64, ptr %ctrls, i64 %joff",
         "  %rc = " + cas.format(p="%jc", old=2, new=3),
         "  %back = extractvalue { i64, i1 } %rc, 1",
@@ -307,7 +314,8 @@ class Pool:
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.ctrl = np.zeros((max(1, size), _WORDS), np.int64)  # never reallocated
+        lines = aligned_zeros((max(1, size) + 2, _WORDS), np.int64, align=_WORDS * 8)
+        self.ctrl = lines[1:-1]  # never reallocated
         self.base = self.ctrl.ctypes.data
         module = _module()
         self._spin, self._fork = module.spin, module.fork
