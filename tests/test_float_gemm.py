@@ -6,6 +6,8 @@ compiled path and numpy path."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -217,6 +219,33 @@ def test_grouped_products_in_one_call(variant, shape):
     np.testing.assert_array_equal(into, one)
     with pytest.raises(ValueError, match="out must be"):
         P.run(A, out=np.empty((M, g * N + 1), np.float32))
+
+
+@pytest.mark.parametrize("target", ["host", "avx2"])
+@pytest.mark.parametrize("g,M,K,N", [(4, 37, 34, 34), (3, 13, 28, 28), (1, 7, 9, 17),
+                                     (2, 20, 70, 68)])
+def test_partial_panels_write_only_their_columns(target, g, M, K, N):
+    """A partial panel's stores (masked vector stores on AVX-512, scalar ones on AVX2) write
+    its columns only: the next group's columns and the bytes past the output's end (a guard
+    after the buffer) are left as they were; bias, residual and clip applied."""
+    rng = np.random.default_rng(N)
+    A = rng.standard_normal((M, g * K), np.float32)
+    Bs = rng.standard_normal((g, K, N), np.float32)
+    bias = rng.standard_normal(g * N).astype(np.float32)
+    residual = rng.standard_normal((M, g * N)).astype(np.float32)
+    try:
+        with contextlib.nullcontext() if target == "host" else compiled.forced_target(target):
+            P = float_gemm.PackedGroups(Bs)
+    except jit.Unavailable as exc:
+        pytest.skip(str(exc))
+    buffer = np.full(M * g * N + 64, 7.0, np.float32)
+    out = buffer[:M * g * N].reshape(M, g * N)
+    P.run(A, bias, bounds=(-1.0, 1.5), out=out, residual=residual)
+    assert (buffer[M * g * N:] == 7.0).all()
+    for i in range(g):
+        cols = slice(i * N, (i + 1) * N)
+        _close(out[:, cols], _reference(A[:, i * K:(i + 1) * K], Bs[i], bias[cols],
+                                        residual[:, cols], (-1.0, 1.5)), K)
 
 
 @pytest.mark.parametrize("shape", [(4, 37, 9, 21), (2, 50, 300, 3)])

@@ -272,11 +272,21 @@ def _tile(R: int, W: int, NV: int, U: int = 4, NP: int | None = None) -> list[st
     for r in range(R):
         for v in range(NV):
             L.append(f"  store {VT} %o{r}_{v}, ptr %cp{r}_{v}, align 4")
-    # A partial panel's rows: through a buffer, then ncols scalar stores each. A masked store
-    # is microcoded on AMD (vmaskmovps: ~12-19 cycles each, 12 per tile): 68 columns of 196
-    # rows cost more than 80 did (46 against 42 us at K = 68), ShuffleNet's 34 / 68 / 136.
-    L += ["  ret void", "stm:",
-          f"  %sbuf = alloca [{NR} x float], align {4 * W}"]
+    L += ["  ret void", "stm:"]
+    if W >= 16:
+        # AVX-512: a partial panel's rows by masked stores (vmovups with a k mask, one store
+        # each: not microcoded as AVX2's vmaskmovps is). The scalar stores below cost about
+        # as much as the tile's FMAs at K ~ 30: ShuffleNet's grouped 784 x (4 x 34x34)
+        # 158 -> 109 us, 784 x (4 x 28x28) 94 -> 65 (Zen 4; 32x32: 74)
+        for r in range(R):
+            L += [f"  call void @llvm.masked.store.{sfx}.p0({VT} %o{r}_{v}, ptr %cp{r}_{v}, "
+                  f"i32 4, {VM} %mask{v})" for v in range(NV)]
+        L += ["  ret void", "}"]
+        return L
+    # AVX2: a partial panel's rows through a buffer, then ncols scalar stores each. A masked
+    # store is microcoded on AMD (vmaskmovps: ~12-19 cycles each, 12 per tile): 68 columns
+    # of 196 rows cost more than 80 did (46 against 42 us at K = 68).
+    L += [f"  %sbuf = alloca [{NR} x float], align {4 * W}"]
     for v in range(NV):
         L.append(f"  %sbv{v} = getelementptr float, ptr %sbuf, i64 {v * W}")
     L.append("  br label %sr0")
