@@ -89,15 +89,21 @@ def _pattern(sess):
     return patterns[0]
 
 
-def test_intermediates_share_bytes_and_views_keep_theirs():
-    sess = _session(VIEWS)
-    rng = np.random.default_rng(0)
+def _run_views(sess, seed: int) -> np.ndarray:
+    """RUNS runs of VIEWS on random inputs, each checked against numpy; the last input."""
+    rng = np.random.default_rng(seed)
     for i in range(RUNS):
         x = rng.standard_normal((4, 8192), dtype=np.float32)
         y, z = sess.run(None, {"x": x})
         ry, rz = _views_reference(x)
         np.testing.assert_array_equal(y, ry, err_msg=f"run {i}")
         np.testing.assert_array_equal(z, rz, err_msg=f"run {i}")
+    return x
+
+
+def test_intermediates_share_bytes_and_views_keep_theirs():
+    sess = _session(VIEWS)
+    _run_views(sess, seed=0)
     pattern = _pattern(sess)
     pooled = [spec for spec in pattern.specs if spec is not None]
     assert len(pooled) == 4  # a, b, c, d (y and z are graph outputs)
@@ -129,13 +135,7 @@ def test_profiled_runs_use_the_arena(tmp_path):
     its profile times the kernels of a run, not fresh memory's page faults."""
     sess = _session(VIEWS, enable_profiling=True,
                     profile_file_prefix=str(tmp_path / "views"))
-    rng = np.random.default_rng(1)
-    for i in range(RUNS):
-        x = rng.standard_normal((4, 8192), dtype=np.float32)
-        y, z = sess.run(None, {"x": x})
-        ry, rz = _views_reference(x)
-        np.testing.assert_array_equal(y, ry, err_msg=f"run {i}")
-        np.testing.assert_array_equal(z, rz, err_msg=f"run {i}")
+    x = _run_views(sess, seed=1)
     pattern = _pattern(sess)
     arena = pattern.free[0].arena
     assert arena is not None
