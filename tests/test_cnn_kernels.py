@@ -319,7 +319,8 @@ def test_channels_last_padded_copy_on_the_spinning_workers(monkeypatch, heads, s
     if copy.unavailable() is not None or spin.usable() is None:
         pytest.skip("no compiled copy or spinning workers here")
     small = rand(1, 10, 10, 24).transpose(0, 3, 1, 2)  # under two ranges: numpy's copy
-    assert not conv._pad_on_workers(np.empty((1, 24, 12, 12), np.float32), small, heads, 2)
+    assert not conv._pad_on_workers(
+        np.empty((1, 12, 12, 24), np.float32).transpose(0, 3, 1, 2), small, heads, 2)
     monkeypatch.setattr(copy, "MIN_BYTES_PER_RANGE", 1024)
     forks = []
     run_blocks = spin.run_blocks
