@@ -723,3 +723,47 @@ def test_gelus_write_over_their_inputs():
     over = {name[j]: name[kp[1]] for j, kp in enumerate(pattern.over) if kp is not None}
     assert over == {"h": "a", "t": "h", "g": "t"}, over
     assert pattern.nbytes == 64 * 1024 * 4
+
+
+# QuickGelu (SiLU at alpha 1) writes over its input, as the Gelus do
+QUICK_GELU = """
+<ir_version: 8, opset_import: ["" : 18, "com.microsoft" : 1]>
+g (float[N, 1024] x) => (float[N, 1024] y) {
+  a = Neg(x)
+  q = com.microsoft.QuickGelu<alpha = 1.0>(a)
+  y = Abs(q)
+}
+"""
+
+
+def test_quick_gelu_writes_over_its_input():
+    rng = np.random.default_rng(12)
+    feeds = [{"x": rng.standard_normal((64, 1024), dtype=np.float32)} for _ in range(RUNS)]
+    sess = _run_both(QUICK_GELU, feeds)
+    pattern = _pattern(sess)
+    plan = next(p for p in sess._program._plans.values() if p.memory is not None)
+    name = {j: plan.steps[i].node.outputs[0].name for i, j in plan.memory.candidates.items()}
+    over = {name[j]: name[kp[1]] for j, kp in enumerate(pattern.over) if kp is not None}
+    assert over == {"q": "a"}, over
+    a = -feeds[0]["x"].astype(np.float64)
+    np.testing.assert_allclose(sess.run(None, feeds[0])[0], np.abs(a / (1 + np.exp(-a))),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_quick_gelu_into_a_channels_last_buffer_that_is_its_input():
+    """The executor's buffer in X's channels-last layout, X's own bytes: QuickGelu writes
+    there and returns that buffer, with the values it computes into a fresh array."""
+    from types import SimpleNamespace
+
+    from onnxrun.providers.cpu.compiled import logistic
+    from onnxrun.providers.cpu.ops.contrib.fused import QuickGelu
+
+    if logistic.unavailable() is not None:
+        pytest.skip(logistic.unavailable())
+    ctx = SimpleNamespace(session_options=SimpleNamespace(intra_op_num_threads=1))
+    kernel = QuickGelu(ctx, alpha=1.0)
+    X = np.random.default_rng(13).standard_normal((2, 9, 7, 40), np.float32).transpose(0, 3, 1, 2)
+    want = kernel(X.copy())  # C order in, a fresh result
+    got = kernel(X, out=X)
+    assert got is X
+    np.testing.assert_array_equal(got, want)
