@@ -275,6 +275,53 @@ def test_strided_implicit_gemm(C, kernel, attrs):
                       **attrs), threads=1)  # stride 1, each output row wrapping too
 
 
+def test_implicit_gemm_keeps_its_padded_buffer_and_blocks_per_shape():
+    """A small channels-last convolution pads into a buffer of its own whose zero borders
+    are written once, and keeps its product's argument blocks per input shape: inputs of
+    changing sizes (and values), in turn and from two threads at once, give onnxruntime's
+    numbers each time."""
+    import threading
+
+    _needs_packed_gemm()
+    C, M = 16, 24
+    w, b = rand(M, C, 3, 3, scale=0.2), rand(M)
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, C, "h", "w"])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["X", "W", "B"], ["Y"], pads=[1, 1, 1, 1])], "g", [x],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = model.SerializeToString()
+    theirs = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    ours = session(data, threads=1)
+    sizes = [(12, 12), (9, 14), (12, 12), (5, 3), (9, 14)]
+    for h, wd in sizes:
+        feeds = {"X": rand(1, C, h, wd)}
+        np.testing.assert_allclose(ours.run(None, feeds)[0], theirs.run(None, feeds)[0],
+                                   rtol=1e-4, atol=1e-4)
+    (conv,) = [s.kernel for s in ours._program.full_plan.steps
+               if getattr(s.kernel, "nhwc_packed", None) is not None]
+    assert len(conv.launches) == 2 and conv.__dict__.get("_pads") is not None  # (5 x 3: small)
+    errors = []
+
+    def worker(h, wd):
+        try:
+            for _ in range(20):
+                feeds = {"X": rand(1, C, h, wd)}
+                np.testing.assert_allclose(ours.run(None, feeds)[0],
+                                           theirs.run(None, feeds)[0], rtol=1e-4, atol=1e-4)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=size) for size in sizes[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("C", [3, 64], ids=["hcw", "nhwc"])
 def test_implicit_gemm_padded_copy_splits_at_two_threads(monkeypatch, C):
     """The implicit GEMM's zero-padded copy of a large input goes to the intra-op threads in

@@ -248,6 +248,52 @@ def test_partial_panels_write_only_their_columns(target, g, M, K, N):
                                         residual[:, cols], (-1.0, 1.5)), K)
 
 
+@pytest.mark.parametrize("logistic", [(1.0, True), (1.702, True), (1.0, False)])
+@pytest.mark.parametrize("M,K,N", [(1, 5, 3), (7, 33, 17), (37, 64, 100), (13, 200, 130)])
+def test_logistic_epilogue_equals_the_standalone_kernel_bit_for_bit(variant, logistic, M, K,
+                                                                     N):
+    """The epilogue's logistic (a convolution's fused Sigmoid, or SiLU / QuickGelu: y *
+    logistic(alpha y)) after bias, residual and clip gives compiled/logistic.py's bits on the
+    product without it, NaN and infinities included; every path into the kernel (rows,
+    shifted rows, groups, threads) takes it."""
+    from onnxrun.providers.cpu.compiled import logistic as mlas
+
+    rng = np.random.default_rng(M * K + N)
+    A = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+    A[0, :3] = [np.inf, np.nan, -np.inf] if K > 3 else A[0, :3]
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    residual = rng.standard_normal((M, N)).astype(np.float32)
+    alpha, times_x = logistic
+
+    def after(Y):
+        return mlas.quick_gelu(Y, alpha) if times_x else mlas.sigmoid(Y)
+
+    P = _packed(B, variant)
+    for bounds in (None, (-1.0, 2.0)):
+        want = after(P.run(A, bias, residual, bounds))
+        got = P.run(A, bias, residual, bounds, logistic=logistic)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        for threads in (2, 3):
+            np.testing.assert_array_equal(
+                P.run(A, bias, residual, bounds, logistic=logistic, threads=threads), got)
+    # shifted rows (the implicit-GEMM convolution's): A's rows read in place, K in blocks
+    base = np.ascontiguousarray(A).reshape(-1)
+    shifted = P.run_shifted(base, M, K, K, 0, bias, logistic=logistic)
+    np.testing.assert_array_equal(shifted, after(P.run(A, bias)))
+    # groups: each group's columns as its own product's
+    Bs = np.stack([B, B[::-1].copy()])
+    G = float_gemm.PackedGroups(Bs, variant)
+    A2 = np.concatenate([A, A[:, ::-1]], axis=1)
+    bias2 = np.concatenate([bias, -bias])
+    got = G.run(A2, bias2, logistic=logistic)
+    np.testing.assert_array_equal(got, after(G.run(A2, bias2)))
+    # an empty product's epilogue: the logistic of the bias
+    Z = float_gemm.PackedMatrix(np.zeros((0, N), np.float32), variant)
+    np.testing.assert_array_equal(Z.run(np.zeros((M, 0), np.float32), bias, logistic=logistic),
+                                  after(np.broadcast_to(bias, (M, N)).copy()))
+
+
 @pytest.mark.parametrize("shape", [(4, 37, 9, 21), (2, 50, 300, 3)])
 def test_grouped_products_add_a_residual(variant, shape):
     """PackedGroups' epilogue adds a (M, g*N) residual after the bias, before the clip (a

@@ -1,7 +1,8 @@
-"""The built-in passes are listed in optimize/basic/__init__.py and optimize/extended/__init__.py
-(``PASSES``) so that the pass manager can order them, and skip the ones whose operators do not
-occur, without importing them. The tables must say what the modules define, and skipping must
-change nothing: a skipped pass is one that would have found nothing."""
+"""The built-in passes are listed in optimize/basic/__init__.py, optimize/extended/__init__.py
+and optimize/layout/__init__.py (``PASSES``) so that the pass manager can order them, and skip
+the ones whose operators do not occur, without importing them. The tables must say what the
+modules define, and skipping must change nothing: a skipped pass is one that would have found
+nothing."""
 
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ import onnx
 import pytest
 
 from onnxrun.load import load_model
-from onnxrun.optimize import basic, extended, manager, optimize
-from onnxrun.optimize.base import _REGISTRY, BASIC, EXTENDED, RulePass
+from onnxrun.optimize import basic, extended, layout, manager, optimize
+from onnxrun.optimize.base import _REGISTRY, BASIC, EXTENDED, LAYOUT, RulePass
 from onnxrun.validate import validate
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 LIGHT_ZOO = Path(os.path.dirname(onnx.__file__)) / "backend/test/data/light"
 
 
-@pytest.mark.parametrize("package, level", [(basic, BASIC), (extended, EXTENDED)])
+@pytest.mark.parametrize("package, level", [(basic, BASIC), (extended, EXTENDED),
+                                            (layout, LAYOUT)])
 def test_table_matches_the_pass_modules(package, level):
     modules = {info.name for info in pkgutil.iter_modules(package.__path__)
                if not info.name.startswith("_")}

@@ -106,12 +106,12 @@ _BUILT_IN: list[DeferredPass] | None = None
 def _built_in_passes() -> list[DeferredPass]:
     from importlib.machinery import all_suffixes
 
-    from . import basic, extended
+    from . import basic, extended, layout
 
     suffixes = tuple(all_suffixes())
 
     passes = []
-    for package, level in ((basic, BASIC), (extended, EXTENDED)):
+    for package, level in ((basic, BASIC), (extended, EXTENDED), (layout, LAYOUT)):
         for module, (name, order, needs) in package.PASSES.items():
             passes.append(DeferredPass(f"{package.__name__}.{module}", name, level, order, needs))
         # A pass module missing from the table (tests/optimize/test_pass_index.py says so) still

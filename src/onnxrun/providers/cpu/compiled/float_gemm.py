@@ -38,7 +38,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..parallel import work_ranges
-from . import _compiler, jit, spin
+from . import _compiler, ir, jit, spin
+from . import logistic as mlas_logistic
 from .jit import address
 from .layout import aligned_empty, aligned_zeros
 
@@ -445,8 +446,22 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
             name = f"tile{r}" if v == NV else f"part{v}x{r}"
             L += [f"t{v}x{r}:",
                   f"  call void @{name}({args})",
-                  "  br label %pnext"]
-    L += ["pnext:",
+                  "  br label %pact"]
+    # the logistic epilogue (flags 4: logistic(y); 8: y * logistic(alpha y), alpha the
+    # clip block's third float) on the tile just stored, still in L1, after the last K block
+    L += ["pact:",
+          "  %actf = and i64 %flags, 12",
+          "  %hasact = icmp ne i64 %actf, 0",
+          "  %doact = and i1 %hasact, %last",
+          "  br i1 %doact, label %act, label %pnext",
+          "act:",
+          "  %alphap = getelementptr float, ptr %clip, i64 2",
+          "  %alpha = load float, ptr %alphap, align 4",
+          "  %mulf = and i64 %flags, 8",
+          "  call void @act_rows(ptr %Ct, i64 %ldc, i64 %rows, i64 %nc, float %alpha, "
+          "i64 %mulf)",
+          "  br label %pnext",
+          "pnext:",
           "  %pn = add i64 %p, 1",
           "  %pl1 = add i64 %pl, 1",
           "  %snext = icmp eq i64 %pl1, %snp",
@@ -472,17 +487,75 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     return L
 
 
+def _act_rows(W: int) -> list[str]:
+    """``@act_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in place:
+    logistic(y), or y * logistic(alpha y) where ``mulflag`` (MLAS's logistic, operation for
+    operation: compiled/logistic.py's bits, a fused Sigmoid or SiLU the same as the
+    standalone one). Whole vectors, then the row's last floats one by one (no masked store:
+    microcoded on AMD's AVX2)."""
+    VT = f"<{W} x float>"
+
+    def vec(c):
+        return "<" + ", ".join([f"float {ir.float_constant(c)}"] * W) + ">"
+
+    return ["define internal void @act_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols, "
+            "float %alpha, i64 %mulflag) noinline nounwind {",
+            "entry:",
+            "  %mul = icmp ne i64 %mulflag, 0",
+            f"  %va.0 = insertelement {VT} poison, float %alpha, i64 0",
+            f"  %v.alpha = shufflevector {VT} %va.0, {VT} poison, <{W} x i32> zeroinitializer",
+            "  %s.alpha = fadd float %alpha, 0.0",
+            f"  %nv = and i64 %ncols, {-W}",
+            "  %anyv = icmp sgt i64 %nv, 0",
+            "  %anys = icmp slt i64 %nv, %ncols",
+            "  br label %row",
+            "row:",
+            "  %r = phi i64 [0, %entry], [%rn, %rowend]",
+            "  %ro = mul i64 %r, %ldc",
+            "  %rp = getelementptr float, ptr %C, i64 %ro",
+            "  br i1 %anyv, label %vloop, label %vdone",
+            "vloop:",
+            "  %i = phi i64 [0, %row], [%in, %vloop]",
+            "  %xp = getelementptr float, ptr %rp, i64 %i",
+            f"  %v.x = load {VT}, ptr %xp, align 4",
+            *mlas_logistic.body_ir(VT, "v", vec),
+            f"  store {VT} %v.out, ptr %xp, align 4",
+            f"  %in = add i64 %i, {W}",
+            "  %more = icmp slt i64 %in, %nv",
+            "  br i1 %more, label %vloop, label %vdone",
+            "vdone:",
+            "  br i1 %anys, label %sloop, label %rowend",
+            "sloop:",
+            "  %j = phi i64 [%nv, %vdone], [%jn, %sloop]",
+            "  %sp = getelementptr float, ptr %rp, i64 %j",
+            "  %s.x = load float, ptr %sp, align 4",
+            *mlas_logistic.body_ir("float", "s", ir.float_constant),
+            "  store float %s.out, ptr %sp, align 4",
+            "  %jn = add i64 %j, 1",
+            "  %smore = icmp slt i64 %jn, %ncols",
+            "  br i1 %smore, label %sloop, label %rowend",
+            "rowend:",
+            "  %rn = add i64 %r, 1",
+            "  %rmore = icmp slt i64 %rn, %rows",
+            "  br i1 %rmore, label %row, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
 def tile_ir(W: int, MR: int, NV: int = 2) -> str:
     """The module of one tile shape: @tile1..@tile{MR} and the driver @sgemm."""
     VT, VM = f"<{W} x float>", f"<{W} x i1>"
     sfx = f"v{W}f32"
     decls = [f"declare {VT} @llvm.masked.load.{sfx}.p0(ptr, i32, {VM}, {VT})",
              f"declare void @llvm.masked.store.{sfx}.p0({VT}, ptr, i32, {VM})",
-             f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})"]
+             f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})",
+             "declare float @llvm.fma.f32(float, float, float)"]
     parts = [_compiler.INLINE + "\n".join(decls)]  # the tiles inlined into the driver
     parts += ["\n".join(_tile(r, W, NV)) for r in range(1, MR + 1)]
     # a partial panel's first v vectors of columns (the others zeros: not computed)
     parts += ["\n".join(_tile(r, W, v, NP=NV * W)) for v in range(1, NV) for r in range(1, MR + 1)]
+    parts.append("\n".join(_act_rows(W)))
     parts.append("\n".join(_driver(W, MR, NV)))
     return "\n\n".join(parts)
 
@@ -582,7 +655,20 @@ def _panels(Bs: np.ndarray, NR: int) -> np.ndarray:
     return panels
 
 
-_NO_CLIP = np.array((-np.inf, np.inf), np.float32)
+_NO_CLIP = np.array((-np.inf, np.inf, 1.0, 0.0), np.float32)
+
+
+def _clip_block(bounds, logistic) -> tuple[np.ndarray, int]:
+    """The kernel's clip block (lo, hi, alpha, 0) and the flags it adds: ``logistic`` None,
+    or (alpha, times_x): logistic(y) (flag 4), or y * logistic(alpha y) (flags 4 | 8: SiLU,
+    QuickGelu) after the bias, the residual and the clip."""
+    if bounds is None and logistic is None:
+        return _NO_CLIP, 0
+    lo, hi = (-np.inf, np.inf) if bounds is None else bounds
+    if logistic is None:
+        return np.array((lo, hi, 1.0, 0.0), np.float32), 0
+    alpha, times_x = logistic
+    return np.array((lo, hi, alpha, 0.0), np.float32), 12 if times_x else 4
 # Multiply-adds a range needs before a product is split over spin.py's workers: one still
 # polling from the previous product takes a range within microseconds, so this is below
 # parallel.MIN_MACS_PER_RANGE (sized for waking a Python thread: 50-80 us). 1M multiply-adds
@@ -593,6 +679,18 @@ _NO_CLIP = np.array((-np.inf, np.inf), np.float32)
 SPIN_MACS_PER_RANGE = 1 << 20
 _NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
 _PTR_A, _PTR_OUT = 0, 4  # A's and out's addresses in the argument block (PackedMatrix._head)
+
+
+def _logistic_in_place(out: np.ndarray, logistic) -> None:
+    """_clip_block's logistic on ``out`` by compiled/logistic.py (an empty product's
+    epilogue): the kernel's bits."""
+    alpha, times_x = logistic
+    dense = np.ascontiguousarray(out)
+    if times_x:
+        mlas_logistic.quick_gelu(dense, alpha, out=dense)
+    else:
+        mlas_logistic.sigmoid(dense, out=dense)
+    out[...] = dense
 
 
 class PackedMatrix:
@@ -652,8 +750,9 @@ class PackedMatrix:
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None,
             residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
-            threads: int = 1) -> np.ndarray:
-        """clip(A @ B + bias + residual, *bounds) as a new (M, N) float32 array (or into
+            threads: int = 1, logistic=None) -> np.ndarray:
+        """clip(A @ B + bias + residual, *bounds) (then ``logistic``: _clip_block's) as a new
+        (M, N) float32 array (or into
         ``out``: unit column stride, rows any stride apart, e.g. a range of the columns of a
         wider matrix: a grouped convolution's group). A: (M, K) float32, rows any stride apart
         (else copied); ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column
@@ -683,6 +782,8 @@ class PackedMatrix:
                 out += residual
             if bounds is not None:
                 np.clip(out, *bounds, out=out)
+            if logistic is not None:
+                _logistic_in_place(out, logistic)
             return out
         if A.strides[1] != 4 or A.strides[0] < 4 * K or A.strides[0] % 4:
             A = np.ascontiguousarray(A)
@@ -702,24 +803,33 @@ class PackedMatrix:
                 residual = np.ascontiguousarray(residual)
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
         return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags,
-                            self.tile.KC, 0,
-                            threads)
+                            self.tile.KC, 0, threads, logistic=logistic)
 
     def run_shifted(self, base: np.ndarray, rows: int, lda: int, block: int, jump: int,
                     bias: np.ndarray | None = None, bounds=None, threads: int = 1,
                     out: np.ndarray | None = None, wrap: int | None = None,
-                    wstep: int = 0) -> np.ndarray:
-        """clip(A @ B + bias, *bounds) as a new (rows, N) float32 array (or into ``out``, a
-        C-contiguous one: a caller's scratch buffer, no fresh pages per call), where A's element
-        (m, k) is ``base[start(m) + k + (k // block) * jump]`` (``base``: contiguous float32,
-        read in place), start(m) = m * lda, or with ``wrap``, (m // wrap) * wstep + (m % wrap)
-        * lda: a convolution on its zero-padded input, rows of A the output pixels (wrap of
-        them a row, lda = the stride times C channels-last, wstep = the vertical stride times
-        the padded row), a K block a row of taps (block = kw * C, jump = the padded row minus
-        the block). Raises ValueError where A would reach outside ``base``."""
+                    wstep: int = 0, logistic=None) -> np.ndarray:
+        """clip(A @ B + bias, *bounds) (then ``logistic``) as a new (rows, N) float32 array
+        (or into ``out``, a C-contiguous one: a caller's scratch buffer, no fresh pages per
+        call), where A's element (m, k) is ``base[start(m) + k + (k // block) * jump]``
+        (``base``: contiguous float32, read in place), start(m) = m * lda, or with ``wrap``,
+        (m // wrap) * wstep + (m % wrap) * lda: a convolution on its zero-padded input, rows
+        of A the output pixels (wrap of them a row, lda = the stride times C channels-last,
+        wstep = the vertical stride times the padded row), a K block a row of taps (block =
+        kw * C, jump = the padded row minus the block). Raises ValueError where A would reach
+        outside ``base``."""
+        return self.prepared_shifted(rows, lda, block, jump, bias, bounds, threads, wrap,
+                                     wstep, logistic)(base, out)
+
+    def prepared_shifted(self, rows: int, lda: int, block: int, jump: int,
+                         bias: np.ndarray | None = None, bounds=None, threads: int = 1,
+                         wrap: int | None = None, wstep: int = 0,
+                         logistic=None) -> PreparedShifted:
+        """``run_shifted``'s product with its argument blocks built once: called with a
+        ``base`` (and ``out``) for each run, it writes only their addresses (a convolution
+        of one geometry, run after run: the checks and blocks cost ~8 us a call, ~3% of a
+        YOLO-style 20 x 20 layer). Holds ``bias``."""
         K, N = self.K, self.N
-        if base.dtype != np.float32 or not base.flags.c_contiguous:
-            raise TypeError("float GEMM: the shifted A must be contiguous float32")
         if rows <= 0 or lda <= 0 or block <= 0 or jump < 0 or K % block or \
                 (wrap is not None and (wrap <= 0 or wstep < 0)):
             raise ValueError(f"float GEMM: bad shifted A (rows {rows}, lda {lda}, block "
@@ -729,24 +839,23 @@ class PackedMatrix:
         else:
             q, r = divmod(rows - 1, wrap)  # the last row, or the row before it wrapped
             last = max(q * wstep + r * lda, (q - 1) * wstep + (wrap - 1) * lda if q else 0)
-        if last + K + (K // block - 1) * jump > base.size:
-            raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
-        if out is None:
-            out = np.empty((rows, N), np.float32)
-        elif out.shape != (rows, N) or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {[rows, N]}")
         b_ptr, flags = self._zeros_ptr, 0
         if bias is not None:
             bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
             if bias.size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {bias.size}")
             b_ptr, flags = address(bias), 1
+        clip, more = _clip_block(bounds, logistic)
         # K blocks of whole rows of taps, as near the tile's KC as they come: the sub-blocks
         # (rows of taps) of one K block run with the accumulators in registers (a K block per
         # row of taps made 3 passes over C for a 3x3 kernel, of 48 rows of K at 16 channels)
         kcb = max(1, self.tile.KC // block) * block
-        return self._launch(address(base), lda, rows, out, b_ptr, self._zeros_ptr, 0, bounds,
-                            flags, kcb, jump, threads, blk=block, wrap=wrap, wstep=wstep)
+        head = self._head(0, lda, 0, N, b_ptr, self._zeros_ptr, 0, address(clip),
+                          flags | more, kcb, jump, block, wrap, wstep)
+        ranges = self._ranges(rows, -(-N // self.NR), threads)
+        blocks = np.array([head + list(r) for r in ranges], np.int64)
+        return PreparedShifted(self, blocks, (bias, clip), last + K + (K // block - 1) * jump,
+                               (rows, N), threads)
 
     def _head(self, a_ptr: int, lda: int, out_ptr: int, ldc: int, b_ptr: int, r_ptr: int,
               ldr: int, clip_ptr: int, flags: int, kcb: int = 0, ajump: int = 0,
@@ -761,12 +870,13 @@ class PackedMatrix:
     def _launch(self, a_ptr: int, lda: int, M: int, out: np.ndarray, b_ptr: int, r_ptr: int,
                 ldr: int, bounds, flags: int, kcb: int, ajump: int, threads: int,
                 sets: int = 1, blk: int = 0, wrap: int = _NO_WRAP,
-                wstep: int = 0) -> np.ndarray:
+                wstep: int = 0, logistic=None) -> np.ndarray:
         """One call of the kernel (or one per thread): ``sets`` products of this matrix's
         shape whose panels follow each other in memory (PackedGroups), set s reading A
         from column s * K and writing out's columns from s * N."""
         N = self.N
-        clip = _NO_CLIP if bounds is None else np.array(bounds, np.float32)
+        clip, more = _clip_block(bounds, logistic)
+        flags |= more
         snp = -(-N // self.NR)
         npan = sets * snp
         head = self._head(a_ptr, lda, address(out), out.strides[0] // 4, b_ptr, r_ptr, ldr,
@@ -875,6 +985,38 @@ class PreparedProduct:
         return out
 
 
+class PreparedShifted:
+    """``PackedMatrix.prepared_shifted``'s product: ``call(base, out=None)`` is run_shifted
+    on the geometry it was made for, its argument blocks (one per range of the threads)
+    copied per call with ``base``'s and ``out``'s addresses: concurrent runs share it."""
+
+    __slots__ = ("_fn", "_blocks", "_keep", "_reach", "_out", "_threads")
+
+    def __init__(self, packed: PackedMatrix, blocks: np.ndarray, keep: tuple, reach: int,
+                 out_shape: tuple[int, int], threads: int) -> None:
+        self._fn, self._blocks = packed._fn, blocks
+        self._keep = (packed, keep)  # the panels, bias and clip block the blocks point at
+        self._reach, self._out, self._threads = reach, out_shape, threads
+
+    def __call__(self, base: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if base.dtype != np.float32 or not base.flags.c_contiguous:
+            raise TypeError("float GEMM: the shifted A must be contiguous float32")
+        if self._reach > base.size:
+            raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
+        if out is None:
+            out = np.empty(self._out, np.float32)
+        elif out.shape != self._out or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {list(self._out)}")
+        blocks = self._blocks.copy()
+        blocks[:, _PTR_A] = address(base)
+        blocks[:, _PTR_OUT] = address(out)
+        if len(blocks) == 1:
+            self._fn(address(blocks))
+        else:
+            spin.run_blocks(self._fn, blocks, self._threads)
+        return out
+
+
 def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
     """outs[i] = As[i] @ packed[i] for every i, the products split over ``threads`` threads
     (spin.py's workers), each product whole on one thread: the same numbers as one by one.
@@ -920,8 +1062,9 @@ class PackedGroups:
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None, bounds=None,
             threads: int = 1, out: np.ndarray | None = None,
-            residual: np.ndarray | None = None) -> np.ndarray:
-        """clip(group products + bias + residual, *bounds) as a new (M, g*N) float32 array,
+            residual: np.ndarray | None = None, logistic=None) -> np.ndarray:
+        """clip(group products + bias + residual, *bounds) (then ``logistic``) as a new
+        (M, g*N) float32 array,
         or into ``out`` (a C-contiguous one: the executor's buffer, no fresh pages per call).
         A: (M, g*K) float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,);
         ``residual``: (M, g*N) float32 with contiguous rows (a FusedConv's Z)."""
@@ -958,7 +1101,7 @@ class PackedGroups:
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
         return self.first._launch(address(A), A.strides[0] // 4, A.shape[0], out, b_ptr,
                                   r_ptr, ldr, bounds, flags, self.first.tile.KC, 0, threads,
-                                  sets=g)
+                                  sets=g, logistic=logistic)
 
 
 # compiled with the other kernels on first use (jit._BUNDLE)

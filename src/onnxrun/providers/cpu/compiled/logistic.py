@@ -35,18 +35,23 @@ def _c(x: float) -> str:
     return f"0x{np.float64(np.float32(x)).view(np.uint64):016X}"
 
 
-def _body(ty: str, v: str, splat) -> list[str]:
-    """Instructions computing %{v}.out = x * logistic(alpha * x) or logistic(x) from %{v}.x
-    (type ``ty``: float or <8 x float>); ``splat(c)`` writes a constant of that type."""
-    fma = "@llvm.fma.v8f32" if ty == _VF else "@llvm.fma.f32"
+def body_ir(ty: str, v: str, splat) -> list[str]:
+    """Instructions computing %{v}.out = x * logistic(alpha * x) (where ``%mul``) or
+    logistic(x) from %{v}.x and %{v}.alpha (type ``ty``: float or <W x float>; each lane's
+    operations the same whatever W: the same bits); ``splat(c)`` writes a constant of that
+    type. Also the float GEMM's epilogue (float_gemm.py: a convolution's fused Sigmoid or
+    SiLU)."""
+    lanes = int(ty[1:].split()[0]) if ty.startswith("<") else 0
+    fma = f"@llvm.fma.v{lanes}f32" if lanes else "@llvm.fma.f32"
+    mask = f"<{lanes} x i1>" if lanes else "i1"
     L = [f"  %{v}.ax = fmul {ty} %{v}.x, %{v}.alpha",
          f"  %{v}.a = select i1 %mul, {ty} %{v}.ax, {ty} %{v}.x",
          # vmaxps(lower, x): lower where lower > x, else x (a NaN goes through)
          f"  %{v}.lt = fcmp ogt {ty} {splat(_LOWER)}, %{v}.a",
-         f"  %{v}.c0 = select {'<8 x i1>' if ty == _VF else 'i1'} %{v}.lt, {ty} "
+         f"  %{v}.c0 = select {mask} %{v}.lt, {ty} "
          f"{splat(_LOWER)}, {ty} %{v}.a",
          f"  %{v}.gt = fcmp olt {ty} {splat(_UPPER)}, %{v}.c0",
-         f"  %{v}.c = select {'<8 x i1>' if ty == _VF else 'i1'} %{v}.gt, {ty} "
+         f"  %{v}.c = select {mask} %{v}.gt, {ty} "
          f"{splat(_UPPER)}, {ty} %{v}.c0",
          f"  %{v}.x2 = fmul {ty} %{v}.c, %{v}.c",
          f"  %{v}.p1 = call {ty} {fma}({ty} %{v}.x2, {ty} {splat(_ALPHA[0])}, {ty} "
@@ -65,7 +70,7 @@ def _body(ty: str, v: str, splat) -> list[str]:
           f"  %{v}.r1 = fadd {ty} %{v}.r0, {splat(0.5)}",
           # vmaxps(0, r): 0 where 0 > r, else r
           f"  %{v}.neg = fcmp ogt {ty} {splat(0.0)}, %{v}.r1",
-          f"  %{v}.r = select {'<8 x i1>' if ty == _VF else 'i1'} %{v}.neg, {ty} "
+          f"  %{v}.r = select {mask} %{v}.neg, {ty} "
           f"{splat(0.0)}, {ty} %{v}.r1",
           f"  %{v}.xr = fmul {ty} %{v}.x, %{v}.r",
           f"  %{v}.out = select i1 %mul, {ty} %{v}.xr, {ty} %{v}.r"]
@@ -96,7 +101,7 @@ def module_ir(target=None) -> str:
          "  %i = phi i64 [0, %entry], [%i.next, %vloop]",
          "  %xp = getelementptr float, ptr %x, i64 %i",
          f"  %v.x = load {_VF}, ptr %xp, align 4",
-         *_body(_VF, "v", vec),
+         *body_ir(_VF, "v", vec),
          "  %yp = getelementptr float, ptr %y, i64 %i",
          f"  store {_VF} %v.out, ptr %yp, align 4",
          "  %i.next = add i64 %i, 8",
@@ -109,7 +114,7 @@ def module_ir(target=None) -> str:
          "  %j = phi i64 [%n8, %vdone], [%j.next, %sloop]",
          "  %sxp = getelementptr float, ptr %x, i64 %j",
          "  %s.x = load float, ptr %sxp, align 4",
-         *_body("float", "s", sc),
+         *body_ir("float", "s", sc),
          "  %syp = getelementptr float, ptr %y, i64 %j",
          "  store float %s.out, ptr %syp, align 4",
          "  %j.next = add i64 %j, 1",
@@ -193,5 +198,5 @@ def quick_gelu(x: np.ndarray, alpha: float = 1.0, out: np.ndarray | None = None,
 
 BUNDLE = {"logistic": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "function", "module_ir", "quick_gelu", "sigmoid",
+__all__ = ["BUNDLE", "REQUIRES", "body_ir", "function", "module_ir", "quick_gelu", "sigmoid",
            "unavailable"]

@@ -512,6 +512,12 @@ _WINOGRAD_BAND = 1 << 22  # elements of transformed input per band of tile rows
 # ~0.3-0.5 ms, the queue's hand-off 20-80 us): VGG-19's layers from 64 channels at 224 x 224
 # (12.8 MB, 3-6 ms on one thread) and 256 at 56 x 56 up
 _PAD_BYTES = 1 << 21
+# Padded inputs up to this size are a convolution's own buffers (Conv._padded_nhwc): their
+# zero borders written once. Above it the pad's copy outweighs the borders' stores, and a
+# VGG-sized layer's buffer per kernel would add its size to the session's memory
+_OWN_PAD_BYTES = 1 << 18
+# prepared implicit-GEMM products a convolution keeps (one per input shape)
+_LAUNCHES = 8
 # Fewer 2x2 tiles than this (images below 16 x 16) make the 16 GEMMs too short to run at
 # BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
 # unless the channels are many (VGG19's and ZFNet's 512-channel layers).
@@ -1301,6 +1307,13 @@ def _read_by_convolutions_only(node) -> bool:
                i == 0 for n, i in value.uses)
 
 
+def _gemm_epilogue(act) -> tuple:
+    """What of the activation ``act`` the compiled GEMM's epilogue applies: its clip bounds
+    (Relu, Clip) and its logistic ((alpha, times_x): Sigmoid, SiLU / QuickGelu), each None
+    where it has none."""
+    return getattr(act, "bounds", None), getattr(act, "logistic", None)
+
+
 def _is_channels_last(X: np.ndarray) -> bool:
     """X (N, C, H, W) is a view of a C-contiguous (N, H, W, C) array."""
     return X.ndim == 4 and X.transpose(0, 2, 3, 1).flags.c_contiguous
@@ -1411,6 +1424,8 @@ class Conv(_ConvBase):
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
         self.prepared: dict[str, np.ndarray] = {}  # method -> its weight layout
+        # (input shape, hcw, fused) -> the implicit GEMM's prepared product (_conv_implicit)
+        self.launches: dict[tuple, object] = {}
         self.small_plans: dict[tuple, tuple] | None = None  # X's shape -> _small_conv's plan
         self.channels_last = False  # write the output channels-last (channels_last_output)
         # _small_conv_compiled may hand its (pixels, M) product on as a transposed view:
@@ -1579,6 +1594,7 @@ class Conv(_ConvBase):
         const_w = self.W_shape is not None
         N, M = X.shape[0], w_shape[0]
         b = None
+        const_bias = B is None or self.bias is not None  # (the same array at every call)
         if B is not None:
             b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
             b = b.reshape((M,) + (1,) * nd)
@@ -1614,7 +1630,7 @@ class Conv(_ConvBase):
                 self.nhwc_packed = self._nhwc_weights(self._weight(W))
             if self.nhwc_packed is not None:
                 Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations,
-                                    out)
+                                    out, const_bias)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1624,7 +1640,7 @@ class Conv(_ConvBase):
                 self.hcw_packed = self._hcw_weights(self._weight(W))
             if self.hcw_packed is not None:
                 Y = self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides,
-                                        self.hcw_packed, True, out)
+                                        self.hcw_packed, True, out, const_bias)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1794,7 +1810,8 @@ class Conv(_ConvBase):
             return Yt.transpose(0, 3, 1, 2)
         return Y
 
-    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations, out=None):
+    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations, out=None,
+                   const_bias: bool = False):
         """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
         NHWC scratch buffer, one GEMM (pixels x taps*C) @ the packed weight with the bias and
         a Relu / Clip fused; the output channels-last (copied out to NCHW unless it stays so:
@@ -1804,11 +1821,11 @@ class Conv(_ConvBase):
         (kh, kw), (Ho, Wo), (sh, sw), (dh, dw) = kernel, outs, strides, dilations
         Hp, Wp = (Ho - 1) * sh + (kh - 1) * dh + 1, (Wo - 1) * sw + (kw - 1) * dw + 1
         pk = self.nhwc_packed
-        bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
+        bounds, logistic = _gemm_epilogue(act)
+        fused = act is not None and Z is None and (bounds is not None or logistic is not None)
         if dilations == (1, 1):
             return self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides, pk, False,
-                                       out)
+                                       out, const_bias)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
         else:
@@ -1821,7 +1838,8 @@ class Conv(_ConvBase):
                                                  j * dw:j * dw + (Wo - 1) * sw + 1:sw])
         Y = pk.run(cols.reshape(N * Ho * Wo, kh * kw * C), None if b is None else b.reshape(-1),
                    bounds=bounds if fused else None, threads=self.threads,
-                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(-1, pk.N))
+                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(-1, pk.N),
+                   logistic=logistic if fused else None)
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
@@ -1829,8 +1847,32 @@ class Conv(_ConvBase):
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
 
+    def _padded_nhwc(self, X: np.ndarray, heads, Hp: int, Wp: int) -> np.ndarray:
+        """X (N, C, H, W, any strides) zero-padded into an (N, Hp, Wp, C) buffer for the
+        implicit GEMM. A small one is this kernel's own (per thread): its zero borders are
+        written once, each call copies only X (YOLO-style 20 x 20 x 64: the four border
+        stores and the row split cost 5 us of a 8.6 us pad); a large one is the thread's
+        shared scratch, padded at every call (its copy may split over the threads)."""
+        N, C = X.shape[:2]
+        h0, w0 = heads
+        if N * Hp * Wp * C * 4 > _OWN_PAD_BYTES or min(heads) < 0:
+            P = scratch("conv_nhwc_pad", (N, Hp, Wp, C), np.float32)
+            _pad_into_rows(P.transpose(0, 3, 1, 2), X, heads, self.threads)
+            return P
+        pads = self.__dict__.get("_pads")
+        if pads is None:
+            pads = self._pads = threading.local()
+        key = (X.shape, h0, w0, Hp, Wp)
+        kept = getattr(pads, "kept", None)
+        if kept is None or kept[0] != key:
+            kept = pads.kept = (key, np.zeros((N, Hp, Wp, C), np.float32))
+        P = kept[1]
+        h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
+        np.copyto(P[:, h0:h0 + h, w0:w0 + w], X[:, :, :h, :w].transpose(0, 2, 3, 1))
+        return P
+
     def _conv_implicit(self, X, b, Z, act, heads, outs, kernel, strides, pk, hcw: bool,
-                       out=None):
+                       out=None, const_bias: bool = False):
         """An undilated convolution as an implicit GEMM on the compiled kernel: the input
         copied once into a zero-padded scratch buffer, the GEMM's row of A for output pixel
         (oh, ow) read in place from (oh * sh, ow * sw) on (rows of ``Wo`` pixels: run_shifted's
@@ -1842,23 +1884,32 @@ class Conv(_ConvBase):
         N, C = X.shape[:2]
         (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
         Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
-        bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
+        bounds, logistic = _gemm_epilogue(act)
+        fused = act is not None and Z is None and (bounds is not None or logistic is not None)
         if hcw:  # K in (kh, C, kw) order: _hcw_weights
             P = scratch("conv_nhwc_pad", (N, Hp, C, Wp), np.float32)
             _pad_into_rows(P.transpose(0, 2, 1, 3), X, heads, self.threads)
             lda, block, jump, wstep = sw, kw, Wp - kw, sh * C * Wp
         else:  # K in (kh, kw, C) order: _nhwc_weights
-            P = scratch("conv_nhwc_pad", (N, Hp, Wp, C), np.float32)
-            _pad_into_rows(P.transpose(0, 3, 1, 2), X, heads, self.threads)
+            P = self._padded_nhwc(X, heads, Hp, Wp)
             lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
         flat = P.reshape(N, -1)
         Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
-        bias = None if b is None else b.reshape(-1)
+        # the product's argument blocks, made once per input shape (the geometry follows
+        # from it) where the bias is the kernel's own: each call writes two addresses
+        key = (X.shape, hcw, fused)
+        launch = self.launches.get(key) if const_bias else None
+        if launch is None:
+            launch = pk.prepared_shifted(Ho * Wo, lda, block, jump,
+                                         None if b is None else b.reshape(-1),
+                                         bounds if fused else None, self.threads, Wo, wstep,
+                                         logistic if fused else None)
+            if const_bias:
+                if len(self.launches) >= _LAUNCHES:
+                    self.launches.clear()
+                self.launches[key] = launch
         for n in range(N):
-            pk.run_shifted(flat[n], Ho * Wo, lda, block, jump, bias,
-                           bounds=bounds if fused else None, threads=self.threads, out=Y[n],
-                           wrap=Wo, wstep=wstep)
+            launch(flat[n], Y[n])
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
@@ -1872,15 +1923,17 @@ class Conv(_ConvBase):
         epilogue."""
         N, C = X.shape[:2]
         M = self.gemm_t_packed.N
-        bounds = getattr(act, "bounds", None)
+        bounds, logistic = _gemm_epilogue(act)
         residual = _residual_rows(Z, (N, M) + X.shape[2:])
-        fused = (act is None or bounds is not None) and (Z is None or residual is not None)
+        fused = (act is None or bounds is not None or logistic is not None) and \
+            (Z is None or residual is not None)
         Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
                                    None if b is None else b.reshape(M),
                                    residual=residual if fused else None,
                                    bounds=bounds if fused else None, threads=self.threads,
                                    out=nhwc_out(out, (N,) + X.shape[2:] + (M,),
-                                                np.float32).reshape(-1, M))
+                                                np.float32).reshape(-1, M),
+                                   logistic=logistic if fused else None)
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 
@@ -1894,13 +1947,15 @@ class Conv(_ConvBase):
         N, C = X.shape[:2]
         pk = self.group_packed
         M = pk.g * pk.N
-        bounds = getattr(act, "bounds", None)
+        bounds, logistic = _gemm_epilogue(act)
         residual = _residual_rows(Z, (N, M) + X.shape[2:])
-        fused = (act is None or bounds is not None) and (Z is None or residual is not None)
+        fused = (act is None or bounds is not None or logistic is not None) and \
+            (Z is None or residual is not None)
         Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
                    None if b is None else b.reshape(M), bounds=bounds if fused else None,
                    residual=residual if fused else None, threads=self.threads,
-                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32).reshape(-1, M))
+                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32).reshape(-1, M),
+                   logistic=logistic if fused else None)
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
 

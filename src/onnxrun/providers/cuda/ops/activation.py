@@ -61,6 +61,9 @@ def make_activation(name: Any, alpha: float | None = None, beta: float | None = 
         return lambda y: namespace(y).tanh(y)
     if name in ("Sigmoid", "Logistic"):
         return lambda y: 1.0 / (1.0 + namespace(y).exp(-y))
+    if name == "QuickGelu":  # onnxrun's layout level: a convolution's SiLU
+        a = 1.702 if alpha is None else alpha
+        return lambda y: y / (1.0 + namespace(y).exp(-a * y))
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
         return lambda y: namespace(y).where(y >= 0, y, y * a)
@@ -76,4 +79,4 @@ def make_activation(name: Any, alpha: float | None = None, beta: float | None = 
 
 
 FUSED_ACTIVATIONS = frozenset({"", "Identity", "Relu", "Tanh", "Sigmoid", "Logistic",
-                               "LeakyRelu", "Clip", "HardSigmoid"})
+                               "LeakyRelu", "Clip", "HardSigmoid", "QuickGelu"})

@@ -51,6 +51,38 @@ def _logistic_in_place():
         else:
             sigmoid_in_place(y)
 
+    act.logistic = (1.0, False)  # the compiled GEMM's epilogue: the same bits (float_gemm)
+    return act
+
+
+def _quick_gelu_in_place(alpha: float):
+    """y * logistic(alpha y) on ``y`` itself, as the standalone QuickGelu computes it (MLAS's
+    logistic where it runs: compiled/logistic.py, any memory order; numpy's steps
+    elsewhere). FusedConv's activation "QuickGelu" (params [alpha]): a convolution's SiLU,
+    which the layout level fuses (optimize/layout/conv_quick_gelu.py) and the compiled
+    GEMM's epilogue applies (``logistic``)."""
+    from ...compiled import logistic
+
+    alpha32 = np.float32(alpha)
+
+    def numpy_steps(y):
+        s = sigmoid(y * y.dtype.type(alpha))
+        s *= y
+        y[...] = s
+
+    if logistic.unavailable() is not None:
+        return numpy_steps
+    fn = logistic.function()
+
+    def act(y):
+        order = dense_order(y) if y.dtype is _F32 and y.size else None
+        if order is None:
+            numpy_steps(y)
+            return
+        v = flat(y, order)
+        logistic.quick_gelu(v, float(alpha32), out=v, fn=fn)
+
+    act.logistic = (float(alpha32), True)
     return act
 
 
@@ -74,6 +106,8 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
         return lambda y: np.tanh(y, out=y)
     if name in ("Sigmoid", "Logistic"):
         return _logistic_in_place()
+    if name == "QuickGelu":  # onnxrun's layout level (a convolution's SiLU); alpha as QuickGelu's
+        return _quick_gelu_in_place(1.702 if alpha is None else alpha)
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
 

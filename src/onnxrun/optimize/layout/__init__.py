@@ -1,0 +1,12 @@
+"""Layout-level passes (ORT_ENABLE_LAYOUT, level 3): rewrites for this host's kernels.
+
+Where onnxruntime's layout level writes NCHWc operators for its CPU kernels, onnxrun's keeps
+activations channels-last inside the convolution kernels (decided when the session prepares
+them: ``providers/cpu/ops/conv.py``, shown in the report) and fuses here what those kernels
+take in their epilogue. A model saved at this level is for onnxrun, as onnxruntime's is for
+onnxruntime. ``PASSES`` as in ``basic``.
+"""
+
+PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "conv_quick_gelu": ("ConvQuickGeluFusion", 40, ("Conv com.microsoft:QuickGelu",)),
+}
