@@ -537,17 +537,22 @@ def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(mon
 def test_batch_norm_of_a_channels_last_input_splits_on_the_spinning_workers(monkeypatch):
     """At 2+ intra-op threads a large channels-last BatchNormalization's rows of pixels go to
     spin.py's workers (compiled/scale_shift.py: a multiply, then an add, each rounded): the
-    NCHW numpy path's bits, NaN, infinities and signed zeros included; a small one stays on
-    the calling thread."""
+    NCHW numpy path's bits, NaN, infinities and signed zeros included; a small one, and any
+    at 1 thread, is one compiled pass on the calling thread."""
     from onnxrun.providers.cpu.compiled import spin
     from onnxrun.providers.cpu.ops.normalization import BatchNormalization
 
     if spin.unavailable() is not None:
         pytest.skip(spin.unavailable())
-    forks = []
+    from onnxrun.providers.cpu.compiled import scale_shift
+
+    forks, passes = [], []
     fork = spin.Pool.fork
     monkeypatch.setattr(spin.Pool, "fork", lambda self, job, argv, **kw: forks.append(
         len(argv)) or fork(self, job, argv, **kw))
+    real = scale_shift.scale_shift
+    monkeypatch.setattr(scale_shift, "scale_shift", lambda *a: passes.append(real(*a)) or
+                        passes[-1])
 
     class Ctx:
         opset = 15
@@ -572,11 +577,18 @@ def test_batch_norm_of_a_channels_last_input_splits_on_the_spinning_workers(monk
         want = BatchNormalization(Ctx(1))(X, *params)  # NCHW: numpy's broadcast
         cl = np.ascontiguousarray(X.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
         for threads in (1, 2, 3):
+            passes.clear()
             got = BatchNormalization(Ctx(threads))(cl, *params)
             assert got.transpose(0, 2, 3, 1).flags.c_contiguous
             assert got.transpose(0, 2, 3, 1).tobytes() == want.transpose(0, 2, 3, 1).tobytes()
+            assert passes == [True]  # the compiled pass, at 1 thread too (one call there)
         assert bool(forks) == split
         forks.clear()
+        # a range of a wider buffer's channels (a DenseNet's Concat output), read in place
+        passes.clear()
+        got = BatchNormalization(Ctx(1))(cl[:, 1:], *(p[1:] for p in params))
+        assert passes == [True]
+        np.testing.assert_array_equal(got.view(np.uint32), want[:, 1:].view(np.uint32))
 
 
 def _pooled_model(lines: list[str], inits: dict, side: int, channels: int) -> bytes:

@@ -783,7 +783,8 @@ def _pixel_rows(t: np.ndarray) -> bool:
         v.strides[0] % t.itemsize == 0
 
 
-_SCALE_SHIFT_SPLIT = 1 << 17  # elements: below, never two ranges (scale_shift.py)
+# elements from which the compiled pass takes it (below, its call costs more than numpy's)
+_SCALE_SHIFT_COMPILED = 1 << 10
 
 
 def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
@@ -797,12 +798,17 @@ def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
     Yt = nhwc_out(out, (N, H, W, C), X.dtype)
     if Yt.size == 0:  # an empty batch or image: nothing to scale
         return Yt.transpose(0, 3, 1, 2)
-    src, dst = X.transpose(0, 2, 3, 1).reshape(-1, C), Yt.reshape(-1, C)
-    if threads > 1 and src.size >= _SCALE_SHIFT_SPLIT:  # rows on spin.py's workers
+    Xt = X.transpose(0, 2, 3, 1)
+    if Xt.size >= _SCALE_SHIFT_COMPILED and _pixel_rows(Xt):
+        # one compiled pass (rows on spin.py's workers), reading X where it lies: a
+        # DenseNet's first channels of the next Concat's output (a copy cost 400 us a call)
         from ..compiled.scale_shift import scale_shift
 
-        if scale_shift(src, a, b, dst, threads):
+        rows = Xt.view()
+        rows.shape = (-1, C)  # a view: _pixel_rows
+        if scale_shift(rows, a, b, Yt.reshape(-1, C), threads):
             return Yt.transpose(0, 3, 1, 2)
+    src, dst = Xt.reshape(-1, C), Yt.reshape(-1, C)
     R = min(src.shape[0], max(1, 8192 // C))
     whole = src.shape[0] // R * R
     body = dst[:whole].reshape(-1, R * C)
