@@ -781,3 +781,51 @@ def test_remembered_shapes_follow_a_replaced_type():
     assert conv_mod._dims(value) == (2, 32, 5, 5) and conv_mod._rank(value) == 4
     value.type = tensor_type(np.zeros((2, 32), np.float32))
     assert conv_mod._dims(value) == (2, 32) and conv_mod._rank(value) == 2
+
+
+# A DenseNet layer whose BatchNormalization was exported as Mul and Add of per-channel
+# constants (the light zoo's densenet121), and an SE block's gate: joins with one operand of
+# one pixel, which numpy broadcasts over the image's channels-last memory
+_PER_CHANNEL = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 16, 12, 12] X) => (float[1, 24, 12, 12] Y) {
+    a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1, B1)
+    c = Concat <axis = 1> (X, a)
+    m = Mul (c, S)
+    s = Add (m, T)
+    r = Relu (s)
+    b = Conv <kernel_shape = [1, 1]> (r, W2, B2)
+    g = GlobalAveragePool (b)
+    e = Sigmoid (g)
+    f = Mul (b, e)
+    Y = Conv <kernel_shape = [1, 1]> (f, W3)
+}
+""")
+
+
+def test_per_channel_operands_keep_the_layout_with_onnxruntimes_results():
+    rng = np.random.default_rng(5)
+    model = onnx.ModelProto()
+    model.CopyFrom(_PER_CHANNEL)
+    for name, value in (("W1", rng.normal(0, 0.2, (32, 16, 3, 3))), ("B1", rng.normal(0, 1, 32)),
+                        ("S", rng.uniform(0.5, 1.5, (48, 1, 1))),
+                        ("T", rng.normal(0, 1, (1, 48, 1, 1))),
+                        ("W2", rng.normal(0, 0.2, (64, 48, 1, 1))), ("B2", rng.normal(0, 1, 64)),
+                        ("W3", rng.normal(0, 0.2, (24, 64, 1, 1)))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
+                                                                    name))
+    data = model.SerializeToString()
+    sessions = {}
+    for level in (LEVELS.ORT_ENABLE_ALL, LEVELS.ORT_ENABLE_EXTENDED):
+        so = onnxrun.SessionOptions()
+        so.graph_optimization_level = level
+        sessions[level] = onnxrun.InferenceSession(data, so)
+    # the 3x3 convolution (its output joined with X by the Concat, scaled per channel) and
+    # the 1x1 one (gated by the SE block's per-channel Mul) both write channels-last
+    assert sessions[LEVELS.ORT_ENABLE_ALL].get_optimization_report().layout == (2, 3)
+    x = rng.normal(size=(1, 16, 12, 12)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    for sess in sessions.values():
+        got = sess.run(None, {"X": x})[0]
+        assert got.flags.c_contiguous
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

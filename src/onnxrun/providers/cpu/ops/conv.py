@@ -909,6 +909,14 @@ def _dims(value) -> tuple | None:
         else dims
 
 
+def _per_channel(value) -> bool:
+    """Whether ``value`` (an operand of an element-wise join of 4-D images) has one pixel:
+    a static shape whose last two dimensions (H and W, broadcast from the right) are 1, or
+    a scalar. numpy lays the join's result out as its image operands are laid out."""
+    dims = _dims(value) if value is not None else None
+    return dims is not None and len(dims) <= 4 and all(d == 1 for d in dims[-2:])
+
+
 def _shuffle_from(first) -> tuple | None:
     """(first, transpose, last) when the Reshape ``first`` starts a channel shuffle."""
     src, mid = _dims(first.inputs[0]), _dims(first.outputs[0])
@@ -1201,8 +1209,10 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
                 continue  # decided where the recursion entered it
             inner = joins | {node}
             for v in node.inputs:
-                if v is not value and (v is None or not _writes_channels_last(
-                        v, threads, inner, depth + 1)):
+                if v is not value and not _per_channel(v) and (v is None or not
+                                                               _writes_channels_last(
+                                                                   v, threads, inner,
+                                                                   depth + 1)):
                     return None
             more = _channels_last_readers(node.outputs[0], threads, inner, depth + 1)
             if more is None:
@@ -1246,12 +1256,15 @@ def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
         return False
     join = node.domain == "" and node.op_type in _JOIN
     if _passes_layout(node) or _follows_layout(node) or join:
-        if join:  # channels-last when every operand comes so (numpy keeps a shared layout)
+        if join:  # channels-last when every operand comes so (numpy keeps a shared layout),
+            # bar per-channel ones (a decomposed BatchNormalization's scale, an SE block's
+            # gate), which broadcast over the pixels: numpy's result follows the others
             if _joined(node, joins):
                 return False
             joins = joins | {node}
-            if any(v is None or not _writes_channels_last(v, threads, joins, depth + 1)
-                   for v in node.inputs):
+            images = [v for v in node.inputs if not _per_channel(v)]
+            if not images or any(v is None or not _writes_channels_last(
+                    v, threads, joins, depth + 1) for v in images):
                 return False
         elif node.op_type == "Concat":  # channels-last when one operand comes so
             if _joined(node, joins):
