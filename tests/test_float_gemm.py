@@ -294,6 +294,27 @@ def test_logistic_epilogue_equals_the_standalone_kernel_bit_for_bit(variant, log
                                   after(np.broadcast_to(bias, (M, N)).copy()))
 
 
+def test_transposed_weights_pack_in_the_kernel_to_numpys_panels(variant):
+    """A weight whose columns are rows in memory (a Gemm's transB, a convolution's (M, C,
+    kh, kw) seen as (kh * kw * C, M), a stack of such) is packed by the kernel's
+    @pack_panels: numpy's panels exactly, the partial last panel included, at K and N that
+    do not fill its blocks of 512 rows and 8 columns."""
+    rng = np.random.default_rng(21)
+    module = float_gemm._module(variant)
+    NR = variant.NR
+    views = [rng.standard_normal((2 * NR + 5, 1030)).astype(np.float32).T,
+             rng.standard_normal((NR, 700)).astype(np.float32).T,
+             rng.standard_normal((NR + 3, 7, 3, 3)).astype(np.float32).transpose(2, 3, 1, 0),
+             rng.standard_normal((3 * NR, 40)).astype(np.float32)[::2, 3:].T]
+    for B in views:
+        want = float_gemm._panels(B[None], NR)
+        np.testing.assert_array_equal(float_gemm._panels(B[None], NR, module), want)
+        np.testing.assert_array_equal(_packed(B, variant).matrix(), B.reshape(-1, B.shape[-1]))
+    stack = rng.standard_normal((3, NR + 9, 33)).astype(np.float32).transpose(0, 2, 1)
+    np.testing.assert_array_equal(float_gemm._panels(stack, NR, module),
+                                  float_gemm._panels(stack, NR))
+
+
 @pytest.mark.parametrize("shape", [(4, 37, 9, 21), (2, 50, 300, 3)])
 def test_grouped_products_add_a_residual(variant, shape):
     """PackedGroups' epilogue adds a (M, g*N) residual after the bias, before the clip (a
