@@ -61,7 +61,7 @@ IR = str | Callable[[Target], str]
 _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise",
            "float_gemm", "nbits_gemv", "nbits_gemm", "logistic", "spin", "gqa",
            "rms_norm", "pool", "winograd", "layer_norm", "shuffle", "copy",
-           "attention_heads", "scale_shift", "float_chain")
+           "attention_heads", "scale_shift", "float_chain", "softmax")
 
 
 def _compile(modules: dict[str, str], target: Target) -> dict:

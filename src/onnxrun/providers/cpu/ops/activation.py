@@ -253,7 +253,18 @@ def _fast_last(x, axis):
             and (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous)
 
 
+# elements from which float32 softmax over a contiguous last axis takes the compiled pass
+# (compiled/softmax.py; below, its call costs about what numpy's passes do)
+_SOFTMAX_COMPILED = 1 << 10
+
+
 def _softmax(x, axis):
+    if x.dtype == np.float32 and x.size >= _SOFTMAX_COMPILED and x.shape[axis] and \
+            (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous:
+        from ..compiled import softmax
+
+        if softmax.unavailable() is None:
+            return softmax.softmax_last(x)
     if _fast_last(x, axis):
         e = x - max_last(x)
         np.exp(e, out=e)
@@ -315,7 +326,39 @@ def _per_axis(fn):
 
 for _name, _fn in (("Softmax", _softmax), ("LogSoftmax", _log_softmax), ("Hardmax", _hardmax)):
     op(_name, 1, 11)(_coerced(_fn))
-    op(_name, 13)(_per_axis(_fn))
+    if _name != "Softmax":
+        op(_name, 13)(_per_axis(_fn))
+
+
+@op("Softmax", 13)
+class Softmax:
+    """Softmax-13: float32 over a contiguous last axis in compiled/softmax.py's one kernel
+    call, into the executor's buffer (memory.py), which may be the input's own bytes (each
+    row read before it is written): no fresh array per call (attention scores: a few hundred
+    KB each); the numpy passes elsewhere."""
+
+    accepts_out = True
+    in_place = True
+
+    def __init__(self, ctx: KernelContext, *, axis=-1) -> None:
+        self.axis = int(axis)
+        self.threads = threads_for(ctx)
+
+    def __call__(self, input, *, out=None):  # noqa: A002 - the schema's name
+        x = input
+        if x.size == 0:  # an empty axis or batch: nothing to normalize
+            return np.empty(x.shape, x.dtype)
+        axis = self.axis if self.axis >= 0 else self.axis + x.ndim
+        if x.dtype == np.float32 and x.size >= _SOFTMAX_COMPILED and axis == x.ndim - 1 \
+                and x.flags.c_contiguous:
+            from ..compiled import softmax
+
+            if softmax.unavailable() is None:
+                if out is not None and (out.shape != x.shape or out.dtype != np.float32 or
+                                        not out.flags.c_contiguous):
+                    out = None
+                return softmax.softmax_last(x, out, self.threads)
+        return _softmax(x, self.axis)
 
 
 @op("LpNormalization", 1, 22)
