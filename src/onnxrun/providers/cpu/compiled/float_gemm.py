@@ -1030,7 +1030,7 @@ class PackedMatrix:
         snp = -(-N // self.NR)
         if M <= 0 or N == 0 or K == 0 or len(self._ranges(M, snp, threads)) > 1:
             return None
-        keep = [_NO_CLIP if bounds is None else np.array(bounds, np.float32)]
+        keep = [_clip_block(bounds, None)[0]]
         b_ptr, flags = self._zeros_ptr, 0
         if bias is not None:
             keep.append(np.ascontiguousarray(bias, np.float32).reshape(-1))

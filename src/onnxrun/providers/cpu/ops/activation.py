@@ -258,13 +258,16 @@ def _fast_last(x, axis):
 _SOFTMAX_COMPILED = 1 << 10
 
 
-def _softmax(x, axis):
-    if x.dtype == np.float32 and x.size >= _SOFTMAX_COMPILED and x.shape[axis] and \
+def _softmax(x, axis, out=None, threads: int = 1):
+    """Softmax along ``axis``; ``out`` (a C-contiguous float32 array of x's shape, may be x)
+    and ``threads`` are the compiled pass's, which takes a float32 x over its contiguous
+    last axis."""
+    if x.dtype == np.float32 and x.size >= _SOFTMAX_COMPILED and \
             (axis == -1 or axis == x.ndim - 1) and x.flags.c_contiguous:
         from ..compiled import softmax
 
         if softmax.unavailable() is None:
-            return softmax.softmax_last(x)
+            return softmax.softmax_last(x, out, threads)
     if _fast_last(x, axis):
         e = x - max_last(x)
         np.exp(e, out=e)
@@ -348,17 +351,11 @@ class Softmax:
         x = input
         if x.size == 0:  # an empty axis or batch: nothing to normalize
             return np.empty(x.shape, x.dtype)
+        if out is not None and (out.shape != x.shape or out.dtype != np.float32 or
+                                not out.flags.c_contiguous):
+            out = None  # (a buffer of another layout: a fresh result instead)
         axis = self.axis if self.axis >= 0 else self.axis + x.ndim
-        if x.dtype == np.float32 and x.size >= _SOFTMAX_COMPILED and axis == x.ndim - 1 \
-                and x.flags.c_contiguous:
-            from ..compiled import softmax
-
-            if softmax.unavailable() is None:
-                if out is not None and (out.shape != x.shape or out.dtype != np.float32 or
-                                        not out.flags.c_contiguous):
-                    out = None
-                return softmax.softmax_last(x, out, self.threads)
-        return _softmax(x, self.axis)
+        return _softmax(x, axis, out, self.threads)
 
 
 @op("LpNormalization", 1, 22)

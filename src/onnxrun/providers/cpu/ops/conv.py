@@ -1329,8 +1329,10 @@ def _read_by_convolutions_only(node) -> bool:
 def _gemm_epilogue(act) -> tuple:
     """What of the activation ``act`` the compiled GEMM's epilogue applies: its clip bounds
     (Relu, Clip) and its logistic ((alpha, times_x): Sigmoid, SiLU / QuickGelu), each None
-    where it has none."""
-    return getattr(act, "bounds", None), getattr(act, "logistic", None)
+    where it has none; and whether the epilogue takes all of it (no activation, or one of
+    those), so that nothing is left to apply after the product."""
+    bounds, logistic = getattr(act, "bounds", None), getattr(act, "logistic", None)
+    return bounds, logistic, act is None or bounds is not None or logistic is not None
 
 
 def _is_channels_last(X: np.ndarray) -> bool:
@@ -1613,7 +1615,6 @@ class Conv(_ConvBase):
         const_w = self.W_shape is not None
         N, M = X.shape[0], w_shape[0]
         b = None
-        const_bias = B is None or self.bias is not None  # (the same array at every call)
         if B is not None:
             b = self.bias if self.bias is not None else B.astype(cdt, copy=False)
             b = b.reshape((M,) + (1,) * nd)
@@ -1649,7 +1650,7 @@ class Conv(_ConvBase):
                 self.nhwc_packed = self._nhwc_weights(self._weight(W))
             if self.nhwc_packed is not None:
                 Y = self._conv_nhwc(X, b, Z, act, heads, outs, kernel, strides, dilations,
-                                    out, const_bias)
+                                    out)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1659,7 +1660,7 @@ class Conv(_ConvBase):
                 self.hcw_packed = self._hcw_weights(self._weight(W))
             if self.hcw_packed is not None:
                 Y = self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides,
-                                        self.hcw_packed, True, out, const_bias)
+                                        self.hcw_packed, True, out)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1829,8 +1830,7 @@ class Conv(_ConvBase):
             return Yt.transpose(0, 3, 1, 2)
         return Y
 
-    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations, out=None,
-                   const_bias: bool = False):
+    def _conv_nhwc(self, X, b, Z, act, heads, outs, kernel, strides, dilations, out=None):
         """Channels-last im2col on the compiled GEMM: the input copied once into a zero-padded
         NHWC scratch buffer, one GEMM (pixels x taps*C) @ the packed weight with the bias and
         a Relu / Clip fused; the output channels-last (copied out to NCHW unless it stays so:
@@ -1840,11 +1840,11 @@ class Conv(_ConvBase):
         (kh, kw), (Ho, Wo), (sh, sw), (dh, dw) = kernel, outs, strides, dilations
         Hp, Wp = (Ho - 1) * sh + (kh - 1) * dh + 1, (Wo - 1) * sw + (kw - 1) * dw + 1
         pk = self.nhwc_packed
-        bounds, logistic = _gemm_epilogue(act)
-        fused = act is not None and Z is None and (bounds is not None or logistic is not None)
+        bounds, logistic, whole = _gemm_epilogue(act)
+        fused = whole and Z is None
         if dilations == (1, 1):
             return self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides, pk, False,
-                                       out, const_bias)
+                                       out)
         if not any(heads) and Hp <= X.shape[2] and Wp <= X.shape[3] and _is_channels_last(X):
             P = X.transpose(0, 2, 3, 1)
         else:
@@ -1891,7 +1891,7 @@ class Conv(_ConvBase):
         return P
 
     def _conv_implicit(self, X, b, Z, act, heads, outs, kernel, strides, pk, hcw: bool,
-                       out=None, const_bias: bool = False):
+                       out=None):
         """An undilated convolution as an implicit GEMM on the compiled kernel: the input
         copied once into a zero-padded scratch buffer, the GEMM's row of A for output pixel
         (oh, ow) read in place from (oh * sh, ow * sw) on (rows of ``Wo`` pixels: run_shifted's
@@ -1903,8 +1903,8 @@ class Conv(_ConvBase):
         N, C = X.shape[:2]
         (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
         Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
-        bounds, logistic = _gemm_epilogue(act)
-        fused = act is not None and Z is None and (bounds is not None or logistic is not None)
+        bounds, logistic, whole = _gemm_epilogue(act)
+        fused = whole and Z is None
         if hcw:  # K in (kh, C, kw) order: _hcw_weights
             P = scratch("conv_nhwc_pad", (N, Hp, C, Wp), np.float32)
             _pad_into_rows(P.transpose(0, 2, 1, 3), X, heads, self.threads)
@@ -1915,7 +1915,9 @@ class Conv(_ConvBase):
         flat = P.reshape(N, -1)
         Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
         # the product's argument blocks, made once per input shape (the geometry follows
-        # from it) where the bias is the kernel's own: each call writes two addresses
+        # from it) where the bias is the kernel's own constant (or none): each call writes
+        # two addresses
+        const_bias = b is None or self.bias is not None
         key = (X.shape, hcw, fused)
         launch = self.launches.get(key) if const_bias else None
         if launch is None:
@@ -1942,10 +1944,9 @@ class Conv(_ConvBase):
         epilogue."""
         N, C = X.shape[:2]
         M = self.gemm_t_packed.N
-        bounds, logistic = _gemm_epilogue(act)
+        bounds, logistic, whole = _gemm_epilogue(act)
         residual = _residual_rows(Z, (N, M) + X.shape[2:])
-        fused = (act is None or bounds is not None or logistic is not None) and \
-            (Z is None or residual is not None)
+        fused = whole and (Z is None or residual is not None)
         Y = self.gemm_t_packed.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view
                                    None if b is None else b.reshape(M),
                                    residual=residual if fused else None,
@@ -1966,10 +1967,9 @@ class Conv(_ConvBase):
         N, C = X.shape[:2]
         pk = self.group_packed
         M = pk.g * pk.N
-        bounds, logistic = _gemm_epilogue(act)
+        bounds, logistic, whole = _gemm_epilogue(act)
         residual = _residual_rows(Z, (N, M) + X.shape[2:])
-        fused = (act is None or bounds is not None or logistic is not None) and \
-            (Z is None or residual is not None)
+        fused = whole and (Z is None or residual is not None)
         Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
                    None if b is None else b.reshape(M), bounds=bounds if fused else None,
                    residual=residual if fused else None, threads=self.threads,
