@@ -57,6 +57,25 @@ def test_special_values_as_the_numpy_path(target):
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("n", [7, 256, 6625])
+def test_no_subnormal_lane_and_the_numpy_path_where_scores_spread_wide(target, n):
+    """Scores whose exponentials fall in float32's subnormal band (each operation on one is a
+    microcode assist): those are 0, as is any share that would be subnormal; the rest is the
+    numpy path's to float32 rounding."""
+    rng = np.random.default_rng(n)
+    x = -np.abs(rng.standard_normal((64, n)) * 40).astype(np.float32)
+    x[:, :3] = [0, -90, -95]  # the maximum; exp(-90) and exp(-95) are subnormal
+    exact = np.exp(x.astype(np.float64))  # (the maximum is 0)
+    assert np.any((exact > 0) & (exact < np.finfo(np.float32).tiny))  # the band is exercised
+    want = _softmax(x.copy(), -1)
+    got = softmax.softmax_last(x)
+    assert not np.any((got > 0) & (got < np.finfo(np.float32).tiny))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30)
+    np.testing.assert_allclose(got.sum(axis=-1), 1.0, rtol=1e-5)
+    big = want >= 1e-30  # what is kept: every share that float32 rounding of the row shows
+    assert np.all(got[big] > 0)
+
+
 def test_rejects_what_it_does_not_take():
     with pytest.raises(ValueError, match="C-contiguous float32"):
         softmax.softmax_last(np.zeros((3, 4), np.float64))

@@ -48,6 +48,12 @@ from typing import Any
 import numpy as np
 
 MIN_BYTES = 64 << 10  # smaller outputs: malloc's heap serves them without page faults
+# The arena's first byte (its values' offsets are multiples of 64): a 64-byte vector load of
+# a value's start, and of every 64 bytes after it, then lies in one cache line, not two
+# (np.empty's large blocks start 16 bytes into a page). Alternating sessions, 1 thread,
+# AVX-512 EPYC, medians of 3 x 40 runs: MobileNetV2 9.32-9.43 -> 8.88-9.02 ms, SqueezeNet
+# 8.72-8.95 -> 8.51-8.79, DenseNet-style 50.6-50.9 -> 49.5-51.0.
+ARENA_ALIGN = 64
 MAX_PATTERNS = 8  # input-shape signatures kept per plan
 MAX_SEEN = 32  # signatures run once, remembered
 
@@ -350,7 +356,9 @@ class Buffers:
         self._allocate()
 
     def _allocate(self) -> list[Any]:
-        self.arena = arena = np.empty(self.pattern.nbytes, np.uint8)
+        raw = np.empty(self.pattern.nbytes + ARENA_ALIGN, np.uint8)
+        start = -ctypes.addressof(ctypes.c_char.from_buffer(raw)) % ARENA_ALIGN
+        self.arena = arena = raw[start:start + self.pattern.nbytes]
         self.handles = [None if spec is None else
                         (ctypes.c_char * spec[1]).from_buffer(arena, spec[0])
                         for spec in self.specs]
