@@ -81,13 +81,23 @@ def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
     return Y
 
 
-def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1) -> np.ndarray:
+def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1,
+           out: np.ndarray | None = None) -> np.ndarray:
     """numpy matmul, with a stack of rows times one matrix done as a single GEMM (a strided
-    stack is gathered first: one copy costs less than a GEMM call per matrix of the stack)."""
+    stack is gathered first: one copy costs less than a GEMM call per matrix of the stack).
+    ``out``: the executor's buffer (memory.py), written where it has the product's shape and
+    dtype (and, for the single GEMM, rows a view can make); else a fresh array."""
+    shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1]) \
+        if A.ndim >= 2 and B.ndim >= 2 else None
+    if out is not None and (shape is None or out.shape != shape or
+                            out.dtype != np.result_type(A, B)):
+        out = None
     if B.ndim == 2 and A.ndim > 2 and A.size:
-        Y = blas.matmul(A.reshape(-1, A.shape[-1]), B, threads=threads)
-        return Y.reshape(A.shape[:-1] + (B.shape[1],))
-    return blas.matmul(A, B, threads=threads)
+        rows = A.size // A.shape[-1]
+        given = None if out is None else _rows(out, out.shape, rows)
+        Y = blas.matmul(A.reshape(-1, A.shape[-1]), B, out=given, threads=threads)
+        return Y.reshape(A.shape[:-1] + (B.shape[1],)) if given is None else out
+    return blas.matmul(A, B, out=out, threads=threads)
 
 
 def _floating(x: np.ndarray) -> bool:
@@ -107,7 +117,10 @@ class MatMul:
         # the panels replace B: the session drops its own copy (plan.py; B arrives as None)
         self.prepacked_inputs = (1,) if self.packed is not None else ()
         self.threads = threads_for(ctx)
-        self.accepts_out = self.packed is not None  # the panels' product writes into out
+        # the executor's buffer for the product (memory.py): the panels' or BLAS's; a 16-bit
+        # float product (computed in float32) returns its own array, which the memory
+        # pattern's probe sees and leaves out
+        self.accepts_out = True
 
     @property
     def uses_compiled_gemm(self) -> bool:  # read by profiles and tests
@@ -122,7 +135,7 @@ class MatMul:
         if cdt != A.dtype:
             Bc = self.B if self.B is not None else B.astype(cdt)
             return matmul(A.astype(cdt), Bc, self.threads).astype(A.dtype)
-        return matmul(A, B, self.threads)
+        return matmul(A, B, self.threads, out)
 
 
 def packed_gemm(ctx: KernelContext, alpha: float, beta: float, transB: bool):
