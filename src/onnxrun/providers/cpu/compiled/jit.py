@@ -61,7 +61,7 @@ IR = str | Callable[[Target], str]
 _BUNDLE = ("int8_gemm", "quantize", "int8_elementwise", "int8_depthwise", "lstm", "depthwise",
            "float_gemm", "nbits_gemv", "nbits_gemm", "logistic", "spin", "gqa",
            "rms_norm", "pool", "winograd", "layer_norm", "shuffle", "copy",
-           "attention_heads", "scale_shift", "float_chain", "softmax")
+           "attention_heads", "scale_shift", "float_chain", "softmax", "batched_gemm")
 
 
 def _compile(modules: dict[str, str], target: Target) -> dict:
@@ -205,6 +205,11 @@ def _switches() -> tuple:
     """What the answers below depend on besides the host: the switch and the forced target."""
     return (_forced_off, _getenv(_ENV_SWITCH),
             _forced_targets[-1] if _forced_targets else _getenv(targets.ENV))
+
+
+def switches() -> tuple:
+    """The switch state (see _switches), for kernels that remember answers of their own."""
+    return _switches()
 
 
 def _getenv(name: str) -> str | None:

@@ -81,23 +81,46 @@ def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
     return Y
 
 
+
+
+# compiled.batched_gemm.SPLIT_MACS, twice: a stack worth splitting over two threads
+_SPLIT_STACK_MACS = 2 << 20
+
+
 def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1,
-           out: np.ndarray | None = None) -> np.ndarray:
-    """numpy matmul, with a stack of rows times one matrix done as a single GEMM (a strided
-    stack is gathered first: one copy costs less than a GEMM call per matrix of the stack).
-    ``out``: the executor's buffer (memory.py), written where it has the product's shape and
-    dtype (and, for the single GEMM, rows a view can make); else a fresh array."""
+           out: np.ndarray | None = None, alpha: float = 1.0) -> np.ndarray:
+    """alpha * (A @ B) as numpy's matmul (alpha applied to each sum), with a stack of rows
+    times one matrix done as a single GEMM (a strided stack is gathered first: one copy costs
+    less than a GEMM call per matrix of the stack) and a float32 stack of matrices on
+    compiled.batched_gemm. ``out``: the executor's buffer (memory.py), written where it has
+    the product's shape and dtype (and, for the single GEMM, rows a view can make); else a
+    fresh array."""
     shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1]) \
         if A.ndim >= 2 and B.ndim >= 2 else None
     if out is not None and (shape is None or out.shape != shape or
                             out.dtype != np.result_type(A, B)):
         out = None
+    if threads > 1 and B.ndim > 2 and blas.one_thread and A.dtype == np.float32 and \
+            B.dtype == np.float32 and A.size * B.shape[-1] >= _SPLIT_STACK_MACS and \
+            blas.matmul_function(np.float32) is np.matmul:  # (not Pyodide's products)
+        # a stack of products (attention's q k^T, p v) split over the intra-op threads: on
+        # one thread numpy's loop of BLAS calls is as fast (~15 us less a call to set up)
+        from ..compiled import batched_gemm
+
+        Y = batched_gemm.matmul(A, B, out, alpha, threads)
+        if Y is not None:
+            return Y
     if B.ndim == 2 and A.ndim > 2 and A.size:
         rows = A.size // A.shape[-1]
         given = None if out is None else _rows(out, out.shape, rows)
         Y = blas.matmul(A.reshape(-1, A.shape[-1]), B, out=given, threads=threads)
-        return Y.reshape(A.shape[:-1] + (B.shape[1],)) if given is None else out
-    return blas.matmul(A, B, out=out, threads=threads)
+        Y = Y.reshape(A.shape[:-1] + (B.shape[1],)) if given is None else out
+    else:
+        Y = blas.matmul(A, B, out=out, threads=threads)
+    if alpha != 1.0:
+        Y = np.asarray(Y)
+        np.multiply(Y, Y.dtype.type(alpha), out=Y)
+    return Y
 
 
 def _floating(x: np.ndarray) -> bool:

@@ -279,10 +279,10 @@ class FusedMatMul:
             B = np.swapaxes(B, -1, -2)
         cdt = compute_dtype(A.dtype)
         a, b = A.astype(cdt, copy=False), B.astype(cdt, copy=False)
-        # one GEMM over all rows where B is a matrix (linalg.matmul)
-        Y = np.asarray(matmul(a, b, self.threads, out if cdt == A.dtype else None))
-        if self.alpha != 1.0:  # alpha times each sum, as onnxruntime's GEMM applies it
-            np.multiply(Y, cdt.type(self.alpha), out=Y)
+        # one GEMM over all rows where B is a matrix, a stack of products in one call
+        # (linalg.matmul); alpha times each sum, as onnxruntime's GEMM applies it
+        Y = np.asarray(matmul(a, b, self.threads, out if cdt == A.dtype else None,
+                              self.alpha))
         return Y.astype(A.dtype, copy=False)
 
 
