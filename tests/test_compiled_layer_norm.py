@@ -128,9 +128,14 @@ def test_operators_equal_onnxruntime(monkeypatch, case):
     op, feeds, consts, outs, domain, attrs = CASES[case]
     monkeypatch.setattr(layer_norm, "RANGE_FLOATS", 1)
     calls = []
-    kernel = layer_norm.layer_norm
+    kernel, bound = layer_norm.layer_norm, layer_norm.Bound.run
     monkeypatch.setattr(layer_norm, "layer_norm",
                         lambda *a, **k: (calls.append(k.get("threads")), kernel(*a, **k))[1])
+    # (constant parameters: bound once, then each call through Bound.run)
+    monkeypatch.setattr(layer_norm.Bound, "run",
+                        lambda self, x, skip, want_sum, threads, out=None: (
+                            calls.append(threads),
+                            bound(self, x, skip, want_sum, threads, out))[1])
     data = _one_node(op, feeds, consts, outs, domain, **attrs)
     expected = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)
     runs = []
@@ -143,3 +148,25 @@ def test_operators_equal_onnxruntime(monkeypatch, case):
         assert one.shape == e.shape and one.dtype == e.dtype
         np.testing.assert_allclose(one, e, rtol=1e-4, atol=2e-5)
         np.testing.assert_array_equal(one, two)
+
+
+def test_computed_parameters_are_not_bound_and_change_every_run():
+    """gamma and beta fed (not constants): each run's own values, onnxruntime's results."""
+    node = helper.make_node("SkipLayerNormalization", ["X", "K", "G", "Be"], ["Y"],
+                            domain="com.microsoft")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in
+                      (("X", (2, 8, 64)), ("K", (2, 8, 64)), ("G", (64,)), ("Be", (64,)))],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)],
+                             ir_version=9).SerializeToString()
+    sess = onnxrun.InferenceSession(data)
+    ref = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        r = np.random.default_rng(seed)
+        feeds = {"X": f32(2, 8, 64), "K": f32(2, 8, 64),
+                 "G": r.uniform(0.5, 1.5, 64).astype(np.float32),
+                 "Be": r.normal(0, 1, 64).astype(np.float32)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0],
+                                   rtol=1e-4, atol=2e-5)

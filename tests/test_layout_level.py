@@ -829,3 +829,62 @@ def test_per_channel_operands_keep_the_layout_with_onnxruntimes_results():
         got = sess.run(None, {"X": x})[0]
         assert got.flags.c_contiguous
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+_PATCH_EMBEDDING = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 3, 32, 64] X, float[1, 512, 64] R) => (float[1, 512, 64] Y) {
+    c1 = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [2, 2]> (X, W1, B1)
+    d = Div (c1, sqrt2)
+    e = Erf (d)
+    e1 = Add (e, one)
+    m = Mul (c1, e1)
+    g1 = Mul (m, half)
+    c2 = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1], strides = [1, 1]> (g1, W2, B2)
+    r = Reshape (c2, shape)
+    t = Transpose <perm = [0, 2, 1]> (r)
+    s = Add (t, R)
+    Y = LayerNormalization <axis = -1> (s, gamma, beta)
+}
+""")
+
+
+def test_patch_embedding_tokens_come_contiguous_with_onnxruntimes_results(monkeypatch):
+    """A vision transformer's patch embedding, Conv -> Gelu (erf form, fused) -> Conv ->
+    Reshape (N, C, H*W) -> Transpose (0, 2, 1): the convolution the tokens come from writes
+    channels-last (through the fused Gelu too), so the tokens the residual sum and its
+    LayerNormalization (fused: SkipLayerNormalization) read are contiguous memory, no copy;
+    onnxruntime's values at every level."""
+    rng = np.random.default_rng(9)
+    model = onnx.ModelProto()
+    model.CopyFrom(_PATCH_EMBEDDING)
+    for name, value in (("W1", rng.normal(0, 0.3, (32, 3, 3, 3))), ("B1", rng.normal(0, 1, 32)),
+                        ("W2", rng.normal(0, 0.1, (64, 32, 3, 3))), ("B2", rng.normal(0, 1, 64)),
+                        ("sqrt2", np.sqrt(2.0)), ("one", 1.0), ("half", 0.5),
+                        ("gamma", rng.uniform(0.5, 1.5, 64)), ("beta", rng.normal(0, 1, 64))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            np.asarray(value, np.float32), name))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 64, 512]),
+                                                                "shape"))
+    data = model.SerializeToString()
+    feeds = {"X": rng.normal(size=(1, 3, 32, 64)).astype(np.float32),
+             "R": rng.normal(size=(1, 512, 64)).astype(np.float32)}
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    from onnxrun.providers.cpu.ops.contrib import transformer
+
+    seen = []
+    real = transformer.SkipLayerNormalization.__call__
+    monkeypatch.setattr(transformer.SkipLayerNormalization, "__call__",
+                        lambda self, X, K, *a, **k: seen.append(
+                            X.flags.c_contiguous and K.flags.c_contiguous) or
+                        real(self, X, K, *a, **k))
+    for level in (LEVELS.ORT_ENABLE_ALL, LEVELS.ORT_ENABLE_EXTENDED):
+        so = onnxrun.SessionOptions()
+        so.graph_optimization_level = level
+        sess = onnxrun.InferenceSession(data, so)
+        if level == LEVELS.ORT_ENABLE_ALL:
+            convs = [s for s in sess._program.steps if s.node.op_type in ("Conv", "FusedConv")]
+            assert convs[-1].kernel.channels_last  # the tokens' convolution
+        for _ in range(3):  # the memory pattern's runs too
+            np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
+    assert seen[:3] == [True] * 3 and seen[3:] == [False] * 3  # NCHW below the layout level

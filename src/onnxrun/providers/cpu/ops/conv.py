@@ -843,11 +843,12 @@ def layout_changes_allowed(ctx) -> bool:
 
 
 # One tensor in, numpy keeps its layout (the ufuncs' order "K"): activations, SiLU as the
-# QuickGelu the optimizer fuses x * Sigmoid(x) into; and BatchNormalization at inference (a
-# DenseNet's after each Concat), its other inputs per-channel constants.
+# QuickGelu the optimizer fuses x * Sigmoid(x) into, the Gelu it fuses the erf form into (its
+# kernel works on X's memory as it lies); and BatchNormalization at inference (a DenseNet's
+# after each Concat), its other inputs per-channel constants.
 _PASS_THROUGH = frozenset({("", "Relu"), ("", "Clip"), ("", "Sigmoid"), ("", "Tanh"),
                            ("", "LeakyRelu"), ("", "HardSigmoid"), ("", "HardSwish"),
-                           ("com.microsoft", "QuickGelu")})
+                           ("com.microsoft", "QuickGelu"), ("com.microsoft", "Gelu")})
 
 
 def _passes_layout(node) -> bool:
@@ -1220,6 +1221,8 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
             kinds |= more
         elif node.domain == "" and node.op_type == "GlobalAveragePool":
             kinds.add("pool")
+        elif _to_tokens(node, index):
+            kinds.add("tokens")
         elif _follows_layout(node) and node.op_type in ("MaxPool", "AveragePool") and \
                 index == 0 and (_dims(node.outputs[0]) or (0, 0, 0))[2:] == (1, 1):
             kinds.add("pool")  # one pixel: channels-last memory is NCHW memory
@@ -1288,9 +1291,28 @@ def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
     if kind in ("depthwise", "nhwc", "winograd"):  # their GEMM / loops / output transform
         return True  # write channels-last anyway
     if kind == "other":  # one transposing copy of its output, where a pool or a Concat
-        return "follow" in readers  # passes the layout on (a stem: Conv -> MaxPool)
-    return kind == "1x1" and bool(readers & {"depthwise", "nhwc"} or
+        # passes the layout on (a stem: Conv -> MaxPool), or tokens read it (the copy their
+        # readers would make otherwise)
+        return bool(readers & {"follow", "tokens"})
+    return kind == "1x1" and bool(readers & {"depthwise", "nhwc", "tokens"} or
                                   _reads_channels_last(node, threads, depth))
+
+
+def _to_tokens(node, index: int) -> bool:
+    """Whether ``node`` turns its input X (N, C, H, W) into tokens (N, H*W, C) as a vision
+    transformer's patch embedding does: a Reshape to (N, C, H*W) read only by Transposes
+    (0, 2, 1). Channels-last X makes those tokens contiguous memory, where NCHW X makes
+    every reader (LayerNormalization, the residual Add, MatMul's rows) copy them first
+    (SVTR-style recognizers: three stages, each starting so)."""
+    if node.domain != "" or node.op_type != "Reshape" or index != 0:
+        return False
+    tokens, dims = node.outputs[0], _dims(node.inputs[0])
+    if dims is None or len(dims) != 4 or _dims(tokens) != (dims[0], dims[1], dims[2] * dims[3]):
+        return False
+    graph = node.graph
+    return bool(tokens.uses) and graph is not None and tokens not in graph.outputs and all(
+        n.domain == "" and n.op_type == "Transpose" and i == 0 and
+        [int(p) for p in n.attr("perm", [])] == [0, 2, 1] for n, i in tokens.uses)
 
 
 def _reads_channels_last(node, threads: int, depth: int) -> bool:

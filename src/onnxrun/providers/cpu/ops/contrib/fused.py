@@ -362,6 +362,16 @@ class Gelu:
 
     def __call__(self, X, *, out=None):
         if X.dtype == np.float32:
+            order = dense_order(X) if X.ndim > 1 else None
+            if order is not None and order != tuple(range(X.ndim)):
+                # element-wise: on X's memory as it lies, the result laid out as X (a
+                # channels-last convolution's Gelu stays so, as the layout level decided:
+                # conv._PASS_THROUGH), its innermost axis as the rows' width
+                rows = flat(X, order).reshape(-1, X.shape[order[-1]])
+                dst = flat_out(out, X, order)
+                y = gelu_float32(rows, out=None if dst is None else dst.reshape(rows.shape),
+                                 threads=self.threads)
+                return shaped_like(y.reshape(-1), X, order)
             return gelu_float32(np.ascontiguousarray(X), out=_dense_out(out, X),
                                 threads=self.threads)
         x, _ = _owned(X)
