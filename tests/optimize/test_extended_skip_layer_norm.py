@@ -23,9 +23,10 @@ FEEDS = {"a": rng.standard_normal((2, 3, D)).astype(np.float32),
          "b": rng.standard_normal((2, 3, D)).astype(np.float32)}
 
 
-def model_of(body: str, outs: str = f"float[2, 3, {D}] y", b_shape: str = f"2, 3, {D}"):
+def model_of(body: str, outs: str = f"float[2, 3, {D}] y", b_shape: str = f"2, 3, {D}",
+             a_shape: str = f"2, 3, {D}"):
     return build(f"""{HEAD}
-g (float[2, 3, {D}] a, float[{b_shape}] b) => ({outs}) {{
+g (float[{a_shape}] a, float[{b_shape}] b) => ({outs}) {{
     {body}
 }}""", **PARAMS)
 
@@ -40,13 +41,30 @@ def test_add_layer_norm_fires(tmp_path):
     assert node.attribute[0].f == pytest.approx(1e-6)
 
 
+DYNAMIC = f"2, S, {D}"  # rows of unknown count: MatMul + Add stays as it is
+
+
 def test_bias_of_linear_layer_is_absorbed(tmp_path):
     model = model_of("mm = MatMul(a, w)\n lin = Add(bias, mm)\n s = Add(lin, b)\n"
-                     " y = LayerNormalization (s, gamma, beta)")
+                     " y = LayerNormalization (s, gamma, beta)", a_shape=DYNAMIC,
+                     b_shape=DYNAMIC)
     changes, opt = optimized(model, FEEDS, tmp_path)
     assert ops(opt) == ["MatMul", "SkipLayerNormalization"]
     matmul_out = opt.graph.node[0].output[0]
     assert list(opt.graph.node[1].input) == [matmul_out, "b", "gamma", "beta", "bias"]
+
+
+def test_static_rows_take_the_bias_into_a_gemm_as_onnxruntime(tmp_path):
+    """A static [2, 3, D] activation: MatMulAddReshapeFusion's Reshape, Gemm (the bias in
+    its epilogue), Reshape, then the residual's SkipLayerNormalization without a bias: the
+    graph onnxruntime's extended level makes."""
+    model = model_of("mm = MatMul(a, w)\n lin = Add(bias, mm)\n s = Add(lin, b)\n"
+                     " y = LayerNormalization (s, gamma, beta)")
+    changes, opt = optimized(model, FEEDS, tmp_path)
+    assert changes["MatMulAddReshapeFusion"] == {"MatMul+Add (rows)": 1}
+    assert ops(opt) == ["Reshape", "Gemm", "Reshape", "SkipLayerNormalization"]
+    assert list(opt.graph.node[1].input)[1:] == ["w", "bias"]
+    assert list(opt.graph.node[3].input)[1:] == ["b", "gamma", "beta"]
 
 
 def test_sum_read_elsewhere_becomes_fourth_output(tmp_path):
@@ -60,7 +78,8 @@ def test_sum_read_elsewhere_becomes_fourth_output(tmp_path):
 
 def test_bias_absorbed_when_sum_read_elsewhere(tmp_path):
     model = model_of("mm = MatMul(a, w)\n lin = Add(mm, bias)\n s = Add(b, lin)\n"
-                     " n = LayerNormalization (s, gamma, beta)\n y = Add(n, s)")
+                     " n = LayerNormalization (s, gamma, beta)\n y = Add(n, s)",
+                     a_shape=DYNAMIC, b_shape=DYNAMIC)
     changes, opt = optimized(model, FEEDS, tmp_path)
     assert ops(opt) == ["MatMul", "SkipLayerNormalization", "Add"]
     assert list(opt.graph.node[1].input)[-1] == "bias"

@@ -26,6 +26,7 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
         "Add Div Mul Pow ReduceMean Sqrt", "Add Div Mul ReduceMean Sqrt",
         "Add Mul Pow Reciprocal ReduceMean Sqrt", "Add Mul Reciprocal ReduceMean Sqrt")),
     "attention": ("AttentionFusion", 20, ("MatMul Softmax",)),
+    "matmul_add_rows": ("MatMulAddReshapeFusion", 25, ("Add MatMul",)),
     "bias_gelu": ("BiasGeluFusion", 30, ("Add com.microsoft:FastGelu", "Add com.microsoft:Gelu",
                                          "Add Gelu")),
     "skip_layer_norm": ("SkipLayerNormFusion", 35, (

@@ -95,10 +95,9 @@ def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1,
     compiled.batched_gemm. ``out``: the executor's buffer (memory.py), written where it has
     the product's shape and dtype (and, for the single GEMM, rows a view can make); else a
     fresh array."""
-    shape = np.broadcast_shapes(A.shape[:-2], B.shape[:-2]) + (A.shape[-2], B.shape[-1]) \
-        if A.ndim >= 2 and B.ndim >= 2 else None
-    if out is not None and (shape is None or out.shape != shape or
-                            out.dtype != np.result_type(A, B)):
+    if out is not None and (A.ndim < 2 or B.ndim < 2 or out.dtype != np.result_type(A, B) or
+                            out.shape[-2:] != (A.shape[-2], B.shape[-1]) or
+                            out.shape[:-2] != np.broadcast_shapes(A.shape[:-2], B.shape[:-2])):
         out = None
     if threads > 1 and B.ndim > 2 and blas.one_thread and A.dtype == np.float32 and \
             B.dtype == np.float32 and A.size * B.shape[-1] >= _SPLIT_STACK_MACS and \
