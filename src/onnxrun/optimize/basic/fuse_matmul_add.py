@@ -20,13 +20,22 @@ class MatMulAddToGemm(RewriteRule):
     def pattern(self, op, a, b, c):
         return op.Add(op.MatMul(a, b), c)
 
-    def check(self, context, a, b, c, **_):
-        shape_a = type_shape(a.type)
+    @staticmethod
+    def operands(a, b, c) -> tuple | None:
+        """(a's shape, the weight, the bias) where a is a float tensor of a known rank and b, c
+        constants of its dtype, b 2-D; else None."""
+        shape_a = type_shape(a.type) if a.type is not None else None
         w, bias = constant_value(b), constant_value(c)
-        if shape_a is None or len(shape_a) != 2 or w is None or w.ndim != 2 or bias is None:
+        if shape_a is None or w is None or w.ndim != 2 or bias is None or \
+                a.type.tensor_type.elem_type not in _FLOAT or w.dtype != bias.dtype:
+            return None
+        return shape_a, w, bias
+
+    def check(self, context, a, b, c, **_):
+        found = self.operands(a, b, c)
+        if found is None or len(found[0]) != 2:
             return False
-        if a.type.tensor_type.elem_type not in _FLOAT or w.dtype != bias.dtype:
-            return False
+        shape_a, w, bias = found
         n = w.shape[1]
         # Gemm's C broadcasts unidirectionally to [M, N]; the Add must not grow the result.
         return bias.shape in ((n,), (1, n)) or (

@@ -22,28 +22,22 @@ import numpy as np
 
 from ...dtypes import type_shape
 from ..base import EXTENDED, RulePass, register_pass
+from ..basic.fuse_matmul_add import MatMulAddToGemm
 from ..graph_utils import constant_value
-from ..pattern import RewriteRule
-
-_FLOAT = {1, 10, 11, 16}  # float, float16, double, bfloat16
 
 
-class MatMulAddToGemmRows(RewriteRule):
+class MatMulAddToGemmRows(MatMulAddToGemm):
     name = "MatMul+Add (rows)"
 
-    def pattern(self, op, a, b, c):
-        return op.Add(op.MatMul(a, b), c)
-
     def check(self, context, a, b, c, **_):
-        shape_a = type_shape(a.type) if a.type is not None else None
-        w, bias = constant_value(b), constant_value(c)
-        if shape_a is None or len(shape_a) < 3 or w is None or w.ndim != 2 or bias is None or \
-                not all(isinstance(d, int) and d > 0 for d in shape_a):
+        found = self.operands(a, b, c)
+        if found is None:
             return False
-        if a.type.tensor_type.elem_type not in _FLOAT or w.dtype != bias.dtype:
-            return False
-        # (onnxruntime's condition: a bias of N values, broadcast over every row)
-        return shape_a[-1] == w.shape[0] and bias.shape == (w.shape[1],)
+        shape_a, w, bias = found
+        # a static shape of rank 3 or more; onnxruntime's condition: a bias of N values,
+        # broadcast over every row
+        return len(shape_a) >= 3 and all(isinstance(d, int) and d > 0 for d in shape_a) and \
+            shape_a[-1] == w.shape[0] and bias.shape == (w.shape[1],)
 
     def rewrite(self, op, a, b, c, **_):
         shape_a = type_shape(a.type)
