@@ -333,12 +333,21 @@ _GELU_BLOCK = 65536
 _GELU_COMPILED_MIN = 256
 
 
+def gelu_kernel():
+    """compiled/gelu's module for this polynomial, or None where it does not run: a kernel
+    takes it once, when prepared, for gelu_float32's ``kernel``."""
+    from ..compiled import gelu
+
+    return gelu.module(_GELU_LOGIT)
+
+
 def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
-                 out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+                 out: np.ndarray | None = None, threads: int = 1, kernel=None) -> np.ndarray:
     """0.5 * (x + bias) * (1 + erf((x + bias) / sqrt 2)) of C-contiguous float32 ``x`` (``bias``
     along the last axis, optional), into ``out`` (which may be ``x``; a new array by default).
     Rows are processed in blocks that stay in the cache; the compiled kernel's ranges of rows
-    on up to ``threads`` threads (each element's arithmetic is the same on any of them)."""
+    on up to ``threads`` threads (each element's arithmetic is the same on any of them).
+    ``kernel``: gelu_kernel(), where the caller holds it (else looked up here)."""
     if out is None:
         out = np.empty(x.shape, np.float32)
     if x.size == 0:
@@ -346,8 +355,8 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
     if x.ndim and x.size >= _GELU_COMPILED_MIN:
         from ..compiled import gelu
 
-        if gelu.unavailable(_GELU_LOGIT) is None:  # the same formula in one pass
-            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out, threads)
+        if kernel is not None or gelu.unavailable(_GELU_LOGIT) is None:  # one pass
+            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out, threads, kernel)
     width = x.shape[-1] if x.ndim else 1
     rows_in, rows_out = x.reshape(-1, width), out.reshape(-1, width)
     per_block = max(1, _GELU_BLOCK // width)

@@ -18,7 +18,7 @@ from ...compiled.layout import dense_order, flat, flat_out, shaped_like
 from ...kernels import KernelContext, op
 from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
-from ..elementwise import erf, gelu_float32
+from ..elementwise import erf, gelu_float32, gelu_kernel
 from ..linalg import gemm_packed, matmul, packed_gemm, packed_weights, run_packed
 
 MS = "com.microsoft"
@@ -355,6 +355,7 @@ def _dense_out(out: np.ndarray | None, X: np.ndarray) -> np.ndarray | None:
 class Gelu:
     def __init__(self, ctx: KernelContext) -> None:
         self.threads = threads_for(ctx)  # float32: compiled rows on the intra-op threads
+        self.kernel = gelu_kernel()  # taken once: its lookups cost a third of a call
 
     # the executor's buffer (memory.py), which may be X's own bytes: gelu_float32 writes
     # each block after reading it
@@ -370,10 +371,10 @@ class Gelu:
                 rows = flat(X, order).reshape(-1, X.shape[order[-1]])
                 dst = flat_out(out, X, order)
                 y = gelu_float32(rows, out=None if dst is None else dst.reshape(rows.shape),
-                                 threads=self.threads)
+                                 threads=self.threads, kernel=self.kernel)
                 return shaped_like(y.reshape(-1), X, order)
             return gelu_float32(np.ascontiguousarray(X), out=_dense_out(out, X),
-                                threads=self.threads)
+                                threads=self.threads, kernel=self.kernel)
         x, _ = _owned(X)
         return gelu_(x).astype(X.dtype, copy=False)
 
@@ -382,6 +383,7 @@ class Gelu:
 class BiasGelu:
     def __init__(self, ctx: KernelContext) -> None:
         self.threads = threads_for(ctx)
+        self.kernel = gelu_kernel()  # as Gelu's
 
     accepts_out = in_place = True  # as Gelu's
 
@@ -389,7 +391,7 @@ class BiasGelu:
         if A.dtype == np.float32 and B.dtype == np.float32 and B.shape == A.shape[-1:]:
             # the bias is added block by block, inside the gelu passes
             return gelu_float32(np.ascontiguousarray(A), B, out=_dense_out(out, A),
-                                threads=self.threads)
+                                threads=self.threads, kernel=self.kernel)
         x, _ = _owned(A, B)
         return gelu_(x).astype(A.dtype, copy=False)
 
