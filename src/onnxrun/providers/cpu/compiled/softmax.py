@@ -8,11 +8,12 @@ attention scores of transformer recognizers (SVTR-tiny-style: 1898 against 434 u
 
 exp(t), t = x - max <= 0: n = rint(t log2(e)), r = t - n ln(2) in two parts (Cody and
 Waite: |r| <= ln(2)/2, exactly), e^r by its Taylor series to r^7 (relative error < 1e-8),
-times 2^n from its exponent bits. Below t = -86 the result is 0, and so is a share under
-the row's sum times FLT_MIN: no lane is ever subnormal (each operation on one is a microcode
-assist: 2x the time on attention scores with a wide spread). Within ~2 ulp of numpy's exp
-elsewhere; the sum runs in 16 lanes (numpy's in another order): results agree with the numpy
-path to float32 rounding (what is dropped is under 1e-37), not bit for bit. A NaN anywhere in
+times 2^n from its exponent bits. Below max(-86, ln(FLT_MIN * 2^b)), 2^b > the row's length,
+the result is 0, so that every exponential and every share of the sum is normal: no lane is
+ever subnormal (each operation producing one is a microcode assist: 2x the time on attention
+scores with a wide spread). Within ~2 ulp of numpy's exp elsewhere; the sum runs in 16 lanes
+(numpy's in another order): results agree with the numpy path to float32 rounding (what is
+dropped is under 1e-35 of a probability), not bit for bit. A NaN anywhere in
 a row makes the row NaN, as do an infinite maximum (inf - inf) and a row of -inf, as on the
 numpy path.
 """

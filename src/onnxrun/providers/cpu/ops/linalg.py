@@ -81,12 +81,6 @@ def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
     return Y
 
 
-
-
-# compiled.batched_gemm.SPLIT_MACS, twice: a stack worth splitting over two threads
-_SPLIT_STACK_MACS = 2 << 20
-
-
 def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1,
            out: np.ndarray | None = None, alpha: float = 1.0) -> np.ndarray:
     """alpha * (A @ B) as numpy's matmul (alpha applied to each sum), with a stack of rows
@@ -100,15 +94,16 @@ def matmul(A: np.ndarray, B: np.ndarray, threads: int = 1,
                             out.shape[:-2] != np.broadcast_shapes(A.shape[:-2], B.shape[:-2])):
         out = None
     if threads > 1 and B.ndim > 2 and blas.one_thread and A.dtype == np.float32 and \
-            B.dtype == np.float32 and A.size * B.shape[-1] >= _SPLIT_STACK_MACS and \
-            blas.matmul_function(np.float32) is np.matmul:  # (not Pyodide's products)
-        # a stack of products (attention's q k^T, p v) split over the intra-op threads: on
-        # one thread numpy's loop of BLAS calls is as fast (~15 us less a call to set up)
+            B.dtype == np.float32 and blas.matmul_function(np.float32) is np.matmul:
+        # a stack of products (attention's q k^T, p v) split over the intra-op threads, where
+        # worth two of the kernel's ranges: on one thread numpy's loop of BLAS calls is as
+        # fast (~15 us less a call to set up). (Not Pyodide's products.)
         from ..compiled import batched_gemm
 
-        Y = batched_gemm.matmul(A, B, out, alpha, threads)
-        if Y is not None:
-            return Y
+        if A.size * B.shape[-1] >= 2 * batched_gemm.SPLIT_MACS:
+            Y = batched_gemm.matmul(A, B, out, alpha, threads)
+            if Y is not None:
+                return Y
     if B.ndim == 2 and A.ndim > 2 and A.size:
         rows = A.size // A.shape[-1]
         given = None if out is None else _rows(out, out.shape, rows)

@@ -43,6 +43,23 @@ def rows_of(out: np.ndarray | None, shape: tuple[int, ...], n: int) -> np.ndarra
     return out.reshape(-1, n)
 
 
+UNBOUND = object()  # a layer norm kernel's ``bound`` before its first call
+
+
+def bound_constants(kernel, gamma, beta, bias):
+    """``kernel.bound``, the compiled/layer_norm.Bound of its parameters, where ``gamma``,
+    ``beta`` and ``bias`` are the arrays it bound (constants come back as the same arrays
+    every run), else None. Bound at the first call (``kernel.bound`` starts as UNBOUND);
+    computed parameters, or none compiled, never bind."""
+    bound = kernel.bound
+    if bound is UNBOUND:
+        bound = kernel.bound = None if kernel.compiled is None else \
+            kernel.compiled.bind(gamma, beta, bias, kernel.epsilon)
+    if bound is not None and gamma is bound.gamma and beta is bound.beta and bias is bound.bias:
+        return bound
+    return None
+
+
 def fits_compiled(X: np.ndarray, trailing: tuple[int, ...], *params) -> bool:
     """Whether compiled/layer_norm takes float32 ``X`` normalized over its ``trailing`` axes
     with these parameters (float32, one value per normalized element, or None)."""
@@ -181,22 +198,18 @@ class LayerNormalization:
         self.threads = threads_for(ctx)
         self.compiled = compiled_layer_norm()
         self.fn = None if self.compiled is None else self.compiled.function()
-        self.bound = None  # compiled/layer_norm.Bound of the constants, made at the first call
-        self.binding = self.compiled is not None
+        # compiled/layer_norm.Bound of the constants (bound_constants), for the last axis
+        self.bound = UNBOUND
 
     # the executor's buffer for Y (memory.py), where the node has no other output: the
     # compiled kernel writes it
     accepts_out = True
 
     def __call__(self, X, Scale, B=None, *, out=None):
-        bound = self.bound
-        if bound is None and self.binding:
-            self.binding = False  # tried once: constants bind, computed parameters never
-            if self.axis in (-1, X.ndim - 1):
-                bound = self.bound = self.compiled.bind(Scale, B, None, self.epsilon)
-        if bound is not None and Scale is bound.gamma and B is bound.beta and \
-                X.dtype == np.float32 and X.ndim and X.shape[-1] == bound.n and \
-                X.flags.c_contiguous and (self.axis == -1 or self.axis == X.ndim - 1):
+        last = X.ndim and self.axis in (-1, X.ndim - 1)
+        bound = bound_constants(self, Scale, B, None) if last else None
+        if bound is not None and X.dtype == np.float32 and X.shape[-1] == bound.n and \
+                X.flags.c_contiguous:
             n = bound.n
             Y, mean, inv_std, _ = bound.run(X.reshape(-1, n), None, False, self.threads,
                                             rows_of(out, X.shape, n))

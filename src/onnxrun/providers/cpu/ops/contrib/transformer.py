@@ -35,7 +35,14 @@ from ..attention import (
     to_heads,
 )
 from ..linalg import packed_weights, run_packed
-from ..normalization import LayerNormalization, compiled_layer_norm, fits_compiled, rows_of
+from ..normalization import (
+    UNBOUND,
+    LayerNormalization,
+    bound_constants,
+    compiled_layer_norm,
+    fits_compiled,
+    rows_of,
+)
 
 MS = "com.microsoft"
 
@@ -229,8 +236,7 @@ class SkipLayerNormalization:
         self.threads = threads_for(ctx)
         self.compiled = compiled_layer_norm()
         self.fn = None if self.compiled is None else self.compiled.function()
-        self.bound = None  # compiled/layer_norm.Bound of the constants, made at the first call
-        self.binding = self.compiled is not None
+        self.bound = UNBOUND  # compiled/layer_norm.Bound of the constants (bound_constants)
 
     # the executor's buffer for Y (memory.py), where the node has no other output: the
     # compiled kernel writes it
@@ -238,14 +244,10 @@ class SkipLayerNormalization:
 
     def __call__(self, input, skip, gamma, beta=None, bias=None, *, out=None):  # noqa: A002
         n = input.shape[-1] if input.ndim else 0
-        bound = self.bound
-        if bound is None and self.binding:
-            self.binding = False  # tried once: constants bind, computed parameters never
-            bound = self.bound = self.compiled.bind(gamma, beta, bias, self.epsilon)
-        if bound is not None and gamma is bound.gamma and beta is bound.beta and \
-                bias is bound.bias and input.dtype == np.float32 and \
-                skip.dtype == np.float32 and input.shape == skip.shape and n == bound.n and \
-                input.flags.c_contiguous and skip.flags.c_contiguous:
+        bound = bound_constants(self, gamma, beta, bias)
+        if bound is not None and input.dtype == np.float32 and skip.dtype == np.float32 and \
+                input.shape == skip.shape and n == bound.n and input.flags.c_contiguous and \
+                skip.flags.c_contiguous:
             Y, mean, inv, total = bound.run(input.reshape(-1, n), skip.reshape(-1, n),
                                             self.want_sum, self.threads,
                                             rows_of(out, input.shape, n))
