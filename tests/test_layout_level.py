@@ -227,6 +227,49 @@ def test_a_concat_of_channels_last_operands_that_is_a_graph_output_stays_nchw():
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
+def test_a_1x1_convolution_of_a_channels_last_input_with_an_nchw_output_runs_compiled():
+    """A detection head's last 1x1 convolutions: the input comes channels-last, the output
+    goes to a Concat and Reshape that need NCHW. The 1x1 runs on the compiled GEMM (its
+    panels, the original weight dropped) and copies its product out to NCHW; with a Relu
+    fused or a residual added after, into the executor's buffer or not, the results match
+    level 2's and onnxruntime's."""
+    _needs_compiled_gemm()
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 16, 20, 20] X) => (float[1, 80, 400] Y, float[1, 24, 20, 20] R) {
+        a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1)
+        s = Sigmoid (a)
+        t = Mul (a, s)
+        b = Conv (t, W2, B2)
+        c = Conv (t, W3)
+        d = Relu (c)
+        j = Concat <axis = 1> (b, d)
+        Y = Reshape (j, shape)
+        e = Conv (t, W4, B4)
+        R = Add (e, X2)
+    }
+    """)
+    rng = np.random.default_rng(7)
+    for name, value in (("W1", rng.normal(0, 0.2, (32, 16, 3, 3))),
+                        ("W2", rng.normal(0, 0.2, (48, 32, 1, 1))), ("B2", rng.normal(size=48)),
+                        ("W3", rng.normal(0, 0.2, (32, 32, 1, 1))),
+                        ("W4", rng.normal(0, 0.2, (24, 32, 1, 1))), ("B4", rng.normal(size=24)),
+                        ("X2", rng.normal(size=(1, 24, 20, 20))),
+                        ("shape", np.array([1, 80, 400]))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            value.astype(np.int64 if name == "shape" else np.float32), name))
+    blob = model.SerializeToString()
+    layout, plain = _both_levels(blob)
+    heads = [s.kernel for s in layout._program.steps
+             if getattr(s.kernel, "W_shape", None) is not None and s.kernel.W_shape[2:] == (1, 1)]
+    assert len(heads) == 3
+    for k in heads:
+        assert not k.channels_last and k.gemm_t_packed is not None and k.prepacked_inputs == (1,)
+    x = rng.normal(size=(1, 16, 20, 20)).astype(np.float32)
+    for _ in range(4):  # from the fourth run, the executor's buffers (memory.py)
+        _assert_matches(layout, plain, blob, {"X": x})
+
+
 def test_layout_keeping_kernels_on_channels_last_inputs():
     """Each kernel alone: channels-last operands (dense, or a channel range of such) give a
     channels-last result equal to the NCHW one; mixed operands, another axis or a kernel not
