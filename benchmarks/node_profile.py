@@ -8,6 +8,7 @@ onnxruntime's nodes of the same operator and shapes (its node names differ: fusi
     python benchmarks/node_profile.py --models shufflenet -r 20 --top 30
     python benchmarks/node_profile.py --threads 1,2 --models squeezenet   # onnxrun 1T vs 2T
     python benchmarks/node_profile.py --threads 1,2 --models mobilenet    # (the cache's, generated)
+    python benchmarks/node_profile.py --models bert     # also bert, svtr, vad: by name only
 
 Profiled times include each engine's per-node cost of the profiler; compare rows, not the
 totals with run_suite.py's. Each row is the median over the runs of its nodes' time in a run.
@@ -34,6 +35,8 @@ sys.path.pop(0)
 CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zoo:resnet50",
          "bench:mobilenet_v2")
 QUICK = ("yolo_style", "zoo:squeezenet")
+# not CNNs, profiled when --models names them: python benchmarks/node_profile.py --models bert
+NAMED_ONLY = ("bench:bert_minilm_l6", "svtr_style", "vad_style")
 # runs before the profiled ones: onnxrun's memory pattern is recorded by the second run and
 # probed by the third (memory.py); from the fourth, the intermediates are in its arena
 WARM_UP = 3
@@ -103,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
           "runs per engine, "
           + ("onnxrun at {} and {} threads".format(*counts) if counts else "1 thread")
           + "; microseconds per run")
-    for label, model, feeds in run_suite.ab_cases(QUICK if args.quick else CASES, words):
+    for label, model, feeds in run_suite.ab_cases(
+            QUICK if args.quick else CASES + NAMED_ONLY if words else CASES, words):
         if feeds is None:
             from onnxrun.tools.common import make_feeds
 
