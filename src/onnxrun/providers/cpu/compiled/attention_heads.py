@@ -11,10 +11,13 @@ Per head (``head``: words below), as attend_exp2 but in one pass where it makes 
 - s = q k^T by cblas_sgemm (row-major, B transposed), q carrying scale * log2(e);
 - per row: s = exp2(s) in place (clamped to [-127, 128]: 0 below 2^-126.5, inf from 2^127.5;
   a Taylor polynomial of 2^f, |f| <= 1/2, to f^7: within ~1 ulp of numpy's exp2), the row's sum
-  in 8 lanes added as a tree (numpy's path sums by a BLAS product: not its bits);
+  in 16 lanes added as a tree (numpy's path sums by a BLAS product: not its bits). The IR is
+  16 lanes wide, one AVX-512 register (LLVM splits it in halves on AVX2): at 8 lanes the pass
+  took a third of a BERT layer's heads;
 - a row sum under 2^-60, infinite or NaN sets the head's flag and ends the head (the caller
   redoes it the stable way, as attend_exp2 does a block);
-- out = s v by cblas_sgemm straight into the (S, N, Dv) output, then each row times 1 / sum.
+- out = s v by cblas_sgemm straight into the (S, N, Dv) output, then each row times 1 / sum
+  (16 columns a vector, the last Dv % 16 one at a time).
 
 Each head is computed whole on one thread, the same way on any: the results do not depend on
 the thread count. ``head`` reads one argument block of i64 words: sgemm, q, ldq, k, ldk, v,
@@ -34,9 +37,10 @@ import numpy as np
 from . import ir, jit
 
 REQUIRES = ("avx2", "fma")
-_VF = "<8 x float>"
-_VI = "<8 x i32>"
-_FMA = "@llvm.fma.v8f32"
+_VF = "<16 x float>"
+_VI = "<16 x i32>"
+_FMA = "@llvm.fma.v16f32"
+_LANES = 16
 _WORDS = ("sgemm", "q", "ldq", "k", "ldk", "v", "ldv", "out", "ldo", "scratch", "flag",
           "S", "T", "D", "Dv")
 # below this row sum of exponentials, attend_exp2 redoes the block the stable way
@@ -58,22 +62,27 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
 def _v(x: float) -> str:
-    return "<" + ", ".join([f"float {ir.float_constant(x)}"] * 8) + ">"
+    return "<" + ", ".join([f"float {ir.float_constant(x)}"] * _LANES) + ">"
 
 
 def _i(x: int) -> str:
-    return "<" + ", ".join([f"i32 {x}"] * 8) + ">"
+    return "<" + ", ".join([f"i32 {x}"] * _LANES) + ">"
+
+
+def _first(n: int, start: int) -> str:
+    """A shufflevector mask of lanes start .. start + n - 1."""
+    return ", ".join(f"i32 {start + i}" for i in range(n))
 
 
 def _exp2_ir() -> list[str]:
-    """``@exp2v(<8 x float>)``: 2^x by n = rint(x), f = x - n (exact), 2^f by its Taylor
+    """``@exp2v(<16 x float>)``: 2^x by n = rint(x), f = x - n (exact), 2^f by its Taylor
     series (f ln2)^k / k! to k = 7 (relative error < 1e-8) times 2^n from the exponent bits."""
     coeffs = [math.log(2) ** k / math.factorial(k) for k in range(8)]
     L = [f"define internal {_VF} @exp2v({_VF} %x) alwaysinline nounwind {{",
          "entry:",
-         f"  %x0 = call {_VF} @llvm.maxnum.v8f32({_VF} %x, {_VF} {_v(-127.0)})",
-         f"  %xc = call {_VF} @llvm.minnum.v8f32({_VF} %x0, {_VF} {_v(128.0)})",
-         f"  %n = call {_VF} @llvm.rint.v8f32({_VF} %xc)",
+         f"  %x0 = call {_VF} @llvm.maxnum.v16f32({_VF} %x, {_VF} {_v(-127.0)})",
+         f"  %xc = call {_VF} @llvm.minnum.v16f32({_VF} %x0, {_VF} {_v(128.0)})",
+         f"  %n = call {_VF} @llvm.rint.v16f32({_VF} %xc)",
          f"  %f = fsub {_VF} %xc, %n",
          f"  %p7 = bitcast {_VF} {_v(coeffs[7])} to {_VF}"]
     for k in range(6, -1, -1):
@@ -85,7 +94,7 @@ def _exp2_ir() -> list[str]:
         f"  %sc = bitcast {_VI} %eb to {_VF}",
         f"  %r = fmul {_VF} %p0, %sc",
         f"  %nan = fcmp uno {_VF} %x, %x",  # maxnum dropped the NaN: it comes back here
-        f"  %y = select <8 x i1> %nan, {_VF} %x, {_VF} %r",
+        f"  %y = select <16 x i1> %nan, {_VF} %x, {_VF} %r",
         f"  ret {_VF} %y",
         "}"]
 
@@ -111,15 +120,15 @@ def _head_ir(bits: int) -> list[str]:
           f"  call void %sgemm(i32 {_ROW_MAJOR}, i32 {_NO_TRANS}, i32 {_TRANS}, {it} %S.c, "
           f"{it} %T.c, {it} %D.c, float 1.0, ptr %q, {it} %ldq.c, ptr %k, {it} %ldk.c, "
           f"float 0.0, ptr %scratch, {it} %T.c)",
-          "  %T8 = and i64 %T, -8",
+          "  %T16 = and i64 %T, -16",
           "  %anyrow = icmp sgt i64 %S, 0",
           "  br i1 %anyrow, label %row, label %pv",
           "row:",
           "  %r = phi i64 [0, %entry], [%r.next, %rowok]",
           "  %ro = mul i64 %r, %T",
           "  %rp = getelementptr float, ptr %scratch, i64 %ro",
-          "  %any8 = icmp sgt i64 %T8, 0",
-          "  br i1 %any8, label %vec, label %vecdone",
+          "  %any16 = icmp sgt i64 %T16, 0",
+          "  br i1 %any16, label %vec, label %vecdone",
           "vec:",
           "  %j = phi i64 [0, %row], [%j.next, %vec]",
           f"  %acc = phi {_VF} [zeroinitializer, %row], [%acc.n, %vec]",
@@ -128,14 +137,17 @@ def _head_ir(bits: int) -> list[str]:
           f"  %ev = call {_VF} @exp2v({_VF} %xv)",
           f"  store {_VF} %ev, ptr %xp, align 4",
           f"  %acc.n = fadd {_VF} %acc, %ev",
-          *ir.latch("j", 8, "jmore", "%T8", "vec", "vecdone"),
+          *ir.latch("j", _LANES, "jmore", "%T16", "vec", "vecdone"),
           "vecdone:",
           f"  %accf = phi {_VF} [zeroinitializer, %row], [%acc.n, %vec]",
-          # the 8 lanes as a tree: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two
-          f"  %h4a = shufflevector {_VF} %accf, {_VF} poison, <4 x i32> <i32 0, i32 1, "
-          "i32 2, i32 3>",
-          f"  %h4b = shufflevector {_VF} %accf, {_VF} poison, <4 x i32> <i32 4, i32 5, "
-          "i32 6, i32 7>",
+          # the 16 lanes as a tree: (0+8, ..., 7+15), then (0+4, ...), pairs, the last two
+          f"  %h8a = shufflevector {_VF} %accf, {_VF} poison, <8 x i32> <{_first(8, 0)}>",
+          f"  %h8b = shufflevector {_VF} %accf, {_VF} poison, <8 x i32> <{_first(8, 8)}>",
+          "  %h8 = fadd <8 x float> %h8a, %h8b",
+          f"  %h4a = shufflevector <8 x float> %h8, <8 x float> poison, <4 x i32> "
+          f"<{_first(4, 0)}>",
+          f"  %h4b = shufflevector <8 x float> %h8, <8 x float> poison, <4 x i32> "
+          f"<{_first(4, 4)}>",
           "  %h4 = fadd <4 x float> %h4a, %h4b",
           "  %h2a = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 0, i32 1>",
           "  %h2b = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 2, i32 3>",
@@ -143,10 +155,10 @@ def _head_ir(bits: int) -> list[str]:
           "  %h1a = extractelement <2 x float> %h2, i64 0",
           "  %h1b = extractelement <2 x float> %h2, i64 1",
           "  %vsum = fadd float %h1a, %h1b",
-          "  %anytail = icmp slt i64 %T8, %T",
+          "  %anytail = icmp slt i64 %T16, %T",
           "  br i1 %anytail, label %tail, label %rowend",
-          "tail:",  # the row's last T % 8 keys, one at a time
-          "  %t = phi i64 [%T8, %vecdone], [%t.next, %tail]",
+          "tail:",  # the row's last T % 16 keys, one at a time
+          "  %t = phi i64 [%T16, %vecdone], [%t.next, %tail]",
           "  %ts = phi float [%vsum, %vecdone], [%ts.n, %tail]",
           "  %tp = getelementptr float, ptr %rp, i64 %t",
           "  %tx = load float, ptr %tp, align 4",
@@ -182,10 +194,22 @@ def _head_ir(bits: int) -> list[str]:
           "  %inv = fdiv float 1.0, %ns",
           "  %oro = mul i64 %nr, %ldo",
           "  %orp = getelementptr float, ptr %out, i64 %oro",
-          "  %anyd = icmp sgt i64 %Dv, 0",
+          *ir.splat("%invv", "%inv", _VF),
+          "  %D16 = and i64 %Dv, -16",
+          "  %anyv = icmp sgt i64 %D16, 0",
+          "  br i1 %anyv, label %nvec, label %nvecdone",
+          "nvec:",  # 16 columns at a time
+          "  %cv = phi i64 [0, %norm], [%cv.next, %nvec]",
+          "  %ovp = getelementptr float, ptr %orp, i64 %cv",
+          f"  %ovv = load {_VF}, ptr %ovp, align 4",
+          f"  %owv = fmul {_VF} %ovv, %invv",
+          f"  store {_VF} %owv, ptr %ovp, align 4",
+          *ir.latch("cv", _LANES, "cvmore", "%D16", "nvec", "nvecdone"),
+          "nvecdone:",
+          "  %anyd = icmp slt i64 %D16, %Dv",
           "  br i1 %anyd, label %ncol, label %normend",
-          "ncol:",
-          "  %c = phi i64 [0, %norm], [%c.next, %ncol]",
+          "ncol:",  # the last Dv % 16 columns
+          "  %c = phi i64 [%D16, %nvecdone], [%c.next, %ncol]",
           "  %op = getelementptr float, ptr %orp, i64 %c",
           "  %ov = load float, ptr %op, align 4",
           "  %ow = fmul float %ov, %inv",
@@ -203,10 +227,10 @@ def _head_ir(bits: int) -> list[str]:
 def module_ir(target=None) -> str:
     return "\n".join([
         *_exp2_ir(), *_head_ir(64), *_head_ir(32),
-        f"declare {_VF} @llvm.fma.v8f32({_VF}, {_VF}, {_VF})",
-        f"declare {_VF} @llvm.rint.v8f32({_VF})",
-        f"declare {_VF} @llvm.minnum.v8f32({_VF}, {_VF})",
-        f"declare {_VF} @llvm.maxnum.v8f32({_VF}, {_VF})"])
+        f"declare {_VF} @llvm.fma.v16f32({_VF}, {_VF}, {_VF})",
+        f"declare {_VF} @llvm.rint.v16f32({_VF})",
+        f"declare {_VF} @llvm.minnum.v16f32({_VF}, {_VF})",
+        f"declare {_VF} @llvm.maxnum.v16f32({_VF}, {_VF})"])
 
 
 _JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
