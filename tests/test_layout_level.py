@@ -270,6 +270,82 @@ def test_a_1x1_convolution_of_a_channels_last_input_with_an_nchw_output_runs_com
         _assert_matches(layout, plain, blob, {"X": x})
 
 
+def test_a_segmentation_head_upsamples_channels_last_into_the_executors_buffers():
+    """A DBNet-style neck and head: nearest Resizes of channels-last maps (the last take into
+    the executor's buffer, a first one into scratch), then two tiled ConvTransposes (2x2,
+    stride 2): the first writes channels-last for its Relu and the second, which reads that
+    layout in place; the graph's output stays NCHW. Over several runs (the executor's
+    buffers from the fourth), the results match level 2's and onnxruntime's."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 12, 12] X) => (float[1, 1, 96, 96] Y) {
+        a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1)
+        r = Relu (a)
+        u = Resize <mode = "nearest"> (r, , scales)
+        v = Resize <mode = "nearest"> (u, , scales)
+        c = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (v, W2)
+        d = Relu (c)
+        t = ConvTranspose <kernel_shape = [2, 2], strides = [2, 2]> (d, W3, B3)
+        e = Relu (t)
+        f = ConvTranspose <kernel_shape = [2, 2], strides = [2, 2]> (e, W4, B4)
+        Y = Sigmoid (f)
+    }
+    """)
+    rng = np.random.default_rng(9)
+    for name, value in (("W1", rng.normal(0, 0.3, (16, 8, 3, 3))),
+                        ("W2", rng.normal(0, 0.2, (16, 16, 3, 3))),
+                        ("W3", rng.normal(0, 0.3, (16, 16, 2, 2))), ("B3", rng.normal(size=16)),
+                        ("W4", rng.normal(0, 0.3, (16, 1, 2, 2))), ("B4", rng.normal(size=1)),
+                        ("scales", np.array([1, 1, 2, 2]))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            value.astype(np.float32), name))
+    blob = model.SerializeToString()
+    layout, plain = _both_levels(blob)
+    transposes = [s.kernel for s in layout._program.steps
+                  if isinstance(s.kernel, conv_mod.ConvTranspose)]
+    assert [k.tiles is not None for k in transposes] == [True, True]
+    assert [k.channels_last for k in transposes] == [True, False]
+    assert not any(k.channels_last for s in plain._program.steps
+                   if isinstance(k := s.kernel, conv_mod.ConvTranspose))
+    x = rng.normal(size=(1, 8, 12, 12)).astype(np.float32)
+    for _ in range(5):
+        _assert_matches(layout, plain, blob, {"X": x})
+
+
+def test_nearest_resize_writes_into_a_channels_last_buffer_it_is_handed():
+    """The Resize kernel's channels-last nearest path: into ``out`` where it is laid out
+    channels-last (the executor's buffer after a channels-last result), a fresh array where
+    it is laid out otherwise; the values are those of the NCHW path."""
+    from onnxrun.providers.cpu.ops.resize import Resize
+
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 6, 5] X) => (float[1, 8, 12, 10] Y) {
+        Y = Resize <mode = "nearest"> (X, , scales)
+    }
+    """)
+    model.graph.initializer.append(onnx.numpy_helper.from_array(
+        np.array([1, 1, 2, 2], np.float32), "scales"))
+    sess = _neck_session(LEVELS.ORT_ENABLE_LAYOUT, model.SerializeToString())
+    kernel = next(s.kernel for s in sess._program.steps if isinstance(s.kernel, Resize))
+    kernel.keep_layout = True  # as for a channels-last input inside a CNN
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(1, 8, 6, 5)).astype(np.float32)
+    want = sess.run(None, {"X": x})[0]
+    x_cl = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    scales = np.array([1, 1, 2, 2], np.float32)
+    buffer = np.empty((1, 12, 10, 8), np.float32).transpose(0, 3, 1, 2)
+    got = kernel(x_cl, None, scales, out=buffer)
+    assert np.shares_memory(got, buffer)
+    np.testing.assert_array_equal(got, want)
+    nchw = np.empty((1, 8, 12, 10), np.float32)
+    got = kernel(x_cl, None, scales, out=nchw)
+    assert not np.shares_memory(got, nchw)
+    np.testing.assert_array_equal(got, want)
+
+
 def test_layout_keeping_kernels_on_channels_last_inputs():
     """Each kernel alone: channels-last operands (dense, or a channel range of such) give a
     channels-last result equal to the NCHW one; mixed operands, another axis or a kernel not

@@ -195,6 +195,65 @@ def test_conv_transpose(case, attrs):
     check("ConvTranspose", [X, W, B], const=(1, 2) if case % 2 else (), group=group, **attrs)
 
 
+TILED_CASES = [  # (X shape, W shape, strides = kernel): each input pixel its own output block
+    ((1, 24, 10, 12), (24, 24, 2, 2)),  # a DBNet-style head's 2x2 stride-2 upsampling
+    ((2, 5, 4, 3), (5, 3, 3, 2)),  # a batch, a non-square kernel, few channels
+    ((1, 6, 7, 5), (6, 1, 2, 2)),  # one output channel (NCHW and channels-last alike)
+]
+
+
+@pytest.mark.parametrize("case", range(len(TILED_CASES)))
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("const", [True, False])
+def test_conv_transpose_tiled(case, bias, const):
+    """strides equal to the kernel, no padding (ConvTranspose's tiled path, a stack of
+    products written in place, for a constant W): onnxruntime's results, and the GEMM +
+    col2im path's within rounding, for a constant bias or a bias input."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    rng = np.random.default_rng(case)  # (the module's RNG left to the tests after these)
+    xshape, wshape = TILED_CASES[case]
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in
+              (xshape, wshape, (wshape[1],))[:3 if bias else 2]]
+    kernel = list(wshape[2:])
+    got = check("ConvTranspose", inputs, const=((1, 2) if bias else (1,)) if const else (),
+                strides=kernel, kernel_shape=kernel)
+    model, feeds = one_node("ConvTranspose", inputs, opset=19,
+                            const=((1, 2) if bias else (1,)) if const else (),
+                            strides=kernel, kernel_shape=kernel)
+    sess = onnxrun.InferenceSession(model)
+    kernels = [s.kernel for s in sess._program.steps
+               if isinstance(s.kernel, conv_mod.ConvTranspose)]
+    assert len(kernels) == 1 and (kernels[0].tiles is not None) == const
+    kernels[0].tiles = None  # the general path
+    np.testing.assert_allclose(sess.run(None, feeds)[0], got[0], rtol=1e-5, atol=1e-5)
+
+
+def test_only_non_overlapping_transposes_are_tiled():
+    """A 2x2 stride-2 ConvTranspose takes the tiled path; padding, output padding, dilation,
+    groups or an output shape each send it to the general one (and it still matches
+    onnxruntime there)."""
+    from onnxrun.providers.cpu.ops import conv as conv_mod
+
+    rng = np.random.default_rng(3)  # (the module's RNG left to the tests after these)
+
+    def tiled(attrs, w_shape=(4, 2, 2, 2)):
+        inputs = [rng.standard_normal(s).astype(np.float32) for s in ((1, 4, 4, 4), w_shape)]
+        check("ConvTranspose", inputs, const=(1,), **attrs)
+        model, _ = one_node("ConvTranspose", inputs, opset=19, const=(1,), **attrs)
+        steps = onnxrun.InferenceSession(model)._program.steps
+        return any(isinstance(s.kernel, conv_mod.ConvTranspose) and s.kernel.tiles is not None
+                   for s in steps)
+
+    assert tiled({"strides": [2, 2]})
+    for attrs in ({"strides": [2, 2], "pads": [1, 0, 0, 0]},
+                  {"strides": [2, 2], "output_padding": [1, 1]},
+                  {"strides": [2, 2], "dilations": [2, 2]},
+                  {"strides": [2, 2], "output_shape": [9, 9]}, {"strides": [1, 1]}):
+        assert not tiled(attrs), attrs
+    assert not tiled({"strides": [2, 2], "group": 2}, (4, 1, 2, 2))
+
+
 def test_conv_transpose_inconsistent_output_shape_fails():
     model, feeds = one_node("ConvTranspose", [rand(1, 1, 5), rand(1, 1, 3)], opset=13,
                             strides=[2], output_shape=[14])

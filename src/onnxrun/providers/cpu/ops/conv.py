@@ -1066,6 +1066,28 @@ def _constant_weight(node) -> np.ndarray | _WeightSpec | None:
     return _WeightSpec(tuple(shape), np_dtype(v.type.tensor_type.elem_type))
 
 
+def tiled_transpose(node) -> bool:
+    """Whether the ConvTranspose ``node`` takes ConvTranspose's tiled path: a constant 4-D
+    float32 W, one group, strides equal to the kernel, no dilation, padding, output padding
+    or output shape (each input pixel writes its own kh x kw block of the output, as a
+    segmentation head's 2x2 stride-2 upsampling)."""
+    W = _constant_weight(node)
+    if W is None or len(W.shape) != 4 or np.dtype(W.dtype) != np.float32 or \
+            int(node.attr("group", 1)) != 1:
+        return False
+    kernel = tuple(int(v) for v in W.shape[2:])
+    shape = node.attr("kernel_shape", None)
+    if shape is not None and tuple(int(v) for v in shape) != kernel:
+        return False
+    auto_pad = node.attr("auto_pad", "NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    return tuple(int(v) for v in (node.attr("strides", None) or (1, 1))) == kernel and \
+        not any(int(v) != 1 for v in (node.attr("dilations", None) or ())) and \
+        not any(int(v) for v in (node.attr("pads", None) or ())) and \
+        not any(int(v) for v in (node.attr("output_padding", None) or ())) and \
+        not node.attr("output_shape", None) and auto_pad in ("NOTSET", "VALID")
+
+
 def _packable(dtype) -> bool:
     """Whether a constant weight of ``dtype`` runs on the compiled float32 GEMM here."""
     if np.dtype(dtype) != np.float32:
@@ -1221,6 +1243,9 @@ def _readers_walk(value, threads: int, joins: frozenset, depth: int) -> frozense
             kinds |= more
         elif node.domain == "" and node.op_type == "GlobalAveragePool":
             kinds.add("pool")
+        elif node.domain == "" and node.op_type == "ConvTranspose" and index == 0 and \
+                tiled_transpose(node):
+            kinds.add("transpose")  # its products read rows or columns alike
         elif _to_tokens(node, index):
             kinds.add("tokens")
         elif _follows_layout(node) and node.op_type in ("MaxPool", "AveragePool") and \
@@ -1281,6 +1306,9 @@ def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
             return False
         return all(_channels_last_readers(v, threads, joins, depth + 1) is not None
                    for v in node.outputs if v.name and (v.uses or v in node.graph.outputs))
+    if node.domain == "" and node.op_type == "ConvTranspose":
+        return value is node.outputs[0] and tiled_transpose(node) and \
+            _channels_last_readers(value, threads, joins, depth) is not None
     if node.op_type not in ("Conv", "FusedConv") or \
             node.domain not in ("", "com.microsoft") or value is not node.outputs[0]:
         return False
@@ -2112,6 +2140,60 @@ class ConvTranspose(_ConvBase):
             else ()
         W = ctx.constant(1)
         self.w_gemm = None if W is None else self._gemm_weights(W, compute_dtype(W.dtype))
+        self.threads = threads_for(ctx)
+        # The tiled path (tiled_transpose): (1, kh, C, kw * M), tap row a's weights with the
+        # columns of a pixel's output row (kw taps x M channels) in the output's order
+        self.tiles = self.tile_bias = None
+        self.tile_kw = 1
+        self.channels_last = False  # its output stays channels-last (every reader takes it)
+        node = getattr(ctx, "node", None)
+        if W is not None and node is not None and tiled_transpose(node):
+            C, M, kh, kw = W.shape
+            self.tiles = np.ascontiguousarray(W.transpose(2, 0, 3, 1).reshape(1, kh, C, kw * M))
+            self.tile_kw = kw
+            if self.bias is not None:
+                self.tile_bias = np.ascontiguousarray(self.bias, np.float32)
+            self.channels_last = layout_changes_allowed(ctx) and \
+                _channels_last_readers(node.outputs[0], self.threads) is not None
+
+    accepts_out = True  # the executor's buffer for the output (memory.py): the tiled path's
+
+    def _tiled(self, X: np.ndarray, B, out: np.ndarray | None) -> np.ndarray | None:
+        """The tiled path: input pixel (i, j) writes output pixels (i*kh + a, j*kw + b), so
+        for each input row i and tap row a the output row i*kh + a is one product, (W, C) @
+        (C, kw * M), written in place channels-last: N * H * kh products of a stack
+        (compiled/batched_gemm: OpenBLAS's sgemm from compiled code, split over the intra-op
+        threads), then the bias. Each output element is one dot product of C terms, as the
+        GEMM + col2im path sums it (the same terms; their order may differ in the last bit).
+        Writes NCHW (a copy) unless every reader takes channels-last. None where the stack
+        does not run (no cblas_sgemm)."""
+        from ..compiled import batched_gemm
+
+        N, C, H, Wd = X.shape
+        _, kh, _, width = self.tiles.shape
+        kw = self.tile_kw
+        M = width // kw
+        shape = (N, H * kh, Wd * kw, M)
+        laid = out if self.channels_last else None
+        Yc = nhwc_out(laid, shape, np.float32)
+        # (N, H, 1, W, C): each input row's pixels, a view of X in either layout
+        Y = batched_gemm.matmul(X.transpose(0, 2, 3, 1)[:, :, None], self.tiles,
+                                Yc.reshape(N, H, kh, Wd, width), threads=self.threads)
+        if Y is None:
+            return None
+        if B is not None:
+            b = self.tile_bias if self.tile_bias is not None else \
+                np.ascontiguousarray(B, np.float32)
+            rows = Yc.reshape(-1, M)
+            np.add(rows, b, out=rows)
+        Y = Yc.transpose(0, 3, 1, 2)
+        if self.channels_last or Y.flags.c_contiguous:  # (one channel: the same memory)
+            return Y
+        if out is not None and out.shape == Y.shape and out.dtype == np.float32 and \
+                out.flags.c_contiguous:
+            np.copyto(out, Y)
+            return out
+        return np.ascontiguousarray(Y)
 
     def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (C, M/g, *k) -> (g, M/g * K, C/g): cols = W^T @ X for each group
@@ -2153,7 +2235,13 @@ class ConvTranspose(_ConvBase):
             outs.append(out)
         return tuple(heads), tuple(outs)
 
-    def __call__(self, X, W, B=None):
+    def __call__(self, X, W, B=None, *, out=None):
+        if self.tiles is not None and X.dtype == np.float32 and X.ndim == 4 and \
+                X.shape[1] == self.tiles.shape[2] and X.size and \
+                (B is None or B.dtype == np.float32):
+            Y = self._tiled(X, B, out)
+            if Y is not None:
+                return Y
         nd = X.ndim - 2
         kernel, strides, dilations = self._attrs(nd, W.shape)
         g = self.group

@@ -16,7 +16,7 @@ import numpy as np
 from ....dtypes import compute_dtype
 from ..indices import as_intp
 from ..kernels import KernelContext, op
-from .conv import channels_inner, keeps_layout
+from .conv import channels_inner, keeps_layout, nhwc_out, scratch
 
 f32 = np.float32
 
@@ -255,7 +255,10 @@ class _Resampler:
                     sc[i], out[i] = 1, in_shape[i]
         return out, sc
 
-    def resize(self, X: np.ndarray, roi, scales, sizes, ctm: str, nearest_mode: str):
+    def resize(self, X: np.ndarray, roi, scales, sizes, ctm: str, nearest_mode: str,
+               out_buffer: np.ndarray | None = None):
+        """``out_buffer``: the executor's buffer for the result (memory.py), which the
+        channels-last nearest path writes into where it is laid out so."""
         rank = X.ndim
         out, sc = self.output_geometry(X.shape, scales, sizes)
         if tuple(out) == X.shape:
@@ -270,7 +273,8 @@ class _Resampler:
         weighted = self.mode != "nearest"
         if not weighted and self.keep_layout and tuple(out[:2]) == X.shape[:2] and \
                 channels_inner(X):
-            Y = self._nearest_channels_last(X, out, sc, starts, ends, ctm, nearest_mode)
+            Y = self._nearest_channels_last(X, out, sc, starts, ends, ctm, nearest_mode,
+                                            out_buffer)
             if Y is not None:
                 return Y
         out_dtype = X.dtype
@@ -308,15 +312,20 @@ class _Resampler:
             Y = Y.astype(out_dtype)
         return Y
 
-    def _nearest_channels_last(self, X, out, sc, starts, ends, ctm, nearest_mode):
+    def _nearest_channels_last(self, X, out, sc, starts, ends, ctm, nearest_mode,
+                               buffer=None):
         """Nearest resampling of the image axes of a channels-last X, as rows of channels (a
         channels-last result: one np.take per axis on the NHWC view); None where points fall
-        outside (tf_crop_and_resize's extrapolation: the general path)."""
+        outside (tf_crop_and_resize's extrapolation: the general path). The last take writes
+        into ``buffer`` where it is a channels-last buffer of the result's shape, a first one
+        into this thread's scratch: a fresh upsampled image each run paid its page faults
+        (DBNet-style 96 x 80 x 80 -> 160 x 160 in the model: 4.0 ms)."""
         Yt = X.transpose(0, 2, 3, 1)
         axes = sorted((i for i in (3, 2) if out[i] != X.shape[i] or sc[i] != 1),
                       key=lambda i: out[i] / X.shape[i])
         if not axes:
             return None
+        plans = []
         for i in axes:
             idx, _, outside = _axis_plan(
                 self.mode, ctm, nearest_mode, X.shape[i], out[i], float(sc[i]),
@@ -325,7 +334,16 @@ class _Resampler:
             )
             if outside is not None:
                 return None
-            Yt = np.take(Yt, as_intp(idx), axis=i - 1)
+            plans.append((i, as_intp(idx)))
+        for k, (i, idx) in enumerate(plans):
+            shape = list(Yt.shape)
+            shape[i - 1] = len(idx)
+            if k == len(plans) - 1:
+                dst = nhwc_out(buffer, tuple(shape), Yt.dtype)
+            else:
+                dst = scratch("resize_rows", tuple(shape), Yt.dtype)
+            # (mode "clip": the indices are in range; "raise" would copy through a buffer)
+            Yt = np.take(Yt, idx, axis=i - 1, out=dst, mode="clip")
         return Yt.transpose(0, 3, 1, 2)
 
 
@@ -346,10 +364,12 @@ class Resize(_Resampler):
         if self.legacy:
             self.ctm, self.nearest_mode = "asymmetric", "simple"
 
-    def __call__(self, X, roi=None, scales=None, sizes=None):
+    accepts_out = True  # the executor's buffer for the output (memory.py): nearest, NHWC
+
+    def __call__(self, X, roi=None, scales=None, sizes=None, *, out=None):
         if self.legacy:  # Resize-10 takes (X, scales)
             roi, scales, sizes = None, roi, None
-        return self.resize(X, roi, scales, sizes, self.ctm, self.nearest_mode)
+        return self.resize(X, roi, scales, sizes, self.ctm, self.nearest_mode, out)
 
 
 @op("Upsample", 7, 9)
