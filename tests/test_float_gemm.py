@@ -565,6 +565,8 @@ def test_two_threads_choose_winograd_on_the_compiled_gemm(compiled_on):
 @pytest.mark.parametrize("rows,lda,block,blocks,jump", [
     (1, 3, 3, 1, 0), (7, 5, 10, 3, 31), (40, 16, 48, 3, 100), (13, 33, 99, 2, 1),
     (9, 20, 100, 6, 7), (5, 40, 300, 2, 3), (20, 16, 48, 9, 5),
+    # K over 3 KC (the K blocking's one pass): K blocks of whole blocks, or one block each
+    (9, 24, 100, 18, 7), (6, 40, 400, 5, 9), (5, 40, 300, 6, 3),
 ])
 def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, blocks, jump):
     """A's element (m, k) is base[m * lda + k + (k // block) * jump]: overlapping rows (lda
