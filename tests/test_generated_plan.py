@@ -74,6 +74,33 @@ def test_runs_match_and_use_the_generated_function(with_options):
     assert plan.compiled.function(with_options) is not None  # the later runs took it
 
 
+@pytest.mark.parametrize("nodes", [8, CompiledSteps.SMALL_PLAN + 8])
+def test_small_plans_are_generated_sooner(nodes):
+    """A plan of at most SMALL_PLAN steps is generated after GENERATE_AFTER_SMALL runs (a
+    streaming model's, called thousands of times), a larger one after GENERATE_AFTER."""
+    body = "\n".join(f"  t{i + 1} = Add(t{i}, t{i})" for i in range(nodes - 1))
+    model = onnx.parser.parse_model(f"""
+    <ir_version: 8, opset_import: ["" : 18]>
+    g (float[2] t0) => (float[2] t{nodes - 1}) {{
+    {body}
+    }}
+    """).SerializeToString()
+    so = onnxrun.SessionOptions()
+    so.enable_mem_pattern = False  # one variant of the function, whatever the run
+    so.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = onnxrun.InferenceSession(model, so)
+    plan = sess._program.plan(tuple(sess._program.output_slots))
+    assert len(plan.compiled.steps) == nodes - 1
+    after = CompiledSteps.GENERATE_AFTER_SMALL if nodes - 1 <= CompiledSteps.SMALL_PLAN \
+        else CompiledSteps.GENERATE_AFTER
+    x = np.ones(2, np.float32)
+    for _ in range(after):
+        assert plan.compiled._fns == {}
+        np.testing.assert_array_equal(sess.run(None, {"t0": x})[0], 2.0 ** (nodes - 1))
+    sess.run(None, {"t0": x})
+    assert plan.compiled._fns  # generated at the run after
+
+
 def test_intermediates_are_freed_after_their_last_use():
     sess = onnxrun.InferenceSession(_model())
     x = np.ones((2, 4), np.float32)

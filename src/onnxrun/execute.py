@@ -54,14 +54,21 @@ class CompiledSteps:
     An If's branches are written in as an if / else of their steps (``Branches``): no
     nested run (slot list, plan lookup, function call) per call. Compiling the function
     costs ~20-40 us a step (Python's compiler), tens of runs' savings: until then, and for
-    plans of more than MAX_GENERATED steps, the loop over a table (``table``) runs it. The
+    plans of more than MAX_GENERATED steps, the loop over a table (``table``) runs it. A plan
+    of at most SMALL_PLAN steps (a streaming model's, a loop body's) is generated after
+    GENERATE_AFTER_SMALL runs, once its memory pattern is in use (memory.py: from the fourth
+    run), for ~1-2 ms once: it is called thousands of times, and its runs until then cost 20-40%
+    more (the VAD-style model: 150-230 against 110-130 us, an If's branches run as nested
+    plans). The
     terminate check between nodes is in the variant made for runs with RunOptions; the variant
     made for runs with buffers (memory.py) hands each step of ``outs`` (step index -> its
     index in the buffers) ``out=buffers.take(j, *its inputs)``."""
 
-    __slots__ = ("steps", "fetch_slots", "table", "outs", "_fns", "_lines", "_runs")
+    __slots__ = ("steps", "fetch_slots", "table", "outs", "_fns", "_lines", "_runs", "_after")
 
     GENERATE_AFTER = 8
+    GENERATE_AFTER_SMALL = 3
+    SMALL_PLAN = 64
     MAX_GENERATED = 5000
 
     def __init__(self, steps: list[Step], fetch_slots: Sequence[int],
@@ -75,6 +82,8 @@ class CompiledSteps:
         # locals of its arguments, the node of a branch's step written in, else None)
         self._lines: dict[Any, dict[int, tuple[int, tuple[str, ...], Node | None]]] = {}
         self._runs = 0
+        self._after = self.GENERATE_AFTER_SMALL if len(steps) <= self.SMALL_PLAN else \
+            self.GENERATE_AFTER
 
     def function(self, check_terminate: bool, buffers: bool = False
                  ) -> Callable[..., None] | None:
@@ -83,7 +92,7 @@ class CompiledSteps:
         fn = self._fns.get((check_terminate, buffers))
         if fn is None:
             self._runs += 1  # not exact under concurrent runs: it only picks the moment
-            if self._runs <= self.GENERATE_AFTER or len(self.steps) > self.MAX_GENERATED:
+            if self._runs <= self._after or len(self.steps) > self.MAX_GENERATED:
                 return None
             fn = self._fns[check_terminate, buffers] = self._generate(check_terminate, buffers)
         return fn
