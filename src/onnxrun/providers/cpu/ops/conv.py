@@ -2174,8 +2174,10 @@ class ConvTranspose(_ConvBase):
         kw = self.tile_kw
         M = width // kw
         shape = (N, H * kh, Wd * kw, M)
-        laid = out if self.channels_last else None
-        Yc = nhwc_out(laid, shape, np.float32)
+        # the executor's buffer where it is laid out channels-last (as it is for one channel);
+        # a product to be copied out to NCHW goes to scratch (a fresh one paid page faults)
+        Yc = nhwc_out(out, shape, np.float32) if self.channels_last or M == 1 else \
+            scratch("conv_transpose_tiles", shape, np.float32)
         # (N, H, 1, W, C): each input row's pixels, a view of X in either layout
         Y = batched_gemm.matmul(X.transpose(0, 2, 3, 1)[:, :, None], self.tiles,
                                 Yc.reshape(N, H, kh, Wd, width), threads=self.threads)
