@@ -126,6 +126,55 @@ g (float[1, 48, 64, 64] x, float[1, 24, 64, 64] y, int64[1, 24, 64, 64] i) =>
 """
 
 
+def test_short_rows_are_copied_by_the_compiled_row_copy(monkeypatch):
+    """At 1 thread a Concat's channels-last operand (many rows of a few dozen floats) goes
+    into its range of the output by compiled/copy.py's row copy: numpy's bytes, in a Concat
+    run after run and directly; long rows, few rows, overlapping or mismatched arrays and
+    other layouts are left to numpy."""
+    import onnxruntime as ort
+
+    from onnxrun.providers.cpu.compiled import copy
+
+    if copy.unavailable() is not None:
+        pytest.skip("no compiled kernels here")
+    rng = np.random.default_rng(5)
+    calls = []
+    rows = copy.copy_rows
+    monkeypatch.setattr(copy, "copy_rows", lambda d, s: calls.append(d.shape) or rows(d, s))
+    model = onnx.parser.parse_model("""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1, 8, 20, 20] X) => (float[1, 16, 20, 20] Y) {
+        a = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W1)
+        b = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (X, W2)
+        c = Concat <axis = 1> (a, b)
+        Y = Conv <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (c, W3)
+    }
+    """)
+    for name, shape in (("W1", (24, 8, 3, 3)), ("W2", (24, 8, 3, 3)), ("W3", (16, 48, 3, 3))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            rng.normal(0, 0.2, shape).astype(np.float32), name))
+    blob = model.SerializeToString()
+    so = onnxrun.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = onnxrun.InferenceSession(blob, so)
+    x = rng.normal(size=(1, 8, 20, 20)).astype(np.float32)
+    want = ort.InferenceSession(blob, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    for _ in range(5):
+        np.testing.assert_allclose(sess.run(None, {"X": x})[0], want, rtol=1e-4, atol=1e-4)
+    assert (1, 20, 20, 24) in calls  # the operands, as rows of 24 floats, 48 apart
+    out = np.zeros((30, 20, 56), np.float32)
+    src = rng.normal(size=(30, 20, 24)).astype(np.float32)
+    assert copy.copy_rows(out[..., 16:40], src)  # rows of 24 floats, 224 bytes apart
+    assert out[..., 16:40].tobytes() == src.tobytes()
+    assert not out[..., :16].any() and not out[..., 40:].any()
+    assert not copy.copy_rows(np.zeros((30, 20, 200), np.float32), np.ones((30, 20, 200),
+                                                                          np.float32))  # long
+    assert not copy.copy_rows(out[:1, :2, :24], src[:1, :2])  # few rows
+    assert not copy.copy_rows(out[..., 1:25], out[..., :24])  # overlapping
+    assert not copy.copy_rows(out[..., :24], src[..., :23].copy())  # shapes differ
+    assert not copy.copy_rows(out[..., ::2], out[..., 1::2].copy())  # no unit-stride rows
+
+
 def test_large_concats_split_over_the_spinning_workers(monkeypatch):
     """At 2+ intra-op threads a Concat's large copies (an input not written in its place)
     are cut into ranges for spin.py's workers (compiled/copy.py): the same bytes as at 1

@@ -270,13 +270,15 @@ _SPLIT_FROM = 1 << 19  # bytes: below, no copy is worth two ranges (copy.MIN_BYT
 
 def _copier(threads: int):
     """``copy(dst, src)``: dst[...] = src, split over spin.py's workers where large enough
-    (compiled/copy.py), else numpy's; at 1 thread numpy's copyto itself."""
-    if threads > 1:
-        from ..compiled import copy
+    (compiled/copy.py), on this thread by its row copy where many short rows, else numpy's."""
+    from ..compiled import copy
 
-        if copy.unavailable() is None:
-            return lambda dst, src: copy.copy(dst, src, threads) or np.copyto(dst, src)
-    return np.copyto
+    if copy.unavailable() is not None:
+        return np.copyto
+    if threads > 1:
+        return lambda dst, src: copy.copy(dst, src, threads) or copy.copy_rows(dst, src) or \
+            np.copyto(dst, src)
+    return lambda dst, src: copy.copy_rows(dst, src) or np.copyto(dst, src)
 
 
 def _place(dst: np.ndarray, x: np.ndarray, copy=np.copyto) -> None:
