@@ -6,6 +6,8 @@ Why: at 2 intra-op threads a Concat's copies ran on the calling thread while the
 (DenseNet-style blocks: ~7% of a run; YOLO's and ShuffleNet's joins). A copy is the input's
 bytes: any split gives the same result. Below two ranges of MIN_BYTES_PER_RANGE, or where the
 arrays overlap or do not collapse to rows, ``copy`` says no and the caller copies with numpy.
+``copy_rows`` runs the same loop on the calling thread where the rows are many and short (a
+channels-last operand's rows of a few dozen floats), which numpy copies a row at a time.
 """
 
 from __future__ import annotations
@@ -161,4 +163,4 @@ def copy_rows(dst: np.ndarray, src: np.ndarray) -> bool:
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"copy": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "MIN_BYTES_PER_RANGE", "copy", "module_ir", "unavailable"]
+__all__ = ["BUNDLE", "MIN_BYTES_PER_RANGE", "copy", "copy_rows", "module_ir", "unavailable"]
