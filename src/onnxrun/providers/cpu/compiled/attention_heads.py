@@ -69,11 +69,6 @@ def _i(x: int) -> str:
     return "<" + ", ".join([f"i32 {x}"] * _LANES) + ">"
 
 
-def _first(n: int, start: int) -> str:
-    """A shufflevector mask of lanes start .. start + n - 1."""
-    return ", ".join(f"i32 {start + i}" for i in range(n))
-
-
 def _exp2_ir() -> list[str]:
     """``@exp2v(<16 x float>)``: 2^x by n = rint(x), f = x - n (exact), 2^f by its Taylor
     series (f ln2)^k / k! to k = 7 (relative error < 1e-8) times 2^n from the exponent bits."""
@@ -140,21 +135,7 @@ def _head_ir(bits: int) -> list[str]:
           *ir.latch("j", _LANES, "jmore", "%T16", "vec", "vecdone"),
           "vecdone:",
           f"  %accf = phi {_VF} [zeroinitializer, %row], [%acc.n, %vec]",
-          # the 16 lanes as a tree: (0+8, ..., 7+15), then (0+4, ...), pairs, the last two
-          f"  %h8a = shufflevector {_VF} %accf, {_VF} poison, <8 x i32> <{_first(8, 0)}>",
-          f"  %h8b = shufflevector {_VF} %accf, {_VF} poison, <8 x i32> <{_first(8, 8)}>",
-          "  %h8 = fadd <8 x float> %h8a, %h8b",
-          f"  %h4a = shufflevector <8 x float> %h8, <8 x float> poison, <4 x i32> "
-          f"<{_first(4, 0)}>",
-          f"  %h4b = shufflevector <8 x float> %h8, <8 x float> poison, <4 x i32> "
-          f"<{_first(4, 4)}>",
-          "  %h4 = fadd <4 x float> %h4a, %h4b",
-          "  %h2a = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 0, i32 1>",
-          "  %h2b = shufflevector <4 x float> %h4, <4 x float> poison, <2 x i32> <i32 2, i32 3>",
-          "  %h2 = fadd <2 x float> %h2a, %h2b",
-          "  %h1a = extractelement <2 x float> %h2, i64 0",
-          "  %h1b = extractelement <2 x float> %h2, i64 1",
-          "  %vsum = fadd float %h1a, %h1b",
+          *ir.hsum("%accf", "%vsum"),  # the 16 lanes as a tree
           "  %anytail = icmp slt i64 %T16, %T",
           "  br i1 %anytail, label %tail, label %rowend",
           "tail:",  # the row's last T % 16 keys, one at a time

@@ -116,6 +116,29 @@ def latch(var: str, step, flag: str, stop: str, loop: str, exit_: str,
             f"  br i1 %{flag}, label %{loop}, label %{exit_}"]
 
 
+def hsum(v: str, out: str, op: str = "fadd") -> list[str]:
+    """%{out} (float) = the 16 lanes of %{v} combined by ``op`` ("fadd", or "max": the larger
+    of each pair, NaN lanes not kept) as a tree: lanes i and i + 8, then i and i + 4, pairs,
+    the last two. One order for every kernel that sums a row in 16 lanes (softmax, the layer
+    norms, the attention heads): their results depend on it."""
+    L, cur, width = [], v, 16
+    while width > 1:
+        half = width // 2
+        ty, hty = f"<{width} x float>", f"<{half} x float>"
+        L += [f"  {out}.l{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> "
+              f"{_lanes(0, half)}",
+              f"  {out}.h{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> "
+              f"{_lanes(half, half)}"]
+        if op == "fadd":
+            L.append(f"  {out}.s{half} = fadd {hty} {out}.l{half}, {out}.h{half}")
+        else:
+            L += [f"  {out}.g{half} = fcmp ogt {hty} {out}.h{half}, {out}.l{half}",
+                  f"  {out}.s{half} = select <{half} x i1> {out}.g{half}, {hty} "
+                  f"{out}.h{half}, {hty} {out}.l{half}"]
+        cur, width = f"{out}.s{half}", half
+    return L + [f"  {out} = extractelement <1 x float> {cur}, i64 0"]
+
+
 def splat(name: str, scalar: str, vector: str = VF) -> list[str]:
     """``name`` = ``scalar`` in all 16 lanes of ``vector``."""
     elem = vector[vector.index("x ") + 2:-1]

@@ -85,21 +85,6 @@ def _row_pass(name: str, start: str, end: str, body: list[str], acc: str | None,
     return L
 
 
-def _hsum(out: str, v: str) -> list[str]:
-    """float %out = the 16 lanes of %v added as a tree (halves, then quarters, ...)."""
-    L, width, cur = [], 16, v
-    while width > 1:
-        half = width // 2
-        lo = ", ".join(f"i32 {i}" for i in range(half))
-        hi = ", ".join(f"i32 {i}" for i in range(half, width))
-        ty = f"<{width} x float>"
-        L += [f"  {out}.lo{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> <{lo}>",
-              f"  {out}.hi{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> <{hi}>",
-              f"  {out}.s{half} = fadd <{half} x float> {out}.lo{half}, {out}.hi{half}"]
-        cur, width = f"{out}.s{half}", half
-    return L + [f"  {out} = extractelement <1 x float> {cur}, i64 0"]
-
-
 def _ir() -> list[str]:
     names = ("X", "K", "B", "G", "Be", "Y", "S", "M", "I", "n", "flags", "epsb", "r0", "r1")
     L = ["define void @ln_rows(ptr %args) nounwind {", "entry:"]
@@ -129,7 +114,7 @@ def _ir() -> list[str]:
         "wr:",
         "  %pS.sum = getelementptr float, ptr %S, i64 %at.sum",
         *_store("wrd", "%s.sum", "%pS.sum", "sum")], "tot", latch="wrd")
-    L += ["stat1:", *_hsum("%total", "%tot"),
+    L += ["stat1:", *ir.hsum("%tot", "%total"),
           "  %mean = fmul float %total, %invn",
           *ir.splat("%meanv", "%mean")]
     # pass 2: the squared deviations
@@ -137,7 +122,7 @@ def _ir() -> list[str]:
         f"  %d.var = fsub {_VF} %s.var, %meanv",
         f"  %dd.var = fmul {_VF} %d.var, %d.var",
         f"  %sq.add = select <16 x i1> %mask.var, {_VF} %dd.var, {_VF} zeroinitializer"], "sq")
-    L += ["stat2:", *_hsum("%sqs", "%sq"),
+    L += ["stat2:", *ir.hsum("%sq", "%sqs"),
           "  %variance = fmul float %sqs, %invn",
           "  %vare = fadd float %variance, %eps",
           "  %sd = call float @llvm.sqrt.f32(float %vare)",

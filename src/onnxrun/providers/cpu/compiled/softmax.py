@@ -77,27 +77,6 @@ def _exp(t: str, out: str, low: str) -> list[str]:
         f"  {out} = select <16 x i1> {out}.lt, {_VF} zeroinitializer, {_VF} {out}.v"]
 
 
-def _hsum(v: str, out: str, op: str) -> list[str]:
-    """%{out} (float) = the 16 lanes of %{v} combined by ``op`` (fadd / a max), as a tree."""
-    L, cur, width = [], v, 16
-    while width > 1:
-        half = width // 2
-        lo = "<" + ", ".join(f"i32 {i}" for i in range(half)) + ">"
-        hi = "<" + ", ".join(f"i32 {i + half}" for i in range(half)) + ">"
-        ty = f"<{width} x float>"
-        hty = f"<{half} x float>"
-        L += [f"  {out}.l{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> {lo}",
-              f"  {out}.h{half} = shufflevector {ty} {cur}, {ty} poison, <{half} x i32> {hi}"]
-        if op == "fadd":
-            L.append(f"  {out}.s{half} = fadd {hty} {out}.l{half}, {out}.h{half}")
-        else:  # the larger; NaN lanes do not matter (the exp pass makes the row NaN)
-            L += [f"  {out}.g{half} = fcmp ogt {hty} {out}.h{half}, {out}.l{half}",
-                  f"  {out}.s{half} = select <{half} x i1> {out}.g{half}, {hty} "
-                  f"{out}.h{half}, {hty} {out}.l{half}"]
-        cur, width = f"{out}.s{half}", half
-    return L + [f"  {out} = extractelement <1 x float> {cur}, i64 0"]
-
-
 def module_ir(target=None) -> str:
     """``@softmax_rows(x, y, n, r0, r1)``: rows [r0, r1) of ``n`` floats (n >= 1), y = the
     softmax of x's row (y may be x), 16 floats a step, the row's last ones under a mask."""
@@ -147,7 +126,7 @@ def module_ir(target=None) -> str:
          "  %mmore = icmp slt i64 %in, %n",
          "  br i1 %mmore, label %mloop, label %mdone",
          "mdone:",
-         *_hsum("%mn", "%mx", "max"),
+         *ir.hsum("%mn", "%mx", "max"),
          *ir.splat("%mv", "%mx"),
          "  br label %eloop",
          # 2. exp(x - max) into y, summed
@@ -186,7 +165,7 @@ def module_ir(target=None) -> str:
          "  %emore = icmp slt i64 %jn, %n",
          "  br i1 %emore, label %eloop, label %edone",
          "edone:",
-         *_hsum("%sumn", "%total", "fadd"),
+         *ir.hsum("%sumn", "%total"),
          "  %inv = fdiv float 1.0, %total",
          *ir.splat("%iv", "%inv"),
          "  br label %sloop",
