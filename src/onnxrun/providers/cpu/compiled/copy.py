@@ -116,18 +116,30 @@ def _rows(a: np.ndarray) -> tuple[int, int, int] | None:
     return rows, step, width
 
 
+def _row_pair(dst: np.ndarray, src: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(rows, dst's row step, src's row step, row bytes) where ``dst[...] = src`` is a copy
+    the kernel can make: one shape and dtype (no objects), dst writable, both collapsing to
+    rows, no overlap, the kernel loaded; else None."""
+    if dst.shape != src.shape or dst.dtype != src.dtype or dst.dtype.hasobject or \
+            not dst.flags.writeable:
+        return None
+    d, s = _rows(dst), _rows(src)
+    if d is None or s is None or np.may_share_memory(dst, src) or unavailable() is not None:
+        return None
+    (rows, dstep, width), sstep = d, s[1]
+    return rows, dstep, sstep, width
+
+
 def copy(dst: np.ndarray, src: np.ndarray, threads: int) -> bool:
     """``dst[...] = src`` in ranges on the calling thread and spin.py's workers, when the copy
     is worth at least two ranges on ``threads`` threads; False (nothing done) where it is not,
     or the arrays differ in shape or dtype, overlap, or do not collapse to rows."""
-    if threads <= 1 or dst.nbytes < 2 * MIN_BYTES_PER_RANGE or dst.shape != src.shape or \
-            dst.dtype != src.dtype or dst.dtype.hasobject or not dst.flags.writeable:
+    if threads <= 1 or dst.nbytes < 2 * MIN_BYTES_PER_RANGE:
         return False
-    d, s = _rows(dst), _rows(src)
-    if d is None or s is None or np.may_share_memory(dst, src) or spin.usable() is None or \
-            unavailable() is not None:
+    found = _row_pair(dst, src)
+    if found is None or spin.usable() is None:
         return False
-    (rows, dstep, width), sstep = d, s[1]
+    rows, dstep, sstep, width = found
     da, sa = address(dst), address(src)
     if rows == 1 or (dstep == sstep == width):  # one run of bytes: cut by bytes
         total = rows * width
@@ -147,14 +159,12 @@ def copy_rows(dst: np.ndarray, src: np.ndarray) -> bool:
     """``dst[...] = src`` on the calling thread where both are many short rows (a Concat's
     channels-last operand into its range of the output's channels: rows of 16-128 floats);
     False (nothing done) elsewhere. numpy's strided copy pays its loop's setup per row."""
-    if dst.shape != src.shape or dst.dtype != src.dtype or dst.dtype.hasobject or \
-            not dst.flags.writeable or dst.nbytes < MIN_ROWS_BYTES:
+    if dst.nbytes < MIN_ROWS_BYTES:
         return False
-    d, s = _rows(dst), _rows(src)
-    if d is None or s is None or d[0] < MIN_ROWS or d[2] > MAX_ROW_BYTES or \
-            np.may_share_memory(dst, src) or unavailable() is not None:
+    found = _row_pair(dst, src)
+    if found is None or found[0] < MIN_ROWS or found[3] > MAX_ROW_BYTES:
         return False
-    (rows, dstep, width), sstep = d, s[1]
+    rows, dstep, sstep, width = found
     block = np.array((address(dst), address(src), dstep, sstep, width, 0, rows), np.int64)
     _module().copy_job(address(block))
     return True
