@@ -2019,11 +2019,7 @@ class Conv(_ConvBase):
         if self.channels_last:
             return Y
         # an NCHW output (Conv.__init__'s nchw_out): the channels-last product copied out
-        if out is not None and out.shape == Y.shape and out.dtype == Y.dtype and \
-                out.flags.c_contiguous and not np.shares_memory(out, Y):
-            np.copyto(out, Y)
-            return out
-        return np.ascontiguousarray(Y)
+        return _finish(None, Y, None, None, None, np.float32, self.threads, out)
 
     def _grouped_1x1(self, X, b, Z, act, out=None):
         """A grouped 1x1 convolution on the compiled GEMM, channels-last: group i's pixels x
@@ -2143,7 +2139,7 @@ class ConvTranspose(_ConvBase):
         self.threads = threads_for(ctx)
         # The tiled path (tiled_transpose): (1, kh, C, kw * M), tap row a's weights with the
         # columns of a pixel's output row (kw taps x M channels) in the output's order
-        self.tiles = self.tile_bias = None
+        self.tiles = None
         self.tile_kw = 1
         self.channels_last = False  # its output stays channels-last (every reader takes it)
         node = getattr(ctx, "node", None)
@@ -2151,8 +2147,6 @@ class ConvTranspose(_ConvBase):
             C, M, kh, kw = W.shape
             self.tiles = np.ascontiguousarray(W.transpose(2, 0, 3, 1).reshape(1, kh, C, kw * M))
             self.tile_kw = kw
-            if self.bias is not None:
-                self.tile_bias = np.ascontiguousarray(self.bias, np.float32)
             self.channels_last = layout_changes_allowed(ctx) and \
                 _channels_last_readers(node.outputs[0], self.threads) is not None
 
@@ -2183,19 +2177,13 @@ class ConvTranspose(_ConvBase):
                                 Yc.reshape(N, H, kh, Wd, width), threads=self.threads)
         if Y is None:
             return None
-        if B is not None:
-            b = self.tile_bias if self.tile_bias is not None else \
-                np.ascontiguousarray(B, np.float32)
+        if B is not None:  # (float32: checked by the caller)
             rows = Yc.reshape(-1, M)
-            np.add(rows, b, out=rows)
+            np.add(rows, B if self.bias is None else self.bias, out=rows)
         Y = Yc.transpose(0, 3, 1, 2)
         if self.channels_last or Y.flags.c_contiguous:  # (one channel: the same memory)
             return Y
-        if out is not None and out.shape == Y.shape and out.dtype == np.float32 and \
-                out.flags.c_contiguous:
-            np.copyto(out, Y)
-            return out
-        return np.ascontiguousarray(Y)
+        return _finish(None, Y, None, None, None, np.float32, self.threads, out)  # to NCHW
 
     def _gemm_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (C, M/g, *k) -> (g, M/g * K, C/g): cols = W^T @ X for each group
