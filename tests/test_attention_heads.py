@@ -94,8 +94,11 @@ def test_two_threads_give_the_bits_of_one(monkeypatch):
 
 
 def test_heads_in_groups_under_the_scratch_bound(monkeypatch):
-    """Heads whose scores would pass SCRATCH_BYTES go in groups (of at least two), one call of
-    the workers each; the bits of one group, a flagged head redone in its group."""
+    """Split over threads, heads whose scores would pass SCRATCH_BYTES go in groups (of at
+    least two), one call of the workers each; the bits of one group, a flagged head redone in
+    its group, and of the heads run in turn on one thread (one call, whatever the bound)."""
+    monkeypatch.setattr(attention_heads, "SPLIT_MACS", 1)
+    monkeypatch.setattr(blas, "one_thread", True)  # as in a session's run
     calls = []
     run_blocks = spin.run_blocks
     monkeypatch.setattr(spin, "run_blocks", lambda job, b, t: calls.append(len(b)) or
@@ -103,13 +106,40 @@ def test_heads_in_groups_under_the_scratch_bound(monkeypatch):
     q, k, v = heads(2, 5, 16, 16, 8, 8)
     q = q.copy()
     q[1, 3] *= 500.0  # the 9th head overflows: redone the stable way
-    whole = run(q, k, v)
+    whole = run(q, k, v, threads=2)
     assert calls == [10]
     monkeypatch.setattr(attention_heads, "SCRATCH_BYTES", 3 * 4 * 16 * 17)  # 3 heads a group
     calls.clear()
-    np.testing.assert_array_equal(run(q, k, v), whole)
+    np.testing.assert_array_equal(run(q, k, v, threads=2), whole)
     assert calls == [3, 3, 3, 1]
+    calls.clear()
+    np.testing.assert_array_equal(run(q, k, v), whole)
+    assert calls == [10]
     np.testing.assert_allclose(whole, oracle(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_heads_in_turn_share_one_scratch():
+    """Run one after another, the heads' scores share one buffer (one head's size): the same
+    bits as a buffer per head, every block pointing at the same scores."""
+    from onnxrun.providers.cpu.compiled import jit
+
+    q, k, v = heads(2, 3, 24, 20, 16, 8)
+    sgemm = blas.cblas_sgemm()
+    job = attention_heads.job(sgemm[1])
+    part = [(b, h, 0, 20) for b in range(2) for h in range(3)]
+    outs = []
+    for one in (False, True):
+        out = np.empty((2, 24, 3, 8), np.float32)
+        blocks, scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, part,
+                                                             one_scratch=one)
+        assert scratch.size == (1 if one else 6) * (24 * 20 + 24)
+        assert len(set(blocks[:, 9].tolist())) == (1 if one else 6)
+        for i in range(len(blocks)):
+            job(jit.address(blocks) + i * blocks.strides[0])
+        assert not flags.any()
+        outs.append(out)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[1], oracle(q, k, v), rtol=2e-5, atol=2e-6)
 
 
 def test_small_calls_take_the_numpy_path(monkeypatch):

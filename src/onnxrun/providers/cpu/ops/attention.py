@@ -263,17 +263,20 @@ def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
     # one thread (else each part's products would queue for OpenBLAS's own threads)
     split = threads > 1 and blas.one_thread and macs >= 2 * attention_heads.SPLIT_MACS
     job = attention_heads.job(sgemm[1])
-    # heads in groups whose scores stay under SCRATCH_BYTES (at least two: both threads busy)
-    group = max(2, attention_heads.SCRATCH_BYTES // (4 * S * (T + 1)))
+    # split: heads in groups whose scores (one buffer per head) stay under SCRATCH_BYTES (at
+    # least two: both threads busy); else all at once, one after another in one buffer
+    group = max(2, attention_heads.SCRATCH_BYTES // (4 * S * (T + 1))) if split else len(heads)
     for g0 in range(0, len(heads), group):
         part = heads[g0:g0 + group]
         # the scratch held until the jobs end
-        blocks, _scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, part)
+        blocks, _scratch, flags = attention_heads.head_blocks(sgemm[0], q, k, v, out, part,
+                                                              one_scratch=not split)
         spin.run_blocks(job, blocks, threads if split else 1)
-        with np.errstate(all="ignore"):
-            for i in np.flatnonzero(flags):
-                b, h = part[i][:2]
-                out[b, :, h] = stable(b, h, h + 1)[0]
+        if flags.any():
+            with np.errstate(all="ignore"):
+                for i in np.flatnonzero(flags):
+                    b, h = part[i][:2]
+                    out[b, :, h] = stable(b, h, h + 1)[0]
     return True
 
 
