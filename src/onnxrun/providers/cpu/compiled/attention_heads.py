@@ -280,19 +280,25 @@ def head_blocks(sgemm: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np
     heads' 1.6 MB went out to L3 and back, ~5% of the heads' time), else one per head."""
     S, D, Dv = q.shape[2], q.shape[3], v.shape[3]
     key = (S, D, Dv, q.strides, k.strides, v.strides, out.strides, tuple(heads), one_scratch)
-    rel = _OFFSETS.get(key)
-    if rel is None:
+    found = _OFFSETS.get(key)
+    if found is None:
         if len(_OFFSETS) > 64:
             _OFFSETS.clear()
-        rel = _OFFSETS[key] = _offsets(S, D, Dv, key[3:7], key[7], one_scratch)
-    T = max(hi - lo for _, _, lo, hi in heads)
-    scratch = _scratch((1 if one_scratch else len(heads)) * (S * T + S))
+        T = max(hi - lo for _, _, lo, hi in heads)
+        found = _OFFSETS[key] = (_offsets(S, D, Dv, key[3:7], key[7], one_scratch),
+                                 (1 if one_scratch else len(heads)) * (S * T + S))
+    rel, floats = found
+    scratch = _scratch(floats)
     flags = np.zeros(len(heads), np.int64)
-    base = np.zeros(len(_WORDS), np.int64)
-    base[[0, 1, 3, 5, 7, 9, 10]] = (sgemm, *(x.__array_interface__["data"][0]
-                                             for x in (q, k, v, out)),
-                                    jit.address(scratch), jit.address(flags))
+    # the words that point (sgemm, q, k, v, out, scratch, flag), added to the offsets
+    base = np.array((sgemm, _data(q), 0, _data(k), 0, _data(v), 0, _data(out), 0,
+                     jit.address(scratch), jit.address(flags), 0, 0, 0, 0), np.int64)
     return rel + base, scratch, flags
+
+
+def _data(x: np.ndarray) -> int:
+    """The address of a view's first element (q, k and v are strided views)."""
+    return x.__array_interface__["data"][0]
 
 
 BUNDLE = {"attention_heads": (module_ir, REQUIRES)}

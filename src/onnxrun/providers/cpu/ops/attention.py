@@ -11,6 +11,7 @@ room for a different rounding).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -253,10 +254,9 @@ def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
             attention_heads.unavailable() is not None:
         return False
     B, N, S, _ = q.shape
+    heads, keys = _heads(B, N, k.shape[2], None if key_ranges is None else tuple(key_ranges))
     T = k.shape[2]
-    heads = [(b, h, *(key_ranges[b] if key_ranges is not None else (0, T)))
-             for b in range(B) for h in range(N)]
-    macs = S * sum(hi - lo for _, _, lo, hi in heads) * (q.shape[3] + v.shape[3])
+    macs = S * keys * (q.shape[3] + v.shape[3])
     if macs < attention_heads.MIN_MACS:  # small heads: the numpy blocks are faster
         return False
     # the heads split where the work is worth two of the float GEMM's ranges, and BLAS is at
@@ -278,6 +278,14 @@ def _compiled_heads(q, k, v, out, key_ranges, threads: int, stable) -> bool:
                     b, h = part[i][:2]
                     out[b, :, h] = stable(b, h, h + 1)[0]
     return True
+
+
+@functools.lru_cache(maxsize=64)
+def _heads(B: int, N: int, T: int, key_ranges: tuple | None) -> tuple[tuple, int]:
+    """_compiled_heads' heads (b, h, key lo, key hi) and their keys in all, per shape."""
+    heads = tuple((b, h, *(key_ranges[b] if key_ranges is not None else (0, T)))
+                  for b in range(B) for h in range(N))
+    return heads, sum(hi - lo for _, _, lo, hi in heads)
 
 
 # attend_exp2 cuts a few large blocks further, into at least this many (of at least

@@ -375,13 +375,17 @@ def _key_ranges(allowed: np.ndarray, T: int) -> list[tuple[int, int]] | None:
     depends on the query, or leaves a batch no key or more than one run."""
     if allowed.shape[2] != 1:
         return None
-    ranges = []
-    for row in allowed.reshape(allowed.shape[0], -1):
-        idx = np.flatnonzero(np.broadcast_to(row, (T,)))
-        if idx.size == 0 or idx[-1] - idx[0] + 1 != idx.size:
-            return None
-        ranges.append((int(idx[0]), int(idx[-1]) + 1))
-    return ranges
+    B = allowed.shape[0]
+    rows = allowed.reshape(B, -1)
+    if rows.shape[1] not in (1, T):
+        return None
+    rows = np.broadcast_to(rows, (B, T))  # every batch at once: a loop was ~10 us a call
+    count = np.count_nonzero(rows, axis=1)
+    lo = rows.argmax(axis=1)  # the first allowed key, and one past the last
+    hi = T - rows[:, ::-1].argmax(axis=1)
+    if not count.all() or (hi - lo != count).any():
+        return None
+    return list(zip(lo.tolist(), hi.tolist(), strict=True))
 
 
 def _mask_bias(mask, B, S, T, P, causal, filter_value, cdt):
