@@ -98,7 +98,7 @@ def _forget(monkeypatch) -> None:
 
 def _is_good_entry(folder) -> bool:
     answer = cache.read(cache.key(MODULES, TARGET))
-    return answer is not None and elf.load(base64.b64decode(answer["objects"][NAME])) is not None
+    return answer is not None and elf.load(answer["objects"][NAME]) is not None
 
 
 # -- the tag ----------------------------------------------------------------------------------
@@ -110,7 +110,8 @@ def test_entry_is_written_tagged_with_a_private_secret(folder, compiles, monkeyp
     assert folder.stat().st_mode & 0o777 == 0o700
     secret = folder / "secret"
     assert secret.stat().st_mode & 0o777 == 0o600 and secret.stat().st_size == 32
-    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 4\n")
+    assert _entry(folder).read_bytes().startswith(b"onnxrun-kernels 5\n") and \
+        cache._MAGIC == b"onnxrun-kernels 5\n"
     _forget(monkeypatch)
     assert _add() == 5
     assert compiles == [[NAME]]  # the second load came from the cache
@@ -125,7 +126,7 @@ def test_tag_is_keyed_blake2b_of_the_key_and_payload(folder, compiles):
     data = _entry(folder).read_bytes()
     head = len(cache._MAGIC)
     tag, payload = data[head:head + 64], data[head + 65:]
-    key = json.loads(payload)["key"]
+    key = json.loads(payload[8:8 + int.from_bytes(payload[:8], "little")])["key"]
     mac = hashlib.blake2b(cache._MAGIC + key.encode() + b"\0", digest_size=32,
                           key=(folder / "secret").read_bytes())
     mac.update(payload)
@@ -152,11 +153,11 @@ def test_kernel_cache_does_not_load_openssl():
 
 
 def test_planted_entry_without_a_tag_is_refused_and_recompiled(folder, compiles):
-    """Today's format, an untagged JSON answer with the right symbol, is never run."""
+    """Today's format without its tag, an answer with the right symbol, is never run."""
     folder.mkdir(mode=0o700)
-    planted = {"key": cache.key(MODULES, TARGET), "objects": {NAME: _object(MUL_IR)},
-               "errors": {}}
-    _entry(folder).write_text(json.dumps(planted))
+    key = cache.key(MODULES, TARGET)
+    planted = cache.payload(key, {"objects": {NAME: _object(MUL_IR)}, "errors": {}})
+    _entry(folder).write_bytes(cache._MAGIC + planted)
     assert _add() == 5
     assert compiles[-1] == [NAME]
     assert _is_good_entry(folder)  # replaced by a tagged one
@@ -166,9 +167,10 @@ def test_planted_object_with_a_wrong_tag_is_refused(folder, compiles, monkeypatc
     assert _add() == 5
     entry = _entry(folder)
     good = entry.read_bytes()
-    head, payload = good[:len(cache._MAGIC) + 65], json.loads(good[len(cache._MAGIC) + 65:])
-    payload["objects"][NAME] = _object(MUL_IR)
-    entry.write_bytes(head + json.dumps(payload).encode())  # the old tag, new bytes
+    head = good[:len(cache._MAGIC) + 65]
+    planted = cache.payload(cache.key(MODULES, TARGET),
+                            {"objects": {NAME: _object(MUL_IR)}, "errors": {}})
+    entry.write_bytes(head + planted)  # the old tag, new bytes
     _forget(monkeypatch)
     compiles.clear()
     assert _add() == 5
@@ -188,6 +190,34 @@ def test_entry_tagged_by_another_secret_is_refused(folder, compiles, monkeypatch
     compiles.clear()
     assert _add() == 5
     assert compiles == [[NAME]]
+
+
+@pytest.mark.parametrize("damage", ["short", "long", "header", "size", "key"])
+def test_tagged_entry_that_does_not_parse_is_discarded(folder, damage):
+    """A verified entry whose header and objects disagree (our own writer gone wrong) is
+    refused and deleted, never sliced out of bounds."""
+    key = cache.key(MODULES, TARGET)
+    good = cache.payload(key, {"objects": {NAME: _object(ADD_IR)}, "errors": {}})
+    size = int.from_bytes(good[:8], "little")
+    header = json.loads(good[8:8 + size])
+    if damage == "short":
+        bad = good[:-1]
+    elif damage == "long":
+        bad = good + b"\0"
+    elif damage == "header":
+        bad = (size + 1000).to_bytes(8, "little") + good[8:]
+    else:
+        if damage == "size":
+            header["objects"][0][1] = -1
+        else:
+            header["key"] = "0" * 64
+        text = json.dumps(header).encode()
+        bad = len(text).to_bytes(8, "little") + text + good[8 + size:]
+    folder.mkdir(mode=0o700)
+    cache.write(key, {"objects": {NAME: _object(ADD_IR)}, "errors": {}})  # the secret
+    disk_cache.write(cache.entry_name(key), cache._MAGIC, key, bad)
+    assert cache.read(key) is None
+    assert not _entry(folder).exists()
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -465,6 +495,38 @@ def test_bundle_entry_found_without_writing_its_ir(folder, monkeypatch):
     monkeypatch.setattr(os, "listdir", lambda p: [n for n in real_listdir(p) if n != "gelu.py"]
                         if os.path.abspath(p) == here else real_listdir(p))
     assert jit._bundle_key(TARGET) != first["key"]
+
+
+def test_sources_digest_kept_under_the_files_identities(folder, tmp_path, monkeypatch):
+    """The sources' digest is stored under their files' identities: a later process stats the
+    files instead of reading them; a changed file (size or time) is read again, and a planted
+    or damaged entry is refused (the sources read, the right digest stored again)."""
+    src = tmp_path / "sources"
+    src.mkdir()
+    (src / "a.py").write_bytes(b"x = 1\n")
+    (src / "b.py").write_bytes(b"y = 2\n")
+    first = jit._sources_digest(str(src))
+    assert len(first) == 64 and list(folder.glob("*.sources"))
+    reads = []
+    real_open = open
+
+    def counting_open(path, *args, **kwargs):
+        reads.append(os.path.basename(str(path)))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    assert jit._sources_digest(str(src)) == first and reads == []  # stats only
+    (src / "b.py").write_bytes(b"y = 3\n")  # same size, a new modification time
+    os.utime(src / "b.py", ns=(1, 2))
+    changed = jit._sources_digest(str(src))
+    assert changed != first and reads == ["a.py", "b.py"]
+    reads.clear()
+    assert jit._sources_digest(str(src)) == changed and reads == []
+    for entry in folder.glob("*.sources"):  # planted: another digest under the same name
+        data = bytearray(entry.read_bytes())
+        data[-5:-1] = b"0000" if data[-5:-1] != b"0000" else b"1111"
+        entry.write_bytes(bytes(data))
+    assert jit._sources_digest(str(src)) == changed and reads == ["a.py", "b.py"]
 
 
 def test_bundled_module_loads_without_writing_its_ir(monkeypatch):

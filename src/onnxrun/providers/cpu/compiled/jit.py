@@ -119,22 +119,41 @@ def _bundle_ir(target: Target) -> dict[str, str]:
 def _bundle_key(target: Target) -> str | None:
     """The bundle's cache key from the code that writes its IR (this package's sources) and
     the target, instead of the IR itself: writing every module's IR only to find the entry
-    cost 30-100 ms, most of a small model's kernel preparation. The sources' bytes go into
-    one digest as they are read (decoded to text for ``cache.key``, they cost ~4 ms of every
-    process's first compiled kernel; ~1 ms so). None where the sources cannot be read (the
-    IR's key is used then)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    digest = blake2b(digest_size=32)
+    cost 30-100 ms, most of a small model's kernel preparation. None where the sources cannot
+    be read (the IR's key is used then)."""
+    digest = _sources_digest(os.path.dirname(os.path.abspath(__file__)))
+    if digest is None:
+        return None
+    return cache.key({"bundle": ",".join(_BUNDLE), "sources": digest}, target)
+
+
+def _sources_digest(here: str) -> str | None:
+    """One digest of the package's sources' bytes (read as bytes: decoded to text they cost
+    ~4 ms of every process's first compiled kernel, ~1.3 ms so), kept in the cache under the
+    files' identities (``cache.write_sources``): a later process stats them (~0.1 ms)."""
     try:
-        for name in sorted(os.listdir(here)):
-            if name.endswith(".py"):
-                with open(os.path.join(here, name), "rb") as f:
-                    data = f.read()
-                digest.update(f"|{name}|{len(data)}|".encode())
-                digest.update(data)
+        names = sorted(name for name in os.listdir(here) if name.endswith(".py"))
+        stats = [os.stat(os.path.join(here, name)) for name in names]
     except OSError:
         return None
-    return cache.key({"bundle": ",".join(_BUNDLE), "sources": digest.hexdigest()}, target)
+    identity = blake2b(here.encode(), digest_size=32)
+    for name, st in zip(names, stats, strict=True):
+        identity.update(f"|{name}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+                        .encode())
+    known = cache.read_sources(identity.hexdigest())
+    if known is not None:
+        return known
+    digest = blake2b(digest_size=32)
+    try:
+        for name in names:
+            with open(os.path.join(here, name), "rb") as f:
+                data = f.read()
+            digest.update(f"|{name}|{len(data)}|".encode())
+            digest.update(data)
+    except OSError:
+        return None
+    cache.write_sources(identity.hexdigest(), digest.hexdigest())
+    return digest.hexdigest()
 
 
 def _compile_bundle(target: Target) -> dict:
@@ -383,9 +402,10 @@ def _code(name: str, ir: IR, target: Target) -> elf.LoadedCode:
         fresh = True
 
 
-def _load(name: str, obj: str) -> elf.LoadedCode:
+def _load(name: str, obj: bytes | str) -> elf.LoadedCode:
+    """Object ``obj`` loaded: bytes (the cache's), or base64 text (a compiler's answer)."""
     try:
-        data = base64.b64decode(obj, validate=True)
+        data = obj if isinstance(obj, bytes) else base64.b64decode(obj, validate=True)
     except (ValueError, TypeError) as exc:
         raise elf.ObjectError(f"not base64: {exc}") from exc
     try:
