@@ -1,9 +1,9 @@
 """onnxrun's on-disk cache folder (``ONNXRUN_KERNEL_CACHE``, default
 ``~/.cache/onnxrun/kernels``; ``0`` turns it off): entries that a later process reads instead
 of doing the work again, each tagged so that only this user's onnxrun could have written it.
-Two kinds live there: compiled kernels (``providers/cpu/compiled/cache.py``) and validation
-results (``validate_cache.py``); each has its own file suffix and tag prefix ("magic"), so an
-entry of one kind never verifies as the other.
+Three kinds live there: compiled kernels and the digest of their sources
+(``providers/cpu/compiled/cache.py``), and validation results (``validate_cache.py``); each has
+its own file suffix and tag prefix ("magic"), so an entry of one kind never verifies as another.
 
 Whoever can write the cache decides what every later process runs (machine code; which models
 are accepted), so an entry is used only when:
