@@ -9,4 +9,6 @@ onnxruntime. ``PASSES`` as in ``basic``.
 
 PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "conv_quick_gelu": ("ConvQuickGeluFusion", 40, ("Conv com.microsoft:QuickGelu",)),
+    "matmul_gelu": ("MatMulGeluFusion", 41, ("MatMul com.microsoft:BiasGelu",
+                                             "MatMul com.microsoft:Gelu")),
 }

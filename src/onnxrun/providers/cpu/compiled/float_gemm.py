@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..gelu_polynomial import GELU_LOGIT
 from ..parallel import work_ranges
-from . import _compiler, ir, jit, spin
+from . import _compiler, gelu, ir, jit, spin
 from . import logistic as mlas_logistic
 from .jit import address
 from .layout import aligned_empty, aligned_zeros
@@ -450,10 +451,18 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     # the logistic epilogue (flags 4: logistic(y); 8: y * logistic(alpha y), alpha the
     # clip block's third float) on the tile just stored, still in L1, after the last K block
     L += ["pact:",
-          "  %actf = and i64 %flags, 12",
+          "  %actf = and i64 %flags, 28",
           "  %hasact = icmp ne i64 %actf, 0",
           "  %doact = and i1 %hasact, %last",
-          "  br i1 %doact, label %act, label %pnext",
+          "  br i1 %doact, label %actk, label %pnext",
+          # flags 16: gelu(y) (the standalone BiasGelu's body: its bits)
+          "actk:",
+          "  %gelf = and i64 %flags, 16",
+          "  %isgel = icmp ne i64 %gelf, 0",
+          "  br i1 %isgel, label %gel, label %act",
+          "gel:",
+          "  call void @gelu_rows(ptr %Ct, i64 %ldc, i64 %rows, i64 %nc)",
+          "  br label %pnext",
           "act:",
           "  %alphap = getelementptr float, ptr %clip, i64 2",
           "  %alpha = load float, ptr %alphap, align 4",
@@ -531,6 +540,57 @@ def _act_rows(W: int) -> list[str]:
             "  %s.x = load float, ptr %sp, align 4",
             *mlas_logistic.body_ir("float", "s", ir.float_constant),
             "  store float %s.out, ptr %sp, align 4",
+            "  %jn = add i64 %j, 1",
+            "  %smore = icmp slt i64 %jn, %ncols",
+            "  br i1 %smore, label %sloop, label %rowend",
+            "rowend:",
+            "  %rn = add i64 %r, 1",
+            "  %rmore = icmp slt i64 %rn, %rows",
+            "  br i1 %rmore, label %row, label %end",
+            "end:",
+            "  ret void",
+            "}"]
+
+
+def _gelu_rows(W: int) -> list[str]:
+    """``@gelu_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in place:
+    gelu(y) by compiled/gelu.py's body (the standalone BiasGelu's operations on the same
+    polynomial: a fused one gives its bits). Whole vectors, then the row's last floats one by
+    one (as ``@act_rows``)."""
+    VT = f"<{W} x float>"
+
+    def vec(c):
+        return "<" + ", ".join([f"float {ir.float_constant(c)}"] * W) + ">"
+
+    return ["define internal void @gelu_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols) "
+            "noinline nounwind {",
+            "entry:",
+            f"  %nv = and i64 %ncols, {-W}",
+            "  %anyv = icmp sgt i64 %nv, 0",
+            "  %anys = icmp slt i64 %nv, %ncols",
+            "  br label %row",
+            "row:",
+            "  %r = phi i64 [0, %entry], [%rn, %rowend]",
+            "  %ro = mul i64 %r, %ldc",
+            "  %rp = getelementptr float, ptr %C, i64 %ro",
+            "  br i1 %anyv, label %vloop, label %vdone",
+            "vloop:",
+            "  %i = phi i64 [0, %row], [%in, %vloop]",
+            "  %xp = getelementptr float, ptr %rp, i64 %i",
+            f"  %v.s = load {VT}, ptr %xp, align 4",
+            *gelu.body_ir(GELU_LOGIT, VT, "v", vec),
+            f"  store {VT} %v.y, ptr %xp, align 4",
+            f"  %in = add i64 %i, {W}",
+            "  %more = icmp slt i64 %in, %nv",
+            "  br i1 %more, label %vloop, label %vdone",
+            "vdone:",
+            "  br i1 %anys, label %sloop, label %rowend",
+            "sloop:",
+            "  %j = phi i64 [%nv, %vdone], [%jn, %sloop]",
+            "  %sp = getelementptr float, ptr %rp, i64 %j",
+            "  %s.s = load float, ptr %sp, align 4",
+            *gelu.body_ir(GELU_LOGIT, "float", "s", ir.float_constant),
+            "  store float %s.y, ptr %sp, align 4",
             "  %jn = add i64 %j, 1",
             "  %smore = icmp slt i64 %jn, %ncols",
             "  br i1 %smore, label %sloop, label %rowend",
@@ -624,12 +684,17 @@ def tile_ir(W: int, MR: int, NV: int = 2) -> str:
     decls = [f"declare {VT} @llvm.masked.load.{sfx}.p0(ptr, i32, {VM}, {VT})",
              f"declare void @llvm.masked.store.{sfx}.p0({VT}, ptr, i32, {VM})",
              f"declare {VT} @llvm.fma.{sfx}({VT}, {VT}, {VT})",
-             "declare float @llvm.fma.f32(float, float, float)"]
+             "declare float @llvm.fma.f32(float, float, float)",
+             # the GELU epilogue's (gelu_rows: vectors, then single floats)
+             *(f"declare {t} @llvm.{f}.{x}({', '.join([t] * n)})"
+               for t, x in ((VT, sfx), ("float", "f32"))
+               for f, n in (("maxnum", 2), ("minnum", 2), ("rint", 1)))]
     parts = [_compiler.INLINE + "\n".join(decls)]  # the tiles inlined into the driver
     parts += ["\n".join(_tile(r, W, NV)) for r in range(1, MR + 1)]
     # a partial panel's first v vectors of columns (the others zeros: not computed)
     parts += ["\n".join(_tile(r, W, v, NP=NV * W)) for v in range(1, NV) for r in range(1, MR + 1)]
     parts.append("\n".join(_act_rows(W)))
+    parts.append("\n".join(_gelu_rows(W)))
     parts.append("\n".join(_pack_ir(NV * W)))
     parts.append("\n".join(_driver(W, MR, NV)))
     return "\n\n".join(parts)
@@ -849,9 +914,9 @@ class PackedMatrix:
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None,
             residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
-            threads: int = 1, logistic=None) -> np.ndarray:
-        """clip(A @ B + bias + residual, *bounds) (then ``logistic``: _clip_block's) as a new
-        (M, N) float32 array (or into
+            threads: int = 1, logistic=None, gelu_after: bool = False) -> np.ndarray:
+        """clip(A @ B + bias + residual, *bounds) (then ``logistic``: _clip_block's, or
+        ``gelu_after``: gelu, compiled/gelu.py's bits) as a new (M, N) float32 array (or into
         ``out``: unit column stride, rows any stride apart, e.g. a range of the columns of a
         wider matrix: a grouped convolution's group). A: (M, K) float32, rows any stride apart
         (else copied); ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column
@@ -883,6 +948,9 @@ class PackedMatrix:
                 np.clip(out, *bounds, out=out)
             if logistic is not None:
                 _logistic_in_place(out, logistic)
+            if gelu_after:
+                dense = np.ascontiguousarray(out)
+                out[...] = gelu.bias_gelu(GELU_LOGIT, dense, out=dense)
             return out
         if A.strides[1] != 4 or A.strides[0] < 4 * K or A.strides[0] % 4:
             A = np.ascontiguousarray(A)
@@ -901,6 +969,10 @@ class PackedMatrix:
                     residual.strides[0] < 4 * N:
                 residual = np.ascontiguousarray(residual)
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
+        if gelu_after:
+            if logistic is not None:
+                raise ValueError("float GEMM: a logistic and a gelu epilogue at once")
+            flags |= 16
         return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags,
                             self.tile.KC, 0, threads, logistic=logistic)
 

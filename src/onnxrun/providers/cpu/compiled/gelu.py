@@ -40,6 +40,55 @@ def _c(x: float) -> str:
     return ir._vconst(x)
 
 
+def body_ir(coeffs, VT: str, p: str, const) -> list[str]:
+    """``%{p}.y`` = s / (1 + 2^(s P(s^2))) of ``%{p}.s`` (type ``VT``: a float vector of any
+    width, or "float"); ``const(x)``: a constant of that type. The one body of the standalone
+    BiasGelu (16 lanes) and the float GEMM's GELU epilogue (its tile's width, "float" for a
+    row's last columns): per element the same operations, so the same bits."""
+    if VT == "float":
+        sfx, IT, ic = "f32", "i32", str
+    else:
+        lanes = int(VT[1:VT.index(" ")])
+        sfx, IT = f"v{lanes}f32", f"<{lanes} x i32>"
+
+        def ic(v: int) -> str:
+            return "<" + ", ".join([f"i32 {v}"] * lanes) + ">"
+    t = f"%{p}."
+    if len(coeffs) == 1:  # a constant: p = c s (SiLU, QuickGelu)
+        L = [f"  {t}p = fmul {VT} {t}s, {const(float(coeffs[0]))}"]
+    else:
+        L = [f"  {t}t = fmul {VT} {t}s, {t}s"]
+        prev = const(float(coeffs[0]))  # Horner: (((c0 t + c1) t + c2) ... ) t + c6, fused
+        for k, a in enumerate(coeffs[1:], 1):
+            L.append(f"  {t}h{k} = call {VT} @llvm.fma.{sfx}({VT} {prev}, {VT} {t}t, "
+                     f"{VT} {const(float(a))})")
+            prev = f"{t}h{k}"
+        L.append(f"  {t}p = fmul {VT} {prev}, {t}s")
+    # 2^p: clamp (a NaN p comes from a NaN s, which the division keeps), split, scale. Below
+    # -125, 1 + 2^p is 1 all the same; from there 2^n is a normal factor (one whose product
+    # were subnormal would cost a microcode assist), 2^128 is inf
+    L += [f"  {t}pl = call {VT} @llvm.maxnum.{sfx}({VT} {t}p, {VT} {const(-125.0)})",
+          f"  {t}pc = call {VT} @llvm.minnum.{sfx}({VT} {t}pl, {VT} {const(128.0)})",
+          f"  {t}nf = call {VT} @llvm.rint.{sfx}({VT} {t}pc)",
+          f"  {t}f = fsub {VT} {t}pc, {t}nf",
+          f"  {t}g = fmul {VT} {t}f, {const(math.log(2))}"]
+    taylor = [1 / math.factorial(k) for k in range(7, 0, -1)]  # e^g to g^7, Horner
+    prev = const(taylor[0])
+    for k, a in enumerate(taylor[1:], 1):
+        L.append(f"  {t}e{k} = call {VT} @llvm.fma.{sfx}({VT} {prev}, {VT} {t}g, "
+                 f"{VT} {const(a)})")
+        prev = f"{t}e{k}"
+    return L + [
+        f"  {t}ef = call {VT} @llvm.fma.{sfx}({VT} {prev}, {VT} {t}g, {VT} {const(1.0)})",
+        f"  {t}ni = fptosi {VT} {t}nf to {IT}",
+        f"  {t}nb = add {IT} {t}ni, {ic(127)}",  # n in [-125, 128]: 2^128's bits are inf's
+        f"  {t}ns = shl {IT} {t}nb, {ic(23)}",
+        f"  {t}sc = bitcast {IT} {t}ns to {VT}",
+        f"  {t}ex = fmul {VT} {t}ef, {t}sc",
+        f"  {t}den = fadd {VT} {t}ex, {const(1.0)}",
+        f"  {t}y = fdiv {VT} {t}s, {t}den"]
+
+
 def _kernel(coeffs: list[float], name: str = "bias_gelu") -> str:
     """``@<name>``: rows [r0, r1) of width ``%n``; the bias (``%n`` floats) added along the
     row; x and y rows ``%n`` floats apart (y may be x)."""
@@ -79,49 +128,16 @@ def _kernel(coeffs: list[float], name: str = "bias_gelu") -> str:
          "ld:",
          f"  %x = phi {_VF} [%xf, %ldf], [%xm, %ldm]",
          f"  %b = phi {_VF} [%bf, %ldf], [%bm, %ldm]",
-         f"  %s = fadd {_VF} %x, %b"]
-    if len(coeffs) == 1:  # a constant: p = c s (SiLU, QuickGelu)
-        L.append(f"  %p = fmul {_VF} %s, {_c(coeffs[0])}")
-    else:
-        L += [f"  %t = fmul {_VF} %s, %s"]
-        prev = _c(coeffs[0])  # Horner: (((c0 t + c1) t + c2) ... ) t + c6, fused steps
-        for k, a in enumerate(coeffs[1:], 1):
-            L.append(f"  %h{k} = call {_VF} @llvm.fma.v16f32({_VF} {prev}, {_VF} %t, "
-                     f"{_VF} {_c(a)})")
-            prev = f"%h{k}"
-        L += [f"  %p = fmul {_VF} {prev}, %s"]
-    L += [
-          # 2^p: clamp (a NaN p comes from a NaN s, which the division keeps), split, scale.
-          # Below -125, 1 + 2^p is 1 all the same; from there 2^n is a normal factor (one
-          # whose product were subnormal would cost a microcode assist), 2^128 is inf
-          f"  %pl = call {_VF} @llvm.maxnum.v16f32({_VF} %p, {_VF} {_c(-125.0)})",
-          f"  %pc = call {_VF} @llvm.minnum.v16f32({_VF} %pl, {_VF} {_c(128.0)})",
-          f"  %nf = call {_VF} @llvm.rint.v16f32({_VF} %pc)",
-          f"  %f = fsub {_VF} %pc, %nf",
-          f"  %g = fmul {_VF} %f, {_c(math.log(2))}"]
-    taylor = [1 / math.factorial(k) for k in range(7, 0, -1)]  # e^g to g^7, Horner
-    prev = _c(taylor[0])
-    for k, a in enumerate(taylor[1:], 1):
-        L.append(f"  %e{k} = call {_VF} @llvm.fma.v16f32({_VF} {prev}, {_VF} %g, {_VF} {_c(a)})")
-        prev = f"%e{k}"
-    bias127 = "<" + ", ".join(["i32 127"] * 16) + ">"
-    shift23 = "<" + ", ".join(["i32 23"] * 16) + ">"
-    L += [f"  %ef = call {_VF} @llvm.fma.v16f32({_VF} {prev}, {_VF} %g, {_VF} {_c(1.0)})",
-          f"  %ni = fptosi {_VF} %nf to {_V}",
-          f"  %nb = add {_V} %ni, {bias127}",  # n in [-125, 128]: 2^128's bits are inf's
-          f"  %ns = shl {_V} %nb, {shift23}",
-          f"  %sc = bitcast {_V} %ns to {_VF}",
-          f"  %ex = fmul {_VF} %ef, %sc",
-          f"  %den = fadd {_VF} %ex, {_c(1.0)}",
-          f"  %y = fdiv {_VF} %s, %den",
-          "  %yp = getelementptr float, ptr %Y, i64 %at",
+         f"  %g.s = fadd {_VF} %x, %b",
+         *body_ir(coeffs, _VF, "g", _c)]
+    L += ["  %yp = getelementptr float, ptr %Y, i64 %at",
           # a masked store only for the row's last, partial chunk: on AMD it is microcoded
           "  br i1 %full, label %st, label %stm",
           "st:",
-          f"  store {_VF} %y, ptr %yp, align 4",
+          f"  store {_VF} %g.y, ptr %yp, align 4",
           "  br label %next",
           "stm:",
-          f"  call void @llvm.masked.store.v16f32.p0({_VF} %y, ptr %yp, i32 4, <16 x i1> %mask)",
+          f"  call void @llvm.masked.store.v16f32.p0({_VF} %g.y, ptr %yp, i32 4, <16 x i1> %mask)",
           "  br label %next",
           "next:",
           "  %in = add i64 %i, 16",

@@ -87,6 +87,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
         "training": ("Adagrad", "Adam", "Momentum"),
     },
     "ai.onnxrun": {
+        "contrib.fused": ("MatMulBiasGelu",),
         "quantization": ("ConvIntegerToFloat", "QuantizeDequantize"),
     },
     "com.microsoft": {

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ....dtypes import BFLOAT16, np_dtype
+from ..gelu_polynomial import GELU_LOGIT as _GELU_LOGIT  # gelu(x) = x / (1 + 2^(x P(x^2)))
 from ..kernels import KernelContext, op
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -318,14 +319,6 @@ def _erf_float32(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-# gelu(x) = x * Phi(x) = x / (1 + exp2(x * P(x^2))): x * P(x^2) approximates
-# -log2(e) * logit(Phi(x)), P of degree 6 fitted (weighted minimax, the weight being the error's
-# effect on gelu) on [0, 4.5]. 18 passes where the erf rational function takes 26, and more
-# accurate: within 6.2e-7 of gelu (one float32 ulp at 4.3) everywhere. Past the fitted range P
-# keeps falling, so the sigmoid saturates to x or -0 as it should, inf included.
-_GELU_LOGIT = [np.float32(c) for c in (
-    -5.067239521770909e-09, 3.816313904714506e-07, -1.1439834936046469e-05,
-    1.595799463522798e-04, 9.404921154918454e-05, -0.10483512186376989, -2.302209296490995)]
 # float32 elements per block of the gelu passes: the block and its two scratch arrays stay in the
 # L2 cache across the passes
 _GELU_BLOCK = 65536

@@ -26,12 +26,14 @@ def packed_weights(B: np.ndarray | None):
 
 
 def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
-               released: bool = False, out: np.ndarray | None = None) -> np.ndarray | None:
-    """A @ B (+ bias, clipped) through ``packed`` for a float32 A (..., K): the result, or
-    None where BLAS should take it (too few rows, another dtype or width). ``released``: the
-    session no longer holds B (``prepacked_inputs``), so every product goes through the
-    panels, a single row too, and an A that does not fit them is an error here. ``out``: the
-    executor's buffer (memory.py), written when it is a float32 (..., N) of rows."""
+               released: bool = False, out: np.ndarray | None = None,
+               gelu_after: bool = False) -> np.ndarray | None:
+    """A @ B (+ bias, clipped; then gelu where ``gelu_after``) through ``packed`` for a float32
+    A (..., K): the result, or None where BLAS should take it (too few rows, another dtype or
+    width). ``released``: the session no longer holds B (``prepacked_inputs``), so every
+    product goes through the panels, a single row too, and an A that does not fit them is an
+    error here. ``out``: the executor's buffer (memory.py), written when it is a float32
+    (..., N) of rows."""
     if A.dtype != np.float32 or A.ndim < 1 or A.shape[-1] != packed.K:
         if released:
             raise ValueError(f"A of {A.dtype} {list(A.shape)} does not fit the float32 "
@@ -43,7 +45,7 @@ def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
     shape = A.shape[:-1] + (packed.N,)
     given = _rows(out, shape, rows)
     Y = packed.run(A.reshape(rows, packed.K), bias=bias, bounds=bounds, threads=threads,
-                   out=given)
+                   out=given, gelu_after=gelu_after)
     return Y.reshape(shape) if given is None else out
 
 

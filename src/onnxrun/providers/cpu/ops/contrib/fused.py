@@ -1,6 +1,7 @@
 """com.microsoft fused elementwise / linear-algebra operators that onnxruntime's graph
 optimizer writes: FusedGemm, FusedMatMul, the Gelu family (Gelu, FastGelu, BiasGelu,
-QuickGelu, BiasSplitGelu), BiasSoftmax and BiasAdd; SparseToDenseMatMul; and the fused
+QuickGelu, BiasSplitGelu), BiasSoftmax and BiasAdd; SparseToDenseMatMul; onnxrun's own
+MatMulBiasGelu (ai.onnxrun: the layout level's MatMul + BiasGelu); and the fused
 activations (``make_activation``) FusedConv (``fused_conv.py``) shares. NhwcMaxPool is with
 the pools (``ops/pool.py``). Neither convolutions nor pools are imported here: a FusedGemm
 model does not load their modules.
@@ -22,6 +23,7 @@ from ..elementwise import erf, gelu_float32, gelu_kernel
 from ..linalg import gemm_packed, matmul, packed_gemm, packed_weights, run_packed
 
 MS = "com.microsoft"
+ONNXRUN = "ai.onnxrun"  # onnxrun's own fused operators (the layout level's)
 _F32 = np.dtype(np.float32)
 
 
@@ -394,6 +396,46 @@ class BiasGelu:
                                 threads=self.threads, kernel=self.kernel)
         x, _ = _owned(A, B)
         return gelu_(x).astype(A.dtype, copy=False)
+
+
+@op("MatMulBiasGelu", 1, domain=ONNXRUN)
+class MatMulBiasGelu:
+    """gelu(A @ B + bias), bias optional: onnxrun's layout level makes it of a MatMul with a
+    constant float32 weight followed by BiasGelu or Gelu (optimize/layout/matmul_gelu.py; a
+    BERT layer's up projection). On the compiled GEMM's panels the bias and the gelu are its
+    epilogue, on each tile just stored, still in L1 (the standalone BiasGelu's bits: the same
+    product, the same body): BERT's BiasGelu was a pass over a 256 x 1536 product per layer.
+    Elsewhere the MatMul's product, then BiasGelu's kernel on it."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        bias = ctx.constant(2) if ctx.has_input(2) else None
+        self.packed = packed_weights(ctx.constant(1))
+        if ctx.has_input(2) and (bias is None or bias.dtype != _F32 or bias.ndim != 1 or
+                                 self.packed is None or bias.size != self.packed.N):
+            self.packed = None  # a bias the epilogue cannot take: the two kernels' way
+        self.bias = None if self.packed is None or bias is None else \
+            np.ascontiguousarray(bias, np.float32)
+        self.prepacked_inputs = (1,) if self.packed is not None else ()
+        self.threads = threads_for(ctx)
+        self.kernel = gelu_kernel()
+        self.accepts_out = True  # the panels' product (or BLAS's) writes into out
+
+    @property
+    def uses_compiled_gemm(self) -> bool:  # read by the session: BLAS held to one thread
+        return self.packed is not None
+
+    def __call__(self, A, B, bias=None, *, out=None):
+        if self.packed is not None:
+            Y = run_packed(self.packed, A, self.threads, bias=self.bias, released=B is None,
+                           out=out, gelu_after=True)
+            if Y is not None:
+                return Y
+        Y = matmul(A, B, self.threads, out)
+        if Y.dtype == np.float32 and Y.flags.c_contiguous and (
+                bias is None or (bias.dtype == np.float32 and bias.shape == Y.shape[-1:])):
+            return gelu_float32(Y, bias, out=Y, threads=self.threads, kernel=self.kernel)
+        x, _ = _owned(Y, bias)
+        return gelu_(x).astype(Y.dtype, copy=False)
 
 
 @op("FastGelu", 1, domain=MS)

@@ -1,0 +1,62 @@
+"""MatMul + BiasGelu / Gelu fusion (layout level): a MatMul by a constant float32 weight whose
+product only a com.microsoft BiasGelu (its bias a constant row) or Gelu reads ->
+ai.onnxrun MatMulBiasGelu.
+
+Why: a transformer layer's up projection is followed by its GELU (BERT: MatMul then the
+BiasGelu the extended level makes of Add + Gelu): as its own node the GELU is a pass over a
+(tokens x 4 * hidden) product, where the compiled GEMM's epilogue computes it, with the bias,
+on each tile it has just stored, still in L1 (the standalone BiasGelu's operations: the same
+bits). onnxruntime has no such operator, so this is a layout-level rewrite, like its NCHWc
+operators at that level (and conv_quick_gelu.py here).
+"""
+
+from __future__ import annotations
+
+from ..base import LAYOUT, RulePass, register_pass
+from ..extended._helpers import MS, is_float32
+from ..graph_utils import constant_value
+from ..pattern import RewriteRule
+
+ONNXRUN = "ai.onnxrun"
+
+
+def _weight(w) -> bool:
+    value = constant_value(w)
+    return value is not None and value.ndim == 2 and value.dtype.name == "float32"
+
+
+class MatMulBiasGelu(RewriteRule):
+    name = "MatMul+BiasGelu"
+
+    def pattern(self, op, x, w, b):
+        return op.BiasGelu(op.MatMul(x, w, _name="mm"), b, _domain=MS)
+
+    def check(self, context, x, w, b, mm, **_):
+        bias = constant_value(b)
+        return is_float32(x, mm.outputs[0], context.root.outputs[0]) and _weight(w) and \
+            bias is not None and bias.shape == (constant_value(w).shape[1],) and \
+            bias.dtype.name == "float32"
+
+    def rewrite(self, op, x, w, b, **_):
+        return op.MatMulBiasGelu(x, w, b, _domain=ONNXRUN)
+
+
+class MatMulGelu(RewriteRule):
+    name = "MatMul+Gelu"
+
+    def pattern(self, op, x, w):
+        return op.Gelu(op.MatMul(x, w, _name="mm"), _domain=MS)
+
+    def check(self, context, x, w, mm, **_):
+        return is_float32(x, mm.outputs[0], context.root.outputs[0]) and _weight(w)
+
+    def rewrite(self, op, x, w, **_):
+        return op.MatMulBiasGelu(x, w, _domain=ONNXRUN)
+
+
+@register_pass
+class MatMulGeluFusion(RulePass):
+    name = "MatMulGeluFusion"
+    level = LAYOUT
+    order = 41
+    rules = (MatMulBiasGelu, MatMulGelu)

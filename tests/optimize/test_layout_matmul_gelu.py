@@ -1,0 +1,116 @@
+"""MatMulGeluFusion (layout level): MatMul by a constant float32 weight + com.microsoft BiasGelu
+or Gelu -> ai.onnxrun MatMulBiasGelu, whose compiled GEMM applies the bias and the gelu in its
+epilogue: the same bits as the unfused graph, on every kernel path, and onnxruntime's results
+within float32 rounding."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from extended_helpers import build, ops
+
+import onnxrun
+from onnxrun.providers.cpu.compiled import jit
+
+LEVELS = onnxrun.GraphOptimizationLevel
+rng = np.random.default_rng(0)
+
+
+def ffn(H: int, F: int, bias: str = "BiasGelu", extra_reader: bool = False,
+        dims: str = "batch, tokens"):
+    """A transformer's feed-forward block: up projection, GELU (written as the erf formula,
+    which the extended level makes a BiasGelu of, or as com.microsoft BiasGelu / Gelu), down
+    projection."""
+    if bias == "erf":
+        act = """ub = Add(u, b1)
+    d = Div(ub, sqrt2)
+    e = Erf(d)
+    e1 = Add(e, one)
+    m = Mul(ub, e1)
+    g = Mul(m, half)"""
+    elif bias == "BiasGelu":
+        act = "g = com.microsoft.BiasGelu(u, b1)"
+    else:
+        act = "g = com.microsoft.Gelu(u)"
+    outs = f"float[{dims}, {H}] y" + (f", float[{dims}, {F}] u" if extra_reader else "")
+    text = f"""<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[{dims}, {H}] x) => ({outs}) {{
+    sqrt2 = Constant <value = float {{1.4142135}}> ()
+    one = Constant <value = float {{1.0}}> ()
+    half = Constant <value = float {{0.5}}> ()
+    u = MatMul(x, w1)
+    {act}
+    v = MatMul(g, w2)
+    y = Add(v, b2)
+}}"""
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return build(text, w1=w(H, F), b1=w(F), w2=w(F, H), b2=w(H))
+
+
+def _session(model, level, disabled=(), threads=1, saved=None):
+    so = onnxrun.SessionOptions()
+    so.graph_optimization_level = level
+    so.intra_op_num_threads = threads
+    if disabled:
+        so.add_session_config_entry("optimization.disable_specified_optimizers",
+                                    ",".join(disabled))
+    if saved is not None:
+        so.optimized_model_filepath = str(saved)
+    return onnxrun.InferenceSession(model.SerializeToString(), so)
+
+
+@pytest.mark.parametrize("bias", ["erf", "BiasGelu", "Gelu"])
+def test_fires_at_the_layout_level_only(bias, tmp_path):
+    model = ffn(32, 128, bias)
+    sess = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+    changes = dict(sess.get_optimization_report().passes["MatMulGeluFusion"].changes)
+    assert changes == {"MatMul+Gelu" if bias == "Gelu" else "MatMul+BiasGelu": 1}
+    saved = onnx.load(tmp_path / "all.onnx")
+    fused = [n for n in saved.graph.node if n.op_type == "MatMulBiasGelu"]
+    assert len(fused) == 1 and fused[0].domain == "ai.onnxrun"
+    assert len(fused[0].input) == (0 if bias == "Gelu" else 1) + 2
+    assert not {"BiasGelu", "Gelu"} & set(ops(saved))
+    _session(model, LEVELS.ORT_ENABLE_EXTENDED, saved=tmp_path / "ext.onnx")
+    assert "MatMulBiasGelu" not in ops(onnx.load(tmp_path / "ext.onnx"))
+    # the saved model is onnxrun's: it loads and runs again
+    feeds = {"x": rng.standard_normal((2, 5, 32)).astype(np.float32)}
+    again = onnxrun.InferenceSession(str(tmp_path / "all.onnx")).run(None, feeds)[0]
+    np.testing.assert_array_equal(again, sess.run(None, feeds)[0])
+
+
+def test_a_product_read_elsewhere_is_not_fused():
+    sess = _session(ffn(32, 128, extra_reader=True), LEVELS.ORT_ENABLE_ALL)
+    assert not sess.get_optimization_report().passes["MatMulGeluFusion"].changes
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bias", ["erf", "Gelu"])
+@pytest.mark.parametrize("H,F,shape", [(32, 128, (2, 5)), (384, 1536, (2, 128)),
+                                       (48, 200, (1, 1)), (40, 70, (3, 33))])
+def test_the_same_bits_as_the_unfused_graph(H, F, shape, bias, threads, compiled_on):
+    """Fused (the epilogue's gelu on the compiled GEMM, or the product then BiasGelu's
+    kernel) against the same level without the pass: equal bits (below 256 elements the
+    standalone Gelu takes numpy's steps, whose products round separately: within an ulp);
+    both within float32 rounding of onnxruntime."""
+    model = ffn(H, F, bias)
+    feeds = {"x": rng.standard_normal((*shape, H)).astype(np.float32)}
+    with contextlib.nullcontext() if compiled_on else jit.disabled():
+        fused = _session(model, LEVELS.ORT_ENABLE_ALL, threads=threads)
+        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",), threads)
+        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
+    assert fused.get_optimization_report().passes["MatMulGeluFusion"].changes
+    if np.prod(shape) * F >= 256 or not compiled_on:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4 * max(1, H / 32))
