@@ -1020,16 +1020,19 @@ def test_damaged_kernel_cache_is_compiled_afresh(tmp_path):
     by the entry written again."""
     import json
 
-    from onnxrun.providers.cpu.compiled.cache import _MAGIC
+    from onnxrun.providers.cpu.compiled import cache as kernel_cache
 
     cache = tmp_path / "kernels"
     _gemm_in_a_process(str(cache))
     (entry,) = cache.glob("*.kernels")
-    head = len(_MAGIC) + 65  # the tag and its newline
+    head = len(kernel_cache._MAGIC) + 65  # the tag and its newline
     data = entry.read_bytes()
-    stored = json.loads(data[head:])
-    stored["objects"] = {name: "AAAA" for name in stored["objects"]}  # not an ELF object
-    entry.write_bytes(data[:head] + json.dumps(stored).encode())
+    size = int.from_bytes(data[head:head + 8], "little")
+    stored = json.loads(data[head + 8:head + 8 + size])
+    objects = {name: b"\0\0\0" for name, _ in stored["objects"]}  # not ELF objects
+    replaced = kernel_cache.payload(stored["key"], {"objects": objects,
+                                                    "errors": stored["errors"]})
+    entry.write_bytes(data[:head] + replaced)  # the old tag
     assert _gemm_in_a_process(str(cache)) == "False"
     assert _gemm_in_a_process(str(cache), "--no-compiler") == "False"  # stored afresh
     entry.write_bytes(b"\x00garbage")
