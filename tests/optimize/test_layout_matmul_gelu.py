@@ -114,3 +114,50 @@ def test_the_same_bits_as_the_unfused_graph(H, F, shape, bias, threads, compiled
     theirs = ort.InferenceSession(model.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4 * max(1, H / 32))
+
+
+def mlp(H: int, F: int, rows: str):
+    """An MLP with its GELU after a projection's Gemm: 2-D rows (Gemm, Gelu), or [batch,
+    tokens, features] of static shape, which the extended level turns into Reshape, Gemm,
+    Reshape before the Gelu (MatMulAddReshapeFusion)."""
+    if rows == "2d":
+        dims, up = f"6, {H}", "u = Gemm(x, w1, b1)"
+    else:
+        dims, up = f"2, 3, {H}", "m = MatMul(x, w1)\n    u = Add(m, b1)"
+    text = f"""<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[{dims}] x) => (float[{dims}] y) {{
+    {up}
+    g = com.microsoft.Gelu(u)
+    v = MatMul(g, w2)
+    y = Add(v, b2)
+}}"""
+
+    def w(*shape, scale=0.3):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return build(text, w1=w(H, F), b1=w(F), w2=w(F, H), b2=w(H))
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("rows,change", [("2d", "Gemm+Gelu"), ("3d", "Gemm+Reshape+Gelu")])
+def test_a_gemms_gelu_goes_into_fused_gemm(rows, change, compiled_on, tmp_path):
+    """Gemm + Gelu (directly, or through the Reshape back to 3-D) -> FusedGemm with the
+    activation "Gelu", the gelu in the compiled GEMM's epilogue (or after the product): the
+    same bits as the unfused graph, onnxruntime's results within rounding."""
+    model = mlp(48, 200, rows)
+    shape = (6, 48) if rows == "2d" else (2, 3, 48)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    with contextlib.nullcontext() if compiled_on else jit.disabled():
+        fused = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",))
+        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
+    assert dict(fused.get_optimization_report().passes["MatMulGeluFusion"].changes) == \
+        {change: 1}
+    node = next(n for n in onnx.load(tmp_path / "all.onnx").graph.node
+                if n.op_type == "FusedGemm")
+    assert onnx.helper.get_attribute_value(
+        next(a for a in node.attribute if a.name == "activation")) == b"Gelu"
+    np.testing.assert_array_equal(got, want)
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4)

@@ -10,5 +10,7 @@ onnxruntime. ``PASSES`` as in ``basic``.
 PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "conv_quick_gelu": ("ConvQuickGeluFusion", 40, ("Conv com.microsoft:QuickGelu",)),
     "matmul_gelu": ("MatMulGeluFusion", 41, ("MatMul com.microsoft:BiasGelu",
-                                             "MatMul com.microsoft:Gelu")),
+                                             "MatMul com.microsoft:Gelu",
+                                             "Gemm com.microsoft:Gelu",
+                                             "Gemm Reshape com.microsoft:Gelu")),
 }

@@ -1,19 +1,20 @@
-"""MatMul + BiasGelu / Gelu fusion (layout level): a MatMul by a constant float32 weight whose
-product only a com.microsoft BiasGelu (its bias a constant row) or Gelu reads ->
-ai.onnxrun MatMulBiasGelu.
+"""MatMul / Gemm + BiasGelu / Gelu fusion (layout level): a MatMul by a constant float32 weight
+whose product only a com.microsoft BiasGelu (its bias a constant row) or Gelu reads ->
+ai.onnxrun MatMulBiasGelu; a float32 Gemm whose product only a com.microsoft Gelu reads ->
+FusedGemm with the activation "Gelu" (an SVTR-style recognizer's MLP).
 
 Why: a transformer layer's up projection is followed by its GELU (BERT: MatMul then the
 BiasGelu the extended level makes of Add + Gelu): as its own node the GELU is a pass over a
 (tokens x 4 * hidden) product, where the compiled GEMM's epilogue computes it, with the bias,
 on each tile it has just stored, still in L1 (the standalone BiasGelu's operations: the same
-bits). onnxruntime has no such operator, so this is a layout-level rewrite, like its NCHWc
-operators at that level (and conv_quick_gelu.py here).
+bits). onnxruntime has no such operator (nor a FusedGemm activation "Gelu"), so this is a
+layout-level rewrite, like its NCHWc operators at that level (and conv_quick_gelu.py here).
 """
 
 from __future__ import annotations
 
 from ..base import LAYOUT, RulePass, register_pass
-from ..extended._helpers import MS, is_float32
+from ..extended._helpers import MS, is_float32, opset
 from ..graph_utils import constant_value
 from ..pattern import RewriteRule
 
@@ -54,9 +55,42 @@ class MatMulGelu(RewriteRule):
         return op.MatMulBiasGelu(x, w, _domain=ONNXRUN)
 
 
+class GemmGelu(RewriteRule):
+    name = "Gemm+Gelu"
+
+    def pattern(self, op, a, b):
+        return op.Gelu(op.Gemm(a, b, _name="gemm"), _domain=MS)
+
+    def check(self, context, gemm, **_):
+        if opset(context.model, gemm) < 7:
+            return False  # Gemm-6's broadcast attribute has no FusedGemm counterpart
+        # (the Gelu's output is its input's type: the Gemm's; the extended level's Reshapes
+        # around a Gemm may not carry a type)
+        return is_float32(context.root.outputs[0])
+
+    def rewrite(self, op, gemm, **_):
+        return op.FusedGemm(*gemm.inputs, _domain=MS, activation="Gelu", **gemm.attributes)
+
+
+class GemmReshapeGelu(GemmGelu):
+    """The same through the Reshape back to [batch, tokens, features] that the extended
+    level's MatMulAddReshapeFusion writes after a transformer's projection: gelu(reshape(y))
+    = reshape(gelu(y)), an element-wise function."""
+
+    name = "Gemm+Reshape+Gelu"
+
+    def pattern(self, op, a, b, shape):
+        return op.Gelu(op.Reshape(op.Gemm(a, b, _name="gemm"), shape, _name="reshape"),
+                       _domain=MS)
+
+    def rewrite(self, op, gemm, reshape, **_):
+        return op.Reshape(super().rewrite(op, gemm), *reshape.inputs[1:],
+                          **reshape.attributes)
+
+
 @register_pass
 class MatMulGeluFusion(RulePass):
     name = "MatMulGeluFusion"
     level = LAYOUT
     order = 41
-    rules = (MatMulBiasGelu, MatMulGelu)
+    rules = (MatMulBiasGelu, MatMulGelu, GemmGelu, GemmReshapeGelu)

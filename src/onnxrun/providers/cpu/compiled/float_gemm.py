@@ -1092,9 +1092,10 @@ class PackedMatrix:
                             SPIN_MACS_PER_RANGE)]
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
-                 threads: int = 1, lda: int | None = None) -> PreparedProduct | None:
-        """``run`` for A of one shape (M, K), C-contiguous, with this ``bias`` and
-        ``bounds``, its argument block built once (a streaming model's small Gemm, called
+                 threads: int = 1, lda: int | None = None,
+                 gelu_after: bool = False) -> PreparedProduct | None:
+        """``run`` for A of one shape (M, K), C-contiguous, with this ``bias``, ``bounds``
+        and ``gelu_after``, its argument block built once (a streaming model's small Gemm, called
         with one shape every time: run's checks and block cost several times its one-row
         product); None where that product would be split over threads, or is empty.
         ``lda``: A's rows that many floats apart instead (rows that overlap: a 1-D
@@ -1113,6 +1114,8 @@ class PackedMatrix:
             if keep[-1].size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
             b_ptr, flags = address(keep[-1]), 1
+        if gelu_after:
+            flags |= 16
         # run's block for one range (A's and out's addresses filled in at each call)
         block = np.array(self._head(0, K if lda is None else lda, 0, N, b_ptr, self._zeros_ptr,
                                     0, address(keep[0]), flags) + [0, M, 0, snp], np.int64)

@@ -65,21 +65,22 @@ def _rows(out: np.ndarray | None, shape: tuple[int, ...], rows: int) -> np.ndarr
     return view
 
 
-def gemm_packed(gemm, A: np.ndarray, B, bounds=None,
-                out: np.ndarray | None = None) -> np.ndarray | None:
-    """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer),
-    through ``gemm.prepared`` (PackedMatrix.prepared: the argument block built once) when A
-    has the shape of the last product that ran there: a streaming model calls its small
-    Gemm with one shape every time, where run_packed's checks cost more than the product."""
+def gemm_packed(gemm, A: np.ndarray, B, bounds=None, out: np.ndarray | None = None,
+                gelu_after: bool = False) -> np.ndarray | None:
+    """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer; a
+    gelu after where ``gelu_after``), through ``gemm.prepared`` (PackedMatrix.prepared: the
+    argument block built once) when A has the shape of the last product that ran there: a
+    streaming model calls its small Gemm with one shape every time, where run_packed's checks
+    cost more than the product."""
     prepared = gemm.prepared
     if prepared is not None and A.shape == prepared.shape and A.dtype == np.float32 and \
             A.flags.c_contiguous:  # made only without transA
         return prepared(A) if out is None else prepared(A, out)
     Y = run_packed(gemm.packed, gemm_operand(A, gemm.transA, B), gemm.threads,
-                   gemm.packed_bias, bounds, released=B is None, out=out)
+                   gemm.packed_bias, bounds, released=B is None, out=out, gelu_after=gelu_after)
     if Y is not None and not gemm.transA and A.flags.c_contiguous:
         gemm.prepared = gemm.packed.prepared(A.shape[0], gemm.packed_bias, bounds,
-                                             gemm.threads)
+                                             gemm.threads, gelu_after=gelu_after)
     return Y
 
 

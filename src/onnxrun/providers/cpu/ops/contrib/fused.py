@@ -88,6 +88,22 @@ def _quick_gelu_in_place(alpha: float):
     return act
 
 
+def _gelu_in_place():
+    """gelu(y) on ``y`` itself, as the standalone com.microsoft Gelu computes it: FusedGemm's
+    activation "Gelu" (the layout level's Gemm + Gelu), which the compiled GEMM's epilogue
+    applies (``gelu``: the same bits)."""
+    kernel = gelu_kernel()
+
+    def act(y):
+        if y.dtype is _F32 and y.flags.c_contiguous:
+            gelu_float32(y, out=y, kernel=kernel)
+        else:
+            y[...] = gelu_(y.astype(compute_dtype(y.dtype)))
+
+    act.gelu = True
+    return act
+
+
 def activation_arguments(activation_params) -> list[float | None]:
     """FusedConv's ``activation_params`` as make_activation's (alpha, beta, gamma): the ones
     given, then None (the standalone operator's default). The CUDA kernel shares it."""
@@ -110,6 +126,8 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
         return _logistic_in_place()
     if name == "QuickGelu":  # onnxrun's layout level (a convolution's SiLU); alpha as QuickGelu's
         return _quick_gelu_in_place(1.702 if alpha is None else alpha)
+    if name == "Gelu":  # onnxrun's layout level (a Gemm's GELU: optimize/layout/matmul_gelu.py)
+        return _gelu_in_place()
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
 
@@ -190,6 +208,8 @@ class FusedGemm:
         self.prepacked_inputs = (1, 2) if self.packed is not None else ()
         self.prepared = None  # the panels' product for one shape of A (gemm_packed)
         self.bounds = getattr(self.act, "bounds", None)
+        # a Gelu (the layout level's) in the compiled GEMM's epilogue, after the bias
+        self.gelu = self.packed is not None and getattr(self.act, "gelu", False)
         B = ctx.constant(1)
         self.B = None
         if B is not None and self.packed is None:  # alpha folded into a constant B
@@ -211,9 +231,9 @@ class FusedGemm:
 
     def __call__(self, A, B, C=None, *, out=None):
         if self.packed is not None and (A.ndim == 2 or B is None):
-            Y = gemm_packed(self, A, B, self.bounds, out)
+            Y = gemm_packed(self, A, B, self.bounds, out, self.gelu)
             if Y is not None:
-                if self.act is not None and self.bounds is None:
+                if self.act is not None and self.bounds is None and not self.gelu:
                     self.act(Y)
                 return Y
         cdt = compute_dtype(A.dtype)
