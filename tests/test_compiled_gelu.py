@@ -54,6 +54,31 @@ def test_close_to_the_exact_gelu_and_in_place():
     assert np.abs(y - exact).max() < 1e-6  # the numpy path: 6.2e-7
 
 
+def test_fast_gelu_polynomial_is_the_tanh_form():
+    """FastGelu's x / (1 + 2^(x P(x^2))) (gelu_polynomial.FAST_GELU_LOGIT): within float32
+    rounding of 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), compiled and on the numpy
+    path; +inf and NaN stay so (-inf is NaN in both forms: -inf times 0)."""
+    from onnxrun.providers.cpu.gelu_polynomial import FAST_GELU_LOGIT
+
+    xs = np.concatenate([np.linspace(-12, 12, 20001), [-100.0, 100.0, 3e38, -3e38]]).astype(
+        np.float32)
+    exact = np.array([0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+                      for v in xs.astype(float)])
+    for y in (gelu.bias_gelu(FAST_GELU_LOGIT, xs),
+              _numpy_path_fast(xs)):
+        np.testing.assert_allclose(y, exact, rtol=2e-6, atol=2e-7)
+    specials = np.array([np.inf, -np.inf, np.nan], np.float32)
+    y = gelu.bias_gelu(FAST_GELU_LOGIT, specials)
+    assert y[0] == np.inf and np.isnan(y[2])
+
+
+def _numpy_path_fast(x):
+    from onnxrun.providers.cpu.gelu_polynomial import FAST_GELU_LOGIT
+
+    with jit.disabled():
+        return gelu_float32(x, coeffs=FAST_GELU_LOGIT)
+
+
 def test_threads_and_bad_inputs():
     x = np.random.default_rng(0).standard_normal((300, 400)).astype(np.float32)
     np.testing.assert_array_equal(gelu.bias_gelu(_GELU_LOGIT, x, threads=3),

@@ -294,17 +294,19 @@ def test_logistic_epilogue_equals_the_standalone_kernel_bit_for_bit(variant, log
                                   after(np.broadcast_to(bias, (M, N)).copy()))
 
 
+@pytest.mark.parametrize("kind", ["gelu", "fast_gelu"])
 @pytest.mark.parametrize("M,K,N", [(1, 5, 3), (7, 33, 17), (37, 64, 100), (13, 700, 130),
                                    (256, 384, 1536)])
-def test_gelu_epilogue_equals_the_standalone_bias_gelu_bit_for_bit(variant, M, K, N):
-    """The epilogue's gelu (ai.onnxrun MatMulBiasGelu: a transformer's up projection) after
-    the bias gives compiled/gelu.py's BiasGelu bits on the product without it, NaN,
-    infinities and saturated values included, whole vectors and a row's last columns, at any
-    thread count and K split into blocks; an empty product's epilogue is the gelu of the
-    bias; it does not combine with a logistic."""
+def test_gelu_epilogue_equals_the_standalone_kernel_bit_for_bit(variant, kind, M, K, N):
+    """The epilogue's GELU (ai.onnxrun MatMulBiasGelu: a transformer's up projection; Gelu's
+    or FastGelu's polynomial) after the bias gives compiled/gelu.py's BiasGelu / FastGelu
+    bits on the product without it, NaN, infinities and saturated values included, whole
+    vectors and a row's last columns, at any thread count and K split into blocks; an empty
+    product's epilogue is the GELU of the bias; it does not combine with a logistic."""
     from onnxrun.providers.cpu.compiled import gelu
-    from onnxrun.providers.cpu.gelu_polynomial import GELU_LOGIT
+    from onnxrun.providers.cpu.gelu_polynomial import EPILOGUES
 
+    coeffs = EPILOGUES[kind]
     rng = np.random.default_rng(M * K + N)
     A = (rng.standard_normal((M, K)) * 2).astype(np.float32)
     if K > 3:
@@ -312,18 +314,23 @@ def test_gelu_epilogue_equals_the_standalone_bias_gelu_bit_for_bit(variant, M, K
     B = (rng.standard_normal((K, N)) / max(1, K) ** 0.5 * 8).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     P = _packed(B, variant)
-    want = gelu.bias_gelu(GELU_LOGIT, P.run(A), bias)
-    got = P.run(A, bias, gelu_after=True)
+    want = gelu.bias_gelu(coeffs, P.run(A), bias)
+    got = P.run(A, bias, gelu_after=kind)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
     for threads in (2, 3):
-        np.testing.assert_array_equal(P.run(A, bias, gelu_after=True, threads=threads), got)
-    np.testing.assert_array_equal(P.run(A, gelu_after=True).view(np.uint32),
-                                  gelu.bias_gelu(GELU_LOGIT, P.run(A)).view(np.uint32))
+        np.testing.assert_array_equal(P.run(A, bias, gelu_after=kind, threads=threads), got)
+    np.testing.assert_array_equal(P.run(A, gelu_after=kind).view(np.uint32),
+                                  gelu.bias_gelu(coeffs, P.run(A)).view(np.uint32))
+    prepared = P.prepared(M, bias, gelu_after=kind)
+    if prepared is not None:
+        np.testing.assert_array_equal(prepared(np.ascontiguousarray(A)), got)
     Z = float_gemm.PackedMatrix(np.zeros((0, N), np.float32), variant)
-    np.testing.assert_array_equal(Z.run(np.zeros((M, 0), np.float32), bias, gelu_after=True),
-                                  gelu.bias_gelu(GELU_LOGIT, np.zeros((M, N), np.float32), bias))
+    np.testing.assert_array_equal(Z.run(np.zeros((M, 0), np.float32), bias, gelu_after=kind),
+                                  gelu.bias_gelu(coeffs, np.zeros((M, N), np.float32), bias))
     with pytest.raises(ValueError, match="at once"):
-        P.run(A, bias, logistic=(1.0, True), gelu_after=True)
+        P.run(A, bias, logistic=(1.0, True), gelu_after=kind)
+    with pytest.raises(ValueError, match="unknown gelu"):
+        P.run(A, bias, gelu_after="swish")
 
 
 def test_transposed_weights_pack_in_the_kernel_to_numpys_panels(variant):

@@ -161,3 +161,46 @@ def test_a_gemms_gelu_goes_into_fused_gemm(rows, change, compiled_on, tmp_path):
     theirs = ort.InferenceSession(model.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("compiled_on", [True, False])
+@pytest.mark.parametrize("form,change", [("matmul-bias", "MatMul+FastGelu"),
+                                         ("matmul", "MatMul+FastGelu"),
+                                         ("gemm", "Gemm+FastGelu")])
+def test_fast_gelu_fuses_too(form, change, compiled_on, tmp_path):
+    """FastGelu (a GPT-style decoder's; its bias input optional) after a MatMul ->
+    MatMulBiasGelu with approximate "tanh"; after a Gemm -> FusedGemm "FastGelu": the same
+    bits as the unfused graph (whose FastGelu computes the same x / (1 + 2^(x P(x^2)))),
+    onnxruntime's tanh form within float32 rounding."""
+    if form == "gemm":
+        dims, up, act = "6, 40", "u = Gemm(x, w1, b1)", "com.microsoft.FastGelu(u)"
+    else:
+        dims, up = "2, 3, 40", "u = MatMul(x, w1)"
+        act = "com.microsoft.FastGelu(u, b1)" if form == "matmul-bias" else \
+            "com.microsoft.FastGelu(u)"
+    text = f"""<ir_version: 8, opset_import: ["" : 17, "com.microsoft" : 1]>
+g (float[{dims}] x) => (float[{dims}] y) {{
+    {up}
+    g = {act}
+    y = MatMul(g, w2)
+}}"""
+    model = build(text, w1=(rng.standard_normal((40, 160)) * 0.4).astype(np.float32),
+                  b1=rng.standard_normal(160).astype(np.float32),
+                  w2=(rng.standard_normal((160, 40)) * 0.2).astype(np.float32))
+    feeds = {"x": rng.standard_normal(tuple(int(d) for d in dims.split(", "))).astype(
+        np.float32)}
+    with contextlib.nullcontext() if compiled_on else jit.disabled():
+        fused = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",))
+        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
+    assert dict(fused.get_optimization_report().passes["MatMulGeluFusion"].changes) == \
+        {change: 1}
+    saved = onnx.load(tmp_path / "all.onnx")
+    node = next(n for n in saved.graph.node if n.op_type in ("MatMulBiasGelu", "FusedGemm"))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    assert attrs.get("approximate", attrs.get("activation")) in (b"tanh", b"FastGelu")
+    assert len(node.input) == (3 if form != "matmul" else 2)
+    np.testing.assert_array_equal(got, want)
+    theirs = ort.InferenceSession(model.SerializeToString(),
+                                  providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4)

@@ -9,8 +9,9 @@ onnxruntime. ``PASSES`` as in ``basic``.
 
 PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "conv_quick_gelu": ("ConvQuickGeluFusion", 40, ("Conv com.microsoft:QuickGelu",)),
-    "matmul_gelu": ("MatMulGeluFusion", 41, ("MatMul com.microsoft:BiasGelu",
-                                             "MatMul com.microsoft:Gelu",
-                                             "Gemm com.microsoft:Gelu",
-                                             "Gemm Reshape com.microsoft:Gelu")),
+    "matmul_gelu": ("MatMulGeluFusion", 41, (
+        "MatMul com.microsoft:BiasGelu", "MatMul com.microsoft:Gelu",
+        "MatMul com.microsoft:FastGelu", "Gemm com.microsoft:Gelu",
+        "Gemm Reshape com.microsoft:Gelu", "Gemm com.microsoft:FastGelu",
+        "Gemm Reshape com.microsoft:FastGelu")),
 }

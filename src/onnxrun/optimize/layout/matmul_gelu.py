@@ -1,7 +1,8 @@
-"""MatMul / Gemm + BiasGelu / Gelu fusion (layout level): a MatMul by a constant float32 weight
-whose product only a com.microsoft BiasGelu (its bias a constant row) or Gelu reads ->
-ai.onnxrun MatMulBiasGelu; a float32 Gemm whose product only a com.microsoft Gelu reads ->
-FusedGemm with the activation "Gelu" (an SVTR-style recognizer's MLP).
+"""MatMul / Gemm + GELU fusion (layout level): a MatMul by a constant float32 weight whose
+product only a com.microsoft BiasGelu (its bias a constant row), Gelu or FastGelu reads ->
+ai.onnxrun MatMulBiasGelu (``approximate`` "tanh" for FastGelu); a float32 Gemm whose product
+only a com.microsoft Gelu or FastGelu (without a bias) reads -> FusedGemm with the activation
+"Gelu" / "FastGelu" (an SVTR-style recognizer's MLP).
 
 Why: a transformer layer's up projection is followed by its GELU (BERT: MatMul then the
 BiasGelu the extended level makes of Add + Gelu): as its own node the GELU is a pass over a
@@ -55,21 +56,49 @@ class MatMulGelu(RewriteRule):
         return op.MatMulBiasGelu(x, w, _domain=ONNXRUN)
 
 
+class MatMulFastGelu(RewriteRule):
+    """FastGelu (its bias input optional, a constant row) after the MatMul: a GPT-style
+    decoder's up projection."""
+
+    name = "MatMul+FastGelu"
+
+    def pattern(self, op, x, w):
+        return op.FastGelu(op.MatMul(x, w, _name="mm"), _domain=MS)
+
+    def check(self, context, x, w, mm, **_):
+        if not (is_float32(x, mm.outputs[0], context.root.outputs[0]) and _weight(w)):
+            return False
+        extra = context.root.inputs[1:]
+        if not extra or extra[0] is None:
+            return True
+        bias = constant_value(extra[0])
+        return bias is not None and bias.shape == (constant_value(w).shape[1],) and \
+            bias.dtype.name == "float32"
+
+    def rewrite(self, op, x, w, **_):
+        bias = [v for v in op.root.inputs[1:2] if v is not None]
+        return op.MatMulBiasGelu(x, w, *bias, _domain=ONNXRUN, approximate="tanh")
+
+
 class GemmGelu(RewriteRule):
     name = "Gemm+Gelu"
+    activation = "Gelu"
 
     def pattern(self, op, a, b):
-        return op.Gelu(op.Gemm(a, b, _name="gemm"), _domain=MS)
+        return getattr(op, self.activation)(op.Gemm(a, b, _name="gemm"), _domain=MS)
 
     def check(self, context, gemm, **_):
         if opset(context.model, gemm) < 7:
             return False  # Gemm-6's broadcast attribute has no FusedGemm counterpart
+        if len(context.root.inputs) > 1 and context.root.inputs[1] is not None:
+            return False  # a FastGelu's own bias
         # (the Gelu's output is its input's type: the Gemm's; the extended level's Reshapes
         # around a Gemm may not carry a type)
         return is_float32(context.root.outputs[0])
 
     def rewrite(self, op, gemm, **_):
-        return op.FusedGemm(*gemm.inputs, _domain=MS, activation="Gelu", **gemm.attributes)
+        return op.FusedGemm(*gemm.inputs, _domain=MS, activation=self.activation,
+                            **gemm.attributes)
 
 
 class GemmReshapeGelu(GemmGelu):
@@ -80,12 +109,22 @@ class GemmReshapeGelu(GemmGelu):
     name = "Gemm+Reshape+Gelu"
 
     def pattern(self, op, a, b, shape):
-        return op.Gelu(op.Reshape(op.Gemm(a, b, _name="gemm"), shape, _name="reshape"),
-                       _domain=MS)
+        return getattr(op, self.activation)(
+            op.Reshape(op.Gemm(a, b, _name="gemm"), shape, _name="reshape"), _domain=MS)
 
     def rewrite(self, op, gemm, reshape, **_):
         return op.Reshape(super().rewrite(op, gemm), *reshape.inputs[1:],
                           **reshape.attributes)
+
+
+class GemmFastGelu(GemmGelu):
+    name = "Gemm+FastGelu"
+    activation = "FastGelu"
+
+
+class GemmReshapeFastGelu(GemmReshapeGelu):
+    name = "Gemm+Reshape+FastGelu"
+    activation = "FastGelu"
 
 
 @register_pass
@@ -93,4 +132,5 @@ class MatMulGeluFusion(RulePass):
     name = "MatMulGeluFusion"
     level = LAYOUT
     order = 41
-    rules = (MatMulBiasGelu, MatMulGelu, GemmGelu, GemmReshapeGelu)
+    rules = (MatMulBiasGelu, MatMulGelu, MatMulFastGelu, GemmGelu, GemmReshapeGelu,
+             GemmFastGelu, GemmReshapeFastGelu)

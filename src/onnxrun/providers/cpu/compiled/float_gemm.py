@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..gelu_polynomial import GELU_LOGIT
+from ..gelu_polynomial import EPILOGUES
 from ..parallel import work_ranges
 from . import _compiler, gelu, ir, jit, spin
 from . import logistic as mlas_logistic
@@ -451,17 +451,24 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     # the logistic epilogue (flags 4: logistic(y); 8: y * logistic(alpha y), alpha the
     # clip block's third float) on the tile just stored, still in L1, after the last K block
     L += ["pact:",
-          "  %actf = and i64 %flags, 28",
+          "  %actf = and i64 %flags, 60",
           "  %hasact = icmp ne i64 %actf, 0",
           "  %doact = and i1 %hasact, %last",
           "  br i1 %doact, label %actk, label %pnext",
-          # flags 16: gelu(y) (the standalone BiasGelu's body: its bits)
+          # flags 16: gelu(y), 32: FastGelu's (the standalone kernels' body: their bits)
           "actk:",
           "  %gelf = and i64 %flags, 16",
           "  %isgel = icmp ne i64 %gelf, 0",
-          "  br i1 %isgel, label %gel, label %act",
+          "  br i1 %isgel, label %gel, label %actk2",
           "gel:",
           "  call void @gelu_rows(ptr %Ct, i64 %ldc, i64 %rows, i64 %nc)",
+          "  br label %pnext",
+          "actk2:",
+          "  %fgelf = and i64 %flags, 32",
+          "  %isfgel = icmp ne i64 %fgelf, 0",
+          "  br i1 %isfgel, label %fgel, label %act",
+          "fgel:",
+          "  call void @fast_gelu_rows(ptr %Ct, i64 %ldc, i64 %rows, i64 %nc)",
           "  br label %pnext",
           "act:",
           "  %alphap = getelementptr float, ptr %clip, i64 2",
@@ -552,17 +559,31 @@ def _act_rows(W: int) -> list[str]:
             "}"]
 
 
-def _gelu_rows(W: int) -> list[str]:
-    """``@gelu_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in place:
-    gelu(y) by compiled/gelu.py's body (the standalone BiasGelu's operations on the same
+# the epilogue's flag bit of each GELU (gelu_polynomial.EPILOGUES), its function @<name>_rows
+_GELU_FLAGS = {"gelu": 16, "fast_gelu": 32}
+
+
+def _gelu_flags(gelu_after: str | None) -> int:
+    if gelu_after is None:
+        return 0
+    if gelu_after not in _GELU_FLAGS:
+        raise ValueError(f"float GEMM: unknown gelu epilogue {gelu_after!r}")
+    return _GELU_FLAGS[gelu_after]
+
+
+def _gelu_rows(W: int, name: str) -> list[str]:
+    """``@<name>_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in
+    place: the GELU ``name`` (gelu_polynomial.EPILOGUES: Gelu's or FastGelu's polynomial) by
+    compiled/gelu.py's body (the standalone BiasGelu's / FastGelu's operations on the same
     polynomial: a fused one gives its bits). Whole vectors, then the row's last floats one by
     one (as ``@act_rows``)."""
     VT = f"<{W} x float>"
+    coeffs = EPILOGUES[name]
 
     def vec(c):
         return "<" + ", ".join([f"float {ir.float_constant(c)}"] * W) + ">"
 
-    return ["define internal void @gelu_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols) "
+    return [f"define internal void @{name}_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols) "
             "noinline nounwind {",
             "entry:",
             f"  %nv = and i64 %ncols, {-W}",
@@ -578,7 +599,7 @@ def _gelu_rows(W: int) -> list[str]:
             "  %i = phi i64 [0, %row], [%in, %vloop]",
             "  %xp = getelementptr float, ptr %rp, i64 %i",
             f"  %v.s = load {VT}, ptr %xp, align 4",
-            *gelu.body_ir(GELU_LOGIT, VT, "v", vec),
+            *gelu.body_ir(coeffs, VT, "v", vec),
             f"  store {VT} %v.y, ptr %xp, align 4",
             f"  %in = add i64 %i, {W}",
             "  %more = icmp slt i64 %in, %nv",
@@ -589,7 +610,7 @@ def _gelu_rows(W: int) -> list[str]:
             "  %j = phi i64 [%nv, %vdone], [%jn, %sloop]",
             "  %sp = getelementptr float, ptr %rp, i64 %j",
             "  %s.s = load float, ptr %sp, align 4",
-            *gelu.body_ir(GELU_LOGIT, "float", "s", ir.float_constant),
+            *gelu.body_ir(coeffs, "float", "s", ir.float_constant),
             "  store float %s.y, ptr %sp, align 4",
             "  %jn = add i64 %j, 1",
             "  %smore = icmp slt i64 %jn, %ncols",
@@ -694,7 +715,7 @@ def tile_ir(W: int, MR: int, NV: int = 2) -> str:
     # a partial panel's first v vectors of columns (the others zeros: not computed)
     parts += ["\n".join(_tile(r, W, v, NP=NV * W)) for v in range(1, NV) for r in range(1, MR + 1)]
     parts.append("\n".join(_act_rows(W)))
-    parts.append("\n".join(_gelu_rows(W)))
+    parts += ["\n".join(_gelu_rows(W, name)) for name in _GELU_FLAGS]
     parts.append("\n".join(_pack_ir(NV * W)))
     parts.append("\n".join(_driver(W, MR, NV)))
     return "\n\n".join(parts)
@@ -914,9 +935,10 @@ class PackedMatrix:
 
     def run(self, A: np.ndarray, bias: np.ndarray | None = None,
             residual: np.ndarray | None = None, bounds=None, out: np.ndarray | None = None,
-            threads: int = 1, logistic=None, gelu_after: bool = False) -> np.ndarray:
+            threads: int = 1, logistic=None, gelu_after: str | None = None) -> np.ndarray:
         """clip(A @ B + bias + residual, *bounds) (then ``logistic``: _clip_block's, or
-        ``gelu_after``: gelu, compiled/gelu.py's bits) as a new (M, N) float32 array (or into
+        ``gelu_after``: "gelu" or "fast_gelu", compiled/gelu.py's bits) as a new (M, N)
+        float32 array (or into
         ``out``: unit column stride, rows any stride apart, e.g. a range of the columns of a
         wider matrix: a grouped convolution's group). A: (M, K) float32, rows any stride apart
         (else copied); ``bias``: (N,) float32; ``residual``: (M, N) float32 with unit column
@@ -948,9 +970,10 @@ class PackedMatrix:
                 np.clip(out, *bounds, out=out)
             if logistic is not None:
                 _logistic_in_place(out, logistic)
-            if gelu_after:
+            if gelu_after is not None:
+                _gelu_flags(gelu_after)
                 dense = np.ascontiguousarray(out)
-                out[...] = gelu.bias_gelu(GELU_LOGIT, dense, out=dense)
+                out[...] = gelu.bias_gelu(EPILOGUES[gelu_after], dense, out=dense)
             return out
         if A.strides[1] != 4 or A.strides[0] < 4 * K or A.strides[0] % 4:
             A = np.ascontiguousarray(A)
@@ -969,10 +992,10 @@ class PackedMatrix:
                     residual.strides[0] < 4 * N:
                 residual = np.ascontiguousarray(residual)
             r_ptr, ldr, flags = address(residual), residual.strides[0] // 4, flags | 2
-        if gelu_after:
+        if gelu_after is not None:
             if logistic is not None:
                 raise ValueError("float GEMM: a logistic and a gelu epilogue at once")
-            flags |= 16
+            flags |= _gelu_flags(gelu_after)
         return self._launch(address(A), lda, M, out, b_ptr, r_ptr, ldr, bounds, flags,
                             self.tile.KC, 0, threads, logistic=logistic)
 
@@ -1093,7 +1116,7 @@ class PackedMatrix:
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
                  threads: int = 1, lda: int | None = None,
-                 gelu_after: bool = False) -> PreparedProduct | None:
+                 gelu_after: str | None = None) -> PreparedProduct | None:
         """``run`` for A of one shape (M, K), C-contiguous, with this ``bias``, ``bounds``
         and ``gelu_after``, its argument block built once (a streaming model's small Gemm, called
         with one shape every time: run's checks and block cost several times its one-row
@@ -1114,8 +1137,7 @@ class PackedMatrix:
             if keep[-1].size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
             b_ptr, flags = address(keep[-1]), 1
-        if gelu_after:
-            flags |= 16
+        flags |= _gelu_flags(gelu_after)
         # run's block for one range (A's and out's addresses filled in at each call)
         block = np.array(self._head(0, K if lda is None else lda, 0, N, b_ptr, self._zeros_ptr,
                                     0, address(keep[0]), flags) + [0, M, 0, snp], np.int64)

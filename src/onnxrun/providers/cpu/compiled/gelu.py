@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import ctypes
 import math
+import zlib
 
 import numpy as np
 
+from ..gelu_polynomial import GELU_LOGIT
 from ..parallel import work_ranges
 from . import ir, jit, spin
 from .jit import address
@@ -171,14 +173,27 @@ _JOB = ctypes.CFUNCTYPE(None, _P)
 _GELU_RANGE = 1 << 15
 
 
+def _module_name(coeffs) -> str:
+    """The module of a polynomial: one per polynomial (a process may run Gelu and FastGelu)."""
+    key = np.asarray(coeffs, np.float32).tobytes()
+    name = _NAMES.get(key)
+    if name is None:
+        name = _NAMES[key] = f"bias_gelu_{zlib.crc32(key):08x}_{len(coeffs)}"
+    return name
+
+
+_NAMES: dict[bytes, str] = {np.asarray(GELU_LOGIT, np.float32).tobytes(): "bias_gelu"}
+
+
 def _module(coeffs) -> jit.Module:
-    return jit.compile_module("bias_gelu", lambda target: module_ir(coeffs),
+    return jit.compile_module(_module_name(coeffs), lambda target: module_ir(coeffs),
                               {"bias_gelu": _PROTO, "bias_gelu_job": _JOB})
 
 
 def unavailable(coeffs) -> str | None:
     """None when the kernel can run here (its object loaded), else why not."""
-    return jit.why_unavailable() or jit.why_not_loaded("bias_gelu", lambda: _module(coeffs))
+    return jit.why_unavailable() or jit.why_not_loaded(_module_name(coeffs),
+                                                       lambda: _module(coeffs))
 
 
 def module(coeffs) -> jit.Module | None:

@@ -326,21 +326,24 @@ _GELU_BLOCK = 65536
 _GELU_COMPILED_MIN = 256
 
 
-def gelu_kernel():
-    """compiled/gelu's module for this polynomial, or None where it does not run: a kernel
-    takes it once, when prepared, for gelu_float32's ``kernel``."""
+def gelu_kernel(coeffs=_GELU_LOGIT):
+    """compiled/gelu's module for this polynomial (``gelu_polynomial``: Gelu's, or
+    FastGelu's), or None where it does not run: a kernel takes it once, when prepared, for
+    gelu_float32's ``kernel``."""
     from ..compiled import gelu
 
-    return gelu.module(_GELU_LOGIT)
+    return gelu.module(coeffs)
 
 
 def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
-                 out: np.ndarray | None = None, threads: int = 1, kernel=None) -> np.ndarray:
+                 out: np.ndarray | None = None, threads: int = 1, kernel=None,
+                 coeffs=_GELU_LOGIT) -> np.ndarray:
     """0.5 * (x + bias) * (1 + erf((x + bias) / sqrt 2)) of C-contiguous float32 ``x`` (``bias``
-    along the last axis, optional), into ``out`` (which may be ``x``; a new array by default).
+    along the last axis, optional), into ``out`` (which may be ``x``; a new array by default);
+    with FastGelu's ``coeffs`` (gelu_polynomial.FAST_GELU_LOGIT) its tanh form instead.
     Rows are processed in blocks that stay in the cache; the compiled kernel's ranges of rows
     on up to ``threads`` threads (each element's arithmetic is the same on any of them).
-    ``kernel``: gelu_kernel(), where the caller holds it (else looked up here)."""
+    ``kernel``: gelu_kernel(coeffs), where the caller holds it (else looked up here)."""
     if out is None:
         out = np.empty(x.shape, np.float32)
     if x.size == 0:
@@ -348,8 +351,8 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
     if x.ndim and x.size >= _GELU_COMPILED_MIN:
         from ..compiled import gelu
 
-        if kernel is not None or gelu.unavailable(_GELU_LOGIT) is None:  # one pass
-            return gelu.bias_gelu(_GELU_LOGIT, x, bias, out, threads, kernel)
+        if kernel is not None or gelu.unavailable(coeffs) is None:  # one pass
+            return gelu.bias_gelu(coeffs, x, bias, out, threads, kernel)
     width = x.shape[-1] if x.ndim else 1
     rows_in, rows_out = x.reshape(-1, width), out.reshape(-1, width)
     per_block = max(1, _GELU_BLOCK // width)
@@ -364,7 +367,7 @@ def gelu_float32(x: np.ndarray, bias: np.ndarray | None = None,
             src, y = src.reshape(-1), y.reshape(-1)
             t, p = t_buf[:y.size], p_buf[:y.size]
             np.multiply(src, src, out=t)
-            _horner(t, _GELU_LOGIT, p)
+            _horner(t, coeffs, p)
             np.multiply(p, src, out=p)
             np.exp2(p, out=p)  # inf for x << 0: x / inf = -0, gelu's limit
             np.add(p, one, out=p)

@@ -27,13 +27,13 @@ def packed_weights(B: np.ndarray | None):
 
 def run_packed(packed, A: np.ndarray, threads: int, bias=None, bounds=None,
                released: bool = False, out: np.ndarray | None = None,
-               gelu_after: bool = False) -> np.ndarray | None:
-    """A @ B (+ bias, clipped; then gelu where ``gelu_after``) through ``packed`` for a float32
-    A (..., K): the result, or None where BLAS should take it (too few rows, another dtype or
-    width). ``released``: the session no longer holds B (``prepacked_inputs``), so every
-    product goes through the panels, a single row too, and an A that does not fit them is an
-    error here. ``out``: the executor's buffer (memory.py), written when it is a float32
-    (..., N) of rows."""
+               gelu_after: str | None = None) -> np.ndarray | None:
+    """A @ B (+ bias, clipped; then the GELU ``gelu_after`` names: "gelu", "fast_gelu")
+    through ``packed`` for a float32 A (..., K): the result, or None where BLAS should take it
+    (too few rows, another dtype or width). ``released``: the session no longer holds B
+    (``prepacked_inputs``), so every product goes through the panels, a single row too, and
+    an A that does not fit them is an error here. ``out``: the executor's buffer (memory.py),
+    written when it is a float32 (..., N) of rows."""
     if A.dtype != np.float32 or A.ndim < 1 or A.shape[-1] != packed.K:
         if released:
             raise ValueError(f"A of {A.dtype} {list(A.shape)} does not fit the float32 "
@@ -66,9 +66,9 @@ def _rows(out: np.ndarray | None, shape: tuple[int, ...], rows: int) -> np.ndarr
 
 
 def gemm_packed(gemm, A: np.ndarray, B, bounds=None, out: np.ndarray | None = None,
-                gelu_after: bool = False) -> np.ndarray | None:
-    """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer; a
-    gelu after where ``gelu_after``), through ``gemm.prepared`` (PackedMatrix.prepared: the
+                gelu_after: str | None = None) -> np.ndarray | None:
+    """A Gemm's / FusedGemm's product on its panels (``gemm.packed``; run_packed's answer;
+    then the GELU ``gelu_after`` names), through ``gemm.prepared`` (PackedMatrix.prepared: the
     argument block built once) when A has the shape of the last product that ran there: a
     streaming model calls its small Gemm with one shape every time, where run_packed's checks
     cost more than the product."""

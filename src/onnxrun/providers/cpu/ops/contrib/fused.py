@@ -16,6 +16,7 @@ import numpy as np
 from .....dtypes import compute_dtype
 from ... import blas
 from ...compiled.layout import dense_order, flat, flat_out, shaped_like
+from ...gelu_polynomial import FAST_GELU_LOGIT, GELU_LOGIT
 from ...kernels import KernelContext, op
 from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
@@ -88,19 +89,21 @@ def _quick_gelu_in_place(alpha: float):
     return act
 
 
-def _gelu_in_place():
-    """gelu(y) on ``y`` itself, as the standalone com.microsoft Gelu computes it: FusedGemm's
-    activation "Gelu" (the layout level's Gemm + Gelu), which the compiled GEMM's epilogue
-    applies (``gelu``: the same bits)."""
-    kernel = gelu_kernel()
+def _gelu_in_place(fast: bool):
+    """gelu(y) (FastGelu's where ``fast``) on ``y`` itself, as the standalone com.microsoft
+    operator computes it: FusedGemm's activation "Gelu" / "FastGelu" (the layout level's Gemm
+    + Gelu), which the compiled GEMM's epilogue applies (``gelu``: its name there; the same
+    bits)."""
+    coeffs = FAST_GELU_LOGIT if fast else GELU_LOGIT
+    kernel = gelu_kernel(coeffs)
 
     def act(y):
         if y.dtype is _F32 and y.flags.c_contiguous:
-            gelu_float32(y, out=y, kernel=kernel)
+            gelu_float32(y, out=y, kernel=kernel, coeffs=coeffs)
         else:
-            y[...] = gelu_(y.astype(compute_dtype(y.dtype)))
+            y[...] = (fast_gelu_ if fast else gelu_)(y.astype(compute_dtype(y.dtype)))
 
-    act.gelu = True
+    act.gelu = "fast_gelu" if fast else "gelu"
     return act
 
 
@@ -126,8 +129,8 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
         return _logistic_in_place()
     if name == "QuickGelu":  # onnxrun's layout level (a convolution's SiLU); alpha as QuickGelu's
         return _quick_gelu_in_place(1.702 if alpha is None else alpha)
-    if name == "Gelu":  # onnxrun's layout level (a Gemm's GELU: optimize/layout/matmul_gelu.py)
-        return _gelu_in_place()
+    if name in ("Gelu", "FastGelu"):  # onnxrun's layout level (a Gemm's: layout/matmul_gelu.py)
+        return _gelu_in_place(name == "FastGelu")
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
 
@@ -209,7 +212,7 @@ class FusedGemm:
         self.prepared = None  # the panels' product for one shape of A (gemm_packed)
         self.bounds = getattr(self.act, "bounds", None)
         # a Gelu (the layout level's) in the compiled GEMM's epilogue, after the bias
-        self.gelu = self.packed is not None and getattr(self.act, "gelu", False)
+        self.gelu = getattr(self.act, "gelu", None) if self.packed is not None else None
         B = ctx.constant(1)
         self.B = None
         if B is not None and self.packed is None:  # alpha folded into a constant B
@@ -233,7 +236,7 @@ class FusedGemm:
         if self.packed is not None and (A.ndim == 2 or B is None):
             Y = gemm_packed(self, A, B, self.bounds, out, self.gelu)
             if Y is not None:
-                if self.act is not None and self.bounds is None and not self.gelu:
+                if self.act is not None and self.bounds is None and self.gelu is None:
                     self.act(Y)
                 return Y
         cdt = compute_dtype(A.dtype)
@@ -420,14 +423,21 @@ class BiasGelu:
 
 @op("MatMulBiasGelu", 1, domain=ONNXRUN)
 class MatMulBiasGelu:
-    """gelu(A @ B + bias), bias optional: onnxrun's layout level makes it of a MatMul with a
-    constant float32 weight followed by BiasGelu or Gelu (optimize/layout/matmul_gelu.py; a
-    BERT layer's up projection). On the compiled GEMM's panels the bias and the gelu are its
-    epilogue, on each tile just stored, still in L1 (the standalone BiasGelu's bits: the same
-    product, the same body): BERT's BiasGelu was a pass over a 256 x 1536 product per layer.
-    Elsewhere the MatMul's product, then BiasGelu's kernel on it."""
+    """gelu(A @ B + bias), bias optional; ``approximate`` "tanh": FastGelu's (as ai.onnx
+    Gelu's attribute). onnxrun's layout level makes it of a MatMul with a constant float32
+    weight followed by BiasGelu, Gelu or FastGelu (optimize/layout/matmul_gelu.py; a
+    transformer layer's up projection). On the compiled GEMM's panels the bias and the gelu
+    are its epilogue, on each tile just stored, still in L1 (the standalone kernel's bits:
+    the same product, the same body): BERT's BiasGelu was a pass over a 256 x 1536 product
+    per layer. Elsewhere the MatMul's product, then the standalone kernel on it."""
 
-    def __init__(self, ctx: KernelContext) -> None:
+    def __init__(self, ctx: KernelContext, *, approximate="none") -> None:
+        approximate = _text(approximate)
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"MatMulBiasGelu: approximate must be 'none' or 'tanh', got "
+                             f"{approximate!r}")
+        self.epilogue = "fast_gelu" if approximate == "tanh" else "gelu"
+        self.coeffs = FAST_GELU_LOGIT if approximate == "tanh" else GELU_LOGIT
         bias = ctx.constant(2) if ctx.has_input(2) else None
         self.packed = packed_weights(ctx.constant(1))
         if ctx.has_input(2) and (bias is None or bias.dtype != _F32 or bias.ndim != 1 or
@@ -437,7 +447,7 @@ class MatMulBiasGelu:
             np.ascontiguousarray(bias, np.float32)
         self.prepacked_inputs = (1,) if self.packed is not None else ()
         self.threads = threads_for(ctx)
-        self.kernel = gelu_kernel()
+        self.kernel = gelu_kernel(self.coeffs)
         self.accepts_out = True  # the panels' product (or BLAS's) writes into out
 
     @property
@@ -447,21 +457,39 @@ class MatMulBiasGelu:
     def __call__(self, A, B, bias=None, *, out=None):
         if self.packed is not None:
             Y = run_packed(self.packed, A, self.threads, bias=self.bias, released=B is None,
-                           out=out, gelu_after=True)
+                           out=out, gelu_after=self.epilogue)
             if Y is not None:
                 return Y
         Y = matmul(A, B, self.threads, out)
         if Y.dtype == np.float32 and Y.flags.c_contiguous and (
                 bias is None or (bias.dtype == np.float32 and bias.shape == Y.shape[-1:])):
-            return gelu_float32(Y, bias, out=Y, threads=self.threads, kernel=self.kernel)
+            return gelu_float32(Y, bias, out=Y, threads=self.threads, kernel=self.kernel,
+                                coeffs=self.coeffs)
         x, _ = _owned(Y, bias)
-        return gelu_(x).astype(Y.dtype, copy=False)
+        act = fast_gelu_ if self.epilogue == "fast_gelu" else gelu_
+        return act(x).astype(Y.dtype, copy=False)
 
 
 @op("FastGelu", 1, domain=MS)
-def FastGelu(X, bias=None):
-    x, _ = _owned(X, bias)
-    return fast_gelu_(x).astype(X.dtype, copy=False)
+class FastGelu:
+    """The tanh approximation, float32 in one compiled pass as x / (1 + 2^(x P(x^2))) (its
+    exact equal: gelu_polynomial.FAST_GELU_LOGIT; BiasGelu's kernel with that polynomial,
+    which a MatMul's epilogue also computes), within float32 rounding of the tanh form."""
+
+    def __init__(self, ctx: KernelContext) -> None:
+        self.threads = threads_for(ctx)
+        self.kernel = gelu_kernel(FAST_GELU_LOGIT)
+
+    accepts_out = in_place = True  # as Gelu's
+
+    def __call__(self, X, bias=None, *, out=None):
+        if X.dtype == np.float32 and (bias is None or (bias.dtype == np.float32 and
+                                                       bias.shape == X.shape[-1:])):
+            return gelu_float32(np.ascontiguousarray(X), bias, out=_dense_out(out, X),
+                                threads=self.threads, kernel=self.kernel,
+                                coeffs=FAST_GELU_LOGIT)
+        x, _ = _owned(X, bias)
+        return fast_gelu_(x).astype(X.dtype, copy=False)
 
 
 _SILU_COMPILED_MIN = 256  # elements: below, the ctypes call costs more than numpy's passes
