@@ -251,6 +251,20 @@ def test_fused_conv_gemm_matmul(on_device):
                 "c": f32(3, 4), "p": f32(4, 3, 5), "q": f32(3, 6, 5)}, rtol=1e-4, atol=1e-5)
 
 
+def test_layout_level_gelu_fusions_stay_on_the_device(on_device):
+    """What the CPU's layout level writes for a GEMM's GELU epilogue (ai.onnxrun MatMulBiasGelu,
+    FusedGemm "Gelu" / "FastGelu") runs on the device too, as the product then the GELU."""
+    m = _model('g (float[2,3,8] x, float[8,6] w, float[6] b, float[5,8] a, float[8,4] c) => '
+               '(float[2,3,6] y, float[2,3,6] t, float[5,4] z, float[5,4] f) { '
+               'y = ai.onnxrun.MatMulBiasGelu(x, w, b) '
+               't = ai.onnxrun.MatMulBiasGelu<approximate="tanh">(x, w) '
+               'z = com.microsoft.FusedGemm<activation="Gelu">(a, c) '
+               'f = com.microsoft.FusedGemm<activation="FastGelu">(a, c) }', opset=17,
+               domains=MS + ', "ai.onnxrun" : 1')
+    compare(m, {"x": f32(2, 3, 8), "w": f32(8, 6), "b": f32(6), "a": f32(5, 8),
+                "c": f32(8, 4)}, rtol=1e-4, atol=1e-5)
+
+
 def test_skip_layer_normalization(on_device):
     m = _ms("g (float[2,3,8] x, float[2,3,8] s, float[8] g, float[8] b, float[8] bias) => "
             "(float[2,3,8] y, float[2,3,8] r) { y, m, v, sum = com.microsoft.SkipLayerNormalization"

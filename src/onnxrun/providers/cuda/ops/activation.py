@@ -6,6 +6,7 @@ from typing import Any
 
 from ..array import namespace, normalize_axis
 from ..kernels import op
+from .elementwise import _gelu
 
 
 def softmax(x: Any, axis: int = -1) -> Any:
@@ -64,6 +65,9 @@ def make_activation(name: Any, alpha: float | None = None, beta: float | None = 
     if name == "QuickGelu":  # onnxrun's layout level: a convolution's SiLU
         a = 1.702 if alpha is None else alpha
         return lambda y: y / (1.0 + namespace(y).exp(-a * y))
+    if name in ("Gelu", "FastGelu"):  # onnxrun's layout level: a Gemm's GELU
+        fast = name == "FastGelu"
+        return lambda y: _gelu(y, approximate=fast)
     if name == "LeakyRelu":
         a = 0.01 if alpha is None else alpha
         return lambda y: namespace(y).where(y >= 0, y, y * a)
@@ -79,4 +83,5 @@ def make_activation(name: Any, alpha: float | None = None, beta: float | None = 
 
 
 FUSED_ACTIVATIONS = frozenset({"", "Identity", "Relu", "Tanh", "Sigmoid", "Logistic",
-                               "LeakyRelu", "Clip", "HardSigmoid", "QuickGelu"})
+                               "LeakyRelu", "Clip", "HardSigmoid", "QuickGelu", "Gelu",
+                               "FastGelu"})

@@ -8,8 +8,10 @@ from typing import Any
 from ..array import namespace
 from ..kernels import KernelContext, op
 from .activation import make_activation
+from .elementwise import _gelu
 
 MS = "com.microsoft"
+ONNXRUN = "ai.onnxrun"  # onnxrun's own operators (its layout level's)
 
 
 @op("MatMul", 1, 9, 13)
@@ -46,6 +48,14 @@ class FusedGemm:
     def __call__(self, A, B, C=None):
         y = Gemm(A, B, C, **self.gemm)
         return y if self.act is None else self.act(y)
+
+
+@op("MatMulBiasGelu", 1, domain=ONNXRUN)
+def MatMulBiasGelu(A, B, bias=None, *, approximate="none"):
+    """onnxrun's layout level's MatMul + BiasGelu / Gelu / FastGelu (made for the CPU's GEMM
+    epilogue): the product, then the GELU kernel (one fused kernel on CuPy)."""
+    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
+    return _gelu(namespace(A).matmul(A, B), bias, approximate=approximate == "tanh")
 
 
 @op("FusedMatMul", 1, domain=MS)
