@@ -28,9 +28,11 @@ STT_FUNC = 2
 R_X86_64_64, R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_PC64 = 1, 2, 4, 24
 _MAX_IMAGE = 64 << 20  # the kernels' objects are ~100 KB: a larger image is damage
 _MAX_ALIGN = 4096
-# what each relocation kind writes: struct format, the range its value must fit
-_FIELDS = {R_X86_64_PC32: ("<i", -1 << 31, 1 << 31), R_X86_64_PLT32: ("<i", -1 << 31, 1 << 31),
-           R_X86_64_PC64: ("<q", -1 << 63, 1 << 63), R_X86_64_64: ("<Q", 0, 1 << 64)}
+# what each relocation kind writes: struct format, the range its value must fit, its width
+_FIELDS = {R_X86_64_PC32: ("<i", -1 << 31, 1 << 31, 4),
+           R_X86_64_PLT32: ("<i", -1 << 31, 1 << 31, 4),
+           R_X86_64_PC64: ("<q", -1 << 63, 1 << 63, 8), R_X86_64_64: ("<Q", 0, 1 << 64, 8)}
+_PC_RELATIVE = frozenset({R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_PC64})
 
 
 class ObjectError(ValueError):
@@ -99,11 +101,10 @@ def _symbols(obj: bytes, sections: list[_Section]) -> tuple[list[tuple], _Sectio
     if symtab.entsize != 24 or symtab.link >= len(sections) or \
             sections[symtab.link].type != SHT_STRTAB:
         raise ObjectError("bad symbol table")
-    symbols = []
-    for k in range(symtab.size // 24):
-        name, info, _, shndx, value, _ = _unpack("<IBBHQQ", obj, symtab.offset + 24 * k,
-                                                 f"symbol {k}")
-        symbols.append((name, info, shndx, value))
+    # the table lies inside the object (_sections checked it): unpacked in one pass
+    table = obj[symtab.offset:symtab.offset + symtab.size // 24 * 24]
+    symbols = [(name, info, shndx, value)
+               for name, info, _, shndx, value, _ in struct.iter_unpack("<IBBHQQ", table)]
     return symbols, sections[symtab.link]
 
 
@@ -132,20 +133,25 @@ def _link(obj: bytes, sections: list[_Section], layout: dict[int, int], size: in
         if s.entsize != 24:
             raise ObjectError("bad relocation table")
         at0, limit = layout[s.info], sections[s.info].size
-        for k in range(s.size // 24):
-            r_offset, r_info, addend = _unpack("<QQq", obj, s.offset + 24 * k, "a relocation")
+        resolved: dict[int, int] = {}  # symbol index -> address (a symbol recurs: its pool)
+        # the table lies inside the object (_sections checked it): unpacked in one pass
+        for r_offset, r_info, addend in struct.iter_unpack(
+                "<QQq", obj[s.offset:s.offset + s.size // 24 * 24]):
             kind, sym = r_info & 0xFFFFFFFF, r_info >> 32
-            if kind not in _FIELDS:
+            field = _FIELDS.get(kind)
+            if field is None:
                 raise ObjectError(f"unsupported relocation type {kind}")
-            width = struct.calcsize(_FIELDS[kind][0])
+            fmt, lo, hi, width = field
             if r_offset + width > limit:
                 raise ObjectError(f"a relocation at {r_offset} lies outside its {limit}-byte "
                                   "section")
             at = at0 + r_offset
-            value = resolve(sym) + addend
-            if kind in (R_X86_64_PC32, R_X86_64_PLT32, R_X86_64_PC64):
+            address = resolved.get(sym)
+            if address is None:
+                address = resolved[sym] = resolve(sym)
+            value = address + addend
+            if kind in _PC_RELATIVE:
                 value -= base + at
-            fmt, lo, hi = _FIELDS[kind]
             if not lo <= value < hi:
                 raise ObjectError(f"relocation type {kind} at {r_offset}: {value:#x} does not fit")
             struct.pack_into(fmt, image, at, value)
