@@ -124,6 +124,22 @@ def test_attention(mask, attrs, const):
     check(*attention_model(mask, attrs, const=const))
 
 
+@pytest.mark.parametrize("attrs", [{"mask_filter_value": LOWEST}, {}, {"unidirectional": 1}])
+def test_attention_masking_remembered_for_the_same_mask_only(attrs):
+    """A session keeps the last mask's masking (its key ranges, keep or bias) for a mask of
+    the same bytes: masks that change between runs (same shape, other padding, holes, a key
+    length given instead) give what a fresh session gives for each."""
+    data, _ = attention_model({"mask": prefix_mask(S, S - 7)}, attrs)
+    sess = onnxrun.InferenceSession(data)
+    masks = [prefix_mask(S, S - 7), prefix_mask(S - 30, S), prefix_mask(S, S - 7),
+             RNG.integers(0, 2, (B, S)).astype(np.int32), prefix_mask(S, S - 7),
+             prefix_mask(S, S).astype(np.int32)]
+    for mask in masks:
+        feeds = {"X": X, "mask": mask}
+        fresh = onnxrun.InferenceSession(data).run(None, feeds)[0]
+        np.testing.assert_array_equal(sess.run(None, feeds)[0], fresh)
+
+
 def test_attention_constant_weights_held_once():
     """The kernel's scaled copies of constant W and b replace the initializers: the session
     drops its own (called with None for them), with onnxruntime's results."""
