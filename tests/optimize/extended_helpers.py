@@ -45,3 +45,17 @@ def optimized(model: onnx.ModelProto, feeds: dict, tmp_path, level=EXTENDED):
 
 def ops(model: onnx.ModelProto) -> list[str]:
     return [n.op_type for n in model.graph.node]
+
+
+def level_session(model: onnx.ModelProto, level, disabled=(), threads: int = 1, saved=None):
+    """An onnxrun session of ``model`` at ``level``, the passes named in ``disabled`` off,
+    ``threads`` intra-op threads; ``saved``: where the optimized model is written."""
+    so = onnxrun.SessionOptions()
+    so.graph_optimization_level = level
+    so.intra_op_num_threads = threads
+    if disabled:
+        so.add_session_config_entry("optimization.disable_specified_optimizers",
+                                    ",".join(disabled))
+    if saved is not None:
+        so.optimized_model_filepath = str(saved)
+    return onnxrun.InferenceSession(model.SerializeToString(), so)

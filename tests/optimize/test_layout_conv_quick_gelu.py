@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from extended_helpers import build, ops
+from extended_helpers import build, level_session, ops
 
 import onnxrun
 from onnxrun.providers.cpu.compiled import jit
@@ -47,22 +47,10 @@ g (float[1, {C}, {size}, {size}] x) => ({outs}) {{
                  b3=w(C))
 
 
-def _session(model, level, disabled=(), threads=1, saved=None):
-    so = onnxrun.SessionOptions()
-    so.graph_optimization_level = level
-    so.intra_op_num_threads = threads
-    if disabled:
-        so.add_session_config_entry("optimization.disable_specified_optimizers",
-                                    ",".join(disabled))
-    if saved is not None:
-        so.optimized_model_filepath = str(saved)
-    return onnxrun.InferenceSession(model.SerializeToString(), so)
-
-
 @pytest.mark.parametrize("scaled", [False, True])
 def test_fires_at_the_layout_level_only(scaled, tmp_path):
     model = silu_chain(8, 6, scaled)
-    sess = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+    sess = level_session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
     report = sess.get_optimization_report().passes
     assert dict(report["ConvQuickGeluFusion"].changes) == {"Conv+QuickGelu": 3}
     saved = onnx.load(tmp_path / "all.onnx")
@@ -71,12 +59,12 @@ def test_fires_at_the_layout_level_only(scaled, tmp_path):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
         assert node.domain == "com.microsoft" and attrs["activation"] == b"QuickGelu"
         np.testing.assert_allclose(attrs["activation_params"], [1.5 if scaled else 1.0])
-    _session(model, LEVELS.ORT_ENABLE_EXTENDED, saved=tmp_path / "ext.onnx")
+    level_session(model, LEVELS.ORT_ENABLE_EXTENDED, saved=tmp_path / "ext.onnx")
     assert "FusedConv" not in ops(onnx.load(tmp_path / "ext.onnx"))
 
 
 def test_a_convolution_read_elsewhere_is_not_fused():
-    sess = _session(silu_chain(8, 6, extra_reader=True), LEVELS.ORT_ENABLE_ALL)
+    sess = level_session(silu_chain(8, 6, extra_reader=True), LEVELS.ORT_ENABLE_ALL)
     changes = sess.get_optimization_report().passes["ConvQuickGeluFusion"].changes
     assert dict(changes) == {"Conv+QuickGelu": 2}  # c1 is a graph output too
 
@@ -91,8 +79,8 @@ def test_the_same_bits_as_the_unfused_graph(C, size, scaled, threads, compiled_o
     model = silu_chain(C, size, scaled)
     feeds = {"x": rng.standard_normal((1, C, size, size)).astype(np.float32)}
     with contextlib.nullcontext() if compiled_on else jit.disabled():
-        fused = _session(model, LEVELS.ORT_ENABLE_ALL, threads=threads)
-        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("ConvQuickGeluFusion",), threads)
+        fused = level_session(model, LEVELS.ORT_ENABLE_ALL, threads=threads)
+        plain = level_session(model, LEVELS.ORT_ENABLE_ALL, ("ConvQuickGeluFusion",), threads)
         got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
     assert fused.get_optimization_report().passes["ConvQuickGeluFusion"].changes
     np.testing.assert_array_equal(got, want)

@@ -11,13 +11,17 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from extended_helpers import build, ops
+from extended_helpers import build, level_session, ops
 
 import onnxrun
 from onnxrun.providers.cpu.compiled import jit
 
 LEVELS = onnxrun.GraphOptimizationLevel
 rng = np.random.default_rng(0)
+
+
+def _w(*shape, scale=0.3):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def ffn(H: int, F: int, bias: str = "BiasGelu", extra_reader: bool = False,
@@ -48,28 +52,13 @@ g (float[{dims}, {H}] x) => ({outs}) {{
     y = Add(v, b2)
 }}"""
 
-    def w(*shape, scale=0.3):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    return build(text, w1=w(H, F), b1=w(F), w2=w(F, H), b2=w(H))
-
-
-def _session(model, level, disabled=(), threads=1, saved=None):
-    so = onnxrun.SessionOptions()
-    so.graph_optimization_level = level
-    so.intra_op_num_threads = threads
-    if disabled:
-        so.add_session_config_entry("optimization.disable_specified_optimizers",
-                                    ",".join(disabled))
-    if saved is not None:
-        so.optimized_model_filepath = str(saved)
-    return onnxrun.InferenceSession(model.SerializeToString(), so)
+    return build(text, w1=_w(H, F), b1=_w(F), w2=_w(F, H), b2=_w(H))
 
 
 @pytest.mark.parametrize("bias", ["erf", "BiasGelu", "Gelu"])
 def test_fires_at_the_layout_level_only(bias, tmp_path):
     model = ffn(32, 128, bias)
-    sess = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+    sess = level_session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
     changes = dict(sess.get_optimization_report().passes["MatMulGeluFusion"].changes)
     assert changes == {"MatMul+Gelu" if bias == "Gelu" else "MatMul+BiasGelu": 1}
     saved = onnx.load(tmp_path / "all.onnx")
@@ -77,7 +66,7 @@ def test_fires_at_the_layout_level_only(bias, tmp_path):
     assert len(fused) == 1 and fused[0].domain == "ai.onnxrun"
     assert len(fused[0].input) == (0 if bias == "Gelu" else 1) + 2
     assert not {"BiasGelu", "Gelu"} & set(ops(saved))
-    _session(model, LEVELS.ORT_ENABLE_EXTENDED, saved=tmp_path / "ext.onnx")
+    level_session(model, LEVELS.ORT_ENABLE_EXTENDED, saved=tmp_path / "ext.onnx")
     assert "MatMulBiasGelu" not in ops(onnx.load(tmp_path / "ext.onnx"))
     # the saved model is onnxrun's: it loads and runs again
     feeds = {"x": rng.standard_normal((2, 5, 32)).astype(np.float32)}
@@ -86,7 +75,7 @@ def test_fires_at_the_layout_level_only(bias, tmp_path):
 
 
 def test_a_product_read_elsewhere_is_not_fused():
-    sess = _session(ffn(32, 128, extra_reader=True), LEVELS.ORT_ENABLE_ALL)
+    sess = level_session(ffn(32, 128, extra_reader=True), LEVELS.ORT_ENABLE_ALL)
     assert not sess.get_optimization_report().passes["MatMulGeluFusion"].changes
 
 
@@ -103,8 +92,8 @@ def test_the_same_bits_as_the_unfused_graph(H, F, shape, bias, threads, compiled
     model = ffn(H, F, bias)
     feeds = {"x": rng.standard_normal((*shape, H)).astype(np.float32)}
     with contextlib.nullcontext() if compiled_on else jit.disabled():
-        fused = _session(model, LEVELS.ORT_ENABLE_ALL, threads=threads)
-        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",), threads)
+        fused = level_session(model, LEVELS.ORT_ENABLE_ALL, threads=threads)
+        plain = level_session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",), threads)
         got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
     assert fused.get_optimization_report().passes["MatMulGeluFusion"].changes
     if np.prod(shape) * F >= 256 or not compiled_on:
@@ -114,6 +103,18 @@ def test_the_same_bits_as_the_unfused_graph(H, F, shape, bias, threads, compiled
     theirs = ort.InferenceSession(model.SerializeToString(),
                                   providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     np.testing.assert_allclose(got, theirs, rtol=1e-4, atol=1e-4 * max(1, H / 32))
+
+
+def _fused_and_plain(model, feeds, compiled_on: bool, tmp_path, change: str):
+    """The outputs at ORT_ENABLE_ALL with and without the pass (the fused model saved as
+    all.onnx), the pass's one change checked."""
+    with contextlib.nullcontext() if compiled_on else jit.disabled():
+        fused = level_session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
+        plain = level_session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",))
+        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
+    assert dict(fused.get_optimization_report().passes["MatMulGeluFusion"].changes) == \
+        {change: 1}
+    return got, want
 
 
 def mlp(H: int, F: int, rows: str):
@@ -132,10 +133,7 @@ g (float[{dims}] x) => (float[{dims}] y) {{
     y = Add(v, b2)
 }}"""
 
-    def w(*shape, scale=0.3):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-    return build(text, w1=w(H, F), b1=w(F), w2=w(F, H), b2=w(H))
+    return build(text, w1=_w(H, F), b1=_w(F), w2=_w(F, H), b2=_w(H))
 
 
 @pytest.mark.parametrize("compiled_on", [True, False])
@@ -147,12 +145,7 @@ def test_a_gemms_gelu_goes_into_fused_gemm(rows, change, compiled_on, tmp_path):
     model = mlp(48, 200, rows)
     shape = (6, 48) if rows == "2d" else (2, 3, 48)
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
-    with contextlib.nullcontext() if compiled_on else jit.disabled():
-        fused = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
-        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",))
-        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
-    assert dict(fused.get_optimization_report().passes["MatMulGeluFusion"].changes) == \
-        {change: 1}
+    got, want = _fused_and_plain(model, feeds, compiled_on, tmp_path, change)
     node = next(n for n in onnx.load(tmp_path / "all.onnx").graph.node
                 if n.op_type == "FusedGemm")
     assert onnx.helper.get_attribute_value(
@@ -189,12 +182,7 @@ g (float[{dims}] x) => (float[{dims}] y) {{
                   w2=(rng.standard_normal((160, 40)) * 0.2).astype(np.float32))
     feeds = {"x": rng.standard_normal(tuple(int(d) for d in dims.split(", "))).astype(
         np.float32)}
-    with contextlib.nullcontext() if compiled_on else jit.disabled():
-        fused = _session(model, LEVELS.ORT_ENABLE_ALL, saved=tmp_path / "all.onnx")
-        plain = _session(model, LEVELS.ORT_ENABLE_ALL, ("MatMulGeluFusion",))
-        got, want = fused.run(None, feeds)[0], plain.run(None, feeds)[0]
-    assert dict(fused.get_optimization_report().passes["MatMulGeluFusion"].changes) == \
-        {change: 1}
+    got, want = _fused_and_plain(model, feeds, compiled_on, tmp_path, change)
     saved = onnx.load(tmp_path / "all.onnx")
     node = next(n for n in saved.graph.node if n.op_type in ("MatMulBiasGelu", "FusedGemm"))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}

@@ -503,24 +503,21 @@ def _driver(W: int, MR: int, NV: int) -> list[str]:
     return L
 
 
-def _act_rows(W: int) -> list[str]:
-    """``@act_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in place:
-    logistic(y), or y * logistic(alpha y) where ``mulflag`` (MLAS's logistic, operation for
-    operation: compiled/logistic.py's bits, a fused Sigmoid or SiLU the same as the
-    standalone one). Whole vectors, then the row's last floats one by one (no masked store:
-    microcoded on AMD's AVX2)."""
+def _rows_in_place(W: int, head: str, setup: list[str], body, x: str, y: str) -> list[str]:
+    """An epilogue function, ``define internal void @<head> ... {`` (its parameters include
+    ``ptr %C, i64 %ldc, i64 %rows, i64 %ncols``): rows [0, rows) of ``ncols`` floats, ``ldc``
+    apart, from ``C`` in place, each element ``%<p>.<y>`` of ``%<p>.<x>`` by ``body(type,
+    p, constant)``: whole vectors of W floats (p "v"), then the row's last floats one by one
+    (p "s": the same operations, so the same bits; no masked store: microcoded on AMD's
+    AVX2). ``setup``: the entry block's own lines."""
     VT = f"<{W} x float>"
 
     def vec(c):
         return "<" + ", ".join([f"float {ir.float_constant(c)}"] * W) + ">"
 
-    return ["define internal void @act_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols, "
-            "float %alpha, i64 %mulflag) noinline nounwind {",
+    return [f"define internal void @{head} noinline nounwind {{",
             "entry:",
-            "  %mul = icmp ne i64 %mulflag, 0",
-            f"  %va.0 = insertelement {VT} poison, float %alpha, i64 0",
-            f"  %v.alpha = shufflevector {VT} %va.0, {VT} poison, <{W} x i32> zeroinitializer",
-            "  %s.alpha = fadd float %alpha, 0.0",
+            *setup,
             f"  %nv = and i64 %ncols, {-W}",
             "  %anyv = icmp sgt i64 %nv, 0",
             "  %anys = icmp slt i64 %nv, %ncols",
@@ -533,9 +530,9 @@ def _act_rows(W: int) -> list[str]:
             "vloop:",
             "  %i = phi i64 [0, %row], [%in, %vloop]",
             "  %xp = getelementptr float, ptr %rp, i64 %i",
-            f"  %v.x = load {VT}, ptr %xp, align 4",
-            *mlas_logistic.body_ir(VT, "v", vec),
-            f"  store {VT} %v.out, ptr %xp, align 4",
+            f"  %v.{x} = load {VT}, ptr %xp, align 4",
+            *body(VT, "v", vec),
+            f"  store {VT} %v.{y}, ptr %xp, align 4",
             f"  %in = add i64 %i, {W}",
             "  %more = icmp slt i64 %in, %nv",
             "  br i1 %more, label %vloop, label %vdone",
@@ -544,9 +541,9 @@ def _act_rows(W: int) -> list[str]:
             "sloop:",
             "  %j = phi i64 [%nv, %vdone], [%jn, %sloop]",
             "  %sp = getelementptr float, ptr %rp, i64 %j",
-            "  %s.x = load float, ptr %sp, align 4",
-            *mlas_logistic.body_ir("float", "s", ir.float_constant),
-            "  store float %s.out, ptr %sp, align 4",
+            f"  %s.{x} = load float, ptr %sp, align 4",
+            *body("float", "s", ir.float_constant),
+            f"  store float %s.{y}, ptr %sp, align 4",
             "  %jn = add i64 %j, 1",
             "  %smore = icmp slt i64 %jn, %ncols",
             "  br i1 %smore, label %sloop, label %rowend",
@@ -557,6 +554,20 @@ def _act_rows(W: int) -> list[str]:
             "end:",
             "  ret void",
             "}"]
+
+
+def _act_rows(W: int) -> list[str]:
+    """``@act_rows``: logistic(y), or y * logistic(alpha y) where ``mulflag`` (MLAS's
+    logistic, operation for operation: compiled/logistic.py's bits, a fused Sigmoid or SiLU
+    the same as the standalone one), on a tile's rows in place (``_rows_in_place``)."""
+    VT = f"<{W} x float>"
+    return _rows_in_place(
+        W, "act_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols, float %alpha, i64 %mulflag)",
+        ["  %mul = icmp ne i64 %mulflag, 0",
+         f"  %va.0 = insertelement {VT} poison, float %alpha, i64 0",
+         f"  %v.alpha = shufflevector {VT} %va.0, {VT} poison, <{W} x i32> zeroinitializer",
+         "  %s.alpha = fadd float %alpha, 0.0"],
+        lambda ty, p, const: mlas_logistic.body_ir(ty, p, const), "x", "out")
 
 
 # the epilogue's flag bit of each GELU (gelu_polynomial.EPILOGUES), its function @<name>_rows
@@ -572,56 +583,12 @@ def _gelu_flags(gelu_after: str | None) -> int:
 
 
 def _gelu_rows(W: int, name: str) -> list[str]:
-    """``@<name>_rows``: rows [0, rows) of ``ncols`` floats, ``ldc`` apart, from ``C`` in
-    place: the GELU ``name`` (gelu_polynomial.EPILOGUES: Gelu's or FastGelu's polynomial) by
-    compiled/gelu.py's body (the standalone BiasGelu's / FastGelu's operations on the same
-    polynomial: a fused one gives its bits). Whole vectors, then the row's last floats one by
-    one (as ``@act_rows``)."""
-    VT = f"<{W} x float>"
+    """``@<name>_rows``: the GELU ``name`` (gelu_polynomial.EPILOGUES: Gelu's or FastGelu's
+    polynomial) by compiled/gelu.py's body (the standalone BiasGelu's / FastGelu's operations
+    on the same polynomial: a fused one gives its bits), on a tile's rows in place."""
     coeffs = EPILOGUES[name]
-
-    def vec(c):
-        return "<" + ", ".join([f"float {ir.float_constant(c)}"] * W) + ">"
-
-    return [f"define internal void @{name}_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols) "
-            "noinline nounwind {",
-            "entry:",
-            f"  %nv = and i64 %ncols, {-W}",
-            "  %anyv = icmp sgt i64 %nv, 0",
-            "  %anys = icmp slt i64 %nv, %ncols",
-            "  br label %row",
-            "row:",
-            "  %r = phi i64 [0, %entry], [%rn, %rowend]",
-            "  %ro = mul i64 %r, %ldc",
-            "  %rp = getelementptr float, ptr %C, i64 %ro",
-            "  br i1 %anyv, label %vloop, label %vdone",
-            "vloop:",
-            "  %i = phi i64 [0, %row], [%in, %vloop]",
-            "  %xp = getelementptr float, ptr %rp, i64 %i",
-            f"  %v.s = load {VT}, ptr %xp, align 4",
-            *gelu.body_ir(coeffs, VT, "v", vec),
-            f"  store {VT} %v.y, ptr %xp, align 4",
-            f"  %in = add i64 %i, {W}",
-            "  %more = icmp slt i64 %in, %nv",
-            "  br i1 %more, label %vloop, label %vdone",
-            "vdone:",
-            "  br i1 %anys, label %sloop, label %rowend",
-            "sloop:",
-            "  %j = phi i64 [%nv, %vdone], [%jn, %sloop]",
-            "  %sp = getelementptr float, ptr %rp, i64 %j",
-            "  %s.s = load float, ptr %sp, align 4",
-            *gelu.body_ir(coeffs, "float", "s", ir.float_constant),
-            "  store float %s.y, ptr %sp, align 4",
-            "  %jn = add i64 %j, 1",
-            "  %smore = icmp slt i64 %jn, %ncols",
-            "  br i1 %smore, label %sloop, label %rowend",
-            "rowend:",
-            "  %rn = add i64 %r, 1",
-            "  %rmore = icmp slt i64 %rn, %rows",
-            "  br i1 %rmore, label %row, label %end",
-            "end:",
-            "  ret void",
-            "}"]
+    return _rows_in_place(W, f"{name}_rows(ptr %C, i64 %ldc, i64 %rows, i64 %ncols)", [],
+                          lambda ty, p, const: gelu.body_ir(coeffs, ty, p, const), "s", "y")
 
 
 def _pack_ir(NR: int) -> list[str]:
