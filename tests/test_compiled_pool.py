@@ -95,6 +95,25 @@ def test_compiled_pool_equals_onnxruntime(op, kernel, attrs, C):
 
 
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("C", [5, 16, 40, 96])
+def test_both_loop_orders_give_the_same_bits(monkeypatch, op, C):
+    """@pool_f32 (chunks outer) and @pool_px_f32 (pixels outer, chunks inner: from
+    PIXEL_MAJOR_CHANNELS) on the same inputs, each forced here: the same bits, NaN and
+    infinities, pads, dilations, a partial last chunk and under 16 channels included."""
+    rng = np.random.default_rng(C)
+    X = rng.standard_normal((2, C, 17, 13)).astype(np.float32)
+    X[0, C // 2, 4, 5], X[1, 0, 0, 0] = np.nan, np.nan
+    X[0, C - 1, 7, 7], X[1, C // 3, 2, 2] = np.inf, -np.inf
+    for kernel, attrs in CASES:
+        got = []
+        for threshold in (1, 1 << 30):
+            monkeypatch.setattr(cpool, "PIXEL_MAJOR_CHANNELS", threshold)
+            got.append(_compiled(X, op, kernel, attrs))
+        np.testing.assert_array_equal(got[0], got[1])
+        assert np.isnan(got[0]).any()
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 def test_compiled_pool_nan_and_infinities_as_the_numpy_path(op):
     """A NaN in a window makes its maximum (and sum) NaN, as numpy's; infinities pass."""
     rng = np.random.default_rng(3)
