@@ -1,6 +1,8 @@
 """MaxPool and AveragePool in float32 on channels-last input: the depthwise kernel's loops
 (``depthwise.py``: a row of output pixels per 16-channel chunk, padding masked instead of
-copied) with the taps' maximum or sum in place of their weighted sum.
+copied) with the taps' maximum or sum in place of their weighted sum; from 64 channels
+(``PIXEL_MAJOR_CHANNELS``) the other loop order, each pixel's chunks in turn (``_kernel``:
+every tap reads a pixel's channels in order).
 
 Why: numpy pools one spatial axis at a time in strided passes, each a fresh intermediate,
 then copies the result into the channels-last output: 3-8x onnxruntime's time on the pools
@@ -85,7 +87,7 @@ def _kernel(kh: int, kw: int, op: str) -> str:
     [r0, r1) of output
     pixels (n, oh) of the channels-last (N, H, Wd, C) input, each pixel's channels in
     16-channel chunks one after another, so that each tap reads a pixel's C floats in order
-    (chunks outer and pixels inner read every pixel's lines in C / 16 separate passes: ~2x
+    (chunks outer and pixels inner read every pixel's lines in C / 16 separate passes: 1.4-1.5x
     the time on SqueezeNet's first pool, 96 channels). A partial last chunk is the last 16
     channels again (each channel pooled alone: the same values stored twice), or, under 16
     channels, masked. Windows are read in place: a tap outside the image reads the fill."""
