@@ -41,6 +41,24 @@ MAX_TAPS = 49  # unrolled up to 7x7; larger windows keep the numpy path
 _V, _VF = ir.V, ir.VF
 
 
+def tap_load(x: str, ptr: str, mask: str, fill: str, masked: bool) -> str:
+    """``x`` = the 16 floats at ``ptr``: lanes ``mask`` only (the others ``fill``) where
+    ``masked``, else a plain load."""
+    if masked:
+        return (f"  {x} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {ptr}, i32 4, "
+                f"<16 x i1> {mask}, {_VF} {fill})")
+    return f"  {x} = load {_VF}, ptr {ptr}, align 4"
+
+
+def numpy_maximum(out: str, x: str, prev: str) -> list[str]:
+    """``out`` = numpy's maximum of the vectors ``prev`` (so far) and ``x`` (the next tap): a
+    NaN on either side wins, else ``x`` where it is greater, else ``prev``."""
+    return [f"  {out}.g = fcmp ogt {_VF} {x}, {prev}",
+            f"  {out}.b = select <16 x i1> {out}.g, {_VF} {x}, {_VF} {prev}",
+            f"  {out}.n = fcmp uno {_VF} {x}, zeroinitializer",
+            f"  {out} = select <16 x i1> {out}.n, {_VF} {x}, {_VF} {out}.b"]
+
+
 def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
             masked: bool = True, op: str = "fma") -> list[str]:
     """The loop over output pixels [lo, hi) of a row and 16-channel chunk, labelled ``tag``:
@@ -78,9 +96,7 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
             x = f"{t}.x{k}"
             L += [f"  {t}.xa{k} = add i64 {t}.xb, %off{k}",
                   f"  {t}.xp{k} = getelementptr float, ptr %X, i64 {t}.xa{k}",
-                  f"  {x} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {t}.xp{k}, i32 4, "
-                  f"<16 x i1> {mask}, {_VF} {fill})" if masked else
-                  f"  {x} = load {_VF}, ptr {t}.xp{k}, align 4"]
+                  tap_load(x, f"{t}.xp{k}", mask, fill, masked)]
             if op == "fma":
                 L.append(f"  {t}.a{k} = call {_VF} @llvm.fma.v16f32({_VF} {x}, {_VF} %w{k}, "
                          f"{prev})")
@@ -89,11 +105,8 @@ def _pixels(tag: str, kh: int, kw: int, lo: str, hi: str, checked: bool,
                 continue
             elif op == "avg":
                 L.append(f"  {t}.a{k} = fadd {prev}, {x}")
-            else:  # numpy's maximum: a NaN on either side wins
-                L += [f"  {t}.g{k} = fcmp ogt {_VF} {x}, {prev[len(_VF) + 1:]}",
-                      f"  {t}.b{k} = select <16 x i1> {t}.g{k}, {_VF} {x}, {prev}",
-                      f"  {t}.n{k} = fcmp uno {_VF} {x}, zeroinitializer",
-                      f"  {t}.a{k} = select <16 x i1> {t}.n{k}, {_VF} {x}, {_VF} {t}.b{k}"]
+            else:
+                L += numpy_maximum(f"{t}.a{k}", x, prev[len(_VF) + 1:])
             prev = f"{_VF} {t}.a{k}"
     if op != "fma":
         if op == "avg":  # times the pixel's 1 / count

@@ -140,7 +140,8 @@ def _sources_digest(here: str) -> str | None:
     for name, st in zip(names, stats, strict=True):
         identity.update(f"|{name}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
                         .encode())
-    known = cache.read_sources(identity.hexdigest())
+    memo = identity.hexdigest()
+    known = cache.read_sources(memo)
     if known is not None:
         return known
     digest = blake2b(digest_size=32)
@@ -152,8 +153,9 @@ def _sources_digest(here: str) -> str | None:
             digest.update(data)
     except OSError:
         return None
-    cache.write_sources(identity.hexdigest(), digest.hexdigest())
-    return digest.hexdigest()
+    sources = digest.hexdigest()
+    cache.write_sources(memo, sources)
+    return sources
 
 
 def _compile_bundle(target: Target) -> dict:

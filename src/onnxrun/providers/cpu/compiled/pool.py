@@ -40,11 +40,12 @@ PIXEL_MAJOR_CHANNELS = 64
 _VF = ir.VF
 
 
-def _taps(tag: str, kh: int, kw: int, op: str, checked: bool, masked: bool) -> list[str]:
-    """One 16-channel chunk (``%c0``) of the output pixel ``%ow``: its taps read (``checked``:
-    a tap outside the image reads the fill instead, ``-inf`` or 0, its address clamped
-    inside; ``masked``: lanes ``%mask`` only, C < 16) and reduced in row order as the numpy
-    path does, then stored."""
+def _taps(tag: str, c0: str, kh: int, kw: int, op: str, checked: bool,
+          masked: bool) -> list[str]:
+    """The 16-channel chunk from channel ``c0`` (an i64 value) of the output pixel ``%ow``:
+    its taps read (``checked``: a tap outside the image reads the fill instead, ``-inf`` or
+    0, its address clamped inside; ``masked``: lanes ``%mask`` only, C < 16) and reduced in
+    row order as the numpy path does, then stored."""
     t = f"%{tag}"
     fill = depthwise._NEG_INF if op == "max" else "zeroinitializer"
     L, prev = [], None
@@ -52,11 +53,9 @@ def _taps(tag: str, kh: int, kw: int, op: str, checked: bool, masked: bool) -> l
         for j in range(kw):
             k = i * kw + j
             x = f"{t}.x{k}"
-            L += [f"  {t}.a{k} = add i64 %off{k}, %c0",
+            L += [f"  {t}.a{k} = add i64 %off{k}, {c0}",
                   f"  {t}.p{k} = getelementptr float, ptr %X, i64 {t}.a{k}",
-                  f"  {x} = call {_VF} @llvm.masked.load.v16f32.p0(ptr {t}.p{k}, i32 4, "
-                  f"<16 x i1> %mask, {_VF} {fill})" if masked else
-                  f"  {x} = load {_VF}, ptr {t}.p{k}, align 4"]
+                  depthwise.tap_load(x, f"{t}.p{k}", "%mask", fill, masked)]
             if checked:
                 L.append(f"  {t}.v{k} = select i1 %ok{k}, {_VF} {x}, {_VF} {fill}")
                 x = f"{t}.v{k}"
@@ -65,16 +64,13 @@ def _taps(tag: str, kh: int, kw: int, op: str, checked: bool, masked: bool) -> l
             elif op == "avg":
                 L.append(f"  {t}.s{k} = fadd {_VF} {prev}, {x}")
                 prev = f"{t}.s{k}"
-            else:  # numpy's maximum: a NaN on either side wins
-                L += [f"  {t}.g{k} = fcmp ogt {_VF} {x}, {prev}",
-                      f"  {t}.b{k} = select <16 x i1> {t}.g{k}, {_VF} {x}, {_VF} {prev}",
-                      f"  {t}.n{k} = fcmp uno {_VF} {x}, zeroinitializer",
-                      f"  {t}.m{k} = select <16 x i1> {t}.n{k}, {_VF} {x}, {_VF} {t}.b{k}"]
+            else:
+                L += depthwise.numpy_maximum(f"{t}.m{k}", x, prev)
                 prev = f"{t}.m{k}"
     if op == "avg":  # times the pixel's 1 / count
         L += [f"  {t}.o = fmul {_VF} {prev}, %sv"]
         prev = f"{t}.o"
-    L += [f"  {t}.ya = add i64 %ya, %c0",
+    L += [f"  {t}.ya = add i64 %ya, {c0}",
           f"  {t}.yp = getelementptr float, ptr %Y, i64 {t}.ya",
           f"  call void @llvm.masked.store.v16f32.p0({_VF} {prev}, ptr {t}.yp, i32 4, "
           "<16 x i1> %mask)" if masked else f"  store {_VF} {prev}, ptr {t}.yp, align 4"]
@@ -91,7 +87,6 @@ def _kernel(kh: int, kw: int, op: str) -> str:
     the time on SqueezeNet's first pool, 96 channels). A partial last chunk is the last 16
     channels again (each channel pooled alone: the same values stored twice), or, under 16
     channels, masked. Windows are read in place: a tap outside the image reads the fill."""
-    T = kh * kw
     L = ["define void @pool_px_f32(ptr %X, ptr %W, ptr %bias, ptr %bounds, ptr %Y, i64 %C, "
          "i64 %Cp, i64 %H, i64 %Wd, i64 %Ho, i64 %Wo, i64 %sh, i64 %sw, i64 %dh, i64 %dw, "
          "i64 %pt, i64 %pl, i64 %ow_lo, i64 %ow_hi, i64 %r0, i64 %r1) nounwind {",
@@ -152,17 +147,15 @@ def _kernel(kh: int, kw: int, op: str) -> str:
     L += [f"  %inside = or i1 {okall}, false",
           "  br i1 %small, label %small.c, label %wide.pre",
           "small.c:",
-          "  %c0.s = add i64 0, 0"]
-    # under 16 channels: one masked chunk at 0 (addresses clamped: always checked)
-    L += [line.replace("%c0", "%c0.s") for line in _taps("sm", kh, kw, op, True, True)]
-    L += ["  br label %pnext",
+          # under 16 channels: one masked chunk at 0 (addresses clamped: always checked)
+          *_taps("sm", "0", kh, kw, op, True, True),
+          "  br label %pnext",
           "wide.pre:",
           "  br i1 %inside, label %fast.c, label %slow.c"]
     for tag, checked in (("fast", False), ("slow", True)):
         L += [f"{tag}.c:",
               f"  %c0.{tag} = phi i64 [0, %wide.pre], [%cn.{tag}, %{tag}.next]",
-              *[line.replace("%c0", f"%c0.{tag}") for line in
-                _taps(tag, kh, kw, op, checked, False)],
+              *_taps(tag, f"%c0.{tag}", kh, kw, op, checked, False),
               f"  %cn.{tag}a = add i64 %c0.{tag}, 16",
               # after the whole chunks, the last 16 channels once where C % 16
               f"  %past.{tag} = icmp sge i64 %cn.{tag}a, %cfull",
@@ -179,14 +172,7 @@ def _kernel(kh: int, kw: int, op: str) -> str:
           "  %own = add i64 %ow, 1",
           "  %pmore = icmp slt i64 %own, %Wo",
           "  br i1 %pmore, label %ploop, label %rnext",
-          "rnext:",
-          "  %rn = add i64 %r, 1",
-          "  %rmore = icmp slt i64 %rn, %r1",
-          "  br i1 %rmore, label %rloop, label %end",
-          "end:",
-          "  ret void",
-          "}"]
-    del T
+          *ir.chunk_and_row_loop_end()[3:]]  # the next output row, else return
     return "\n".join(L)
 
 
