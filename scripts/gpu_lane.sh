@@ -12,9 +12,10 @@ mkdir -p "$out"
 if [ -d .gpu-wheels ]; then
   PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --find-links .gpu-wheels \
     array-api-compat array-api-strict threadpoolctl ml_dtypes pytest 2>&1 | tail -3
-  # the cuDNN frontend convolution path, where a wheel for this CPython was carried
-  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --find-links .gpu-wheels \
-    nvidia-cudnn-frontend 2>&1 | tail -1
+  # the cuDNN frontend convolution path, where a wheel for this CPython was carried; without
+  # its dependencies (nvidia-cutlass-dsl: its DSL kernels, not the graph API used here)
+  PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install -q --no-index --no-deps \
+    --find-links .gpu-wheels nvidia-cudnn-frontend 2>&1 | tail -1
 fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 "$py" - <<'PY' | tee "$out/versions.txt"
@@ -35,7 +36,8 @@ try:
 except ImportError:
     print("onnxruntime: not installed")
 PY
-timeout 300 "$py" -m pytest -q -p no:cacheprovider -m gpu tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
+# PYTEST_ARGS: e.g. "-n 8 --timeout=150" (the image has pytest-xdist and pytest-timeout)
+timeout "${TEST_TIMEOUT:-300}" "$py" -m pytest -q -p no:cacheprovider -rfE -m gpu ${PYTEST_ARGS:-} tests/cuda 2>&1 | tee "$out/gpu-tests.txt" | tail -15
 tests=${PIPESTATUS[0]}
 timeout "${BENCH_TIMEOUT:-240}" "$py" benchmarks/gpu.py ${BENCH_ARGS:-} --out "$out/gpu-bench.jsonl" \
   2>&1 | tee "$out/gpu-bench.txt" | tail -20

@@ -123,3 +123,79 @@ def test_convolution_through_cudnn_frontend_where_it_imports():
     with cudnn.disabled():
         gemm = onnxrun.InferenceSession(CONV, providers=CUDA)
     np.testing.assert_allclose(gemm.run(None, feeds)[0], want, rtol=1e-4, atol=1e-5)
+
+
+_GEMM_LAYOUTS = [  # (A's base, B's base, the views taken of them)
+    ((4, 5), (5, 3), lambda a, b: (a, b)),
+    ((2, 3, 4, 5), (5, 6), lambda a, b: (a, b)),
+    ((4, 5), (3, 5, 6), lambda a, b: (a, b)),
+    ((4, 5), (3, 5), lambda a, b: (a, b.T)),
+    ((5, 4), (5, 3), lambda a, b: (a.T, b)),
+    ((6, 9, 10), (5, 3), lambda a, b: (a[:, 1:5, 2:7], b)),
+    ((2, 7, 3, 4), (2, 3, 4, 7), lambda a, b: (a.transpose(0, 2, 1, 3), b)),  # copied first
+    ((3, 4, 10), (3, 5, 2), lambda a, b: (a[:, :, ::2], b)),  # copied first
+    ((1, 1), (1, 1), lambda a, b: (a, b)),
+    ((2, 1, 4, 5), (3, 5, 2), lambda a, b: (a, b)),  # broadcast: copied first
+    ((5,), (5, 3), lambda a, b: (a, b)),
+    ((4, 5), (5,), lambda a, b: (a, b)),
+    ((5,), (5,), lambda a, b: (a, b)),
+    ((0, 5), (5, 3), lambda a, b: (a, b)),
+    ((4, 0), (0, 3), lambda a, b: (a, b)),
+    ((64, 130), (130, 70), lambda a, b: (a, b)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_own_cublas_gemm_matches_numpy_for_every_layout(dtype):
+    """cupy/blas.py against numpy on views passed as they are (tests/cuda/test_blas_plan.py's
+    layouts) and on the ones it copies first; 1-D and empty operands as numpy treats them."""
+    import cupy
+
+    from onnxrun.providers.cuda.cupy import blas
+
+    r = np.random.default_rng(3)
+    tol = 2e-2 if dtype == np.float16 else 1e-5
+    for sa, sb, view in _GEMM_LAYOUTS:
+        a, b = r.standard_normal(sa).astype(dtype), r.standard_normal(sb).astype(dtype)
+        got = blas.matmul(*view(cupy.asarray(a), cupy.asarray(b)))
+        a, b = view(a, b)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        assert got.shape == want.shape and got.dtype == dtype, (sa, sb)
+        np.testing.assert_allclose(cupy.asnumpy(got).astype(np.float64), want, rtol=tol,
+                                   atol=tol * max(1, a.shape[-1]))
+
+
+def test_own_cublas_gemm_is_captured_in_a_cuda_graph():
+    """The reason cupy/blas.py exists: CuPy's matmul raises inside a stream capture."""
+    import cupy
+
+    from onnxrun.providers.cuda.cupy import blas, graphs
+
+    a = cupy.asarray(rng.standard_normal((3, 16, 32)).astype(np.float32))
+    b = cupy.asarray(rng.standard_normal((32, 8)).astype(np.float32))
+    with cupy.cuda.Stream():  # capture needs a stream other than the legacy default one
+        out, replay = graphs.capture(cupy, lambda: blas.matmul(a, b))
+        cupy.cuda.get_current_stream().synchronize()
+        np.testing.assert_allclose(cupy.asnumpy(out), cupy.asnumpy(a) @ cupy.asnumpy(b),
+                                   rtol=1e-5, atol=1e-5)
+        a[...] = 2 * a
+        replay()
+        cupy.cuda.get_current_stream().synchronize()
+    np.testing.assert_allclose(cupy.asnumpy(out), cupy.asnumpy(a) @ cupy.asnumpy(b), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_a_large_device_feed_is_read_after_its_upload():
+    """OrtValue uploads run on the legacy default stream, a run on its own non-blocking one:
+    the run waits for the upload (a 75 MB feed bound and run at once was read half-copied)."""
+    model = _model("g (float[N,4096] x) => (float[N,4096] y) { y = Mul(x, x) }")
+    for graphs in ("0", "1"):
+        sess = onnxrun.InferenceSession(model, providers=[
+            ("CUDAExecutionProvider", {"enable_cuda_graph": graphs})])
+        for _ in range(3):
+            x = rng.standard_normal((5000, 4096)).astype(np.float32)
+            binding = sess.io_binding()
+            binding.bind_ortvalue_input("x", onnxrun.OrtValue.ortvalue_from_numpy(x, "cuda", 0))
+            binding.bind_output("y", "cuda")
+            sess.run_with_iobinding(binding)
+            np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], x * x)

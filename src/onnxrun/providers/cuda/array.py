@@ -19,6 +19,20 @@ def namespace(x: Any) -> Any:
     return xp
 
 
+_matmuls: dict[type, Any] = {}
+
+
+def register_matmul(array_type: type, fn: Any) -> None:
+    """A faster ``matmul`` for one array type (CuPy's: cupy/blas.py, which CUDA graphs can
+    capture); kernels call ``matmul`` below instead of the namespace's."""
+    _matmuls[array_type] = fn
+
+
+def matmul(a: Any, b: Any) -> Any:
+    fn = _matmuls.get(type(a))
+    return fn(a, b) if fn is not None else namespace(a).matmul(a, b)
+
+
 def normalize_axis(axis: int, ndim: int) -> int:
     return axis + ndim if axis < 0 else axis
 

@@ -254,6 +254,11 @@ class CuPyDevice(Device):
             with self._device:
                 stream = self._local.stream = self.cp.cuda.Stream(non_blocking=True)
         with self._device, stream, self._allocator():
+            # a non-blocking stream does not wait for the legacy default stream on its own:
+            # the run's inputs may still be arriving there (OrtValue.ortvalue_from_numpy's
+            # upload, a user's CuPy work). Seen on an H200: a 75 MB feed bound through IOBinding
+            # was read half-copied by a CUDA graph's first run.
+            stream.wait_event(self.cp.cuda.Stream.null.record())
             yield
             stream.synchronize()
 

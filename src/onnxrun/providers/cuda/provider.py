@@ -30,8 +30,10 @@ class CUDAExecutionProvider(ExecutionProvider):
         self.fast = None
         if isinstance(self.backend, _device.CuPyDevice):
             from . import cupy as fast
+            from .array import register_matmul
 
             self.fast = fast
+            register_matmul(self.backend.cp.ndarray, fast.blas.matmul)
 
     def can_run(self, node: Node, opset: int) -> bool:
         if node.graph is not None and node.graph.parent is not None:

@@ -4,8 +4,8 @@ node when its kernel is created (2-D, float16 / float32, the package importable)
 graph per input shape, built on first use and executed on the run's stream. Whatever cuDNN
 refuses to build falls back, for that shape, to the implicit GEMM of ``ops/conv.py``.
 
-Not yet run on a GPU (docs/GPU.md): tests/cuda/test_gpu.py and benchmarks/gpu.py exercise it
-in the GPU lane."""
+The output's dims and strides are set, not left to the frontend: it infers a layout of its own
+(seen on an H200 with cuDNN 9.19: H and W swapped in a row-major buffer)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import functools
 import threading
 from collections.abc import Iterator
 from typing import Any
+
+import numpy as np
 
 _local = threading.local()
 
@@ -78,6 +80,11 @@ class Convolution:
             return None
         return Y
 
+    def _out_shape(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> list[int]:
+        strides, dilations, before, after = self.geometry
+        return [(size + b + a - d * (k - 1) - 1) // s + 1 for size, k, s, d, b, a in
+                zip(spatial, kernel, strides, dilations, before, after, strict=True)]
+
     def _build(self, X: Any, W: Any) -> Any:
         import cupy
 
@@ -94,7 +101,11 @@ class Convolution:
             y = graph.conv_fprop(image=x, weight=w, pre_padding=before, post_padding=after,
                                  stride=strides, dilation=dilations,
                                  compute_data_type=cudnn.data_type.FLOAT)
-            y.set_output(True).set_data_type(dt)
+            # the result's layout stated, not inferred: NCHW contiguous, as the kernel returns
+            N, M = X.shape[0], W.shape[0]
+            dims = [N, M, *self._out_shape(X.shape[2:], W.shape[2:])]
+            y.set_output(True).set_data_type(dt).set_dim(dims).set_stride(
+                [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(len(dims))])
             graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
             workspace = cupy.empty(max(1, graph.get_workspace_size()), dtype=cupy.uint8)
         except Exception:  # noqa: BLE001 - no engine for this case: the implicit GEMM

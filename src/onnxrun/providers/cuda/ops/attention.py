@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..array import namespace
+from ..array import matmul, namespace
 from ..kernels import KernelContext, op
 from .activation import softmax
 
@@ -49,7 +49,7 @@ class Attention:
     def __call__(self, input, weights, bias=None, mask_index=None):  # noqa: A002 - schema
         xp = namespace(input)
         B, S, _ = input.shape
-        qkv = xp.matmul(input, weights)
+        qkv = matmul(input, weights)
         if bias is not None:
             qkv = qkv + bias
         D = weights.shape[1] // 3
@@ -80,10 +80,10 @@ class Attention:
 def attend(q: Any, k: Any, v: Any, scale: float, bias: Any) -> Any:
     """softmax(q k^T * scale + bias) v over heads (B, N, S, H)."""
     xp = namespace(q)
-    scores = xp.matmul(q, xp.matrix_transpose(k)) * scale
+    scores = matmul(q, xp.matrix_transpose(k)) * scale
     if bias is not None:
         scores = scores + bias
-    return xp.matmul(softmax(scores, -1), v)
+    return matmul(softmax(scores, -1), v)
 
 
 # -- the LLM operators of onnxruntime-genai's builder -------------------------------------------
@@ -259,7 +259,7 @@ class GroupQueryAttention:
         scale = self.scale or float(np.float32(1) / np.sqrt(np.float32(H)))
         G = N // Nkv
         # one product per kv head, its group of query heads stacked: (B, Nkv, G S, H)
-        scores = xp.matmul(xp.reshape(q * scale, (B, Nkv, G * S, H)), xp.matrix_transpose(kc))
+        scores = matmul(xp.reshape(q * scale, (B, Nkv, G * S, H)), xp.matrix_transpose(kc))
         scores = xp.reshape(scores, (B, N, S, T))
         if self.softcap > 0:
             scores = self.softcap * xp.tanh(scores / self.softcap)
@@ -276,7 +276,7 @@ class GroupQueryAttention:
         elif self.smooth:
             sink = xp.zeros((1, N, 1, 1), dtype=scores.dtype, device=scores.device)
         probs = _softmax_with_sink(xp, scores, sink)
-        out = xp.matmul(xp.reshape(probs, (B, Nkv, G * S, T)), vc)  # (B, Nkv, G S, H)
+        out = matmul(xp.reshape(probs, (B, Nkv, G * S, T)), vc)  # (B, Nkv, G S, H)
         out = xp.permute_dims(xp.reshape(out, (B, N, S, H)), (0, 2, 1, 3))
         return xp.astype(xp.reshape(out, (B, S, N * H)), dt), present_k, present_v, None
 
@@ -407,7 +407,7 @@ class MultiHeadAttention:
         T = k.shape[2]
         H = q.shape[-1]
         scale = self.scale or float(np.float32(1) / np.sqrt(np.float32(H)))
-        scores = xp.matmul(q * scale, xp.matrix_transpose(k))  # (B, N, S, T)
+        scores = matmul(q * scale, xp.matrix_transpose(k))  # (B, N, S, T)
         dev = scores.device
         zero = xp.zeros((), dtype=scores.dtype, device=dev)
         if key_padding_mask is not None:
@@ -420,7 +420,7 @@ class MultiHeadAttention:
             scores = scores + xp.where(j <= s, zero, low)
         if attention_bias is not None:
             scores = scores + _compute(xp, attention_bias)
-        out = xp.matmul(_softmax_with_sink(xp, scores, None), v)  # (B, N, S, Hv)
+        out = matmul(_softmax_with_sink(xp, scores, None), v)  # (B, N, S, Hv)
         out = xp.reshape(xp.permute_dims(out, (0, 2, 1, 3)), (B, S, N * v.shape[-1]))
         return xp.astype(out, dt), xp.astype(k, dt), xp.astype(v, dt), None
 

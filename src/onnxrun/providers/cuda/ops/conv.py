@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...cpu.ops.contrib.fused import activation_arguments
-from ..array import is_float, namespace
+from ..array import is_float, matmul, namespace
 from ..kernels import KernelContext, op
 from . import _windows
 from .activation import FUSED_ACTIVATIONS, make_activation
@@ -69,7 +69,7 @@ class Conv:
             taken = _windows.patches(p, out, strides, dil, kernel)
             cols = xp.reshape(xp.stack(taken, axis=2), (N, G, (C // G) * K, L))
         w = xp.reshape(W, (G, M // G, (C // G) * K))
-        return self._epilogue(xp, xp.reshape(xp.matmul(w, cols), (N, M, *out)), B, Z, M, out)
+        return self._epilogue(xp, xp.reshape(matmul(w, cols), (N, M, *out)), B, Z, M, out)
 
     def _epilogue(self, xp: Any, y: Any, B: Any, Z: Any, M: int, out: list[int]) -> Any:
         if B is not None:

@@ -1,11 +1,11 @@
-"""MatMul, Gemm and com.microsoft's FusedMatMul / FusedGemm. On CuPy, ``xp.matmul`` of
-batched operands is cuBLAS's strided-batched GEMM (``cupy/gemm.py`` sets the math mode)."""
+"""MatMul, Gemm and com.microsoft's FusedMatMul / FusedGemm. On CuPy, ``array.matmul`` is one
+call of cuBLAS's strided-batched GEMM (``cupy/blas.py``, which CUDA graphs can capture)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..array import namespace
+from ..array import matmul, namespace
 from ..kernels import KernelContext, op
 from .activation import make_activation
 from .elementwise import _gelu
@@ -16,7 +16,7 @@ ONNXRUN = "ai.onnxrun"  # onnxrun's own operators (its layout level's)
 
 @op("MatMul", 1, 9, 13)
 def MatMul(A, B):
-    return namespace(A).matmul(A, B)
+    return matmul(A, B)
 
 
 def _t(xp: Any, x: Any) -> Any:
@@ -28,7 +28,7 @@ def Gemm(A, B, C=None, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     xp = namespace(A)
     a = _t(xp, A) if transA else A
     b = _t(xp, B) if transB else B
-    y = xp.matmul(a, b)
+    y = matmul(a, b)
     if alpha != 1.0:
         y = y * alpha
     if C is not None and beta != 0.0:
@@ -55,7 +55,7 @@ def MatMulBiasGelu(A, B, bias=None, *, approximate="none"):
     """onnxrun's layout level's MatMul + BiasGelu / Gelu / FastGelu (made for the CPU's GEMM
     epilogue): the product, then the GELU kernel (one fused kernel on CuPy)."""
     approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
-    return _gelu(namespace(A).matmul(A, B), bias, approximate=approximate == "tanh")
+    return _gelu(matmul(A, B), bias, approximate=approximate == "tanh")
 
 
 @op("FusedMatMul", 1, domain=MS)
@@ -63,7 +63,7 @@ def FusedMatMul(A, B, *, alpha=1.0, transA=0, transB=0, transBatchA=0, transBatc
     xp = namespace(A)
     a = _batch_transposed(xp, A, transBatchA, transA)
     b = _batch_transposed(xp, B, transBatchB, transB)
-    y = xp.matmul(a, b)
+    y = matmul(a, b)
     return y if alpha == 1.0 else y * alpha
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..array import namespace, normalize_axis
+from ..array import matmul, namespace, normalize_axis
 from ..kernels import KernelContext, op
 
 MS = "com.microsoft"
@@ -142,7 +142,7 @@ class MatMulNBits:
                                     self.bits, A.dtype)
             else:
                 W = self.weight(B, scales, zero_points, A.dtype)
-            Y = xp.matmul(A, xp.matrix_transpose(W))
+            Y = matmul(A, xp.matrix_transpose(W))
         if bias is not None and bias.size:
             Y = Y + xp.astype(bias, A.dtype)
         return Y
