@@ -620,8 +620,8 @@ def test_batch_norm_of_a_channels_last_input_stays_channels_last_bit_for_bit(mon
 
     blocks = []
     real = conv_mod.scale_shift_channels  # (normalization.py takes it from conv.py per call)
-    monkeypatch.setattr(conv_mod, "scale_shift_channels", lambda *a: blocks.append(1) or
-                        real(*a))
+    monkeypatch.setattr(conv_mod, "scale_shift_channels", lambda *a, **k: blocks.append(1) or
+                        real(*a, **k))
 
     class Ctx:
         opset = 15

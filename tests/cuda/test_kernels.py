@@ -265,6 +265,16 @@ def test_layout_level_gelu_fusions_stay_on_the_device(on_device):
                 "c": f32(8, 4)}, rtol=1e-4, atol=1e-5)
 
 
+def test_layout_level_batch_norm_relu_stays_on_the_device(on_device):
+    """The CPU's layout level's ai.onnxrun FusedBatchNormalization (a BatchNormalization, then
+    Relu) runs on the device too."""
+    m = _model('g (float[2,5,4,3] x, float[5] s, float[5] b, float[5] m, float[5] v) => '
+               '(float[2,5,4,3] y) { y = ai.onnxrun.FusedBatchNormalization<activation="Relu">'
+               '(x, s, b, m, v) }', opset=15, domains=', "ai.onnxrun" : 1')
+    compare(m, {"x": f32(2, 5, 4, 3), "s": f32(5), "b": f32(5), "m": f32(5),
+                "v": np.abs(f32(5)) + 0.5}, rtol=1e-5, atol=1e-6)
+
+
 def test_skip_layer_normalization(on_device):
     m = _ms("g (float[2,3,8] x, float[2,3,8] s, float[8] g, float[8] b, float[8] bias) => "
             "(float[2,3,8] y, float[2,3,8] r) { y, m, v, sum = com.microsoft.SkipLayerNormalization"

@@ -22,6 +22,8 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
         "BatchNormalization Gemm")),
     "fuse_conv_mul": ("ConvMulFusion", 31, ("Conv Mul",)),
     "fuse_conv_add": ("ConvAddFusion", 32, ("Add Conv", "Add ConvTranspose")),
+    "fuse_bn_mul_add": ("BatchNormMulAddFusion", 33, (
+        "BatchNormalization Mul", "BatchNormalization Add")),
     "fuse_matmul_add": ("MatMulAddFusion", 40, ("Add MatMul",)),
     "fuse_gemm_transpose": ("GemmTransposeFusion", 42, ("Gemm Transpose",)),
     "fuse_reshape_shape": ("ReshapeFusion", 43, ("Concat Reshape",)),

@@ -8,6 +8,7 @@ onnxruntime. ``PASSES`` as in ``basic``.
 """
 
 PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "batch_norm_relu": ("BatchNormReluFusion", 42, ("BatchNormalization Relu",)),
     "conv_quick_gelu": ("ConvQuickGeluFusion", 40, ("Conv com.microsoft:QuickGelu",)),
     "matmul_gelu": ("MatMulGeluFusion", 41, (
         "MatMul com.microsoft:BiasGelu", "MatMul com.microsoft:Gelu",

@@ -88,6 +88,7 @@ KERNEL_MODULES: dict[str, dict[str, tuple[str, ...]]] = {
     },
     "ai.onnxrun": {
         "contrib.fused": ("MatMulBiasGelu",),
+        "normalization": ("FusedBatchNormalization",),
         "quantization": ("ConvIntegerToFloat", "QuantizeDequantize"),
     },
     "com.microsoft": {

@@ -788,12 +788,14 @@ _SCALE_SHIFT_COMPILED = 1 << 10
 
 
 def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
-                         out: np.ndarray | None = None, threads: int = 1) -> np.ndarray:
+                         out: np.ndarray | None = None, threads: int = 1,
+                         relu: bool = False) -> np.ndarray:
     """X * a + b, one (a, b) per channel, for a channels-last X (N, C, H, W) with C < 4096:
     a fresh channels-last result, the rows of pixels taken in blocks of several thousand
     elements with a and b repeated to match (as add_channel_bias; BatchNormalization at
     inference after a DenseNet's Concat: 1.6-2x faster than numpy's broadcast of a (C, 1, 1)
-    operand at 64-256 channels and 56 x 56, bit for bit the same)."""
+    operand at 64-256 channels and 56 x 56, bit for bit the same). ``relu``: then Relu, in
+    the same compiled pass (FusedBatchNormalization), else on the result in place."""
     N, C, H, W = X.shape
     Yt = nhwc_out(out, (N, H, W, C), X.dtype)
     if Yt.size == 0:  # an empty batch or image: nothing to scale
@@ -806,7 +808,7 @@ def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
 
         rows = Xt.view()
         rows.shape = (-1, C)  # a view: _pixel_rows
-        if scale_shift(rows, a, b, Yt.reshape(-1, C), threads):
+        if scale_shift(rows, a, b, Yt.reshape(-1, C), threads, relu):
             return Yt.transpose(0, 3, 1, 2)
     src, dst = Xt.reshape(-1, C), Yt.reshape(-1, C)
     R = min(src.shape[0], max(1, 8192 // C))
@@ -817,6 +819,10 @@ def scale_shift_channels(X: np.ndarray, a: np.ndarray, b: np.ndarray,
     if whole < src.shape[0]:
         np.multiply(src[whole:], a.reshape(C), out=dst[whole:])
         dst[whole:] += b.reshape(C)
+    if relu:
+        from .activation import Relu
+
+        Relu(Yt, out=Yt)
     return Yt.transpose(0, 3, 1, 2)
 
 
@@ -845,7 +851,8 @@ def layout_changes_allowed(ctx) -> bool:
 # One tensor in, numpy keeps its layout (the ufuncs' order "K"): activations, SiLU as the
 # QuickGelu the optimizer fuses x * Sigmoid(x) into, the Gelu it fuses the erf form into (its
 # kernel works on X's memory as it lies); and BatchNormalization at inference (a DenseNet's
-# after each Concat), its other inputs per-channel constants.
+# after each Concat), its other inputs per-channel constants, with the Relu the layout level
+# fuses into it (ai.onnxrun FusedBatchNormalization) or without.
 _PASS_THROUGH = frozenset({("", "Relu"), ("", "Clip"), ("", "Sigmoid"), ("", "Tanh"),
                            ("", "LeakyRelu"), ("", "HardSigmoid"), ("", "HardSwish"),
                            ("com.microsoft", "QuickGelu"), ("com.microsoft", "Gelu")})
@@ -854,6 +861,8 @@ _PASS_THROUGH = frozenset({("", "Relu"), ("", "Clip"), ("", "Sigmoid"), ("", "Ta
 def _passes_layout(node) -> bool:
     if node.domain == "" and node.op_type == "BatchNormalization":  # inference: x * a + b
         return sum(bool(v.name) for v in node.outputs) == 1
+    if node.domain == "ai.onnxrun" and node.op_type == "FusedBatchNormalization":
+        return True  # inference only, one output
     return (node.domain, node.op_type) in _PASS_THROUGH
 
 

@@ -10,6 +10,7 @@ from ....dtypes import compute_dtype, np_dtype
 from ..kernels import KernelContext, op
 from ..parallel import threads_for
 from ..random_state import generator
+from .activation import Relu
 
 
 def _stat_dtype(dtype: np.dtype) -> np.dtype:
@@ -102,6 +103,7 @@ class BatchNormalization:
     # the executor's buffer for the output (memory.py); training mode's several outputs
     # never get one (it hands buffers to one-output steps only)
     accepts_out = True
+    relu = False  # FusedBatchNormalization's Relu after
 
     def __call__(self, X, scale, B, input_mean, input_var, *, out=None):
         cdt = compute_dtype(X.dtype)
@@ -117,13 +119,16 @@ class BatchNormalization:
 
             if channels_inner(X):
                 return scale_shift_channels(X, a.astype(cdt, copy=False),
-                                            b.astype(cdt, copy=False), out, self.threads)
+                                            b.astype(cdt, copy=False), out, self.threads,
+                                            relu=self.relu)
         if out is not None and X.dtype == cdt and out.dtype == cdt and out.shape == X.shape:
             Y = np.multiply(X, _per_channel(a, X, cdt), out=out)
             Y += _per_channel(b, X, cdt)
-            return Y
+            return Relu(Y, out=Y) if self.relu else Y
         Y = X.astype(cdt, copy=False) * _per_channel(a, X, cdt)
         Y += _per_channel(b, X, cdt)
+        if self.relu:
+            Relu(Y, out=Y)
         return Y.astype(X.dtype, copy=False)
 
     def _train(self, X, scale, B, input_mean, input_var):
@@ -176,6 +181,25 @@ def _standardize_rows(X: np.ndarray, rows: int, eps: float, sd: np.dtype):
     centered *= inv_std[:, None]
     return centered, mean, inv_std
 
+
+
+@op("FusedBatchNormalization", 1, domain="ai.onnxrun")
+class FusedBatchNormalization(BatchNormalization):
+    """onnxrun's layout level's BatchNormalization at inference + Relu
+    (optimize/layout/batch_norm_relu.py): on a channels-last input one compiled pass
+    (compiled/scale_shift.py's relu variant), else the BatchNormalization then Relu in place;
+    the bits of the two nodes either way. ``activation``: "Relu" (the only one made)."""
+
+    def __init__(self, ctx: KernelContext, *, activation="Relu", epsilon=1e-5,
+                 momentum=0.9) -> None:
+        activation = activation.decode() if isinstance(activation, bytes) else str(activation)
+        if activation != "Relu":
+            raise ValueError(f"FusedBatchNormalization: activation must be 'Relu', got "
+                             f"{activation!r}")
+        super().__init__(ctx, epsilon=epsilon, momentum=momentum, training_mode=0)
+        self.training = False  # one output, inference only (what the pass fuses)
+        self.legacy_outputs = False
+        self.relu = True
 
 @op("InstanceNormalization", 1, 6, 22)
 def InstanceNormalization(input, scale, B, *, epsilon=1e-5):  # noqa: A002 - the schema's name

@@ -8,8 +8,10 @@ from typing import Any
 
 from ..array import namespace, normalize_axis
 from ..kernels import KernelContext, op
+from .activation import make_activation
 
 MS = "com.microsoft"
+_RELU = make_activation("Relu")
 
 
 def _stat(xp: Any, x: Any) -> Any:
@@ -28,6 +30,17 @@ def BatchNormalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mome
     inv = scale / xp.sqrt(input_var + epsilon)
     shift = B - input_mean * inv
     return X * xp.reshape(inv, shape) + xp.reshape(shift, shape)
+
+
+@op("FusedBatchNormalization", 1, domain="ai.onnxrun")
+def FusedBatchNormalization(X, scale, B, input_mean, input_var, *, activation="Relu",
+                            epsilon=1e-5, momentum=0.9):
+    """onnxrun's layout level's BatchNormalization + Relu (made for the CPU's one pass)."""
+    activation = activation.decode() if isinstance(activation, bytes) else str(activation)
+    if activation != "Relu":
+        raise ValueError(f"FusedBatchNormalization: activation must be 'Relu', got "
+                         f"{activation!r}")
+    return _RELU(BatchNormalization(X, scale, B, input_mean, input_var, epsilon=epsilon))
 
 
 def layer_norm(x: Any, axis: int, epsilon: float, scale: Any, bias: Any) -> tuple[Any, Any, Any]:
