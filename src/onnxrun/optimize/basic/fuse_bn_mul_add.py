@@ -43,32 +43,32 @@ def _parts(model, bn, c) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
 
 class BatchNormMul(RewriteRule):
     name = "BatchNormalization*Mul"
+    op_type = "Mul"
 
     def pattern(self, op, x, s, b, m, v, c):
-        return op.Mul(op.BatchNormalization(x, s, b, m, v, _name="bn"), c)
+        return getattr(op, self.op_type)(op.BatchNormalization(x, s, b, m, v, _name="bn"), c)
 
     def check(self, context, bn, c, **_):
         return _parts(context.model, bn, c) is not None
 
     def rewrite(self, op, bn, c, **_):
-        scale, bias, factor = _parts(op.model, bn, c)
-        f = factor.astype(np.float64)
-        return _folded(op, bn, scale.astype(np.float64) * f, bias.astype(np.float64) * f,
-                       scale.dtype)
+        scale, bias, value = _parts(op.model, bn, c)
+        new_scale, new_bias = self.fold(scale.astype(np.float64), bias.astype(np.float64),
+                                        value.astype(np.float64))
+        return _folded(op, bn, new_scale, new_bias, scale.dtype)
+
+    @staticmethod
+    def fold(scale, bias, m):
+        return scale * m, bias * m
 
 
-class BatchNormAdd(RewriteRule):
+class BatchNormAdd(BatchNormMul):
     name = "BatchNormalization+Add"
+    op_type = "Add"
 
-    def pattern(self, op, x, s, b, m, v, c):
-        return op.Add(op.BatchNormalization(x, s, b, m, v, _name="bn"), c)
-
-    def check(self, context, bn, c, **_):
-        return _parts(context.model, bn, c) is not None
-
-    def rewrite(self, op, bn, c, **_):
-        scale, bias, shift = _parts(op.model, bn, c)
-        return _folded(op, bn, scale, bias.astype(np.float64) + shift, scale.dtype)
+    @staticmethod
+    def fold(scale, bias, c):
+        return scale, bias + c
 
 
 def _folded(op, bn, scale, bias, dtype):

@@ -73,13 +73,7 @@ def module_ir(target=None) -> str:
          "  %jn = add i64 %j, 1",
          "  %tmore = icmp slt i64 %jn, %bytes",
          "  br i1 %tmore, label %tloop, label %rnext",
-         "rnext:",
-         "  %rn = add i64 %r, 1",
-         "  %rmore = icmp slt i64 %rn, %r1",
-         "  br i1 %rmore, label %row, label %end",
-         "end:",
-         "  ret void",
-         "}",
+         *ir.row_loop_end("%row"),
          'attributes #0 = { nounwind "no-builtins" }',
          # @copy_job: the same on an argument block, a range of rows per spin.py worker
          *ir.job("copy_job", "copy_rows", _ARGS)]

@@ -186,10 +186,16 @@ def chunk_and_row_loop_end() -> list[str]:
     return ["  %c0n = add i64 %c0, 16",
             "  %cmore = icmp slt i64 %c0n, %C",
             "  br i1 %cmore, label %cloop, label %rnext",
-            "rnext:",
+            *row_loop_end("%rloop")]
+
+
+def row_loop_end(back: str) -> list[str]:
+    """Block ``rnext``: the next row (``%r`` up to ``%r1``, back to label ``back``), else
+    block ``end``: return; then the function's closing brace."""
+    return ["rnext:",
             "  %rn = add i64 %r, 1",
             "  %rmore = icmp slt i64 %rn, %r1",
-            "  br i1 %rmore, label %rloop, label %end",
+            f"  br i1 %rmore, label {back}, label %end",
             "end:",
             "  ret void",
             "}"]

@@ -99,13 +99,7 @@ def _function(name: str, relu: bool) -> list[str]:
             "  %jn = add i64 %j, 1",
             "  %tmore = icmp slt i64 %jn, %C",
             "  br i1 %tmore, label %tloop, label %rnext",
-            "rnext:",
-            "  %rn = add i64 %r, 1",
-            "  %rmore = icmp slt i64 %rn, %r1",
-            "  br i1 %rmore, label %row, label %end",
-            "end:",
-            "  ret void",
-            "}"]
+            *ir.row_loop_end("%row")]
 
 
 _JOB = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
