@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
-from onnxrun.providers.cuda.cupy.blas import OP_N, gemm_plan
+from onnxrun.providers.cuda.cupy.blas import OP_N, broadcast_batch, gemm_plan
 
 
 def _column_major(x, op, ld, stride, rows, cols, batch):
@@ -55,6 +55,9 @@ def _cases():
         "one by one": (f(1, 1), f(1, 1)),
         "size-1 batch dims": (f(2, 1, 4, 5), f(1, 1, 5, 3)),
         "broadcast batch": (np.broadcast_to(f(1, 4, 5), (3, 4, 5)), f(3, 5, 2)),
+        "leading size-1 batch dim": (f(1, 3, 4, 5), f(3, 5, 2)),
+        "size-1 batch dim inside": (f(2, 1, 3, 4, 5), f(2, 1, 3, 5, 2)),
+        "sliced batch": (f(6, 4, 5)[::2], f(3, 5, 2)),
     }
 
 
@@ -78,3 +81,15 @@ def test_gemm_plan_asks_for_a_copy():
     for a, b in cases:
         strides = [tuple(s // 4 for s in x.strides) for x in (a, b)]
         assert gemm_plan(a.shape, strides[0], b.shape, strides[1]) is None, (a.shape, b.shape)
+
+
+@pytest.mark.parametrize("a,b", [((), ()), ((3,), ()), ((2, 1), (4,)), ((1, 3), (2, 1)),
+                                 ((5, 1, 4), (3, 1)), ((2, 3), (2, 3))])
+def test_broadcast_batch_is_numpys(a, b):
+    assert broadcast_batch(a, b) == np.broadcast_shapes(a, b)
+    assert broadcast_batch(b, a) == np.broadcast_shapes(b, a)
+
+
+def test_broadcast_batch_refuses_what_numpy_refuses():
+    with pytest.raises(ValueError):
+        broadcast_batch((2, 3), (4, 3))
