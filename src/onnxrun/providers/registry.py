@@ -139,6 +139,12 @@ class KernelDef:
         return functools.partial(self.impl, **bound) if bound else self.impl
 
 
+def text_attribute(value: Any) -> str:
+    """A STRING attribute as a kernel's text: bytes as the model stores it, or what a Python
+    caller passed."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def takes_out(kernel: Callable[..., Any]) -> Callable[..., Any]:
     """Mark a kernel function whose keyword-only ``out`` (not an attribute) is an array to
     write its one output into: ``kernel(*inputs, out=array)`` fills ``array`` (of the shape,

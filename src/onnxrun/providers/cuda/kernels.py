@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...ir import Node
-from ..registry import KernelContext, KernelRegistry
+from ..registry import KernelContext, KernelRegistry, text_attribute
 
 # kernel modules under ops/, imported when the provider is first created
 MODULES = ("activation", "attention", "conv", "elementwise", "integer", "linalg", "memcpy",
@@ -56,4 +56,4 @@ def _import_all() -> None:
 
 cuda_kernels.defer({}, _import_all)
 
-__all__ = ["KernelContext", "cuda_kernels", "op"]
+__all__ = ["KernelContext", "cuda_kernels", "op", "text_attribute"]

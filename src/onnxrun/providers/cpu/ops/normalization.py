@@ -7,7 +7,7 @@ import threading
 import numpy as np
 
 from ....dtypes import compute_dtype, np_dtype
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from ..parallel import threads_for
 from ..random_state import generator
 from .activation import Relu
@@ -192,7 +192,7 @@ class FusedBatchNormalization(BatchNormalization):
 
     def __init__(self, ctx: KernelContext, *, activation="Relu", epsilon=1e-5,
                  momentum=0.9) -> None:
-        activation = activation.decode() if isinstance(activation, bytes) else str(activation)
+        activation = text_attribute(activation)
         if activation != "Relu":
             raise ValueError(f"FusedBatchNormalization: activation must be 'Relu', got "
                              f"{activation!r}")

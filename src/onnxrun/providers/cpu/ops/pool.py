@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from ..parallel import parallel_for, threads_for
 from .conv import (
     channels_inner,
@@ -29,10 +29,6 @@ from .conv import (
 COMPILED = True
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class _Pool:
     """Attributes and geometry common to the windowed pooling operators."""
 
@@ -40,7 +36,7 @@ class _Pool:
                  kernel_shape, pads=None, strides=None) -> None:
         self.kernel = tuple(int(v) for v in kernel_shape)
         nd = len(self.kernel)
-        self.auto_pad = _text(auto_pad)
+        self.auto_pad = text_attribute(auto_pad)
         self.ceil_mode = int(ceil_mode)
         self.dilations = tuple(int(v) for v in dilations) if dilations else (1,) * nd
         self.strides = tuple(int(v) for v in strides) if strides else (1,) * nd

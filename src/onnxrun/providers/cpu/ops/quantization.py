@@ -18,7 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import ml_dtypes, np_dtype
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from ..parallel import split_threads
 from .conv import pad_spatial, window_geometry, window_slices
 
@@ -691,10 +691,6 @@ def _ints(values, n: int, default: int) -> tuple[int, ...]:
     return tuple(int(v) for v in values) if values is not None and len(values) else (default,) * n
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class IntConvWeights:
     """A convolution's 8-bit weight as given (the initializer, not a copy), its zero point per
     output channel and what keeps the products exact; ``gemm()`` / ``taps()`` build
@@ -766,7 +762,7 @@ class IntConv:
 
     def __init__(self, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
                  pads=None, strides=None) -> None:
-        self.auto_pad = _text(auto_pad)
+        self.auto_pad = text_attribute(auto_pad)
         self.dilations = dilations
         self.group = int(group)
         self.kernel_shape = kernel_shape

@@ -15,14 +15,10 @@ import numpy as np
 
 from ....dtypes import compute_dtype
 from ..indices import as_intp
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from .conv import channels_inner, keeps_layout, nhwc_out, scratch
 
 f32 = np.float32
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- coordinates ---------------------------------------------------------------------------------
@@ -201,11 +197,11 @@ class _Resampler:
                  nearest_mode="round_prefer_floor", cubic_coeff_a=-0.75, exclude_outside=0,
                  extrapolation_value=0.0, antialias=0, axes=None,
                  keep_aspect_ratio_policy="stretch") -> None:
-        self.mode = _text(mode)
+        self.mode = text_attribute(mode)
         if self.mode not in ("nearest", "linear", "cubic"):
             raise ValueError(f"unsupported mode '{self.mode}'")
-        self.ctm = _text(coordinate_transformation_mode)
-        self.nearest_mode = _text(nearest_mode)
+        self.ctm = text_attribute(coordinate_transformation_mode)
+        self.nearest_mode = text_attribute(nearest_mode)
         self.a = float(f32(cubic_coeff_a))
         self.exclude_outside = bool(exclude_outside)
         self.extrapolation_value = float(extrapolation_value)
@@ -213,7 +209,7 @@ class _Resampler:
         if antialias and self.mode == "nearest":
             raise ValueError("antialias needs mode 'linear' or 'cubic'")
         self.axes = None if axes is None else [int(v) for v in axes]
-        self.policy = _text(keep_aspect_ratio_policy)
+        self.policy = text_attribute(keep_aspect_ratio_policy)
         if self.policy not in ("stretch", "not_larger", "not_smaller"):
             raise ValueError(f"unsupported keep_aspect_ratio_policy '{self.policy}'")
 

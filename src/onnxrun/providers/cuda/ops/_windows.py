@@ -7,10 +7,7 @@ import math
 from typing import Any
 
 from ..array import namespace
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from ..kernels import text_attribute
 
 
 def geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int] | None,
@@ -20,7 +17,7 @@ def geometry(spatial: tuple[int, ...], kernel: list[int], strides: list[int] | N
     n = len(spatial)
     strides = list(strides) if strides is not None else [1] * n
     dilations = list(dilations) if dilations is not None else [1] * n
-    mode = _text(auto_pad or "NOTSET")
+    mode = text_attribute(auto_pad or "NOTSET")
     before, after, out = [], [], []
     for i, size in enumerate(spatial):
         k = (kernel[i] - 1) * dilations[i] + 1

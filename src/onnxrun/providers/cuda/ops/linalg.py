@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..array import matmul, namespace
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from .activation import make_activation
 from .elementwise import _gelu
 
@@ -54,8 +54,7 @@ class FusedGemm:
 def MatMulBiasGelu(A, B, bias=None, *, approximate="none"):
     """onnxrun's layout level's MatMul + BiasGelu / Gelu / FastGelu (made for the CPU's GEMM
     epilogue): the product, then the GELU kernel (one fused kernel on CuPy)."""
-    approximate = approximate.decode() if isinstance(approximate, bytes) else str(approximate)
-    return _gelu(matmul(A, B), bias, approximate=approximate == "tanh")
+    return _gelu(matmul(A, B), bias, approximate=text_attribute(approximate) == "tanh")
 
 
 @op("FusedMatMul", 1, domain=MS)

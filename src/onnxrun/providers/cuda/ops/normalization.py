@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..array import namespace, normalize_axis
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from .activation import make_activation
 
 MS = "com.microsoft"
@@ -36,7 +36,7 @@ def BatchNormalization(X, scale, B, input_mean, input_var, *, epsilon=1e-5, mome
 def FusedBatchNormalization(X, scale, B, input_mean, input_var, *, activation="Relu",
                             epsilon=1e-5, momentum=0.9):
     """onnxrun's layout level's BatchNormalization + Relu (made for the CPU's one pass)."""
-    activation = activation.decode() if isinstance(activation, bytes) else str(activation)
+    activation = text_attribute(activation)
     if activation != "Relu":
         raise ValueError(f"FusedBatchNormalization: activation must be 'Relu', got "
                          f"{activation!r}")

@@ -17,7 +17,7 @@ from .....dtypes import compute_dtype
 from ... import blas
 from ...compiled.layout import dense_order, flat, flat_out, shaped_like
 from ...gelu_polynomial import FAST_GELU_LOGIT, GELU_LOGIT
-from ...kernels import KernelContext, op
+from ...kernels import KernelContext, op, text_attribute
 from ...parallel import threads_for
 from ..activation import sigmoid, sigmoid_in_place
 from ..elementwise import erf, gelu_float32, gelu_kernel
@@ -26,10 +26,6 @@ from ..linalg import gemm_packed, matmul, packed_gemm, packed_weights, run_packe
 MS = "com.microsoft"
 ONNXRUN = "ai.onnxrun"  # onnxrun's own fused operators (the layout level's)
 _F32 = np.dtype(np.float32)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- fused activations ---------------------------------------------------------------------------
@@ -118,7 +114,7 @@ def make_activation(name: str, alpha: float | None = None, beta: float | None = 
                gamma: float | None = None):
     """The in-place activation named by FusedConv / FusedGemm (None: identity). The
     parameters default as in the standalone ONNX operators."""
-    name = _text(name) if name else ""
+    name = text_attribute(name) if name else ""
     if name in ("", "Identity"):
         return None
     if name == "Relu":
@@ -432,7 +428,7 @@ class MatMulBiasGelu:
     per layer. Elsewhere the MatMul's product, then the standalone kernel on it."""
 
     def __init__(self, ctx: KernelContext, *, approximate="none") -> None:
-        approximate = _text(approximate)
+        approximate = text_attribute(approximate)
         if approximate not in ("none", "tanh"):
             raise ValueError(f"MatMulBiasGelu: approximate must be 'none' or 'tanh', got "
                              f"{approximate!r}")
