@@ -43,20 +43,24 @@ def per_channel(c: np.ndarray, out_rank: int, channels: int) -> np.ndarray | Non
     return np.broadcast_to(full.reshape(-1), (channels,))
 
 
+def inference_batchnorm(model: Model, bn: Node) -> bool:
+    """Whether ``bn`` is an ai.onnx BatchNormalization at inference with one (C,) parameter
+    set per channel and Y its only output read: what the rewrites of one may replace."""
+    if bn.domain != "" or bn.op_type != "BatchNormalization" or len(bn.inputs) != 5:
+        return False
+    opset = model.node_opset(bn)
+    if opset is None or opset >= 14 and bn.attr("training_mode", 0) != 0:
+        return False
+    # Before opset 14 the kernel (as onnxruntime) trains when extra outputs are asked for.
+    if any(v.name for v in bn.outputs[1:]) or not only_first_output_used(bn):
+        return False
+    return bn.attr("spatial", 1) == 1
+
+
 def batchnorm_affine(model: Model, bn: Node, channels: int) -> tuple[np.ndarray, np.ndarray] | None:
     """(a, b) with BN(x) = a * x + b per channel (float64), for an inference-mode
     BatchNormalization whose parameters are constants and whose only read output is Y."""
-    if bn.domain != "" or bn.op_type != "BatchNormalization" or len(bn.inputs) != 5:
-        return None
-    opset = model.node_opset(bn)
-    if opset is None:
-        return None
-    if opset >= 14 and bn.attr("training_mode", 0) != 0:
-        return None
-    # Before opset 14 the kernel (as onnxruntime) trains when extra outputs are asked for.
-    if any(v.name for v in bn.outputs[1:]) or not only_first_output_used(bn):
-        return None
-    if bn.attr("spatial", 1) != 1:
+    if not inference_batchnorm(model, bn):
         return None
     params = [constant_value(v) for v in bn.inputs[1:]]
     if any(p is None or p.ndim != 1 or p.shape[0] != channels for p in params):

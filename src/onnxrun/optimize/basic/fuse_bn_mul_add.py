@@ -16,19 +16,13 @@ from ...dtypes import type_shape
 from ..base import BASIC, RulePass, register_pass
 from ..graph_utils import constant_value
 from ..pattern import RewriteRule
-from ._helpers import only_first_output_used, per_channel
+from ._helpers import inference_batchnorm, per_channel
 
 
 def _parts(model, bn, c) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(scale, B, the per-channel constant) where the rewrite applies, else None."""
-    if bn.domain != "" or len(bn.inputs) != 5 or any(v is None for v in bn.inputs):
+    if not inference_batchnorm(model, bn) or any(v is None for v in bn.inputs):
         return None
-    opset = model.node_opset(bn)
-    if opset is None or (opset >= 14 and bn.attr("training_mode", 0) != 0) or \
-            (opset < 9 and bn.attr("spatial", 1) != 1):
-        return None
-    if any(v.name for v in bn.outputs[1:]) or not only_first_output_used(bn):
-        return None  # training's statistics
     scale, bias = constant_value(bn.inputs[1]), constant_value(bn.inputs[2])
     value, shape = constant_value(c), type_shape(bn.inputs[0].type)
     if scale is None or bias is None or value is None or shape is None or \

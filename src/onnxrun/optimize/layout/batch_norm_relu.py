@@ -14,7 +14,8 @@ with the Relu fused. onnxruntime has no such operator, so this is a layout-level
 from __future__ import annotations
 
 from ..base import LAYOUT, RulePass, register_pass
-from ..extended._helpers import is_float32, opset
+from ..basic._helpers import inference_batchnorm
+from ..extended._helpers import is_float32
 from ..pattern import RewriteRule
 
 ONNXRUN = "ai.onnxrun"
@@ -27,13 +28,8 @@ class BatchNormRelu(RewriteRule):
         return op.Relu(op.BatchNormalization(x, scale, b, mean, var, _name="bn"))
 
     def check(self, context, x, bn, **_):
-        if len(bn.outputs) > 1 and any(o.name for o in bn.outputs[1:]):
-            return False  # training mode's statistics are read
-        if opset(context.model, bn) >= 14 and bn.attr("training_mode", 0):
-            return False
-        if opset(context.model, bn) < 9 and not bn.attr("spatial", 1):
-            return False  # one value per element: not the per-channel pass
-        return is_float32(x, bn.outputs[0], context.root.outputs[0])
+        return inference_batchnorm(context.model, bn) and \
+            is_float32(x, bn.outputs[0], context.root.outputs[0])
 
     def rewrite(self, op, bn, **_):
         return op.FusedBatchNormalization(*bn.inputs, _domain=ONNXRUN, activation="Relu",
