@@ -1,6 +1,7 @@
 """What one optimizer pass gains: onnxrun with the pass against onnxrun without it
-(``disabled_optimizers``), both sessions in this process, run in turn (the order reversed every
-round), so a loaded machine's slow windows hit both alike.
+(``disabled_optimizers``), both sessions in this process, run in turn
+(``tools.bench.time_alternating``: the order reversed every round), so a loaded machine's slow
+windows hit both alike.
 
     python benchmarks/pass_gain.py --passes BatchNormMulAddFusion --models zoo:densenet121
     python benchmarks/pass_gain.py --passes BatchNormReluFusion --models densenet_style \\
@@ -16,12 +17,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-
 import onnxrun
+from onnxrun.tools.bench import max_abs_diff, time_alternating
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -56,21 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                 from onnxrun.tools.common import make_feeds
 
                 feeds, _ = make_feeds(with_pass, {}, {}, 0)
-            outs = [s.run(None, feeds) for s in (with_pass, without)]
-            diff = max(float(np.max(np.abs(a.astype(np.float64) - b), initial=0.0))
-                       for a, b in zip(*outs, strict=True))
-            for s in (with_pass, without):
-                for _ in range(3):
-                    s.run(None, feeds)
-            times: dict[int, list[float]] = {0: [], 1: []}
-            for r in range(args.rounds):
-                for k in ((0, 1) if r % 2 == 0 else (1, 0)):
-                    s = (with_pass, without)[k]
-                    t = time.perf_counter()
-                    s.run(None, feeds)
-                    times[k].append(time.perf_counter() - t)
-            a, b = (statistics.median(times[k]) * 1e3 for k in (0, 1))
-            print(f"| {label} | {threads} | {a:.2f} | {b:.2f} | {a / b:.3f} | {diff:.1e} |",
+            times, firsts = time_alternating(
+                [lambda s=s, f=feeds: s.run(None, f) for s in (with_pass, without)],
+                warmup=3, repeat=args.rounds)
+            a, b = (statistics.median(t) * 1e3 for t in times)
+            diff = max_abs_diff(*firsts)
+            shown = "-" if diff is None else f"{diff:.1e}"
+            print(f"| {label} | {threads} | {a:.2f} | {b:.2f} | {a / b:.3f} | {shown} |",
                   flush=True)
     return 0
 

@@ -147,9 +147,9 @@ def _library() -> Any:
             try:
                 with open("/proc/self/maps", encoding="utf-8") as maps:
                     for line in maps:
-                        name = os.path.basename(line.split()[-1]) if "/" in line else ""
-                        if name.startswith("libcublas.so"):
-                            path = line.split()[-1]
+                        mapped = line.split()[-1] if "/" in line else ""
+                        if os.path.basename(mapped).startswith("libcublas.so"):
+                            path = mapped
                             break
             except OSError:
                 pass

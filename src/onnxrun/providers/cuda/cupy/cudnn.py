@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 _local = threading.local()
 
@@ -66,7 +65,7 @@ class Convolution:
         key = (X.shape, X.dtype.str, W.shape, X.strides, W.strides)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._build(X, W)
+            entry = self.graphs[key] = self._build(X, W, out)
         if entry is False:
             return None
         graph, x, w, y, workspace = entry
@@ -80,12 +79,7 @@ class Convolution:
             return None
         return Y
 
-    def _out_shape(self, spatial: tuple[int, ...], kernel: tuple[int, ...]) -> list[int]:
-        strides, dilations, before, after = self.geometry
-        return [(size + b + a - d * (k - 1) - 1) // s + 1 for size, k, s, d, b, a in
-                zip(spatial, kernel, strides, dilations, before, after, strict=True)]
-
-    def _build(self, X: Any, W: Any) -> Any:
+    def _build(self, X: Any, W: Any, out: list[int]) -> Any:
         import cupy
 
         cudnn, handle = _module()
@@ -102,10 +96,9 @@ class Convolution:
                                  stride=strides, dilation=dilations,
                                  compute_data_type=cudnn.data_type.FLOAT)
             # the result's layout stated, not inferred: NCHW contiguous, as the kernel returns
-            N, M = X.shape[0], W.shape[0]
-            dims = [N, M, *self._out_shape(X.shape[2:], W.shape[2:])]
+            dims = [X.shape[0], W.shape[0], *out]
             y.set_output(True).set_data_type(dt).set_dim(dims).set_stride(
-                [int(np.prod(dims[i + 1:], dtype=np.int64)) for i in range(len(dims))])
+                [math.prod(dims[i + 1:]) for i in range(len(dims))])
             graph.build([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
             workspace = cupy.empty(max(1, graph.get_workspace_size()), dtype=cupy.uint8)
         except Exception:  # noqa: BLE001 - no engine for this case: the implicit GEMM
