@@ -1007,3 +1007,59 @@ def test_patch_embedding_tokens_come_contiguous_with_onnxruntimes_results(monkey
         for _ in range(3):  # the memory pattern's runs too
             np.testing.assert_allclose(sess.run(None, feeds)[0], want, rtol=1e-4, atol=1e-4)
     assert seen[:3] == [True] * 3 and seen[3:] == [False] * 3  # NCHW below the layout level
+
+
+# An EfficientNet block as PyTorch exports it (transformers' EfficientNet): ZeroPad2d's pads
+# computed by a constant subgraph (ONNX inference then sizes nothing after the Pad), 1x1
+# convolutions with padding="same" (auto_pad SAME_UPPER: no padding for a one-tap window), a
+# depthwise convolution with SiLU and an SE block's per-channel gate.
+_EFFICIENTNET_BLOCK = onnx.parser.parse_model("""
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 8, 15, 15] X) => (float[1, 8, 7, 7] Y) {
+    p0 = Constant <value = int64[4] {0, 0, 0, 0}> ()
+    p1 = Constant <value = int64[4] {0, 0, 1, 1}> ()
+    pads = Concat <axis = 0> (p0, p1)
+    x = Pad (X, pads)
+    e = Conv <auto_pad = "SAME_UPPER", kernel_shape = [1, 1]> (x, We, Be)
+    es = Sigmoid (e)
+    ea = Mul (e, es)
+    d = Conv <kernel_shape = [3, 3], strides = [2, 2], group = 32> (ea, Wd, Bd)
+    ds = Sigmoid (d)
+    da = Mul (d, ds)
+    g = GlobalAveragePool (da)
+    r = Conv <auto_pad = "SAME_UPPER", kernel_shape = [1, 1]> (g, Wr, Br)
+    rs = Sigmoid (r)
+    ra = Mul (r, rs)
+    x2 = Conv <auto_pad = "SAME_UPPER", kernel_shape = [1, 1]> (ra, Wx, Bx)
+    gate = Sigmoid (x2)
+    h = Mul (da, gate)
+    Y = Conv <auto_pad = "SAME_UPPER", kernel_shape = [1, 1]> (h, Wp, Bp)
+}
+""")
+
+
+def test_an_efficientnet_block_as_pytorch_exports_it_goes_channels_last():
+    rng = np.random.default_rng(11)
+    model = onnx.ModelProto()
+    model.CopyFrom(_EFFICIENTNET_BLOCK)
+    for name, value in (("We", rng.normal(0, 0.3, (32, 8, 1, 1))), ("Be", rng.normal(0, 1, 32)),
+                        ("Wd", rng.normal(0, 0.3, (32, 1, 3, 3))), ("Bd", rng.normal(0, 1, 32)),
+                        ("Wr", rng.normal(0, 0.3, (4, 32, 1, 1))), ("Br", rng.normal(0, 1, 4)),
+                        ("Wx", rng.normal(0, 0.3, (32, 4, 1, 1))), ("Bx", rng.normal(0, 1, 32)),
+                        ("Wp", rng.normal(0, 0.3, (8, 32, 1, 1))), ("Bp", rng.normal(0, 1, 8))):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(value.astype(np.float32),
+                                                                    name))
+    data = model.SerializeToString()
+    so = onnxrun.SessionOptions()
+    sess = onnxrun.InferenceSession(data, so)
+    # the expansion and the depthwise convolution write channels-last, and the projection
+    # reads its input so (its output is the graph's: NCHW; the SE block's own 1x1
+    # convolutions run on one pixel, where either layout is the same memory)
+    turned, convs = sess.get_optimization_report().layout
+    assert convs == 5 and turned == 2
+    kinds = {s.node.name or s.node.op_type: bool(s.kernel.channels_last)
+             for s in sess._program.steps if hasattr(s.kernel, "channels_last")}
+    assert sum(kinds.values()) == turned
+    x = rng.normal(size=(1, 8, 15, 15)).astype(np.float32)
+    want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"X": x})[0], want, rtol=1e-4, atol=1e-4)

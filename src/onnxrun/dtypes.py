@@ -165,6 +165,26 @@ def has_shape(tp: onnx.TypeProto | None) -> bool:
     return getattr(tp, kind).HasField("shape")
 
 
+def has_settled_shape(tp: onnx.TypeProto | None) -> bool:
+    """Whether a tensor type's shape is as known as it gets: every dimension a size or a
+    symbol the model named, none unknown or one of the "unk__N" that ONNX shape inference
+    makes up for sizes it could not find (other types: true, nothing to refine)."""
+    if tp is None:
+        return False
+    kind = tp.WhichOneof("value")
+    if kind not in ("tensor_type", "sparse_tensor_type"):
+        return kind is not None
+    t = getattr(tp, kind)
+    if not t.HasField("shape"):
+        return False
+    for d in t.shape.dim:  # (a plain loop: asked of every value, twice per session)
+        if not d.HasField("dim_value"):
+            name = d.dim_param
+            if not name or name.startswith("unk__"):
+                return False
+    return True
+
+
 def has_negative_dim(tp: onnx.TypeProto) -> bool:
     """Whether a (possibly nested) tensor type declares a negative dimension size."""
     kind = tp.WhichOneof("value")

@@ -88,3 +88,95 @@ g (float[batch, 6] x) => (float[batch, 2, 3] y) {
     opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_DISABLE_ALL
     want = onnxrun.InferenceSession(model.SerializeToString(), opts).run(None, {"x": x})[0]
     np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-4, atol=1e-5)
+
+
+# Windows, padding and resampling whose sizes ONNX inference cannot know before constant
+# folding (the pads and scales are computed by constant subgraphs, as PyTorch exports
+# ZeroPad2d and interpolate), each after the constants are folded.
+_SPATIAL = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 4, 9, 11] x) => (float[1, 4, 3, 3] y) {
+    p0 = Constant <value = int64[8] {0, 0, 1, 0, 0, 0, 2, 1}> ()
+    zero = Constant <value = int64[8] {0, 0, 0, 0, 0, 0, 0, 0}> ()
+    pads = Add(p0, zero)
+    padded = Pad(x, pads)
+    c1 = Conv <strides = [2, 2], pads = [1, 0, 1, 2]> (padded, w3)
+    c2 = Conv <auto_pad = "SAME_UPPER", strides = [2, 3]> (c1, w3)
+    c3 = Conv <auto_pad = "SAME_LOWER", dilations = [2, 2]> (padded, w3)
+    c4 = Conv <auto_pad = "SAME_UPPER"> (c3, w1)
+    m1 = MaxPool <kernel_shape = [3, 3], strides = [2, 2], ceil_mode = 1> (c4)
+    m2 = AveragePool <kernel_shape = [2, 2], strides = [2, 2], pads = [0, 1, 0, 1]> (c4)
+    t1 = ConvTranspose <strides = [2, 2], pads = [1, 1, 0, 0], output_padding = [1, 0]> (m1, w3)
+    t2 = ConvTranspose <strides = [3, 2], auto_pad = "SAME_UPPER"> (m2, w3)
+    s0 = Constant <value = float[4] {1.0, 1.0, 2.0, 1.5}> ()
+    one = Constant <value = float[4] {1.0, 1.0, 1.0, 1.0}> ()
+    scales = Mul(s0, one)
+    roi = Constant <value = float[0] {}> ()
+    r1 = Resize <mode = "nearest"> (t1, roi, scales)
+    n0 = Constant <value = int64[4] {1, 4, 7, 5}> ()
+    sizes = Add(n0, zero4)
+    r2 = Resize <mode = "linear"> (t2, roi, , sizes)
+    d2s = DepthToSpace <blocksize = 2> (r1)
+    s2d = SpaceToDepth <blocksize = 2> (d2s)
+    reps = Constant <value = int64[4] {1, 1, 2, 1}> ()
+    tiled = Tile(r2, reps)
+    a = ReduceMean <axes = [2, 3], keepdims = 1> (s2d)
+    b = ReduceMean <axes = [2, 3], keepdims = 1> (tiled)
+    y0 = Add(a, b)
+    y = Expand(y0, out_shape)
+}"""
+
+
+def test_windows_pads_and_resizes_are_sized_after_folding():
+    rng = np.random.default_rng(0)
+    inits = {"w3": rng.standard_normal((4, 4, 3, 3)).astype(np.float32),
+             "w1": rng.standard_normal((4, 4, 1, 1)).astype(np.float32),
+             "zero4": np.zeros(4, np.int64), "out_shape": np.array([1, 4, 3, 3], np.int64)}
+    proto = onnx.parser.parse_model(_SPATIAL)
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    feeds = {"x": rng.standard_normal((1, 4, 9, 11)).astype(np.float32)}
+    actual = _actual(proto, feeds)
+    opts = onnxrun.SessionOptions()
+    opts.graph_optimization_level = onnxrun.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    sess = onnxrun.InferenceSession(proto.SerializeToString(), opts)
+    checked = set()
+    for node in sess._model.graph.nodes:
+        for v in node.outputs:
+            if v.name in actual and node.op_type not in ("Constant",):
+                dims = type_shape(v.type)
+                assert dims == list(actual[v.name].shape), (node.op_type, v.name, dims)
+                checked.add(node.op_type)
+    assert {"Pad", "Conv", "MaxPool", "AveragePool", "ConvTranspose", "Resize",
+            "DepthToSpace", "SpaceToDepth", "Tile"} <= checked
+
+
+def _pad_model(pads_as_input: bool) -> onnx.ModelProto:
+    header = "float[1, 2, 5, 5] x, int64[8] pads" if pads_as_input else "float[1, 2, 5, 5] x"
+    proto = onnx.parser.parse_model(f"""<ir_version: 8, opset_import: ["" : 17]>
+g ({header}) => (float[1, 2, 7, 7] y) {{
+    q = Pad(x, pads)
+    y = Relu(q)
+}}""")
+    if not pads_as_input:
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(
+            np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"))
+    return proto
+
+
+def _refined_pad(proto: onnx.ModelProto, declared=None):
+    mp, model = load_model(proto.SerializeToString())
+    validate(mp, model)
+    q = model.graph.nodes[0].outputs[0]
+    if declared is not None:
+        q.type = onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, declared)
+    ShapeRefinement().run(model)
+    return type_shape(q.type)
+
+
+def test_a_size_replaces_a_symbol_but_never_a_different_size():
+    # ONNX inference names what it cannot size ("unk__0"); a size found later replaces it,
+    # and a size that disagrees with a declared one is not written
+    unknown = _refined_pad(_pad_model(pads_as_input=True))  # pads a caller gives: unknown
+    assert not all(isinstance(d, int) for d in unknown)
+    assert _refined_pad(_pad_model(pads_as_input=False), [1, 2, "unk__0", "unk__1"]) == \
+        [1, 2, 7, 7]
+    assert _refined_pad(_pad_model(pads_as_input=False), [1, 2, 6, "h"]) == [1, 2, 6, "h"]

@@ -1,12 +1,15 @@
 """Shape refinement (runs first at the extended level, changes no node): values whose shape
-the load-time ONNX shape inference left unknown get one, propagated forward through the common
-operators, including the com.microsoft ones the fusions write.
+the load-time ONNX shape inference left unknown, wholly or in some dimensions, get one,
+propagated forward through the common operators, including the com.microsoft ones the fusions
+write; convolutions, pools, Pad and Resize by the kernels' own arithmetic (geometry.py).
 
 Why: the fusions check ranks and hidden sizes (a bias over the last axis, a residual of the
 same shape). ONNX inference gives up at some nodes (Reshape-13 to a computed target, or any
-com.microsoft operator), after which every later value is unknown; onnxruntime re-infers after
-each fusion. Only provable facts are written: a dimension is an int, a symbol copied from a
-known dimension, or left unknown.
+com.microsoft operator, a Pad whose pads a constant subgraph computes, as PyTorch exports
+ZeroPad2d), after which every later value is unknown; onnxruntime re-infers after each fusion
+and constant folding. The layout level needs the sizes: an SE block's gate is per channel only
+if its pixels are known to be 1 x 1. Only provable facts are written: a dimension is an int,
+a symbol copied from a known dimension, or left unknown.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...dtypes import has_shape
+from ...dtypes import has_settled_shape, has_shape
+from ...geometry import resize_geometry, transpose_geometry, window_geometry
 from ...ir import Model, Node
 from ...proto import onnx
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
@@ -170,6 +174,7 @@ def _infer(model: Model, node: Node, ins: list[Dims | None]) -> list[Dims | None
 
 
 _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvInteger"}
+_RESIZING = frozenset({"Pad", "Resize", "Upsample"})
 
 
 def _more(node: Node, x: Dims | None, ins: list[Dims | None]) -> Dims | None:
@@ -188,26 +193,141 @@ def _more(node: Node, x: Dims | None, ins: list[Dims | None]) -> Dims | None:
     if x is None:
         return None
     if op in _SPATIAL:
-        w = ins[1] if len(ins) > 1 else None
-        if op == "Conv" and w is not None:
-            channels = w[0]
-        elif op == "ConvTranspose" and w is not None and isinstance(w[1], int):
-            channels = w[1] * node.attr("group", 1)
-        else:
-            channels = x[1] if op not in ("Conv", "ConvTranspose", "ConvInteger") else None
-        return [x[0], channels] + [None] * (len(x) - 2)
+        return _spatial(node, x, ins)
     if op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"):
         return x[:2] + [1] * (len(x) - 2)
     if op == "Flatten":
         axis = node.attr("axis", 1)
         axis += len(x) if axis < 0 else 0
         return [_product(x[:axis]), _product(x[axis:])]
-    if op in ("Resize", "Upsample", "Pad", "Tile", "DepthToSpace", "SpaceToDepth"):
-        return [None] * len(x)
+    if op == "Pad":
+        return _pad(node, x)
+    if op in ("Resize", "Upsample"):
+        return _resize(node, x)
+    if op in ("DepthToSpace", "SpaceToDepth") and len(x) == 4:
+        b = node.attr("blocksize")
+        if not isinstance(b, int) or b <= 0:
+            return [None] * 4
+        if op == "DepthToSpace":
+            return [x[0], _scaled(x[1], 1, b * b), _scaled(x[2], b, 1), _scaled(x[3], b, 1)]
+        return [x[0], _scaled(x[1], b * b, 1), _scaled(x[2], 1, b), _scaled(x[3], 1, b)]
+    if op == "Tile":
+        repeats = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
+        if repeats is None or repeats.size != len(x):
+            return [None] * len(x)
+        return [_scaled(d, int(r), 1) for d, r in zip(x, repeats.ravel(), strict=True)]
     if op == "Expand":
         items = shape_items(node.inputs[1])
         return None if items is None else _broadcast([x, [_item_dim(i) for i in items]])
     return None
+
+
+def _ints(values) -> tuple[int, ...] | None:
+    if values is None:
+        return None
+    out = tuple(values)
+    return out if all(isinstance(v, int) for v in out) else None
+
+
+def _text(value, default: str) -> str:
+    if value is None:
+        return default
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _scaled(d, times: int, over: int):
+    """d * times / over for a known size that divides evenly, else unknown."""
+    if not isinstance(d, int) or (d * times) % over:
+        return None
+    return d * times // over
+
+
+def _spatial(node: Node, x: Dims, ins: list[Dims | None]) -> Dims:
+    """Conv / ConvTranspose / pools: the batch and channels, and the spatial sizes by the
+    kernels' own arithmetic (geometry.py) where the input's and the window's are known."""
+    op = node.op_type
+    w = ins[1] if len(ins) > 1 else None
+    if op == "Conv" and w is not None:
+        channels = w[0]
+    elif op == "ConvTranspose" and w is not None and isinstance(w[1], int):
+        channels = w[1] * node.attr("group", 1)
+    else:
+        channels = x[1] if op not in ("Conv", "ConvTranspose", "ConvInteger") else None
+    nd = len(x) - 2
+    out = [x[0], channels] + [None] * nd
+    spatial = _ints(x[2:])
+    kernel = _ints(node.attr("kernel_shape") or ())
+    if not kernel and op in ("Conv", "ConvTranspose", "ConvInteger") and w is not None:
+        kernel = _ints(w[2:])
+    if nd < 1 or spatial is None or not kernel or len(kernel) != nd:
+        return out
+    strides = _ints(node.attr("strides") or (1,) * nd)
+    dilations = _ints(node.attr("dilations") or (1,) * nd)
+    pads = _ints(node.attr("pads") or ())
+    auto_pad = _text(node.attr("auto_pad"), "NOTSET")
+    if strides is None or dilations is None or pads is None or len(strides) != nd or \
+            len(dilations) != nd or pads and len(pads) != 2 * nd or \
+            min(strides + dilations) <= 0:
+        return out
+    if op == "ConvTranspose":
+        adj = _ints(node.attr("output_padding") or ())
+        shape_attr = _ints(node.attr("output_shape") or ())
+        if adj is None or shape_attr is None:
+            return out
+        sizes = transpose_geometry(spatial, kernel, strides, dilations, pads, adj,
+                                   shape_attr, auto_pad)[1]
+    else:
+        pool = op in ("MaxPool", "AveragePool", "LpPool")
+        sizes = window_geometry(spatial, kernel, strides, dilations, pads, auto_pad,
+                                int(node.attr("ceil_mode", 0)) if pool else 0,
+                                dilated_same=not pool)[2]
+    return out[:2] + list(sizes)
+
+
+def _pad(node: Node, x: Dims) -> Dims:
+    """Pad: each padded axis grows by its two pads (constant pads: an attribute before opset
+    11, an input since; the axes input of opset 18)."""
+    pads = node.attr("pads")
+    if pads is None:
+        c = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
+        pads = None if c is None else [int(v) for v in c.ravel()]
+    axes = list(range(len(x)))
+    if len(node.inputs) > 3 and node.inputs[3] is not None:
+        c = const_value(node.inputs[3])
+        axes = None if c is None else [int(a) + len(x) if a < 0 else int(a) for a in c.ravel()]
+    if pads is None or axes is None or len(pads) != 2 * len(axes) or \
+            any(not 0 <= a < len(x) for a in axes):
+        return [None] * len(x)
+    out = list(x)
+    for i, a in enumerate(axes):
+        grow = pads[i] + pads[i + len(axes)]
+        if grow:
+            out[a] = x[a] + grow if isinstance(x[a], int) and x[a] + grow >= 0 else None
+    return out
+
+
+def _resize(node: Node, x: Dims) -> Dims:
+    """Resize / Upsample with constant scales or sizes, by the kernel's arithmetic."""
+    unknown = [None] * len(x)
+    if _ints(x) is None:
+        return unknown
+    ins = node.inputs
+    if node.op_type == "Upsample" or len(ins) == 2:  # (X, scales): Upsample, Resize-10
+        scales, sizes = (const_value(ins[1]) if len(ins) > 1 else None), None
+        if scales is None:
+            scales = np.asarray(node.attr("scales") or (), np.float32)
+            if not scales.size:
+                return unknown
+    else:
+        scales = const_value(ins[2]) if len(ins) > 2 and ins[2] is not None else None
+        sizes = const_value(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+        if (scales is None or not scales.size) and sizes is None:
+            return unknown
+    if _text(node.attr("coordinate_transformation_mode"), "") == "tf_crop_and_resize":
+        return unknown  # (the roi scales the output too)
+    axes = node.attr("axes")
+    return resize_geometry(tuple(x), scales, sizes, None if axes is None else list(axes),
+                           _text(node.attr("keep_aspect_ratio_policy"), "stretch"))[0]
 
 
 def _constant(node: Node):
@@ -245,15 +365,26 @@ class ShapeRefinement(GraphPass):
     order = 1
 
     def run(self, model: Model) -> PassResult:
-        for graph in all_graphs(model.graph):
+        graphs = list(all_graphs(model.graph))
+        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize
+        # was left unsized (pads or scales that constant subgraphs compute, as PyTorch
+        # exports ZeroPad2d and interpolate): the windows after them are then unsized too,
+        # and the layout level needs their sizes (an SE block's gate is per channel only at
+        # 1 x 1). Elsewhere they are sequence lengths no rule here finds; asking of every
+        # value cost BERT-base's creation 4 ms, reading every value's dimensions 1 ms
+        unsized = any(n.op_type in _RESIZING and not all(has_settled_shape(v.type)
+                                                         for v in n.outputs if v.name)
+                      for g in graphs for n in g.nodes)
+        settled = has_settled_shape if unsized else has_shape
+        for graph in graphs:
             for node in graph.nodes:
-                self._refine(model, node)
+                self._refine(model, node, settled)
         # Types only: no node changed, so this alone never asks for another round
         return PassResult(False)
 
-    def _refine(self, model: Model, node: Node) -> None:
+    def _refine(self, model: Model, node: Node, settled=has_settled_shape) -> None:
         targets = [v for v in node.outputs
-                   if v.name and not has_shape(v.type) and not is_graph_output(v)]
+                   if v.name and not settled(v.type) and not is_graph_output(v)]
         if not targets:
             return
         ins = [shape(v) if v is not None else None for v in node.inputs]
@@ -264,9 +395,21 @@ class ShapeRefinement(GraphPass):
         for i, v in enumerate(node.outputs):
             if v not in targets or i >= len(outs) or outs[i] is None:
                 continue
+            dims = outs[i]
+            if has_shape(v.type):  # partly known (ONNX inference stopped at a Pad or a
+                # Resize of computed pads or scales, naming the sizes it did not know
+                # "unk__N"): a size found here replaces an unknown or a symbol, nothing else
+                known = shape(v)
+                if known is None or len(known) != len(dims) or any(
+                        isinstance(k, int) and isinstance(d, int) and k != d
+                        for k, d in zip(known, dims, strict=True)):
+                    continue
+                dims = [d if isinstance(d, int) else k for k, d in zip(known, dims, strict=True)]
+                if dims == known:
+                    continue
             elem = elem_type(v) or _elem_of(node)
             if elem is not None:
-                v.type = _type(elem, outs[i])
+                v.type = _type(elem, dims)
 
 
 def _value_elem(node: Node) -> int | None:

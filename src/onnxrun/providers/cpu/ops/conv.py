@@ -21,59 +21,10 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ....dtypes import compute_dtype, np_dtype, type_shape
+from ....geometry import transpose_geometry, window_geometry
 from .. import blas
 from ..kernels import KernelContext, op
 from ..parallel import parallel_for, threads_for
-
-
-@functools.lru_cache(maxsize=1024)
-def window_geometry(
-    in_shape: tuple[int, ...],
-    kernel: tuple[int, ...],
-    strides: tuple[int, ...],
-    dilations: tuple[int, ...],
-    pads: tuple[int, ...],
-    auto_pad: str,
-    ceil_mode: int = 0,
-    dilated_same: bool = True,
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(pads at the start, pads at the end, output sizes) of a sliding-window operator.
-
-    SAME_* pads make the output ceil(in / stride) long (the odd pad goes to the end for
-    SAME_UPPER, to the start for SAME_LOWER); with ceil_mode the last window must still start
-    inside the input or the start padding. ``dilated_same=False`` sizes SAME padding with the
-    undilated kernel, as onnxruntime's pooling kernels do.
-    """
-    nd = len(in_shape)
-    heads, tails, outs = [], [], []
-    for i in range(nd):
-        n, k, s, d = in_shape[i], kernel[i], strides[i], dilations[i]
-        span = (k - 1) * d + 1
-        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            target = -(-n // s)
-            total = max(0, (target - 1) * s + (span if dilated_same else k) - n)
-            head = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
-            tail = total - head
-        elif auto_pad == "VALID":
-            head = tail = 0
-        else:
-            head, tail = (pads[i], pads[i + nd]) if pads else (0, 0)
-        room = n + head + tail - span
-        if ceil_mode:
-            out = -(-room // s) + 1
-            if (out - 1) * s >= n + head:
-                out -= 1
-        else:
-            out = room // s + 1
-        if out <= 0:
-            raise ValueError(
-                f"window of size {span} does not fit in input dimension {n} with pads "
-                f"({head}, {tail})"
-            )
-        heads.append(head)
-        tails.append(tail)
-        outs.append(out)
-    return tuple(heads), tuple(tails), tuple(outs)
 
 
 def pad_spatial(
@@ -1032,6 +983,7 @@ def _conv_kind(node, threads: int) -> str:
     auto_pad = node.attr("auto_pad", "NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
     kernel = tuple(W.shape[2:])
+    auto_pad = unpadded_auto_pad(auto_pad, kernel)
     if kernel == (1, 1) and strides == (1, 1) and not any(pads) and \
             auto_pad in ("NOTSET", "VALID") and \
             (group == 1 or _grouped_1x1_packable(W.dtype)):
@@ -1056,6 +1008,16 @@ class _WeightSpec(collections.namedtuple("_WeightSpec", "shape dtype")):
     __slots__ = ()
     shape: tuple[int, ...]
     dtype: np.dtype
+
+
+def unpadded_auto_pad(auto_pad: str, kernel) -> str:
+    """``auto_pad`` as it acts on a window of ``kernel``: SAME_* pads a one-tap window by
+    nothing at any stride (PyTorch exports its padding="same" 1x1 convolutions so, which
+    would otherwise miss the 1x1 paths), NOTSET's zero pads."""
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and len(kernel) and \
+            all(int(k) == 1 for k in kernel):
+        return "NOTSET"
+    return auto_pad
 
 
 def _constant_weight(node) -> np.ndarray | _WeightSpec | None:
@@ -1521,6 +1483,7 @@ class Conv(_ConvBase):
         if W is None:
             return
         self.W_shape = W.shape
+        self.auto_pad = unpadded_auto_pad(self.auto_pad, W.shape[2:])
         self.channels_last = W.ndim == 4 and layout_changes_allowed(ctx) and \
             channels_last_output(ctx.node, self.threads)
         cdt = compute_dtype(W.dtype)
@@ -2202,37 +2165,8 @@ class ConvTranspose(_ConvBase):
         return np.ascontiguousarray(w, dtype=cdt)
 
     def _geometry(self, in_shape, kernel, strides, dilations):
-        nd = len(in_shape)
-        adj = self.output_padding or (0,) * nd
-        pads = self.pads or (0,) * (2 * nd)
-        heads, outs = [], []
-        for i in range(nd):
-            full = (in_shape[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 + adj[i]
-            if self.output_shape or self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-                if self.output_shape:
-                    shape = self.output_shape
-                    out = shape[i] if len(shape) == nd else shape[i + 2]
-                else:
-                    out = in_shape[i] * strides[i]
-                total = full - out
-                if total <= -strides[i]:
-                    raise ValueError(
-                        f"output size {out} is inconsistent with input size {in_shape[i]}, "
-                        f"kernel {kernel[i]} and stride {strides[i]} (dimension {i})"
-                    )
-                # the odd unit of padding goes to the end for SAME_UPPER, else to the start;
-                # a slightly larger output (less than one stride) is zeros at the end
-                head = total // 2 if self.auto_pad == "SAME_UPPER" else total - total // 2
-                head = max(head, 0)
-            elif self.auto_pad == "VALID":
-                head, out = 0, full
-            else:
-                head, out = pads[i], full - pads[i] - pads[i + nd]
-            if out <= 0:
-                raise ValueError(f"ConvTranspose output dimension {i} would be {out}")
-            heads.append(head)
-            outs.append(out)
-        return tuple(heads), tuple(outs)
+        return transpose_geometry(in_shape, kernel, strides, dilations, self.pads,
+                                  self.output_padding, self.output_shape, self.auto_pad)
 
     def __call__(self, X, W, B=None, *, out=None):
         if self.tiles is not None and X.dtype == np.float32 and X.ndim == 4 and \

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 from ....dtypes import compute_dtype
+from ....geometry import resize_geometry
 from ..indices import as_intp
 from ..kernels import KernelContext, op, text_attribute
 from .conv import channels_inner, keeps_layout, nhwc_out, scratch
@@ -220,36 +221,7 @@ class _Resampler:
 
     def output_geometry(self, in_shape, scales, sizes):
         """(output shape, float32 scale per axis)."""
-        rank = len(in_shape)
-        axes = self._axes(rank)
-        sc = np.ones(rank, dtype=f32)
-        if scales is not None and scales.size:
-            if scales.size != len(axes):
-                raise ValueError(f"scales has {scales.size} values for {len(axes)} axes")
-            sc[axes] = np.asarray(scales, dtype=f32).ravel()
-            if (sc <= 0).any():
-                raise ValueError("scales must be positive")
-            out = [int(s * f32(n)) for s, n in zip(sc, in_shape, strict=True)]
-            return out, sc
-        if sizes is None or not sizes.size:
-            raise ValueError("one of scales and sizes must be given")
-        if sizes.size != len(axes):
-            raise ValueError(f"sizes has {sizes.size} values for {len(axes)} axes")
-        out = list(in_shape)
-        for a, s in zip(axes, np.asarray(sizes).ravel(), strict=True):
-            out[a] = int(s)
-        for i in range(rank):
-            sc[i] = f32(out[i]) / f32(in_shape[i]) if in_shape[i] else f32(1)
-        if self.policy != "stretch":
-            pick = np.min if self.policy == "not_larger" else np.max
-            s = pick(sc[axes])
-            for i in range(rank):
-                if i in axes:
-                    sc[i] = s
-                    out[i] = int(np.floor(np.float64(s * f32(in_shape[i])) + 0.5))  # C round
-                else:
-                    sc[i], out[i] = 1, in_shape[i]
-        return out, sc
+        return resize_geometry(in_shape, scales, sizes, self.axes, self.policy)
 
     def resize(self, X: np.ndarray, roi, scales, sizes, ctm: str, nearest_mode: str,
                out_buffer: np.ndarray | None = None):
