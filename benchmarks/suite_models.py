@@ -492,6 +492,57 @@ def build_inception(small: bool = False) -> tuple[onnx.ModelProto, Feeds]:
     return model, {"image": _image((1, 3, size, size), 7)}
 
 
+def build_efficientnet(small: bool = False) -> tuple[onnx.ModelProto, Feeds]:
+    """EfficientNet-B0 as PyTorch exports transformers' EfficientNet: convolutions without
+    bias, each followed by a BatchNormalization; SiLU as x * Sigmoid(x); stride-1 convolutions
+    with auto_pad SAME_UPPER (padding="same"), stride-2 ones VALID after a ZeroPad2d whose
+    pads a constant subgraph computes (ONNX shape inference sizes nothing after it); MBConv
+    blocks with squeeze-and-excitation gates."""
+    g = Graph(1808)
+    size = 96 if small else 224
+
+    def conv(x, cin, cout, k=1, s=1, group=1, act="silu"):
+        w = g.weight((cout, cin // group, k, k), cin // group * k * k)
+        if s == 1:
+            y = g.op("Conv", [x, w], kernel_shape=[k, k], auto_pad="SAME_UPPER", group=group)
+        else:  # ZeroPad2d((k//2 - 1, k//2) each side), its pads computed
+            lo, hi = k // 2 - 1, k // 2
+            pads = g.op("Concat", [g.const(np.array([0, 0, lo, lo], np.int64)),
+                                   g.const(np.array([0, 0, hi, hi], np.int64))], axis=0)
+            x = g.op("Pad", [x, g.op("Cast", [pads], to=TensorProto.INT64)])
+            y = g.op("Conv", [x, w], kernel_shape=[k, k], strides=[s, s], auto_pad="VALID",
+                     group=group)
+        return g.act(g.batchnorm(y, cout), act)
+
+    def mbconv(x, cin, cout, expand, k, s):
+        c = cin * expand
+        h = conv(x, cin, c) if expand != 1 else x
+        h = conv(h, c, c, k, s, group=c)
+        squeeze = max(1, cin // 4)
+        e = g.op("GlobalAveragePool", [h])
+        e = g.act(g.op("Conv", [e, g.weight((squeeze, c, 1, 1), c), g.bias(squeeze)],
+                       kernel_shape=[1, 1], auto_pad="SAME_UPPER"), "silu")
+        e = g.op("Sigmoid", [g.op("Conv", [e, g.weight((c, squeeze, 1, 1), squeeze),
+                                           g.bias(c)], kernel_shape=[1, 1],
+                                  auto_pad="SAME_UPPER")])
+        y = conv(g.op("Mul", [h, e]), c, cout, act=None)
+        return g.op("Add", [y, x]) if s == 1 and cin == cout else y
+
+    x = conv("image", 3, 32, 3, 2)
+    c = 32
+    stages = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
+              (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
+    for expand, k, s, cout, repeats in stages[:4] if small else stages:
+        for i in range(repeats):
+            x = mbconv(x, c, cout, expand, k, s if i == 0 else 1)
+            c = cout
+    x = conv(x, c, 1280)
+    y = g.global_pool_fc(x, 1280, 1000)
+    model = g.model("efficientnet_style", [_input("image", [1, 3, size, size])],
+                    [("logits", y)], "EfficientNet-B0 as PyTorch exports it")
+    return model, {"image": _image((1, 3, size, size), 8)}
+
+
 # name -> (builder, row label, input description)
 MODELS: dict[str, tuple[Callable[..., tuple[onnx.ModelProto, Feeds]], str, str]] = {
     "yolo_style": (build_yolo, "YOLOv8n-style detector", "1x3x320x320"),
@@ -501,6 +552,7 @@ MODELS: dict[str, tuple[Callable[..., tuple[onnx.ModelProto, Feeds]], str, str]]
     "vad_style": (build_vad, "VAD-style streaming (If, LSTM)", "512 samples"),
     "densenet_style": (build_densenet, "DenseNet-121-style blocks", "1x3x224x224"),
     "inception_style": (build_inception, "Inception (GoogLeNet) modules", "1x3x224x224"),
+    "efficientnet_style": (build_efficientnet, "EfficientNet-B0 (PyTorch export)", "1x3x224x224"),
 }
 
 

@@ -342,6 +342,24 @@ def test_global_pool(shape, op, attrs):
     check(op, [rand(*shape)], opset=13, **attrs)
 
 
+@pytest.mark.parametrize("shape", [(2, 112, 112, 32), (1, 56, 56, 144), (1, 7, 7, 1152),
+                                   (3, 5, 7, 2), (1, 1, 1, 3)])
+def test_global_average_pool_of_channels_last_memory(shape):
+    """An SE block's GlobalAveragePool reads a channels-last activation (the layout level):
+    its column sums, rows taken several at a time, match onnxruntime's, and channels holding
+    the same values get the same mean."""
+    from onnxrun.providers.cpu.ops.pool import GlobalAveragePool
+
+    x = rand(*shape)
+    x[..., 1] = x[..., 0]
+    got = GlobalAveragePool(x.transpose(0, 3, 1, 2))
+    want = run_ort(*one_node("GlobalAveragePool",
+                             [np.ascontiguousarray(x.transpose(0, 3, 1, 2))], opset=13))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    if shape[3] > 1:
+        np.testing.assert_array_equal(got[:, 0], got[:, 1])
+
+
 # -- normalization --------------------------------------------------------------------------------
 
 

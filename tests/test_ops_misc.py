@@ -752,6 +752,9 @@ def _python_calls(model, feeds) -> int:
     import sys
 
     sess = onnxrun.InferenceSession(model.SerializeToString())
+    # two runs first: the first imports the kernel's module, after which the next run's
+    # thread settings scan the loaded libraries again (threadpoolctl: hundreds of calls)
+    sess.run(None, feeds)
     sess.run(None, feeds)
     calls = 0
 
@@ -789,10 +792,12 @@ def test_large_inputs_stay_vectorized():
                  "m": np.array([200], np.int64), "i": np.array([0.5], np.float32)}
         return _make_model("NonMaxSuppression", list(feeds.items()), ["y"], 11), feeds
 
-    # GridSample: 4x the sampled points; NonMaxSuppression: 4x the boxes (at most 200 kept
-    # per class either way): not one call more.
-    for case in (grid_sample, nms):
-        assert _python_calls(*case(4)) == _python_calls(*case(1)), case.__name__
+    # GridSample: 4x the sampled points: not one call more. NonMaxSuppression: 4x the boxes
+    # (at most 200 kept per class either way): a call or two per box kept, whose number
+    # depends on the random boxes (199 or 200 of a class), where a loop over the boxes
+    # would add thousands.
+    assert _python_calls(*grid_sample(4)) == _python_calls(*grid_sample(1))
+    assert abs(_python_calls(*nms(4)) - _python_calls(*nms(1))) <= 8
     # RoiAlign loops over the regions, as onnxruntime does, but not over a region's 7x7 bins
     # or its 2x2 samples per bin: fewer calls per added region than it has bins.
     added = _python_calls(*roi_align(4)) - _python_calls(*roi_align(1))

@@ -24,6 +24,7 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "fuse_conv_add": ("ConvAddFusion", 32, ("Add Conv", "Add ConvTranspose")),
     "fuse_bn_mul_add": ("BatchNormMulAddFusion", 33, (
         "BatchNormalization Mul", "BatchNormalization Add")),
+    "fuse_pad": ("PadFusion", 34, ("Conv Pad", "AveragePool Pad")),
     "fuse_matmul_add": ("MatMulAddFusion", 40, ("Add MatMul",)),
     "fuse_gemm_transpose": ("GemmTransposeFusion", 42, ("Gemm Transpose",)),
     "fuse_reshape_shape": ("ReshapeFusion", 43, ("Concat Reshape",)),

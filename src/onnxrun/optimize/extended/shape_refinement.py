@@ -177,6 +177,10 @@ _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvIn
 _RESIZING = frozenset({"Pad", "Resize", "Upsample"})
 
 
+def _settled_outputs(node: Node) -> bool:
+    return all(has_settled_shape(v.type) for v in node.outputs if v.name)
+
+
 def _more(node: Node, x: Dims | None, ins: list[Dims | None]) -> Dims | None:
     """The first output of the remaining operators the refinement knows."""
     op = node.op_type
@@ -366,15 +370,25 @@ class ShapeRefinement(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         graphs = list(all_graphs(model.graph))
-        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize
-        # was left unsized (pads or scales that constant subgraphs compute, as PyTorch
-        # exports ZeroPad2d and interpolate): the windows after them are then unsized too,
-        # and the layout level needs their sizes (an SE block's gate is per channel only at
-        # 1 x 1). Elsewhere they are sequence lengths no rule here finds; asking of every
-        # value cost BERT-base's creation 4 ms, reading every value's dimensions 1 ms
-        unsized = any(n.op_type in _RESIZING and not all(has_settled_shape(v.type)
-                                                         for v in n.outputs if v.name)
-                      for g in graphs for n in g.nodes)
+        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize, or
+        # the last window of a graph, was left unsized: after a Pad of pads that a constant
+        # subgraph computes (PyTorch's ZeroPad2d: PadFusion may have taken the Pad into the
+        # convolution since) every later window is unsized, and the layout level needs the
+        # sizes (an SE block's gate is per channel only at 1 x 1). Elsewhere they are sequence
+        # lengths no rule here finds: asking of every value cost BERT-base's creation 4 ms,
+        # reading every value's dimensions 1 ms
+        unsized = False
+        for g in graphs:
+            last = None
+            for n in g.nodes:
+                if n.op_type in _SPATIAL:
+                    last = n
+                elif n.op_type in _RESIZING and not _settled_outputs(n):
+                    unsized = True
+                    break
+            if unsized or last is not None and not _settled_outputs(last):
+                unsized = True
+                break
         settled = has_settled_shape if unsized else has_shape
         for graph in graphs:
             for node in graph.nodes:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..parallel import work_ranges
 from . import ir, jit, spin
+from . import logistic as mlas_logistic
 from .jit import address
 from .layout import aligned_zeros
 
@@ -363,12 +364,19 @@ def _conv_kernel(kh: int, kw: int, lanes: int) -> str:
          "i64 %Cp, i64 %H, i64 %Wd, i64 %Ho, i64 %Wo, i64 %sh, i64 %sw, i64 %dh, i64 %dw, "
          "i64 %pt, i64 %pl, i64 %ow_lo, i64 %ow_hi, i64 %r0, i64 %r1) nounwind {",
          "entry:"]
-    for k, name in enumerate(("lo", "hi")):
+    for k, name in enumerate(("lo", "hi", "alpha")):
         L += [f"  %{name}.p = getelementptr float, ptr %bounds, i64 {k}",
               f"  %{name}.f = load float, ptr %{name}.p, align 4",
               f"  %{name}.s = insertelement {vt} poison, float %{name}.f, i64 0",
               f"  %{name} = shufflevector {vt} %{name}.s, {vt} poison, <{lanes} x i32> "
               "zeroinitializer"]
+    # the logistic epilogue (%bounds[3]: 0 none, 1 logistic(y), 2 y * logistic(alpha y))
+    L += ["  %mode.p = getelementptr float, ptr %bounds, i64 3",
+          "  %mode = load float, ptr %mode.p, align 4",
+          "  %act = fcmp one float %mode, 0.0",
+          "  %mul = fcmp ogt float %mode, 1.5",
+          "  %lf.alpha = fadd " + vt + " %alpha, zeroinitializer",
+          "  %lm.alpha = fadd " + vt + " %alpha, zeroinitializer"]
     L += ["  %rowc = mul i64 %Wd, %C",
           "  %img = mul i64 %H, %rowc",
           "  %swc = mul i64 %sw, %C",
@@ -403,9 +411,9 @@ def _conv_kernel(kh: int, kw: int, lanes: int) -> str:
               f"  %w{k} = load {vt}, ptr %wp{k}, align 4"]
     L += ["  br label %rloop",
           "rloop:",  # one output row (n, oh) of this chunk: no division per row
-          "  %r = phi i64 [%r0, %cloop], [%rn, %rnext]",
-          "  %oh = phi i64 [%oh0, %cloop], [%ohn, %rnext]",
-          "  %ina = phi i64 [%ina0, %cloop], [%inan, %rnext]",
+          "  %r = phi i64 [%r0, %cloop], [%rn, %rdone]",
+          "  %oh = phi i64 [%oh0, %cloop], [%ohn, %rdone]",
+          "  %ina = phi i64 [%ina0, %cloop], [%inan, %rdone]",
           "  %ih0 = mul i64 %oh, %sh",
           "  %ih = sub i64 %ih0, %pt",
           "  %inc = add i64 %ina, %c0",
@@ -455,7 +463,10 @@ def _conv_kernel(kh: int, kw: int, lanes: int) -> str:
             L.append("  br label %tail.pre")
         else:
             L.append(f"  br label %{nxt}.pre" if nxt != "rnext" else "  br label %rnext")
-    L += ["rnext:",
+    L += ["rnext:",  # the row's pixels of this chunk, still in L1: the logistic, if asked
+          "  br i1 %act, label %act.pre, label %rdone",
+          *_logistic_pixels(vt, lanes),
+          "rdone:",
           "  %oh1 = add i64 %oh, 1",
           "  %ohw = icmp eq i64 %oh1, %Ho",  # the next image
           "  %ohn = select i1 %ohw, i64 0, i64 %oh1",
@@ -472,6 +483,45 @@ def _conv_kernel(kh: int, kw: int, lanes: int) -> str:
           "  ret void",
           "}"]
     return "\n".join(L)
+
+
+def _logistic_pixels(vt: str, lanes: int) -> list[str]:
+    """Blocks ``act.pre`` ... -> ``rdone``: the output row's Wo pixels of this chunk (``%C``
+    floats apart from ``%yrow``) in place through compiled/logistic.py's body (the same
+    operations per lane as the standalone Sigmoid / QuickGelu: the same bits); a partial
+    chunk's lanes ``%mask`` only."""
+    vm = f"<{lanes} x i1>"
+    sfx = f"v{lanes}f32"
+
+    def vec(c):
+        return "<" + ", ".join([f"float {ir.float_constant(c)}"] * lanes) + ">"
+
+    L = ["act.pre:",
+         "  br i1 %full, label %actf, label %actm",
+         "actf:",
+         "  %af.ow = phi i64 [0, %act.pre], [%af.own, %actf]",
+         "  %af.o = mul i64 %af.ow, %C",
+         "  %af.i = add i64 %yrow, %af.o",
+         "  %af.p = getelementptr float, ptr %Y, i64 %af.i",
+         f"  %lf.x = load {vt}, ptr %af.p, align 4",
+         *mlas_logistic.body_ir(vt, "lf", vec),
+         f"  store {vt} %lf.out, ptr %af.p, align 4",
+         "  %af.own = add i64 %af.ow, 1",
+         "  %af.more = icmp slt i64 %af.own, %Wo",
+         "  br i1 %af.more, label %actf, label %rdone",
+         "actm:",
+         "  %am.ow = phi i64 [0, %act.pre], [%am.own, %actm]",
+         "  %am.o = mul i64 %am.ow, %C",
+         "  %am.i = add i64 %yrow, %am.o",
+         "  %am.p = getelementptr float, ptr %Y, i64 %am.i",
+         f"  %lm.x = call {vt} @llvm.masked.load.{sfx}.p0(ptr %am.p, i32 4, {vm} %mask, "
+         f"{vt} zeroinitializer)",
+         *mlas_logistic.body_ir(vt, "lm", vec),
+         f"  call void @llvm.masked.store.{sfx}.p0({vt} %lm.out, ptr %am.p, i32 4, {vm} %mask)",
+         "  %am.own = add i64 %am.ow, 1",
+         "  %am.more = icmp slt i64 %am.own, %Wo",
+         "  br i1 %am.more, label %actm, label %rdone"]
+    return L
 
 
 _ARGS = ("ptr",) * 5 + ("i64",) * 16  # @dw_f32's, read from one block of words by @dw_job
@@ -543,11 +593,13 @@ class DepthwiseFloat:
     def run(self, X: np.ndarray, heads: tuple[int, int], out_hw: tuple[int, int],
             strides: tuple[int, int], dilations: tuple[int, int], bias=None,
             bounds=(-np.inf, np.inf), out: np.ndarray | None = None,
-            threads: int = 1) -> np.ndarray:
+            threads: int = 1, logistic: tuple[float, bool] | None = None) -> np.ndarray:
         """(N, Ho, Wo, C) from the channels-last (N, H, W, C) float32 ``X``, zero-padded by
         ``heads`` (top, left) and as far as the windows read past its end; plus ``bias`` per
         channel (a bias known only now), else the constant one; then the clip ``bounds``;
-        ``out``: a C-contiguous (N, Ho, Wo, C) float32 array."""
+        then ``logistic`` (alpha, times_x): logistic(y), or y * logistic(alpha y) (a fused
+        Sigmoid, SiLU / QuickGelu: the standalone compiled kernel's bits); ``out``: a
+        C-contiguous (N, Ho, Wo, C) float32 array."""
         N, H, Wd, C = X.shape
         if C != self.C or X.dtype != np.float32 or not X.flags.c_contiguous:
             raise ValueError(f"depthwise: expected a contiguous float32 [N, H, W, {self.C}]")
@@ -559,7 +611,10 @@ class DepthwiseFloat:
             raise ValueError(f"depthwise: out must be a C-contiguous float32 {[N, Ho, Wo, C]}")
         if out.size == 0:
             return out
-        key = (X.shape, heads, out_hw, strides, dilations, tuple(map(float, bounds)))
+        alpha, mode = (1.0, 0.0) if logistic is None else \
+            (float(np.float32(logistic[0])), 2.0 if logistic[1] else 1.0)
+        key = (X.shape, heads, out_hw, strides, dilations,
+               (*map(float, bounds), alpha, mode))
         prepared = self._blocks.get(key)
         if prepared is None:
             prepared = self._blocks[key] = self._block(X.shape, heads, out_hw, strides,

@@ -2055,20 +2055,21 @@ class Conv(_ConvBase):
 
     def _depthwise_compiled(self, X, b, Z, act, heads, outs, kernel, strides, dilations,
                             out=None):
-        """The compiled channels-last kernel: bias and a Relu / Clip in its epilogue, Z and
-        other activations after it; the output channels-last (into ``out`` where it is so laid
-        out) or copied out to NCHW."""
-        bounds = getattr(act, "bounds", None)
-        fused = bounds is not None and Z is None
+        """The compiled channels-last kernel: bias, a Relu / Clip and a Sigmoid / SiLU in its
+        epilogue, Z and other activations after it; the output channels-last (into ``out``
+        where it is so laid out) or copied out to NCHW."""
+        bounds, logistic, whole = _gemm_epilogue(act)
+        fused = whole and Z is None
         Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))  # free when X came channels-last
         N, C = X.shape[:2]
         # the constant bias is the kernel's own (padded once); one known only now is passed
         bias = None if b is None or self.bias is not None else b.reshape(-1)
         Y = self.dw_compiled.run(Xt, heads, outs, strides, dilations, bias,
-                                 bounds if fused else (-np.inf, np.inf),
+                                 bounds if fused and bounds is not None else (-np.inf, np.inf),
                                  out=nhwc_out(out, (N,) + tuple(outs) + (C,), np.float32)
                                  if self.channels_last else None,
-                                 threads=self.dw_threads).transpose(0, 3, 1, 2)
+                                 threads=self.dw_threads,
+                                 logistic=logistic if fused else None).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
         if act is not None and not fused:

@@ -312,6 +312,25 @@ def _spatial_axes(X: np.ndarray) -> tuple[int, ...]:
     return tuple(range(2, X.ndim))
 
 
+_SUM_ROW = 1024  # floats per row numpy adds at a time in _column_sums
+
+
+def _column_sums(V: np.ndarray) -> np.ndarray:
+    """V (n, rows, c) summed over its rows, every column in the same order. numpy adds row
+    after row, a loop step per row: with few columns (an SE block's 32 channels at 112 x 112)
+    that loop was the cost (210 us for 1.6 MB); k consecutive rows are taken as one row of
+    k * c floats instead (k partial sums per column, then summed), ~45 us there."""
+    n, rows, c = V.shape
+    k = -(-_SUM_ROW // c) if c else 1
+    whole = rows // k
+    if k == 1 or whole < 2:
+        return V.sum(axis=1)
+    Y = V[:, :whole * k].reshape(n, whole, k * c).sum(axis=1).reshape(n, k, c).sum(axis=1)
+    if whole * k < rows:
+        Y += V[:, whole * k:].sum(axis=1)
+    return Y
+
+
 @op("GlobalAveragePool", 1, 22)
 def GlobalAveragePool(X):
     # a matrix-vector product: BLAS sums every (channel) row in one call, whatever the
@@ -324,7 +343,7 @@ def GlobalAveragePool(X):
     if X.ndim == 4 and channels_inner(X):
         # channels-last: rows of channels summed in turn, every channel in the same order (a
         # GEMV's vector tail can round the last channels differently from the others)
-        Y = X.astype(cdt, copy=False).transpose(0, 2, 3, 1).reshape(n, plane, c).sum(axis=1)
+        Y = _column_sums(X.astype(cdt, copy=False).transpose(0, 2, 3, 1).reshape(n, plane, c))
         Y *= cdt.type(1.0 / plane)
         return Y.reshape((n, c, 1, 1)).astype(X.dtype, copy=False)
     weights = np.full(plane, 1.0 / plane, dtype=cdt)
