@@ -24,6 +24,7 @@ from one_node_harness import one_node
 from onnx import TensorProto as TP
 
 import onnxrun
+from onnxrun.geometry import window_geometry
 from onnxrun.providers.cpu import compiled
 from onnxrun.providers.cpu.compiled import int8_depthwise, int8_gemm, ir, lstm, quantize, targets
 from onnxrun.providers.cpu.ops import rnn
@@ -883,6 +884,42 @@ def test_float_depthwise_equals_the_numpy_kernels(C, H, W, kernel, strides, pads
     assert counter.calls == 1
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("C,H,W,kernel,strides,pads", [
+    (24, 6, 23, (3, 3), (1, 1), (1, 1, 1, 1)),  # whole chunks, the unrolled steps
+    (19, 8, 8, (3, 3), (2, 2), (0, 1, 1, 0)),  # a partial chunk (masked lanes)
+    (40, 7, 12, (5, 5), (1, 2), (2, 2, 2, 2)),
+])
+@pytest.mark.parametrize("act,alpha", [("QuickGelu", 1.0), ("QuickGelu", 1.702),
+                                       ("Sigmoid", None)])
+def test_float_depthwise_logistic_epilogue_has_the_standalone_bits(C, H, W, kernel, strides,
+                                                                   pads, act, alpha):
+    """A depthwise FusedConv's SiLU / QuickGelu or Sigmoid runs in the kernel's epilogue, on
+    each row's pixels while they are in L1: the bits of the depthwise kernel without it
+    followed by the standalone compiled logistic (MLAS's, onnxruntime's Sigmoid)."""
+    from onnxrun.providers.cpu.compiled import depthwise, logistic
+
+    X = RNG.standard_normal((2, H, W, C)).astype(np.float32) * 3
+    Wt = RNG.standard_normal((C, 1) + kernel).astype(np.float32)
+    dw = depthwise.DepthwiseFloat(Wt, RNG.standard_normal(C).astype(np.float32))
+    geometry = window_geometry((H, W), kernel, strides, (1, 1), pads, "NOTSET")
+    heads, outs = geometry[0], geometry[2]
+    plain = dw.run(X, heads, outs, strides, (1, 1))
+    fused = dw.run(X, heads, outs, strides, (1, 1),
+                   logistic=(1.0 if alpha is None else alpha, alpha is not None))
+    want = logistic.sigmoid(plain.reshape(-1)) if alpha is None else \
+        logistic.quick_gelu(plain.reshape(-1), alpha)
+    assert fused.tobytes() == want.tobytes()
+    # a model's FusedConv takes that path: the same values as the numpy kernels
+    model, feeds = one_node("FusedConv", [X.transpose(0, 3, 1, 2).copy(), Wt], opset=17,
+                            const=(1,), domain=MS, out_types=[TP.FLOAT], activation=act,
+                            **({"activation_params": [alpha]} if alpha is not None else {}),
+                            group=C, kernel_shape=list(kernel), strides=list(strides),
+                            pads=list(pads))
+    ref, sess = _sessions(model)
+    np.testing.assert_allclose(sess.run(None, feeds)[0], ref.run(None, feeds)[0], rtol=1e-5,
+                               atol=1e-5)
 
 
 def test_float_depthwise_bias_given_at_run_time(monkeypatch):
