@@ -228,7 +228,13 @@ def test_channels_last_im2col_choice():
     # no compiled GEMM, a 1x1, groups
     assert method(128, 32, (3, 3), (1, 1), (1, 1), 1, (28, 28), 1) == "shifted"
     assert method(64, 64, (1, 1), (1, 1), (1, 1), 1, (20, 20), **packed) == "gemm"
-    assert method(64, 64, (3, 3), (1, 1), (1, 1), 2, (20, 20), **packed) == "gemm"
+    # groups of 16+ channels: an implicit GEMM per group; narrower ones, dilated ones and
+    # without the compiled GEMM, BLAS's per-group products
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 2, (20, 20), **packed) == "grouped"
+    assert method(64, 64, (3, 3), (2, 2), (1, 1), 4, None, **packed) == "grouped"
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 8, (20, 20), **packed) == "gemm"
+    assert method(64, 64, (3, 3), (1, 1), (2, 2), 2, (20, 20), **packed) == "gemm"
+    assert method(64, 64, (3, 3), (1, 1), (1, 1), 2, (20, 20)) == "gemm"
     # sizes not known when prepared: as any size; dilated and strided, the BLAS methods
     assert method(64, 64, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "nhwc"
     assert method(128, 128, (3, 3), (1, 1), (1, 1), 1, None, **packed) == "winograd"
@@ -273,6 +279,74 @@ def test_strided_implicit_gemm(C, kernel, attrs):
                       strides=[2, 2], **attrs), threads=2)
     check(*conv_model((1, C, 30, 33), rand(M, C, *kernel, scale=0.2), rand(M), None,
                       **attrs), threads=1)  # stride 1, each output row wrapping too
+
+
+def _grouped_steps(sess) -> int:
+    return sum(getattr(s.kernel, "grouped_packed", None) is not None
+               for s in sess._program.full_plan.steps)
+
+
+@pytest.mark.parametrize("C,M,group,kernel,attrs", [
+    (128, 128, 2, (3, 3), {"pads": [1, 1, 1, 1]}),
+    (128, 128, 8, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # RegNet's 16 wide
+    (96, 192, 3, (3, 3), {"pads": [0, 1, 1, 0], "strides": [2, 1]}),  # 32 in, 64 out
+    (64, 80, 4, (5, 5), {"auto_pad": "SAME_UPPER"}),  # 20 out: a partial panel
+    (64, 64, 2, (3, 3), {}),
+], ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else "-".join(
+    f"{k}={w}" for k, w in v.items()) if isinstance(v, dict) else str(v))
+def test_grouped_implicit_gemm(C, M, group, kernel, attrs):
+    """Grouped convolutions (ResNeXt / RegNet) of 16+ channels per group as one implicit
+    GEMM per group on a group-major padded copy: strides, asymmetric and SAME pads, a
+    partial panel of output channels, a batch of 2; the bias, a Relu / Clip fused; 1 and 2
+    threads give the same bits; onnxruntime's numbers."""
+    _needs_packed_gemm()
+    w = rand(M, C // group, *kernel, scale=0.2)
+    for act, bias in [("Relu", True), (None, False), ("Clip", True)]:
+        model, feeds = conv_model((2, C, 19, 23), w, rand(M) if bias else None, act,
+                                  group=group, **attrs)
+        one = session(model, threads=1)
+        assert _grouped_steps(one) == 1
+        check(model, feeds, threads=1)
+        two = session(model, threads=2).run(None, feeds)[0]
+        assert two.tobytes() == one.run(None, feeds)[0].tobytes()
+
+
+def test_grouped_convolutions_keep_the_layout_and_their_weight():
+    """A ResNeXt-style block (1x1, grouped 3x3, 1x1, residual) stays channels-last through
+    the grouped layer; its weight, released once packed, is rebuilt exactly for an input
+    whose size only the run tells; narrow groups (8 channels) keep BLAS's products."""
+    _needs_packed_gemm()
+    C, G = 64, 4
+    inits = [numpy_helper.from_array(rand(C, C, 1, 1, scale=0.2), "w0"),
+             numpy_helper.from_array(rand(C, C // G, 3, 3, scale=0.2), "w1"),
+             numpy_helper.from_array(rand(C, C, 1, 1, scale=0.2), "w2"),
+             numpy_helper.from_array(rand(C, 8, 3, 3, scale=0.2), "w3")]
+    nodes = [helper.make_node("Conv", ["X", "w0"], ["a"]),
+             helper.make_node("Relu", ["a"], ["ar"]),
+             helper.make_node("Conv", ["ar", "w1"], ["b"], group=G, pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["b"], ["br"]),
+             helper.make_node("Conv", ["br", "w2"], ["c"]),
+             helper.make_node("Add", ["c", "X"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["Y"], group=8, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "resnext", [helper.make_tensor_value_info("X", TensorProto.FLOAT,
+                                                         [1, C, "h", "w"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    blob = model.SerializeToString()
+    sess = session(blob, threads=1)
+    grouped = [s.kernel for s in sess._program.full_plan.steps
+               if getattr(s.kernel, "grouped_packed", None) is not None]
+    assert len(grouped) == 1 and grouped[0].prepacked_inputs == (1,)
+    convs = [s.kernel for s in sess._program.full_plan.steps if hasattr(s.kernel, "W_shape")]
+    assert [bool(k.channels_last) for k in convs[:2]] == [True, True]
+    np.testing.assert_array_equal(grouped[0]._weight(None), numpy_helper.to_array(inits[1]))
+    theirs = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+    for h, wd in [(12, 12), (9, 14)]:
+        feeds = {"X": rand(1, C, h, wd)}
+        np.testing.assert_allclose(sess.run(None, feeds)[0], theirs.run(None, feeds)[0],
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_implicit_gemm_keeps_its_padded_buffer_and_blocks_per_shape():

@@ -830,7 +830,8 @@ def _clip_block(bounds, logistic) -> tuple[np.ndarray, int]:
 # 2.14 / 1.87 / 2.17 (noise: its 1-thread figure moved as much).
 SPIN_MACS_PER_RANGE = 1 << 20
 _NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
-_PTR_A, _PTR_OUT = 0, 4  # A's and out's addresses in the argument block (PackedMatrix._head)
+# A's and out's addresses, and out's row stride, in the argument block (PackedMatrix._head)
+_PTR_A, _PTR_OUT, _LDC = 0, 4, 5
 
 
 def _logistic_in_place(out: np.ndarray, logistic) -> None:
@@ -1184,6 +1185,68 @@ class PreparedShifted:
         return out
 
 
+class PreparedGroupedShifted:
+    """A grouped convolution's shifted products (``grouped_shifted``), one per group, in one
+    set of argument blocks: ``call(base, out)`` runs group g's product on A at ``base`` plus
+    g * ``group_stride`` floats (its slab of a group-major padded input) into ``out``'s
+    columns [g * N, (g + 1) * N) (rows ``ldc`` floats apart: the channels-last output of
+    every group), the groups' ranges taken in turn by the threads."""
+
+    __slots__ = ("_fn", "_blocks", "_a_off", "_o_off", "_keep", "_reach", "_out", "_threads")
+
+    def __init__(self, packs: list[PackedMatrix], blocks: np.ndarray, a_off: np.ndarray,
+                 o_off: np.ndarray, keep: list, reach: int, out_shape: tuple[int, int],
+                 threads: int) -> None:
+        self._fn, self._blocks, self._a_off, self._o_off = packs[0]._fn, blocks, a_off, o_off
+        self._keep = (packs, keep)  # the panels, biases and clip blocks the blocks point at
+        self._reach, self._out, self._threads = reach, out_shape, threads
+
+    def __call__(self, base: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if base.dtype != np.float32 or not base.flags.c_contiguous:
+            raise TypeError("float GEMM: the shifted A must be contiguous float32")
+        if self._reach > base.size:
+            raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
+        if out.shape != self._out or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {list(self._out)}")
+        blocks = self._blocks.copy()
+        blocks[:, _PTR_A] = address(base) + self._a_off
+        blocks[:, _PTR_OUT] = address(out) + self._o_off
+        spin.run_blocks(self._fn, blocks, self._threads)
+        return out
+
+
+def grouped_shifted(packs: list[PackedMatrix], rows: int, lda: int, block: int, jump: int,
+                    group_stride: int, bias: np.ndarray | None = None, bounds=None,
+                    threads: int = 1, wrap: int | None = None, wstep: int = 0,
+                    logistic=None) -> PreparedGroupedShifted:
+    """``PackedMatrix.prepared_shifted`` for each of ``packs`` (a grouped convolution's
+    weights, one (K, N) matrix per group, the same shape), group g reading its A from
+    g * ``group_stride`` floats on and writing its N columns of an (rows, G * N) output;
+    ``bias``: (G * N,) or None."""
+    G, N = len(packs), packs[0].N
+    if any(p.N != N or p.K != packs[0].K for p in packs):
+        raise ValueError("float GEMM: the groups' matrices differ in shape")
+    if bias is not None:
+        bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+        if bias.size != G * N:
+            raise ValueError(f"float GEMM: bias must have {G * N} values, got {bias.size}")
+    parts, keep, a_off, o_off, reach = [], [], [], [], 0
+    for g, pk in enumerate(packs):
+        one = pk.prepared_shifted(rows, lda, block, jump,
+                                  None if bias is None else bias[g * N:(g + 1) * N], bounds,
+                                  threads, wrap, wstep, logistic)
+        blocks = one._blocks.copy()
+        blocks[:, _LDC] = G * N
+        parts.append(blocks)
+        keep.append(one)
+        a_off += [4 * g * group_stride] * len(blocks)
+        o_off += [4 * g * N] * len(blocks)
+        reach = max(reach, g * group_stride + one._reach)
+    return PreparedGroupedShifted(packs, np.concatenate(parts), np.array(a_off, np.int64),
+                                  np.array(o_off, np.int64), keep, reach, (rows, G * N),
+                                  threads)
+
+
 def run_all(packed: list[PackedMatrix], As, outs, threads: int = 1) -> None:
     """outs[i] = As[i] @ packed[i] for every i, the products split over ``threads`` threads
     (spin.py's workers), each product whole on one thread: the same numbers as one by one.
@@ -1274,6 +1337,6 @@ class PackedGroups:
 # compiled with the other kernels on first use (jit._BUNDLE)
 BUNDLE = {"float_gemm": (module_ir, ())}
 
-__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "PackedGroups", "PackedMatrix", "Tile",
-           "module_ir", "pack", "pack_groups", "pack_stack", "tile_for", "tile_ir",
-           "unavailable"]
+__all__ = ["AVX2_TILE", "AVX512_TILE", "BUNDLE", "PackedGroups", "PackedMatrix",
+           "PreparedGroupedShifted", "Tile", "grouped_shifted", "module_ir", "pack",
+           "pack_groups", "pack_stack", "tile_for", "tile_ir", "unavailable"]

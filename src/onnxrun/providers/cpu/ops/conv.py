@@ -487,6 +487,11 @@ _WINOGRAD_THREADED_MACS = 1 << 24
 # output row: no column matrix, no space-to-depth), 0.6-0.8x the time of space-to-depth and
 # im2col on YOLO's stride-2 layers (docs/PERFORMANCE.md); below 8 channels on (H, C, W).
 _NHWC_IMPLICIT_CHANNELS = 8
+# Channels per group (in and out) from which a grouped convolution (ResNeXt, RegNet: 3x3
+# layers of 8 to 64 groups) runs as one implicit GEMM per group on the compiled kernel,
+# channels-last, every group in one hand-out to the threads; narrower groups fill too little
+# of a panel (16 or 64 columns) and keep BLAS's per-group im2col products
+_GROUPED_WIDTH = 16
 _NHWC_IM2COL_CHANNELS = 32
 _NHWC_IM2COL_PIXELS = 40 * 40
 
@@ -998,7 +1003,7 @@ def _conv_kind(node, threads: int) -> str:
     method = _dense_method(W.shape[1] * group, W.shape[0], kernel, strides, dilations, group,
                            outs, method_threads(threads, compute_dtype(W.dtype)),
                            _packable(W.dtype))
-    if method == "hcw":  # an implicit GEMM on a copy of the input, as "nhwc"
+    if method in ("hcw", "grouped"):  # implicit GEMMs on a copy of the input, as "nhwc"
         return "nhwc"
     return method if method in ("winograd", "nhwc") else "other"
 
@@ -1389,6 +1394,10 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
     be efficient, and with several BLAS threads only GEMMs large enough to share: the
     transforms run on one), per-tap GEMMs where im2col would copy more than the output it
     makes, im2col + GEMM otherwise (``outs`` None: sizes not known yet)."""
+    if group != 1 and packed and len(kernel) == 2 and kernel != (1, 1) and \
+            all(d == 1 for d in dilations) and M % group == 0 and C % group == 0 and \
+            M // group >= _GROUPED_WIDTH and C // group >= _GROUPED_WIDTH:
+        return "grouped"
     if group != 1 or len(kernel) != 2 or (kernel == (1, 1) and all(s == 1 for s in strides)):
         return "gemm"
     classic = _blas_method(C, M, kernel, strides, dilations, outs, threads)
@@ -1462,6 +1471,7 @@ class Conv(_ConvBase):
         self.group_packed = None  # a grouped 1x1's (C/g, M/g) per group, in those panels
         self.nhwc_packed = None  # (kh * kw * C, M) in the compiled GEMM's panels (_conv_nhwc)
         self.hcw_packed = None  # (kh * C * kw, M) in them (_conv_implicit on (H, C, W))
+        self.grouped_packed = None  # per group (kh * kw * C/g, M/g) in them (_conv_grouped)
         self.packable = False  # a constant float32 W, the compiled GEMM here
         self.w_depthwise = self.w_depthwise_2d = None
         self.w_depthwise_rows: dict[int, tuple] = {}  # output width -> _depthwise_row_weights
@@ -1517,6 +1527,11 @@ class Conv(_ConvBase):
         if method == "hcw":
             self.hcw_packed = self._hcw_weights(W)
             return
+        if method == "grouped":
+            self.grouped_packed = self._grouped_weights(W)
+            if self.grouped_packed is not None and W.dtype == np.float32:
+                self.prepacked_inputs = (1,)
+            return
         self.prepared[method] = self._weights(method, W, cdt)
         if method == "winograd" and cdt == np.float32:
             from ..compiled.float_gemm import pack_stack
@@ -1564,7 +1579,7 @@ class Conv(_ConvBase):
         depthwise kernels). The session weighs these (BLAS's thread count)."""
         if self.winograd_packed is not None or self.gemm_t_packed is not None or \
                 self.nhwc_packed is not None or self.group_packed is not None or \
-                self.hcw_packed is not None:
+                self.hcw_packed is not None or self.grouped_packed is not None:
             return True
         return None if self.w_depthwise_2d is not None or self.w_depthwise is not None \
             else False
@@ -1580,6 +1595,11 @@ class Conv(_ConvBase):
                 self.nhwc_packed.matrix().reshape(kh, kw, C, M).transpose(3, 2, 0, 1))
         if self.gemm_t_packed is not None:  # (C, M) -> (M, C, 1, ...)
             return np.ascontiguousarray(self.gemm_t_packed.matrix().T).reshape(self.W_shape)
+        if self.grouped_packed is not None:  # per group (kh * kw * C/g, M/g) -> (M/g, ...)
+            M, Cg, kh, kw = self.W_shape
+            return np.ascontiguousarray(np.concatenate(
+                [p.matrix().reshape(kh, kw, Cg, -1).transpose(3, 2, 0, 1)
+                 for p in self.grouped_packed]))
         raise ValueError("Conv: the weight is missing")
 
     def _is_depthwise(self, W_shape) -> bool:
@@ -1609,6 +1629,18 @@ class Conv(_ConvBase):
         from ..compiled.float_gemm import pack_rows
 
         return pack_rows(W.transpose(2, 1, 3, 0).astype(np.float32, copy=False))
+
+    def _grouped_weights(self, W: np.ndarray):
+        """W (M, C/g, kh, kw) as each group's (kh * kw * C/g, M/g) right operand of the
+        implicit GEMM on its channels of the input (_conv_grouped), in the compiled GEMM's
+        panels, one buffer; None where the kernel does not run."""
+        from ..compiled.float_gemm import pack_stack
+
+        g = self.group
+        M, Cg, kh, kw = W.shape
+        stack = W.reshape(g, M // g, Cg, kh, kw).transpose(0, 3, 4, 2, 1)
+        return pack_stack(np.ascontiguousarray(stack, np.float32).reshape(g, kh * kw * Cg,
+                                                                           M // g))
 
     def _depthwise_weights(self, W: np.ndarray, cdt: np.dtype) -> np.ndarray:
         # (K, C, 1, ..., 1): one per-channel multiplier per kernel offset
@@ -1692,6 +1724,15 @@ class Conv(_ConvBase):
             if self.hcw_packed is not None:
                 Y = self._conv_implicit(X, b, Z, act, heads, outs, kernel, strides,
                                         self.hcw_packed, True, out)
+                return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
+            self.packable = False
+            method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
+                                   self.method_threads)
+        if method == "grouped":
+            if self.grouped_packed is None:  # shapes not known when prepared: packed once
+                self.grouped_packed = self._grouped_weights(self._weight(W))
+            if self.grouped_packed is not None:
+                Y = self._conv_grouped(X, b, Z, act, heads, outs, kernel, strides, out)
                 return Y if Y.dtype == out_dtype else Y.astype(out_dtype)  # float16 models
             self.packable = False
             method = _dense_method(X.shape[1], M, kernel, strides, dilations, self.group, outs,
@@ -1963,6 +2004,56 @@ class Conv(_ConvBase):
         for n in range(N):
             launch(flat[n], Y[n])
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
+        if Z is not None:
+            Y += Z
+        if act is not None and not fused:
+            act(Y)
+        return Y if self.channels_last else np.ascontiguousarray(Y)
+
+    def _conv_grouped(self, X, b, Z, act, heads, outs, kernel, strides, out=None):
+        """A grouped convolution (undilated, C/g and M/g channels per group) as one implicit
+        GEMM per group on the compiled kernel (_conv_implicit's, group by group): the input
+        copied once into a zero-padded group-major scratch buffer (N, g, Hp, Wp, C/g), so
+        that each group's rows of taps are contiguous; group i writes its M/g columns of
+        the channels-last output; the bias and a Relu / Clip / SiLU fused. Every group's
+        ranges go to the threads in one hand-out."""
+        N, C = X.shape[:2]
+        g = self.group
+        Cg = C // g
+        (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
+        Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
+        packs = self.grouped_packed
+        M = g * packs[0].N
+        bounds, logistic, whole = _gemm_epilogue(act)
+        fused = whole and Z is None
+        P = scratch("conv_grouped_pad", (N, g, Hp, Wp, Cg), np.float32)
+        h0, w0 = heads
+        h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
+        P[:, :, :h0] = 0
+        P[:, :, h0 + h:] = 0
+        P[:, :, h0:h0 + h, :w0] = 0
+        P[:, :, h0:h0 + h, w0 + w:] = 0
+        np.copyto(P[:, :, h0:h0 + h, w0:w0 + w],
+                  X[:, :, :h, :w].reshape(N, g, Cg, h, w).transpose(0, 1, 3, 4, 2))
+        Y = nhwc_out(out, (N, Ho, Wo, M), np.float32).reshape(N, Ho * Wo, M)
+        const_bias = b is None or self.bias is not None
+        key = ("grouped", X.shape, fused)
+        launch = self.launches.get(key) if const_bias else None
+        if launch is None:
+            from ..compiled.float_gemm import grouped_shifted
+
+            launch = grouped_shifted(packs, Ho * Wo, sw * Cg, kw * Cg, (Wp - kw) * Cg,
+                                     Hp * Wp * Cg, None if b is None else b.reshape(-1),
+                                     bounds if fused else None, self.threads, Wo,
+                                     sh * Wp * Cg, logistic if fused else None)
+            if const_bias:
+                if len(self.launches) >= _LAUNCHES:
+                    self.launches.clear()
+                self.launches[key] = launch
+        flat = P.reshape(N, -1)
+        for n in range(N):
+            launch(flat[n], Y[n])
+        Y = Y.reshape(N, Ho, Wo, M).transpose(0, 3, 1, 2)
         if Z is not None:
             Y += Z
         if act is not None and not fused:
