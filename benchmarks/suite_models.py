@@ -543,6 +543,43 @@ def build_efficientnet(small: bool = False) -> tuple[onnx.ModelProto, Feeds]:
     return model, {"image": _image((1, 3, size, size), 8)}
 
 
+def build_regnet(small: bool = False) -> tuple[onnx.ModelProto, Feeds]:
+    """RegNetY-800MF: residual bottleneck blocks whose 3x3 convolution is grouped (16
+    channels a group), with squeeze-and-excitation, BatchNormalization and Relu, as torch
+    exports them (torchvision's regnet_y_800mf layout)."""
+    g = Graph(1809)
+    size = 96 if small else 224
+
+    def conv(x, cin, cout, k=1, s=1, group=1, act="relu"):
+        y = g.conv(x, cin, cout, k, s, group=group, bias=False)
+        return g.act(g.batchnorm(y, cout), act)
+
+    def block(x, cin, cout, s):
+        h = conv(x, cin, cout)
+        h = conv(h, cout, cout, 3, s, group=cout // 16)
+        squeeze = max(1, cin // 4)
+        e = g.op("GlobalAveragePool", [h])
+        e = g.act(g.op("Conv", [e, g.weight((squeeze, cout, 1, 1), cout), g.bias(squeeze)]),
+                  "relu")
+        e = g.op("Sigmoid", [g.op("Conv", [e, g.weight((cout, squeeze, 1, 1), squeeze),
+                                           g.bias(cout)])])
+        h = conv(g.op("Mul", [h, e]), cout, cout, act=None)
+        skip = x if s == 1 and cin == cout else conv(x, cin, cout, 1, s, act=None)
+        return g.op("Relu", [g.op("Add", [h, skip])])
+
+    x = conv("image", 3, 32, 3, 2)
+    c = 32
+    stages = ((64, 1), (128, 3), (320, 8), (768, 2))
+    for width, depth in stages[:3] if small else stages:
+        for i in range(depth):
+            x = block(x, c, width, 2 if i == 0 else 1)
+            c = width
+    y = g.global_pool_fc(x, c, 1000)
+    model = g.model("regnet_style", [_input("image", [1, 3, size, size])], [("logits", y)],
+                    "RegNetY-800MF: grouped bottlenecks with SE")
+    return model, {"image": _image((1, 3, size, size), 9)}
+
+
 # name -> (builder, row label, input description)
 MODELS: dict[str, tuple[Callable[..., tuple[onnx.ModelProto, Feeds]], str, str]] = {
     "yolo_style": (build_yolo, "YOLOv8n-style detector", "1x3x320x320"),
@@ -553,6 +590,7 @@ MODELS: dict[str, tuple[Callable[..., tuple[onnx.ModelProto, Feeds]], str, str]]
     "densenet_style": (build_densenet, "DenseNet-121-style blocks", "1x3x224x224"),
     "inception_style": (build_inception, "Inception (GoogLeNet) modules", "1x3x224x224"),
     "efficientnet_style": (build_efficientnet, "EfficientNet-B0 (PyTorch export)", "1x3x224x224"),
+    "regnet_style": (build_regnet, "RegNetY-800MF (grouped, SE)", "1x3x224x224"),
 }
 
 

@@ -667,6 +667,38 @@ def test_shifted_a_rows_wrap(variant, rows, wrap, lda, wstep, block, blocks, jum
         pk.run_shifted(base, rows, lda, block, jump, wrap=0, wstep=wstep)
 
 
+@pytest.mark.parametrize("G,N", [(1, 21), (3, 16), (5, 37)])
+def test_grouped_shifted_products_write_their_column_ranges(variant, G, N):
+    """grouped_shifted: group g reads its A from g * group_stride floats on (a group-major
+    padded input) and writes columns [g * N, (g + 1) * N) of one (rows, G * N) output, rows
+    wrapping as a strided convolution's; every group equals its own run_shifted, the same
+    bits on 1 and 3 threads (the groups' ranges in one hand-out, or one call on this
+    thread); A reaching past the last group's slab is refused."""
+    rng = np.random.default_rng(G * N)
+    rows, wrap, lda, wstep, block, blocks, jump = 25, 5, 2, 30, 3, 9, 27
+    K = block * blocks
+    m, k = np.arange(rows)[:, None], np.arange(K)[None, :]
+    idx = m // wrap * wstep + m % wrap * lda + k + (k // block) * jump
+    slab = int(idx.max()) + 1 + 3  # each group's floats, a little more than it reads
+    base = rng.standard_normal(G * slab).astype(np.float32)
+    packs = [_packed(rng.standard_normal((K, N)).astype(np.float32), variant) for _ in range(G)]
+    bias = rng.standard_normal(G * N).astype(np.float32)
+    launch = float_gemm.grouped_shifted(packs, rows, lda, block, jump, slab, bias,
+                                        bounds=(-2, 3), wrap=wrap, wstep=wstep)
+    got = launch(base, np.full((rows, G * N), np.nan, np.float32))
+    for g, pk in enumerate(packs):
+        one = pk.run_shifted(base[g * slab:(g + 1) * slab].copy(), rows, lda, block, jump,
+                             bias[g * N:(g + 1) * N], bounds=(-2, 3), wrap=wrap, wstep=wstep)
+        np.testing.assert_array_equal(got[:, g * N:(g + 1) * N], one)
+    split = float_gemm.grouped_shifted(packs, rows, lda, block, jump, slab, bias,
+                                       bounds=(-2, 3), threads=3, wrap=wrap, wstep=wstep)
+    np.testing.assert_array_equal(split(base, np.empty((rows, G * N), np.float32)), got)
+    with pytest.raises(ValueError, match="past"):
+        launch(base[:-4].copy(), np.empty((rows, G * N), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        launch(base, np.empty((rows, G * N + 1), np.float32))
+
+
 # -- the session holds a packed weight once (issue #18) -------------------------------------------
 
 
