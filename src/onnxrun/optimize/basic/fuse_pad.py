@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...providers.registry import text_attribute
 from ..base import BASIC, RulePass, register_pass
 from ..graph_utils import constant_value
 from ..pattern import RewriteRule
 
 
-def _text(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def zero_pads(model, pad, rank: int) -> list[int] | None:
     """The Pad node's pads as [x1_begin, ..., x1_end, ...] over the ``rank`` axes, when it pads
     with zeros, by constants, only the axes after the first two, and by nothing negative."""
-    if pad.domain != "" or _text(pad.attr("mode"), "constant") != "constant":
+    if pad.domain != "" or text_attribute(pad.attr("mode", "constant")) != "constant":
         return None
     opset = model.node_opset(pad) or 1
     if opset < 11:
@@ -69,7 +64,7 @@ def zero_pads(model, pad, rank: int) -> list[int] | None:
 def _explicit_pads(node, spatial: int) -> list[int] | None:
     """The node's own pads ([begin..., end...] over its spatial axes) where they are explicit
     (NOTSET, or VALID: none), else None."""
-    auto_pad = _text(node.attr("auto_pad"), "NOTSET")
+    auto_pad = text_attribute(node.attr("auto_pad", "NOTSET"))
     if auto_pad == "VALID":
         return [0] * (2 * spatial)
     if auto_pad != "NOTSET":

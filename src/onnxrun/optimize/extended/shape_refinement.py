@@ -22,6 +22,7 @@ from ...dtypes import has_settled_shape, has_shape
 from ...geometry import resize_geometry, transpose_geometry, window_geometry
 from ...ir import Model, Node
 from ...proto import onnx
+from ...providers.registry import text_attribute
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
 from ..graph_utils import all_graphs, is_graph_output
 from ._helpers import MS, const_value, elem_type, shape, shape_items
@@ -233,12 +234,6 @@ def _ints(values) -> tuple[int, ...] | None:
     return out if all(isinstance(v, int) for v in out) else None
 
 
-def _text(value, default: str) -> str:
-    if value is None:
-        return default
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _scaled(d, times: int, over: int):
     """d * times / over for a known size that divides evenly, else unknown."""
     if not isinstance(d, int) or (d * times) % over:
@@ -268,7 +263,7 @@ def _spatial(node: Node, x: Dims, ins: list[Dims | None]) -> Dims:
     strides = _ints(node.attr("strides") or (1,) * nd)
     dilations = _ints(node.attr("dilations") or (1,) * nd)
     pads = _ints(node.attr("pads") or ())
-    auto_pad = _text(node.attr("auto_pad"), "NOTSET")
+    auto_pad = text_attribute(node.attr("auto_pad", "NOTSET"))
     if strides is None or dilations is None or pads is None or len(strides) != nd or \
             len(dilations) != nd or pads and len(pads) != 2 * nd or \
             min(strides + dilations) <= 0:
@@ -327,11 +322,11 @@ def _resize(node: Node, x: Dims) -> Dims:
         sizes = const_value(ins[3]) if len(ins) > 3 and ins[3] is not None else None
         if (scales is None or not scales.size) and sizes is None:
             return unknown
-    if _text(node.attr("coordinate_transformation_mode"), "") == "tf_crop_and_resize":
+    if text_attribute(node.attr("coordinate_transformation_mode", "")) == "tf_crop_and_resize":
         return unknown  # (the roi scales the output too)
     axes = node.attr("axes")
     return resize_geometry(tuple(x), scales, sizes, None if axes is None else list(axes),
-                           _text(node.attr("keep_aspect_ratio_policy"), "stretch"))[0]
+                           text_attribute(node.attr("keep_aspect_ratio_policy", "stretch")))[0]
 
 
 def _constant(node: Node):
