@@ -219,6 +219,8 @@ def test_channels_last_im2col_choice():
     assert method(16, 32, (3, 1), (2, 2), (1, 1), 1, (80, 80), **packed) == "nhwc"
     assert method(16, 32, (3, 3), (2, 1), (1, 1), 1, (80, 80), **packed) == "nhwc"
     assert method(256, 512, (1, 1), (2, 2), (1, 1), 1, (28, 28), **packed) == "nhwc"
+    # a small one too (a residual stage's shortcut: the stage's blocks keep the layout)
+    assert method(320, 768, (1, 1), (2, 2), (1, 1), 1, (7, 7), **packed) == "nhwc"
     assert method(3, 16, (3, 3), (2, 2), (1, 1), 1, (160, 160), **packed) == "hcw"
     assert method(3, 64, (7, 7), (2, 2), (1, 1), 1, (112, 112), **packed) == "hcw"  # a stem
     # dilated: explicit im2col with 32+ channels up to 40 x 40 outputs, else BLAS

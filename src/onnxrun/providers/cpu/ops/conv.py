@@ -1401,8 +1401,11 @@ def _dense_method(C: int, M: int, kernel, strides, dilations, group: int, outs,
     if group != 1 or len(kernel) != 2 or (kernel == (1, 1) and all(s == 1 for s in strides)):
         return "gemm"
     classic = _blas_method(C, M, kernel, strides, dilations, outs, threads)
-    if packed and (outs is None or C * math.prod(kernel) * math.prod(outs) > _SMALL_CONV):
-        # (smaller ones, at batch 1, take the gather path: one np.take, one GEMM)
+    if packed and (outs is None or C * math.prod(kernel) * math.prod(outs) > _SMALL_CONV or
+                   kernel == (1, 1)):
+        # (smaller ones, at batch 1, take the gather path: one np.take, one GEMM; not a
+        # strided 1x1, a residual stage's shortcut: NCHW there made every block of the
+        # stage before it write NCHW, RegNetY-800MF's 14 x 14 stage)
         if all(d == 1 for d in dilations):
             if C < _NHWC_IMPLICIT_CHANNELS:  # stems: on an (H, C, W) buffer
                 return "hcw"
