@@ -1,5 +1,6 @@
 """Architectures as PyTorch exports them, onnxrun next to onnxruntime (issue #18): Hugging Face
-transformers' vision and audio models with random weights (no hub: each built from its config),
+transformers' vision and audio models with random weights (no hub: each built from its config,
+He-initialized),
 exported once by torch.onnx (TorchScript exporter, opset 17), then timed in one process, the
 engines alternating.
 
@@ -57,15 +58,37 @@ def export(name: str, folder: Path) -> Path:
     config_cls, model_cls, args, shape, _ = MODELS[name]
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**args)).eval()
+    # He-initialized weights and unit norms: transformers' own initialization leaves some of
+    # these models' features at zero (EfficientNet) or subnormal (MobileViT), which would hide
+    # any difference between the engines and time subnormal arithmetic
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv1d | torch.nn.Conv2d | torch.nn.Linear):
+                torch.nn.init.kaiming_normal_(module.weight)
+                if module.bias is not None:
+                    torch.nn.init.normal_(module.bias, 0.0, 0.02)
+            elif isinstance(module, torch.nn.BatchNorm2d | torch.nn.LayerNorm | torch.nn.GroupNorm):
+                if module.weight is not None:
+                    torch.nn.init.ones_(module.weight)
+                    torch.nn.init.zeros_(module.bias)
+                if isinstance(module, torch.nn.BatchNorm2d):
+                    module.momentum = 1.0  # the statistics of the calibration batch below
+        # BatchNormalization statistics of one random batch, as training would have set them
+        # (without them EfficientNet's activations grow to ~1e4 and onnxruntime's own
+        # optimization levels disagree by half of that: no oracle)
+        if any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()):
+            model.train()
+            model(torch.randn(4, *shape[1:]))
+            model.eval()
 
-    class Wrapped(torch.nn.Module):  # the tensor the model is about, not its output dict
+    class Wrapped(torch.nn.Module):  # the backbone's features, not the output dict: a
+        # randomly initialized classifier (zeros in transformers) would hide any difference
         def __init__(self) -> None:
             super().__init__()
-            self.inner = model.encoder if name == "whisper_encoder" else model
+            self.inner = model.encoder if name == "whisper_encoder" else model.base_model
 
         def forward(self, x):
-            out = self.inner(x)
-            return out.last_hidden_state if name == "whisper_encoder" else out.logits
+            return self.inner(x).last_hidden_state
 
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f"{name}.onnx.tmp"
