@@ -186,9 +186,9 @@ def scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
 
 
 def _pad_into(P: np.ndarray, X: np.ndarray, heads) -> np.ndarray:
-    """Fill P (A, B, Hp, Wp) with X (A, B, H, W, any strides) surrounded by zeros: X starts
-    at (heads[0], heads[1]) and is cut where it does not fit."""
-    Hp, Wp = P.shape[2:]
+    """Fill P (A, B, Hp, Wp, ...) with X (A, B, H, W, ..., any strides) surrounded by zeros: X
+    starts at (heads[0], heads[1]) and is cut where it does not fit."""
+    Hp, Wp = P.shape[2:4]
     h0, w0 = heads
     h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
     P[:, :, :h0] = 0
@@ -2029,15 +2029,8 @@ class Conv(_ConvBase):
         M = g * packs[0].N
         bounds, logistic, whole = _gemm_epilogue(act)
         fused = whole and Z is None
-        P = scratch("conv_grouped_pad", (N, g, Hp, Wp, Cg), np.float32)
-        h0, w0 = heads
-        h, w = max(0, min(X.shape[2], Hp - h0)), max(0, min(X.shape[3], Wp - w0))
-        P[:, :, :h0] = 0
-        P[:, :, h0 + h:] = 0
-        P[:, :, h0:h0 + h, :w0] = 0
-        P[:, :, h0:h0 + h, w0 + w:] = 0
-        np.copyto(P[:, :, h0:h0 + h, w0:w0 + w],
-                  X[:, :, :h, :w].reshape(N, g, Cg, h, w).transpose(0, 1, 3, 4, 2))
+        P = _pad_into(scratch("conv_grouped_pad", (N, g, Hp, Wp, Cg), np.float32),
+                      X.reshape(N, g, Cg, *X.shape[2:]).transpose(0, 1, 3, 4, 2), heads)
         Y = nhwc_out(out, (N, Ho, Wo, M), np.float32).reshape(N, Ho * Wo, M)
         const_bias = b is None or self.bias is not None
         key = ("grouped", X.shape, fused)
