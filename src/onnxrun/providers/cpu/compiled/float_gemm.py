@@ -1075,7 +1075,11 @@ class PackedMatrix:
         # 201 -> 182 us). Panels under two a thread still beat fewer strips (a few rows on
         # AVX-512's 64-column panels).
         strips = -(-M // MR)
-        if npan * self.NR > M * sets and (npan >= 2 * threads or npan > strips):
+        # (panels that do not divide evenly over the threads, where there are strips enough
+        # to share out: strips, every thread reading all of B: 5 panels on 2 threads made 3
+        # against 2, a 14 x 14 1x1 convolution's 196 x 320 x 320 231 -> 201 us)
+        if npan * self.NR > M * sets and (npan >= 2 * threads or npan > strips) and \
+                not (npan % threads and strips >= 4 * threads):
             return [(0, M, p0, p1) for p0, p1 in
                     work_ranges(npan, threads, M * self.K * self.NR, SPIN_MACS_PER_RANGE)]
         return [(s0 * MR, min(M, s1 * MR), 0, npan) for s0, s1 in
