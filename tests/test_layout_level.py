@@ -1060,6 +1060,14 @@ def test_an_efficientnet_block_as_pytorch_exports_it_goes_channels_last():
     kinds = {s.node.name or s.node.op_type: bool(s.kernel.channels_last)
              for s in sess._program.steps if hasattr(s.kernel, "channels_last")}
     assert sum(kinds.values()) == turned
+    # the SE block's two 1x1 convolutions of one pixel run on the compiled GEMM (either
+    # layout is the same memory), their SiLU / Sigmoid in its epilogue
+    from onnxrun.providers.cpu.ops.conv import _packable
+
+    if _packable(np.float32):
+        se = [s.kernel for s in sess._program.steps if hasattr(s.kernel, "channels_last")
+              and s.kernel.W_shape in ((4, 32, 1, 1), (32, 4, 1, 1))]
+        assert len(se) == 2 and all(k.gemm_t_packed is not None for k in se)
     x = rng.normal(size=(1, 8, 15, 15)).astype(np.float32)
     want = ort.InferenceSession(data, providers=["CPUExecutionProvider"]).run(None, {"X": x})[0]
     np.testing.assert_allclose(sess.run(None, {"X": x})[0], want, rtol=1e-4, atol=1e-4)
