@@ -23,7 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 from ....dtypes import compute_dtype, np_dtype, type_shape
 from ....geometry import transpose_geometry, window_geometry
 from .. import blas
-from ..kernels import KernelContext, op
+from ..kernels import KernelContext, op, text_attribute
 from ..parallel import parallel_for, threads_for
 
 
@@ -835,8 +835,7 @@ def _follows_layout(node) -> bool:
     if op in ("MaxPool", "AveragePool"):
         return len(node.outputs) == 1 or not node.outputs[1].name or not node.outputs[1].uses
     if op == "Resize":
-        mode = node.attr("mode", "nearest")
-        return (mode.decode() if isinstance(mode, bytes) else str(mode)) == "nearest" and \
+        return text_attribute(node.attr("mode", "nearest")) == "nearest" and \
             _rank(node.inputs[0]) == 4
     if op in ("Reshape", "Transpose"):
         return channel_shuffle(node) is not None
@@ -985,8 +984,7 @@ def _conv_kind(node, threads: int) -> str:
     strides = tuple(int(v) for v in (node.attr("strides", None) or (1, 1)))
     dilations = tuple(int(v) for v in (node.attr("dilations", None) or (1, 1)))
     pads = tuple(int(v) for v in (node.attr("pads", None) or ()))
-    auto_pad = node.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    auto_pad = text_attribute(node.attr("auto_pad", "NOTSET"))
     kernel = tuple(W.shape[2:])
     auto_pad = unpadded_auto_pad(auto_pad, kernel)
     if kernel == (1, 1) and strides == (1, 1) and not any(pads) and \
@@ -1055,8 +1053,7 @@ def tiled_transpose(node) -> bool:
     shape = node.attr("kernel_shape", None)
     if shape is not None and tuple(int(v) for v in shape) != kernel:
         return False
-    auto_pad = node.attr("auto_pad", "NOTSET")
-    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+    auto_pad = text_attribute(node.attr("auto_pad", "NOTSET"))
     return tuple(int(v) for v in (node.attr("strides", None) or (1, 1))) == kernel and \
         not any(int(v) != 1 for v in (node.attr("dilations", None) or ())) and \
         not any(int(v) for v in (node.attr("pads", None) or ())) and \
@@ -1438,7 +1435,7 @@ class _ConvBase:
 
     def __init__(self, ctx: KernelContext, *, auto_pad="NOTSET", dilations=None, group=1,
                  kernel_shape=None, pads=None, strides=None) -> None:
-        self.auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        self.auto_pad = text_attribute(auto_pad)
         self.dilations = None if dilations is None else tuple(int(v) for v in dilations)
         self.group = int(group)
         self.pads = tuple(int(v) for v in pads) if pads is not None and len(pads) else ()
@@ -1985,8 +1982,6 @@ class Conv(_ConvBase):
         N, C = X.shape[:2]
         (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
         Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
-        bounds, logistic, whole = _gemm_epilogue(act)
-        fused = whole and Z is None
         if hcw:  # K in (kh, C, kw) order: _hcw_weights
             P = scratch("conv_nhwc_pad", (N, Hp, C, Wp), np.float32)
             _pad_into_rows(P.transpose(0, 2, 1, 3), X, heads, self.threads)
@@ -1994,61 +1989,30 @@ class Conv(_ConvBase):
         else:  # K in (kh, kw, C) order: _nhwc_weights
             P = self._padded_nhwc(X, heads, Hp, Wp)
             lda, block, jump, wstep = sw * C, kw * C, (Wp - kw) * C, sh * Wp * C
-        flat = P.reshape(N, -1)
-        Y = nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(N, Ho * Wo, pk.N)
-        # the product's argument blocks, made once per input shape (the geometry follows
-        # from it) where the bias is the kernel's own constant (or none): each call writes
-        # two addresses
-        const_bias = b is None or self.bias is not None
-        key = (X.shape, hcw, fused)
-        launch = self.launches.get(key) if const_bias else None
-        if launch is None:
-            launch = pk.prepared_shifted(Ho * Wo, lda, block, jump,
-                                         None if b is None else b.reshape(-1),
-                                         bounds if fused else None, self.threads, Wo, wstep,
-                                         logistic if fused else None)
-            if const_bias:
-                if len(self.launches) >= _LAUNCHES:
-                    self.launches.clear()
-                self.launches[key] = launch
-        for n in range(N):
-            launch(flat[n], Y[n])
-        Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
-        if Z is not None:
-            Y += Z
-        if act is not None and not fused:
-            act(Y)
-        return Y if self.channels_last else np.ascontiguousarray(Y)
+        return self._shifted_run(
+            P, X, b, Z, act, outs, pk.N, ("implicit", hcw),
+            lambda bias, bounds, logistic: pk.prepared_shifted(
+                Ho * Wo, lda, block, jump, bias, bounds, self.threads, Wo, wstep, logistic),
+            out)
 
-    def _conv_grouped(self, X, b, Z, act, heads, outs, kernel, strides, out=None):
-        """A grouped convolution (undilated, C/g and M/g channels per group) as one implicit
-        GEMM per group on the compiled kernel (_conv_implicit's, group by group): the input
-        copied once into a zero-padded group-major scratch buffer (N, g, Hp, Wp, C/g), so
-        that each group's rows of taps are contiguous; group i writes its M/g columns of
-        the channels-last output; the bias and a Relu / Clip / SiLU fused. Every group's
-        ranges go to the threads in one hand-out."""
-        N, C = X.shape[:2]
-        g = self.group
-        Cg = C // g
-        (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
-        Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
-        packs = self.grouped_packed
-        M = g * packs[0].N
+    def _shifted_run(self, P, X, b, Z, act, outs, M, kind, make, out=None):
+        """The implicit GEMMs' run (_conv_implicit, _conv_grouped) on the padded copy ``P``
+        of X: the product's argument blocks, ``make(bias, bounds, logistic)``, made once per
+        input shape (the geometry follows from it) where the bias is the kernel's own
+        constant (or none), so that each call writes two addresses; one call per image into
+        the channels-last output of ``M`` channels, the bias and a Relu / Clip / SiLU fused;
+        the output copied out to NCHW unless it stays so."""
+        N = X.shape[0]
+        Ho, Wo = outs
         bounds, logistic, whole = _gemm_epilogue(act)
         fused = whole and Z is None
-        P = _pad_into(scratch("conv_grouped_pad", (N, g, Hp, Wp, Cg), np.float32),
-                      X.reshape(N, g, Cg, *X.shape[2:]).transpose(0, 1, 3, 4, 2), heads)
         Y = nhwc_out(out, (N, Ho, Wo, M), np.float32).reshape(N, Ho * Wo, M)
         const_bias = b is None or self.bias is not None
-        key = ("grouped", X.shape, fused)
+        key = (kind, X.shape, fused)
         launch = self.launches.get(key) if const_bias else None
         if launch is None:
-            from ..compiled.float_gemm import grouped_shifted
-
-            launch = grouped_shifted(packs, Ho * Wo, sw * Cg, kw * Cg, (Wp - kw) * Cg,
-                                     Hp * Wp * Cg, None if b is None else b.reshape(-1),
-                                     bounds if fused else None, self.threads, Wo,
-                                     sh * Wp * Cg, logistic if fused else None)
+            launch = make(None if b is None else b.reshape(-1), bounds if fused else None,
+                          logistic if fused else None)
             if const_bias:
                 if len(self.launches) >= _LAUNCHES:
                     self.launches.clear()
@@ -2062,6 +2026,30 @@ class Conv(_ConvBase):
         if act is not None and not fused:
             act(Y)
         return Y if self.channels_last else np.ascontiguousarray(Y)
+
+    def _conv_grouped(self, X, b, Z, act, heads, outs, kernel, strides, out=None):
+        """A grouped convolution (undilated, C/g and M/g channels per group) as one implicit
+        GEMM per group on the compiled kernel (_conv_implicit's, group by group): the input
+        copied once into a zero-padded group-major scratch buffer (N, g, Hp, Wp, C/g), so
+        that each group's rows of taps are contiguous; group i writes its M/g columns of
+        the channels-last output; the bias and a Relu / Clip / SiLU fused. Every group's
+        ranges go to the threads in one hand-out."""
+        from ..compiled.float_gemm import grouped_shifted
+
+        N, C = X.shape[:2]
+        g = self.group
+        Cg = C // g
+        (kh, kw), (Ho, Wo), (sh, sw) = kernel, outs, strides
+        Hp, Wp = (Ho - 1) * sh + kh, (Wo - 1) * sw + kw
+        packs = self.grouped_packed
+        P = _pad_into(scratch("conv_grouped_pad", (N, g, Hp, Wp, Cg), np.float32),
+                      X.reshape(N, g, Cg, *X.shape[2:]).transpose(0, 1, 3, 4, 2), heads)
+        return self._shifted_run(
+            P, X, b, Z, act, outs, g * packs[0].N, ("grouped",),
+            lambda bias, bounds, logistic: grouped_shifted(
+                packs, Ho * Wo, sw * Cg, kw * Cg, (Wp - kw) * Cg, Hp * Wp * Cg, bias, bounds,
+                self.threads, Wo, sh * Wp * Cg, logistic),
+            out)
 
     def _gemm_1x1_compiled(self, X, b, Z, act, out=None):
         """A 1x1 convolution of a channels-last X on the compiled GEMM: pixels x channels in,
