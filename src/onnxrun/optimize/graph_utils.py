@@ -57,6 +57,32 @@ def scalar_value(v: Value | None) -> float | None:
     return c.reshape(()).item()
 
 
+def pad_amounts(pad: Node, rank: int, constant=constant_value) -> list[int] | None:
+    """A Pad node's constant pads as [begin..., end...] over all ``rank`` axes: its attribute
+    before opset 11, its input since, spread over the ``axes`` input of opset 18 (``constant``
+    reads a value); None where they are not integer constants or do not fit the rank."""
+    pads = pad.attr("pads")
+    if pads is None:
+        c = constant(pad.inputs[1]) if len(pad.inputs) > 1 and pad.inputs[1] is not None \
+            else None
+        if c is None or c.dtype.kind not in "iu":
+            return None
+        pads = c.ravel()
+    pads = [int(p) for p in pads]
+    if len(pad.inputs) > 3 and pad.inputs[3] is not None:
+        axes = constant(pad.inputs[3])
+        if axes is None or len(pads) != 2 * axes.size:
+            return None
+        full = [0] * (2 * rank)
+        for i, a in enumerate(int(a) for a in axes.ravel()):
+            a = a + rank if a < 0 else a
+            if not 0 <= a < rank:
+                return None
+            full[a], full[a + rank] = pads[i], pads[i + axes.size]
+        return full
+    return pads if len(pads) == 2 * rank else None
+
+
 def single_consumer(v: Value) -> Node | None:
     """The one node reading ``v``, if exactly one does and ``v`` is not a graph output."""
     if len(v.uses) != 1 or is_graph_output(v):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...providers.registry import text_attribute
 from ..base import BASIC, RulePass, register_pass
-from ..graph_utils import constant_value
+from ..graph_utils import constant_value, pad_amounts
 from ..pattern import RewriteRule
 
 
@@ -29,33 +29,15 @@ def zero_pads(model, pad, rank: int) -> list[int] | None:
     with zeros, by constants, only the axes after the first two, and by nothing negative."""
     if pad.domain != "" or text_attribute(pad.attr("mode", "constant")) != "constant":
         return None
-    opset = model.node_opset(pad) or 1
-    if opset < 11:
-        pads = pad.attr("pads")
-        if pads is None or float(pad.attr("value", 0.0)) != 0.0:
+    if (model.node_opset(pad) or 1) < 11:
+        if pad.attr("pads") is None or float(pad.attr("value", 0.0)) != 0.0:
             return None
-        pads = [int(p) for p in pads]
-    else:
-        value = constant_value(pad.inputs[1]) if len(pad.inputs) > 1 and pad.inputs[1] else None
-        if value is None or value.dtype.kind not in "iu":
+    elif len(pad.inputs) > 2 and pad.inputs[2] is not None:
+        fill = constant_value(pad.inputs[2])
+        if fill is None or np.any(fill != 0):
             return None
-        pads = [int(p) for p in value.ravel()]
-        if len(pad.inputs) > 2 and pad.inputs[2] is not None:
-            fill = constant_value(pad.inputs[2])
-            if fill is None or np.any(fill != 0):
-                return None
-        if len(pad.inputs) > 3 and pad.inputs[3] is not None:
-            axes = constant_value(pad.inputs[3])
-            if axes is None or len(pads) != 2 * axes.size:
-                return None
-            full = [0] * (2 * rank)
-            for i, a in enumerate(int(a) for a in axes.ravel()):
-                a = a + rank if a < 0 else a
-                if not 0 <= a < rank:
-                    return None
-                full[a], full[a + rank] = pads[i], pads[i + axes.size]
-            pads = full
-    if len(pads) != 2 * rank or rank < 3 or any(p < 0 for p in pads) or \
+    pads = pad_amounts(pad, rank)
+    if pads is None or rank < 3 or any(p < 0 for p in pads) or \
             any(pads[i] or pads[i + rank] for i in (0, 1)):
         return None
     return pads
@@ -115,9 +97,6 @@ class _PadInto(RewriteRule):
 class PadConv(_PadInto):
     name = "Pad+Conv"
     op_type = "Conv"
-
-    def pattern(self, op, x, w):
-        return op.Conv(op.Pad(x, _name="pad"), w, _name="reader")
 
 
 class PadAveragePool(_PadInto):

@@ -24,7 +24,7 @@ from ...ir import Model, Node
 from ...proto import onnx
 from ...providers.registry import text_attribute
 from ..base import EXTENDED, GraphPass, PassResult, register_pass
-from ..graph_utils import all_graphs, is_graph_output
+from ..graph_utils import all_graphs, is_graph_output, pad_amounts
 from ._helpers import MS, const_value, elem_type, shape, shape_items
 
 Dims = list  # of int | str | None
@@ -284,22 +284,13 @@ def _spatial(node: Node, x: Dims, ins: list[Dims | None]) -> Dims:
 
 
 def _pad(node: Node, x: Dims) -> Dims:
-    """Pad: each padded axis grows by its two pads (constant pads: an attribute before opset
-    11, an input since; the axes input of opset 18)."""
-    pads = node.attr("pads")
+    """Pad: each padded axis grows by its two pads (graph_utils.pad_amounts)."""
+    pads = pad_amounts(node, len(x), const_value)
     if pads is None:
-        c = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
-        pads = None if c is None else [int(v) for v in c.ravel()]
-    axes = list(range(len(x)))
-    if len(node.inputs) > 3 and node.inputs[3] is not None:
-        c = const_value(node.inputs[3])
-        axes = None if c is None else [int(a) + len(x) if a < 0 else int(a) for a in c.ravel()]
-    if pads is None or axes is None or len(pads) != 2 * len(axes) or \
-            any(not 0 <= a < len(x) for a in axes):
         return [None] * len(x)
     out = list(x)
-    for i, a in enumerate(axes):
-        grow = pads[i] + pads[i + len(axes)]
+    for a in range(len(x)):
+        grow = pads[a] + pads[a + len(x)]
         if grow:
             out[a] = x[a] + grow if isinstance(x[a], int) and x[a] + grow >= 0 else None
     return out
