@@ -497,30 +497,24 @@ def _logistic_pixels(vt: str, lanes: int) -> list[str]:
         return "<" + ", ".join([f"float {ir.float_constant(c)}"] * lanes) + ">"
 
     L = ["act.pre:",
-         "  br i1 %full, label %actf, label %actm",
-         "actf:",
-         "  %af.ow = phi i64 [0, %act.pre], [%af.own, %actf]",
-         "  %af.o = mul i64 %af.ow, %C",
-         "  %af.i = add i64 %yrow, %af.o",
-         "  %af.p = getelementptr float, ptr %Y, i64 %af.i",
-         f"  %lf.x = load {vt}, ptr %af.p, align 4",
-         *mlas_logistic.body_ir(vt, "lf", vec),
-         f"  store {vt} %lf.out, ptr %af.p, align 4",
-         "  %af.own = add i64 %af.ow, 1",
-         "  %af.more = icmp slt i64 %af.own, %Wo",
-         "  br i1 %af.more, label %actf, label %rdone",
-         "actm:",
-         "  %am.ow = phi i64 [0, %act.pre], [%am.own, %actm]",
-         "  %am.o = mul i64 %am.ow, %C",
-         "  %am.i = add i64 %yrow, %am.o",
-         "  %am.p = getelementptr float, ptr %Y, i64 %am.i",
-         f"  %lm.x = call {vt} @llvm.masked.load.{sfx}.p0(ptr %am.p, i32 4, {vm} %mask, "
-         f"{vt} zeroinitializer)",
-         *mlas_logistic.body_ir(vt, "lm", vec),
-         f"  call void @llvm.masked.store.{sfx}.p0({vt} %lm.out, ptr %am.p, i32 4, {vm} %mask)",
-         "  %am.own = add i64 %am.ow, 1",
-         "  %am.more = icmp slt i64 %am.own, %Wo",
-         "  br i1 %am.more, label %actm, label %rdone"]
+         "  br i1 %full, label %actf, label %actm"]
+    for masked, label, t, v in ((False, "actf", "af", "lf"), (True, "actm", "am", "lm")):
+        p = f"%{t}.p"
+        load = f"call {vt} @llvm.masked.load.{sfx}.p0(ptr {p}, i32 4, {vm} %mask, " \
+            f"{vt} zeroinitializer)" if masked else f"load {vt}, ptr {p}, align 4"
+        store = f"call void @llvm.masked.store.{sfx}.p0({vt} %{v}.out, ptr {p}, i32 4, " \
+            f"{vm} %mask)" if masked else f"store {vt} %{v}.out, ptr {p}, align 4"
+        L += [f"{label}:",  # a whole chunk's pixels, then a partial one's
+              f"  %{t}.ow = phi i64 [0, %act.pre], [%{t}.own, %{label}]",
+              f"  %{t}.o = mul i64 %{t}.ow, %C",
+              f"  %{t}.i = add i64 %yrow, %{t}.o",
+              f"  {p} = getelementptr float, ptr %Y, i64 %{t}.i",
+              f"  %{v}.x = {load}",
+              *mlas_logistic.body_ir(vt, v, vec),
+              f"  {store}",
+              f"  %{t}.own = add i64 %{t}.ow, 1",
+              f"  %{t}.more = icmp slt i64 %{t}.own, %Wo",
+              f"  br i1 %{t}.more, label %{label}, label %rdone"]
     return L
 
 
