@@ -243,8 +243,181 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     return out
 
 
+def _nchw_kernel(kh: int, kw: int, op: str, sw: int) -> str:
+    """``@pool_nchw_f32(X, S, Y, H, Wd, Ho, Wo, sh, dh, dw, pt, pl, r0, r1)``: output rows
+    [r0, r1) (row r: plane r / Ho, output row r % Ho) of the planar (N*C, H, Wd) ``X`` into
+    the planar (N*C, Ho, Wo) ``Y``, 16 output columns a vector. Column stride ``sw`` is the
+    module's: 1 reads each tap's 16 columns at once, 2 reads 32 and keeps the even ones, any
+    other gathers. A tap column outside the image is a masked-off lane (never read) and reads
+    the fill; a tap row outside is read from row 0 and replaced by the fill. ``S``: avg's
+    (Ho, Wo) factors (1 / count). Taps reduced in row order, as the channels-last kernel."""
+    fill = depthwise._NEG_INF if op == "max" else "zeroinitializer"
+    V, VF = ir.V, _VF
+    L = ["define void @pool_nchw_f32(ptr %X, ptr %S, ptr %Y, i64 %H, i64 %Wd, i64 %Ho, "
+         "i64 %Wo, i64 %sh, i64 %dh, i64 %dw, i64 %pt, i64 %pl, i64 %r0, i64 %r1) nounwind {",
+         "entry:",
+         "  %img = mul i64 %H, %Wd",
+         "  %wd32 = trunc i64 %Wd to i32",
+         *ir.splat("%wdv", "%wd32", V),
+         "  %any = icmp slt i64 %r0, %r1",
+         "  br i1 %any, label %rloop, label %end",
+         "rloop:",
+         "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
+         "  %plane = udiv i64 %r, %Ho",
+         "  %oh = urem i64 %r, %Ho",
+         "  %pb = mul i64 %plane, %img",
+         "  %ih0 = mul i64 %oh, %sh",
+         "  %ih = sub i64 %ih0, %pt",
+         "  %yrow = mul i64 %r, %Wo",
+         "  %srow = mul i64 %oh, %Wo"]
+    for i in range(kh):  # each tap row: inside the image, its offset (clamped to row 0)
+        L += [f"  %rd{i} = mul i64 %dh, {i}",
+              f"  %rr{i} = add i64 %ih, %rd{i}",
+              f"  %rv{i} = icmp ult i64 %rr{i}, %H",
+              f"  %rs{i} = select i1 %rv{i}, i64 %rr{i}, i64 0",
+              f"  %rm{i} = mul i64 %rs{i}, %Wd",
+              f"  %ro{i} = add i64 %pb, %rm{i}"]
+    L += ["  br label %cloop",
+          "cloop:",
+          "  %ow = phi i64 [0, %rloop], [%own, %cnext]",
+          "  %left = sub i64 %Wo, %ow",
+          *ir.lane_mask("%om", "%left"),  # output lanes inside the row
+          f"  %cw0 = mul i64 %ow, {sw}",
+          "  %cw = sub i64 %cw0, %pl"]
+    lanes = 32 if sw == 2 else 16
+    step = 1 if sw in (1, 2) else sw
+    for j in range(kw):  # each tap column: its first input column, which lanes are inside
+        L += [f"  %cd{j} = mul i64 %dw, {j}",
+              f"  %cj{j} = add i64 %cw, %cd{j}",
+              f"  %cj{j}.t = trunc i64 %cj{j} to i32",
+              *ir.splat(f"%cj{j}.v", f"%cj{j}.t", V)]
+        for h in range(lanes // 16):
+            offs = "<" + ", ".join(f"i32 {(16 * h + k) * step}" for k in range(16)) + ">"
+            L += [f"  %col{j}.{h} = add {V} %cj{j}.v, {offs}",
+                  f"  %in{j}.{h} = icmp ult {V} %col{j}.{h}, %wdv"]
+    prev = None
+    even = "<" + ", ".join(f"i32 {2 * k}" for k in range(16)) + ">"
+    for i in range(kh):
+        for j in range(kw):
+            k = i * kw + j
+            L += [f"  %a{k} = add i64 %ro{i}, %cj{j}",
+                  f"  %p{k} = getelementptr float, ptr %X, i64 %a{k}"]
+            if sw == 1:
+                L.append(depthwise.tap_load(f"%x{k}", f"%p{k}", f"%in{j}.0", fill, True))
+            elif sw == 2:
+                L += [depthwise.tap_load(f"%x{k}.0", f"%p{k}", f"%in{j}.0", fill, True),
+                      f"  %p{k}.1 = getelementptr float, ptr %p{k}, i64 16",
+                      depthwise.tap_load(f"%x{k}.1", f"%p{k}.1", f"%in{j}.1", fill, True),
+                      f"  %x{k} = shufflevector {VF} %x{k}.0, {VF} %x{k}.1, <16 x i32> {even}"]
+            else:
+                offs = "<" + ", ".join(f"i32 {q * sw}" for q in range(16)) + ">"
+                L += [f"  %g{k} = getelementptr float, ptr %p{k}, {V} {offs}",
+                      f"  %x{k} = call {VF} @llvm.masked.gather.v16f32.v16p0(<16 x ptr> "
+                      f"%g{k}, i32 4, <16 x i1> %in{j}.0, {VF} {fill})"]
+            L.append(f"  %v{k} = select i1 %rv{i}, {VF} %x{k}, {VF} {fill}")
+            x = f"%v{k}"
+            if prev is None:
+                prev = x
+            elif op == "avg":
+                L.append(f"  %s{k} = fadd {VF} {prev}, {x}")
+                prev = f"%s{k}"
+            else:
+                L += depthwise.numpy_maximum(f"%m{k}", x, prev)
+                prev = f"%m{k}"
+    if op == "avg":  # times each output pixel's 1 / count
+        L += ["  %sa = add i64 %srow, %ow",
+              "  %sp = getelementptr float, ptr %S, i64 %sa",
+              f"  %sv = call {VF} @llvm.masked.load.v16f32.p0(ptr %sp, i32 4, <16 x i1> %om, "
+              f"{VF} zeroinitializer)",
+              f"  %o = fmul {VF} {prev}, %sv"]
+        prev = "%o"
+    L += ["  %ya = add i64 %yrow, %ow",
+          "  %yp = getelementptr float, ptr %Y, i64 %ya",
+          f"  call void @llvm.masked.store.v16f32.p0({VF} {prev}, ptr %yp, i32 4, "
+          "<16 x i1> %om)",
+          "  br label %cnext",
+          "cnext:",
+          "  %own = add i64 %ow, 16",
+          "  %cmore = icmp slt i64 %own, %Wo",
+          "  br i1 %cmore, label %cloop, label %rnext",
+          *ir.row_loop_end("%rloop")]
+    return "\n".join(L)
+
+
+def nchw_module_ir(kh: int, kw: int, op: str, sw: int) -> str:
+    """``@pool_nchw_f32`` for a kh x kw window of column stride ``sw`` (1, 2, or any other
+    by gathers) and its job (``@pool_nchw_job``: a range of output rows per spin.py worker)."""
+    types = ("ptr",) * 3 + ("i64",) * 11
+    return "\n\n".join(ir.declarations("load.f32", "store.f32") + [
+        f"declare {_VF} @llvm.masked.gather.v16f32.v16p0(<16 x ptr>, i32, <16 x i1>, {_VF})",
+        _nchw_kernel(kh, kw, op, sw),
+        "\n".join(ir.job("pool_nchw_job", "pool_nchw_f32", types))])
+
+
+_NCHW_PROTO = ctypes.CFUNCTYPE(None, _P, _P, _P, *([_I] * 11))
+
+
+def _stride_variant(sw: int) -> int:
+    return sw if sw in (1, 2) else 0  # 0: gathers, the stride an argument of the IR only
+
+
+def pool_nchw(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int],
+              outs: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int],
+              scale: np.ndarray | None = None, threads: int = 1,
+              out: np.ndarray | None = None) -> np.ndarray:
+    """The (N, C, Ho, Wo) pool of the C-contiguous planar (N, C, H, W) float32 ``X``, windows
+    from (-heads) on, padding never read; ``scale`` (avg): each output pixel's factor, (Ho,
+    Wo) float32; into ``out`` when it is a C-contiguous float32 array of that shape. Raises
+    ``jit.Unavailable`` where the kernel cannot run here."""
+    kh, kw = kernel
+    if op not in ("max", "avg") or not 0 < kh * kw <= MAX_TAPS:
+        raise ValueError(f"pool: op {op!r} over {kh} x {kw} taps is not compiled")
+    if X.dtype != np.float32 or X.ndim != 4 or not X.flags.c_contiguous:
+        raise ValueError("pool: expected a contiguous float32 [N, C, H, W]")
+    N, C, H, Wd = X.shape
+    if H * Wd >= 1 << 31 or Wd + max(kw * dilations[1], strides[1] * 32) >= 1 << 31:
+        raise ValueError("pool: a plane too large for the kernel's 32-bit column lanes")
+    reason = jit.why_unavailable(REQUIRES)
+    if reason:
+        raise jit.Unavailable(reason)
+    sw = strides[1]
+    variant = _stride_variant(sw)
+    module = jit.compile_module(
+        f"pool_nchw_{op}_{kh}x{kw}_s{variant or 'g'}",
+        lambda target: nchw_module_ir(kh, kw, op, variant or sw),
+        {"pool_nchw_f32": _NCHW_PROTO, "pool_nchw_job": _JOB}, REQUIRES)
+    Ho, Wo = outs
+    if out is None or out.shape != (N, C, Ho, Wo) or out.dtype != np.float32 or \
+            not out.flags.c_contiguous:
+        out = np.empty((N, C, Ho, Wo), np.float32)
+    if out.size == 0:
+        return out
+    if op == "avg":
+        scale = np.ascontiguousarray(scale, np.float32)
+        if scale.shape != (Ho, Wo):
+            raise ValueError(f"pool: the scale must be [{Ho}, {Wo}], got {list(scale.shape)}")
+    else:
+        scale = _UNUSED
+    args = (address(X), address(scale), address(out), H, Wd, Ho, Wo, strides[0],
+            dilations[0], dilations[1], heads[0], heads[1])
+    rows = N * C * Ho
+    ranges = work_ranges(rows, threads, Wo * kh * kw, least=MIN_TAPS_PER_RANGE)
+    if len(ranges) > 1:  # rows taken in turn by the caller and spin.py's workers
+        spin.run_blocks(module.pool_nchw_job,
+                        np.array([args + (r0, r1) for r0, r1 in ranges], np.int64), threads)
+    else:
+        module.pool_nchw_f32(*args, 0, rows)
+    return out
+
+
 # compiled with the other kernels on first use (jit._BUNDLE): the suite's CNN pools
 BUNDLE = {f"pool_{op}_{k}x{k}": ((lambda target, k=k, op=op: module_ir(k, k, op)), REQUIRES)
           for op in ("max", "avg") for k in (3,)}
+# planar: the zoo CNNs' max pools where no layout change reaches them (AlexNet, ZFNet,
+# GoogLeNet; every pool at optimization levels below the layout level)
+BUNDLE.update({f"pool_nchw_max_{k}x{k}_s{s}": (
+    (lambda target, k=k, s=s: nchw_module_ir(k, k, "max", s)), REQUIRES)
+    for k, s in ((3, 2), (2, 2), (3, 1))})
 
-__all__ = ["BUNDLE", "MAX_TAPS", "PIXEL_MAJOR_CHANNELS", "REQUIRES", "module_ir", "pool"]
+__all__ = ["BUNDLE", "MAX_TAPS", "PIXEL_MAJOR_CHANNELS", "REQUIRES", "module_ir",
+           "nchw_module_ir", "pool", "pool_nchw"]

@@ -58,11 +58,11 @@ class _Pool:
 
     def compiled(self, X: np.ndarray, op: str, heads, outs, scale=None,
                  out: np.ndarray | None = None) -> np.ndarray | None:
-        """The compiled pool (compiled/pool.py) of a channels-last 2-D float32 X whose layout
-        passes on (into ``out``, the executor's buffer, when it is channels-last), or None
-        where it does not run (the numpy path then)."""
-        if not (self.use_compiled and self.keep_layout and X.ndim == 4 and
-                X.dtype == np.float32 and channels_inner(X) and X.shape[1] > 0):
+        """The compiled pool (compiled/pool.py) of a 1-D or 2-D float32 X: channels-last where
+        X is and its layout passes on, else planar (into ``out``, the executor's buffer, when
+        it has the result's layout), or None where it does not run (the numpy path then)."""
+        if not (self.use_compiled and X.ndim in (3, 4) and X.dtype == np.float32 and
+                X.shape[1] > 0):
             return None
         from ..compiled import jit, pool
 
@@ -70,6 +70,11 @@ class _Pool:
             return None
         if op == "avg" and not isinstance(scale, np.ndarray):
             scale = np.full(outs, scale, np.float32)
+        if X.ndim == 3 or not (self.keep_layout and channels_inner(X)):
+            # (one output pixel a plane, a global window: numpy's reduction of whole planes
+            # is faster than a vector of one lane per plane)
+            return None if all(o == 1 for o in outs) else \
+                self._compiled_planar(X, op, heads, outs, scale, out)
         try:  # (a view of part of the channels, a Split's output, copied)
             Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))
             Y = pool.pool(Xt, op, self.kernel, heads, outs, self.strides, self.dilations, scale,
@@ -77,6 +82,30 @@ class _Pool:
         except jit.Unavailable:
             return None
         return Y.transpose(0, 3, 1, 2)
+
+    def _compiled_planar(self, X: np.ndarray, op: str, heads, outs, scale,
+                         out: np.ndarray | None) -> np.ndarray | None:
+        """The compiled planar pool (compiled/pool.py's ``pool_nchw``) of a C-contiguous
+        (N, C, H, W) or (N, C, L) X (a 1-D window: one row of L), or None."""
+        from ..compiled import jit, pool
+
+        X = np.ascontiguousarray(X)  # (a strided view: copied, still faster than numpy's)
+        flat = X.ndim == 3
+        if flat:  # (N, C, L) as (N, C, 1, L): the window one row high
+            X4, outs4 = X[:, :, None], (1,) + tuple(outs)
+            kernel, strides = (1,) + self.kernel, (1,) + self.strides
+            dilations, heads4 = (1,) + self.dilations, (0,) + tuple(heads)
+            scale = None if scale is None else scale.reshape(outs4)
+            out = None if out is None else out[:, :, None]
+        else:
+            X4, outs4, kernel, strides = X, tuple(outs), self.kernel, self.strides
+            dilations, heads4 = self.dilations, tuple(heads)
+        try:
+            Y = pool.pool_nchw(X4, op, kernel, heads4, outs4, strides, dilations, scale,
+                               self.threads, out)
+        except (jit.Unavailable, ValueError):
+            return None
+        return Y[:, :, 0] if flat else Y
 
     def reduce_windows(self, X: np.ndarray, heads, outs, fill, ufunc, scale=None) -> np.ndarray:
         """``ufunc`` (np.maximum, np.add) over each window, times ``scale`` when given, in a
