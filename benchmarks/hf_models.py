@@ -39,6 +39,24 @@ MODELS = {
             {"hidden_size": 192, "num_hidden_layers": 12, "num_attention_heads": 3,
              "intermediate_size": 768}, (1, 3, 224, 224), "ViT-Ti/16 224"),
     "swin": ("SwinConfig", "SwinForImageClassification", {}, (1, 3, 224, 224), "Swin-T 224"),
+    "segformer": ("SegformerConfig", "SegformerModel", {}, (1, 3, 512, 512),
+                  "SegFormer-B0 512"),
+    "mobilenet_v1": ("MobileNetV1Config", "MobileNetV1Model", {}, (1, 3, 224, 224),
+                     "MobileNetV1 224"),
+    "levit": ("LevitConfig", "LevitModel", {}, (1, 3, 224, 224), "LeViT-128S 224"),
+    "poolformer": ("PoolFormerConfig", "PoolFormerModel", {}, (1, 3, 224, 224),
+                   "PoolFormer-S12 224"),
+    "cvt": ("CvtConfig", "CvtModel", {}, (1, 3, 224, 224), "CvT-13 224"),
+    "convnextv2": ("ConvNextV2Config", "ConvNextV2Model",
+                   {"depths": [2, 2, 6, 2], "hidden_sizes": [40, 80, 160, 320]},
+                   (1, 3, 224, 224), "ConvNeXt-V2-Atto 224"),
+    "dinov2": ("Dinov2Config", "Dinov2Model",
+               {"hidden_size": 384, "num_hidden_layers": 12, "num_attention_heads": 6},
+               (1, 3, 224, 224), "DINOv2-S/14 224"),
+    "bit": ("BitConfig", "BitModel", {}, (1, 3, 224, 224), "BiT-R50x1 224 (weight-standardized)"),
+    "wav2vec2": ("Wav2Vec2Config", "Wav2Vec2Model",
+                 {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6,
+                  "intermediate_size": 1536}, (1, 16000), "wav2vec2-style encoder (6 x 384), 1 s"),
     "whisper_encoder": ("WhisperConfig", "WhisperModel",
                         {"d_model": 384, "encoder_layers": 4, "encoder_attention_heads": 6,
                          "decoder_layers": 1, "decoder_attention_heads": 6,
@@ -67,16 +85,17 @@ def export(name: str, folder: Path) -> Path:
                 torch.nn.init.kaiming_normal_(module.weight)
                 if module.bias is not None:
                     torch.nn.init.normal_(module.bias, 0.0, 0.02)
-            elif isinstance(module, torch.nn.BatchNorm2d | torch.nn.LayerNorm | torch.nn.GroupNorm):
+            elif isinstance(module, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d | torch.nn.LayerNorm
+                                     | torch.nn.GroupNorm):
                 if module.weight is not None:
                     torch.nn.init.ones_(module.weight)
                     torch.nn.init.zeros_(module.bias)
-                if isinstance(module, torch.nn.BatchNorm2d):
+                if isinstance(module, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d):
                     module.momentum = 1.0  # the statistics of the calibration batch below
         # BatchNormalization statistics of one random batch, as training would have set them
         # (without them EfficientNet's activations grow to ~1e4 and onnxruntime's own
         # optimization levels disagree by half of that: no oracle)
-        if any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules()):
+        if any(isinstance(m, torch.nn.BatchNorm1d | torch.nn.BatchNorm2d) for m in model.modules()):
             model.train()
             model(torch.randn(4, *shape[1:]))
             model.eval()

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.parser
+import onnx.reference
 import pytest
 
 import onnxrun
@@ -180,3 +181,49 @@ def test_a_size_replaces_a_symbol_but_never_a_different_size():
     assert _refined_pad(_pad_model(pads_as_input=False), [1, 2, "unk__0", "unk__1"]) == \
         [1, 2, 7, 7]
     assert _refined_pad(_pad_model(pads_as_input=False), [1, 2, 6, "h"]) == [1, 2, 6, "h"]
+
+
+_TOKENS = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 16, 6, 6] x) => (float[1, 36, 4] y) {
+    c = Conv<group = 16, pads = [1, 1, 1, 1]>(x, wd)
+    s = Shape(c)
+    lead = Slice(s, zero1, two1)
+    target = Concat<axis = 0>(lead, minus1)
+    t = Reshape(c, target)
+    u = Transpose<perm = [0, 2, 1]>(t)
+    y = MatMul(u, w)
+}"""
+
+
+def test_a_window_turned_to_tokens_is_sized_and_written_channels_last(monkeypatch):
+    # SegFormer's Mix-FFN: a depthwise convolution's image reshaped to a computed target
+    # (Shape -> Slice -> Concat with -1) and transposed to tokens. ONNX inference names the
+    # Reshape's sizes "unk__N"; sized after folding, the layout level sees the tokens and the
+    # convolution writes channels-last, so the product's rows are contiguous (the transposing
+    # copy of its input had cost 4 ms a call at 128 x 128 x 128)
+    rng = np.random.default_rng(1)
+    proto = onnx.parser.parse_model(_TOKENS)
+    inits = {"wd": rng.standard_normal((16, 1, 3, 3)).astype(np.float32),
+             "w": rng.standard_normal((16, 4)).astype(np.float32),
+             "zero1": np.array([0], np.int64), "two1": np.array([2], np.int64),
+             "minus1": np.array([-1], np.int64)}
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    x = rng.standard_normal((1, 16, 6, 6)).astype(np.float32)
+    from onnxrun.providers.cpu.ops import conv
+
+    seen = []
+    real = conv.Conv.__call__
+
+    def spy(self, *args, **kwargs):
+        Y = real(self, *args, **kwargs)
+        seen.append(Y.strides)
+        return Y
+
+    monkeypatch.setattr(conv.Conv, "__call__", spy)
+    sess = onnxrun.InferenceSession(proto.SerializeToString())
+    got = sess.run(None, {"x": x})[0]
+    t = next(n for n in sess._model.graph.nodes if n.op_type == "Reshape").outputs[0]
+    assert type_shape(t.type) == [1, 16, 36]
+    assert seen and seen[-1][1] == 4  # each pixel's 16 channels together: tokens' rows
+    ref = onnx.reference.ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)

@@ -84,6 +84,12 @@ def _reshape(node: Node, x: Dims | None) -> Dims | None:
         else:
             src = shape(item[1])
             out.append(src[item[2]] if src is not None and item[2] < len(src) else None)
+    inferred = [k for k, item in enumerate(items) if item[0] == "const" and item[1] == -1]
+    if len(inferred) == 1 and x is not None and all(isinstance(d, int) for d in x) and \
+            all(isinstance(d, int) for k, d in enumerate(out) if k != inferred[0]):
+        rest = _product([d for k, d in enumerate(out) if k != inferred[0]])
+        if rest and _product(x) % rest == 0:  # (-1: what the other sizes leave)
+            out[inferred[0]] = _product(x) // rest
     return out
 
 
@@ -176,6 +182,12 @@ def _infer(model: Model, node: Node, ins: list[Dims | None]) -> list[Dims | None
 
 _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvInteger"}
 _RESIZING = frozenset({"Pad", "Resize", "Upsample"})
+
+
+def _reads_window(node: Node) -> bool:
+    """Whether ``node``'s first input is a convolution's or a pool's output."""
+    x = node.inputs[0] if node.inputs else None
+    return x is not None and x.producer is not None and x.producer.op_type in _SPATIAL
 
 
 def _settled_outputs(node: Node) -> bool:
@@ -356,11 +368,12 @@ class ShapeRefinement(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         graphs = list(all_graphs(model.graph))
-        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize, or
-        # the last window of a graph, was left unsized: after a Pad of pads that a constant
-        # subgraph computes (PyTorch's ZeroPad2d: PadFusion may have taken the Pad into the
-        # convolution since) every later window is unsized, and the layout level needs the
-        # sizes (an SE block's gate is per channel only at 1 x 1). Elsewhere they are sequence
+        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize, a
+        # Reshape of a window's output, or the last window of a graph, was left unsized:
+        # after a Pad of pads that a constant subgraph computes (PyTorch's ZeroPad2d:
+        # PadFusion may have taken the Pad into the convolution since) every later window
+        # is unsized, and the layout level needs the sizes (an SE block's gate is per channel
+        # only at 1 x 1; SegFormer's image turned to tokens). Elsewhere they are sequence
         # lengths no rule here finds: asking of every value cost BERT-base's creation 4 ms,
         # reading every value's dimensions 1 ms
         unsized = False
@@ -369,7 +382,10 @@ class ShapeRefinement(GraphPass):
             for n in g.nodes:
                 if n.op_type in _SPATIAL:
                     last = n
-                elif n.op_type in _RESIZING and not _settled_outputs(n):
+                elif (n.op_type in _RESIZING or n.op_type == "Reshape" and _reads_window(n)) \
+                        and not _settled_outputs(n):
+                    # (a Reshape of a window's output to a computed target: a vision
+                    # transformer's image turned to tokens, which the layout level reads)
                     unsized = True
                     break
             if unsized or last is not None and not _settled_outputs(last):

@@ -1301,8 +1301,8 @@ def _writes_walk(value, threads: int, joins: frozenset, depth: int) -> bool:
 
 def _to_tokens(node, index: int) -> bool:
     """Whether ``node`` turns its input X (N, C, H, W) into tokens (N, H*W, C) as a vision
-    transformer's patch embedding does: a Reshape to (N, C, H*W) read only by Transposes
-    (0, 2, 1). Channels-last X makes those tokens contiguous memory, where NCHW X makes
+    transformer's patch embedding does: a Reshape to (N, C, H*W) read only as tokens
+    (_reads_tokens). Channels-last X makes those tokens contiguous memory, where NCHW X makes
     every reader (LayerNormalization, the residual Add, MatMul's rows) copy them first
     (SVTR-style recognizers: three stages, each starting so)."""
     if node.domain != "" or node.op_type != "Reshape" or index != 0:
@@ -1312,8 +1312,18 @@ def _to_tokens(node, index: int) -> bool:
         return False
     graph = node.graph
     return bool(tokens.uses) and graph is not None and tokens not in graph.outputs and all(
-        n.domain == "" and n.op_type == "Transpose" and i == 0 and
-        [int(p) for p in n.attr("perm", [])] == [0, 2, 1] for n, i in tokens.uses)
+        _reads_tokens(n, i) for n, i in tokens.uses)
+
+
+def _reads_tokens(node, index: int) -> bool:
+    """Whether ``node`` reads its input ``index``, (N, C, L), as tokens (N, L, C): a
+    Transpose (0, 2, 1), or a product that transposes its A so (MatMulTransposeFusion's)."""
+    if index != 0:
+        return False
+    if node.domain == "" and node.op_type == "Transpose":
+        return [int(p) for p in node.attr("perm", [])] == [0, 2, 1]
+    return node.domain == "com.microsoft" and node.op_type == "FusedMatMul" and \
+        node.attr("transA", 0) == 1 and node.attr("transBatchA", 0) == 0
 
 
 def _reads_channels_last(node, threads: int, depth: int) -> bool:
