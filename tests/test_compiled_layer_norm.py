@@ -1,6 +1,7 @@
 """compiled/layer_norm.py: float32 layer normalization a row per iteration, ranges of rows on
 spin.py's workers; against a float64 reference, the same bits on 1 to 3 threads, and the
-LayerNormalization / SkipLayerNormalization operators through it against onnxruntime."""
+LayerNormalization / SkipLayerNormalization / InstanceNormalization operators through it
+against onnxruntime."""
 
 from __future__ import annotations
 
@@ -118,12 +119,34 @@ CASES = {
     "SkipLayerNormalization, one row, no beta": (
         "SkipLayerNormalization", {"X": f32(1, 1, 256), "K": f32(1, 1, 256)},
         {"G": f32(256)}, ["Y"], "com.microsoft", {}),
+    "InstanceNormalization": (
+        "InstanceNormalization", {"X": f32(3, 5, 17, 19, scale=2)}, {"S": f32(5), "B": f32(5)},
+        ["Y"], "", {"epsilon": 1e-3}),
+    "InstanceNormalization 1-D, one image": (
+        "InstanceNormalization", {"X": f32(1, 4, 1000)}, {"S": f32(4), "B": f32(4)},
+        ["Y"], "", {}),
 }
+
+
+@pytest.mark.parametrize("rows, n", [(1, 200704), (6, 33), (64, 49), (5, 1), (3, 16)])
+def test_instance_norm_against_float64(monkeypatch, rows, n):
+    """Per-row scale and bias (flag 16): one image-channel a row, its own affine; the same
+    bits however the rows are split over threads."""
+    monkeypatch.setattr(layer_norm, "RANGE_FLOATS", 1)  # every split taken
+    x, scale, bias = f32(rows, n, scale=3), f32(rows), f32(rows)
+    want = reference(x, 1.0, None, 1e-5)[0] * scale[:, None] + bias[:, None]
+    got = layer_norm.instance_norm(x, scale, bias, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    for threads in (2, 3):
+        assert layer_norm.instance_norm(x, scale, bias, 1e-5, threads).tobytes() == \
+            got.tobytes()
+    with pytest.raises(ValueError, match="scale and bias"):
+        layer_norm.instance_norm(x, scale[:-1] if rows > 1 else f32(2), bias, 1e-5)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_operators_equal_onnxruntime(monkeypatch, case):
-    """Both operators through the kernel (every split taken) at 1 and 2 threads: onnxruntime's
+    """The operators through the kernel (every split taken) at 1 and 2 threads: onnxruntime's
     values, the same bits at both."""
     op, feeds, consts, outs, domain, attrs = CASES[case]
     monkeypatch.setattr(layer_norm, "RANGE_FLOATS", 1)
@@ -131,6 +154,9 @@ def test_operators_equal_onnxruntime(monkeypatch, case):
     kernel, bound = layer_norm.layer_norm, layer_norm.Bound.run
     monkeypatch.setattr(layer_norm, "layer_norm",
                         lambda *a, **k: (calls.append(k.get("threads")), kernel(*a, **k))[1])
+    inst = layer_norm.instance_norm
+    monkeypatch.setattr(layer_norm, "instance_norm",
+                        lambda *a, **k: (calls.append(a[4]), inst(*a, **k))[1])
     # (constant parameters: bound once, then each call through Bound.run)
     monkeypatch.setattr(layer_norm.Bound, "run",
                         lambda self, x, skip, want_sum, threads, out=None: (

@@ -13,7 +13,8 @@ mean = sum(s) * (1 / n), d = s - mean, var = sum(d * d) * (1 / n), inv = 1 / sqr
 epsilon), y = ((d * inv) * gamma) [+ beta]; no fused multiply-adds.
 
 ``ln_rows`` (words: X, skip, bias, gamma, beta, Y, S, mean, inv, n, flags, epsilon's float
-bits, r0, r1): rows r0 .. r1 of n floats; flags: 1 skip, 2 bias, 4 beta, 8 write S. Absent
+bits, r0, r1): rows r0 .. r1 of n floats; flags: 1 skip, 2 bias, 4 beta, 8 write S, 16 gamma
+and beta one float per row (InstanceNormalization: y = d * inv * gamma[r] + beta[r]). Absent
 operands are given as any readable pointer of n floats (their lanes are never used).
 """
 
@@ -96,6 +97,7 @@ def _ir() -> list[str]:
           "  %fb = and i64 %flags, 2", "  %hasb = icmp ne i64 %fb, 0",
           "  %fe = and i64 %flags, 4", "  %hasbeta = icmp ne i64 %fe, 0",
           "  %fs = and i64 %flags, 8", "  %wants = icmp ne i64 %fs, 0",
+          "  %fa = and i64 %flags, 16", "  %rowaff = icmp ne i64 %fa, 0",
           "  %eps32 = trunc i64 %epsb to i32",
           "  %eps = bitcast i32 %eps32 to float",
           "  %nf = uitofp i64 %n to float",
@@ -131,9 +133,25 @@ def _ir() -> list[str]:
           "  %pM = getelementptr float, ptr %M, i64 %r",
           "  store float %mean, ptr %pM, align 4",
           "  %pI = getelementptr float, ptr %I, i64 %r",
-          "  store float %inv, ptr %pI, align 4"]
+          "  store float %inv, ptr %pI, align 4",
+          "  br i1 %rowaff, label %stat2r, label %stat2c",
+          # per-row affine (flag 16, InstanceNormalization's per channel): gamma[r], beta[r]
+          "stat2r:",
+          "  %pGr = getelementptr float, ptr %G, i64 %r",
+          "  %gr = load float, ptr %pGr, align 4",
+          "  %pEr = getelementptr float, ptr %Be, i64 %r",
+          "  %er = load float, ptr %pEr, align 4",
+          *ir.splat("%grv", "%gr"), *ir.splat("%erv", "%er")]
+    L += _row_pass("outr", "stat2r", "rnext", [
+        f"  %d.outr = fsub {_VF} %s.outr, %meanv",
+        f"  %n1.outr = fmul {_VF} %d.outr, %invv",
+        f"  %n2.outr = fmul {_VF} %n1.outr, %grv",
+        f"  %y.outr = fadd {_VF} %n2.outr, %erv",
+        "  %pY.outr = getelementptr float, ptr %Y, i64 %at.outr",
+        *_store("ydr", "%y.outr", "%pY.outr", "outr")], None, latch="ydr")
+    L += ["stat2c:"]
     # pass 3: the result
-    L += _row_pass("out", "stat2", "rnext", [
+    L += _row_pass("out", "stat2c", "rnext", [
         f"  %d.out = fsub {_VF} %s.out, %meanv",
         f"  %n1.out = fmul {_VF} %d.out, %invv",
         "  %pG.out = getelementptr float, ptr %G, i64 %i.out",
@@ -230,6 +248,38 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
     return Y, mean, inv, S
 
 
+def instance_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
+                  threads: int = 1, fn=None, out: np.ndarray | None = None) -> np.ndarray:
+    """Each row of the C-contiguous float32 (rows, n) ``x`` normalized, times ``scale[r]``
+    plus ``bias[r]`` (float32 (rows,) each): InstanceNormalization's rows (one per image
+    and channel), as a new array (or in ``out``, a C-contiguous float32 (rows, n))."""
+    if x.ndim != 2 or x.dtype != np.float32 or not x.flags.c_contiguous:
+        raise ValueError("instance_norm: expected a C-contiguous float32 (rows, n) array")
+    rows, n = x.shape
+    scale = np.ascontiguousarray(scale, np.float32).reshape(-1)
+    bias = np.ascontiguousarray(bias, np.float32).reshape(-1)
+    if scale.size != rows or bias.size != rows:
+        raise ValueError(f"instance_norm: scale and bias must have {rows} values, got "
+                         f"{scale.size} and {bias.size}")
+    Y = out if out is not None and out.shape == (rows, n) and out.dtype == np.float32 and \
+        out.flags.c_contiguous else np.empty((rows, n), np.float32)
+    if x.size == 0:
+        return Y
+    stats = np.empty((2, rows), np.float32)  # mean, inv (written, not returned)
+    eps = int(np.array(epsilon, np.float32).view(np.uint32))
+    at, st = address(x), address(stats)
+    head = [at, at, at, address(scale), address(bias), address(Y), at, st, st + 4 * rows, n,
+            16, eps]
+    ranges = work_ranges(rows, threads, n, least=RANGE_FLOATS)
+    fn = fn or function()
+    if len(ranges) == 1:
+        fn(address(np.array(head + [0, rows], np.int64)))
+    else:
+        spin.run_blocks(fn, np.array([head + [r0, r1] for r0, r1 in ranges], np.int64),
+                        threads)
+    return Y
+
+
 class Bound:
     """A node's constant gamma (and beta, bias) bound once: ``run`` then costs a few words
     and one call (SVTR's 128 x 128 SkipLayerNormalization: layer_norm's checks, copies and
@@ -287,5 +337,5 @@ def bind(gamma: np.ndarray, beta: np.ndarray | None, bias: np.ndarray | None,
 
 BUNDLE = {"layer_norm": (module_ir, REQUIRES)}
 
-__all__ = ["BUNDLE", "REQUIRES", "Bound", "bind", "function", "layer_norm", "module_ir",
-           "unavailable"]
+__all__ = ["BUNDLE", "REQUIRES", "Bound", "bind", "function", "instance_norm", "layer_norm",
+           "module_ir", "unavailable"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -202,8 +203,36 @@ class FusedBatchNormalization(BatchNormalization):
         self.relu = True
 
 @op("InstanceNormalization", 1, 6, 22)
-def InstanceNormalization(input, scale, B, *, epsilon=1e-5):  # noqa: A002 - the schema's name
-    X = input
+class InstanceNormalization:
+    """Each (image, channel)'s values normalized, times scale[c] plus B[c]: float32 rows on
+    compiled/layer_norm's kernel (its per-row affine; GroupNormalization as PyTorch exports
+    it, a Reshape to (N, groups, -1) around this, runs here too), else numpy's passes."""
+
+    def __init__(self, ctx: KernelContext, *, epsilon=1e-5) -> None:
+        self.epsilon = float(epsilon)
+        self.threads = threads_for(ctx)
+        self.compiled = compiled_layer_norm()
+        self.fn = None if self.compiled is None else self.compiled.function()
+
+    accepts_out = True  # the executor's buffer for Y (memory.py): the compiled kernel's
+
+    def __call__(self, input, scale, B, *, out=None):  # noqa: A002 - the schema's name
+        X = input
+        if self.compiled is not None and X.dtype == np.float32 and X.ndim >= 2 and \
+                X.flags.c_contiguous and scale.size == X.shape[1] == B.size and X.size:
+            rows, n = X.shape[0] * X.shape[1], math.prod(X.shape[2:])
+            tile = (lambda v: v) if X.shape[0] == 1 else (lambda v: np.tile(v, X.shape[0]))
+            given = rows_of(out, X.shape, n)
+            Y = self.compiled.instance_norm(
+                X.reshape(rows, n), tile(scale.astype(np.float32, copy=False).reshape(-1)),
+                tile(B.astype(np.float32, copy=False).reshape(-1)), self.epsilon,
+                self.threads, self.fn, given)
+            return out if given is not None else Y.reshape(X.shape)
+        return _instance_norm(X, scale, B, self.epsilon)
+
+
+def _instance_norm(X, scale, B, epsilon):
+    """InstanceNormalization on numpy: the statistics in float32 at least."""
     sd = _stat_dtype(X.dtype)
     Y, _, _ = _standardize_rows(X, X.shape[0] * X.shape[1], epsilon, sd)
     Y = Y.reshape(X.shape)
