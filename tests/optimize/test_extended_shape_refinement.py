@@ -227,3 +227,45 @@ def test_a_window_turned_to_tokens_is_sized_and_written_channels_last(monkeypatc
     assert seen and seen[-1][1] == 4  # each pixel's 16 channels together: tokens' rows
     ref = onnx.reference.ReferenceEvaluator(proto).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+_GROUP_NORMS = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 8, 6, 6] x) => (float[1, 8, 6, 6] y) {
+    c1 = Conv(x, w1)
+    g1 = Reshape(c1, groups)
+    n1 = InstanceNormalization(g1, ones, zeros)
+    s1 = Shape(c1)
+    b1 = Reshape(n1, s1)
+    r1 = Relu(b1)
+    c2 = Conv(r1, w2)
+    g2 = Reshape(c2, groups)
+    n2 = InstanceNormalization(g2, ones, zeros)
+    s2 = Shape(c2)
+    b2 = Reshape(n2, s2)
+    y = Relu(b2)
+}"""
+
+
+def test_static_inputs_size_every_value_and_fold_every_shape():
+    # GroupNormalization as PyTorch exports it, block after block: each Reshape back reads
+    # Shape(conv output). With the graph's inputs static, ShapeRefinement sizes everything in
+    # one sweep (a whole Shape read as its dimensions) and asks for another round, in which
+    # ConstantFolding takes every Shape: BiT kept 42 Shape nodes, the Reshapes computing their
+    # targets at every run, and its convolutions unfused
+    rng = np.random.default_rng(2)
+    proto = onnx.parser.parse_model(_GROUP_NORMS)
+    inits = {"w1": rng.standard_normal((8, 8, 1, 1)).astype(np.float32),
+             "w2": rng.standard_normal((8, 8, 1, 1)).astype(np.float32),
+             "groups": np.array([0, 2, -1], np.int64), "ones": np.ones(2, np.float32),
+             "zeros": np.zeros(2, np.float32)}
+    proto.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+    x = rng.standard_normal((1, 8, 6, 6)).astype(np.float32)
+    sess = onnxrun.InferenceSession(proto.SerializeToString())
+    nodes = list(sess._model.graph.nodes)
+    assert not any(n.op_type == "Shape" for n in nodes)
+    for n in nodes:
+        for v in n.outputs:
+            dims = type_shape(v.type)
+            assert dims is not None and all(isinstance(d, int) for d in dims), (n.op_type, dims)
+    ref = onnx.reference.ReferenceEvaluator(proto).run(None, {"x": x})[0]
+    np.testing.assert_allclose(sess.run(None, {"x": x})[0], ref, rtol=1e-4, atol=1e-4)

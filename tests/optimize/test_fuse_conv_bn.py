@@ -148,3 +148,41 @@ def test_each_fusion_computes_the_affine_once_and_keeps_no_graph(monkeypatch) ->
     rules = [r for p in registered_passes() if p.name == PASS
              for r in getattr(getattr(p, "_impl", None) or p, "_rules", ())]
     assert rules and all(r._last is None for r in rules)
+
+
+@pytest.mark.parametrize("dims, axis", [("2, 7, 3", 2), ("2, 7, 3", -1), ("N, T, 3", 2),
+                                        ("7, 3", 1)])
+def test_matmul_flatten_bn_folds(dims: str, axis: int) -> None:
+    # a Linear layer's BatchNorm1d as PyTorch exports it (LeViT): MatMul, Flatten to
+    # (rows, channels), BatchNormalization, back to the product's shape; known and unknown
+    # leading sizes; a 2-D product (its Flatten an Identity, removed first)
+    rank = len(dims.split(","))
+    back = "S = Shape(P)\n        Y = Reshape(Z, S)" if rank > 2 else "Y = Identity(Z)"
+    model = parse(f"""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[{dims}] X) => (float[{dims.rsplit(",", 1)[0]}, 5] Y) {{
+        P = MatMul(X, W)
+        F = Flatten<axis = {axis}>(P)
+        Z = BatchNormalization(F, scale, bias, mean, var)
+        {back}
+    }}""", W=rand(3, 5, seed=4), **bn_params(5))
+    sizes = {"N": 2, "T": 7}
+    shape = [int(d) if d.strip().isdigit() else sizes[d.strip()] for d in dims.split(",")]
+    res = optimize_and_compare(model, {"X": rand(*shape)}, **sizes)
+    fused = "MatMul+Flatten+BatchNormalization" if rank > 2 else "MatMul+BatchNormalization"
+    assert res.changes(PASS)[fused] == 1
+    assert "BatchNormalization" not in res.ops
+
+
+def test_matmul_flatten_bn_of_other_channels_is_not_folded() -> None:
+    # Flatten at axis 1 of a [2, 7, 5] product gives 35 channels, not the weight's 5 columns
+    model = parse("""
+    <ir_version: 8, opset_import: ["" : 13]>
+    g (float[2, 7, 3] X) => (float[2, 35] Y) {
+        P = MatMul(X, W)
+        F = Flatten<axis = 1>(P)
+        Y = BatchNormalization(F, scale, bias, mean, var)
+    }""", W=rand(3, 5, seed=4), **bn_params(35))
+    res = optimize_and_compare(model, {"X": rand(2, 7, 3)})
+    assert res.changes(PASS)["MatMul+Flatten+BatchNormalization"] == 0
+    assert res.ops["BatchNormalization"] == 1

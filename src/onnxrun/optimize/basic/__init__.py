@@ -19,7 +19,8 @@ PASSES: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "fold_add_chains": ("AddChainFolding", 27, ("Add", "Sub")),
     "fuse_conv_bn": ("ConvBNFusion", 30, (
         "BatchNormalization Conv", "BatchNormalization ConvTranspose",
-        "BatchNormalization Gemm")),
+        "BatchNormalization Gemm", "BatchNormalization Flatten MatMul",
+        "BatchNormalization MatMul")),
     "fuse_conv_mul": ("ConvMulFusion", 31, ("Conv Mul",)),
     "fuse_conv_add": ("ConvAddFusion", 32, ("Add Conv", "Add ConvTranspose")),
     "fuse_bn_mul_add": ("BatchNormMulAddFusion", 33, (

@@ -1,4 +1,6 @@
-"""Conv / ConvTranspose / Gemm + BatchNormalization -> one Conv / ConvTranspose / Gemm.
+"""Conv / ConvTranspose / Gemm + BatchNormalization -> one Conv / ConvTranspose / Gemm; and a
+MatMul whose output is flattened to (rows, channels) for a BatchNormalization (a Linear layer's
+BatchNorm1d as PyTorch exports it: LeViT) -> MatMul + Add of the folded bias.
 
 An inference BatchNormalization is y = a * x + b per channel, a = scale / sqrt(var + eps) and
 b = bias - mean * a: scaling each output channel's weights by a and its bias by a, plus b, gives
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...dtypes import type_shape
 from ..base import BASIC, RulePass, register_pass
 from ..graph_utils import constant_value
 from ..pattern import RewriteRule
@@ -151,9 +154,70 @@ class GemmBatchNorm(_AffineOnce, RewriteRule):
                        _name=gemm.name or None, **attrs)
 
 
+class MatMulFlattenBatchNorm(_AffineOnce, RewriteRule):
+    """MatMul by a constant 2-D weight, Flatten to (rows, the weight's columns), inference
+    BatchNormalization over those columns: the normalization's factors scale the weight's
+    columns, its shift becomes a bias added after the MatMul (which MatMulAddReshapeFusion
+    then takes into a Gemm's epilogue), the Flatten stays. LeViT's 58 such normalizations were
+    946 us of a 13.8 ms run, each a pass over its rows."""
+
+    name = "MatMul+Flatten+BatchNormalization"
+
+    def pattern(self, op, x, w, scale, bias, mean, var):
+        return op.BatchNormalization(op.Flatten(op.MatMul(x, w, _name="mm"), _name="flat"),
+                                     scale, bias, mean, var, _name="bn")
+
+    def check(self, context, x, w, flat, bn, **_):
+        weight = constant_value(w)
+        if not is_float_array(weight) or weight.ndim != 2:
+            return False
+        # The normalization's channels are the Flatten's columns, the product of the MatMul
+        # output's dimensions from ``axis`` on, the last of which is the weight's columns:
+        # as many channels as those columns means every other dimension there is 1, so
+        # channel j is column j. Where the rank is known, checked outright.
+        dims = type_shape(x.type) if x.type is not None else None
+        if dims is not None:
+            axis = int(flat.attr("axis", 1))
+            axis = axis + len(dims) if axis < 0 else axis
+            if len(dims) < 2 or any(d != 1 for d in dims[axis:-1]):
+                return False
+        return self.affine(context.model, bn, weight.shape[1]) is not None
+
+    def rewrite(self, op, x, w, flat, bn, **_):
+        weight = constant_value(w)
+        a, b = self.affine(op.model, bn, weight.shape[1], take=True)
+        product = op.MatMul(x, op.initializer(_scaled(weight, a[None, :]), "W"))
+        return op.Flatten(op.Add(product, op.initializer(b.astype(weight.dtype), "B")),
+                          _name=flat.name or None, **flat.attributes)
+
+
+class MatMulBatchNorm(MatMulFlattenBatchNorm):
+    """The same without the Flatten: a 2-D product, whose columns are the channels (a
+    Flatten of a 2-D product is an Identity that the redundant-node pass removes first)."""
+
+    name = "MatMul+BatchNormalization"
+
+    def pattern(self, op, x, w, scale, bias, mean, var):
+        return op.BatchNormalization(op.MatMul(x, w, _name="mm"), scale, bias, mean, var,
+                                     _name="bn")
+
+    def check(self, context, x, w, bn, **_):
+        weight = constant_value(w)
+        dims = type_shape(x.type) if x.type is not None else None
+        return is_float_array(weight) and weight.ndim == 2 and dims is not None and \
+            len(dims) == 2 and self.affine(context.model, bn, weight.shape[1]) is not None
+
+    def rewrite(self, op, x, w, bn, **_):
+        weight = constant_value(w)
+        a, b = self.affine(op.model, bn, weight.shape[1], take=True)
+        product = op.MatMul(x, op.initializer(_scaled(weight, a[None, :]), "W"))
+        return op.Add(product, op.initializer(b.astype(weight.dtype), "B"))
+
+
 @register_pass
 class ConvBNFusion(RulePass):
     name = "ConvBNFusion"
     level = BASIC
     order = 30
-    rules = (ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm)
+    rules = (ConvBatchNorm, ConvTransposeBatchNorm, GemmBatchNorm, MatMulFlattenBatchNorm,
+             MatMulBatchNorm)

@@ -184,6 +184,12 @@ _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvIn
 _RESIZING = frozenset({"Pad", "Resize", "Upsample"})
 
 
+def _static(value) -> bool:
+    """Whether a value's type is a tensor of known rank whose every size is known."""
+    dims = shape(value)
+    return dims is not None and all(isinstance(d, int) for d in dims)
+
+
 def _reads_window(node: Node) -> bool:
     """Whether ``node``'s first input is a convolution's or a pool's output."""
     x = node.inputs[0] if node.inputs else None
@@ -376,8 +382,14 @@ class ShapeRefinement(GraphPass):
         # only at 1 x 1; SegFormer's image turned to tokens). Elsewhere they are sequence
         # lengths no rule here finds: asking of every value cost BERT-base's creation 4 ms,
         # reading every value's dimensions 1 ms
-        unsized = False
+        # A graph of static inputs has static sizes everywhere: all of them found lets
+        # ConstantFolding take every Shape (and what it feeds) and the fusions see through
+        # (LeViT's MatMul -> Flatten -> BatchNormalization had a Shape read beside it)
+        unsized = bool(model.graph.inputs) and all(
+            _static(v) for v in model.graph.inputs if v.const_value is None)
         for g in graphs:
+            if unsized:
+                break
             last = None
             for n in g.nodes:
                 if n.op_type in _SPATIAL:
@@ -392,22 +404,28 @@ class ShapeRefinement(GraphPass):
                 unsized = True
                 break
         settled = has_settled_shape if unsized else has_shape
+        foldable = False
         for graph in graphs:
             for node in graph.nodes:
-                self._refine(model, node, settled)
-        # Types only: no node changed, so this alone never asks for another round
-        return PassResult(False)
+                foldable |= self._refine(model, node, settled)
+        # Types only: no node changed, so this alone asks for another round only where a
+        # Shape (or Size) now reads a static size, which ConstantFolding then takes (BiT kept
+        # 42 Shape nodes, and the Reshapes they fed computed their targets every run)
+        return PassResult(foldable)
 
-    def _refine(self, model: Model, node: Node, settled=has_settled_shape) -> None:
+    def _refine(self, model: Model, node: Node, settled=has_settled_shape) -> bool:
+        """Refine ``node``'s outputs' types; whether one became static under a Shape / Size
+        reader (something for ConstantFolding)."""
         targets = [v for v in node.outputs
                    if v.name and not settled(v.type) and not is_graph_output(v)]
         if not targets:
-            return
+            return False
         ins = [shape(v) if v is not None else None for v in node.inputs]
         try:
             outs = _infer(model, node, ins)
         except (TypeError, ValueError, IndexError):
-            return  # a malformed node: leave it to the run to report
+            return False  # a malformed node: leave it to the run to report
+        foldable = False
         for i, v in enumerate(node.outputs):
             if v not in targets or i >= len(outs) or outs[i] is None:
                 continue
@@ -426,6 +444,9 @@ class ShapeRefinement(GraphPass):
             elem = elem_type(v) or _elem_of(node)
             if elem is not None:
                 v.type = _type(elem, dims)
+                foldable |= all(isinstance(d, int) for d in dims) and any(
+                    u.op_type in ("Shape", "Size") and u.domain == "" for u, _ in v.uses)
+        return foldable
 
 
 def _value_elem(node: Node) -> int | None:
