@@ -48,12 +48,11 @@ def _model(op, kernel, attrs):
         .SerializeToString()
 
 
-def _compiled(X, op, kernel, attrs, threads=1):
-    """The compiled pool of NCHW ``X`` (fed channels-last), as NCHW."""
+def _geometry(X, op, kernel, attrs):
+    """(strides, dilations, heads, outs, avg's per-pixel factors) of a pool node's attributes
+    on NCHW ``X``, as ops/pool.py computes them."""
     strides = tuple(attrs.get("strides", (1, 1)))
-    dilations = tuple(attrs.get("dilations", (1, 1)))
-    if op == "AveragePool":
-        dilations = (1, 1)
+    dilations = (1, 1) if op == "AveragePool" else tuple(attrs.get("dilations", (1, 1)))
     heads, tails, outs = window_geometry(
         X.shape[2:], tuple(kernel), strides, dilations, tuple(attrs.get("pads", ())),
         attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0), dilated_same=False)
@@ -65,6 +64,12 @@ def _compiled(X, op, kernel, attrs, threads=1):
                                   strides, dilations)
         scale = np.full(outs, 1 / np.prod(kernel), np.float32) if counts is None else \
             1 / counts.astype(np.float32)
+    return strides, dilations, heads, outs, scale
+
+
+def _compiled(X, op, kernel, attrs, threads=1):
+    """The compiled pool of NCHW ``X`` (fed channels-last), as NCHW."""
+    strides, dilations, heads, outs, scale = _geometry(X, op, kernel, attrs)
     Y = cpool.pool(np.ascontiguousarray(X.transpose(0, 2, 3, 1)),
                    "max" if op == "MaxPool" else "avg", kernel, heads, outs, strides,
                    dilations, scale, threads)
@@ -147,23 +152,6 @@ def _planar(X, op, kernel, attrs, threads=1):
     strides, dilations, heads, outs, scale = _geometry(X, op, kernel, attrs)
     return cpool.pool_nchw(np.ascontiguousarray(X), "max" if op == "MaxPool" else "avg", kernel,
                            heads, outs, strides, dilations, scale, threads)
-
-
-def _geometry(X, op, kernel, attrs):
-    strides = tuple(attrs.get("strides", (1, 1)))
-    dilations = (1, 1) if op == "AveragePool" else tuple(attrs.get("dilations", (1, 1)))
-    heads, tails, outs = window_geometry(
-        X.shape[2:], tuple(kernel), strides, dilations, tuple(attrs.get("pads", ())),
-        attrs.get("auto_pad", "NOTSET"), attrs.get("ceil_mode", 0), dilated_same=False)
-    heads, tails, outs = tuple(heads), tuple(tails), tuple(outs)
-    scale = None
-    if op == "AveragePool":
-        counts = pool_ops._counts(X.shape[2:], heads, tails, outs,
-                                  bool(attrs.get("count_include_pad", 0)), tuple(kernel),
-                                  strides, dilations)
-        scale = np.full(outs, 1 / np.prod(kernel), np.float32) if counts is None else \
-            1 / counts.astype(np.float32)
-    return strides, dilations, heads, outs, scale
 
 
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])

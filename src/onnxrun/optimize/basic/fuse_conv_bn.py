@@ -184,11 +184,15 @@ class MatMulFlattenBatchNorm(_AffineOnce, RewriteRule):
         return self.affine(context.model, bn, weight.shape[1]) is not None
 
     def rewrite(self, op, x, w, flat, bn, **_):
+        return op.Flatten(self.folded(op, x, w, bn), _name=flat.name or None,
+                          **flat.attributes)
+
+    def folded(self, op, x, w, bn):
+        """MatMul(x, the weight's columns scaled) + the normalization's shift."""
         weight = constant_value(w)
         a, b = self.affine(op.model, bn, weight.shape[1], take=True)
         product = op.MatMul(x, op.initializer(_scaled(weight, a[None, :]), "W"))
-        return op.Flatten(op.Add(product, op.initializer(b.astype(weight.dtype), "B")),
-                          _name=flat.name or None, **flat.attributes)
+        return op.Add(product, op.initializer(b.astype(weight.dtype), "B"))
 
 
 class MatMulBatchNorm(MatMulFlattenBatchNorm):
@@ -208,10 +212,7 @@ class MatMulBatchNorm(MatMulFlattenBatchNorm):
             len(dims) == 2 and self.affine(context.model, bn, weight.shape[1]) is not None
 
     def rewrite(self, op, x, w, bn, **_):
-        weight = constant_value(w)
-        a, b = self.affine(op.model, bn, weight.shape[1], take=True)
-        product = op.MatMul(x, op.initializer(_scaled(weight, a[None, :]), "W"))
-        return op.Add(product, op.initializer(b.astype(weight.dtype), "B"))
+        return self.folded(op, x, w, bn)
 
 
 @register_pass

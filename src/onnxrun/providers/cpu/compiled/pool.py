@@ -77,6 +77,21 @@ def _taps(tag: str, c0: str, kh: int, kw: int, op: str, checked: bool,
     return L
 
 
+def _tap_rows(kh: int, row: str, base: str) -> list[str]:
+    """Each tap row i of the output row (its first input row ``%ih``, rows ``%dh`` apart):
+    ``%rv{i}`` inside the image, ``%ro{i}`` its offset (``base`` + the row, clamped to row 0,
+    times ``row`` floats)."""
+    L = []
+    for i in range(kh):
+        L += [f"  %rd{i} = mul i64 %dh, {i}",
+              f"  %rr{i} = add i64 %ih, %rd{i}",
+              f"  %rv{i} = icmp ult i64 %rr{i}, %H",
+              f"  %rs{i} = select i1 %rv{i}, i64 %rr{i}, i64 0",
+              f"  %rm{i} = mul i64 %rs{i}, {row}",
+              f"  %ro{i} = add i64 {base}, %rm{i}"]
+    return L
+
+
 def _kernel(kh: int, kw: int, op: str) -> str:
     """``@pool_px_f32``, ``@pool_f32``'s other loop order (the same parameters; ``%W``: avg's
     (Ho, Wo) factors, ``%bias``, ``%bounds``, ``%Cp``, ``%ow_lo``, ``%ow_hi`` unread): rows
@@ -111,13 +126,7 @@ def _kernel(kh: int, kw: int, op: str) -> str:
          "  %yr = mul i64 %r, %Wo",
          "  %yrow = mul i64 %yr, %C",
          "  %srow = mul i64 %oh, %Wo"]
-    for i in range(kh):  # each tap row: inside the image, its offset (clamped to row 0)
-        L += [f"  %rd{i} = mul i64 %dh, {i}",
-              f"  %rr{i} = add i64 %ih, %rd{i}",
-              f"  %rv{i} = icmp ult i64 %rr{i}, %H",
-              f"  %rs{i} = select i1 %rv{i}, i64 %rr{i}, i64 0",
-              f"  %rm{i} = mul i64 %rs{i}, %rowc",
-              f"  %ro{i} = add i64 %nb, %rm{i}"]
+    L += _tap_rows(kh, "%rowc", "%nb")
     L += ["  br label %ploop",
           "ploop:",
           "  %ow = phi i64 [0, %rloop], [%own, %pnext]",
@@ -270,13 +279,7 @@ def _nchw_kernel(kh: int, kw: int, op: str, sw: int) -> str:
          "  %ih = sub i64 %ih0, %pt",
          "  %yrow = mul i64 %r, %Wo",
          "  %srow = mul i64 %oh, %Wo"]
-    for i in range(kh):  # each tap row: inside the image, its offset (clamped to row 0)
-        L += [f"  %rd{i} = mul i64 %dh, {i}",
-              f"  %rr{i} = add i64 %ih, %rd{i}",
-              f"  %rv{i} = icmp ult i64 %rr{i}, %H",
-              f"  %rs{i} = select i1 %rv{i}, i64 %rr{i}, i64 0",
-              f"  %rm{i} = mul i64 %rs{i}, %Wd",
-              f"  %ro{i} = add i64 %pb, %rm{i}"]
+    L += _tap_rows(kh, "%Wd", "%pb")
     L += ["  br label %cloop",
           "cloop:",
           "  %ow = phi i64 [0, %rloop], [%own, %cnext]",
