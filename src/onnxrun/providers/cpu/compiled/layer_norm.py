@@ -238,14 +238,23 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray | None, epsilo
     head = [at if skip is None else address(skip), address(gamma if bias is None else bias),
             address(gamma), address(gamma if beta is None else beta), address(Y),
             at if S is None else address(S), address(mean), address(inv), n, flags, eps]
-    ranges = work_ranges(rows, threads, n, least=RANGE_FLOATS)
-    blocks = np.array([[at] + head + [r0, r1] for r0, r1 in ranges], np.int64)
-    fn = fn or function()
+    _launch(fn or function(), [at] + head, rows, n, threads)
+    return Y, mean, inv, S
+
+
+def _launch(fn, head: list, rows: int, n: int, threads: int) -> None:
+    """``ln_rows`` over rows [0, rows) of n floats (``head``: its words before r0, r1): one
+    call, or, with threads and rows enough for two ranges, ranges of RANGE_FLOATS floats
+    at least, taken in turn by the caller and spin.py's workers (each row's arithmetic is
+    the same on any thread)."""
+    ranges = work_ranges(rows, threads, n, least=RANGE_FLOATS) if threads > 1 and \
+        rows * n >= 2 * RANGE_FLOATS else ((0, rows),)
+    # (the block held by a name through the call: its address alone would let it be freed)
+    blocks = np.array([head + [r0, r1] for r0, r1 in ranges], np.int64)
     if len(ranges) == 1:
         fn(address(blocks))
     else:
         spin.run_blocks(fn, blocks, threads)
-    return Y, mean, inv, S
 
 
 def instance_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: float,
@@ -270,13 +279,7 @@ def instance_norm(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, epsilon: f
     at, st = address(x), address(stats)
     head = [at, at, at, address(scale), address(bias), address(Y), at, st, st + 4 * rows, n,
             16, eps]
-    ranges = work_ranges(rows, threads, n, least=RANGE_FLOATS)
-    fn = fn or function()
-    if len(ranges) == 1:
-        fn(address(np.array(head + [0, rows], np.int64)))
-    else:
-        spin.run_blocks(fn, np.array([head + [r0, r1] for r0, r1 in ranges], np.int64),
-                        threads)
+    _launch(fn or function(), head, rows, n, threads)
     return Y
 
 
@@ -312,14 +315,7 @@ class Bound:
         head = [at, at if skip is None else address(skip), b, g, be, address(Y),
                 at if S is None else address(S), st, st + 4 * rows, n_,
                 flags | (skip is not None) | want_sum << 3, eps]
-        ranges = work_ranges(rows, threads, n, least=RANGE_FLOATS) if threads > 1 and \
-            rows * n >= 2 * RANGE_FLOATS else ((0, rows),)
-        if len(ranges) == 1:
-            blocks = np.array(head + [0, rows], np.int64)
-            self.fn(address(blocks))
-        else:
-            blocks = np.array([head + [r0, r1] for r0, r1 in ranges], np.int64)
-            spin.run_blocks(self.fn, blocks, threads)
+        _launch(self.fn, head, rows, n, threads)
         return Y, stats[0], stats[1], S
 
 
