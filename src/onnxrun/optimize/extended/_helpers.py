@@ -279,14 +279,12 @@ def shape_items(v: Value | None) -> list[tuple] | None:
         inner = _shape_element(n.inputs[0])
         return None if inner is None else [inner]
     if n.op_type == "Shape" and n.inputs and n.inputs[0] is not None:
-        # the whole shape, or a range of it, of a value of known rank: a dim item each
+        # the whole shape, or a range of it (Shape's start / end slice as Python's do), of a
+        # value of known rank: a dim item each
         dims = shape(n.inputs[0])
         if dims is not None:
-            r = len(dims)
-            start, end = int(n.attr("start", 0)), n.attr("end", None)
-            start = min(max(start + r if start < 0 else start, 0), r)
-            end = r if end is None else min(max(int(end) + r if int(end) < 0 else int(end), 0), r)
-            return [("dim", n.inputs[0], k) for k in range(start, end)]
+            kept = range(len(dims))[slice(n.attr("start", 0), n.attr("end", None))]
+            return [("dim", n.inputs[0], k) for k in kept]
     if n.op_type in ("Shape", "Slice", "Gather"):  # one element (Gather with a [k] index)
         item = _shape_element(v)
         return None if item is None else [item]

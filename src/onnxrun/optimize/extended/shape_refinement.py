@@ -184,10 +184,31 @@ _SPATIAL = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "ConvIn
 _RESIZING = frozenset({"Pad", "Resize", "Upsample"})
 
 
-def _static(value) -> bool:
-    """Whether a value's type is a tensor of known rank whose every size is known."""
-    dims = shape(value)
-    return dims is not None and all(isinstance(d, int) for d in dims)
+def _static_inputs(model: Model) -> bool:
+    """Whether the main graph has inputs, each (bar initializers) of known static sizes."""
+    sizes = [shape(v) for v in model.graph.inputs if v.const_value is None]
+    return bool(model.graph.inputs) and all(
+        dims is not None and _product(dims) is not None for dims in sizes)
+
+
+def _left_unsized(graphs) -> bool:
+    """Whether a Pad or a Resize, a Reshape of a window's output, or the last window of a
+    graph was left unsized: after a Pad of pads that a constant subgraph computes (PyTorch's
+    ZeroPad2d: PadFusion may have taken the Pad into the convolution since) every later
+    window is unsized, and the layout level needs the sizes (an SE block's gate is per
+    channel only at 1 x 1; SegFormer's image turned to tokens by a Reshape to a computed
+    target)."""
+    for g in graphs:
+        last = None
+        for n in g.nodes:
+            if n.op_type in _SPATIAL:
+                last = n
+            elif (n.op_type in _RESIZING or n.op_type == "Reshape" and _reads_window(n)) \
+                    and not _settled_outputs(n):
+                return True
+        if last is not None and not _settled_outputs(last):
+            return True
+    return False
 
 
 def _reads_window(node: Node) -> bool:
@@ -374,35 +395,13 @@ class ShapeRefinement(GraphPass):
 
     def run(self, model: Model) -> PassResult:
         graphs = list(all_graphs(model.graph))
-        # Sizes ONNX inference named "unk__N" are looked for only where a Pad or a Resize, a
-        # Reshape of a window's output, or the last window of a graph, was left unsized:
-        # after a Pad of pads that a constant subgraph computes (PyTorch's ZeroPad2d:
-        # PadFusion may have taken the Pad into the convolution since) every later window
-        # is unsized, and the layout level needs the sizes (an SE block's gate is per channel
-        # only at 1 x 1; SegFormer's image turned to tokens). Elsewhere they are sequence
-        # lengths no rule here finds: asking of every value cost BERT-base's creation 4 ms,
-        # reading every value's dimensions 1 ms
-        # A graph of static inputs has static sizes everywhere: all of them found lets
-        # ConstantFolding take every Shape (and what it feeds) and the fusions see through
-        # (LeViT's MatMul -> Flatten -> BatchNormalization had a Shape read beside it)
-        unsized = bool(model.graph.inputs) and all(
-            _static(v) for v in model.graph.inputs if v.const_value is None)
-        for g in graphs:
-            if unsized:
-                break
-            last = None
-            for n in g.nodes:
-                if n.op_type in _SPATIAL:
-                    last = n
-                elif (n.op_type in _RESIZING or n.op_type == "Reshape" and _reads_window(n)) \
-                        and not _settled_outputs(n):
-                    # (a Reshape of a window's output to a computed target: a vision
-                    # transformer's image turned to tokens, which the layout level reads)
-                    unsized = True
-                    break
-            if unsized or last is not None and not _settled_outputs(last):
-                unsized = True
-                break
+        # Sizes ONNX inference named "unk__N" are looked for (has_settled_shape) in a graph
+        # of static inputs, where every size can be found: then ConstantFolding takes every
+        # Shape (and what it feeds) and the fusions see through (LeViT's MatMul -> Flatten ->
+        # BatchNormalization had a Shape read beside it); else where _left_unsized says.
+        # Elsewhere they are sequence lengths no rule here finds: asking of every value cost
+        # BERT-base's creation 4 ms, reading every value's dimensions 1 ms
+        unsized = _static_inputs(model) or _left_unsized(graphs)
         settled = has_settled_shape if unsized else has_shape
         foldable = False
         for graph in graphs:

@@ -40,6 +40,19 @@ PIXEL_MAJOR_CHANNELS = 64
 _VF = ir.VF
 
 
+def _fold_tap(L: list[str], op: str, prev: str | None, x: str, acc: str) -> str:
+    """The taps so far (``prev``, None before the first) with the next tap ``x``, in row
+    order as the numpy path reduces them: their sum, or numpy's maximum (a NaN wins), named
+    ``acc``; its lines appended to ``L``. Returns the value to go on with."""
+    if prev is None:
+        return x
+    if op == "avg":
+        L.append(f"  {acc} = fadd {_VF} {prev}, {x}")
+    else:
+        L += depthwise.numpy_maximum(acc, x, prev)
+    return acc
+
+
 def _taps(tag: str, c0: str, kh: int, kw: int, op: str, checked: bool,
           masked: bool) -> list[str]:
     """The 16-channel chunk from channel ``c0`` (an i64 value) of the output pixel ``%ow``:
@@ -59,14 +72,7 @@ def _taps(tag: str, c0: str, kh: int, kw: int, op: str, checked: bool,
             if checked:
                 L.append(f"  {t}.v{k} = select i1 %ok{k}, {_VF} {x}, {_VF} {fill}")
                 x = f"{t}.v{k}"
-            if prev is None:
-                prev = x
-            elif op == "avg":
-                L.append(f"  {t}.s{k} = fadd {_VF} {prev}, {x}")
-                prev = f"{t}.s{k}"
-            else:
-                L += depthwise.numpy_maximum(f"{t}.m{k}", x, prev)
-                prev = f"{t}.m{k}"
+            prev = _fold_tap(L, op, prev, x, f"{t}.acc{k}")
     if op == "avg":  # times the pixel's 1 / count
         L += [f"  {t}.o = fmul {_VF} {prev}, %sv"]
         prev = f"{t}.o"
@@ -77,18 +83,26 @@ def _taps(tag: str, c0: str, kh: int, kw: int, op: str, checked: bool,
     return L
 
 
-def _tap_rows(kh: int, row: str, base: str) -> list[str]:
-    """Each tap row i of the output row (its first input row ``%ih``, rows ``%dh`` apart):
-    ``%rv{i}`` inside the image, ``%ro{i}`` its offset (``base`` + the row, clamped to row 0,
-    times ``row`` floats)."""
-    L = []
+def _output_row(kh: int, row: str) -> list[str]:
+    """Block ``rloop``'s start: output row ``%r`` (image or plane ``%n`` = r / Ho, its row
+    ``%oh``, its first byte's offset ``%nb`` = n * ``%img``, avg's factors' row ``%srow``),
+    its first input row ``%ih``; then each tap row i: ``%rv{i}`` inside the image, ``%ro{i}``
+    its offset (``%nb`` + the row, clamped to row 0, times ``row`` floats)."""
+    L = ["rloop:",
+         "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
+         "  %n = udiv i64 %r, %Ho",
+         "  %oh = urem i64 %r, %Ho",
+         "  %ih0 = mul i64 %oh, %sh",
+         "  %ih = sub i64 %ih0, %pt",
+         "  %nb = mul i64 %n, %img",
+         "  %srow = mul i64 %oh, %Wo"]
     for i in range(kh):
         L += [f"  %rd{i} = mul i64 %dh, {i}",
               f"  %rr{i} = add i64 %ih, %rd{i}",
               f"  %rv{i} = icmp ult i64 %rr{i}, %H",
               f"  %rs{i} = select i1 %rv{i}, i64 %rr{i}, i64 0",
               f"  %rm{i} = mul i64 %rs{i}, {row}",
-              f"  %ro{i} = add i64 {base}, %rm{i}"]
+              f"  %ro{i} = add i64 %nb, %rm{i}"]
     return L
 
 
@@ -116,17 +130,9 @@ def _kernel(kh: int, kw: int, op: str) -> str:
          *ir.lane_mask("%mask", "%C"),
          "  %any = icmp slt i64 %r0, %r1",
          "  br i1 %any, label %rloop, label %end",
-         "rloop:",
-         "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
-         "  %n = udiv i64 %r, %Ho",
-         "  %oh = urem i64 %r, %Ho",
-         "  %ih0 = mul i64 %oh, %sh",
-         "  %ih = sub i64 %ih0, %pt",
-         "  %nb = mul i64 %n, %img",
+         *_output_row(kh, "%rowc"),
          "  %yr = mul i64 %r, %Wo",
-         "  %yrow = mul i64 %yr, %C",
-         "  %srow = mul i64 %oh, %Wo"]
-    L += _tap_rows(kh, "%rowc", "%nb")
+         "  %yrow = mul i64 %yr, %C"]
     L += ["  br label %ploop",
           "ploop:",
           "  %ow = phi i64 [0, %rloop], [%own, %pnext]",
@@ -206,11 +212,7 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     (Ho, Wo) float32; into ``out`` when it is a C-contiguous float32 array of that shape.
     Raises ``jit.Unavailable`` where the kernel cannot run here."""
     kh, kw = kernel
-    if op not in ("max", "avg") or not 0 < kh * kw <= MAX_TAPS:
-        raise ValueError(f"pool: op {op!r} over {kh} x {kw} taps is not compiled")
-    reason = jit.why_unavailable(REQUIRES)
-    if reason:
-        raise jit.Unavailable(reason)
+    _require(op, kh, kw)
     module = jit.compile_module(f"pool_{op}_{kh}x{kw}", lambda target: module_ir(kh, kw, op),
                                 {"pool_f32": _PROTO, "pool_job": _JOB,
                                  "pool_px_f32": _PROTO, "pool_px_job": _JOB}, REQUIRES)
@@ -218,9 +220,7 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     if X.dtype != np.float32 or not X.flags.c_contiguous:
         raise ValueError("pool: expected a contiguous float32 [N, H, W, C]")
     Ho, Wo = outs
-    if out is None or out.shape != (N, Ho, Wo, C) or out.dtype != np.float32 or \
-            not out.flags.c_contiguous:
-        out = np.empty((N, Ho, Wo, C), np.float32)
+    out = _output(out, (N, Ho, Wo, C))
     if out.size == 0:
         return out
     (sh, sw), (dh, dw), (pt, pl) = strides, dilations, heads
@@ -228,28 +228,57 @@ def pool(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int, int]
     ow_lo = min(Wo, -(-pl // sw))
     last = Wd - 1 - (kw - 1) * dw + pl
     ow_hi = max(ow_lo, min(Wo, last // sw + 1 if last >= 0 else 0))
-    if op == "avg":
-        scale = np.ascontiguousarray(scale, np.float32)
-        if scale.shape != (Ho, Wo):
-            raise ValueError(f"pool: the scale must be [{Ho}, {Wo}], got {list(scale.shape)}")
-    else:
-        scale = _UNUSED
+    scale = _factors(op, scale, outs)
     args = (address(X), address(scale), address(_UNUSED), address(_UNUSED), address(out), C, C,
             H, Wd, Ho, Wo, sh, sw, dh, dw, pt, pl, ow_lo, ow_hi)
-    rows = N * Ho
-    ranges = work_ranges(rows, threads, Wo * C * kh * kw, least=MIN_TAPS_PER_RANGE)
     # from two chunks a pixel, each pixel's chunks in turn: every tap then reads its C floats
     # in order, where a pass per chunk read one line of each pixel (96 channels at 111 x 111,
     # 3x3 stride 2: 299 -> 159 us); under that, the chunk-outer loops' cheaper edges win
     # (16 channels at 75 x 75: 19 against 27 us)
     fn, job = (module.pool_px_f32, module.pool_px_job) if C >= PIXEL_MAJOR_CHANNELS else \
         (module.pool_f32, module.pool_job)
-    if len(ranges) > 1:  # rows taken in turn by the caller and spin.py's workers
+    _run_rows(fn, job, args, N * Ho, Wo * C * kh * kw, threads)
+    return out
+
+
+def _require(op: str, kh: int, kw: int) -> None:
+    """Raises ValueError for a window the kernels do not compile, ``jit.Unavailable`` where
+    they cannot run here."""
+    if op not in ("max", "avg") or not 0 < kh * kw <= MAX_TAPS:
+        raise ValueError(f"pool: op {op!r} over {kh} x {kw} taps is not compiled")
+    reason = jit.why_unavailable(REQUIRES)
+    if reason:
+        raise jit.Unavailable(reason)
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """``out`` where it is a C-contiguous float32 array of ``shape``, else a new one."""
+    if out is None or out.shape != shape or out.dtype != np.float32 or \
+            not out.flags.c_contiguous:
+        return np.empty(shape, np.float32)
+    return out
+
+
+def _factors(op: str, scale: np.ndarray | None, outs: tuple[int, int]) -> np.ndarray:
+    """avg's (Ho, Wo) float32 factors, checked; max's stand-in (never read)."""
+    if op != "avg":
+        return _UNUSED
+    scale = np.ascontiguousarray(scale, np.float32)
+    if scale.shape != tuple(outs):
+        raise ValueError(f"pool: the scale must be {list(outs)}, got {list(scale.shape)}")
+    return scale
+
+
+def _run_rows(fn, job, args: tuple, rows: int, taps_per_row: int, threads: int) -> None:
+    """``fn(*args, r0, r1)`` over the output rows [0, rows): on this thread, or in ranges of
+    at least MIN_TAPS_PER_RANGE taps that the caller and spin.py's workers take in turn
+    (``job``: the same on an argument block)."""
+    ranges = work_ranges(rows, threads, taps_per_row, least=MIN_TAPS_PER_RANGE)
+    if len(ranges) > 1:
         spin.run_blocks(job, np.array([args + (r0, r1) for r0, r1 in ranges], np.int64),
                         threads)
     else:
         fn(*args, 0, rows)
-    return out
 
 
 def _nchw_kernel(kh: int, kw: int, op: str, sw: int) -> str:
@@ -270,16 +299,8 @@ def _nchw_kernel(kh: int, kw: int, op: str, sw: int) -> str:
          *ir.splat("%wdv", "%wd32", V),
          "  %any = icmp slt i64 %r0, %r1",
          "  br i1 %any, label %rloop, label %end",
-         "rloop:",
-         "  %r = phi i64 [%r0, %entry], [%rn, %rnext]",
-         "  %plane = udiv i64 %r, %Ho",
-         "  %oh = urem i64 %r, %Ho",
-         "  %pb = mul i64 %plane, %img",
-         "  %ih0 = mul i64 %oh, %sh",
-         "  %ih = sub i64 %ih0, %pt",
-         "  %yrow = mul i64 %r, %Wo",
-         "  %srow = mul i64 %oh, %Wo"]
-    L += _tap_rows(kh, "%Wd", "%pb")
+         *_output_row(kh, "%Wd"),  # (%n: the plane)
+         "  %yrow = mul i64 %r, %Wo"]
     L += ["  br label %cloop",
           "cloop:",
           "  %ow = phi i64 [0, %rloop], [%own, %cnext]",
@@ -318,15 +339,7 @@ def _nchw_kernel(kh: int, kw: int, op: str, sw: int) -> str:
                       f"  %x{k} = call {VF} @llvm.masked.gather.v16f32.v16p0(<16 x ptr> "
                       f"%g{k}, i32 4, <16 x i1> %in{j}.0, {VF} {fill})"]
             L.append(f"  %v{k} = select i1 %rv{i}, {VF} %x{k}, {VF} {fill}")
-            x = f"%v{k}"
-            if prev is None:
-                prev = x
-            elif op == "avg":
-                L.append(f"  %s{k} = fadd {VF} {prev}, {x}")
-                prev = f"%s{k}"
-            else:
-                L += depthwise.numpy_maximum(f"%m{k}", x, prev)
-                prev = f"%m{k}"
+            prev = _fold_tap(L, op, prev, f"%v{k}", f"%acc{k}")
     if op == "avg":  # times each output pixel's 1 / count
         L += ["  %sa = add i64 %srow, %ow",
               "  %sp = getelementptr float, ptr %S, i64 %sa",
@@ -373,16 +386,12 @@ def pool_nchw(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int,
     Wo) float32; into ``out`` when it is a C-contiguous float32 array of that shape. Raises
     ``jit.Unavailable`` where the kernel cannot run here."""
     kh, kw = kernel
-    if op not in ("max", "avg") or not 0 < kh * kw <= MAX_TAPS:
-        raise ValueError(f"pool: op {op!r} over {kh} x {kw} taps is not compiled")
+    _require(op, kh, kw)
     if X.dtype != np.float32 or X.ndim != 4 or not X.flags.c_contiguous:
         raise ValueError("pool: expected a contiguous float32 [N, C, H, W]")
     N, C, H, Wd = X.shape
     if H * Wd >= 1 << 31 or Wd + max(kw * dilations[1], strides[1] * 32) >= 1 << 31:
         raise ValueError("pool: a plane too large for the kernel's 32-bit column lanes")
-    reason = jit.why_unavailable(REQUIRES)
-    if reason:
-        raise jit.Unavailable(reason)
     sw = strides[1]
     variant = _stride_variant(sw)
     module = jit.compile_module(
@@ -390,26 +399,14 @@ def pool_nchw(X: np.ndarray, op: str, kernel: tuple[int, int], heads: tuple[int,
         lambda target: nchw_module_ir(kh, kw, op, variant or sw),
         {"pool_nchw_f32": _NCHW_PROTO, "pool_nchw_job": _JOB}, REQUIRES)
     Ho, Wo = outs
-    if out is None or out.shape != (N, C, Ho, Wo) or out.dtype != np.float32 or \
-            not out.flags.c_contiguous:
-        out = np.empty((N, C, Ho, Wo), np.float32)
+    out = _output(out, (N, C, Ho, Wo))
     if out.size == 0:
         return out
-    if op == "avg":
-        scale = np.ascontiguousarray(scale, np.float32)
-        if scale.shape != (Ho, Wo):
-            raise ValueError(f"pool: the scale must be [{Ho}, {Wo}], got {list(scale.shape)}")
-    else:
-        scale = _UNUSED
+    scale = _factors(op, scale, outs)
     args = (address(X), address(scale), address(out), H, Wd, Ho, Wo, strides[0],
             dilations[0], dilations[1], heads[0], heads[1])
-    rows = N * C * Ho
-    ranges = work_ranges(rows, threads, Wo * kh * kw, least=MIN_TAPS_PER_RANGE)
-    if len(ranges) > 1:  # rows taken in turn by the caller and spin.py's workers
-        spin.run_blocks(module.pool_nchw_job,
-                        np.array([args + (r0, r1) for r0, r1 in ranges], np.int64), threads)
-    else:
-        module.pool_nchw_f32(*args, 0, rows)
+    _run_rows(module.pool_nchw_f32, module.pool_nchw_job, args, N * C * Ho, Wo * kh * kw,
+              threads)
     return out
 
 

@@ -220,13 +220,12 @@ class InstanceNormalization:
         X = input
         if self.compiled is not None and X.dtype == np.float32 and X.ndim >= 2 and \
                 X.flags.c_contiguous and scale.size == X.shape[1] == B.size and X.size:
-            rows, n = X.shape[0] * X.shape[1], math.prod(X.shape[2:])
-            tile = (lambda v: v) if X.shape[0] == 1 else (lambda v: np.tile(v, X.shape[0]))
+            N, rows, n = X.shape[0], X.shape[0] * X.shape[1], math.prod(X.shape[2:])
             given = rows_of(out, X.shape, n)
-            Y = self.compiled.instance_norm(
-                X.reshape(rows, n), tile(scale.astype(np.float32, copy=False).reshape(-1)),
-                tile(B.astype(np.float32, copy=False).reshape(-1)), self.epsilon,
-                self.threads, self.fn, given)
+            Y = self.compiled.instance_norm(  # (scale and B per row: repeated per image)
+                X.reshape(rows, n), np.tile(scale.astype(np.float32).reshape(-1), N),
+                np.tile(B.astype(np.float32).reshape(-1), N), self.epsilon, self.threads,
+                self.fn, given)
             return out if given is not None else Y.reshape(X.shape)
         return _instance_norm(X, scale, B, self.epsilon)
 

@@ -68,13 +68,14 @@ class _Pool:
 
         if not 0 < math.prod(self.kernel) <= pool.MAX_TAPS:
             return None
+        planar = X.ndim == 3 or not (self.keep_layout and channels_inner(X))
+        if planar and all(o == 1 for o in outs):
+            return None  # a global window: numpy's reduction of whole planes is faster than
+            # a vector of one lane per plane
         if op == "avg" and not isinstance(scale, np.ndarray):
             scale = np.full(outs, scale, np.float32)
-        if X.ndim == 3 or not (self.keep_layout and channels_inner(X)):
-            # (one output pixel a plane, a global window: numpy's reduction of whole planes
-            # is faster than a vector of one lane per plane)
-            return None if all(o == 1 for o in outs) else \
-                self._compiled_planar(X, op, heads, outs, scale, out)
+        if planar:
+            return self._compiled_planar(X, op, heads, outs, scale, out)
         try:  # (a view of part of the channels, a Split's output, copied)
             Xt = np.ascontiguousarray(X.transpose(0, 2, 3, 1))
             Y = pool.pool(Xt, op, self.kernel, heads, outs, self.strides, self.dilations, scale,
