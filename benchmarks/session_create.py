@@ -8,6 +8,9 @@ imports and the inputs first, then the session created (timed) and run once; 'pe
 peak resident size after that, minus the peak before it), the engines taking turns within each
 round. ``--baseline-src`` adds a column for the onnxrun whose ``src`` folder is given (a
 checkout of an older commit: ``git worktree add /tmp/old <commit>``), measured the same way.
+'import + create': the engine's import in that child (after numpy's) and the creation, what a
+fresh process waits before its first run (onnxruntime builds its kernel registry in its import;
+onnxrun imports an operator family's kernels when a session first needs them).
 Medians over the rounds. The cases and their inputs are run_suite.py's. ``--cpu``: the
 creation's CPU time (the child process's) instead of wall time, steadier on a loaded machine.
 """
@@ -84,27 +87,34 @@ def main(argv: list[str] | None = None) -> int:
                                                       env_extra=env))
             create = {n: statistics.median(i.create_cpu_s if args.cpu else i.create_s
                                            for i in v) for n, v in got.items()}
+            ready = {n: statistics.median(i.import_s + (i.create_cpu_s if args.cpu else
+                                                        i.create_s) for i in v)
+                     for n, v in got.items()}
             peak = {n: statistics.median((i.peak_bytes - i.baseline_bytes) / 2**20 for i in v)
                     for n, v in got.items()}
-            rows.append((case, create, peak))
+            rows.append((case, create, ready, peak))
             print(f"{case.name}: " + ", ".join(
-                f"{n} {fmt_ms(create[n])} +{peak[n]:.1f} MiB" for n in names),
-                file=sys.stderr, flush=True)
+                f"{n} {fmt_ms(create[n])} (with the import {fmt_ms(ready[n])}) "
+                f"+{peak[n]:.1f} MiB" for n in names), file=sys.stderr, flush=True)
     ref = "onnxruntime"
     header = ["model"] + [f"create {n}" for n in names] + ["ratio"] + \
+        [f"import + create {n}" for n in names] + ["ratio"] + \
         [f"peak + {n} (MiB)" for n in names] + ["ratio"]
     if args.baseline_src is not None:
         header.insert(len(names) + 2, "ratio before")
         header.append("ratio before")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    geo: dict[str, list[float]] = {"c": [], "cb": [], "p": [], "pb": []}
-    for case, create, peak in rows:
+    geo: dict[str, list[float]] = {"c": [], "cb": [], "r": [], "p": [], "pb": []}
+    for case, create, ready, peak in rows:
         cells = [case.name] + [fmt_ms(create[n]) for n in names]
         cells.append(f"{create['onnxrun'] / create[ref]:.2f}")
         geo["c"].append(create["onnxrun"] / create[ref])
         if "before" in create:
             cells.append(f"{create['before'] / create[ref]:.2f}")
             geo["cb"].append(create["before"] / create[ref])
+        cells += [fmt_ms(ready[n]) for n in names]
+        cells.append(f"{ready['onnxrun'] / ready[ref]:.2f}")
+        geo["r"].append(ready["onnxrun"] / ready[ref])
         cells += [f"{peak[n]:.1f}" for n in names]
         cells.append(f"{peak['onnxrun'] / peak[ref]:.2f}")
         geo["p"].append(peak["onnxrun"] / peak[ref])
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     last = ["**geometric mean**"] + [""] * len(names) + [gm(geo["c"])]
     if args.baseline_src is not None:
         last.append(gm(geo["cb"]))
+    last += [""] * len(names) + [gm(geo["r"])]
     last += [""] * len(names) + [gm(geo["p"])]
     if args.baseline_src is not None:
         last.append(gm(geo["pb"]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -94,3 +95,46 @@ def test_a_cpu_session_imports_neither_the_cuda_device_nor_the_wasm_kernel():
     assert f"{_PKG}.cpu.wasm_gemm" not in got
     if importlib.util.find_spec("cupy") is None:  # (with CuPy, device.py asks it for GPUs)
         assert f"{_PKG}.cuda.device" not in got
+
+
+_LATER_ONNX = """
+    import json, sys
+    import numpy as np
+    import onnxrun
+    from onnxrun.proto import onnx as messages
+    imported = {"after import": "onnx" in sys.modules}
+    sess = onnxrun.InferenceSession(sys.argv[1], providers=["CPUExecutionProvider"])
+    out = sess.run(None, {"x": np.ones((1, 2, 5, 5), np.float32)})[0]
+    imported["after a session"] = "onnx" in sys.modules
+    import onnx
+    from onnx import helper
+    same = onnx.ModelProto is messages.ModelProto and onnx.TensorProto is messages.TensorProto
+    # a ModelProto onnx builds goes straight in, as a model file did
+    built = onnx.load(sys.argv[1])
+    again = onnxrun.InferenceSession(built, providers=["CPUExecutionProvider"])
+    same_out = bool((again.run(None, {"x": np.ones((1, 2, 5, 5), np.float32)})[0] == out).all())
+    t = helper.make_tensor("t", onnx.TensorProto.FLOAT, [1], [1.0])
+    print(json.dumps({"imported": imported, "same": same, "same_out": same_out,
+                      "helper": isinstance(t, messages.TensorProto)}))
+"""
+
+
+def test_a_session_of_a_validated_model_file_imports_no_onnx(tmp_path):
+    """``import onnxrun`` and a session of a model file validated before (the validation
+    cache) never import the onnx package (~100 ms): its messages come from onnx's generated
+    module alone, and are the same classes a later ``import onnx`` gives."""
+    import onnx
+
+    path = tmp_path / "conv.onnx"
+    onnx.save(onnx.parser.parse_model(_CONV_RELU), str(path))
+    env = {**os.environ, "ONNXRUN_KERNEL_CACHE": str(tmp_path / "cache")}
+    env.pop("ONNXRUN_NO_ONNX", None)
+    results = []
+    for _ in range(2):  # the first process validates and fills the cache, the second reads it
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(_LATER_ONNX), str(path)],
+                             capture_output=True, text=True, check=True, env=env)
+        results.append(json.loads(out.stdout.splitlines()[-1]))
+    assert results[0]["imported"] == {"after import": False, "after a session": True}
+    assert results[1]["imported"] == {"after import": False, "after a session": False}
+    for r in results:
+        assert r["same"] and r["same_out"] and r["helper"]

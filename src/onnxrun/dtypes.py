@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from .errors import NotImplemented as _NotImplemented
 from .proto import onnx
-
-try:  # narrow types (bfloat16, float8, int4...) need it; Pyodide 0.27 does not ship it
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
+from .proto.element_types import fill_tensor_type, ml_dtypes, numpy_dtypes
 
 TensorProto = onnx.TensorProto
 
@@ -44,12 +42,8 @@ for _name in ("FLOAT8E8M0", "UINT2", "INT2", "FLOAT6E2M3", "FLOAT6E3M2"):
     if hasattr(TensorProto, _name):
         _ORT_NAMES[getattr(TensorProto, _name)] = _name.lower()
 
-_NP_BY_ELEM: dict[int, np.dtype] = {}
-for _elem in _ORT_NAMES:
-    try:
-        _NP_BY_ELEM[_elem] = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(_elem))
-    except (KeyError, TypeError, ValueError):  # element type unknown to this onnx / ml_dtypes
-        pass
+_NP_BY_ELEM: dict[int, np.dtype] = {
+    elem: dt for elem, dt in numpy_dtypes(TensorProto.DataType).items() if elem in _ORT_NAMES}
 _ELEM_BY_NP: dict[np.dtype, int] = {dt: elem for elem, dt in _NP_BY_ELEM.items()}
 _ELEM_BY_NP[np.dtype(np.str_)] = TensorProto.STRING
 _ELEM_BY_NP[np.dtype(np.bytes_)] = TensorProto.STRING
@@ -100,6 +94,12 @@ def elem_type(dtype: np.dtype | type) -> int:
             return TensorProto.STRING
         raise TypeError(f"numpy dtype {dt} has no ONNX element type")
     return elem
+
+
+def tensor_type_proto(elem: int, shape: Sequence[int | str | None] | None) -> onnx.TypeProto:
+    """The tensor type of element type ``elem`` and ``shape``, as
+    onnx.helper.make_tensor_type_proto builds it (element_types.fill_tensor_type)."""
+    return fill_tensor_type(onnx.TypeProto(), elem, shape)
 
 
 def elem_name(elem: int) -> str:

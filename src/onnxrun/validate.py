@@ -8,6 +8,7 @@ consistency is checked when the loader reads them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -20,7 +21,6 @@ from .ir.toposort import stable_topological_order
 from .proto import HAVE_ONNX, onnx
 from .validate_types import check_types
 
-helper = onnx.helper
 logger = logging.getLogger("onnxrun")
 
 # The newest IR version and operator sets onnxrun accepts: those of the onnx package it checks
@@ -28,11 +28,23 @@ logger = logging.getLogger("onnxrun")
 # those of the onnx that proto/onnx_pb.py was generated from), and onnxruntime's own
 # com.microsoft set. Other domains are custom: any version.
 _MAX_IR = onnx.IR_VERSION
-_NEWEST_OPSETS = dict(onnx.NEWEST_OPSETS) if not HAVE_ONNX else {
-    ("" if domain == "ai.onnx" else domain): versions[1]
-    for domain, versions in onnx.defs.C.schema_version_map().items()
-}
-_NEWEST_OPSETS["com.microsoft"] = 1
+# The newest operator set of each domain in onnx 1.17, the oldest onnx onnxrun supports (or
+# lower): a model that imports none newer passes check_versions without asking the installed
+# onnx, whose import (~100 ms) a session of a validated model file does not otherwise need.
+_OLDEST_ONNX_OPSETS = {"": 22, "ai.onnx.ml": 4, "ai.onnx.training": 1,
+                       "ai.onnx.preview.training": 1, "com.microsoft": 1}
+
+
+@functools.cache
+def _newest_opsets() -> dict[str, int]:
+    newest = dict(onnx.NEWEST_OPSETS) if not HAVE_ONNX else {
+        ("" if domain == "ai.onnx" else domain): versions[1]
+        for domain, versions in onnx.defs.C.schema_version_map().items()
+    }
+    newest["com.microsoft"] = 1
+    return newest
+
+
 _GENERATED = re.compile(r"unk__\d+")
 # A negative int64 is a 10-byte varint; after tag 0x08 (field 1, a varint) it is how a negative
 # TensorShapeProto.Dimension.dim_value is written. Looked for in the skeleton's bytes, so a model
@@ -169,7 +181,7 @@ def _hide_unknown_ai_onnx_ops(
             node.domain = _UNCHECKED_DOMAIN
             hidden.add(op_type)
     if hidden:
-        skel.opset_import.append(helper.make_opsetid(_UNCHECKED_DOMAIN, 1))
+        skel.opset_import.add(domain=_UNCHECKED_DOMAIN, version=1)
     return hidden
 
 
@@ -466,7 +478,10 @@ def check_versions(model: Model, released_opsets_only: bool = True) -> None:
     if not released_opsets_only:
         return
     for domain, version in model.opset_imports.items():
-        newest = _NEWEST_OPSETS.get(domain)
+        floor = _OLDEST_ONNX_OPSETS.get(domain)
+        if floor is None and not domain.startswith("ai.onnx") or version <= (floor or 0):
+            continue  # a custom domain, or an operator set every onnx knows
+        newest = _newest_opsets().get(domain)
         if newest is not None and version > newest:
             raise InvalidGraph(
                 f"the model imports opset {version} of domain '{domain or 'ai.onnx'}', newer "

@@ -6,8 +6,9 @@ weight-free skeleton, the onnx that checked it and onnxrun's validation code.
 An entry (in ``disk_cache``'s folder, tagged like the compiled kernels: only this user's
 onnxrun could have written it) is keyed by a BLAKE2b digest of the skeleton's bytes (nodes,
 attributes, declared types, opsets, the small integer constants shape inference reads; never
-the weights, which the skeleton leaves out), onnx's version, the source of validate.py and
-this module, and whether shapes were inferred. It holds the inferred value types and the
+the weights, which the skeleton leaves out), the onnx build (its C++ extension's path, size
+and modification time: ``proto.onnx_build``, which imports nothing), the source of validate.py
+and this module, and whether shapes were inferred. It holds the inferred value types and the
 operators validation hid from the checker because a provider runs them (re-checked on use:
 another set of providers may not). Only acceptances are stored, never refusals: an entry
 that is missing, damaged, planted or unreadable means the full validation, never a model
@@ -21,7 +22,7 @@ import json
 import os
 
 from . import disk_cache
-from .proto import onnx
+from .proto import onnx, onnx_build
 
 _MAGIC = b"onnxrun-validation 1\n"
 _MAX_ENTRY = 16 << 20
@@ -37,7 +38,7 @@ def _code_identity() -> bytes | None:
         except OSError:  # sources not readable (a zip): no cache
             _identity.append(None)
         else:
-            digest = disk_cache.blake2b(f"onnx {onnx.__version__}".encode(), digest_size=32)
+            digest = disk_cache.blake2b(onnx_build().encode(), digest_size=32)
             for data in parts:
                 digest.update(b"|%d|" % len(data))
                 digest.update(data)

@@ -44,8 +44,6 @@ from .options import (
 from .ortvalue import OrtValue
 from .sparse import SparseTensor
 
-external_data_helper = onnx.external_data_helper
-
 logger = logging.getLogger("onnxrun")
 
 # Providers onnxruntime knows: asking for one that onnxrun lacks warns and falls back to CPU, as
@@ -731,7 +729,7 @@ def _save_optimized(model: Model, path: str | os.PathLike, config: dict[str, str
                 if t.HasField("raw_data") and len(t.raw_data) >= min_size:
                     offset = f.tell()
                     f.write(t.raw_data)
-                    external_data_helper.set_external_data(t, name, offset, len(t.raw_data))
+                    onnx.external_data_helper.set_external_data(t, name, offset, len(t.raw_data))
                     t.ClearField("raw_data")
                     t.data_location = onnx.TensorProto.EXTERNAL
     onnx.save(proto, path)

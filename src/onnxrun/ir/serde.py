@@ -12,12 +12,15 @@ import numpy as np
 from ..dtypes import elem_type, narrow_type_error
 from ..errors import InvalidGraph
 from ..proto import onnx
+from ..proto.element_types import numpy_dtypes
 from .core import Attribute, Graph, Model, Node, Value
 from .toposort import stable_topological_order
 
 AttributeProto = onnx.AttributeProto
 TensorProto = onnx.TensorProto
-numpy_helper = onnx.numpy_helper
+# element type -> numpy dtype as onnx.helper.tensor_dtype_to_np_dtype maps it (a KeyError for the
+# others, as there), without importing the onnx package
+_NUMPY_DTYPES = numpy_dtypes(TensorProto.DataType)
 
 # Reads the bytes of a tensor stored outside the model file (bytes, or a uint8 array the tensor
 # may keep); supplied by the loader, which owns the policy of which files may be read.
@@ -40,7 +43,7 @@ def _bits(elem: int) -> int:
         return _SUB_BYTE[elem]
     if elem == TensorProto.STRING:
         return 0
-    return onnx.helper.tensor_dtype_to_np_dtype(elem).itemsize * 8
+    return _NUMPY_DTYPES[elem].itemsize * 8
 
 
 _SUB_BYTE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
@@ -60,20 +63,11 @@ _TYPED_FIELDS: dict[int, tuple[str, type]] = {
     TensorProto.FLOAT: ("float_data", np.float32), TensorProto.DOUBLE: ("double_data", np.float64),
     TensorProto.INT32: ("int32_data", np.int32), TensorProto.INT64: ("int64_data", np.int64),
 }
-_KNOWN_DATA_TYPES: dict[int, bool] = {}
 
 
 def _known_data_type(elem: int) -> bool:
     """Whether a TensorProto data type is one onnx (and so numpy, with ml_dtypes) can hold."""
-    known = _KNOWN_DATA_TYPES.get(elem)
-    if known is None:
-        try:
-            onnx.helper.tensor_dtype_to_np_dtype(elem)
-            known = True
-        except (KeyError, ValueError, TypeError):
-            known = False
-        _KNOWN_DATA_TYPES[elem] = known
-    return known
+    return elem in _NUMPY_DTYPES
 
 
 def _plain_dtype(elem: int) -> np.dtype | None:
@@ -82,10 +76,7 @@ def _plain_dtype(elem: int) -> np.dtype | None:
     if dt is False:
         dt = None
         if elem not in _PACKED and elem != TensorProto.STRING and sys.byteorder == "little":
-            try:
-                dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem))
-            except (KeyError, ValueError, TypeError):
-                dt = None
+            dt = _NUMPY_DTYPES.get(elem)
         _PLAIN_DTYPES[elem] = dt
     return dt
 
@@ -160,7 +151,7 @@ def tensor_to_array(
         local.raw_data = bytes(raw)
         tensor = local
     try:
-        arr = numpy_helper.to_array(tensor)
+        arr = onnx.numpy_helper.to_array(tensor)
     except Exception as e:  # malformed typed fields: a size mismatch or an unsupported type
         raise InvalidGraph(
             f"tensor '{tensor.name}' with shape {list(dims)} cannot be read: {e}"
@@ -489,7 +480,7 @@ def model_from_proto(
 
 
 def array_to_tensor(arr: np.ndarray, name: str) -> TensorProto:
-    return numpy_helper.from_array(np.asarray(arr), name)
+    return onnx.numpy_helper.from_array(np.asarray(arr), name)
 
 
 def _attribute_to_proto(a: Attribute) -> AttributeProto:
@@ -531,7 +522,7 @@ def _fill_tensor(t: TensorProto, arr: np.ndarray, name: str) -> None:
         t.CopyFrom(array_to_tensor(arr, name))
 
 
-_PLAIN = {n: onnx.helper.np_dtype_to_tensor_dtype(np.dtype(n)) for n in (
+_PLAIN = {n: elem_type(np.dtype(n)) for n in (
     "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
     "uint32", "uint64", "bool")}
 

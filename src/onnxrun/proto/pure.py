@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .element_types import NARROW, PLAIN, fill_tensor_type, numpy_dtypes
 from .onnx_pb import IR_VERSION as _IR_VERSION_ENUM
 from .onnx_pb import (  # noqa: F401  (re-exported: this module stands in for ``onnx``)
     NEWEST_OPSETS,  # noqa: F401
@@ -42,38 +43,12 @@ from .onnx_pb import (  # noqa: F401  (re-exported: this module stands in for ``
 
 IR_VERSION = int(_IR_VERSION_ENUM)
 
-try:  # narrow types (bfloat16, float8, int4...): numpy holds them only through ml_dtypes
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
-
-# element type -> (numpy dtype name or ml_dtypes attribute, TensorProto field of non-raw data)
 _T = TensorProto
-_PLAIN = {
-    _T.FLOAT: ("float32", "float_data"), _T.UINT8: ("uint8", "int32_data"),
-    _T.INT8: ("int8", "int32_data"), _T.UINT16: ("uint16", "int32_data"),
-    _T.INT16: ("int16", "int32_data"), _T.INT32: ("int32", "int32_data"),
-    _T.INT64: ("int64", "int64_data"), _T.BOOL: ("bool", "int32_data"),
-    _T.FLOAT16: ("float16", "int32_data"), _T.DOUBLE: ("float64", "double_data"),
-    _T.COMPLEX64: ("complex64", "float_data"), _T.COMPLEX128: ("complex128", "double_data"),
-    _T.UINT32: ("uint32", "uint64_data"), _T.UINT64: ("uint64", "uint64_data"),
-    _T.STRING: ("object", "string_data"),
-}
-_NARROW = {
-    _T.BFLOAT16: "bfloat16", _T.FLOAT8E4M3FN: "float8_e4m3fn",
-    _T.FLOAT8E4M3FNUZ: "float8_e4m3fnuz", _T.FLOAT8E5M2: "float8_e5m2",
-    _T.FLOAT8E5M2FNUZ: "float8_e5m2fnuz", _T.UINT4: "uint4", _T.INT4: "int4",
-    _T.FLOAT4E2M1: "float4_e2m1fn", _T.FLOAT8E8M0: "float8_e8m0fnu", _T.UINT2: "uint2",
-    _T.INT2: "int2", _T.FLOAT6E2M3: "float6_e2m3fn", _T.FLOAT6E3M2: "float6_e3m2fn",
-}
-_SUB_BYTE_BITS = {_T.UINT4: 4, _T.INT4: 4, _T.FLOAT4E2M1: 4, _T.UINT2: 2, _T.INT2: 2}
-
-_NP: dict[int, np.dtype] = {elem: np.dtype(name) for elem, (name, _) in _PLAIN.items()}
-if ml_dtypes is not None:
-    for _elem, _name in _NARROW.items():
-        if hasattr(ml_dtypes, _name):
-            _NP[_elem] = np.dtype(getattr(ml_dtypes, _name))
+_NP: dict[int, np.dtype] = numpy_dtypes(TensorProto.DataType)
 _ELEM: dict[np.dtype, int] = {dt: elem for elem, dt in _NP.items()}
+_NARROW = {TensorProto.DataType.Value(name) for name in NARROW}
+_DATA_FIELD = {TensorProto.DataType.Value(name): field for name, (_, field) in PLAIN.items()}
+_SUB_BYTE_BITS = {_T.UINT4: 4, _T.INT4: 4, _T.FLOAT4E2M1: 4, _T.UINT2: 2, _T.INT2: 2}
 
 
 def _tensor_dtype_to_np_dtype(tensor_dtype: int) -> np.dtype:
@@ -103,17 +78,7 @@ def _make_opsetid(domain: str, version: int) -> OperatorSetIdProto:
 
 def _make_tensor_type_proto(elem_type: int, shape: Sequence[int | str | None] | None,
                             shape_denotation: Sequence[str] | None = None) -> TypeProto:
-    tp = TypeProto()
-    tp.tensor_type.elem_type = elem_type
-    if shape is not None:
-        tp.tensor_type.shape.SetInParent()
-        for d in shape:
-            dim = tp.tensor_type.shape.dim.add()
-            if isinstance(d, numbers.Integral):
-                dim.dim_value = int(d)
-            elif isinstance(d, str):
-                dim.dim_param = d
-    return tp
+    return fill_tensor_type(TypeProto(), elem_type, shape)
 
 
 def _make_tensor_value_info(name: str, elem_type: int, shape: Sequence[int | str | None] | None,
@@ -230,7 +195,7 @@ def _to_array(tensor: TensorProto, base_dir: str = "") -> np.ndarray:
     if tensor.HasField("raw_data"):
         le = dtype.newbyteorder("<") if dtype.kind in "iufc" else dtype
         return np.frombuffer(tensor.raw_data, dtype=le).astype(dtype).reshape(dims)
-    field = _PLAIN[elem][1] if elem in _PLAIN else "int32_data"
+    field = _DATA_FIELD.get(elem, "int32_data")
     data = getattr(tensor, field)
     if elem in (_T.COMPLEX64, _T.COMPLEX128):
         flat = np.asarray(data, dtype=np.float32 if elem == _T.COMPLEX64 else np.float64)

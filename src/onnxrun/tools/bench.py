@@ -127,6 +127,7 @@ class Isolated:
     peak_bytes: int  # peak RSS after creating the session and one run
     compiled: list[str] | None = None  # onnxrun: the compiled modules loaded (name/target)
     create_cpu_s: float | None = None  # the process's CPU time of the creation (a loaded host)
+    import_s: float | None = None  # the engine's import (after numpy's), before the session
 
     @property
     def delta_bytes(self) -> int:
@@ -301,11 +302,13 @@ cfg = json.loads(sys.argv[1])
 import compileall, importlib.util, os
 compileall.compile_dir(os.path.dirname(importlib.util.find_spec(cfg["engine"]).origin), quiet=2)
 import numpy as np
+t_import = time.perf_counter()
 if cfg["engine"] == "onnxruntime":
     import onnxruntime as rt
     rt.set_default_logger_severity(3)
 else:
     import onnxrun as rt
+import_s = time.perf_counter() - t_import
 with np.load(cfg["feeds"], allow_pickle=True) as z:
     feeds = {k: z[k] for k in z.files}
 def peak():
@@ -335,7 +338,7 @@ if cfg["engine"] == "onnxrun":
     from onnxrun.providers.cpu import compiled as ck
     compiled = ck.loaded()
 print("BENCH-CHILD " + json.dumps({"create_s": t1 - t0, "create_cpu_s": c1 - c0,
-                                   "first_run_s": t2 - t1,
+                                   "first_run_s": t2 - t1, "import_s": import_s,
                                    "baseline": baseline, "peak": peak(), "compiled": compiled}))
 """
 
@@ -363,7 +366,7 @@ def measure_isolated(engine: str, model: str, feeds_file: str, opts: BenchOption
         if line.startswith("BENCH-CHILD "):
             r = json.loads(line[len("BENCH-CHILD "):])
             return Isolated(r["create_s"], r["first_run_s"], int(r["baseline"]), int(r["peak"]),
-                            r.get("compiled"), r.get("create_cpu_s"))
+                            r.get("compiled"), r.get("create_cpu_s"), r.get("import_s"))
     tail = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
     raise RuntimeError(f"the {engine} child process failed: {tail}")
 

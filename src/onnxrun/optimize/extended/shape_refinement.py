@@ -18,7 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ...dtypes import has_settled_shape, has_shape
+from ...dtypes import elem_type as array_elem_type
+from ...dtypes import has_settled_shape, has_shape, tensor_type_proto
 from ...geometry import resize_geometry, transpose_geometry, window_geometry
 from ...ir import Model, Node
 from ...proto import onnx
@@ -384,7 +385,7 @@ def _product(dims: Dims) -> int | None:
 
 
 def _type(elem: int, dims: Dims) -> onnx.TypeProto:
-    return onnx.helper.make_tensor_type_proto(elem, dims)
+    return tensor_type_proto(elem, dims)
 
 
 @register_pass
@@ -453,8 +454,8 @@ def _value_elem(node: Node) -> int | None:
     if value is None:
         return onnx.TensorProto.FLOAT if node.op_type == "ConstantOfShape" else None
     try:
-        return onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
-    except (KeyError, TypeError, ValueError):
+        return array_elem_type(value.dtype)
+    except TypeError:
         return None
 
 
