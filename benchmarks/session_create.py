@@ -102,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         [f"peak + {n} (MiB)" for n in names] + ["ratio"]
     if args.baseline_src is not None:
         header.insert(len(names) + 2, "ratio before")
+        header.insert(2 * len(names) + 4, "ratio before")
         header.append("ratio before")
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    geo: dict[str, list[float]] = {"c": [], "cb": [], "r": [], "p": [], "pb": []}
+    geo: dict[str, list[float]] = {"c": [], "cb": [], "r": [], "rb": [], "p": [], "pb": []}
     for case, create, ready, peak in rows:
         cells = [case.name] + [fmt_ms(create[n]) for n in names]
         cells.append(f"{create['onnxrun'] / create[ref]:.2f}")
@@ -115,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         cells += [fmt_ms(ready[n]) for n in names]
         cells.append(f"{ready['onnxrun'] / ready[ref]:.2f}")
         geo["r"].append(ready["onnxrun"] / ready[ref])
+        if "before" in ready:
+            cells.append(f"{ready['before'] / ready[ref]:.2f}")
+            geo["rb"].append(ready["before"] / ready[ref])
         cells += [f"{peak[n]:.1f}" for n in names]
         cells.append(f"{peak['onnxrun'] / peak[ref]:.2f}")
         geo["p"].append(peak["onnxrun"] / peak[ref])
@@ -130,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline_src is not None:
         last.append(gm(geo["cb"]))
     last += [""] * len(names) + [gm(geo["r"])]
+    if args.baseline_src is not None:
+        last.append(gm(geo["rb"]))
     last += [""] * len(names) + [gm(geo["p"])]
     if args.baseline_src is not None:
         last.append(gm(geo["pb"]))
