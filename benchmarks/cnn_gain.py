@@ -15,6 +15,9 @@ Changes (each undone when its session is created; kernels keep their choices for
           channels-last memory (ShuffleNet)
   pool    MaxPool / AveragePool of channels-last input on the compiled kernel
           (compiled/pool.py) instead of numpy's strided passes
+  slices  convolutions whose compiled GEMM takes K in one block write into their range of a
+          Concat's channels (memory.py's slices, Conv.streams_out); undone: they write
+          buffers of their own, which the Concat copies
   depthwise  the float depthwise kernel's loops of session 10 (chunks of the target's
           vector width, several pixels a step, each input pixel loaded once per step);
           undone: session 9's (16 lanes, a pixel at a time), called the same way
@@ -83,6 +86,14 @@ def undone(change: str):
         finally:
             depthwise.function = saved
         return
+    if change == "slices":  # (the plan's memory is made by the first runs: see compare)
+        saved = conv.Conv.streams_out
+        conv.Conv.streams_out = False
+        try:
+            yield
+        finally:
+            conv.Conv.streams_out = saved
+        return
     if change == "pool":
         from onnxrun.providers.cpu.ops import pool
 
@@ -113,13 +124,16 @@ def compare(model: str, feeds, change: str, runs: int, threads: int) -> dict[str
     so = onnxrun.SessionOptions()
     so.intra_op_num_threads = threads
     after = onnxrun.InferenceSession(model, so)
+    if feeds is None:
+        feeds, _ = make_feeds(after, {}, {}, 0)
     with undone(change):
         before = onnxrun.InferenceSession(model, so)
+        if change == "slices":  # the memory pattern, recorded in the first runs
+            for _ in range(3):
+                before.run(None, feeds)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     reference = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-    if feeds is None:
-        feeds, _ = make_feeds(after, {}, {}, 0)
     engines = {"after": after, "before": before, "ort": reference}
     first = {k: s.run(None, feeds) for k, s in engines.items()}
     diff = max(float(np.max(np.abs(a - b))) for a, b in zip(first["after"], first["before"],

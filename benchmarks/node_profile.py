@@ -37,6 +37,7 @@ CASES = ("yolo_style", "zoo:squeezenet", "zoo:shufflenet", "densenet_style", "zo
 QUICK = ("yolo_style", "zoo:squeezenet")
 # not CNNs, profiled when --models names them: python benchmarks/node_profile.py --models bert
 NAMED_ONLY = ("bench:bert_minilm_l6", "svtr_style", "vad_style", "dbnet_style", "crnn_style",
+              "regnet_style", "efficientnet_style", "inception_style",
               "bench:gpt_decoder")
 # runs before the profiled ones: onnxrun's memory pattern is recorded by the second run and
 # probed by the third (memory.py); from the fourth, the intermediates are in its arena

@@ -217,6 +217,10 @@ def test_grouped_products_in_one_call(variant, shape):
     into = np.empty_like(one)
     assert P.run(A, bias, bounds=(-1.0, 1.5), out=into) is into
     np.testing.assert_array_equal(into, one)
+    wide = np.full((M, g * N + 5), np.nan, np.float32)  # a range of a Concat's channels
+    P.run(A, bias, bounds=(-1.0, 1.5), out=wide[:, 2:2 + g * N])
+    np.testing.assert_array_equal(wide[:, 2:2 + g * N], one)
+    assert np.isnan(wide[:, :2]).all() and np.isnan(wide[:, 2 + g * N:]).all()
     with pytest.raises(ValueError, match="out must be"):
         P.run(A, out=np.empty((M, g * N + 1), np.float32))
 
@@ -630,6 +634,10 @@ def test_shifted_a_reads_each_k_block_further_on(variant, rows, lda, block, bloc
     buf = np.full((rows, N), np.nan, np.float32)  # a caller's buffer (a convolution's scratch)
     assert pk.run_shifted(base, rows, lda, block, jump, bias, out=buf) is buf
     np.testing.assert_array_equal(buf, got)
+    wide = np.full((rows, N + 7), np.nan, np.float32)  # a range of a Concat's channels
+    pk.run_shifted(base, rows, lda, block, jump, bias, out=wide[:, 3:3 + N], threads=3)
+    np.testing.assert_array_equal(wide[:, 3:3 + N], got)
+    assert np.isnan(wide[:, :3]).all() and np.isnan(wide[:, 3 + N:]).all()
     with pytest.raises(ValueError, match="out"):
         pk.run_shifted(base, rows, lda, block, jump, out=np.empty((rows, N + 1), np.float32))
     with pytest.raises(ValueError, match="past"):
@@ -693,6 +701,10 @@ def test_grouped_shifted_products_write_their_column_ranges(variant, G, N):
     split = float_gemm.grouped_shifted(packs, rows, lda, block, jump, slab, bias,
                                        bounds=(-2, 3), threads=3, wrap=wrap, wstep=wstep)
     np.testing.assert_array_equal(split(base, np.empty((rows, G * N), np.float32)), got)
+    wide = np.full((rows, G * N + 9), np.nan, np.float32)  # a range of a Concat's channels
+    split(base, wide[:, 4:4 + G * N])
+    np.testing.assert_array_equal(wide[:, 4:4 + G * N], got)
+    assert np.isnan(wide[:, :4]).all() and np.isnan(wide[:, 4 + G * N:]).all()
     with pytest.raises(ValueError, match="past"):
         launch(base[:-4].copy(), np.empty((rows, G * N), np.float32))
     with pytest.raises(ValueError, match="out"):

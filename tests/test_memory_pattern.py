@@ -534,10 +534,10 @@ def _pooled_ops(sess):
 
 @pytest.mark.parametrize("name", ["densenet_style", "inception_style", "yolo_style"])
 def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
-    """Elementwise kernels and Concats write into their range of a Concat's channels (rows
-    of pixels further apart than their own channels); the compiled convolutions do not (a
-    GEMM's tiles in such rows: up to 1.5x slower); the outputs of every run equal those
-    without the memory pattern bit for bit."""
+    """Elementwise kernels, Concats and the convolutions whose compiled GEMM takes K in one
+    block (Conv.streams_out: no tile read back) write into their range of a Concat's
+    channels (rows of pixels further apart than their own channels); the outputs of every
+    run equal those without the memory pattern bit for bit."""
     monkeypatch.setattr(memory, "MIN_BYTES", 4096)  # the small builds' values pooled too
     model, feeds = _suite_model(name)
     opts = onnxrun.SessionOptions()
@@ -551,7 +551,8 @@ def test_cnn_kernels_write_into_concat_slices(name, monkeypatch):
             np.testing.assert_array_equal(got, ref, err_msg=f"run {i}")
     pooled, sliced = _pooled_ops(on)
     assert pooled.get("Concat", 0) >= 1, pooled
-    assert not {"Conv", "FusedConv"} & sliced.keys(), sliced
+    if name in ("densenet_style", "inception_style"):  # (the branches' last convolutions)
+        assert {"Conv", "FusedConv"} & sliced.keys(), sliced
     # DenseNet's feature maps: each Concat's output in the next one's bytes; YOLO's C2f
     # residual sums (its SiLUs are in the convolutions' epilogues: the layout level's
     # ConvQuickGeluFusion)

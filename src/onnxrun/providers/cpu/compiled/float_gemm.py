@@ -830,6 +830,16 @@ def _clip_block(bounds, logistic) -> tuple[np.ndarray, int]:
 # 2.14 / 1.87 / 2.17 (noise: its 1-thread figure moved as much).
 SPIN_MACS_PER_RANGE = 1 << 20
 _NO_WRAP = 1 << 62  # rows of A never wrap: row m at m * lda
+
+
+def _rows_out(out: np.ndarray, shape: tuple[int, int]) -> bool:
+    """Whether ``out`` can take a float32 product of ``shape``: rows of contiguous floats,
+    any stride at least a row apart (a range of a wider matrix's columns: a grouped
+    convolution's group, a convolution's channels of a Concat's output, memory.py)."""
+    return out.shape == shape and out.dtype == np.float32 and out.strides[1] == 4 and \
+        out.strides[0] % 4 == 0 and out.strides[0] >= 4 * shape[1]
+
+
 # A's and out's addresses, and out's row stride, in the argument block (PackedMatrix._head)
 _PTR_A, _PTR_OUT, _LDC = 0, 4, 5
 
@@ -919,8 +929,7 @@ class PackedMatrix:
         M, N, K = A.shape[0], self.N, self.K
         if out is None:
             out = np.empty((M, N), np.float32)
-        elif out.shape != (M, N) or out.dtype != np.float32 or out.strides[1] != 4 or \
-                out.strides[0] % 4 or out.strides[0] < 4 * N:
+        elif not _rows_out(out, (M, N)):
             raise ValueError(f"float GEMM: out must be a float32 {[M, N]} with rows of "
                              "contiguous floats")
         if residual is not None and (residual.shape != (M, N) or residual.dtype != np.float32):
@@ -972,9 +981,10 @@ class PackedMatrix:
                     out: np.ndarray | None = None, wrap: int | None = None,
                     wstep: int = 0, logistic=None) -> np.ndarray:
         """clip(A @ B + bias, *bounds) (then ``logistic``) as a new (rows, N) float32 array
-        (or into ``out``, a C-contiguous one: a caller's scratch buffer, no fresh pages per
-        call), where A's element (m, k) is ``base[start(m) + k + (k // block) * jump]``
-        (``base``: contiguous float32, read in place), start(m) = m * lda, or with ``wrap``,
+        (or into ``out``, rows of contiguous floats any stride apart: a caller's buffer, no
+        fresh pages per call, or a range of a Concat's channels), where A's element (m, k)
+        is ``base[start(m) + k + (k // block) * jump]`` (``base``: contiguous float32, read
+        in place), start(m) = m * lda, or with ``wrap``,
         (m // wrap) * wstep + (m % wrap) * lda: a convolution on its zero-padded input, rows
         of A the output pixels (wrap of them a row, lda = the stride times C channels-last,
         wstep = the vertical stride times the padded row), a K block a row of taps (block =
@@ -1177,11 +1187,13 @@ class PreparedShifted:
             raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
         if out is None:
             out = np.empty(self._out, np.float32)
-        elif out.shape != self._out or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {list(self._out)}")
+        elif not _rows_out(out, self._out):
+            raise ValueError(f"float GEMM: out must be a float32 {list(self._out)} with rows "
+                             "of contiguous floats")
         blocks = self._blocks.copy()
         blocks[:, _PTR_A] = address(base)
         blocks[:, _PTR_OUT] = address(out)
+        blocks[:, _LDC] = out.strides[0] // 4
         if len(blocks) == 1:
             self._fn(address(blocks))
         else:
@@ -1210,11 +1222,13 @@ class PreparedGroupedShifted:
             raise TypeError("float GEMM: the shifted A must be contiguous float32")
         if self._reach > base.size:
             raise ValueError(f"float GEMM: the shifted A reads past its {base.size} floats")
-        if out.shape != self._out or out.dtype != np.float32 or not out.flags.c_contiguous:
-            raise ValueError(f"float GEMM: out must be a C-contiguous float32 {list(self._out)}")
+        if not _rows_out(out, self._out):
+            raise ValueError(f"float GEMM: out must be a float32 {list(self._out)} with rows "
+                             "of contiguous floats")
         blocks = self._blocks.copy()
         blocks[:, _PTR_A] = address(base) + self._a_off
         blocks[:, _PTR_OUT] = address(out) + self._o_off
+        blocks[:, _LDC] = out.strides[0] // 4
         spin.run_blocks(self._fn, blocks, self._threads)
         return out
 
@@ -1299,7 +1313,8 @@ class PackedGroups:
             residual: np.ndarray | None = None, logistic=None) -> np.ndarray:
         """clip(group products + bias + residual, *bounds) (then ``logistic``) as a new
         (M, g*N) float32 array,
-        or into ``out`` (a C-contiguous one: the executor's buffer, no fresh pages per call).
+        or into ``out`` (rows of contiguous floats, any stride apart: the executor's buffer,
+        no fresh pages per call, or a range of a Concat's channels).
         A: (M, g*K) float32 with contiguous rows (channels-last pixels); ``bias``: (g*N,);
         ``residual``: (M, g*N) float32 with contiguous rows (a FusedConv's Z)."""
         g, K, N = self.g, self.K, self.N
@@ -1310,10 +1325,9 @@ class PackedGroups:
             A = np.ascontiguousarray(A)
         if out is None:
             out = np.empty((A.shape[0], g * N), np.float32)
-        elif out.shape != (A.shape[0], g * N) or out.dtype != np.float32 or \
-                not out.flags.c_contiguous:
-            raise ValueError(f"grouped float GEMM: out must be a C-contiguous float32 "
-                             f"{[A.shape[0], g * N]}")
+        elif not _rows_out(out, (A.shape[0], g * N)):
+            raise ValueError(f"grouped float GEMM: out must be a float32 "
+                             f"{[A.shape[0], g * N]} with rows of contiguous floats")
         if out.size == 0:
             return out
         b_ptr, flags = self._zeros_ptr, 0

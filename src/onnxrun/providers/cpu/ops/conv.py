@@ -1591,6 +1591,30 @@ class Conv(_ConvBase):
                 W.reshape(g, W.shape[0] // g, W.shape[1]).transpose(0, 2, 1), np.float32))
 
     @property
+    def streams_out(self) -> bool:
+        """Whether the output is written once, in order, into any rows of pixels it is handed
+        (memory.py: a range of a Concat's channels, written in place of the Concat's copy): a
+        channels-last output of the compiled GEMM whose K is one block, so that no tile is
+        read back. Strided rows cost the GEMM nothing then (Emerald Rapids, 1 thread: 3025 x
+        144 x 64 into 128-channel rows 439 us against 584 contiguous and 812 with the copy;
+        729 x 288 x 128 into 256: 431 / 410 / 423), where K blocks read back rows a Concat's
+        width apart (3136 x 1152 x 32 into 256 channels: 1.5x, session 10)."""
+        if not self.channels_last:
+            return False
+        if self.nhwc_packed is not None:  # the implicit GEMM: K in one block up to 3 KC
+            pk = self.nhwc_packed  # (dilated: im2col, K blocks of KC)
+            undilated = all(d == 1 for d in self.dilations or ())
+            return pk.K <= (3 if undilated else 1) * pk.tile.KC
+        if self.grouped_packed is not None:
+            pk = self.grouped_packed[0]
+            return pk.K <= 3 * pk.tile.KC
+        if self.gemm_t_packed is not None:
+            return self.gemm_t_packed.K <= self.gemm_t_packed.tile.KC
+        if self.group_packed is not None:
+            return self.group_packed.K <= self.group_packed.first.tile.KC
+        return False
+
+    @property
     def uses_compiled_gemm(self) -> bool | None:
         """True: Winograd on the compiled GEMM; False: BLAS's GEMMs; None: no GEMM (the
         depthwise kernels). The session weighs these (BLAS's thread count)."""
@@ -2016,7 +2040,7 @@ class Conv(_ConvBase):
         Ho, Wo = outs
         bounds, logistic, whole = _gemm_epilogue(act)
         fused = whole and Z is None
-        Y = nhwc_out(out, (N, Ho, Wo, M), np.float32).reshape(N, Ho * Wo, M)
+        Y = nhwc_out(out, (N, Ho, Wo, M), np.float32, True).reshape(N, Ho * Wo, M)
         const_bias = b is None or self.bias is not None
         key = (kind, X.shape, fused)
         launch = self.launches.get(key) if const_bias else None
@@ -2075,7 +2099,7 @@ class Conv(_ConvBase):
                                    residual=residual if fused else None,
                                    bounds=bounds if fused else None, threads=self.threads,
                                    out=nhwc_out(out, (N,) + X.shape[2:] + (M,),
-                                                np.float32).reshape(-1, M),
+                                                np.float32, True).reshape(-1, M),
                                    logistic=logistic if fused else None)
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         if not fused:
@@ -2101,7 +2125,8 @@ class Conv(_ConvBase):
         Y = pk.run(X.transpose(0, 2, 3, 1).reshape(-1, C),  # a view when X comes channels-last
                    None if b is None else b.reshape(M), bounds=bounds if fused else None,
                    residual=residual if fused else None, threads=self.threads,
-                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32).reshape(-1, M),
+                   out=nhwc_out(out, (N,) + X.shape[2:] + (M,), np.float32,
+                                True).reshape(-1, M),
                    logistic=logistic if fused else None)
         Y = Y.reshape((N,) + X.shape[2:] + (M,)).transpose(0, 3, 1, 2)
         return Y if fused else _finish(Y, None, None, Z, act, np.float32, self.threads)
