@@ -780,6 +780,17 @@ def test_prepared_product_equals_run(variant, M, K, N):
             got = call(A)
             assert got.shape == (M, N) and got is not call(A)
             np.testing.assert_array_equal(got, packed.run(A, bias=b, bounds=bounds))
+    # a logistic epilogue (an SE block's Sigmoid / SiLU), and rows of a wider output
+    for logistic in ((1.0, False), (1.0, True)):
+        call = packed.prepared(M, bias, logistic=logistic)
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        wide = np.full((M, N + 3), np.nan, np.float32)
+        assert call(A, wide[:, 1:1 + N]).base is wide
+        np.testing.assert_array_equal(wide[:, 1:1 + N],
+                                      packed.run(A, bias=bias, logistic=logistic))
+        assert np.isnan(wide[:, 0]).all() and np.isnan(wide[:, 1 + N:]).all()
+    with pytest.raises(ValueError, match="at once"):
+        packed.prepared(M, logistic=(1.0, False), gelu_after="gelu")
     assert packed.prepared(0) is None
     # a product run() would split over threads is not prepared (its block is per range);
     # one too small to split is, at 2 threads as at 1 (a streaming model's small Gemm)

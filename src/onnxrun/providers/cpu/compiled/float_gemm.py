@@ -1098,27 +1098,30 @@ class PackedMatrix:
 
     def prepared(self, M: int, bias: np.ndarray | None = None, bounds=None,
                  threads: int = 1, lda: int | None = None,
-                 gelu_after: str | None = None) -> PreparedProduct | None:
+                 gelu_after: str | None = None, logistic=None) -> PreparedProduct | None:
         """``run`` for A of one shape (M, K), C-contiguous, with this ``bias``, ``bounds``
-        and ``gelu_after``, its argument block built once (a streaming model's small Gemm, called
-        with one shape every time: run's checks and block cost several times its one-row
-        product); None where that product would be split over threads, or is empty.
-        ``lda``: A's rows that many floats apart instead (rows that overlap: a 1-D
-        convolution's windows read in place); the caller checks A reaches (M - 1) * lda + K
-        floats."""
+        and ``gelu_after`` or ``logistic``, its argument block built once (a streaming
+        model's small Gemm, an SE block's one-pixel convolution, called with one shape every
+        time: run's checks and block cost several times its one-row product); None where
+        that product would be split over threads, or is empty. ``lda``: A's rows that many
+        floats apart instead (rows that overlap: a 1-D convolution's windows read in place);
+        the caller checks A reaches (M - 1) * lda + K floats."""
         N, K = self.N, self.K
         if lda is not None and lda <= 0:
             raise ValueError(f"float GEMM: bad lda {lda}")
         snp = -(-N // self.NR)
         if M <= 0 or N == 0 or K == 0 or len(self._ranges(M, snp, threads)) > 1:
             return None
-        keep = [_clip_block(bounds, None)[0]]
-        b_ptr, flags = self._zeros_ptr, 0
+        if gelu_after is not None and logistic is not None:
+            raise ValueError("float GEMM: a logistic and a gelu epilogue at once")
+        clip, flags = _clip_block(bounds, logistic)
+        keep = [clip]
+        b_ptr = self._zeros_ptr
         if bias is not None:
             keep.append(np.ascontiguousarray(bias, np.float32).reshape(-1))
             if keep[-1].size != N:
                 raise ValueError(f"float GEMM: bias must have {N} values, got {keep[-1].size}")
-            b_ptr, flags = address(keep[-1]), 1
+            b_ptr, flags = address(keep[-1]), flags | 1
         flags |= _gelu_flags(gelu_after)
         # run's block for one range (A's and out's addresses filled in at each call)
         block = np.array(self._head(0, K if lda is None else lda, 0, N, b_ptr, self._zeros_ptr,
@@ -1156,13 +1159,14 @@ class PreparedProduct:
         self._a, self._o = a, o  # where A's and out's addresses go in the block
 
     def __call__(self, A: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """``out``: written when it is a C-contiguous float32 array of the product's shape."""
-        if out is None or out.shape != self._out or out.dtype != np.float32 or \
-                not out.flags.c_contiguous:
+        """``out``: written when it is a float32 array of the product's shape with rows of
+        contiguous floats (any stride apart: a range of a Concat's channels)."""
+        if out is None or not _rows_out(out, self._out):
             out = np.empty(self._out, np.float32)
         block = self._block.copy()  # a block per call: concurrent runs share the kernel
         block[self._a] = address(A)
         block[self._o] = address(out)
+        block[_LDC] = out.strides[0] // 4
         self._fn(address(block))
         return out
 
