@@ -111,7 +111,6 @@ else:
         HAVE_ONNX = False
 
 
-
 def onnx_build() -> str:
     """What identifies the onnx that checks and infers here (a key of results it gave, kept
     across processes), without importing it: its C++ extension's path, size and time."""
