@@ -42,9 +42,10 @@ for _name in ("FLOAT8E8M0", "UINT2", "INT2", "FLOAT6E2M3", "FLOAT6E3M2"):
     if hasattr(TensorProto, _name):
         _ORT_NAMES[getattr(TensorProto, _name)] = _name.lower()
 
-_NP_BY_ELEM: dict[int, np.dtype] = {
-    elem: dt for elem, dt in numpy_dtypes(TensorProto.DataType).items() if elem in _ORT_NAMES}
-_ELEM_BY_NP: dict[np.dtype, int] = {dt: elem for elem, dt in _NP_BY_ELEM.items()}
+# element type -> numpy dtype, as onnx.helper.tensor_dtype_to_np_dtype maps them (narrow types
+# only with ml_dtypes)
+NUMPY_DTYPES: dict[int, np.dtype] = numpy_dtypes(TensorProto.DataType)
+_ELEM_BY_NP: dict[np.dtype, int] = {dt: elem for elem, dt in NUMPY_DTYPES.items()}
 _ELEM_BY_NP[np.dtype(np.str_)] = TensorProto.STRING
 _ELEM_BY_NP[np.dtype(np.bytes_)] = TensorProto.STRING
 
@@ -66,7 +67,7 @@ class NarrowTypeUnavailable(_NotImplemented, TypeError):
 def narrow_type_error(elem_type: int, where: str = "") -> NarrowTypeUnavailable | None:
     """The error for an element type ONNX defines that numpy cannot hold without ml_dtypes,
     when ml_dtypes is missing; None otherwise."""
-    if ml_dtypes is not None or elem_type not in _ORT_NAMES or elem_type in _NP_BY_ELEM:
+    if ml_dtypes is not None or elem_type not in _ORT_NAMES or elem_type in NUMPY_DTYPES:
         return None
     return NarrowTypeUnavailable(
         f"{where}{': ' if where else ''}element type {_ORT_NAMES[elem_type]} needs the "
@@ -77,7 +78,7 @@ def narrow_type_error(elem_type: int, where: str = "") -> NarrowTypeUnavailable 
 def np_dtype(elem_type: int) -> np.dtype:
     """numpy dtype that holds ONNX element type ``elem_type``."""
     try:
-        return _NP_BY_ELEM[elem_type]
+        return NUMPY_DTYPES[elem_type]
     except KeyError:
         err = narrow_type_error(elem_type)
         if err is not None:

@@ -9,18 +9,14 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..dtypes import elem_type, narrow_type_error
+from ..dtypes import NUMPY_DTYPES, elem_type, narrow_type_error
 from ..errors import InvalidGraph
 from ..proto import onnx
-from ..proto.element_types import numpy_dtypes
 from .core import Attribute, Graph, Model, Node, Value
 from .toposort import stable_topological_order
 
 AttributeProto = onnx.AttributeProto
 TensorProto = onnx.TensorProto
-# element type -> numpy dtype as onnx.helper.tensor_dtype_to_np_dtype maps it (a KeyError for the
-# others, as there), without importing the onnx package
-_NUMPY_DTYPES = numpy_dtypes(TensorProto.DataType)
 
 # Reads the bytes of a tensor stored outside the model file (bytes, or a uint8 array the tensor
 # may keep); supplied by the loader, which owns the policy of which files may be read.
@@ -43,7 +39,7 @@ def _bits(elem: int) -> int:
         return _SUB_BYTE[elem]
     if elem == TensorProto.STRING:
         return 0
-    return _NUMPY_DTYPES[elem].itemsize * 8
+    return NUMPY_DTYPES[elem].itemsize * 8
 
 
 _SUB_BYTE = {TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.FLOAT4E2M1: 4}
@@ -67,7 +63,7 @@ _TYPED_FIELDS: dict[int, tuple[str, type]] = {
 
 def _known_data_type(elem: int) -> bool:
     """Whether a TensorProto data type is one onnx (and so numpy, with ml_dtypes) can hold."""
-    return elem in _NUMPY_DTYPES
+    return elem in NUMPY_DTYPES
 
 
 def _plain_dtype(elem: int) -> np.dtype | None:
@@ -76,7 +72,7 @@ def _plain_dtype(elem: int) -> np.dtype | None:
     if dt is False:
         dt = None
         if elem not in _PACKED and elem != TensorProto.STRING and sys.byteorder == "little":
-            dt = _NUMPY_DTYPES.get(elem)
+            dt = NUMPY_DTYPES.get(elem)
         _PLAIN_DTYPES[elem] = dt
     return dt
 

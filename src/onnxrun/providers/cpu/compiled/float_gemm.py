@@ -1025,13 +1025,19 @@ class PackedMatrix:
         # taps a little over KC / 2 made a block each, 3 passes over a 3x3 layer's output
         # (DBNet-style 96 -> 24 at 160 x 160, 288-float rows: 15.5 -> 13.6 ms; 128 -> 128 at
         # 20 x 20 1.09 -> 1.05 ms; no layer of YOLO's or VGG's sizes slower beyond the noise)
-        kcb = K if K <= 3 * self.tile.KC else max(1, self.tile.KC // block) * block
+        kcb = K if self.one_k_block(shifted=True) else max(1, self.tile.KC // block) * block
         head = self._head(0, lda, 0, N, b_ptr, self._zeros_ptr, 0, address(clip),
                           flags | more, kcb, jump, block, wrap, wstep)
         ranges = self._ranges(rows, -(-N // self.NR), threads)
         blocks = np.array([head + list(r) for r in ranges], np.int64)
         return PreparedShifted(self, blocks, (bias, clip), last + K + (K // block - 1) * jump,
                                (rows, N), threads)
+
+    def one_k_block(self, shifted: bool = False) -> bool:
+        """Whether a product takes all of K in one block, so that its tiles are written once
+        and never read back: K up to the tile's KC, or 3 KC for the shifted products
+        (``prepared_shifted``: a convolution's rows of taps)."""
+        return self.K <= (3 if shifted else 1) * self.tile.KC
 
     def _head(self, a_ptr: int, lda: int, out_ptr: int, ldc: int, b_ptr: int, r_ptr: int,
               ldr: int, clip_ptr: int, flags: int, kcb: int = 0, ajump: int = 0,

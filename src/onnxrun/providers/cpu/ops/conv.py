@@ -467,8 +467,9 @@ _PAD_BYTES = 1 << 21
 # zero borders written once. Above it the pad's copy outweighs the borders' stores, and a
 # VGG-sized layer's buffer per kernel would add its size to the session's memory
 _OWN_PAD_BYTES = 1 << 18
-# prepared implicit-GEMM products a convolution keeps (one per input shape)
+# prepared products a convolution keeps (implicit GEMMs, 1x1s: one per input shape)
 _LAUNCHES = 8
+_UNMADE = object()  # Conv._launch_for: no product made for that key yet
 # Fewer 2x2 tiles than this (images below 16 x 16) make the 16 GEMMs too short to run at
 # BLAS speed on some CPUs: no gain there (ResNet50's and Inception's 14 x 14 layers on a Xeon)
 # unless the channels are many (VGG19's and ZFNet's 512-channel layers).
@@ -1601,17 +1602,14 @@ class Conv(_ConvBase):
         width apart (3136 x 1152 x 32 into 256 channels: 1.5x, session 10)."""
         if not self.channels_last:
             return False
-        if self.nhwc_packed is not None:  # the implicit GEMM: K in one block up to 3 KC
-            pk = self.nhwc_packed  # (dilated: im2col, K blocks of KC)
-            undilated = all(d == 1 for d in self.dilations or ())
-            return pk.K <= (3 if undilated else 1) * pk.tile.KC
+        if self.nhwc_packed is not None:  # the implicit GEMM's shifted product (dilated: im2col)
+            return self.nhwc_packed.one_k_block(all(d == 1 for d in self.dilations or ()))
         if self.grouped_packed is not None:
-            pk = self.grouped_packed[0]
-            return pk.K <= 3 * pk.tile.KC
+            return self.grouped_packed[0].one_k_block(shifted=True)
         if self.gemm_t_packed is not None:
-            return self.gemm_t_packed.K <= self.gemm_t_packed.tile.KC
+            return self.gemm_t_packed.one_k_block()
         if self.group_packed is not None:
-            return self.group_packed.K <= self.group_packed.first.tile.KC
+            return self.group_packed.first.one_k_block()
         return False
 
     @property
@@ -1970,7 +1968,7 @@ class Conv(_ConvBase):
                                                  j * dw:j * dw + (Wo - 1) * sw + 1:sw])
         Y = pk.run(cols.reshape(N * Ho * Wo, kh * kw * C), None if b is None else b.reshape(-1),
                    bounds=bounds if fused else None, threads=self.threads,
-                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32).reshape(-1, pk.N),
+                   out=nhwc_out(out, (N, Ho, Wo, pk.N), np.float32, True).reshape(-1, pk.N),
                    logistic=logistic if fused else None)
         Y = Y.reshape(N, Ho, Wo, pk.N).transpose(0, 3, 1, 2)
         if Z is not None:
@@ -2029,6 +2027,18 @@ class Conv(_ConvBase):
                 Ho * Wo, lda, block, jump, bias, bounds, self.threads, Wo, wstep, logistic),
             out)
 
+    def _launch_for(self, key: tuple, make):
+        """The prepared product kept under ``key`` (a kind and an input shape), made by
+        ``make()`` the first time (None too: a product with no prepared form), at most
+        _LAUNCHES kept."""
+        launch = self.launches.get(key, _UNMADE)
+        if launch is _UNMADE:
+            launch = make()
+            if len(self.launches) >= _LAUNCHES:
+                self.launches.clear()
+            self.launches[key] = launch
+        return launch
+
     def _shifted_run(self, P, X, b, Z, act, outs, M, kind, make, out=None):
         """The implicit GEMMs' run (_conv_implicit, _conv_grouped) on the padded copy ``P``
         of X: the product's argument blocks, ``make(bias, bounds, logistic)``, made once per
@@ -2041,16 +2051,12 @@ class Conv(_ConvBase):
         bounds, logistic, whole = _gemm_epilogue(act)
         fused = whole and Z is None
         Y = nhwc_out(out, (N, Ho, Wo, M), np.float32, True).reshape(N, Ho * Wo, M)
+        def made():
+            return make(None if b is None else b.reshape(-1), bounds if fused else None,
+                        logistic if fused else None)
+
         const_bias = b is None or self.bias is not None
-        key = (kind, X.shape, fused)
-        launch = self.launches.get(key) if const_bias else None
-        if launch is None:
-            launch = make(None if b is None else b.reshape(-1), bounds if fused else None,
-                          logistic if fused else None)
-            if const_bias:
-                if len(self.launches) >= _LAUNCHES:
-                    self.launches.clear()
-                self.launches[key] = launch
+        launch = self._launch_for((kind, X.shape, fused), made) if const_bias else made()
         flat = P.reshape(N, -1)
         for n in range(N):
             launch(flat[n], Y[n])
@@ -2101,16 +2107,11 @@ class Conv(_ConvBase):
             # its argument block made once per shape where one thread takes the product (a
             # squeeze-and-excitation block's one pixel: run's checks and block were ~3x its
             # 768 x 192 product, 58 -> 20 us)
-            key = ("1x1", A.shape[0], fused)
-            prod = self.launches.get(key, False)
-            if prod is False:
-                prod = self.gemm_t_packed.prepared(
-                    A.shape[0], None if b is None else b.reshape(M),
-                    bounds if fused else None, self.threads,
-                    logistic=logistic if fused else None)
-                if len(self.launches) >= _LAUNCHES:
-                    self.launches.clear()
-                self.launches[key] = prod
+            prod = self._launch_for(
+                ("1x1", A.shape[0], fused),
+                lambda: self.gemm_t_packed.prepared(
+                    A.shape[0], None if b is None else b.reshape(M), bounds if fused else None,
+                    self.threads, logistic=logistic if fused else None))
         if prod is not None:
             Y = prod(A, Yo)
         else:
